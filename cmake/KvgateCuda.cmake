@@ -1,0 +1,26 @@
+# CUDA is optional. AUTO compiles every .cu whenever nvcc is found (CI has nvcc but no GPU);
+# the runtime then decides per run whether a device is present.
+set(KVGATE_HAVE_CUDA OFF)
+if(NOT KVGATE_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      # sm_90a SASS for the H200 plus portable PTX (compute_90) for anything newer.
+      set(CMAKE_CUDA_ARCHITECTURES 90a-real 90-virtual)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
+    find_package(CUDAToolkit REQUIRED)
+    set(KVGATE_HAVE_CUDA ON)
+  elseif(KVGATE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "kvgate: KVGATE_CUDA=ON but no CUDA compiler was found. Install the CUDA "
+      "toolkit (nvcc) or configure with -DKVGATE_CUDA=AUTO|OFF.")
+  endif()
+endif()
+message(STATUS "kvgate: CUDA backend ${KVGATE_HAVE_CUDA}")

@@ -1,0 +1,88 @@
+// Half formats and their pages, written from docs/FORMATS.md only (never from runtime/).
+// The ORA gates compare these bytes with the runtime's: every store here follows the page
+// to the bit; reads are the literal one-multiply dequant.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kvgate_oracle/scalar.hpp"
+
+namespace kvgate_oracle {
+
+enum class Half { f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2, q8_0, q4_0, q4_0_rot };
+
+// Names as in FORMATS.md; "fp8" is accepted as fp8_e4m3 (the preset alias).
+std::optional<Half> parse_half(std::string_view name);
+const char* half_name(Half h);
+inline constexpr Half kAllHalves[] = {Half::f32,      Half::f16,      Half::bf16,
+                                      Half::int8,     Half::fp8_e4m3, Half::fp8_e5m2,
+                                      Half::q8_0,     Half::q4_0,     Half::q4_0_rot};
+
+// Presets (FORMATS.md "Presets and pairs"): f32 f16 bf16 int8 fp8 fp8_e5m2 q8_0 q4_0 k8v4.
+struct KvPair { Half k; Half v; };
+std::optional<KvPair> parse_preset(std::string_view name);
+std::string pair_name(KvPair p);  // the preset name if it is one, else "k=<K>,v=<V>"
+
+bool is_block32(Half h);  // q8_0, q4_0, q4_0_rot: 32-blocks over the flattened token row
+
+// Geometry: a page holds block_size tokens x n_kv_heads cells x head_dim elements.
+struct PageShape {
+    int block_size;  // B tokens
+    int n_kv_heads;  // H
+    int head_dim;    // D
+};
+
+// Why a geometry is refused ("row_not_multiple_of_32", "head_dim_not_power_of_two",
+// "bad_shape"), or nullopt when it is accepted. The functions below throw
+// std::invalid_argument with this reason as message on a refused geometry.
+std::optional<std::string> refusal_reason(Half h, PageShape s);
+
+size_t page_bytes(Half h, PageShape s);
+double bytes_per_cell(Half h, PageShape s);  // page_bytes / (B·H), fractional for D < 32 blocks
+
+// (offset, length) byte ranges of the page that belong to token slot `slot`:
+// one range (codes, or 32-blocks with their embedded d) or two for int8 (codes, then scales).
+std::vector<std::pair<size_t, size_t>> slot_byte_ranges(Half h, PageShape s, int slot);
+
+// x[n_tokens][H][D] -> a zeroed page of page_bytes with slots 0..n_tokens-1 written.
+// tensor_scale: the per-tensor binary32 scale (fp8 only).
+std::vector<uint8_t> quantize_page(Half h, PageShape s, const float* x, int n_tokens,
+                                   float tensor_scale);
+// page (FORMATS.md layout) -> out[n_tokens][H][D].
+std::vector<float> dequantize_page(Half h, PageShape s, const uint8_t* page, int n_tokens,
+                                   float tensor_scale);
+
+// Scale governing element (slot, h, i) as stored: int8 the cell's f16 scale; q8_0/q4_0/q4_0_rot
+// the signed f16 d of its 32-block (for q4_0_rot, element i of the *rotated* cell);
+// fp8 tensor_scale; float formats 0.
+float element_scale(Half h, PageShape s, const uint8_t* page, int slot, int head, int i,
+                    float tensor_scale);
+
+// Slot-level building blocks: one token row row[H*D] (head-major) into / out of slot `slot`
+// of a page, touching only that slot's bytes (slot_byte_ranges).
+void quantize_slot(Half h, PageShape s, const float* row /*[H*D]*/, uint8_t* page, int slot,
+                   float tensor_scale);
+void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, float tensor_scale,
+                     float* row /*[H*D]*/);
+
+// 32-block kernels: x[32] -> 34 / 18 bytes, and back.
+void quantize_block_q8_0(const float* x /*[32]*/, uint8_t* blk /*[34]*/);
+void dequantize_block_q8_0(const uint8_t* blk, float* x /*[32]*/);
+void quantize_block_q4_0(const float* x /*[32]*/, uint8_t* blk /*[18]*/);
+void dequantize_block_q4_0(const uint8_t* blk, float* x /*[32]*/);
+// int8 cell: x[D] -> codes[D] and the f16 scale bits.
+void quantize_cell_int8(const float* x, int D, int8_t* codes, uint16_t* scale);
+
+// Normalized Walsh–Hadamard, FORMATS.md q4_0_rot steps 1-2 in their exact op order
+// (binary32). n must be a power of two. Its own inverse up to rounding.
+void hadamard(float* x, int n);
+// Reference: explicit (H_n / sqrt(n)) · x in binary64, H_n the Sylvester matrix
+// H[i][j] = (-1)^popcount(i & j) — the matrix the butterfly above computes.
+void hadamard_f64(double* x, int n);
+
+}  // namespace kvgate_oracle

@@ -1,0 +1,19 @@
+// CPU attention over the paged quantized store: causal GQA scaled-dot-product attention with an
+// online softmax, FP32 accumulation, pages dequantized once per (layer, page) for all query heads.
+#pragma once
+#include "kvgate/kv_store.hpp"
+
+namespace kvgate {
+
+struct AttentionArgs {
+  int n_q = 1;              // query tokens (1 = decode, >1 = prefill chunk)
+  int n_heads = 1;          // query heads; n_heads % n_kv_heads == 0 (GQA)
+  int pos0 = 0;             // absolute position of query 0; query i attends keys [0, pos0 + i]
+  float softmax_scale = 0;  // <= 0 means 1/sqrt(head_dim)
+};
+
+// q: [n_q][n_heads][head_dim]; out: same shape. Keys/values come from `layer` of sequence `s`,
+// which must hold at least pos0 + n_q tokens.
+void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArgs& a, const float* q, float* out);
+
+}  // namespace kvgate

@@ -1,0 +1,102 @@
+// The KV format catalog: half formats (one for K, one for V), presets, page layouts as byte runs,
+// capability checks and declared error envelopes. docs/FORMATS.md is the normative definition.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvgate {
+
+enum class HalfFormat : std::uint8_t { f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2, q8_0, q4_0, q4_0_rot };
+inline constexpr int kHalfFormatCount = 9;
+
+// Geometry of one page of one half (K or V) of one layer.
+struct PageGeometry {
+  int block_size = 16;  // tokens per page
+  int n_kv_heads = 1;   // H
+  int head_dim = 64;    // D
+  int row_elems() const { return n_kv_heads * head_dim; }
+};
+
+// A contiguous region of a page, e.g. the codes or the scales (what streaming moves).
+struct ByteRun {
+  std::string name;
+  std::size_t offset = 0;
+  std::size_t bytes = 0;
+};
+
+struct HalfFormatInfo {
+  HalfFormat id;
+  std::string_view name;
+  std::string_view code_type;          // element code: "f32", "f16", "int8", "e4m3fn", "q4 nibble", ...
+  std::string_view scale_granularity;  // "none", "per cell (token x kv head)", "per tensor (layer, K|V)", "per 32-block of the token row"
+  std::string_view scale_dtype;        // "-", "f16", "f32"
+  std::string_view rotation;           // "none" or "walsh-hadamard per head"
+  std::string_view storage_precision;  // what is kept in memory
+  std::string_view transfer_precision; // what moves between pools / to disk
+  std::string_view execution_precision;  // what attention computes in
+  std::string_view envelope;           // the error envelope, as text for reports
+  bool per_token_scales;               // needs a scales region that must be persisted/swapped with codes
+  bool per_tensor_scale;               // uses the caller's per-(layer, K|V) FP32 scale
+};
+
+const HalfFormatInfo& info(HalfFormat f);
+std::string_view name(HalfFormat f);
+std::optional<HalfFormat> parse_half(std::string_view s);
+std::span<const HalfFormat> all_half_formats();
+
+// Capability of a half format for a geometry; `reason` is a stable machine-readable code.
+struct Capability {
+  bool ok = true;
+  std::string reason;  // e.g. "head_dim_not_power_of_two", "row_not_multiple_of_32"
+  std::string detail;  // one human sentence
+};
+Capability supports(HalfFormat f, const PageGeometry& g);
+
+std::size_t page_bytes(HalfFormat f, const PageGeometry& g);
+std::vector<ByteRun> page_runs(HalfFormat f, const PageGeometry& g);
+// Bytes per cell (one token x one KV head) = page_bytes / (block_size * n_kv_heads); fractional
+// for 32-block formats with head_dim < 32.
+double bytes_per_cell(HalfFormat f, const PageGeometry& g);
+// Byte ranges of the page that hold token `slot` (for parity checks of used slots only).
+std::vector<ByteRun> token_ranges(HalfFormat f, const PageGeometry& g, int slot);
+
+// --- K/V pairs and presets ---------------------------------------------------------------
+struct KvFormat {
+  HalfFormat k = HalfFormat::f16;
+  HalfFormat v = HalfFormat::f16;
+  bool operator==(const KvFormat&) const = default;
+  std::string name() const;  // preset name when it is one, else "k=<k>,v=<v>"
+};
+
+struct Preset {
+  std::string_view name;
+  KvFormat fmt;
+};
+std::span<const Preset> presets();
+// Accepts a preset name ("fp8" = fp8_e4m3), or "k=<half>,v=<half>".
+std::optional<KvFormat> parse_kv_format(std::string_view s);
+std::string known_formats_text();  // for error messages
+
+// --- Codecs: one token row (H*D floats, head-major) in and out of page slot `slot` -----------
+// tensor_scale is the per-(layer, K|V) FP32 scale; only fp8 halves use it.
+void quantize_token(HalfFormat f, const PageGeometry& g, int slot, const float* row, float tensor_scale,
+                    std::uint8_t* page);
+void dequantize_token(HalfFormat f, const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale,
+                      float* row);
+
+// In-place normalized Walsh-Hadamard transform of n (power of two) floats, in the exact order of
+// docs/FORMATS.md; it is its own inverse.
+void hadamard_normalized(float* x, int n);
+
+// --- Declared envelope -------------------------------------------------------------------
+// Bound on |x_hat - x| for one element with stored scale `scale` (the cell/block scale as stored,
+// or the per-tensor scale for fp8). For q4_0/q4_0_rot `clamped` selects the opposite-side
+// population (code 15 by clamping). For q4_0_rot the bound is in the rotated domain.
+double envelope_bound(HalfFormat f, float x, float scale, bool clamped = false);
+
+}  // namespace kvgate

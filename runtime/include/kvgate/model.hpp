@@ -1,0 +1,96 @@
+// A loaded decoder-only transformer (Llama family) in FP32, whatever the source file held.
+// Loaders (llama2.c, GGUF, Hugging Face) fill this; the forward pass reads it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvgate {
+
+// Any problem with a model/tokenizer file: the message names the file, the field and the fix.
+class ModelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class RopeStyle : std::uint8_t {
+  interleaved,  // rotates adjacent pairs (x[2i], x[2i+1]) -- llama2.c run.c, GGUF llama
+  half          // rotate-half: pairs (x[i], x[i + d/2]) -- Hugging Face transformers
+};
+
+struct ModelConfig {
+  std::string arch = "llama";  // llama | mistral | qwen2 | qwen3
+  int dim = 0;                 // model width
+  int hidden_dim = 0;          // FFN width
+  int n_layers = 0;
+  int n_heads = 0;             // query heads
+  int n_kv_heads = 0;          // KV heads (GQA)
+  int head_dim = 0;            // usually dim / n_heads; Qwen3 may differ
+  int vocab_size = 0;
+  int max_seq_len = 0;
+  float rms_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  RopeStyle rope_style = RopeStyle::interleaved;
+  bool qkv_bias = false;       // qwen2
+  bool qk_norm = false;        // qwen3: RMSNorm over each head of q and k before RoPE
+  bool tied_embeddings = true;
+  int bos_id = 1;
+  int eos_id = 2;
+  // KV format the checkpoint declares (config.json quantization_config.kv_cache_quant_algo or
+  // hf_quant_config.json); empty when it declares none. Per-layer fp8 scales when it ships them.
+  std::string declared_kv;
+  std::string declared_kv_source;  // which file/field declared it
+  std::vector<float> k_scale, v_scale;
+  int kv_dim() const { return n_kv_heads * head_dim; }
+  int q_dim() const { return n_heads * head_dim; }
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm;  // [dim]
+  std::vector<float> wq;         // [q_dim][dim]   row-major [out][in]
+  std::vector<float> wk;         // [kv_dim][dim]
+  std::vector<float> wv;         // [kv_dim][dim]
+  std::vector<float> wo;         // [dim][q_dim]
+  std::vector<float> bq, bk, bv; // [q_dim], [kv_dim], [kv_dim] (qwen2 only; else empty)
+  std::vector<float> q_norm, k_norm;  // [head_dim] (qwen3 only; else empty)
+  std::vector<float> ffn_norm;   // [dim]
+  std::vector<float> w1;         // [hidden][dim]  gate
+  std::vector<float> w2;         // [dim][hidden]  down
+  std::vector<float> w3;         // [hidden][dim]  up
+};
+
+struct ModelWeights {
+  std::vector<float> tok_embeddings;  // [vocab][dim]
+  std::vector<LayerWeights> layers;   // [n_layers]
+  std::vector<float> final_norm;      // [dim]
+  std::vector<float> classifier;      // [vocab][dim]; empty when tied to tok_embeddings
+  const float* output_matrix() const { return classifier.empty() ? tok_embeddings.data() : classifier.data(); }
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int> encode(const std::string& text, bool add_bos) const = 0;
+  // Piece for `token` following `prev` (llama2.c strips the leading space after BOS).
+  virtual std::string decode_piece(int prev, int token) const = 0;
+  virtual int vocab_size() const = 0;
+  virtual int bos_id() const = 0;
+  virtual int eos_id() const = 0;
+};
+
+struct Model {
+  std::string path;         // what was loaded
+  std::string source_kind;  // "llama2c", "gguf", "hf"
+  std::string fingerprint;  // hex hash of config + tensor contents (for KV files and reports)
+  ModelConfig config;
+  ModelWeights weights;
+  std::unique_ptr<Tokenizer> tokenizer;  // may be null when no tokenizer was found
+};
+
+// Picks the loader from the path: a directory (Hugging Face), *.gguf, or a llama2.c .bin
+// (tokenizer from `tokenizer_path`, or tok<vocab>.bin / tokenizer.bin beside it).
+Model load_model(const std::string& path, const std::string& tokenizer_path = {});
+
+}  // namespace kvgate

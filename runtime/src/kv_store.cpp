@@ -1,0 +1,242 @@
+#include "kvgate/kv_store.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kvgate {
+
+int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, std::size_t budget_bytes) {
+  const std::size_t per_block = static_cast<std::size_t>(n_layers) * (page_bytes(f.k, g) + page_bytes(f.v, g));
+  return per_block == 0 ? 0 : static_cast<int>(budget_bytes / per_block);
+}
+
+PagedKvStore::PagedKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
+  const PageGeometry g = cfg_.geometry();
+  for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+    const Capability c = supports(half_format(h), g);
+    if (!c.ok)
+      throw KvStoreError("kv store: " + std::string(h == KvHalf::K ? "K" : "V") + " half format '" +
+                         std::string(name(half_format(h))) + "' is not supported here (" + c.reason + "): " + c.detail);
+  }
+  if (cfg_.n_layers < 1 || cfg_.n_blocks < 0) throw KvStoreError("kv store: n_layers must be >= 1 and n_blocks >= 0");
+  for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
+    if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
+    if (static_cast<int>(sc->size()) != cfg_.n_layers)
+      throw KvStoreError("kv store: k_scale/v_scale must have one entry per layer (" + std::to_string(cfg_.n_layers) +
+                         "), got " + std::to_string(sc->size()));
+    for (float s : *sc)
+      if (!(s > 0.0f) || !std::isfinite(s))
+        throw KvStoreError("kv store: per-tensor KV scales must be finite and > 0, got " + std::to_string(s));
+  }
+  page_bytes_[0] = kvgate::page_bytes(cfg_.format.k, g);
+  page_bytes_[1] = kvgate::page_bytes(cfg_.format.v, g);
+  pools_.resize(static_cast<std::size_t>(cfg_.n_layers) * 2);
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      pools_[static_cast<std::size_t>(l) * 2 + static_cast<int>(h)].assign(
+          static_cast<std::size_t>(cfg_.n_blocks) * stride(h), kGuardByte);
+  for (int b = 0; b < cfg_.n_blocks; ++b)
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      for (KvHalf h : {KvHalf::K, KvHalf::V}) std::memset(pool_page(l, h, b), 0, page_bytes_[static_cast<int>(h)]);
+  free_list_.reserve(static_cast<std::size_t>(cfg_.n_blocks));
+  for (int b = cfg_.n_blocks - 1; b >= 0; --b) free_list_.push_back(b);  // pop_back hands out 0, 1, 2, ...
+}
+
+float PagedKvStore::tensor_scale(int layer, KvHalf h) const {
+  return (h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale)[static_cast<std::size_t>(layer)];
+}
+
+PagedKvStore::Sequence& PagedKvStore::seq(SeqId s) {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end()) throw KvStoreError("kv store: unknown sequence id " + std::to_string(s));
+  return it->second;
+}
+const PagedKvStore::Sequence& PagedKvStore::seq(SeqId s) const { return const_cast<PagedKvStore*>(this)->seq(s); }
+
+SeqId PagedKvStore::create_sequence() {
+  seqs_[next_id_] = Sequence{};
+  return next_id_++;
+}
+
+void PagedKvStore::free_sequence(SeqId s) {
+  Sequence& q = seq(s);
+  if (q.residency == Residency::swapped)
+    throw KvStoreError("kv store: sequence " + std::to_string(s) +
+                       " is swapped out; swap it in (or discard its host copy) before freeing it");
+  for (int b : q.blocks) release_block(b);
+  seqs_.erase(s);
+}
+
+int PagedKvStore::length(SeqId s) const { return seq(s).length; }
+Residency PagedKvStore::residency(SeqId s) const { return seq(s).residency; }
+std::span<const int> PagedKvStore::block_table(SeqId s) const { return seq(s).blocks; }
+
+int PagedKvStore::alloc_block() {
+  if (free_list_.empty()) return -1;
+  const int b = free_list_.back();
+  free_list_.pop_back();
+  return b;
+}
+
+void PagedKvStore::release_block(int b) {
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V}) std::memset(pool_page(l, h, b), 0, page_bytes_[static_cast<int>(h)]);
+  free_list_.push_back(b);
+}
+
+int PagedKvStore::extend(SeqId s, int n) {
+  Sequence& q = seq(s);
+  if (q.residency != Residency::resident)
+    throw KvStoreError("kv store: cannot extend sequence " + std::to_string(s) + " while it is swapped out");
+  if (n < 0) throw KvStoreError("kv store: extend by a negative count");
+  const int B = cfg_.block_size;
+  const int need = (q.length + n + B - 1) / B;
+  const int missing = need - static_cast<int>(q.blocks.size());
+  if (missing > free_blocks())
+    throw KvStoreError("kv store: out of KV blocks: sequence " + std::to_string(s) + " needs " + std::to_string(missing) +
+                       " more, " + std::to_string(free_blocks()) + " free of " + std::to_string(cfg_.n_blocks) +
+                       " (raise --kv-cache-memory or shorten the context)");
+  for (int i = 0; i < missing; ++i) q.blocks.push_back(alloc_block());
+  const int pos0 = q.length;
+  q.length += n;
+  return pos0;
+}
+
+std::uint8_t* PagedKvStore::pool_page(int layer, KvHalf h, int block) {
+  return pools_[static_cast<std::size_t>(layer) * 2 + static_cast<int>(h)].data() +
+         static_cast<std::size_t>(block) * stride(h) + cfg_.guard_bytes;
+}
+const std::uint8_t* PagedKvStore::pool_page(int layer, KvHalf h, int block) const {
+  return const_cast<PagedKvStore*>(this)->pool_page(layer, h, block);
+}
+
+const std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) const { return pool_page(layer, h, block); }
+std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) { return pool_page(layer, h, block); }
+std::size_t PagedKvStore::page_bytes(KvHalf h) const { return page_bytes_[static_cast<int>(h)]; }
+
+void PagedKvStore::write(SeqId s, int layer, int pos0, int n, const float* k, std::size_t k_stride, const float* v,
+                         std::size_t v_stride) {
+  const Sequence& q = seq(s);
+  if (q.residency != Residency::resident)
+    throw KvStoreError("kv store: write to swapped-out sequence " + std::to_string(s));
+  if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || pos0 + n > q.length)
+    throw KvStoreError("kv store: write of positions [" + std::to_string(pos0) + ", " + std::to_string(pos0 + n) +
+                       ") layer " + std::to_string(layer) + " is outside the sequence (length " +
+                       std::to_string(q.length) + ", layers " + std::to_string(cfg_.n_layers) + ")");
+  const PageGeometry g = geometry();
+  const int B = cfg_.block_size;
+  for (int t = 0; t < n; ++t) {
+    const int pos = pos0 + t;
+    const int block = q.blocks[static_cast<std::size_t>(pos / B)];
+    const int slot = pos % B;
+    quantize_token(cfg_.format.k, g, slot, k + t * k_stride, tensor_scale(layer, KvHalf::K),
+                   pool_page(layer, KvHalf::K, block));
+    quantize_token(cfg_.format.v, g, slot, v + t * v_stride, tensor_scale(layer, KvHalf::V),
+                   pool_page(layer, KvHalf::V, block));
+  }
+}
+
+void PagedKvStore::read(SeqId s, int layer, KvHalf h, int pos0, int n, float* out) const {
+  const Sequence& q = seq(s);
+  if (q.residency != Residency::resident)
+    throw KvStoreError("kv store: read of swapped-out sequence " + std::to_string(s));
+  if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || pos0 + n > q.length)
+    throw KvStoreError("kv store: read outside the sequence");
+  const PageGeometry g = geometry();
+  const int B = cfg_.block_size;
+  const std::size_t HD = static_cast<std::size_t>(g.row_elems());
+  for (int t = 0; t < n; ++t) {
+    const int pos = pos0 + t;
+    dequantize_token(half_format(h), g, pos % B, pool_page(layer, h, q.blocks[static_cast<std::size_t>(pos / B)]),
+                     tensor_scale(layer, h), out + t * HD);
+  }
+}
+
+void PagedKvStore::clear_slots(int block, int slot0) {
+  const PageGeometry g = geometry();
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      for (int slot = slot0; slot < cfg_.block_size; ++slot)
+        for (const ByteRun& r : token_ranges(half_format(h), g, slot))
+          std::memset(pool_page(l, h, block) + r.offset, 0, r.bytes);
+}
+
+void PagedKvStore::truncate(SeqId s, int new_len) {
+  Sequence& q = seq(s);
+  if (q.residency != Residency::resident)
+    throw KvStoreError("kv store: truncate of swapped-out sequence " + std::to_string(s));
+  if (new_len < 0 || new_len > q.length)
+    throw KvStoreError("kv store: truncate to " + std::to_string(new_len) + " outside [0, " +
+                       std::to_string(q.length) + "]");
+  const int B = cfg_.block_size;
+  const std::size_t keep = static_cast<std::size_t>((new_len + B - 1) / B);
+  while (q.blocks.size() > keep) {
+    release_block(q.blocks.back());
+    q.blocks.pop_back();
+  }
+  if (new_len % B != 0) clear_slots(q.blocks.back(), new_len % B);  // codes and scales of the cut slots
+  q.length = new_len;
+}
+
+void PagedKvStore::swap_out(SeqId s) {
+  Sequence& q = seq(s);
+  if (q.residency == Residency::swapped) throw KvStoreError("kv store: sequence " + std::to_string(s) + " is already swapped out");
+  const std::size_t per_block = static_cast<std::size_t>(cfg_.n_layers) * (page_bytes_[0] + page_bytes_[1]);
+  q.host.resize(q.blocks.size() * per_block);
+  std::uint8_t* dst = q.host.data();
+  for (int b : q.blocks)
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+        std::memcpy(dst, pool_page(l, h, b), page_bytes_[static_cast<int>(h)]);  // codes and scale region together
+        dst += page_bytes_[static_cast<int>(h)];
+      }
+  for (int b : q.blocks) release_block(b);
+  q.residency = Residency::swapped;
+}
+
+void PagedKvStore::swap_in(SeqId s) {
+  Sequence& q = seq(s);
+  if (q.residency == Residency::resident) throw KvStoreError("kv store: sequence " + std::to_string(s) + " is not swapped out");
+  const std::size_t n = q.blocks.size();
+  if (static_cast<int>(n) > free_blocks())
+    throw KvStoreError("kv store: swap-in of sequence " + std::to_string(s) + " needs " + std::to_string(n) +
+                       " blocks, " + std::to_string(free_blocks()) + " free; the sequence stays swapped out");
+  std::vector<int> fresh(n);
+  for (auto& b : fresh) b = alloc_block();
+  const std::uint8_t* src = q.host.data();
+  for (int b : fresh)
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+        std::memcpy(pool_page(l, h, b), src, page_bytes_[static_cast<int>(h)]);
+        src += page_bytes_[static_cast<int>(h)];
+      }
+  q.blocks = std::move(fresh);
+  q.host.clear();
+  q.host.shrink_to_fit();
+  q.residency = Residency::resident;
+}
+
+std::size_t PagedKvStore::pool_bytes() const {
+  return static_cast<std::size_t>(cfg_.n_blocks) * cfg_.n_layers * (page_bytes_[0] + page_bytes_[1]);
+}
+
+std::size_t PagedKvStore::sequence_bytes(SeqId s) const {
+  return seq(s).blocks.size() * static_cast<std::size_t>(cfg_.n_layers) * (page_bytes_[0] + page_bytes_[1]);
+}
+
+std::string PagedKvStore::check_guards() const {
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      for (int b = 0; b < cfg_.n_blocks; ++b) {
+        const std::uint8_t* p = pool_page(l, h, b);
+        const std::size_t pb = page_bytes_[static_cast<int>(h)];
+        for (std::size_t i = 1; i <= cfg_.guard_bytes; ++i)
+          if (p[-static_cast<std::ptrdiff_t>(i)] != kGuardByte || p[pb + i - 1] != kGuardByte)
+            return "guard region of layer " + std::to_string(l) + (h == KvHalf::K ? " K" : " V") + " page " +
+                   std::to_string(b) + " was overwritten";
+      }
+  return {};
+}
+
+}  // namespace kvgate
