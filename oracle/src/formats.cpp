@@ -135,10 +135,10 @@ static float get_f32(const uint8_t* p) {
     return x;
 }
 
-// clamp(rint(v), lo, hi) in binary32; NaN (outside every format's domain) -> `nan_code`.
-static int rint_clamp(float v, int lo, int hi, int nan_code) {
-    if (std::isnan(v)) return nan_code;
-    float r = std::nearbyint(v);
+// clamp(r, lo, hi) for an integral binary32 r (±inf clamps); NaN (outside every format's
+// domain, FORMATS.md leaves it open) -> the code of zero.
+static int clamp_code(float r, int lo, int hi, int nan_code) {
+    if (std::isnan(r)) return nan_code;
     if (r < float(lo)) return lo;
     if (r > float(hi)) return hi;
     return int(r);
@@ -157,7 +157,7 @@ void quantize_cell_int8(const float* x, int D, int8_t* codes, uint16_t* scale) {
     float amax = absmax(x, D);
     *scale = f16_min_scale(amax, 127);  // +0 when amax == 0
     float s = from_f16(*scale);
-    for (int i = 0; i < D; ++i) codes[i] = int8_t(s == 0.0f ? 0 : rint_clamp(x[i] / s, -127, 127, 0));
+    for (int i = 0; i < D; ++i) codes[i] = int8_t(s == 0.0f ? 0 : clamp_code(std::nearbyint(x[i] / s), -127, 127, 0));
 }
 
 void quantize_block_q8_0(const float* x, uint8_t* blk) {
@@ -189,8 +189,7 @@ void quantize_block_q4_0(const float* x, uint8_t* blk) {
         dbits = uint16_t(f16_min_scale(amax, 8) | (m > 0.0f ? 0x8000 : 0x0000));  // d = -sign(m)|d|
         float d = from_f16(dbits);
         for (int i = 0; i < 32; ++i) {
-            float q = x[i] / d;
-            code[i] = uint8_t(std::isnan(q) ? 8 : rint_clamp(std::nearbyint(q) + 8.0f, 0, 15, 8));
+            code[i] = uint8_t(clamp_code(std::nearbyint(x[i] / d) + 8.0f, 0, 15, 8));
         }
     }
     put_u16(blk, dbits);

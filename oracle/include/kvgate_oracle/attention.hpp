@@ -1,0 +1,22 @@
+// Scaled dot-product attention over dequantized K/V (GQA, causal), FP32 and FP64.
+#pragma once
+
+namespace kvgate_oracle {
+
+struct AttnShape {
+    int n_q;           // query tokens
+    int n_q_heads;     // query heads (a multiple of n_kv_heads)
+    int n_kv;          // key/value tokens present (absolute positions 0..n_kv-1)
+    int n_kv_heads;    // kv heads
+    int head_dim;      // D
+    int q_pos0;        // absolute position of query 0; query i attends keys 0..q_pos0+i
+    float softmax_scale;  // <= 0: 1/sqrt(D)
+};
+
+// q[n_q][n_q_heads][D], k,v[n_kv][n_kv_heads][D] -> out[n_q][n_q_heads][D].
+// Query head j reads kv head j / (n_q_heads / n_kv_heads). A query with no visible key gets 0.
+// sdpa_f32: binary32 throughout (max-subtracted softmax). sdpa_f64: inputs widened, binary64.
+void sdpa_f32(const AttnShape& a, const float* q, const float* k, const float* v, float* out);
+void sdpa_f64(const AttnShape& a, const float* q, const float* k, const float* v, double* out);
+
+}  // namespace kvgate_oracle

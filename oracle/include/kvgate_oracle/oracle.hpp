@@ -1,0 +1,8 @@
+// kvgate oracle: an independent FP32/FP64 reference written from docs/FORMATS.md and
+// DESIGN.md only. It never includes or links runtime/ (the top-level CMake asserts it).
+#pragma once
+#include "kvgate_oracle/attention.hpp"
+#include "kvgate_oracle/formats.hpp"
+#include "kvgate_oracle/metrics.hpp"
+#include "kvgate_oracle/scalar.hpp"
+// (reserved: kvgate_oracle/model.hpp — the full-model FP32 forward, added by a later task)
