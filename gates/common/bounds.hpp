@@ -1,0 +1,72 @@
+// Every numeric bound a gate uses, in one place, each with its derivation. Bounds come from the
+// format definitions (docs/FORMATS.md) and IEEE-754 error analysis, never from a measurement.
+#pragma once
+#include <algorithm>
+#include <cmath>
+
+namespace kvgate::gates {
+
+inline constexpr double kU32 = 0x1p-24;  // unit roundoff of binary32 (RNE)
+
+// Scale rounded upward to binary16: s_f16 <= s_exact*(1 + 2^-10) for normal binary16 (10 mantissa
+// bits), and s_f16 <= s_exact + 2^-24 in the subnormal range (spacing 2^-24). Both together:
+inline double f16_up_hi(double s_exact) { return s_exact * (1.0 + 0x1p-10) + 0x1p-24; }
+
+// FP slack of a quantizer: one binary32 rounding of x/s (<= u*|x/s| <= 127u code units) and one of
+// code*s (<= u|x^|). 4u(|x| + 127 s) covers both with a factor 2 margin.
+inline double quant_slack(double x, double s) { return 4 * kU32 * (std::fabs(x) + 127 * s); }
+
+// int8 / q8_0: |x^ - x| <= s/2 with s = f16_up(amax/127)           (FORMATS.md int8, q8_0)
+inline double absmax127_bound(double x, double amax) {
+  const double s = f16_up_hi(amax / 127);
+  return s / 2 + quant_slack(x, s);
+}
+
+// q4_0: |d| = f16_up(|m|/8). Elements that round inside the grid: <= |d|/2. Opposite-side elements
+// beyond 7.5|d| clamp to code 15: error = |x| - 7|d| <= |m| - 7|d| <= |d|.     (FORMATS.md q4_0)
+inline double q4_0_bound(double x, double m_abs, bool clamped) {
+  const double d = f16_up_hi(m_abs / 8);
+  return (clamped ? d : d / 2) + quant_slack(x, d);
+}
+// An element is in the clamped population when it lies opposite to the extreme m and beyond 7.5*|m|/8.
+inline bool q4_0_clamped(double x, double m) { return (x * m < 0) && std::fabs(x) > 7.5 * std::fabs(m) / 8 * (1 - 1e-6); }
+// q4_0_rot: the runtime rotates in binary32, so an element within 0.1|d| of the clamp threshold
+// may land on either side; such elements get the clamp bound (|d| instead of |d|/2).
+inline bool q4_0_clamped_near(double x, double m) { return (x * m < 0) && std::fabs(x) > 7.4 * std::fabs(m) / 8; }
+
+// fp8 (y = x/s normal, unsaturated): half-ulp of a 3-bit (e4m3) / 2-bit (e5m2) mantissa is 2^-4 / 2^-3
+// relative; subnormal spacing 2^-9 / 2^-16 gives 2^-10 s / 2^-17 s absolute; + slack for the binary32
+// division and the multiply by s (2u relative each).
+inline double fp8_e4m3_bound(double x, double s) { return 0x1p-4 * std::fabs(x) + 0x1p-10 * s + 4 * kU32 * std::fabs(x); }
+inline double fp8_e5m2_bound(double x, double s) { return 0x1p-3 * std::fabs(x) + 0x1p-17 * s + 4 * kU32 * std::fabs(x); }
+inline constexpr double kE4m3Max = 448.0;
+inline constexpr double kE5m2Max = 57344.0;
+inline constexpr double kE4m3MinNormal = 0x1p-6;
+inline constexpr double kE5m2MinNormal = 0x1p-14;
+
+// f16 / bf16 RNE: half an ulp, 2^-11 / 2^-8 relative in the normal range; f16 subnormals have
+// absolute spacing 2^-24 (half: 2^-25).
+inline double f16_bound(double x) { return std::max(0x1p-11 * std::fabs(x), 0x1p-25); }
+inline double bf16_bound(double x) { return 0x1p-8 * std::fabs(x); }
+
+// Walsh-Hadamard in binary32: log2(n) butterfly levels, each adds <= u relative to the running L2
+// norm, plus the final scaling: |y32 - y64| <= (log2 n + 2) u ||x||_2 per element.
+inline double wht_slack(int n, double l2) { return (std::log2(static_cast<double>(n)) + 2) * kU32 * l2 * 2; }
+
+// Anti-vacuity: over a case of random data with thousands of elements, a quantizer that really
+// rounds to the declared grid reaches at least this fraction of its envelope somewhere (uniform
+// rounding error on [-s/2, s/2]: P(|e| < 0.3 s/2) per element = 0.3, so over >= 256 elements the
+// chance that none exceeds it is 0.3^256). A silent fallback to a finer format fails it.
+inline constexpr double kMinEnvelopeUse = 0.3;
+
+// Attention in binary32 vs binary64 over the same dequantized K/V (ORA): the score of each key
+// has forward error <= gamma_D * L1 where L1 = scale * sum|q_i k_i| (gamma_n ~ n u); a score error
+// e perturbs each softmax weight by a factor exp(+-2e), hence the output by <= 4e*vmax; the
+// weighted sum over n_ctx keys and the normalisation add gamma_{n_ctx+2} * vmax. Factor 4 margin
+// for the exp/division roundings.
+inline double attn_f32_max_abs(int head_dim, int n_ctx, double max_l1_score, double vmax) {
+  const double score_err = (head_dim + 2) * kU32 * max_l1_score;
+  return 4 * (4 * score_err + (n_ctx + 8) * kU32) * vmax + 1e-30;
+}
+
+}  // namespace kvgate::gates

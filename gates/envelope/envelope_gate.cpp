@@ -1,0 +1,257 @@
+// ENV gates: every element of dequant(store(x)) lies within its format's rounding envelope, over
+// adversarial populations, with anti-vacuity checks so the bound is really the rounding envelope.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "bounds.hpp"
+#include "catch_compat.hpp"
+#include "store_harness.hpp"
+
+using namespace kvgate;
+using namespace kvgate::gates;
+
+namespace {
+
+struct HalfStats {
+  long elements = 0, violations = 0, clamped = 0, fp8_saturated = 0, fp8_pages_without_normals = 0;
+  double max_use = 0;  // max err/bound
+  std::string first_violation;
+};
+
+void note(HalfStats& st, double err, double bound, const std::string& where) {
+  ++st.elements;
+  if (bound > 0) st.max_use = std::max(st.max_use, err / bound);
+  if (!(err <= bound)) {
+    if (st.violations++ == 0) {
+      std::ostringstream o;
+      o.precision(9);
+      o << where << ": |x^-x| = " << err << " > bound " << bound;
+      st.first_violation = o.str();
+    }
+  }
+}
+
+// Checks one half (x: inputs with row stride, xh: dequantized rows) against the envelope.
+void check_half(HalfFormat f, const StoreCase& c, const std::vector<float>& x, const std::vector<float>& xh,
+                float tensor_scale, HalfStats& st) {
+  const int H = c.n_kv_heads, D = c.head_dim, HD = H * D;
+  long page_normals = 0;
+  for (int t = 0; t < c.n_tokens; ++t) {
+    const float* row = x.data() + static_cast<std::size_t>(t) * c.row_stride();
+    const float* rh = xh.data() + static_cast<std::size_t>(t) * HD;
+    auto where = [&](int i) {
+      return "token " + std::to_string(t) + " elem " + std::to_string(i) + " x=" + std::to_string(row[i]) +
+             " x^=" + std::to_string(rh[i]);
+    };
+    switch (f) {
+      case HalfFormat::f32:
+        for (int i = 0; i < HD; ++i) note(st, std::fabs(double(rh[i]) - row[i]), 0.0, where(i));
+        break;
+      case HalfFormat::f16:
+        for (int i = 0; i < HD; ++i) note(st, std::fabs(double(rh[i]) - row[i]), f16_bound(row[i]), where(i));
+        break;
+      case HalfFormat::bf16:
+        for (int i = 0; i < HD; ++i) note(st, std::fabs(double(rh[i]) - row[i]), bf16_bound(row[i]), where(i));
+        break;
+      case HalfFormat::int8:
+        for (int h = 0; h < H; ++h) {
+          double amax = 0;
+          for (int i = 0; i < D; ++i) amax = std::max(amax, std::fabs(double(row[h * D + i])));
+          for (int i = h * D; i < (h + 1) * D; ++i)
+            note(st, std::fabs(double(rh[i]) - row[i]), absmax127_bound(row[i], amax), where(i));
+        }
+        break;
+      case HalfFormat::fp8_e4m3:
+      case HalfFormat::fp8_e5m2: {
+        const bool e4 = f == HalfFormat::fp8_e4m3;
+        if (t % c.block_size == 0) page_normals = 0;
+        for (int i = 0; i < HD; ++i) {
+          const double y = std::fabs(double(row[i]) / tensor_scale);
+          if (y >= (e4 ? kE4m3MinNormal : kE5m2MinNormal)) ++page_normals;
+          if (y > (e4 ? kE4m3Max : kE5m2Max)) ++st.fp8_saturated;
+          const double b = e4 ? fp8_e4m3_bound(row[i], tensor_scale) : fp8_e5m2_bound(row[i], tensor_scale);
+          note(st, std::fabs(double(rh[i]) - row[i]), b, where(i));
+        }
+        // Anti-vacuity: every page holds normals (checked when the page is complete or the case ends).
+        if ((t % c.block_size == c.block_size - 1 || t == c.n_tokens - 1) && page_normals == 0)
+          ++st.fp8_pages_without_normals;
+        break;
+      }
+      case HalfFormat::q8_0:
+        for (int b = 0; b < HD; b += 32) {
+          double amax = 0;
+          for (int i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(double(row[i])));
+          for (int i = b; i < b + 32; ++i)
+            note(st, std::fabs(double(rh[i]) - row[i]), absmax127_bound(row[i], amax), where(i));
+        }
+        break;
+      case HalfFormat::q4_0:
+      case HalfFormat::q4_0_rot: {
+        // For the rotated format the envelope is stated in the rotated domain: rotate both x and
+        // x^ in FP64 (the normalized Hadamard is its own inverse), then apply the q4_0 bound.
+        std::vector<double> y(row, row + HD), yh(rh, rh + HD);
+        double wht_tol = 0;
+        if (f == HalfFormat::q4_0_rot) {
+          for (int h = 0; h < H; ++h) {
+            for (auto* v : {&y, &yh}) {
+              double* p = v->data() + h * D;
+              for (int len = 1; len < D; len <<= 1)
+                for (int i = 0; i < D; ++i)
+                  if (!(i & len)) {
+                    const double a = p[i], bb = p[i + len];
+                    p[i] = a + bb;
+                    p[i + len] = a - bb;
+                  }
+              for (int i = 0; i < D; ++i) p[i] /= std::sqrt(double(D));
+            }
+            double l2 = 0;
+            for (int i = 0; i < D; ++i) l2 += double(row[h * D + i]) * row[h * D + i];
+            wht_tol = std::max(wht_tol, wht_slack(D, std::sqrt(l2)));
+          }
+        }
+        for (int b = 0; b < HD; b += 32) {
+          double m = 0;
+          for (int i = b; i < b + 32; ++i)
+            if (std::fabs(y[i]) > std::fabs(m)) m = y[i];
+          for (int i = b; i < b + 32; ++i) {
+            const bool cl = q4_0_clamped(y[i], m);
+            st.clamped += cl;
+            // Rotated case: the runtime rotated in binary32, so its block extreme and elements may
+            // differ from the FP64 ones by wht_tol (twice: forward on store, inverse on read).
+            const bool maybe_clamped = cl || (wht_tol > 0 && q4_0_clamped_near(y[i], m));
+            const double bound = q4_0_bound(y[i], std::fabs(m) + wht_tol, maybe_clamped) + 3 * wht_tol;
+            note(st, std::fabs(yh[i] - y[i]), bound, where(i));
+          }
+        }
+        if (f == HalfFormat::q4_0_rot) {
+          // L2 per head in the original domain: ||x^-x|| = ||y^-y|| (orthogonal) <= sqrt(sum bound_i^2).
+          for (int h = 0; h < H; ++h) {
+            double e2 = 0, b2 = 0;
+            for (int i = h * D; i < (h + 1) * D; ++i) {
+              e2 += (double(rh[i]) - row[i]) * (double(rh[i]) - row[i]);
+              double m = 0;
+              const int b0 = (i / 32) * 32;
+              for (int j = b0; j < b0 + 32; ++j)
+                if (std::fabs(y[j]) > std::fabs(m)) m = y[j];
+              const double bi = q4_0_bound(y[i], std::fabs(m) + wht_tol, true) + 3 * wht_tol;
+              b2 += bi * bi;
+            }
+            if (!(std::sqrt(e2) <= std::sqrt(b2))) {
+              ++st.violations;
+              if (st.first_violation.empty())
+                st.first_violation = "token " + std::to_string(t) + " head " + std::to_string(h) +
+                                     ": L2 error " + std::to_string(std::sqrt(e2)) + " > " + std::to_string(std::sqrt(b2));
+            }
+          }
+        }
+        break;
+      }
+    }
+  }
+}
+
+bool lossy(HalfFormat f) { return f != HalfFormat::f32; }
+
+void run_env_gate(const KvFormat& fmt, std::uint64_t seed0) {
+  long cases_run = 0, cases_small_head = 0;
+  HalfStats agg[2];
+  for (const StoreCase& c : covering_cases(seed0)) {
+    if (!case_supported(fmt, c)) continue;
+    ++cases_run;
+    if (c.head_dim < 32) ++cases_small_head;
+    INFO("format " << fmt.name() << " case " << c.describe());
+    // fp8 tensor scales follow the data's magnitude (as a calibrated checkpoint scale would), so
+    // the tiny population exercises fp8's normal range rather than flushing to subnormals.
+    const float fs = c.pattern == Pattern::tiny ? kTinyMagnitude : 1.0f;
+    const StoredCase sc = store_and_read(fmt, c, kGateKScale * fs, kGateVScale * fs);
+    REQUIRE(sc.guards.empty());
+    // Anti-vacuity: K and V differ (a K/V swap cannot pass unseen).
+    double kv_diff = 0;
+    for (std::size_t i = 0; i < sc.k.size(); ++i)
+      if (!std::isnan(sc.k[i])) kv_diff = std::max(kv_diff, std::fabs(double(sc.k[i]) - sc.v[i]));
+    REQUIRE(kv_diff > 0);
+    HalfStats st[2];
+    check_half(fmt.k, c, sc.k, sc.k_hat, kGateKScale * fs, st[0]);
+    check_half(fmt.v, c, sc.v, sc.v_hat, kGateVScale * fs, st[1]);
+    for (int h = 0; h < 2; ++h) {
+      const HalfFormat hf = h == 0 ? fmt.k : fmt.v;
+      INFO((h == 0 ? "K half " : "V half ") << name(hf) << ": " << st[h].elements << " elements, max err/bound "
+                                            << st[h].max_use << ", first violation: " << st[h].first_violation);
+      CHECK(st[h].violations == 0);
+      CHECK(st[h].fp8_saturated == 0);  // nothing saturates outside the saturation cases
+      CHECK(st[h].fp8_pages_without_normals == 0);
+      if (lossy(hf) && c.pattern == Pattern::gaussian) CHECK(st[h].max_use >= kMinEnvelopeUse);
+      agg[h].clamped += st[h].clamped;
+      agg[h].max_use = std::max(agg[h].max_use, st[h].max_use);
+    }
+  }
+  INFO("format " << fmt.name());
+  // Anti-vacuity over the whole gate: cases ran, small heads (32-blocks spanning heads) were
+  // covered, and the q4_0 clamp population was exercised.
+  CHECK(cases_run >= 64);
+  CHECK(cases_small_head >= 8);
+  for (int h = 0; h < 2; ++h) {
+    const HalfFormat hf = h == 0 ? fmt.k : fmt.v;
+    if (hf == HalfFormat::q4_0 || hf == HalfFormat::q4_0_rot) CHECK(agg[h].clamped > 0);
+    if (lossy(hf)) CHECK(agg[h].max_use >= kMinEnvelopeUse);
+  }
+}
+
+}  // namespace
+
+#define ENV_PRESET(id, preset, seed)                                                        \
+  TEST_CASE("ENV." id " every element within the envelope", "[gate:ENV][fmt:" preset "]") { \
+    const auto f = parse_kv_format(preset);                                                 \
+    REQUIRE(f.has_value());                                                                 \
+    run_env_gate(*f, seed);                                                                 \
+  }
+
+ENV_PRESET("f32", "f32", 100)
+ENV_PRESET("f16", "f16", 200)
+ENV_PRESET("bf16", "bf16", 300)
+ENV_PRESET("int8", "int8", 400)
+ENV_PRESET("fp8", "fp8", 500)
+ENV_PRESET("fp8_e5m2", "fp8_e5m2", 600)
+ENV_PRESET("q8_0", "q8_0", 700)
+ENV_PRESET("q4_0", "q4_0", 800)
+ENV_PRESET("k8v4", "k8v4", 900)
+ENV_PRESET("mixed", "k=q8_0,v=fp8_e5m2", 1000)
+
+// fp8 saturation: values beyond the largest finite code clamp to +-max*s; inf clamps too; NaN stays NaN.
+static void run_saturation(HalfFormat hf, double fmax) {
+  const float s = kGateKScale;
+  const StoreCase c{4, 2, 32, 4, Pattern::gaussian, 42, 0};
+  std::vector<float> k(static_cast<std::size_t>(c.n_tokens) * 64);
+  for (std::size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>((i % 2 ? 1 : -1) * fmax * s * (1.0 + 0.5 * (i % 7)));
+  k[5] = std::numeric_limits<float>::infinity();
+  k[6] = -std::numeric_limits<float>::infinity();
+  k[7] = std::nanf("");
+  std::vector<float> v(k.size(), 0.25f);
+  PagedKvStore store(case_config({hf, HalfFormat::f32}, c, s, 1.0f));
+  const SeqId id = store.create_sequence();
+  store.extend(id, c.n_tokens);
+  store.write(id, 0, 0, c.n_tokens, k.data(), 64, v.data(), 64);
+  std::vector<float> kh(k.size());
+  store.read(id, 0, KvHalf::K, 0, c.n_tokens, kh.data());
+  long saturated = 0;
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    INFO("element " << i << " x=" << k[i] << " x^=" << kh[i] << " scale " << s);
+    if (std::isnan(k[i])) {
+      CHECK(std::isnan(kh[i]));
+      continue;
+    }
+    const double expect = std::copysign(fmax * s, double(k[i]));
+    CHECK(std::fabs(double(kh[i]) - expect) <= 4 * kU32 * std::fabs(expect));
+    ++saturated;
+  }
+  CHECK(saturated >= 60);  // anti-vacuity: the case really is about saturation
+}
+
+TEST_CASE("ENV.fp8.saturation values past 448 clamp to +-448*s", "[gate:ENV][fmt:fp8]") {
+  run_saturation(HalfFormat::fp8_e4m3, kE4m3Max);
+}
+TEST_CASE("ENV.fp8_e5m2.saturation values past 57344 clamp to +-57344*s", "[gate:ENV][fmt:fp8_e5m2]") {
+  run_saturation(HalfFormat::fp8_e5m2, kE5m2Max);
+}
