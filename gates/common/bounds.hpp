@@ -69,4 +69,8 @@ inline double attn_f32_max_abs(int head_dim, int n_ctx, double max_l1_score, dou
   return 4 * (4 * score_err + (n_ctx + 8) * kU32) * vmax + 1e-30;
 }
 
+// ORA attention sensitivity: the derived FP32 bound must stay below this fraction of the output's
+// RMS, so any read-side error of that size (a wrong scale, page or head is O(1)) goes red.
+inline constexpr double kOraSensitivity = 0.10;
+
 }  // namespace kvgate::gates

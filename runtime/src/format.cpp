@@ -74,8 +74,9 @@ void quantize_absmax127(const float* x, int n, std::int8_t* codes, std::uint16_t
   const std::uint16_t s16 = f16_scale_round_up(amax, 127);
   const float s = f16_to_f32(s16);
   for (int i = 0; i < n; ++i) {
-    const int q = round_half_even(x[i] / s);
-    codes[i] = static_cast<std::int8_t>(std::clamp(q, -127, 127));
+    // NaN elements take code 0 (docs/FORMATS.md); they were already ignored by amax.
+    codes[i] = std::isnan(x[i]) ? std::int8_t{0}
+                                : static_cast<std::int8_t>(std::clamp(round_half_even(x[i] / s), -127, 127));
   }
   *scale_out = s16;
 }
@@ -98,7 +99,8 @@ void quantize_q4_0_block(const float* x, block_q4_0* b) {
     const std::uint16_t d16 = m > 0.0f ? static_cast<std::uint16_t>(mag | 0x8000u) : mag;  // d = -sign(m)|d|
     const float d = f16_to_f32(d16);
     for (int i = 0; i < kQBlock; ++i) {
-      codes[i] = static_cast<std::uint8_t>(std::clamp(round_half_even(x[i] / d) + 8, 0, 15));
+      codes[i] = std::isnan(x[i]) ? std::uint8_t{8}
+                                  : static_cast<std::uint8_t>(std::clamp(round_half_even(x[i] / d) + 8, 0, 15));
     }
     b->d = d16;
   }
