@@ -1,0 +1,227 @@
+// INV gates: scale invariance. fp8 with a per-tensor scale: moving the K and V scales by powers of
+// two leaves every dequantized value and every attention output bit-identical (while all scaled
+// values stay normal and unsaturated). Dynamic-scale formats are homogeneous: quantize(2^k x) has
+// the same codes and 2^k times the scale.
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "bounds.hpp"
+#include "catch_compat.hpp"
+#include "kvgate/attention.hpp"
+#include "kvgate/blocks.hpp"
+#include "kvgate/numeric.hpp"
+#include "store_harness.hpp"
+
+using namespace kvgate;
+using namespace kvgate::gates;
+
+namespace {
+
+// Values bounded away from zero: |x| in [0.5, 4] * magnitude, random sign, so that x/s stays in
+// fp8's normal range under every scale the gate uses (precondition asserted below).
+std::vector<float> banded(int n, std::uint64_t seed, float magnitude) {
+  Rng r(seed);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (auto& v : x) v = static_cast<float>((r.next() & 1 ? 1 : -1) * (0.5 + 3.5 * r.uniform()) * magnitude);
+  return x;
+}
+
+struct Filled {
+  std::unique_ptr<PagedKvStore> store;
+  SeqId seq = 0;
+};
+
+Filled fill(const KvFormat& f, int B, int H, int D, int n, const std::vector<float>& k, const std::vector<float>& v,
+            float ks = 1.0f, float vs = 1.0f) {
+  StoreConfig cfg;
+  cfg.format = f;
+  cfg.n_kv_heads = H;
+  cfg.head_dim = D;
+  cfg.block_size = B;
+  cfg.n_blocks = n / B + 2;
+  cfg.k_scale = {ks};
+  cfg.v_scale = {vs};
+  Filled out{std::make_unique<PagedKvStore>(cfg), 0};
+  out.seq = out.store->create_sequence();
+  out.store->extend(out.seq, n);
+  out.store->write(out.seq, 0, 0, n, k.data(), static_cast<std::size_t>(H * D), v.data(), static_cast<std::size_t>(H * D));
+  return out;
+}
+
+std::vector<float> read_all(const Filled& f, KvHalf h, int n) {
+  const auto g = f.store->geometry();
+  std::vector<float> out(static_cast<std::size_t>(n) * g.row_elems());
+  f.store->read(f.seq, 0, h, 0, n, out.data());
+  return out;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+void run_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
+  const int B = 16, H = 4, D = 64, n = 40, Hq = 8;
+  const auto k = banded(n * H * D, 11, 1.0f), v = banded(n * H * D, 12, 0.3f);
+  const float ks = kGateKScale, vs = kGateVScale * 10;
+  const auto q = banded(2 * Hq * D, 13, 0.4f);
+  const AttentionArgs args{2, Hq, n - 2, 0};
+  const auto base = fill({hf, hf}, B, H, D, n, k, v, ks, vs);
+  const auto k0 = read_all(base, KvHalf::K, n), v0 = read_all(base, KvHalf::V, n);
+  std::vector<float> out0(q.size());
+  attention(*base.store, base.seq, 0, args, q.data(), out0.data());
+  const int pairs[][2] = {{1, -2}, {3, 2}, {-4, 5}, {5, -3}};
+  for (const auto& p : pairs) {
+    const float ks2 = std::ldexp(ks, p[0]), vs2 = std::ldexp(vs, p[1]);
+    INFO("format " << name(hf) << " k_scale " << ks << " -> " << ks2 << ", v_scale " << vs << " -> " << vs2);
+    // Precondition: every scaled value is normal and unsaturated under both scale pairs.
+    for (float s : {ks, ks2})
+      for (float x : k) REQUIRE((std::fabs(x / s) >= min_normal && std::fabs(x / s) <= fmax));
+    for (float s : {vs, vs2})
+      for (float x : v) REQUIRE((std::fabs(x / s) >= min_normal && std::fabs(x / s) <= fmax));
+    const auto moved = fill({hf, hf}, B, H, D, n, k, v, ks2, vs2);
+    // Anti-vacuity: the stored codes really changed (the scale reached the store).
+    CHECK(std::memcmp(base.store->page(0, KvHalf::K, 0), moved.store->page(0, KvHalf::K, 0),
+                      base.store->page_bytes(KvHalf::K)) != 0);
+    CHECK(std::memcmp(base.store->page(0, KvHalf::V, 0), moved.store->page(0, KvHalf::V, 0),
+                      base.store->page_bytes(KvHalf::V)) != 0);
+    CHECK(bit_equal(read_all(moved, KvHalf::K, n), k0));
+    CHECK(bit_equal(read_all(moved, KvHalf::V, n), v0));
+    std::vector<float> out(q.size());
+    attention(*moved.store, moved.seq, 0, args, q.data(), out.data());
+    CHECK(bit_equal(out, out0));
+  }
+}
+
+// The stored scale of every scale-carrying unit of a page (cells for int8, 32-blocks otherwise),
+// and the codes with the scales blanked, read with the layout of docs/FORMATS.md.
+struct Decomposed {
+  std::vector<float> scales;
+  std::vector<std::uint8_t> codes;
+};
+
+Decomposed decompose(HalfFormat hf, const PageGeometry& g, const std::uint8_t* page, int n) {
+  Decomposed d;
+  const int HD = g.row_elems();
+  if (hf == HalfFormat::int8) {
+    d.codes.assign(page, page + static_cast<std::size_t>(n) * HD);
+    const auto* sc = reinterpret_cast<const std::uint16_t*>(page + static_cast<std::size_t>(g.block_size) * HD);
+    for (int i = 0; i < n * g.n_kv_heads; ++i) d.scales.push_back(f16_to_f32(sc[i]));
+  } else if (hf == HalfFormat::q8_0) {
+    const auto* b = reinterpret_cast<const block_q8_0*>(page);
+    for (int i = 0; i < n * HD / kQBlock; ++i) {
+      d.scales.push_back(f16_to_f32(b[i].d));
+      d.codes.insert(d.codes.end(), reinterpret_cast<const std::uint8_t*>(b[i].qs),
+                     reinterpret_cast<const std::uint8_t*>(b[i].qs) + kQBlock);
+    }
+  } else {  // q4_0, q4_0_rot
+    const auto* b = reinterpret_cast<const block_q4_0*>(page);
+    for (int i = 0; i < n * HD / kQBlock; ++i) {
+      d.scales.push_back(f16_to_f32(b[i].d));
+      d.codes.insert(d.codes.end(), b[i].qs, b[i].qs + kQBlock / 2);
+    }
+  }
+  return d;
+}
+
+bool dynamic_scale(HalfFormat h) {
+  return h == HalfFormat::int8 || h == HalfFormat::q8_0 || h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
+}
+
+// Homogeneity of one preset: store x and 2^k x; per half, codes equal and scales x 2^k (dynamic
+// formats) and dequantized values x 2^k bit for bit (all formats here).
+void run_homogeneity(const KvFormat& fmt) {
+  const int B = 8, H = 4, D = 64, n = 20;
+  const PageGeometry g{B, H, D};
+  const auto k = banded(n * H * D, 21, 1.0f), v = banded(n * H * D, 22, 0.2f);
+  const auto base = fill(fmt, B, H, D, n, k, v);
+  const auto table0 = base.store->block_table(base.seq);
+  for (int e : {-3, 2, 5}) {
+    std::vector<float> k2(k), v2(v);
+    for (auto& x : k2) x = std::ldexp(x, e);
+    for (auto& x : v2) x = std::ldexp(x, e);
+    const auto moved = fill(fmt, B, H, D, n, k2, v2);
+    const auto table1 = moved.store->block_table(moved.seq);
+    for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+      const HalfFormat hf = base.store->half_format(h);
+      INFO("format " << fmt.name() << " half " << name(hf) << " exponent shift " << e);
+      const auto x0 = read_all(base, h, n), x1 = read_all(moved, h, n);
+      long checked = 0;
+      for (std::size_t i = 0; i < x0.size(); ++i) {
+        if (std::ldexp(x0[i], e) != x1[i]) {
+          INFO("element " << i << ": " << x0[i] << " * 2^" << e << " != " << x1[i]);
+          CHECK(std::ldexp(x0[i], e) == x1[i]);
+          break;
+        }
+        ++checked;
+      }
+      CHECK(checked == static_cast<long>(x0.size()));
+      if (!dynamic_scale(hf)) continue;
+      for (std::size_t p = 0; p < table0.size(); ++p) {
+        const int np = std::min(B, n - static_cast<int>(p) * B);
+        const auto d0 = decompose(hf, g, base.store->page(0, h, table0[p]), np);
+        const auto d1 = decompose(hf, g, moved.store->page(0, h, table1[p]), np);
+        CHECK(d0.codes == d1.codes);
+        REQUIRE(d0.scales.size() == d1.scales.size());
+        for (std::size_t i = 0; i < d0.scales.size(); ++i) {
+          // Precondition: the scale stays a normal binary16 (2^-14 .. 65504) at both magnitudes.
+          REQUIRE(std::fabs(d0.scales[i]) >= 0x1p-14f);
+          REQUIRE(std::fabs(d1.scales[i]) >= 0x1p-14f);
+          CHECK(std::ldexp(d0.scales[i], e) == d1.scales[i]);
+        }
+        // Anti-vacuity: scales are data-driven (not all equal to 1).
+        CHECK(d0.scales[0] != 1.0f);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("INV.fp8 power-of-two K/V scale pairs give bit-identical values and attention", "[gate:INV][fmt:fp8]") {
+  run_fp8_invariance(HalfFormat::fp8_e4m3, kE4m3Max, kE4m3MinNormal);
+}
+TEST_CASE("INV.fp8_e5m2 power-of-two K/V scale pairs give bit-identical values and attention",
+          "[gate:INV][fmt:fp8_e5m2]") {
+  run_fp8_invariance(HalfFormat::fp8_e5m2, kE5m2Max, kE5m2MinNormal);
+}
+
+#define INV_HOMOGENEOUS(id, preset)                                                                   \
+  TEST_CASE("INV." id " homogeneous: quantize(2^k x) = same codes, 2^k scale", "[gate:INV][fmt:" preset "]") { \
+    const auto f = parse_kv_format(preset);                                                           \
+    REQUIRE(f.has_value());                                                                           \
+    run_homogeneity(*f);                                                                              \
+  }
+INV_HOMOGENEOUS("f16", "f16")
+INV_HOMOGENEOUS("bf16", "bf16")
+INV_HOMOGENEOUS("int8", "int8")
+INV_HOMOGENEOUS("q8_0", "q8_0")
+INV_HOMOGENEOUS("q4_0", "q4_0")
+INV_HOMOGENEOUS("k8v4", "k8v4")
+
+TEST_CASE("INV.rotation normalized Walsh-Hadamard round trip and orthogonality", "[gate:INV][fmt:k8v4]") {
+  for (int n : {1, 2, 8, 64, 128, 256}) {
+    INFO("n = " << n);
+    const auto x = banded(n, 31 + n, 1.0f);
+    std::vector<float> y(x);
+    hadamard_normalized(y.data(), n);
+    // Against the FP64 definition y = H x / sqrt(n) with H_ij = (-1)^popcount(i & j) (Sylvester).
+    double l2 = 0;
+    for (float v : x) l2 += double(v) * v;
+    for (int i = 0; i < n; ++i) {
+      double ref = 0;
+      for (int j = 0; j < n; ++j) ref += (__builtin_popcount(static_cast<unsigned>(i & j)) & 1 ? -1.0 : 1.0) * x[j];
+      ref /= std::sqrt(double(n));
+      CHECK(std::fabs(ref - y[i]) <= wht_slack(n, std::sqrt(l2)));
+    }
+    hadamard_normalized(y.data(), n);
+    for (int i = 0; i < n; ++i) CHECK(std::fabs(double(y[i]) - x[i]) <= 2 * wht_slack(n, std::sqrt(l2)));
+    if (n >= 8) {  // anti-vacuity: the transform moved the data
+      double moved = 0;
+      std::vector<float> z(x);
+      hadamard_normalized(z.data(), n);
+      for (int i = 0; i < n; ++i) moved = std::max(moved, std::fabs(double(z[i]) - x[i]));
+      CHECK(moved > 0.1);
+    }
+  }
+}
