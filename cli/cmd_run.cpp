@@ -1,0 +1,194 @@
+// `kvgate run`: load a model, resolve the KV format, generate, print the text (or JSON with stats).
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "commands.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/resolve.hpp"
+
+namespace kvgate::cli {
+
+namespace {
+
+struct RunOpts {
+  std::string model, tokenizer, kv, kv_k, kv_v, prompt;
+  std::optional<float> k_scale, v_scale;
+  int steps = 256;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  std::uint64_t seed = 42;
+  bool strict = false;
+  int threads = 0;
+  int block_size = 16;
+  std::size_t kv_cache_memory = 0;
+  bool json = false;
+  bool no_bos = false;
+};
+
+// run.c's safe_printf: drop single non-printable bytes (raw byte tokens), keep whitespace.
+bool printable_piece(const std::string& p) {
+  if (p.size() != 1) return !p.empty();
+  const unsigned char c = static_cast<unsigned char>(p[0]);
+  return (c >= 32 && c != 127) || c == '\n' || c == '\t' || c == '\r' || c >= 128;
+}
+
+std::optional<KvFormat> requested_format(const RunOpts& o) {
+  if (!o.kv.empty() && (!o.kv_k.empty() || !o.kv_v.empty()))
+    throw std::invalid_argument("give either --kv PRESET or --kv-k/--kv-v, not both");
+  if (!o.kv.empty()) {
+    auto f = parse_kv_format(o.kv);
+    if (!f) throw std::invalid_argument("unknown KV format '" + o.kv + "' (" + known_formats_text() + ")");
+    return f;
+  }
+  if (o.kv_k.empty() != o.kv_v.empty()) throw std::invalid_argument("--kv-k and --kv-v must be given together");
+  if (!o.kv_k.empty()) {
+    const auto k = parse_half(o.kv_k), v = parse_half(o.kv_v);
+    if (!k) throw std::invalid_argument("unknown K half format '" + o.kv_k + "' (" + known_formats_text() + ")");
+    if (!v) throw std::invalid_argument("unknown V half format '" + o.kv_v + "' (" + known_formats_text() + ")");
+    return KvFormat{*k, *v};
+  }
+  return std::nullopt;
+}
+
+int run_run(const RunOpts& o) {
+  if (o.steps < 0) throw std::invalid_argument("--steps must be >= 0");
+  if (o.temperature < 0) throw std::invalid_argument("--temperature must be >= 0");
+  if (o.k_scale && !(*o.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
+  if (o.v_scale && !(*o.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
+  const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast
+  const Model model = load_model(o.model, o.tokenizer);
+
+  KvRequest req;
+  req.flag = flag;
+  req.strict = o.strict;
+  req.backend = "cpu";
+  EngineOptions eo;
+  eo.kv = resolve_kv(req, model.config, o.block_size);
+  eo.block_size = o.block_size;
+  eo.kv_cache_memory = o.kv_cache_memory;
+  eo.threads = o.threads;
+  if (o.k_scale) eo.k_scale = {*o.k_scale};
+  if (o.v_scale) eo.v_scale = {*o.v_scale};
+  Engine engine(model, eo);
+
+  const Tokenizer* tok = model.tokenizer.get();
+  std::vector<int> prompt_ids;
+  if (tok) {
+    prompt_ids = tok->encode(o.prompt, !o.no_bos);
+  } else {
+    if (!o.prompt.empty())
+      throw ModelError("model '" + o.model + "' has no tokenizer; pass --tokenizer PATH to encode a prompt");
+    if (!o.no_bos) prompt_ids.push_back(model.config.bos_id);
+  }
+  if (prompt_ids.empty()) throw std::invalid_argument("the prompt encodes to no tokens (use a BOS or a prompt)");
+
+  std::string text;
+  int prev = prompt_ids.back();
+  const bool stream = !o.json;
+  if (stream && tok) {  // echo the prompt as run.c does
+    for (std::size_t i = 1; i < prompt_ids.size(); ++i) {
+      const std::string p = tok->decode_piece(prompt_ids[i - 1], prompt_ids[i]);
+      if (printable_piece(p)) std::fwrite(p.data(), 1, p.size(), stdout);
+    }
+    if (prompt_ids.size() == 1 && prompt_ids[0] != model.config.bos_id) {
+      const std::string p = tok->decode_piece(-1, prompt_ids[0]);
+      if (printable_piece(p)) std::fwrite(p.data(), 1, p.size(), stdout);
+    }
+    std::fflush(stdout);
+  }
+  SamplerOptions so;
+  so.temperature = o.temperature;
+  so.top_k = o.top_k;
+  so.top_p = o.top_p;
+  so.seed = o.seed;
+  const GenerateResult r = engine.generate(prompt_ids, o.steps, so, [&](int id) {
+    if (!tok) return;
+    const std::string p = tok->decode_piece(prev, id);
+    prev = id;
+    text += p;
+    if (stream && printable_piece(p)) {
+      std::fwrite(p.data(), 1, p.size(), stdout);
+      std::fflush(stdout);
+    }
+  });
+  const EngineStats& st = engine.stats();
+  if (o.json) {
+    nlohmann::json j;
+    j["text"] = text;
+    j["prompt"] = o.prompt;
+    j["prompt_ids"] = prompt_ids;
+    j["generated_ids"] = r.tokens;
+    j["stop_reason"] = r.stop_reason;
+    j["model"] = {{"path", model.path},
+                  {"source", model.source_kind},
+                  {"fingerprint", model.fingerprint},
+                  {"arch", model.config.arch},
+                  {"n_layers", model.config.n_layers},
+                  {"n_heads", model.config.n_heads},
+                  {"n_kv_heads", model.config.n_kv_heads},
+                  {"head_dim", model.config.head_dim},
+                  {"vocab_size", model.config.vocab_size}};
+    j["sampler"] = {{"temperature", o.temperature}, {"top_k", o.top_k}, {"top_p", o.top_p}, {"seed", o.seed}};
+    j["stats"] = {{"requested_kv", st.requested_kv},
+                  {"requested_source", st.requested_source},
+                  {"effective_kv", st.effective_kv},
+                  {"backend", st.backend},
+                  {"fallback_reason", st.fallback_reason},
+                  {"kv_bytes", st.kv_bytes},
+                  {"kv_pool_bytes", st.kv_pool_bytes},
+                  {"block_size", st.block_size},
+                  {"n_blocks", st.n_blocks},
+                  {"threads", st.threads},
+                  {"ttft_ms", st.ttft_ms},
+                  {"prefill_tokens", st.prefill_tokens},
+                  {"prefill_tok_s", st.prefill_tok_s()},
+                  {"decode_tokens", st.decode_tokens},
+                  {"decode_tok_s", st.decode_tok_s()}};
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr,
+                 "kv %s (requested %s%s%s), backend %s, kv_bytes %zu, ttft %.3f ms, prefill %.1f tok/s, decode %.1f "
+                 "tok/s, stop: %s\n",
+                 st.effective_kv.c_str(), st.requested_kv.c_str(), st.fallback_reason.empty() ? "" : ", fallback: ",
+                 st.fallback_reason.c_str(), st.backend.c_str(), st.kv_bytes, st.ttft_ms, st.prefill_tok_s(),
+                 st.decode_tok_s(), r.stop_reason.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_run(CLI::App& app) {
+  auto o = std::make_shared<RunOpts>();
+  auto* sub = app.add_subcommand("run", "Generate text with a model through a KV format (CPU)");
+  sub->add_option("--model", o->model, "llama2.c .bin, .gguf, or a Hugging Face directory")->required();
+  sub->add_option("--tokenizer", o->tokenizer, "tokenizer (llama2.c tokenizer.bin or tokenizer.json)");
+  sub->add_option("--kv", o->kv, "KV preset (f32 f16 bf16 int8 fp8 fp8_e5m2 q8_0 q4_0 k8v4) or k=<K>,v=<V>");
+  sub->add_option("--kv-k", o->kv_k, "K half format (with --kv-v)");
+  sub->add_option("--kv-v", o->kv_v, "V half format (with --kv-k)");
+  sub->add_option("--k-scale", o->k_scale, "per-tensor K scale for fp8 halves (all layers)");
+  sub->add_option("--v-scale", o->v_scale, "per-tensor V scale for fp8 halves (all layers)");
+  sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)")->capture_default_str();
+  sub->add_option("--steps", o->steps, "tokens to generate")->capture_default_str();
+  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", o->top_k, "0 = off")->capture_default_str();
+  sub->add_option("--top-p", o->top_p, "1 = off")->capture_default_str();
+  sub->add_option("--seed", o->seed, "sampler seed")->capture_default_str();
+  sub->add_flag("--strict-kv,--no-kv-fallback", o->strict, "fail instead of falling back to another KV format");
+  sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--block-size", o->block_size, "tokens per KV page")->capture_default_str();
+  sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
+  sub->add_flag("--no-bos", o->no_bos, "do not prepend BOS to the prompt");
+  sub->add_flag("--json", o->json, "print one JSON object (text, ids, stats)");
+  on_run(sub, [o] { return run_run(*o); });
+}
+
+}  // namespace kvgate::cli

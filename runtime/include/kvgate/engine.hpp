@@ -1,0 +1,106 @@
+// The CPU inference engine: one sequence over a PagedKvStore in any KV format. Batched prefill
+// (a chunk of tokens through each layer), single-token decode, teacher-forced logits, generation
+// with a seeded sampler, and the stats that reports print (requested vs effective KV format,
+// backend, fallback reason, KV bytes, TTFT, prefill/decode tok/s).
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kvgate/kv_store.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/resolve.hpp"
+#include "kvgate/sampler.hpp"
+
+namespace kvgate {
+
+class EngineError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct EngineOptions {
+  ResolvedKv kv;                   // kv.effective is what the store holds; the rest goes to stats
+  int block_size = 16;             // tokens per KV page
+  int n_blocks = 0;                // pages per layer; 0: from kv_cache_memory, else enough for max_context
+  std::size_t kv_cache_memory = 0; // bytes for the whole pool (all layers, K and V); used when n_blocks == 0
+  std::vector<float> k_scale;      // per-layer fp8 scales; empty: the model's (ModelConfig), else 1.0
+  std::vector<float> v_scale;
+  int threads = 1;                 // 0: std::thread::hardware_concurrency()
+  int max_context = 0;             // 0: the model's max_seq_len
+  int prefill_chunk = 128;         // tokens per batched prefill step
+};
+
+// Default options for a format: requested = effective = `fmt`, backend cpu, no fallback.
+EngineOptions engine_options_for(const KvFormat& fmt, int threads = 1);
+
+struct EngineStats {
+  std::string requested_kv;
+  std::string requested_source;
+  std::string effective_kv;
+  std::string backend = "cpu";
+  std::string fallback_reason;
+  std::size_t kv_bytes = 0;        // bytes of the KV pages the sequence holds now (all layers, K+V)
+  std::size_t kv_pool_bytes = 0;   // bytes of the whole pool
+  int block_size = 0;
+  int n_blocks = 0;
+  int threads = 1;
+  int position = 0;                // tokens in the sequence
+  // Timing since construction / reset() / the start of the last generate().
+  double ttft_ms = 0;              // generate(): prompt prefill + first sampled token
+  long long prefill_tokens = 0;
+  double prefill_seconds = 0;
+  long long decode_tokens = 0;
+  double decode_seconds = 0;
+  double prefill_tok_s() const { return prefill_seconds > 0 ? static_cast<double>(prefill_tokens) / prefill_seconds : 0; }
+  double decode_tok_s() const { return decode_seconds > 0 ? static_cast<double>(decode_tokens) / decode_seconds : 0; }
+};
+
+struct GenerateResult {
+  std::vector<int> tokens;  // generated ids (the stop token, if any, is not included)
+  std::string stop_reason;  // "steps", "eos", "bos", "context_full"
+};
+
+class Engine {
+ public:
+  // Throws EngineError (bad options, pool too small for one block) or KvStoreError (format refused).
+  Engine(const Model& model, EngineOptions opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Appends tokens (batched) and returns the logits of the last one. The reference stays valid
+  // until the next call on this engine.
+  const std::vector<float>& prefill(std::span<const int> tokens);
+  // Appends one token and returns its logits (same lifetime rule).
+  const std::vector<float>& decode(int token);
+  // Appends tokens (batched) and returns the logits of every one: [tokens.size()][vocab].
+  std::vector<float> forward_all_logits(std::span<const int> tokens);
+
+  // Prefill `prompt` (appended to the current sequence), then sample up to `steps` tokens. Stops
+  // early on EOS, on BOS (llama2.c's sequence delimiter) or when the context is full. on_token is
+  // called for every generated token as it is produced.
+  GenerateResult generate(std::span<const int> prompt, int steps, const SamplerOptions& sampler,
+                          const std::function<void(int)>& on_token = {});
+
+  void reset();                 // empty the sequence and the timing stats
+  void truncate(int n_tokens);  // keep the first n tokens
+  int position() const;
+  int max_context() const;
+  int vocab_size() const;
+  const EngineStats& stats() const;
+  const Model& model() const;
+  const PagedKvStore& store() const;
+  PagedKvStore& store();
+  SeqId sequence() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvgate

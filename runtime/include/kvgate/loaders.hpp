@@ -1,0 +1,31 @@
+// The individual model loaders behind kvgate::load_model (model.hpp). Each returns a Model in FP32
+// with config, weights, tokenizer (when found) and fingerprint filled, or throws ModelError with a
+// message naming the file and the field at fault.
+#pragma once
+#include <string>
+
+#include "kvgate/model.hpp"
+
+namespace kvgate {
+
+// llama2.c legacy (version 0) checkpoint: 7 int32 header fields, then fp32 arrays; a negative
+// vocab_size means a separate classifier follows. Tokenizer from `tokenizer_path`, or, when empty,
+// tok<vocab>.bin or tokenizer.bin beside the checkpoint (none found: Model::tokenizer stays null).
+Model load_llama2c(const std::string& path, const std::string& tokenizer_path = {});
+
+// GGUF v2/v3, architecture `llama`; tensor types F32, F16, BF16, Q8_0, Q4_0 (dequantized to FP32);
+// tokenizer from metadata (`llama` SentencePiece scores, or `gpt2` byte-level BPE with merges).
+Model load_gguf(const std::string& path);
+
+// Hugging Face directory: config.json + model.safetensors (or a sharded index) + tokenizer.json.
+// Implemented in runtime/src/load_hf.cpp.
+Model load_hf(const std::string& dir);
+
+// xxHash64 over a canonical text of the config and every tensor's FP32 bytes, as 16 hex digits.
+std::string model_fingerprint(const ModelConfig& cfg, const ModelWeights& w);
+
+// Checks that every tensor of `w` has the size `cfg` implies; throws ModelError naming `path` and
+// the tensor otherwise. Loaders call it before returning.
+void validate_weights(const std::string& path, const ModelConfig& cfg, const ModelWeights& w);
+
+}  // namespace kvgate

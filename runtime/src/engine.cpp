@@ -1,0 +1,234 @@
+#include "kvgate/engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "forward_cpu.hpp"
+#include "thread_pool.hpp"
+
+namespace kvgate {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int resolve_threads(int t) {
+  if (t > 0) return t;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx) {
+  const ModelConfig& c = m.config;
+  StoreConfig sc;
+  sc.format = o.kv.effective;
+  sc.n_layers = c.n_layers;
+  sc.n_kv_heads = c.n_kv_heads;
+  sc.head_dim = c.head_dim;
+  if (o.block_size < 1) throw EngineError("engine: block_size must be >= 1, got " + std::to_string(o.block_size));
+  sc.block_size = o.block_size;
+  if (o.n_blocks > 0) {
+    sc.n_blocks = o.n_blocks;
+  } else if (o.kv_cache_memory > 0) {
+    sc.n_blocks = blocks_for_budget(sc.format, sc.geometry(), c.n_layers, o.kv_cache_memory);
+    if (sc.n_blocks < 1)
+      throw EngineError("engine: --kv-cache-memory " + std::to_string(o.kv_cache_memory) + " bytes buys no KV block of " +
+                        sc.format.name() + " (one block of all layers needs " +
+                        std::to_string(static_cast<std::size_t>(c.n_layers) *
+                                       (page_bytes(sc.format.k, sc.geometry()) + page_bytes(sc.format.v, sc.geometry()))) +
+                        " bytes)");
+  } else {
+    sc.n_blocks = (max_ctx + o.block_size - 1) / o.block_size;
+  }
+  auto scales = [&](const std::vector<float>& opt, const std::vector<float>& model_s, const char* which) {
+    const std::vector<float>& s = !opt.empty() ? opt : model_s;
+    if (s.empty()) return std::vector<float>{};
+    if (s.size() == 1) return std::vector<float>(static_cast<std::size_t>(c.n_layers), s[0]);
+    if (static_cast<int>(s.size()) != c.n_layers)
+      throw EngineError(std::string("engine: ") + which + " has " + std::to_string(s.size()) +
+                        " entries; give one, or one per layer (" + std::to_string(c.n_layers) + ")");
+    return s;
+  };
+  sc.k_scale = scales(o.k_scale, c.k_scale, "k_scale");
+  sc.v_scale = scales(o.v_scale, c.v_scale, "v_scale");
+  return sc;
+}
+
+}  // namespace
+
+EngineOptions engine_options_for(const KvFormat& fmt, int threads) {
+  EngineOptions o;
+  o.kv.requested = fmt;
+  o.kv.requested_source = "engine_options_for";
+  o.kv.effective = fmt;
+  o.kv.backend = "cpu";
+  o.threads = threads;
+  return o;
+}
+
+struct Engine::Impl {
+  const Model& model;
+  EngineOptions opts;
+  int max_ctx;
+  detail::ThreadPool pool;
+  PagedKvStore store;
+  SeqId seq;
+  detail::CpuForward fwd;
+  std::vector<float> logits;
+  EngineStats stats;
+
+  Impl(const Model& m, EngineOptions o)
+      : model(m),
+        opts(std::move(o)),
+        max_ctx(opts.max_context > 0 ? opts.max_context : m.config.max_seq_len),
+        pool(resolve_threads(opts.threads)),
+        store(make_store_config(m, opts, max_ctx)),
+        seq(store.create_sequence()),
+        fwd(m, std::max(1, std::min(opts.prefill_chunk, max_ctx)), pool),
+        logits(static_cast<std::size_t>(m.config.vocab_size)) {
+    stats.requested_kv = opts.kv.requested.name();
+    stats.requested_source = opts.kv.requested_source;
+    stats.effective_kv = opts.kv.effective.name();
+    stats.backend = opts.kv.backend.empty() ? "cpu" : opts.kv.backend;
+    stats.fallback_reason = opts.kv.fallback_reason;
+    stats.block_size = store.config().block_size;
+    stats.n_blocks = store.config().n_blocks;
+    stats.kv_pool_bytes = store.pool_bytes();
+    stats.threads = pool.size();
+  }
+
+  void check_room(std::size_t n) const {
+    const int pos = store.length(seq);
+    if (static_cast<long long>(pos) + static_cast<long long>(n) > max_ctx)
+      throw EngineError("engine: " + std::to_string(n) + " more tokens at position " + std::to_string(pos) +
+                        " exceed the context of " + std::to_string(max_ctx) + " tokens");
+  }
+  void refresh() {
+    stats.position = store.length(seq);
+    stats.kv_bytes = store.sequence_bytes(seq);
+  }
+  // Batched prefill in chunks; `all` receives [n][vocab] when non-null.
+  void run(std::span<const int> toks, float* all) {
+    check_room(toks.size());
+    const auto t0 = Clock::now();
+    const int C = fwd.max_chunk();
+    const std::size_t V = logits.size();
+    for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(C)) {
+      const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(C), toks.size() - i));
+      if (all) fwd.forward(store, seq, toks.data() + i, n, all + i * V, true);
+      else fwd.forward(store, seq, toks.data() + i, n, logits.data(), false);  // the last chunk's wins
+    }
+    stats.prefill_seconds += seconds_since(t0);
+    stats.prefill_tokens += static_cast<long long>(toks.size());
+    refresh();
+  }
+};
+
+Engine::Engine(const Model& model, EngineOptions opts) {
+  if (model.weights.layers.empty()) throw EngineError("engine: the model has no weights loaded");
+  impl_ = std::make_unique<Impl>(model, std::move(opts));
+}
+
+Engine::~Engine() = default;
+
+const std::vector<float>& Engine::prefill(std::span<const int> tokens) {
+  if (tokens.empty()) throw EngineError("engine: prefill of zero tokens");
+  impl_->run(tokens, nullptr);
+  return impl_->logits;
+}
+
+const std::vector<float>& Engine::decode(int token) {
+  Impl& d = *impl_;
+  d.check_room(1);
+  const auto t0 = Clock::now();
+  d.fwd.forward(d.store, d.seq, &token, 1, d.logits.data(), false);
+  d.stats.decode_seconds += seconds_since(t0);
+  d.stats.decode_tokens += 1;
+  return d.logits;
+}
+
+std::vector<float> Engine::forward_all_logits(std::span<const int> tokens) {
+  std::vector<float> out(tokens.size() * impl_->logits.size());
+  if (!tokens.empty()) impl_->run(tokens, out.data());
+  if (!tokens.empty())
+    std::copy(out.end() - static_cast<std::ptrdiff_t>(impl_->logits.size()), out.end(), impl_->logits.begin());
+  return out;
+}
+
+GenerateResult Engine::generate(std::span<const int> prompt, int steps, const SamplerOptions& so,
+                                const std::function<void(int)>& on_token) {
+  Impl& d = *impl_;
+  if (prompt.empty()) throw EngineError("engine: generate needs at least one prompt token (e.g. BOS)");
+  if (steps < 0) throw EngineError("engine: steps must be >= 0");
+  d.stats.ttft_ms = 0;
+  d.stats.prefill_tokens = d.stats.decode_tokens = 0;
+  d.stats.prefill_seconds = d.stats.decode_seconds = 0;
+  GenerateResult r;
+  r.stop_reason = "steps";
+  r.tokens.reserve(static_cast<std::size_t>(steps));
+  Sampler sampler(vocab_size(), so);
+  const int bos = d.model.config.bos_id, eos = d.model.config.eos_id;
+  const auto t0 = Clock::now();
+  d.run(prompt, nullptr);
+  for (int i = 0; i < steps; ++i) {
+    const int next = sampler.sample(d.logits);
+    if (i == 0) d.stats.ttft_ms = seconds_since(t0) * 1e3;
+    if (next == eos) {
+      r.stop_reason = "eos";
+      break;
+    }
+    if (next == bos) {
+      r.stop_reason = "bos";
+      break;
+    }
+    r.tokens.push_back(next);
+    if (on_token) on_token(next);
+    if (i + 1 == steps) break;
+    if (d.store.length(d.seq) >= d.max_ctx) {
+      r.stop_reason = "context_full";
+      break;
+    }
+    decode(next);
+  }
+  d.refresh();
+  return r;
+}
+
+void Engine::reset() {
+  Impl& d = *impl_;
+  d.store.free_sequence(d.seq);
+  d.seq = d.store.create_sequence();
+  const EngineStats keep = d.stats;
+  d.stats = EngineStats{};
+  d.stats.requested_kv = keep.requested_kv;
+  d.stats.requested_source = keep.requested_source;
+  d.stats.effective_kv = keep.effective_kv;
+  d.stats.backend = keep.backend;
+  d.stats.fallback_reason = keep.fallback_reason;
+  d.stats.block_size = keep.block_size;
+  d.stats.n_blocks = keep.n_blocks;
+  d.stats.kv_pool_bytes = keep.kv_pool_bytes;
+  d.stats.threads = keep.threads;
+  d.refresh();
+}
+
+void Engine::truncate(int n_tokens) {
+  impl_->store.truncate(impl_->seq, n_tokens);
+  impl_->refresh();
+}
+
+int Engine::position() const { return impl_->store.length(impl_->seq); }
+int Engine::max_context() const { return impl_->max_ctx; }
+int Engine::vocab_size() const { return static_cast<int>(impl_->logits.size()); }
+const EngineStats& Engine::stats() const {
+  impl_->refresh();
+  return impl_->stats;
+}
+const Model& Engine::model() const { return impl_->model; }
+const PagedKvStore& Engine::store() const { return impl_->store; }
+PagedKvStore& Engine::store() { return impl_->store; }
+SeqId Engine::sequence() const { return impl_->seq; }
+
+}  // namespace kvgate

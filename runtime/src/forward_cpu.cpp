@@ -1,0 +1,262 @@
+// The CPU forward pass, written to read like the math (llama2.c run.c forward(), batched over a
+// chunk of tokens). Hot loops keep fixed-width lane accumulators so the compiler vectorizes them
+// without -ffast-math; the kernels are compiled for AVX2 and baseline x86-64 and picked at run time
+// (no FMA contraction in either, so both give bit-identical results).
+#include "forward_cpu.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kvgate/attention.hpp"
+#include "kvgate/engine.hpp"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(KVGATE_NO_TARGET_CLONES)
+#define KVGATE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define KVGATE_MULTIVERSION
+#endif
+
+namespace kvgate::detail {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+// Sum of a[i] * b[i] with 16 lane accumulators (vectorizable, fixed summation order).
+inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
+  for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + tail;
+}
+
+// Four rows of W against one x: x is loaded once for four dot products.
+inline void dot4(const float* __restrict w0, const float* __restrict w1, const float* __restrict w2,
+                 const float* __restrict w3, const float* __restrict x, int n, float out[4]) {
+  float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const float xv = x[i + j];
+      a0[j] += w0[i + j] * xv;
+      a1[j] += w1[i + j] * xv;
+      a2[j] += w2[i + j] * xv;
+      a3[j] += w3[i + j] * xv;
+    }
+  float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
+  for (; i < n; ++i) {
+    t0 += w0[i] * x[i];
+    t1 += w1[i] * x[i];
+    t2 += w2[i] * x[i];
+    t3 += w3[i] * x[i];
+  }
+  float* accs[4] = {a0, a1, a2, a3};
+  const float tails[4] = {t0, t1, t2, t3};
+  for (int r = 0; r < 4; ++r) {
+    float* acc = accs[r];
+    for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
+    for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
+    out[r] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + tails[r];
+  }
+}
+
+KVGATE_MULTIVERSION
+void matmul_rows(float* __restrict out, const float* __restrict x, const float* __restrict W,
+                 const float* __restrict bias, int T, int n_in, int n_out, bool accumulate, int r0, int r1) {
+  int i = r0;
+  for (; i + 4 <= r1; i += 4) {
+    const float* w = W + static_cast<std::size_t>(i) * n_in;
+    for (int t = 0; t < T; ++t) {
+      float r[4];
+      dot4(w, w + n_in, w + 2 * static_cast<std::size_t>(n_in), w + 3 * static_cast<std::size_t>(n_in),
+           x + static_cast<std::size_t>(t) * n_in, n_in, r);
+      float* o = out + static_cast<std::size_t>(t) * n_out + i;
+      for (int k = 0; k < 4; ++k) {
+        const float v = bias ? r[k] + bias[i + k] : r[k];
+        o[k] = accumulate ? o[k] + v : v;
+      }
+    }
+  }
+  for (; i < r1; ++i) {
+    const float* w = W + static_cast<std::size_t>(i) * n_in;
+    for (int t = 0; t < T; ++t) {
+      float v = dot(w, x + static_cast<std::size_t>(t) * n_in, n_in);
+      if (bias) v += bias[i];
+      float& o = out[static_cast<std::size_t>(t) * n_out + i];
+      o = accumulate ? o + v : v;
+    }
+  }
+}
+
+KVGATE_MULTIVERSION
+void rmsnorm_impl(float* o, const float* x, const float* w, int n, float eps) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j] * x[i + j];
+  float ss = 0.0f;
+  for (; i < n; ++i) ss += x[i] * x[i];
+  for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
+  for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
+  ss += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  ss /= static_cast<float>(n);
+  ss += eps;
+  ss = 1.0f / std::sqrt(ss);
+  for (int j = 0; j < n; ++j) o[j] = w[j] * (ss * x[j]);
+}
+
+KVGATE_MULTIVERSION
+void swiglu(float* __restrict h, const float* __restrict up, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float val = h[i];
+    val *= 1.0f / (1.0f + std::exp(-val));  // silu
+    h[i] = val * up[i];
+  }
+}
+
+KVGATE_MULTIVERSION
+void add_inplace(float* __restrict x, const float* __restrict y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+void matmul(ThreadPool& pool, float* out, const float* x, const float* W, const float* bias, int T, int n_in, int n_out,
+            bool accumulate) {
+  // Below ~32K multiply-adds per thread the dispatch costs more than it saves.
+  const long long work_per_row = static_cast<long long>(n_in) * T;
+  const int min_rows = static_cast<int>(std::max<long long>(4, 32768 / std::max<long long>(1, work_per_row)));
+  pool.parallel_for(
+      n_out,
+      [&](int r0, int r1) { matmul_rows(out, x, W, bias, T, n_in, n_out, accumulate, r0, r1); },
+      min_rows);
+}
+
+void rmsnorm(float* o, const float* x, const float* w, int n, float eps) { rmsnorm_impl(o, x, w, n, eps); }
+
+CpuForward::CpuForward(const Model& model, int max_chunk, ThreadPool& pool)
+    : m_(model), c_(model.config), max_chunk_(std::max(1, max_chunk)), pool_(pool) {
+  const int half = c_.head_dim / 2;
+  freq_.resize(static_cast<std::size_t>(half));
+  for (int i = 0; i < half; ++i)  // as run.c: 1 / theta^(2i / head_dim), in binary32
+    freq_[static_cast<std::size_t>(i)] =
+        1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c_.head_dim));
+  const std::size_t C = static_cast<std::size_t>(max_chunk_);
+  x_.resize(C * c_.dim);
+  xb_.resize(C * std::max(c_.dim, c_.q_dim()));
+  xb2_.resize(C * c_.dim);
+  q_.resize(C * c_.q_dim());
+  k_.resize(C * c_.kv_dim());
+  v_.resize(C * c_.kv_dim());
+  att_.resize(C * c_.q_dim());
+  hb_.resize(C * c_.hidden_dim);
+  hb2_.resize(C * c_.hidden_dim);
+  cos_.resize(C * half);
+  sin_.resize(C * half);
+}
+
+void CpuForward::rope(float* v, int T, int n_heads, int pos0) const {
+  (void)pos0;
+  const int D = c_.head_dim, half = D / 2;
+  for (int t = 0; t < T; ++t) {
+    const float* fc = cos_.data() + static_cast<std::size_t>(t) * half;
+    const float* fs = sin_.data() + static_cast<std::size_t>(t) * half;
+    for (int h = 0; h < n_heads; ++h) {
+      float* x = v + (static_cast<std::size_t>(t) * n_heads + h) * D;
+      if (c_.rope_style == RopeStyle::interleaved) {
+        for (int i = 0; i < half; ++i) {  // adjacent pairs (x[2i], x[2i+1])
+          const float v0 = x[2 * i], v1 = x[2 * i + 1];
+          x[2 * i] = v0 * fc[i] - v1 * fs[i];
+          x[2 * i + 1] = v0 * fs[i] + v1 * fc[i];
+        }
+      } else {
+        for (int i = 0; i < half; ++i) {  // rotate-half pairs (x[i], x[i + D/2])
+          const float v0 = x[i], v1 = x[i + half];
+          x[i] = v0 * fc[i] - v1 * fs[i];
+          x[i + half] = v1 * fc[i] + v0 * fs[i];
+        }
+      }
+    }
+  }
+}
+
+void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T, float* logits, bool all_logits) {
+  if (T < 1 || T > max_chunk_) throw EngineError("forward: chunk of " + std::to_string(T) + " tokens (max " +
+                                                 std::to_string(max_chunk_) + ")");
+  const ModelConfig& c = c_;
+  const ModelWeights& w = m_.weights;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim, half = hd / 2;
+  for (int t = 0; t < T; ++t)
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size)
+      throw EngineError("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
+                        std::to_string(c.vocab_size) + ")");
+  const int pos0 = store.extend(s, T);
+
+  // Token embeddings -> residual stream x[T][dim].
+  for (int t = 0; t < T; ++t)
+    std::memcpy(x_.data() + static_cast<std::size_t>(t) * dim,
+                w.tok_embeddings.data() + static_cast<std::size_t>(tokens[t]) * dim, sizeof(float) * dim);
+  // RoPE angles for the chunk's positions, shared by every layer.
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < half; ++i) {
+      const float val = static_cast<float>(pos0 + t) * freq_[static_cast<std::size_t>(i)];
+      cos_[static_cast<std::size_t>(t) * half + i] = std::cos(val);
+      sin_[static_cast<std::size_t>(t) * half + i] = std::sin(val);
+    }
+
+  AttentionArgs aa;
+  aa.n_q = T;
+  aa.n_heads = c.n_heads;
+  aa.pos0 = pos0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
+    // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
+    for (int t = 0; t < T; ++t)
+      rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
+              L.attn_norm.data(), dim, c.rms_eps);
+    matmul(pool_, q_.data(), xb_.data(), L.wq.data(), c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
+    matmul(pool_, k_.data(), xb_.data(), L.wk.data(), c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
+    matmul(pool_, v_.data(), xb_.data(), L.wv.data(), c.qkv_bias ? L.bv.data() : nullptr, T, dim, kvd, false);
+    if (c.qk_norm) {  // qwen3: RMSNorm over each head of q and k, before RoPE
+      for (int i = 0; i < T * c.n_heads; ++i)
+        rmsnorm(q_.data() + static_cast<std::size_t>(i) * hd, q_.data() + static_cast<std::size_t>(i) * hd,
+                L.q_norm.data(), hd, c.rms_eps);
+      for (int i = 0; i < T * c.n_kv_heads; ++i)
+        rmsnorm(k_.data() + static_cast<std::size_t>(i) * hd, k_.data() + static_cast<std::size_t>(i) * hd,
+                L.k_norm.data(), hd, c.rms_eps);
+    }
+    rope(q_.data(), T, c.n_heads, pos0);
+    rope(k_.data(), T, c.n_kv_heads, pos0);
+    // K/V rows go through the KV format; attention reads them back from the store.
+    store.write(s, l, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
+    attention(store, s, l, aa, q_.data(), att_.data());
+    // x += att Wo
+    matmul(pool_, x_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, true);
+
+    // FFN block: x += W2 (silu(xb W1) * (xb W3)), xb = rmsnorm(x).
+    for (int t = 0; t < T; ++t)
+      rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
+              L.ffn_norm.data(), dim, c.rms_eps);
+    matmul(pool_, hb_.data(), xb_.data(), L.w1.data(), nullptr, T, dim, hid, false);
+    matmul(pool_, hb2_.data(), xb_.data(), L.w3.data(), nullptr, T, dim, hid, false);
+    swiglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
+    matmul(pool_, x_.data(), hb_.data(), L.w2.data(), nullptr, T, hid, dim, true);
+  }
+
+  // Final norm and classifier: every row, or the last one only.
+  const int first = all_logits ? 0 : T - 1;
+  const int n_rows = T - first;
+  for (int t = first; t < T; ++t)
+    rmsnorm(xb_.data() + static_cast<std::size_t>(t - first) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
+            w.final_norm.data(), dim, c.rms_eps);
+  matmul(pool_, logits, xb_.data(), w.output_matrix(), nullptr, n_rows, dim, c.vocab_size, false);
+}
+
+}  // namespace kvgate::detail

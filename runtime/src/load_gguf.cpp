@@ -1,0 +1,603 @@
+// GGUF v2/v3 loader: header, metadata key/values (every value type, arrays included), tensor
+// table, alignment, tensor data (F32, F16, BF16, Q8_0, Q4_0 dequantized to FP32), architecture
+// `llama`, tokenizer from metadata. Every read is bounds-checked against the file size before any
+// allocation, so a corrupted or hostile file gives a ModelError, never a crash.
+//
+// Conventions: a tensor's dims are ne[0] (innermost, contiguous) first, so a [out][in] row-major
+// weight has ne = {in, out}. llama.cpp's converter stores llama q/k weights permuted for
+// interleaved (adjacent-pair) RoPE, exactly as llama2.c does: rope_style = interleaved.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvgate/blocks.hpp"
+#include "kvgate/loaders.hpp"
+#include "kvgate/numeric.hpp"
+#include "kvgate/tokenizer_bpe.hpp"
+#include "kvgate/tokenizer_sp.hpp"
+
+namespace kvgate {
+
+namespace {
+
+enum GgufType : std::uint32_t {
+  T_U8 = 0, T_I8 = 1, T_U16 = 2, T_I16 = 3, T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7,
+  T_STRING = 8, T_ARRAY = 9, T_U64 = 10, T_I64 = 11, T_F64 = 12
+};
+
+const char* type_name(std::uint32_t t) {
+  static const char* n[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
+  return t < 13 ? n[t] : "?";
+}
+
+std::size_t scalar_size(std::uint32_t t) {
+  switch (t) {
+    case T_U8: case T_I8: case T_BOOL: return 1;
+    case T_U16: case T_I16: return 2;
+    case T_U32: case T_I32: case T_F32: return 4;
+    case T_U64: case T_I64: case T_F64: return 8;
+    default: return 0;
+  }
+}
+
+// ggml tensor types we dequantize.
+enum GgmlType : std::uint32_t { G_F32 = 0, G_F16 = 1, G_Q4_0 = 2, G_Q8_0 = 8, G_BF16 = 30 };
+
+std::string ggml_type_name(std::uint32_t t) {
+  static const std::map<std::uint32_t, const char*> n{
+      {0, "F32"},   {1, "F16"},   {2, "Q4_0"},  {3, "Q4_1"},   {6, "Q5_0"},   {7, "Q5_1"},  {8, "Q8_0"},
+      {9, "Q8_1"},  {10, "Q2_K"}, {11, "Q3_K"}, {12, "Q4_K"},  {13, "Q5_K"},  {14, "Q6_K"}, {15, "Q8_K"},
+      {16, "IQ2_XXS"}, {17, "IQ2_XS"}, {18, "IQ3_XXS"}, {19, "IQ1_S"}, {20, "IQ4_NL"}, {21, "IQ3_S"},
+      {22, "IQ2_S"}, {23, "IQ4_XS"}, {24, "I8"}, {25, "I16"}, {26, "I32"}, {27, "I64"}, {28, "F64"},
+      {29, "IQ1_M"}, {30, "BF16"}};
+  const auto it = n.find(t);
+  return it == n.end() ? "type " + std::to_string(t) : std::string(it->second) + " (" + std::to_string(t) + ")";
+}
+
+// One metadata value. Scalars live in u/i/f/b, strings in s; arrays of scalars in nums (as double;
+// integers beyond 2^53 lose precision, which no key we read needs), arrays of strings in strs,
+// nested arrays in arrs.
+struct Value {
+  std::uint32_t type = 0;
+  std::uint32_t elem_type = 0;  // arrays
+  std::uint64_t u = 0;
+  std::int64_t i = 0;
+  double f = 0;
+  std::string s;
+  std::vector<double> nums;
+  std::vector<std::string> strs;
+  std::vector<Value> arrs;
+  std::uint64_t count = 0;  // arrays
+};
+
+class Mapped {
+ public:
+  explicit Mapped(const std::string& path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw ModelError("model '" + path + "': cannot open the file: " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      throw ModelError("model '" + path + "': not a regular file");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd_);
+        throw ModelError("model '" + path + "': mmap failed: " + std::strerror(errno));
+      }
+      data_ = static_cast<const std::uint8_t*>(p);
+    }
+  }
+  ~Mapped() {
+    if (data_) ::munmap(const_cast<std::uint8_t*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Mapped(const Mapped&) = delete;
+  Mapped& operator=(const Mapped&) = delete;
+  const std::uint8_t* data() const { return data_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  int fd_ = -1;
+  const std::uint8_t* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+class Cursor {
+ public:
+  Cursor(const std::string& path, const std::uint8_t* d, std::size_t n) : path_(path), d_(d), n_(n) {}
+  std::size_t off() const { return off_; }
+  std::size_t left() const { return n_ - off_; }
+  [[noreturn]] void fail(const std::string& what) const {
+    throw ModelError("model '" + path_ + "': " + what + " (at byte " + std::to_string(off_) + " of " +
+                     std::to_string(n_) + ")");
+  }
+  void need(std::uint64_t k, const std::string& what) const {
+    if (k > left()) fail("truncated while reading " + what + " (needs " + std::to_string(k) + " bytes)");
+  }
+  template <class T>
+  T rd(const std::string& what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, d_ + off_, sizeof(T));
+    off_ += sizeof(T);
+    return v;
+  }
+  std::string str(const std::string& what) {
+    const auto len = rd<std::uint64_t>("length of " + what);
+    if (len > left())
+      fail("string " + what + " claims " + std::to_string(len) + " bytes, more than the " + std::to_string(left()) +
+           " left in the file");
+    std::string s(reinterpret_cast<const char*>(d_ + off_), static_cast<std::size_t>(len));
+    off_ += static_cast<std::size_t>(len);
+    return s;
+  }
+  Value value(std::uint32_t type, const std::string& key, int depth) {
+    Value v;
+    v.type = type;
+    switch (type) {
+      case T_U8: v.u = rd<std::uint8_t>(key); v.i = static_cast<std::int64_t>(v.u); v.f = static_cast<double>(v.u); break;
+      case T_I8: v.i = rd<std::int8_t>(key); v.u = static_cast<std::uint64_t>(v.i); v.f = static_cast<double>(v.i); break;
+      case T_U16: v.u = rd<std::uint16_t>(key); v.i = static_cast<std::int64_t>(v.u); v.f = static_cast<double>(v.u); break;
+      case T_I16: v.i = rd<std::int16_t>(key); v.u = static_cast<std::uint64_t>(v.i); v.f = static_cast<double>(v.i); break;
+      case T_U32: v.u = rd<std::uint32_t>(key); v.i = static_cast<std::int64_t>(v.u); v.f = static_cast<double>(v.u); break;
+      case T_I32: v.i = rd<std::int32_t>(key); v.u = static_cast<std::uint64_t>(v.i); v.f = static_cast<double>(v.i); break;
+      case T_U64: v.u = rd<std::uint64_t>(key); v.i = static_cast<std::int64_t>(v.u); v.f = static_cast<double>(v.u); break;
+      case T_I64: v.i = rd<std::int64_t>(key); v.u = static_cast<std::uint64_t>(v.i); v.f = static_cast<double>(v.i); break;
+      case T_F32: v.f = rd<float>(key); break;
+      case T_F64: v.f = rd<double>(key); break;
+      case T_BOOL: {
+        const auto b = rd<std::uint8_t>(key);
+        if (b > 1) fail("metadata key '" + key + "': bool value " + std::to_string(b) + " is not 0 or 1");
+        v.u = b; v.i = b; v.f = b;
+        break;
+      }
+      case T_STRING: v.s = str("metadata key '" + key + "'"); break;
+      case T_ARRAY: {
+        if (depth > 8) fail("metadata key '" + key + "': arrays nested deeper than 8 levels");
+        v.elem_type = rd<std::uint32_t>("array type of '" + key + "'");
+        v.count = rd<std::uint64_t>("array length of '" + key + "'");
+        if (v.elem_type > T_F64)
+          fail("metadata key '" + key + "': array element type " + std::to_string(v.elem_type) + " is not a GGUF type");
+        // Every element takes at least 1 byte (strings and arrays at least 8): refuse absurd counts
+        // before allocating anything.
+        const std::size_t min_elem = v.elem_type == T_STRING ? 8 : v.elem_type == T_ARRAY ? 12 : scalar_size(v.elem_type);
+        if (v.count > left() / min_elem)
+          fail("metadata key '" + key + "': array of " + std::to_string(v.count) + " " + type_name(v.elem_type) +
+               " elements cannot fit in the " + std::to_string(left()) + " bytes left");
+        if (v.elem_type == T_STRING) {
+          v.strs.reserve(static_cast<std::size_t>(v.count));
+          for (std::uint64_t k = 0; k < v.count; ++k) v.strs.push_back(str("element of '" + key + "'"));
+        } else if (v.elem_type == T_ARRAY) {
+          v.arrs.reserve(static_cast<std::size_t>(v.count));
+          for (std::uint64_t k = 0; k < v.count; ++k) v.arrs.push_back(value(T_ARRAY, key, depth + 1));
+        } else {
+          v.nums.resize(static_cast<std::size_t>(v.count));
+          for (std::uint64_t k = 0; k < v.count; ++k) v.nums[static_cast<std::size_t>(k)] = value(v.elem_type, key, depth + 1).f;
+        }
+        break;
+      }
+      default: fail("metadata key '" + key + "': value type " + std::to_string(type) + " is not a GGUF type");
+    }
+    return v;
+  }
+  void seek(std::size_t o) { off_ = o; }
+
+ private:
+  const std::string& path_;
+  const std::uint8_t* d_;
+  std::size_t n_;
+  std::size_t off_ = 0;
+};
+
+struct TensorInfo {
+  std::string name;
+  std::vector<std::uint64_t> ne;
+  std::uint32_t type = 0;
+  std::uint64_t offset = 0;  // relative to the data section
+  std::uint64_t n_elems = 0;
+  std::uint64_t n_bytes = 0;
+};
+
+std::string shape_text(const std::vector<std::uint64_t>& ne) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+class Gguf {
+ public:
+  explicit Gguf(const std::string& path) : path_(path), map_(path) { parse(); }
+
+  const std::string& path() const { return path_; }
+  std::uint32_t version() const { return version_; }
+  const Value* find(const std::string& key) const {
+    const auto it = kv_.find(key);
+    return it == kv_.end() ? nullptr : &it->second;
+  }
+  std::optional<std::int64_t> get_int(const std::string& key) const {
+    const Value* v = find(key);
+    if (!v) return std::nullopt;
+    if (v->type == T_F32 || v->type == T_F64 || v->type == T_STRING || v->type == T_ARRAY || v->type == T_BOOL)
+      throw ModelError("model '" + path_ + "': metadata key '" + key + "' has type " + type_name(v->type) +
+                       ", expected an integer");
+    return v->i;
+  }
+  std::optional<double> get_float(const std::string& key) const {
+    const Value* v = find(key);
+    if (!v) return std::nullopt;
+    if (v->type == T_STRING || v->type == T_ARRAY || v->type == T_BOOL)
+      throw ModelError("model '" + path_ + "': metadata key '" + key + "' has type " + type_name(v->type) +
+                       ", expected a number");
+    return v->f;
+  }
+  std::optional<std::string> get_string(const std::string& key) const {
+    const Value* v = find(key);
+    if (!v) return std::nullopt;
+    if (v->type != T_STRING)
+      throw ModelError("model '" + path_ + "': metadata key '" + key + "' has type " + type_name(v->type) +
+                       ", expected a string");
+    return v->s;
+  }
+  std::optional<bool> get_bool(const std::string& key) const {
+    const Value* v = find(key);
+    if (!v) return std::nullopt;
+    if (v->type != T_BOOL)
+      throw ModelError("model '" + path_ + "': metadata key '" + key + "' has type " + type_name(v->type) +
+                       ", expected a bool");
+    return v->u != 0;
+  }
+  const Value* get_array(const std::string& key, std::uint32_t elem_type) const {
+    const Value* v = find(key);
+    if (!v) return nullptr;
+    if (v->type != T_ARRAY || (v->elem_type != elem_type && !(elem_type == T_F64 && scalar_size(v->elem_type) > 0)))
+      throw ModelError("model '" + path_ + "': metadata key '" + key + "' has type " + type_name(v->type) +
+                       (v->type == T_ARRAY ? std::string(" of ") + type_name(v->elem_type) : std::string()) +
+                       ", expected an array of " + (elem_type == T_F64 ? "numbers" : type_name(elem_type)));
+    return v;
+  }
+  std::int64_t require_int(const std::string& key, std::int64_t lo, std::int64_t hi) const {
+    const auto v = get_int(key);
+    if (!v) throw ModelError("model '" + path_ + "': required metadata key '" + key + "' is missing");
+    if (*v < lo || *v > hi)
+      throw ModelError("model '" + path_ + "': metadata key '" + key + "' = " + std::to_string(*v) +
+                       " is outside the plausible range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return *v;
+  }
+
+  const TensorInfo* tensor(const std::string& name) const {
+    const auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+
+  // Dequantizes a tensor into FP32 after checking it exists and has the expected shape.
+  std::vector<float> load(const std::string& name, const std::vector<std::uint64_t>& expect_ne, bool required,
+                          const std::string& shape_origin) const {
+    const TensorInfo* t = tensor(name);
+    if (!t) {
+      if (!required) return {};
+      throw ModelError("model '" + path_ + "': tensor '" + name + "' is missing");
+    }
+    std::vector<std::uint64_t> ne = t->ne;
+    while (ne.size() > expect_ne.size() && ne.back() == 1) ne.pop_back();
+    if (ne != expect_ne)
+      throw ModelError("model '" + path_ + "': tensor '" + name + "' has shape " + shape_text(t->ne) + ", expected " +
+                       shape_text(expect_ne) + " (from " + shape_origin + ")");
+    std::vector<float> out(static_cast<std::size_t>(t->n_elems));
+    const std::uint8_t* src = map_.data() + data_start_ + t->offset;
+    const std::size_t n = out.size();
+    switch (t->type) {
+      case G_F32: std::memcpy(out.data(), src, n * 4); break;
+      case G_F16:
+        for (std::size_t i = 0; i < n; ++i) {
+          std::uint16_t h;
+          std::memcpy(&h, src + 2 * i, 2);
+          out[i] = f16_to_f32(h);
+        }
+        break;
+      case G_BF16:
+        for (std::size_t i = 0; i < n; ++i) {
+          std::uint16_t h;
+          std::memcpy(&h, src + 2 * i, 2);
+          out[i] = bf16_to_f32(h);
+        }
+        break;
+      case G_Q8_0:
+        for (std::size_t b = 0; b < n / kQBlock; ++b) {
+          block_q8_0 blk;
+          std::memcpy(&blk, src + b * sizeof(block_q8_0), sizeof blk);
+          const float d = f16_to_f32(blk.d);
+          for (int j = 0; j < kQBlock; ++j) out[b * kQBlock + static_cast<std::size_t>(j)] = static_cast<float>(blk.qs[j]) * d;
+        }
+        break;
+      case G_Q4_0:
+        for (std::size_t b = 0; b < n / kQBlock; ++b) {
+          block_q4_0 blk;
+          std::memcpy(&blk, src + b * sizeof(block_q4_0), sizeof blk);
+          const float d = f16_to_f32(blk.d);
+          float* o = out.data() + b * kQBlock;
+          for (int j = 0; j < kQBlock / 2; ++j) {
+            o[j] = static_cast<float>((blk.qs[j] & 0x0F) - 8) * d;
+            o[j + kQBlock / 2] = static_cast<float>((blk.qs[j] >> 4) - 8) * d;
+          }
+        }
+        break;
+      default: break;  // rejected in parse()
+    }
+    return out;
+  }
+
+ private:
+  void parse() {
+    Cursor c(path_, map_.data(), map_.size());
+    if (map_.size() < 4) c.fail("truncated: too short for the GGUF magic");
+    const auto magic = c.rd<std::uint32_t>("magic");
+    if (std::memcmp(&magic, "GGUF", 4) != 0) {
+      char m[5] = {};
+      std::memcpy(m, &magic, 4);
+      for (char& ch : m)
+        if (ch && (ch < 32 || ch > 126)) ch = '?';
+      throw ModelError("model '" + path_ + "': wrong magic '" + std::string(m) + "', expected 'GGUF' (not a GGUF file)");
+    }
+    version_ = c.rd<std::uint32_t>("version");
+    if (version_ == 1) c.fail("GGUF version 1 is not supported (only v2 and v3); re-convert the model");
+    if (version_ > 0xFFFF) c.fail("GGUF version field " + std::to_string(version_) + ": a big-endian GGUF file, not supported");
+    if (version_ != 2 && version_ != 3) c.fail("GGUF version " + std::to_string(version_) + " is not supported (v2, v3)");
+    const auto n_tensors = c.rd<std::uint64_t>("tensor_count");
+    const auto n_kv = c.rd<std::uint64_t>("metadata_kv_count");
+    // Each key/value takes >= 13 bytes (8 key length + 1 key byte + 4 type), each tensor info >= 24.
+    if (n_kv > c.left() / 13)
+      c.fail("metadata_kv_count = " + std::to_string(n_kv) + " cannot fit in the file");
+    if (n_tensors > c.left() / 24)
+      c.fail("tensor_count = " + std::to_string(n_tensors) + " cannot fit in the file");
+    for (std::uint64_t k = 0; k < n_kv; ++k) {
+      std::string key = c.str("metadata key " + std::to_string(k));
+      const auto type = c.rd<std::uint32_t>("value type of '" + key + "'");
+      Value v = c.value(type, key, 0);
+      if (!kv_.emplace(key, std::move(v)).second) c.fail("duplicate metadata key '" + key + "'");
+    }
+    alignment_ = 32;
+    if (const Value* a = find("general.alignment")) {
+      if (a->type != T_U32 && a->type != T_I32 && a->type != T_U64)
+        throw ModelError("model '" + path_ + "': metadata key 'general.alignment' has type " + type_name(a->type) +
+                         ", expected u32");
+      if (a->u == 0 || (a->u & (a->u - 1)) != 0 || a->u > (1u << 20))
+        throw ModelError("model '" + path_ + "': metadata key 'general.alignment' = " + std::to_string(a->u) +
+                         " is not a power of two <= 1 MiB");
+      alignment_ = a->u;
+    }
+    std::vector<TensorInfo> infos;
+    infos.reserve(static_cast<std::size_t>(n_tensors));
+    for (std::uint64_t k = 0; k < n_tensors; ++k) {
+      TensorInfo t;
+      t.name = c.str("name of tensor " + std::to_string(k));
+      const auto nd = c.rd<std::uint32_t>("n_dims of tensor '" + t.name + "'");
+      if (nd == 0 || nd > 4) c.fail("tensor '" + t.name + "' has n_dims = " + std::to_string(nd) + " (expected 1..4)");
+      t.n_elems = 1;
+      for (std::uint32_t d = 0; d < nd; ++d) {
+        const auto e = c.rd<std::uint64_t>("dims of tensor '" + t.name + "'");
+        if (e == 0 || e > (1ull << 40) || t.n_elems > (1ull << 42) / e)
+          c.fail("tensor '" + t.name + "' has an absurd dimension " + std::to_string(e) + " (dims so far " +
+                 shape_text(t.ne) + ")");
+        t.ne.push_back(e);
+        t.n_elems *= e;
+      }
+      t.type = c.rd<std::uint32_t>("type of tensor '" + t.name + "'");
+      t.offset = c.rd<std::uint64_t>("offset of tensor '" + t.name + "'");
+      switch (t.type) {
+        case G_F32: t.n_bytes = t.n_elems * 4; break;
+        case G_F16:
+        case G_BF16: t.n_bytes = t.n_elems * 2; break;
+        case G_Q8_0:
+        case G_Q4_0:
+          if (t.ne[0] % kQBlock != 0)
+            c.fail("tensor '" + t.name + "' of type " + ggml_type_name(t.type) + " has ne[0] = " +
+                   std::to_string(t.ne[0]) + ", not a multiple of 32");
+          t.n_bytes = t.n_elems / kQBlock * (t.type == G_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0));
+          break;
+        default:
+          throw ModelError("model '" + path_ + "': tensor '" + t.name + "' has type " + ggml_type_name(t.type) +
+                           ", which kvgate does not load (supported: F32, F16, BF16, Q8_0, Q4_0)");
+      }
+      if (t.offset % alignment_ != 0)
+        c.fail("tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+               std::to_string(alignment_));
+      infos.push_back(std::move(t));
+    }
+    data_start_ = (c.off() + alignment_ - 1) / alignment_ * alignment_;
+    if (data_start_ > map_.size() && n_tensors > 0)
+      throw ModelError("model '" + path_ + "': truncated: the tensor data section would start at byte " +
+                       std::to_string(data_start_) + ", past the end of the file (" + std::to_string(map_.size()) +
+                       " bytes)");
+    const std::uint64_t data_bytes = map_.size() > data_start_ ? map_.size() - data_start_ : 0;
+    for (auto& t : infos) {
+      if (t.offset > data_bytes || t.n_bytes > data_bytes - t.offset)
+        throw ModelError("model '" + path_ + "': tensor '" + t.name + "' (" + ggml_type_name(t.type) + ", " +
+                         shape_text(t.ne) + ") spans data bytes [" + std::to_string(t.offset) + ", " +
+                         std::to_string(t.offset + t.n_bytes) + ") past the end of the data section (" +
+                         std::to_string(data_bytes) + " bytes): truncated file or bad tensor offset");
+      const std::string name = t.name;
+      if (!tensors_.emplace(name, std::move(t)).second)
+        throw ModelError("model '" + path_ + "': duplicate tensor '" + name + "'");
+    }
+  }
+
+  std::string path_;
+  Mapped map_;
+  std::uint32_t version_ = 0;
+  std::map<std::string, Value> kv_;
+  std::map<std::string, TensorInfo> tensors_;
+  std::uint64_t alignment_ = 32;
+  std::uint64_t data_start_ = 0;
+};
+
+std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int eos) {
+  const auto model = g.get_string("tokenizer.ggml.model");
+  if (!model) return nullptr;
+  const Value* tokens = g.get_array("tokenizer.ggml.tokens", T_STRING);
+  if (!tokens) throw ModelError("model '" + g.path() + "': tokenizer.ggml.model is set but 'tokenizer.ggml.tokens' is missing");
+  if (static_cast<int>(tokens->strs.size()) != vocab)
+    throw ModelError("model '" + g.path() + "': 'tokenizer.ggml.tokens' has " + std::to_string(tokens->strs.size()) +
+                     " entries, the model's vocab (token_embd) has " + std::to_string(vocab));
+  const Value* types = g.find("tokenizer.ggml.token_type") ? g.get_array("tokenizer.ggml.token_type", T_F64) : nullptr;
+  if (types && types->nums.size() != tokens->strs.size())
+    throw ModelError("model '" + g.path() + "': 'tokenizer.ggml.token_type' has " + std::to_string(types->nums.size()) +
+                     " entries, 'tokenizer.ggml.tokens' has " + std::to_string(tokens->strs.size()));
+  if (*model == "llama") {
+    std::vector<float> scores(tokens->strs.size(), 0.0f);
+    if (const Value* sc = g.find("tokenizer.ggml.scores") ? g.get_array("tokenizer.ggml.scores", T_F64) : nullptr) {
+      if (sc->nums.size() != tokens->strs.size())
+        throw ModelError("model '" + g.path() + "': 'tokenizer.ggml.scores' has " + std::to_string(sc->nums.size()) +
+                         " entries, 'tokenizer.ggml.tokens' has " + std::to_string(tokens->strs.size()));
+      for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = static_cast<float>(sc->nums[i]);
+    }
+    std::vector<std::string> pieces = tokens->strs;
+    static const std::string kSpm = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK: SentencePiece's space
+    for (auto& p : pieces) {
+      std::string o;
+      o.reserve(p.size());
+      for (std::size_t i = 0; i < p.size();) {
+        if (p.compare(i, 3, kSpm) == 0) {
+          o.push_back(' ');
+          i += 3;
+        } else {
+          o.push_back(p[i++]);
+        }
+      }
+      p = std::move(o);
+    }
+    const int unk = static_cast<int>(g.get_int("tokenizer.ggml.unknown_token_id").value_or(0));
+    return std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos, eos, unk);
+  }
+  if (*model == "gpt2") {
+    const Value* merges = g.get_array("tokenizer.ggml.merges", T_STRING);
+    if (!merges) throw ModelError("model '" + g.path() + "': gpt2 tokenizer without 'tokenizer.ggml.merges'");
+    BpeTokenizer::Options o;
+    const std::string pre = g.get_string("tokenizer.ggml.pre").value_or("default");
+    if (pre == "default" || pre == "gpt-2") o.pre = PreTokenizer::gpt2;
+    else if (!parse_pre_tokenizer(pre, &o.pre))
+      throw ModelError("model '" + g.path() + "': metadata key 'tokenizer.ggml.pre' = '" + pre +
+                       "' is a pre-tokenizer kvgate does not implement (known: default, gpt2, llama3/llama-bpe, qwen2)");
+    o.bos_id = bos;
+    o.eos_id = eos;
+    if (types)
+      for (std::size_t i = 0; i < types->nums.size(); ++i) {
+        const int t = static_cast<int>(types->nums[i]);
+        if (t == 3 || t == 4) o.added.push_back({static_cast<int>(i), tokens->strs[i], t == 3});  // control, user-defined
+      }
+    return std::make_unique<BpeTokenizer>(tokens->strs, merges->strs, std::move(o));
+  }
+  throw ModelError("model '" + g.path() + "': metadata key 'tokenizer.ggml.model' = '" + *model +
+                   "' is not supported (llama, gpt2)");
+}
+
+}  // namespace
+
+Model load_gguf(const std::string& path) {
+  const Gguf g(path);
+  const std::string arch = g.get_string("general.architecture").value_or("");
+  if (arch.empty()) throw ModelError("model '" + path + "': required metadata key 'general.architecture' is missing");
+  if (arch != "llama")
+    throw ModelError("model '" + path + "': metadata key 'general.architecture' = '" + arch +
+                     "' is not supported by the GGUF loader (llama); use the Hugging Face directory instead");
+  const std::string p = arch + ".";
+  Model m;
+  m.path = path;
+  m.source_kind = "gguf";
+  ModelConfig& c = m.config;
+  c.arch = "llama";
+  c.dim = static_cast<int>(g.require_int(p + "embedding_length", 1, 1 << 16));
+  c.hidden_dim = static_cast<int>(g.require_int(p + "feed_forward_length", 1, 1 << 18));
+  c.n_layers = static_cast<int>(g.require_int(p + "block_count", 1, 1024));
+  c.n_heads = static_cast<int>(g.require_int(p + "attention.head_count", 1, 1024));
+  c.n_kv_heads = g.get_int(p + "attention.head_count_kv")
+                     ? static_cast<int>(g.require_int(p + "attention.head_count_kv", 1, c.n_heads))
+                     : c.n_heads;
+  if (c.n_heads % c.n_kv_heads != 0)
+    throw ModelError("model '" + path + "': '" + p + "attention.head_count' = " + std::to_string(c.n_heads) +
+                     " is not a multiple of '" + p + "attention.head_count_kv' = " + std::to_string(c.n_kv_heads));
+  if (g.get_int(p + "attention.key_length")) {
+    c.head_dim = static_cast<int>(g.require_int(p + "attention.key_length", 2, 1 << 12));
+    if (g.get_int(p + "attention.value_length") && *g.get_int(p + "attention.value_length") != c.head_dim)
+      throw ModelError("model '" + path + "': '" + p + "attention.value_length' differs from key_length; not supported");
+  } else {
+    if (c.dim % c.n_heads != 0)
+      throw ModelError("model '" + path + "': '" + p + "embedding_length' = " + std::to_string(c.dim) +
+                       " is not a multiple of '" + p + "attention.head_count' = " + std::to_string(c.n_heads));
+    c.head_dim = c.dim / c.n_heads;
+  }
+  if (c.head_dim % 2 != 0) throw ModelError("model '" + path + "': head_dim " + std::to_string(c.head_dim) + " is odd");
+  if (const auto rd = g.get_int(p + "rope.dimension_count"); rd && *rd != c.head_dim)
+    throw ModelError("model '" + path + "': '" + p + "rope.dimension_count' = " + std::to_string(*rd) +
+                     " differs from head_dim " + std::to_string(c.head_dim) + ": partial rotary is not supported");
+  if (const auto st = g.find(p + "rope.scaling.type") ? g.get_string(p + "rope.scaling.type") : std::nullopt;
+      st && *st != "none")
+    throw ModelError("model '" + path + "': '" + p + "rope.scaling.type' = '" + *st + "' is not supported");
+  c.max_seq_len = g.get_int(p + "context_length") ? static_cast<int>(g.require_int(p + "context_length", 1, 1 << 24)) : 2048;
+  c.rms_eps = static_cast<float>(g.get_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.rope_theta = static_cast<float>(g.get_float(p + "rope.freq_base").value_or(10000.0));
+  if (!(c.rms_eps > 0) || !(c.rope_theta > 0))
+    throw ModelError("model '" + path + "': rms epsilon and rope.freq_base must be > 0");
+  c.rope_style = RopeStyle::interleaved;
+  c.bos_id = static_cast<int>(g.get_int("tokenizer.ggml.bos_token_id").value_or(1));
+  c.eos_id = static_cast<int>(g.get_int("tokenizer.ggml.eos_token_id").value_or(2));
+
+  const TensorInfo* emb = g.tensor("token_embd.weight");
+  if (!emb) throw ModelError("model '" + path + "': tensor 'token_embd.weight' is missing");
+  if (emb->ne.size() != 2 || emb->ne[0] != static_cast<std::uint64_t>(c.dim) || emb->ne[1] > (1u << 22))
+    throw ModelError("model '" + path + "': tensor 'token_embd.weight' has shape " + shape_text(emb->ne) +
+                     ", expected [" + std::to_string(c.dim) + ", vocab]");
+  c.vocab_size = static_cast<int>(emb->ne[1]);
+  if (const auto vs = g.get_int(p + "vocab_size"); vs && *vs != c.vocab_size)
+    throw ModelError("model '" + path + "': '" + p + "vocab_size' = " + std::to_string(*vs) +
+                     " but token_embd.weight has " + std::to_string(c.vocab_size) + " rows");
+
+  using U = std::uint64_t;
+  const U D = static_cast<U>(c.dim), F = static_cast<U>(c.hidden_dim), Q = static_cast<U>(c.q_dim()),
+          KV = static_cast<U>(c.kv_dim()), V = static_cast<U>(c.vocab_size);
+  const std::string origin = p + "embedding_length, head_count, head_count_kv, feed_forward_length";
+  ModelWeights& w = m.weights;
+  w.tok_embeddings = g.load("token_embd.weight", {D, V}, true, origin);
+  w.final_norm = g.load("output_norm.weight", {D}, true, origin);
+  w.classifier = g.load("output.weight", {D, V}, false, origin);
+  c.tied_embeddings = w.classifier.empty();
+  w.layers.resize(static_cast<std::size_t>(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
+    L.attn_norm = g.load(b + "attn_norm.weight", {D}, true, origin);
+    L.wq = g.load(b + "attn_q.weight", {D, Q}, true, origin);
+    L.wk = g.load(b + "attn_k.weight", {D, KV}, true, origin);
+    L.wv = g.load(b + "attn_v.weight", {D, KV}, true, origin);
+    L.wo = g.load(b + "attn_output.weight", {Q, D}, true, origin);
+    L.ffn_norm = g.load(b + "ffn_norm.weight", {D}, true, origin);
+    L.w1 = g.load(b + "ffn_gate.weight", {D, F}, true, origin);
+    L.w2 = g.load(b + "ffn_down.weight", {F, D}, true, origin);
+    L.w3 = g.load(b + "ffn_up.weight", {D, F}, true, origin);
+    L.bq = g.load(b + "attn_q.bias", {Q}, false, origin);
+    L.bk = g.load(b + "attn_k.bias", {KV}, false, origin);
+    L.bv = g.load(b + "attn_v.bias", {KV}, false, origin);
+    if (!L.bq.empty() || !L.bk.empty() || !L.bv.empty()) {
+      if (L.bq.empty() || L.bk.empty() || L.bv.empty())
+        throw ModelError("model '" + path + "': layer " + std::to_string(l) + " has some but not all of attn_q/k/v.bias");
+      c.qkv_bias = true;
+    }
+  }
+  validate_weights(path, c, w);
+  m.tokenizer = gguf_tokenizer(g, c.vocab_size, c.bos_id, c.eos_id);
+  m.fingerprint = model_fingerprint(c, w);
+  return m;
+}
+
+}  // namespace kvgate

@@ -1,0 +1,170 @@
+// llama2.c legacy checkpoints (run.c's format): header of 7 int32, then fp32 arrays in the order
+// token_embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, freq_cis_real/imag
+// (skipped), and the classifier when vocab_size is negative in the header.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kvgate/loaders.hpp"
+#include "kvgate/tokenizer_sp.hpp"
+
+namespace kvgate {
+
+namespace {
+
+constexpr std::uint32_t kLlama2cV1Magic = 0x616b3432;  // "ak42": run.c's newer export versions
+
+struct Reader {
+  const std::string& path;
+  std::ifstream f;
+  std::uint64_t size = 0;
+  std::uint64_t off = 0;
+
+  explicit Reader(const std::string& p) : path(p), f(p, std::ios::binary) {
+    if (!f) throw ModelError("model '" + path + "': cannot open the file");
+    f.seekg(0, std::ios::end);
+    size = static_cast<std::uint64_t>(f.tellg());
+    f.seekg(0);
+  }
+  void floats(std::vector<float>& dst, std::uint64_t n, const std::string& field) {
+    if (n * 4 > size - off)
+      throw ModelError("model '" + path + "': truncated while reading " + field + " (needs " + std::to_string(n * 4) +
+                       " bytes at offset " + std::to_string(off) + ", file has " + std::to_string(size) + ")");
+    dst.resize(static_cast<std::size_t>(n));
+    f.read(reinterpret_cast<char*>(dst.data()), static_cast<std::streamsize>(n * 4));
+    if (!f) throw ModelError("model '" + path + "': read error in " + field);
+    off += n * 4;
+  }
+  // Per-layer arrays are stored as [L][n] contiguous blocks.
+  void layered(std::vector<LayerWeights>& layers, std::vector<float> LayerWeights::*member, std::uint64_t n,
+               const std::string& field) {
+    for (std::size_t l = 0; l < layers.size(); ++l)
+      floats(layers[l].*member, n, field + "[layer " + std::to_string(l) + "]");
+  }
+  void skip(std::uint64_t n_bytes, const std::string& field) {
+    if (n_bytes > size - off)
+      throw ModelError("model '" + path + "': truncated while reading " + field + " (needs " +
+                       std::to_string(n_bytes) + " bytes at offset " + std::to_string(off) + ", file has " +
+                       std::to_string(size) + ")");
+    off += n_bytes;
+    f.seekg(static_cast<std::streamoff>(off));
+  }
+};
+
+void check_field(const std::string& path, const char* field, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+  if (v < lo || v > hi)
+    throw ModelError("model '" + path + "': llama2.c header field " + field + " = " + std::to_string(v) +
+                     " is outside the plausible range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "] (not a llama2.c legacy checkpoint, or a corrupted header)");
+}
+
+}  // namespace
+
+Model load_llama2c(const std::string& path, const std::string& tokenizer_path) {
+  Reader r(path);
+  if (r.size < 28)
+    throw ModelError("model '" + path + "': truncated: " + std::to_string(r.size) +
+                     " bytes, shorter than the 28-byte llama2.c header");
+  std::int32_t h[7];
+  r.f.read(reinterpret_cast<char*>(h), sizeof h);
+  r.off = 28;
+  if (static_cast<std::uint32_t>(h[0]) == kLlama2cV1Magic)
+    throw ModelError("model '" + path + "': llama2.c export version " + std::to_string(h[1]) +
+                     " (magic 'ak42') is not supported; export with the legacy (version 0) format or use GGUF");
+  if (std::memcmp(h, "GGUF", 4) == 0)
+    throw ModelError("model '" + path + "': this is a GGUF file; load it with a .gguf name (or via load_model)");
+  const auto [dim, hidden, n_layers, n_heads, n_kv_heads, vocab_raw, seq_len] = h;
+  check_field(path, "dim", dim, 1, 1 << 16);
+  check_field(path, "hidden_dim", hidden, 1, 1 << 18);
+  check_field(path, "n_layers", n_layers, 1, 1024);
+  check_field(path, "n_heads", n_heads, 1, 1024);
+  check_field(path, "n_kv_heads", n_kv_heads, 1, n_heads);
+  check_field(path, "|vocab_size|", std::llabs(static_cast<long long>(vocab_raw)), 1, 1 << 22);
+  check_field(path, "seq_len", seq_len, 1, 1 << 22);
+  if (dim % n_heads != 0)
+    throw ModelError("model '" + path + "': header field dim = " + std::to_string(dim) +
+                     " is not a multiple of n_heads = " + std::to_string(n_heads));
+  if (n_heads % n_kv_heads != 0)
+    throw ModelError("model '" + path + "': header field n_heads = " + std::to_string(n_heads) +
+                     " is not a multiple of n_kv_heads = " + std::to_string(n_kv_heads));
+  const bool shared = vocab_raw > 0;
+  const std::int64_t vocab = std::llabs(static_cast<long long>(vocab_raw));
+  const std::int64_t head_dim = dim / n_heads;
+  if (head_dim % 2 != 0)
+    throw ModelError("model '" + path + "': head_dim = dim/n_heads = " + std::to_string(head_dim) +
+                     " is odd; RoPE needs pairs");
+  const std::int64_t kv_dim = head_dim * n_kv_heads;
+
+  // The exact file size this header implies (run.c maps the file and walks it the same way).
+  const std::uint64_t L = static_cast<std::uint64_t>(n_layers), D = static_cast<std::uint64_t>(dim),
+                      F = static_cast<std::uint64_t>(hidden), V = static_cast<std::uint64_t>(vocab),
+                      KV = static_cast<std::uint64_t>(kv_dim);
+  const std::uint64_t n_floats = V * D + L * (D + D * D + 2 * KV * D + D * D + D + 3 * F * D) + D +
+                                 static_cast<std::uint64_t>(seq_len) * static_cast<std::uint64_t>(head_dim) +
+                                 (shared ? 0 : V * D);
+  const std::uint64_t expect = 28 + 4 * n_floats;
+  if (r.size < expect)
+    throw ModelError("model '" + path + "': truncated: the header (dim " + std::to_string(dim) + ", layers " +
+                     std::to_string(n_layers) + ", vocab " + std::to_string(vocab) + ") implies " +
+                     std::to_string(expect) + " bytes, the file has " + std::to_string(r.size));
+  if (r.size > expect)
+    throw ModelError("model '" + path + "': size mismatch: the header implies " + std::to_string(expect) +
+                     " bytes, the file has " + std::to_string(r.size) + " (" + std::to_string(r.size - expect) +
+                     " extra); not a llama2.c legacy checkpoint with this header");
+
+  Model m;
+  m.path = path;
+  m.source_kind = "llama2c";
+  ModelConfig& c = m.config;
+  c.arch = "llama";
+  c.dim = dim;
+  c.hidden_dim = hidden;
+  c.n_layers = n_layers;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = static_cast<int>(head_dim);
+  c.vocab_size = static_cast<int>(vocab);
+  c.max_seq_len = seq_len;
+  c.rms_eps = 1e-5f;
+  c.rope_theta = 10000.0f;
+  c.rope_style = RopeStyle::interleaved;
+  c.tied_embeddings = shared;
+  c.bos_id = 1;
+  c.eos_id = 2;
+
+  ModelWeights& w = m.weights;
+  w.layers.resize(L);
+  r.floats(w.tok_embeddings, V * D, "token_embedding_table");
+  r.layered(w.layers, &LayerWeights::attn_norm, D, "rms_att_weight");
+  r.layered(w.layers, &LayerWeights::wq, D * D, "wq");
+  r.layered(w.layers, &LayerWeights::wk, KV * D, "wk");
+  r.layered(w.layers, &LayerWeights::wv, KV * D, "wv");
+  r.layered(w.layers, &LayerWeights::wo, D * D, "wo");
+  r.layered(w.layers, &LayerWeights::ffn_norm, D, "rms_ffn_weight");
+  r.layered(w.layers, &LayerWeights::w1, F * D, "w1");
+  r.layered(w.layers, &LayerWeights::w2, D * F, "w2");
+  r.layered(w.layers, &LayerWeights::w3, F * D, "w3");
+  r.floats(w.final_norm, D, "rms_final_weight");
+  r.skip(4 * static_cast<std::uint64_t>(seq_len) * static_cast<std::uint64_t>(head_dim), "freq_cis_real/imag");
+  if (!shared) r.floats(w.classifier, V * D, "wcls");
+
+  validate_weights(path, c, w);
+
+  // Tokenizer: explicit path, else tok<vocab>.bin, else tokenizer.bin beside the checkpoint.
+  std::string tok = tokenizer_path;
+  if (tok.empty()) {
+    const auto dir = std::filesystem::path(path).parent_path();
+    for (const auto& cand : {dir / ("tok" + std::to_string(vocab) + ".bin"), dir / "tokenizer.bin"})
+      if (std::filesystem::is_regular_file(cand)) {
+        tok = cand.string();
+        break;
+      }
+  }
+  if (!tok.empty()) m.tokenizer = SpTokenizer::from_llama2c_file(tok, c.vocab_size, c.bos_id, c.eos_id);
+  m.fingerprint = model_fingerprint(c, w);
+  return m;
+}
+
+}  // namespace kvgate

@@ -1,0 +1,135 @@
+// kvgate::load_model: picks the loader from the path; model fingerprint; weight-shape validation.
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "kvgate/loaders.hpp"
+#include "kvgate/tokenizer_bpe.hpp"
+#include "kvgate/tokenizer_sp.hpp"
+
+namespace kvgate {
+
+namespace {
+
+std::string lower_ext(const std::string& path) {
+  std::string e = std::filesystem::path(path).extension().string();
+  for (char& ch : e) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return e;
+}
+
+bool starts_with_gguf_magic(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char m[4] = {};
+  return f.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
+}
+
+void check_size(const std::string& path, const std::string& tensor, const std::vector<float>& v, std::size_t expect) {
+  if (v.size() != expect)
+    throw ModelError("model '" + path + "': tensor " + tensor + " has " + std::to_string(v.size()) +
+                     " elements, the config implies " + std::to_string(expect));
+}
+
+}  // namespace
+
+void validate_weights(const std::string& path, const ModelConfig& c, const ModelWeights& w) {
+  if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||
+      c.vocab_size <= 0 || c.max_seq_len <= 0)
+    throw ModelError("model '" + path + "': config has a non-positive size (dim, hidden_dim, layers, heads, kv_heads, "
+                     "head_dim, vocab_size, max_seq_len must all be > 0)");
+  if (c.n_heads % c.n_kv_heads != 0)
+    throw ModelError("model '" + path + "': n_heads " + std::to_string(c.n_heads) + " is not a multiple of n_kv_heads " +
+                     std::to_string(c.n_kv_heads));
+  if (c.head_dim % 2 != 0) throw ModelError("model '" + path + "': head_dim " + std::to_string(c.head_dim) + " is odd");
+  const std::size_t D = static_cast<std::size_t>(c.dim), F = static_cast<std::size_t>(c.hidden_dim),
+                    Q = static_cast<std::size_t>(c.q_dim()), KV = static_cast<std::size_t>(c.kv_dim()),
+                    V = static_cast<std::size_t>(c.vocab_size), HD = static_cast<std::size_t>(c.head_dim);
+  check_size(path, "token_embeddings", w.tok_embeddings, V * D);
+  check_size(path, "final_norm", w.final_norm, D);
+  if (!w.classifier.empty()) check_size(path, "classifier", w.classifier, V * D);
+  if (w.layers.size() != static_cast<std::size_t>(c.n_layers))
+    throw ModelError("model '" + path + "': " + std::to_string(w.layers.size()) + " layers of weights, config says " +
+                     std::to_string(c.n_layers));
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const LayerWeights& L = w.layers[l];
+    const std::string p = "layer " + std::to_string(l) + " ";
+    check_size(path, p + "attn_norm", L.attn_norm, D);
+    check_size(path, p + "wq", L.wq, Q * D);
+    check_size(path, p + "wk", L.wk, KV * D);
+    check_size(path, p + "wv", L.wv, KV * D);
+    check_size(path, p + "wo", L.wo, D * Q);
+    check_size(path, p + "ffn_norm", L.ffn_norm, D);
+    check_size(path, p + "w1", L.w1, F * D);
+    check_size(path, p + "w2", L.w2, D * F);
+    check_size(path, p + "w3", L.w3, F * D);
+    if (c.qkv_bias) {
+      check_size(path, p + "bq", L.bq, Q);
+      check_size(path, p + "bk", L.bk, KV);
+      check_size(path, p + "bv", L.bv, KV);
+    }
+    if (c.qk_norm) {
+      check_size(path, p + "q_norm", L.q_norm, HD);
+      check_size(path, p + "k_norm", L.k_norm, HD);
+    }
+  }
+}
+
+std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  char cfg[512];
+  const int n = std::snprintf(cfg, sizeof cfg,
+                              "kvgate-model-v1;arch=%s;dim=%d;hidden=%d;layers=%d;heads=%d;kv_heads=%d;head_dim=%d;"
+                              "vocab=%d;eps=%a;theta=%a;rope=%s;qkv_bias=%d;qk_norm=%d;tied=%d;bos=%d;eos=%d;",
+                              c.arch.c_str(), c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                              c.vocab_size, static_cast<double>(c.rms_eps), static_cast<double>(c.rope_theta),
+                              c.rope_style == RopeStyle::interleaved ? "interleaved" : "half", c.qkv_bias ? 1 : 0,
+                              c.qk_norm ? 1 : 0, w.classifier.empty() ? 1 : 0, c.bos_id, c.eos_id);
+  XXH64_update(st, cfg, static_cast<std::size_t>(n));
+  auto add = [&](const std::vector<float>& v) {
+    const std::uint64_t sz = v.size();
+    XXH64_update(st, &sz, sizeof sz);
+    if (!v.empty()) XXH64_update(st, v.data(), v.size() * sizeof(float));
+  };
+  add(w.tok_embeddings);
+  for (const LayerWeights& L : w.layers)
+    for (const auto* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
+                          &L.ffn_norm, &L.w1, &L.w2, &L.w3})
+      add(*t);
+  add(w.final_norm);
+  add(w.classifier);
+  const XXH64_hash_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+Model load_model(const std::string& path, const std::string& tokenizer_path) {
+  std::error_code ec;
+  if (path.empty()) throw ModelError("model: no path given (--model PATH)");
+  if (!std::filesystem::exists(path, ec))
+    throw ModelError("model '" + path + "': no such file or directory");
+  Model m;
+  if (std::filesystem::is_directory(path, ec)) {
+    m = load_hf(path);
+  } else if (starts_with_gguf_magic(path) || lower_ext(path) == ".gguf") {
+    m = load_gguf(path);
+  } else {
+    return load_llama2c(path, tokenizer_path);  // takes the tokenizer path itself
+  }
+  if (!tokenizer_path.empty()) {  // explicit tokenizer overrides the embedded one
+    if (lower_ext(tokenizer_path) == ".json")
+      m.tokenizer = BpeTokenizer::from_tokenizer_json(tokenizer_path, m.config.bos_id, m.config.eos_id);
+    else
+      m.tokenizer = SpTokenizer::from_llama2c_file(tokenizer_path, m.config.vocab_size, m.config.bos_id,
+                                                   m.config.eos_id);
+  }
+  if (m.fingerprint.empty()) m.fingerprint = model_fingerprint(m.config, m.weights);
+  if (m.path.empty()) m.path = path;
+  return m;
+}
+
+}  // namespace kvgate

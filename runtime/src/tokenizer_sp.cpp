@@ -1,0 +1,153 @@
+#include "kvgate/tokenizer_sp.hpp"
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+namespace kvgate {
+
+namespace {
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// "<0xAB>" -> 0xAB; -1 for anything else.
+int parse_byte_piece(const std::string& p) {
+  if (p.size() != 6 || p[0] != '<' || p[1] != '0' || p[2] != 'x' || p[5] != '>') return -1;
+  const int hi = hex_digit(p[3]), lo = hex_digit(p[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+}  // namespace
+
+SpTokenizer::SpTokenizer(std::vector<std::string> pieces, std::vector<float> scores, int bos_id, int eos_id,
+                         int unk_id)
+    : pieces_(std::move(pieces)), scores_(std::move(scores)), bos_(bos_id), eos_(eos_id), unk_(unk_id) {
+  if (pieces_.size() != scores_.size())
+    throw ModelError("tokenizer: " + std::to_string(pieces_.size()) + " pieces but " + std::to_string(scores_.size()) +
+                     " scores");
+  byte_id_.fill(-1);
+  lookup_.reserve(pieces_.size() * 2);
+  for (std::size_t i = 0; i < pieces_.size(); ++i) {
+    lookup_.emplace(pieces_[i], static_cast<int>(i));  // first id wins on duplicates
+    const int b = parse_byte_piece(pieces_[i]);
+    if (b >= 0 && byte_id_[static_cast<std::size_t>(b)] < 0) byte_id_[static_cast<std::size_t>(b)] = static_cast<int>(i);
+  }
+}
+
+std::unique_ptr<SpTokenizer> SpTokenizer::from_llama2c_file(const std::string& path, int vocab_size, int bos_id,
+                                                            int eos_id) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw ModelError("tokenizer '" + path + "': cannot open the file (pass --tokenizer PATH)");
+  std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::size_t off = 0;
+  auto need = [&](std::size_t n, const std::string& what) {
+    if (buf.size() - off < n)
+      throw ModelError("tokenizer '" + path + "': truncated at byte " + std::to_string(off) + " while reading " + what +
+                       " (file has " + std::to_string(buf.size()) + " bytes; expected " + std::to_string(vocab_size) +
+                       " tokens in llama2.c tokenizer.bin format)");
+  };
+  auto rd_i32 = [&](const std::string& what) {
+    need(4, what);
+    std::int32_t v;
+    std::memcpy(&v, buf.data() + off, 4);
+    off += 4;
+    return v;
+  };
+  if (vocab_size <= 0) throw ModelError("tokenizer '" + path + "': model vocab_size must be > 0");
+  const std::int32_t max_len = rd_i32("max_token_length");
+  if (max_len <= 0 || max_len > (1 << 16))
+    throw ModelError("tokenizer '" + path + "': field max_token_length = " + std::to_string(max_len) +
+                     " is not plausible (expected 1..65536); is this a llama2.c tokenizer.bin?");
+  std::vector<std::string> pieces(static_cast<std::size_t>(vocab_size));
+  std::vector<float> scores(static_cast<std::size_t>(vocab_size));
+  for (int i = 0; i < vocab_size; ++i) {
+    need(4, "score of token " + std::to_string(i));
+    std::memcpy(&scores[static_cast<std::size_t>(i)], buf.data() + off, 4);
+    off += 4;
+    const std::int32_t len = rd_i32("length of token " + std::to_string(i));
+    if (len < 0 || len > max_len)
+      throw ModelError("tokenizer '" + path + "': token " + std::to_string(i) + " has length " + std::to_string(len) +
+                       ", outside [0, max_token_length=" + std::to_string(max_len) + "]");
+    need(static_cast<std::size_t>(len), "bytes of token " + std::to_string(i));
+    pieces[static_cast<std::size_t>(i)].assign(buf.data() + off, static_cast<std::size_t>(len));
+    off += static_cast<std::size_t>(len);
+  }
+  if (off != buf.size())
+    throw ModelError("tokenizer '" + path + "': " + std::to_string(buf.size() - off) + " trailing bytes after " +
+                     std::to_string(vocab_size) + " tokens; the tokenizer does not match the model's vocab_size");
+  return std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos_id, eos_id, 0);
+}
+
+int SpTokenizer::piece_id(const std::string& s) const {
+  const auto it = lookup_.find(s);
+  return it == lookup_.end() ? -1 : it->second;
+}
+
+std::vector<int> SpTokenizer::encode(const std::string& text, bool add_bos) const {
+  std::vector<int> out;
+  out.reserve(text.size() + 2);
+  if (add_bos && bos_ >= 0) out.push_back(bos_);
+  const std::size_t first = out.size();  // merges never involve BOS
+  auto push_bytes = [&](const std::string& s) {
+    for (unsigned char c : s) {
+      const int id = byte_id_[c];
+      out.push_back(id >= 0 ? id : unk_);
+    }
+  };
+  if (!text.empty()) {  // dummy prefix, as SentencePiece's add_dummy_prefix
+    const int sp = piece_id(" ");
+    if (sp >= 0) out.push_back(sp);
+    else push_bytes(" ");
+  }
+  // One token per UTF-8 code point (at most 4 bytes), byte fallback when it is not a piece.
+  std::string cp;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if ((c & 0xC0) != 0x80) cp.clear();
+    cp.push_back(static_cast<char>(c));
+    const bool next_cont = i + 1 < text.size() && (static_cast<unsigned char>(text[i + 1]) & 0xC0) == 0x80;
+    if (next_cont && cp.size() < 4) continue;
+    const int id = piece_id(cp);
+    if (id >= 0) out.push_back(id);
+    else push_bytes(cp);
+    cp.clear();
+  }
+  // Greedy merges by score: the best-scoring adjacent pair (first one on ties) until none is a piece.
+  std::string buf;
+  for (;;) {
+    float best_score = -1e10f;
+    int best_id = -1;
+    std::size_t best_idx = 0;
+    for (std::size_t i = first; i + 1 < out.size(); ++i) {
+      buf = pieces_[static_cast<std::size_t>(out[i])];
+      buf += pieces_[static_cast<std::size_t>(out[i + 1])];
+      const int id = piece_id(buf);
+      if (id >= 0 && scores_[static_cast<std::size_t>(id)] > best_score) {
+        best_score = scores_[static_cast<std::size_t>(id)];
+        best_id = id;
+        best_idx = i;
+      }
+    }
+    if (best_id < 0) break;
+    out[best_idx] = best_id;
+    out.erase(out.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
+  }
+  return out;
+}
+
+std::string SpTokenizer::decode_piece(int prev, int token) const {
+  if (token < 0 || token >= vocab_size()) return {};
+  const std::string& p = pieces_[static_cast<std::size_t>(token)];
+  const int b = parse_byte_piece(p);
+  if (b >= 0) return std::string(1, static_cast<char>(b));
+  if (prev == bos_ && !p.empty() && p[0] == ' ') return p.substr(1);  // SentencePiece strips it after BOS
+  return p;
+}
+
+}  // namespace kvgate
