@@ -1,0 +1,38 @@
+// Runs gate executables with Catch's XML reporter and collects one result per gate (test case).
+// Used by `kvgate gate` (and later by the sign-off); the gates themselves never link this.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kvgate::gates {
+
+struct GateResult {
+  std::string id;          // stable gate ID: first token of the test-case name, e.g. "ENV.int8"
+  std::string name;        // full test-case name
+  std::string family;      // from the [gate:<family>] tag
+  std::vector<std::string> formats;  // from [fmt:<name>] tags
+  std::string executable;  // which gate program ran it
+  std::string status;      // "passed", "failed", "skipped"
+  std::string message;     // first failure or the skip reason
+  double seconds = 0;
+};
+
+struct GateRunOptions {
+  std::string gates_dir;     // folder holding gate_* executables
+  std::string tag_filter;    // Catch tag expression, e.g. "[fmt:int8]" (empty = all)
+  std::vector<std::string> families;  // keep only these families (empty = all)
+};
+
+// Lists gate executables (gate_* files that are executable) in a folder, sorted.
+std::vector<std::string> list_gate_executables(const std::string& dir);
+// Parses Catch2 XML reporter output (2.13 and 3.x share the elements used here).
+std::vector<GateResult> parse_catch_xml(const std::string& xml, const std::string& executable);
+std::vector<GateResult> run_gates(const GateRunOptions& opt, bool show_progress);
+
+// Per format, per family: passed / failed / skipped counts; plus totals.
+nlohmann::json summarize(const std::vector<GateResult>& results);
+
+}  // namespace kvgate::gates

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Sets up a Debian 12 (or Ubuntu 24.04 / Debian 13) machine for kvgate and builds it.
+#   scripts/setup.sh           install dependencies, configure, build (build/)
+#   scripts/setup.sh --deps    install dependencies only (idempotent, quick when present)
+#   scripts/setup.sh --run     ... and then run the main job on the default model (stories260K)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mode="${1:-build}"
+
+apt_packages=(
+  build-essential cmake ninja-build ccache git pkg-config python3 curl ca-certificates
+  libeigen3-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev libxxhash-dev
+  catch2 nodejs npm
+)
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "kvgate setup: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Web components for the HTML reports (mutation-testing-elements), vendored into the tree's
+# ignored node_modules so the pages work offline.
+if [ -f "$here/mutations/web/package.json" ] && [ ! -d "$here/mutations/web/node_modules" ]; then
+  (cd "$here/mutations/web" && npm ci --no-audit --no-fund --loglevel=error 2>/dev/null || npm install --no-audit --no-fund --loglevel=error)
+fi
+
+# The default model: ../shared/models/stories260K (or $KVGATE_MODELS). Outside this project's
+# environment it is fetched from its public source, pinned by SHA-256.
+models="${KVGATE_MODELS:-$here/../shared/models}"
+if [ ! -f "$models/stories260K/stories260K.bin" ]; then
+  models="$here/.models"
+  mkdir -p "$models/stories260K"
+  base="https://huggingface.co/karpathy/tinyllamas/resolve/main/stories260K"
+  for f in stories260K.bin tok512.bin; do
+    [ -f "$models/stories260K/$f" ] || curl -fsSL -o "$models/stories260K/$f.part" "$base/$f" && mv "$models/stories260K/$f.part" "$models/stories260K/$f"
+  done
+  (cd "$models/stories260K" && sha256sum -c - <<SUMS
+b0a507e7ad0f626624f17112325e66691f9076d622e1d3274d103d00299f2696  stories260K.bin
+037cb335abb25d1fa9e8ecae30ed2a3a8ace9302862ebcdc05d51a6bbb10c312  tok512.bin
+SUMS
+  )
+  echo "kvgate setup: stories260K downloaded to $models (export KVGATE_MODELS=$models)"
+fi
+
+[ "$mode" = "--deps" ] && exit 0
+
+cmake -S "$here" -B "$here/build" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$here/build" -j"$(nproc)"
+
+if [ "$mode" = "--run" ]; then
+  export KVGATE_MODELS="$models"
+  "$here/build/kvgate" gate --json "$here/kvgate.out/gates.json"
+fi
