@@ -31,8 +31,23 @@ struct ResolvedKv {
   bool fell_back() const { return !fallback_reason.empty(); }
 };
 
+// Backend capability hook: a backend other than the CPU (e.g. "cuda") can refuse a half format for
+// a geometry its kernels do not cover. resolve_kv consults it after the generic kvgate::supports
+// check, for the requested halves and for the fallback halves alike. Registering nullptr removes
+// the hook. The CPU backend needs none (the generic check is its capability).
+using BackendCapability = Capability (*)(HalfFormat, const PageGeometry&);
+void register_backend_capability(const std::string& backend, BackendCapability fn);
+
+// Capability of one half on one backend: kvgate::supports, then the backend's hook when registered.
+Capability backend_supports(const std::string& backend, HalfFormat f, const PageGeometry& g);
+
 // Throws KvResolveError when strict and a fallback would happen, or when the declaration is not
 // a known format (naming the file and field).
+// Requested = req.flag > cfg.declared_kv (source "checkpoint:<cfg.declared_kv_source>") > f16.
+// A refused half falls back to f16 (f32 when f16 is refused too) and fallback_reason is the
+// capability reason ("row_not_multiple_of_32", "head_dim_not_power_of_two", or a backend's own);
+// when both halves are refused for different reasons it reads "k:<reason>;v:<reason>".
+// An unknown declaration is refused only when it would be used (no flag).
 ResolvedKv resolve_kv(const KvRequest& req, const ModelConfig& cfg, int block_size);
 
 }  // namespace kvgate
