@@ -1,0 +1,551 @@
+// Hugging Face directories: config.json + model.safetensors (or model.safetensors.index.json with
+// shards) + tokenizer.json. Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (QK-norm).
+//
+// HF checkpoints keep q/k in the layout of transformers' rotate_half RoPE, so the model is loaded
+// as-is with RopeStyle::half (no permutation).
+//
+// The KV declaration is read in this order (field notes 002/004): config.json
+// quantization_config.kv_cache_quant_algo first, then the legacy hf_quant_config.json
+// quantization.kv_cache_quant_algo; the loader only records it (ModelConfig::declared_kv and its
+// source). resolve_kv decides; an unknown value is kept verbatim so the resolver can refuse it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "kvgate/loaders.hpp"
+#include "kvgate/numeric.hpp"
+#include "kvgate/tokenizer_bpe.hpp"
+
+namespace kvgate {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// ---- safetensors -----------------------------------------------------------------------------------
+
+struct StTensor {
+  std::string dtype;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  // relative to the data section
+};
+
+int st_dtype_size(const std::string& d) {
+  static const std::map<std::string, int> sizes = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2},     {"BF16", 2},    {"I64", 8},     {"I32", 4},      {"I16", 2},
+      {"I8", 1},  {"U8", 1},  {"U16", 2},     {"U32", 4},     {"U64", 8},     {"BOOL", 1},     {"F8_E4M3", 1},
+      {"F8_E5M2", 1}, {"F8_E4M3FNUZ", 1}, {"F8_E5M2FNUZ", 1}, {"F8_E8M0", 1}};
+  auto it = sizes.find(d);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;  // the safetensors reference refuses > 100 MB
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) throw ModelError("'" + path_ + "': cannot open (" + std::strerror(errno) + ")");
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) fail("cannot stat the file");
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    if (size_ < 8)
+      fail("truncated: " + std::to_string(size_) + " bytes, shorter than the 8-byte header length field");
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (p == MAP_FAILED) fail(std::string("cannot map the file (") + std::strerror(errno) + ")");
+    base_ = static_cast<const std::uint8_t*>(p);
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | base_[i];
+    if (n == 0 || n > kMaxHeaderBytes)
+      fail("header length field = " + std::to_string(n) + " is absurd (must be 1.." + std::to_string(kMaxHeaderBytes) +
+           " bytes); not a safetensors file, or a corrupted one");
+    if (n > size_ - 8)
+      fail("truncated: header length field = " + std::to_string(n) + " but only " + std::to_string(size_ - 8) +
+           " bytes follow it");
+    data_off_ = 8 + n;
+    data_size_ = size_ - data_off_;
+    json h;
+    try {
+      h = json::parse(base_ + 8, base_ + 8 + n);
+    } catch (const json::exception& e) {
+      fail(std::string("header is not valid JSON (") + e.what() + ")");
+    }
+    if (!h.is_object()) fail("header is not a JSON object");
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      const std::string& name = it.key();
+      if (name == "__metadata__") continue;
+      const json& v = it.value();
+      const std::string where = "tensor '" + name + "'";
+      if (!v.is_object()) fail(where + ": header entry is not an object");
+      if (!v.contains("dtype") || !v["dtype"].is_string()) fail(where + ": field 'dtype' is missing or not a string");
+      StTensor t;
+      t.dtype = v["dtype"].get<std::string>();
+      const int es = st_dtype_size(t.dtype);
+      if (es == 0) fail(where + ": field 'dtype' = \"" + t.dtype + "\" is not a safetensors dtype");
+      if (!v.contains("shape") || !v["shape"].is_array()) fail(where + ": field 'shape' is missing or not an array");
+      std::uint64_t numel = 1;
+      for (const auto& d : v["shape"]) {
+        if (!d.is_number_integer() || d.get<std::int64_t>() < 0) fail(where + ": field 'shape' has a non-integer or negative dimension");
+        const auto dim = static_cast<std::uint64_t>(d.get<std::int64_t>());
+        if (dim != 0 && numel > (std::numeric_limits<std::uint64_t>::max() / 16) / dim)
+          fail(where + ": field 'shape' is absurdly large (element count overflows)");
+        numel *= dim;
+        t.shape.push_back(static_cast<std::int64_t>(dim));
+      }
+      if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2 ||
+          !v["data_offsets"][0].is_number_unsigned() || !v["data_offsets"][1].is_number_unsigned())
+        fail(where + ": field 'data_offsets' must be two non-negative integers");
+      t.begin = v["data_offsets"][0].get<std::uint64_t>();
+      t.end = v["data_offsets"][1].get<std::uint64_t>();
+      if (t.end < t.begin)
+        fail(where + ": field 'data_offsets' = [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+             "] ends before it begins");
+      if (t.end > data_size_)
+        fail(where + ": field 'data_offsets' = [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+             "] runs past the end of the data section (" + std::to_string(data_size_) +
+             " bytes; file truncated or header corrupted)");
+      if (t.end - t.begin != numel * static_cast<std::uint64_t>(es))
+        fail(where + ": field 'data_offsets' spans " + std::to_string(t.end - t.begin) + " bytes but dtype " +
+             t.dtype + " x shape " + shape_str(t.shape) + " needs " + std::to_string(numel * es));
+      tensors_.emplace(name, std::move(t));
+    }
+  }
+  ~SafetensorsFile() {
+    if (base_) ::munmap(const_cast<std::uint8_t*>(base_), size_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const StTensor* find(const std::string& name) const {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+  const std::uint8_t* bytes(const StTensor& t) const { return base_ + data_off_ + t.begin; }
+
+  static std::string shape_str(const std::vector<std::int64_t>& s) {
+    std::string r = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+    return r + "]";
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const { throw ModelError("'" + path_ + "': " + what); }
+
+  std::string path_;
+  int fd_ = -1;
+  const std::uint8_t* base_ = nullptr;
+  std::uint64_t size_ = 0, data_off_ = 0, data_size_ = 0;
+  std::map<std::string, StTensor> tensors_;
+};
+
+// All tensors of the checkpoint: one file, or the shards an index names.
+class TensorSource {
+ public:
+  explicit TensorSource(const fs::path& dir) {
+    const fs::path single = dir / "model.safetensors";
+    const fs::path index = dir / "model.safetensors.index.json";
+    if (fs::is_regular_file(single)) {
+      files_.emplace("model.safetensors", std::make_unique<SafetensorsFile>(single.string()));
+      single_ = files_.begin()->second.get();
+      return;
+    }
+    if (!fs::is_regular_file(index))
+      throw ModelError("'" + dir.string() + "': no model.safetensors and no model.safetensors.index.json");
+    index_path_ = index.string();
+    json j;
+    {
+      std::ifstream in(index, std::ios::binary);
+      try {
+        j = json::parse(in);
+      } catch (const json::exception& e) {
+        throw ModelError("'" + index_path_ + "': not valid JSON (" + e.what() + ")");
+      }
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw ModelError("'" + index_path_ + "': field 'weight_map' is missing or not an object");
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        throw ModelError("'" + index_path_ + "': weight_map[\"" + it.key() + "\"] is not a file name");
+      const std::string shard = it.value().get<std::string>();
+      if (shard.empty() || shard.find('/') != std::string::npos || shard.find('\\') != std::string::npos ||
+          shard == "." || shard == "..")
+        throw ModelError("'" + index_path_ + "': weight_map[\"" + it.key() + "\"] = \"" + shard +
+                         "\" is not a plain file name in the model directory");
+      weight_map_[it.key()] = shard;
+    }
+    dir_ = dir;
+  }
+
+  struct Found {
+    const SafetensorsFile* file;
+    const StTensor* t;
+  };
+
+  // nullptr file when the tensor is absent (`where` is filled with the place it was looked for).
+  std::optional<Found> find(const std::string& name, std::string* where) {
+    if (single_) {
+      *where = single_->path();
+      if (const StTensor* t = single_->find(name)) return Found{single_, t};
+      return std::nullopt;
+    }
+    auto it = weight_map_.find(name);
+    if (it == weight_map_.end()) {
+      *where = index_path_ + " (weight_map)";
+      return std::nullopt;
+    }
+    const SafetensorsFile* f = shard(it->second);
+    *where = f->path();
+    if (const StTensor* t = f->find(name)) return Found{f, t};
+    *where = f->path() + " (which " + index_path_ + " names for it)";
+    return std::nullopt;
+  }
+
+ private:
+  const SafetensorsFile* shard(const std::string& name) {
+    auto it = files_.find(name);
+    if (it != files_.end()) return it->second.get();
+    const fs::path p = dir_ / name;
+    if (!fs::is_regular_file(p))
+      throw ModelError("'" + index_path_ + "': weight_map names shard \"" + name + "\", which does not exist in " +
+                       dir_.string());
+    return files_.emplace(name, std::make_unique<SafetensorsFile>(p.string())).first->second.get();
+  }
+
+  fs::path dir_;
+  std::string index_path_;
+  const SafetensorsFile* single_ = nullptr;
+  std::map<std::string, std::string> weight_map_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+};
+
+void to_f32(const SafetensorsFile& f, const std::string& name, const StTensor& t, std::vector<float>* out) {
+  std::uint64_t numel = 1;
+  for (auto d : t.shape) numel *= static_cast<std::uint64_t>(d);
+  out->resize(static_cast<std::size_t>(numel));
+  const std::uint8_t* p = f.bytes(t);
+  float* o = out->data();
+  if (t.dtype == "F32") {
+    std::memcpy(o, p, numel * 4);
+  } else if (t.dtype == "F16" || t.dtype == "BF16") {
+    const bool bf = t.dtype == "BF16";
+    for (std::uint64_t i = 0; i < numel; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      o[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  } else {
+    throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'dtype' = " + t.dtype +
+                     " is not supported for weights (kvgate reads F32, F16 and BF16)");
+  }
+}
+
+// ---- config.json -------------------------------------------------------------------------------------
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw ModelError("'" + p.string() + "': cannot open");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw ModelError("'" + p.string() + "': not valid JSON (" + e.what() + ")");
+  }
+}
+
+struct Cfg {
+  const json& j;
+  std::string path;
+
+  bool has(const char* k) const { return j.contains(k) && !j[k].is_null(); }
+  [[noreturn]] void bad(const char* k, const std::string& why) const {
+    throw ModelError("'" + path + "': field '" + k + "' " + why);
+  }
+  int int_req(const char* k, long long lo, long long hi) const {
+    if (!has(k)) bad(k, "is missing");
+    return int_checked(k, lo, hi);
+  }
+  int int_opt(const char* k, int def, long long lo, long long hi) const { return has(k) ? int_checked(k, lo, hi) : def; }
+  int int_checked(const char* k, long long lo, long long hi) const {
+    if (!j[k].is_number_integer()) bad(k, "is not an integer");
+    const long long v = j[k].get<long long>();
+    if (v < lo || v > hi)
+      bad(k, "= " + std::to_string(v) + " is outside the plausible range [" + std::to_string(lo) + ", " +
+                 std::to_string(hi) + "]");
+    return static_cast<int>(v);
+  }
+  double num_opt(const char* k, double def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_number()) bad(k, "is not a number");
+    const double v = j[k].get<double>();
+    if (!std::isfinite(v) || v <= 0) bad(k, "must be a positive finite number");
+    return v;
+  }
+  bool bool_opt(const char* k, bool def) const {
+    if (!has(k)) return def;
+    if (!j[k].is_boolean()) bad(k, "is not a boolean");
+    return j[k].get<bool>();
+  }
+  // bos/eos: an integer, a list (first element taken) or null.
+  int token_id(const char* k, int def) const {
+    if (!has(k)) return def;
+    const json& v = j[k];
+    if (v.is_number_integer()) return v.get<int>();
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int>();
+    bad(k, "is neither an integer nor a list of integers");
+  }
+};
+
+std::string normalize_kv_algo(const std::string& s) {
+  if (s == "FP8") return "fp8";
+  if (s == "INT8") return "int8";
+  std::string r = s;
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+// Reads the KV declaration. Returns false when the file does not declare one.
+bool kv_decl_from(const json& obj, const char* outer, const std::string& file, std::string* value) {
+  if (!obj.contains(outer) || obj[outer].is_null()) return false;
+  const json& q = obj[outer];
+  if (!q.is_object()) throw ModelError("'" + file + "': field '" + outer + "' is not an object");
+  if (!q.contains("kv_cache_quant_algo") || q["kv_cache_quant_algo"].is_null()) return false;
+  if (!q["kv_cache_quant_algo"].is_string())
+    throw ModelError("'" + file + "': field '" + outer + ".kv_cache_quant_algo' is not a string (or null)");
+  const std::string v = q["kv_cache_quant_algo"].get<std::string>();
+  if (v.empty()) return false;
+  *value = normalize_kv_algo(v);
+  return true;
+}
+
+std::string layer_name(int i, const char* rest) { return "model.layers." + std::to_string(i) + "." + rest; }
+
+}  // namespace
+
+Model load_hf(const std::string& dir_str) {
+  const fs::path dir(dir_str);
+  if (!fs::is_directory(dir)) throw ModelError("'" + dir_str + "': not a directory (a Hugging Face model is a directory)");
+  const fs::path cfg_path = dir / "config.json";
+  if (!fs::is_regular_file(cfg_path)) throw ModelError("'" + dir_str + "': no config.json in the model directory");
+  const json cj = read_json(cfg_path);
+  if (!cj.is_object()) throw ModelError("'" + cfg_path.string() + "': not a JSON object");
+  const Cfg cf{cj, cfg_path.string()};
+
+  Model m;
+  m.path = dir_str;
+  m.source_kind = "hf";
+  ModelConfig& c = m.config;
+
+  // Architecture.
+  std::string arch_name;
+  if (cf.has("architectures")) {
+    if (!cj["architectures"].is_array() || cj["architectures"].empty() || !cj["architectures"][0].is_string())
+      cf.bad("architectures", "is not a non-empty list of names");
+    arch_name = cj["architectures"][0].get<std::string>();
+  } else if (cf.has("model_type") && cj["model_type"].is_string()) {
+    arch_name = cj["model_type"].get<std::string>();
+  } else {
+    cf.bad("architectures", "is missing (and no model_type)");
+  }
+  if (arch_name == "LlamaForCausalLM" || arch_name == "llama") {
+    c.arch = "llama";
+  } else if (arch_name == "MistralForCausalLM" || arch_name == "mistral") {
+    c.arch = "mistral";
+  } else if (arch_name == "Qwen2ForCausalLM" || arch_name == "qwen2") {
+    c.arch = "qwen2";
+  } else if (arch_name == "Qwen3ForCausalLM" || arch_name == "qwen3") {
+    c.arch = "qwen3";
+  } else {
+    cf.bad("architectures", "= \"" + arch_name +
+                                "\" is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                                "Qwen3ForCausalLM)");
+  }
+  if (cf.has("hidden_act") && (!cj["hidden_act"].is_string() || cj["hidden_act"].get<std::string>() != "silu"))
+    cf.bad("hidden_act", "must be \"silu\" (SwiGLU); got " + cj["hidden_act"].dump());
+  if (cf.has("rope_scaling")) {
+    const json& rs = cj["rope_scaling"];
+    std::string t = rs.is_object() ? rs.value("rope_type", rs.value("type", std::string())) : std::string();
+    if (t != "default")
+      cf.bad("rope_scaling", "= " + rs.dump() +
+                                 " is not supported (kvgate's forward implements plain RoPE); remove it only if the "
+                                 "model was trained without it");
+  }
+
+  c.dim = cf.int_req("hidden_size", 1, 1 << 17);
+  c.hidden_dim = cf.int_req("intermediate_size", 1, 1 << 20);
+  c.n_layers = cf.int_req("num_hidden_layers", 1, 1024);
+  c.n_heads = cf.int_req("num_attention_heads", 1, 4096);
+  c.n_kv_heads = cf.int_opt("num_key_value_heads", c.n_heads, 1, c.n_heads);
+  if (c.n_heads % c.n_kv_heads != 0)
+    cf.bad("num_key_value_heads", "= " + std::to_string(c.n_kv_heads) + " does not divide num_attention_heads = " +
+                                      std::to_string(c.n_heads));
+  if (cf.has("head_dim")) {
+    c.head_dim = cf.int_checked("head_dim", 2, 1 << 14);
+  } else {
+    if (c.dim % c.n_heads != 0)
+      cf.bad("hidden_size", "= " + std::to_string(c.dim) + " is not a multiple of num_attention_heads = " +
+                                std::to_string(c.n_heads) + " (and no head_dim is given)");
+    c.head_dim = c.dim / c.n_heads;
+  }
+  if (c.head_dim % 2 != 0) cf.bad("head_dim", "= " + std::to_string(c.head_dim) + " is odd; RoPE needs pairs");
+  c.vocab_size = cf.int_req("vocab_size", 1, 1 << 22);
+  c.max_seq_len = cf.int_opt("max_position_embeddings", 2048, 1, 1 << 24);
+  // Sliding-window attention (Mistral, Qwen2 with use_sliding_window) equals full attention for
+  // positions inside the window, so the usable context is capped there instead of silently
+  // computing something else beyond it.
+  const bool sliding =
+      (c.arch == "mistral" && cf.has("sliding_window")) || (cf.bool_opt("use_sliding_window", false) && cf.has("sliding_window"));
+  if (sliding) c.max_seq_len = std::min(c.max_seq_len, cf.int_checked("sliding_window", 1, 1 << 24));
+  c.rms_eps = static_cast<float>(cf.num_opt("rms_norm_eps", 1e-6));
+  c.rope_theta = static_cast<float>(cf.num_opt("rope_theta", 10000.0));
+  c.rope_style = RopeStyle::half;
+  c.qkv_bias = c.arch == "qwen2";
+  if (cf.bool_opt("attention_bias", false) && c.arch != "qwen2")
+    cf.bad("attention_bias", "is true: biases on q/k/v/o projections are supported for Qwen2 (q/k/v) only");
+  c.qk_norm = c.arch == "qwen3";
+  c.tied_embeddings = cf.bool_opt("tie_word_embeddings", false);
+  c.bos_id = cf.token_id("bos_token_id", -1);
+  c.eos_id = cf.token_id("eos_token_id", -1);
+
+  // KV declaration: inline config.json first, then the legacy hf_quant_config.json.
+  {
+    std::string v;
+    if (kv_decl_from(cj, "quantization_config", cfg_path.string(), &v)) {
+      c.declared_kv = v;
+      c.declared_kv_source = cfg_path.string() + ":quantization_config.kv_cache_quant_algo";
+    } else {
+      const fs::path legacy = dir / "hf_quant_config.json";
+      if (fs::is_regular_file(legacy)) {
+        const json lj = read_json(legacy);
+        if (!lj.is_object()) throw ModelError("'" + legacy.string() + "': not a JSON object");
+        if (kv_decl_from(lj, "quantization", legacy.string(), &v)) {
+          c.declared_kv = v;
+          c.declared_kv_source = legacy.string() + ":quantization.kv_cache_quant_algo";
+        }
+      }
+    }
+  }
+
+  // Weights.
+  TensorSource src(dir);
+  const std::string arch_label = arch_name;
+  auto load = [&](const std::string& name, std::vector<std::int64_t> shape, std::vector<float>* out) {
+    std::string where;
+    auto f = src.find(name, &where);
+    if (!f)
+      throw ModelError("'" + where + "': missing tensor '" + name + "' (" + arch_label + " with config.json " +
+                       "num_hidden_layers = " + std::to_string(c.n_layers) + " needs it)");
+    if (f->t->shape != shape)
+      throw ModelError("'" + f->file->path() + "': tensor '" + name + "' field 'shape' = " +
+                       SafetensorsFile::shape_str(f->t->shape) + ", but config.json implies " +
+                       SafetensorsFile::shape_str(shape));
+    to_f32(*f->file, name, *f->t, out);
+  };
+  // Optional scalar (shape [] or [1]); returns false when absent.
+  auto load_scalar = [&](const std::string& name, float* out) {
+    std::string where;
+    auto f = src.find(name, &where);
+    if (!f) return false;
+    std::uint64_t numel = 1;
+    for (auto d : f->t->shape) numel *= static_cast<std::uint64_t>(d);
+    if (numel != 1)
+      throw ModelError("'" + f->file->path() + "': tensor '" + name + "' field 'shape' = " +
+                       SafetensorsFile::shape_str(f->t->shape) + ", expected a scalar");
+    std::vector<float> v;
+    to_f32(*f->file, name, *f->t, &v);
+    if (!std::isfinite(v[0]) || v[0] <= 0)
+      throw ModelError("'" + f->file->path() + "': tensor '" + name + "' = " + std::to_string(v[0]) +
+                       " is not a positive finite KV scale");
+    *out = v[0];
+    return true;
+  };
+
+  const std::int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim(),
+                     HD = c.head_dim;
+  ModelWeights& w = m.weights;
+  load("model.embed_tokens.weight", {V, D}, &w.tok_embeddings);
+  w.layers.resize(static_cast<std::size_t>(c.n_layers));
+  int n_k_scales = 0, n_v_scales = 0;
+  std::vector<float> ks(static_cast<std::size_t>(c.n_layers), 1.0f), vs(static_cast<std::size_t>(c.n_layers), 1.0f);
+  for (int i = 0; i < c.n_layers; ++i) {
+    LayerWeights& L = w.layers[static_cast<std::size_t>(i)];
+    load(layer_name(i, "input_layernorm.weight"), {D}, &L.attn_norm);
+    load(layer_name(i, "self_attn.q_proj.weight"), {Q, D}, &L.wq);
+    load(layer_name(i, "self_attn.k_proj.weight"), {KV, D}, &L.wk);
+    load(layer_name(i, "self_attn.v_proj.weight"), {KV, D}, &L.wv);
+    load(layer_name(i, "self_attn.o_proj.weight"), {D, Q}, &L.wo);
+    if (c.qkv_bias) {
+      load(layer_name(i, "self_attn.q_proj.bias"), {Q}, &L.bq);
+      load(layer_name(i, "self_attn.k_proj.bias"), {KV}, &L.bk);
+      load(layer_name(i, "self_attn.v_proj.bias"), {KV}, &L.bv);
+    }
+    if (c.qk_norm) {
+      load(layer_name(i, "self_attn.q_norm.weight"), {HD}, &L.q_norm);
+      load(layer_name(i, "self_attn.k_norm.weight"), {HD}, &L.k_norm);
+    }
+    load(layer_name(i, "post_attention_layernorm.weight"), {D}, &L.ffn_norm);
+    load(layer_name(i, "mlp.gate_proj.weight"), {F, D}, &L.w1);
+    load(layer_name(i, "mlp.down_proj.weight"), {D, F}, &L.w2);
+    load(layer_name(i, "mlp.up_proj.weight"), {F, D}, &L.w3);
+    // Per-layer FP8 KV scales under the names checkpoints use for them.
+    float s = 0;
+    const auto ui = static_cast<std::size_t>(i);
+    if (load_scalar(layer_name(i, "self_attn.k_scale"), &s) || load_scalar(layer_name(i, "self_attn.k_proj.k_scale"), &s) ||
+        load_scalar(layer_name(i, "self_attn.kv_scale"), &s)) {
+      ks[ui] = s;
+      ++n_k_scales;
+    }
+    if (load_scalar(layer_name(i, "self_attn.v_scale"), &s) || load_scalar(layer_name(i, "self_attn.v_proj.v_scale"), &s) ||
+        load_scalar(layer_name(i, "self_attn.kv_scale"), &s)) {
+      vs[ui] = s;
+      ++n_v_scales;
+    }
+  }
+  if (n_k_scales != 0 || n_v_scales != 0) {
+    if (n_k_scales != c.n_layers || n_v_scales != c.n_layers)
+      throw ModelError("'" + dir_str + "': KV scales are incomplete: " + std::to_string(n_k_scales) + " layers carry " +
+                       "k_scale and " + std::to_string(n_v_scales) + " carry v_scale, of " +
+                       std::to_string(c.n_layers) + " layers (model.layers.{i}.self_attn.k_scale / v_scale)");
+    c.k_scale = std::move(ks);
+    c.v_scale = std::move(vs);
+  }
+  load("model.norm.weight", {D}, &w.final_norm);
+  if (!c.tied_embeddings) {
+    std::string where;
+    if (!src.find("lm_head.weight", &where))
+      throw ModelError("'" + where + "': missing tensor 'lm_head.weight' (config.json tie_word_embeddings is false or "
+                       "absent, so the classifier must be stored)");
+    load("lm_head.weight", {V, D}, &w.classifier);
+  }
+  validate_weights(dir_str, c, w);
+
+  // Tokenizer (optional).
+  const fs::path tok_path = dir / "tokenizer.json";
+  if (fs::is_regular_file(tok_path)) {
+    auto tok = BpeTokenizer::from_tokenizer_json(tok_path.string(), c.bos_id, c.eos_id);
+    if (tok->vocab_size() > c.vocab_size)
+      throw ModelError("'" + tok_path.string() + "': the tokenizer has " + std::to_string(tok->vocab_size()) +
+                       " tokens but config.json vocab_size = " + std::to_string(c.vocab_size) +
+                       " (token ids past the embedding table)");
+    m.tokenizer = std::move(tok);
+  }
+  m.fingerprint = model_fingerprint(c, w);
+  return m;
+}
+
+}  // namespace kvgate
