@@ -229,3 +229,20 @@ TEST_CASE("STO.errors impossible requests fail with a clear message", "[gate:STO
   CHECK_THROWS_AS(st->swap_out(s), KvStoreError);
   CHECK_THROWS_AS(st->extend(s, 1), KvStoreError);
 }
+
+TEST_CASE("STO.guards guard regions around every page detect an out-of-bounds write", "[gate:STO]") {
+  SeqId s;
+  auto st = filled_store(*parse_kv_format("q4_0"), 4, s, 12, 3);
+  REQUIRE(st->check_guards().empty());
+  // One byte past the end of a V page of layer 1, then one byte before a K page of layer 0.
+  const int b = st->block_table(s)[1];
+  std::uint8_t* v = st->page(1, KvHalf::V, b);
+  const std::uint8_t saved = v[st->page_bytes(KvHalf::V)];
+  v[st->page_bytes(KvHalf::V)] ^= 0xFF;
+  const std::string report = st->check_guards();
+  CHECK(report.find("layer 1 V page " + std::to_string(b)) != std::string::npos);
+  v[st->page_bytes(KvHalf::V)] = saved;
+  CHECK(st->check_guards().empty());
+  st->page(0, KvHalf::K, 0)[-1] = 0;
+  CHECK(st->check_guards().find("layer 0 K page 0") != std::string::npos);
+}
