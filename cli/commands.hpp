@@ -7,6 +7,7 @@ namespace kvgate::cli {
 // Each register_* adds one subcommand and remembers its action; run_selected runs the parsed one.
 void register_formats(CLI::App& app);
 void register_gate(CLI::App& app);
+void register_synth(CLI::App& app);
 void register_run(CLI::App& app);
 void on_run(CLI::App* sub, std::function<int()> action);
 int run_selected(CLI::App& app);

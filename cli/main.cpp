@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   kvgate::cli::register_formats(app);
   kvgate::cli::register_gate(app);
+  kvgate::cli::register_synth(app);
   kvgate::cli::register_run(app);
   try {
     app.parse(argc, argv);
