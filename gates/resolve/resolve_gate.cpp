@@ -119,7 +119,7 @@ TEST_CASE("STO.resolve.precedence.legacy hf_quant_config.json is read when confi
   CHECK(r.requested_source == "checkpoint:" + dir + "/hf_quant_config.json:quantization.kv_cache_quant_algo");
 }
 
-TEST_CASE("STO.resolve.precedence.legacy a null inline declaration falls through to hf_quant_config.json",
+TEST_CASE("STO.resolve.precedence.legacy_null a null inline declaration falls through to hf_quant_config.json",
           "[gate:STO][fmt:int8]") {
   TempDir t;
   const Model m = load_hf(model_dir(t, "null_inline", "", "INT8", /*inline_null=*/true));
@@ -188,7 +188,7 @@ TEST_CASE("STO.resolve.precedence.synth synth --kv-algo writes either declaratio
 
 // ---- unknown declarations ------------------------------------------------------------------------
 
-TEST_CASE("STO.resolve.unknown an unknown inline declaration is refused naming config.json and the field",
+TEST_CASE("STO.resolve.unknown.inline an unknown inline declaration is refused naming config.json and the field",
           "[gate:STO][fmt:none]") {
   TempDir t;
   const std::string dir = model_dir(t, "nvfp4", "NVFP4", "");
@@ -204,7 +204,7 @@ TEST_CASE("STO.resolve.unknown an unknown inline declaration is refused naming c
   CHECK(resolve_kv(flag("int8"), m.config, 16).effective == fmt("int8"));
 }
 
-TEST_CASE("STO.resolve.unknown an unknown legacy declaration is refused naming hf_quant_config.json",
+TEST_CASE("STO.resolve.unknown.legacy an unknown legacy declaration is refused naming hf_quant_config.json",
           "[gate:STO][fmt:none]") {
   TempDir t;
   const std::string dir = model_dir(t, "w4", "", "W4A16_AWQ");
@@ -216,7 +216,7 @@ TEST_CASE("STO.resolve.unknown an unknown legacy declaration is refused naming h
   CHECK(has(msg, "w4a16_awq"));
 }
 
-TEST_CASE("STO.resolve.unknown a malformed declaration is a load error naming the file", "[gate:STO][fmt:none]") {
+TEST_CASE("STO.resolve.unknown.malformed a malformed declaration is a load error naming the file", "[gate:STO][fmt:none]") {
   TempDir t;
   const std::string dir = model_dir(t, "bad", "", "");
   auto cj = read_json_file(std::filesystem::path(dir) / "config.json");
