@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -575,4 +577,95 @@ TEST_CASE("metrics: known values", "[oracle][metrics]") {
     CHECK(top1_agree(std::vector<float>{1, 3, 2}, std::vector<float>{0, 5, 1}));
     CHECK(!top1_agree(std::vector<float>{1, 3, 2}, std::vector<float>{0, 1, 5}));
     CHECK(argmax(std::vector<float>{2, 2, 1}) == 0);
+}
+
+// ---- full-model forward -------------------------------------------------------------------
+
+namespace {
+
+Transformer tiny_model(uint32_t seed, bool shared_cls) {
+    ModelConfig c;
+    c.dim = 16; c.hidden_dim = 24; c.n_layers = 2; c.n_heads = 4; c.n_kv_heads = 2;
+    c.vocab_size = 32; c.seq_len = 64;
+    std::mt19937 rng(seed);
+    const size_t D = 16, F = 24, KV = 8, V = 32;
+    Weights w;
+    w.token_embedding = random_rows(rng, V * D, 1.0f);
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerWeights L;
+        L.rms_att = random_rows(rng, D, 0.2f);
+        for (float& g : L.rms_att) g += 1.0f;
+        L.wq = random_rows(rng, D * D, 0.5f);
+        L.wk = random_rows(rng, KV * D, 0.5f);
+        L.wv = random_rows(rng, KV * D, 0.25f);
+        L.wo = random_rows(rng, D * D, 0.25f);
+        L.rms_ffn = L.rms_att;
+        L.w1 = random_rows(rng, F * D, 0.25f);
+        L.w2 = random_rows(rng, D * F, 0.2f);
+        L.w3 = random_rows(rng, F * D, 0.25f);
+        w.layers.push_back(std::move(L));
+    }
+    w.rms_final = random_rows(rng, D, 0.1f);
+    for (float& g : w.rms_final) g += 1.0f;
+    if (!shared_cls) w.wcls = random_rows(rng, V * D, 1.0f);
+    return make_transformer(c, std::move(w));
+}
+
+}  // namespace
+
+TEST_CASE("model: batched Eigen forward == token-at-a-time loops == binary64", "[oracle][model]") {
+    const Transformer t = tiny_model(21, false);
+    std::vector<int> toks;
+    for (int i = 0; i < 40; ++i) toks.push_back((i * 7 + 3) % 32);
+    const auto a = forward_all(t, toks), b = forward_all_naive(t, toks);
+    const auto r = forward_all_f64(t, toks);
+    REQUIRE(a.size() == toks.size() * 32);
+    CHECK(count_nonfinite(a) == 0);
+    CHECK(nmse(b, a) < 1e-10);
+    CHECK(nmse(r, a) < 1e-10);
+    CHECK(max_abs_diff(r, b) < 1e-4);
+    // Causality: the logits of a prefix do not depend on what follows.
+    const auto p = forward_all(t, std::span<const int>(toks).first(10));
+    CHECK(max_abs_diff(std::span<const float>(a).first(p.size()), std::span<const float>(p)) < 1e-5);
+    // The KV hook sees K/V of every token and perturbing V changes the output.
+    int calls = 0;
+    const auto h = forward_all(t, toks, [&](int layer, int n, float* k, float* v) {
+        ++calls;
+        CHECK(n == 40);
+        (void)k;
+        if (layer == 1) v[10 * 8 + 5] += 1.0f;  // token 10: positions 0..9 unchanged
+    });
+    CHECK(calls == 2);
+    CHECK(max_abs_diff(std::span<const float>(a).first(320), std::span<const float>(h).first(320)) == 0.0);
+    CHECK(max_abs_diff(a, h) > 1e-3);
+    CHECK_THROWS_AS(forward_all(t, std::vector<int>{32}), std::invalid_argument);
+}
+
+TEST_CASE("model: llama2.c legacy reader round-trips a written checkpoint", "[oracle][model]") {
+    for (bool shared : {true, false}) {
+        const Transformer t = tiny_model(5, shared);
+        const std::string path = "oracle_selftest_tiny_" + std::to_string(int(shared)) + ".bin";
+        {
+            std::ofstream f(path, std::ios::binary);
+            const ModelConfig& c = t.config;
+            int32_t h[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
+                            shared ? c.vocab_size : -c.vocab_size, c.seq_len};
+            f.write(reinterpret_cast<const char*>(h), sizeof h);
+            auto put = [&](const std::vector<float>& v) { f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 4)); };
+            put(t.weights.token_embedding);
+            for (auto m : {&LayerWeights::rms_att, &LayerWeights::wq, &LayerWeights::wk, &LayerWeights::wv, &LayerWeights::wo,
+                           &LayerWeights::rms_ffn, &LayerWeights::w1, &LayerWeights::w2, &LayerWeights::w3})
+                for (const auto& L : t.weights.layers) put(L.*m);
+            put(t.weights.rms_final);
+            put(std::vector<float>(size_t(c.seq_len) * c.head_dim(), 0.0f));  // legacy freq_cis
+            if (!shared) put(t.weights.wcls);
+        }
+        const Transformer u = load_llama2c(path);
+        CHECK(u.weights.wcls.empty() == shared);
+        std::vector<int> toks{1, 5, 9, 30};
+        CHECK(max_abs_diff(forward_all(t, toks), forward_all(u, toks)) == 0.0);
+        std::filesystem::resize_file(path, 100);
+        CHECK_THROWS_AS(load_llama2c(path), std::runtime_error);
+        std::filesystem::remove(path);
+    }
 }

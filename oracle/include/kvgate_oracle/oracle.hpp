@@ -4,5 +4,5 @@
 #include "kvgate_oracle/attention.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "kvgate_oracle/metrics.hpp"
+#include "kvgate_oracle/model.hpp"
 #include "kvgate_oracle/scalar.hpp"
-// (reserved: kvgate_oracle/model.hpp — the full-model FP32 forward, added by a later task)
