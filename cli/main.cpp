@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   kvgate::cli::register_gate(app);
   kvgate::cli::register_synth(app);
   kvgate::cli::register_run(app);
+  kvgate::cli::register_mutate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,123 @@
+// `kvgate mutate`: baseline -> canary -> for each mutant: apply in the scratch copy, incremental
+// rebuild of the gate targets, run every gate, classify, revert -> kill matrix and reports.
+// docs/MUTATIONS.md describes the behaviour and the outputs; exit codes are below.
+#pragma once
+#include <filesystem>
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvgate_mutations/catalog.hpp"
+
+namespace kvgate::mutate {
+
+// Exit codes (issue 4). When several apply after a run, the first in this order wins:
+// survived, timeout, unviable/noop, expectation mismatch.
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitError = 1,          // usage, I/O, configure failure, internal inconsistency
+  kExitSurvived = 2,
+  kExitTimeout = 3,
+  kExitBaselineRed = 4,    // the unmutated gates are not all green, or the canary left a gate green
+  kExitStale = 5,          // catalog invalid or an anchor count != occurrences
+  kExitUnviable = 6,       // a mutant did not build (unviable) or changed no object (noop)
+  kExitExpectation = 7,    // expect_killed_by not honoured, or (full runs) a gate killed no mutant
+  kExitInterrupted = 130,  // Ctrl-C: the scratch tree was restored and partial results written
+};
+
+struct MutateOptions {
+  std::filesystem::path source_dir;   // the tree to copy from (never modified)
+  std::filesystem::path catalog;      // default <source>/mutations/catalog.json
+  std::filesystem::path schema;       // default <catalog dir>/catalog.schema.json
+  std::filesystem::path out_dir = "mutants.out";
+  std::filesystem::path scratch_dir;  // default <source>/.scratch/mutants
+  std::filesystem::path build_dir;    // default <scratch>/build
+  std::filesystem::path web_dist;     // mutation-test-elements.js to copy next to index.html
+  std::filesystem::path report_schema;  // Stryker schema; default <source>/mutations/schema/...
+  std::vector<std::string> only;      // mutant ids
+  std::string since;                  // git revision: only mutants whose file changed since it
+  int jobs = 1;                       // ninja -j and concurrent gate processes
+  bool list = false;                  // print the catalog with anchor status, run nothing
+  bool canary = true;
+  double min_timeout_s = 20;          // per gate process: max(min, factor x baseline) x timeout_scale
+  double timeout_factor = 5;
+  std::vector<std::string> cmake_args;  // extra configure arguments for the scratch build
+};
+
+enum class GateStatus { passed, failed, crashed, timeout, not_run, skipped };
+const char* to_string(GateStatus s);
+inline bool is_kill(GateStatus s) { return s == GateStatus::failed || s == GateStatus::crashed; }
+
+enum class MutantStatus { killed, survived, timeout, unviable, noop, skipped, interrupted };
+const char* to_string(MutantStatus s);
+
+struct GateOutcome {
+  GateStatus status = GateStatus::not_run;
+  double seconds = 0;
+  std::string log;     // path relative to the out dir
+  std::string detail;  // e.g. "exit 1", "killed by signal 6"
+};
+
+// One gate = one gate ID (first token of its TEST_CASE names) inside one gate executable.
+struct Gate {
+  std::string id;
+  std::string exe;  // target name
+  std::vector<std::string> cases;
+  double baseline_s = 0;  // sum of its test-case durations
+  bool skipped = false;   // reported as skipped in the baseline (e.g. no GPU): cannot be proven
+};
+
+struct GateExe {
+  std::string target;
+  std::filesystem::path path;
+  std::vector<std::string> gate_ids;
+  double baseline_s = 0;  // wall time of the whole executable
+};
+
+struct MutantOutcome {
+  const Mutant* mutant = nullptr;
+  MutantStatus status = MutantStatus::survived;
+  std::string reason;
+  double build_s = 0, test_s = 0, wall_s = 0;
+  std::map<std::string, GateOutcome> gates;  // by gate ID
+  std::vector<std::string> killed_by;
+  std::vector<std::string> expected_not_killing;  // expect_killed_by gates that did not kill it
+  std::vector<std::string> expected_unknown;      // expect_killed_by IDs that are not gates of this run
+  std::string diff_path, build_log;               // relative to the out dir
+  std::vector<std::string> changed_objects;
+};
+
+struct RunSummary {
+  int killed = 0, survived = 0, timeout = 0, unviable = 0, noop = 0, skipped = 0, interrupted = 0;
+  int run() const { return killed + survived + timeout + unviable + noop; }
+};
+
+struct RunResult {
+  std::vector<GateExe> exes;
+  std::vector<Gate> gates;
+  double baseline_build_s = 0, baseline_test_s = 0, setup_s = 0, mutation_s = 0;
+  bool baseline_green = false;
+  std::vector<std::string> baseline_red;  // gate IDs (or "build") that were not green
+  bool canary_ran = false;
+  std::vector<std::string> canary_survivors;  // gates the canary left green
+  MutantOutcome canary;
+  std::vector<MutantOutcome> outcomes;  // catalog mutants (not the canary), run order
+  RunSummary summary;
+  std::vector<std::string> gates_killing_none;  // proven gates that killed no mutant
+  bool full_run = true;                         // no --only / --since filter
+  bool interrupted = false;
+  std::vector<std::string> check_failures;
+  int exit_code = kExitOk;
+  std::string started_at;
+};
+
+// Runs `kvgate mutate`; progress and diagnostics go to `log`. Returns the exit code.
+int run_mutate(const MutateOptions& opts, std::ostream& log);
+
+}  // namespace kvgate::mutate
+
+namespace kvgate::mutate {
+// The source tree this library was configured from (fallback when no git work tree is found).
+std::string default_source_dir();
+}  // namespace kvgate::mutate

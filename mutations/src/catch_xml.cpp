@@ -1,0 +1,134 @@
+#include "kvgate_mutations/catch_xml.hpp"
+
+#include <cstdlib>
+
+namespace kvgate::mutate {
+
+namespace {
+
+std::string xml_unescape(std::string_view s) {
+  std::string r;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '&') {
+      r += s[i];
+      continue;
+    }
+    const std::size_t semi = s.find(';', i);
+    if (semi == std::string_view::npos) {
+      r += s[i];
+      continue;
+    }
+    const std::string_view ent = s.substr(i + 1, semi - i - 1);
+    if (ent == "amp") r += '&';
+    else if (ent == "lt") r += '<';
+    else if (ent == "gt") r += '>';
+    else if (ent == "quot") r += '"';
+    else if (ent == "apos") r += '\'';
+    else if (!ent.empty() && ent[0] == '#') {
+      const long cp = ent.size() > 1 && (ent[1] == 'x' || ent[1] == 'X')
+                          ? std::strtol(std::string(ent.substr(2)).c_str(), nullptr, 16)
+                          : std::strtol(std::string(ent.substr(1)).c_str(), nullptr, 10);
+      if (cp < 0x80) {
+        r += static_cast<char>(cp);
+      } else if (cp < 0x800) {
+        r += static_cast<char>(0xC0 | (cp >> 6));
+        r += static_cast<char>(0x80 | (cp & 0x3F));
+      } else if (cp < 0x10000) {
+        r += static_cast<char>(0xE0 | (cp >> 12));
+        r += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        r += static_cast<char>(0x80 | (cp & 0x3F));
+      } else {
+        r += static_cast<char>(0xF0 | (cp >> 18));
+        r += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+        r += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        r += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+    } else {
+      r.append(s.substr(i, semi - i + 1));
+    }
+    i = semi;
+  }
+  return r;
+}
+
+// Value of attribute `attr` in the tag text [tag_begin, tag_end), or npos-signalled empty optional.
+bool attribute(std::string_view tag, std::string_view attr, std::string& out) {
+  std::size_t pos = 0;
+  while ((pos = tag.find(attr, pos)) != std::string_view::npos) {
+    const bool boundary = pos > 0 && (tag[pos - 1] == ' ' || tag[pos - 1] == '\n' || tag[pos - 1] == '\t');
+    const std::size_t eq = pos + attr.size();
+    if (boundary && eq + 1 < tag.size() && tag[eq] == '=' && (tag[eq + 1] == '"' || tag[eq + 1] == '\'')) {
+      const char q = tag[eq + 1];
+      const std::size_t end = tag.find(q, eq + 2);
+      if (end == std::string_view::npos) return false;
+      out = xml_unescape(tag.substr(eq + 2, end - eq - 2));
+      return true;
+    }
+    pos = eq;
+  }
+  return false;
+}
+
+// Finds the next element start `<name` followed by whitespace, '/' or '>'.
+std::size_t find_tag(std::string_view xml, std::string_view name, std::size_t from) {
+  std::string open = "<";
+  open += name;
+  for (std::size_t p = xml.find(open, from); p != std::string_view::npos; p = xml.find(open, p + 1)) {
+    const std::size_t after = p + open.size();
+    if (after < xml.size() && (xml[after] == ' ' || xml[after] == '/' || xml[after] == '>' || xml[after] == '\n'))
+      return p;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
+  std::vector<CaseResult> out;
+  std::size_t pos = 0;
+  while ((pos = find_tag(xml, "TestCase", pos)) != std::string_view::npos) {
+    const std::size_t tag_end = xml.find('>', pos);
+    if (tag_end == std::string_view::npos) break;
+    CaseResult c;
+    attribute(xml.substr(pos, tag_end - pos), "name", c.name);
+    const std::size_t next_case = find_tag(xml, "TestCase", tag_end);
+    const std::size_t close = xml.find("</TestCase>", tag_end);
+    const std::size_t limit = std::min(next_case, close);
+    const std::size_t res = find_tag(xml, "OverallResult", tag_end);
+    if (res != std::string_view::npos && res < limit) {
+      const std::size_t res_end = xml.find('>', res);
+      if (res_end != std::string_view::npos) {
+        const std::string_view tag = xml.substr(res, res_end - res);
+        std::string v;
+        if (attribute(tag, "success", v)) {
+          c.has_result = true;
+          c.success = v == "true";
+        }
+        if (attribute(tag, "durationInSeconds", v)) c.seconds = std::strtod(v.c_str(), nullptr);
+        if (attribute(tag, "skips", v)) c.skipped = std::strtol(v.c_str(), nullptr, 10) > 0;
+      }
+    }
+    out.push_back(std::move(c));
+    pos = tag_end;
+  }
+  return out;
+}
+
+std::string gate_id_of(std::string_view name) {
+  std::size_t b = 0;
+  while (b < name.size() && (name[b] == ' ' || name[b] == '\t')) ++b;
+  std::size_t e = b;
+  while (e < name.size() && name[e] != ' ' && name[e] != '\t') ++e;
+  return std::string(name.substr(b, e - b));
+}
+
+std::string catch_spec_for_gate(std::string_view id) {
+  std::string esc;
+  for (char c : id) {
+    if (c == ',' || c == '[' || c == ']' || c == '*' || c == '~' || c == '\\' || c == '"') esc += '\\';
+    esc += c;
+  }
+  return esc + " *," + esc;
+}
+
+}  // namespace kvgate::mutate

@@ -1,0 +1,812 @@
+#include "kvgate_mutations/driver.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iomanip>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "kvgate_mutations/catch_xml.hpp"
+#include "kvgate_mutations/process.hpp"
+#include "kvgate_mutations/report.hpp"
+#include "kvgate_mutations/scratch.hpp"
+
+namespace kvgate::mutate {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+const char* to_string(GateStatus s) {
+  switch (s) {
+    case GateStatus::passed: return "passed";
+    case GateStatus::failed: return "failed";
+    case GateStatus::crashed: return "crashed";
+    case GateStatus::timeout: return "timeout";
+    case GateStatus::not_run: return "not_run";
+    case GateStatus::skipped: return "skipped";
+  }
+  return "?";
+}
+
+const char* to_string(MutantStatus s) {
+  switch (s) {
+    case MutantStatus::killed: return "killed";
+    case MutantStatus::survived: return "survived";
+    case MutantStatus::timeout: return "timeout";
+    case MutantStatus::unviable: return "unviable";
+    case MutantStatus::noop: return "noop";
+    case MutantStatus::skipped: return "skipped";
+    case MutantStatus::interrupted: return "interrupted";
+  }
+  return "?";
+}
+
+namespace {
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string fmt_s(double s) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(s < 10 ? 2 : 1) << s << "s";
+  return o.str();
+}
+
+std::string fmt_eta(double s) {
+  const long t = std::lround(s);
+  std::ostringstream o;
+  if (t >= 3600) o << t / 3600 << "h";
+  o << std::setw(t >= 3600 ? 2 : 1) << std::setfill('0') << (t / 60) % 60 << "m" << std::setw(2) << std::setfill('0')
+    << t % 60 << "s";
+  return o.str();
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Status precedence when one gate ID has several test cases (or appears in several executables).
+int rank(GateStatus s) {
+  switch (s) {
+    case GateStatus::failed: return 5;
+    case GateStatus::crashed: return 4;
+    case GateStatus::timeout: return 3;
+    case GateStatus::passed: return 2;
+    case GateStatus::skipped: return 1;
+    case GateStatus::not_run: return 0;
+  }
+  return 0;
+}
+void merge_into(GateOutcome& into, const GateOutcome& g) {
+  if (rank(g.status) > rank(into.status)) {
+    into.status = g.status;
+    into.detail = g.detail;
+    into.log = g.log;
+  }
+  into.seconds += g.seconds;
+}
+
+fs::path common_ancestor(const fs::path& a, const fs::path& b) {
+  fs::path r;
+  auto ia = a.begin(), ib = b.begin();
+  for (; ia != a.end() && ib != b.end() && *ia == *ib; ++ia, ++ib) r /= *ia;
+  return r;
+}
+
+struct Env {
+  MutateOptions o;
+  fs::path out;      // absolute
+  fs::path scratch;  // absolute
+  fs::path build;    // absolute
+  std::vector<std::pair<std::string, std::string>> build_env, gate_env;
+  std::vector<GateExe> exes;
+  std::map<std::string, Gate> gates;  // by ID
+  std::vector<std::string> gate_order;
+  std::vector<std::string> targets;
+  ObjectSnapshot objects;
+  bool cuda_build = false;
+  std::ostream* log = nullptr;
+};
+
+std::string rel_to(const fs::path& p, const fs::path& base) { return fs::relative(p, base).generic_string(); }
+
+bool run_build(Env& e, const fs::path& log_path, double* seconds) {
+  std::vector<std::string> argv{"ninja", "-C", e.build.string(), "-j", std::to_string(e.o.jobs)};
+  for (const auto& t : e.targets) argv.push_back(t);
+  const ProcResult r = run_process({argv, {}, e.build_env, log_path.string(), 0});
+  if (seconds) *seconds = r.seconds;
+  return r.ok();
+}
+
+// Runs the gate executables (and, after a crash or timeout, the unfinished gate IDs one by one).
+// `baseline` runs without timeouts and discovers the gate IDs from the XML.
+std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double timeout_scale, bool baseline,
+                                             double* wall) {
+  fs::create_directories(dir);
+  const auto t0 = Clock::now();
+  std::vector<ProcSpec> specs;
+  for (const auto& x : e.exes) {
+    ProcSpec s;
+    s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (x.target + ".xml")).string()};
+    s.cwd = x.path.parent_path().string();
+    s.env = e.gate_env;
+    s.log_path = (dir / (x.target + ".log")).string();
+    s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
+    fs::remove(dir / (x.target + ".xml"));
+    specs.push_back(std::move(s));
+  }
+  const auto res = run_processes(specs, e.o.jobs);
+  std::map<std::string, GateOutcome> out;
+  struct Rerun {
+    std::size_t exe;
+    std::string id;
+  };
+  std::vector<Rerun> reruns;
+  for (std::size_t i = 0; i < e.exes.size(); ++i) {
+    GateExe& x = e.exes[i];
+    const ProcResult& pr = res[i];
+    std::string xml;
+    try {
+      xml = read_text(dir / (x.target + ".xml"));
+    } catch (...) {
+    }
+    const auto cases = parse_catch_xml(xml);
+    const std::string log_rel = rel_to(dir / (x.target + ".log"), e.out);
+    std::map<std::string, GateOutcome> mine;
+    std::map<std::string, std::vector<std::string>> names;
+    std::map<std::string, double> secs;
+    for (const auto& c : cases) {
+      const std::string id = gate_id_of(c.name);
+      names[id].push_back(c.name);
+      GateOutcome g;
+      g.log = log_rel;
+      g.seconds = c.seconds;
+      secs[id] += c.seconds;
+      if (c.has_result) {
+        g.status = c.skipped && c.success ? GateStatus::skipped : c.success ? GateStatus::passed : GateStatus::failed;
+        if (!c.success) g.detail = "test case failed: " + c.name;
+      } else {
+        g.status = pr.timed_out ? GateStatus::timeout : GateStatus::crashed;
+        g.detail = pr.describe() + " during: " + c.name;
+      }
+      if (!mine.count(id)) mine[id] = g;
+      else merge_into(mine[id], g);
+    }
+    if (baseline) {
+      x.baseline_s = pr.seconds;
+      x.gate_ids.clear();
+      for (const auto& [id, _] : mine) {
+        x.gate_ids.push_back(id);
+        Gate& g = e.gates[id];
+        if (g.id.empty()) {
+          g.id = id;
+          g.exe = x.target;
+          e.gate_order.push_back(id);
+        }
+        g.cases.insert(g.cases.end(), names[id].begin(), names[id].end());
+        g.baseline_s += secs[id];
+        g.skipped = mine[id].status == GateStatus::skipped;
+      }
+    }
+    if (pr.ended_normally() && pr.exit_code != 0) {
+      // Catch reports failures through the exit code; a non-zero code with every case green means
+      // the process itself went wrong (e.g. crashed after the last case): red for all its gates.
+      bool any_failed = false;
+      for (const auto& [id, g] : mine) any_failed = any_failed || g.status == GateStatus::failed;
+      if (!any_failed)
+        for (const auto& id : x.gate_ids) {
+          GateOutcome& g = mine[id];
+          g.status = GateStatus::crashed;
+          g.log = log_rel;
+          g.detail = pr.describe() + " with no failed test case in its XML";
+        }
+    }
+    for (const auto& id : x.gate_ids) {
+      if (mine.count(id)) continue;
+      if (pr.ended_normally() || pr.interrupted) {
+        mine[id] = {GateStatus::not_run, 0, log_rel, pr.interrupted ? "interrupted" : "not in the XML report"};
+      } else {
+        reruns.push_back({i, id});  // the executable died before reaching it: run it alone
+      }
+    }
+    for (auto& [id, g] : mine) {
+      if (!out.count(id)) out[id] = g;
+      else merge_into(out[id], g);
+    }
+  }
+  if (!reruns.empty() && !interrupted()) {
+    std::vector<ProcSpec> rs;
+    for (const auto& r : reruns) {
+      const GateExe& x = e.exes[r.exe];
+      const std::string stem = x.target + "." + r.id;
+      ProcSpec s;
+      s.argv = {x.path.string(), catch_spec_for_gate(r.id), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
+      s.cwd = x.path.parent_path().string();
+      s.env = e.gate_env;
+      s.log_path = (dir / (stem + ".log")).string();
+      const double gb = e.gates.count(r.id) ? e.gates[r.id].baseline_s : x.baseline_s;
+      s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * gb) * timeout_scale;
+      fs::remove(dir / (stem + ".xml"));
+      rs.push_back(std::move(s));
+    }
+    const auto rr = run_processes(rs, e.o.jobs);
+    for (std::size_t k = 0; k < reruns.size(); ++k) {
+      const std::string stem = e.exes[reruns[k].exe].target + "." + reruns[k].id;
+      std::string xml;
+      try {
+        xml = read_text(dir / (stem + ".xml"));
+      } catch (...) {
+      }
+      GateOutcome g;
+      g.log = rel_to(dir / (stem + ".log"), e.out);
+      g.seconds = rr[k].seconds;
+      const auto cases = parse_catch_xml(xml);
+      if (rr[k].ended_normally() && !cases.empty()) {
+        bool all_ok = true;
+        for (const auto& c : cases) all_ok = all_ok && c.has_result && c.success;
+        g.status = all_ok && rr[k].exit_code == 0 ? GateStatus::passed : GateStatus::failed;
+        g.detail = "run alone: " + rr[k].describe();
+      } else if (rr[k].timed_out) {
+        g.status = GateStatus::timeout;
+        g.detail = "run alone: timed out";
+      } else if (rr[k].interrupted) {
+        g.status = GateStatus::not_run;
+        g.detail = "interrupted";
+      } else {
+        g.status = GateStatus::crashed;
+        g.detail = "run alone: " + rr[k].describe();
+      }
+      if (!out.count(reruns[k].id)) out[reruns[k].id] = g;
+      else merge_into(out[reruns[k].id], g);
+    }
+  }
+  if (wall) *wall = since(t0);
+  return out;
+}
+
+struct RevertGuard {
+  fs::path path;
+  std::string original;
+  bool armed = false;
+  void revert() {
+    if (armed) {
+      write_text(path, original);
+      armed = false;
+    }
+  }
+  ~RevertGuard() {
+    try {
+      revert();
+    } catch (...) {
+    }
+  }
+};
+
+MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
+  MutantOutcome mo;
+  mo.mutant = &m;
+  const auto t0 = Clock::now();
+  for (const auto& req : m.requires_)
+    if (req == "cuda" && !e.cuda_build) {
+      mo.status = MutantStatus::skipped;
+      mo.reason = "requires a CUDA build (configure the scratch build with --cmake-arg -DKVGATE_CUDA=ON)";
+      return mo;
+    }
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path file = e.scratch / m.file;
+  RevertGuard guard{file, read_text(file), false};
+  const std::string mutated = apply_mutant(guard.original, m);
+  write_text(dir / "diff.patch", unified_diff(guard.original, mutated, m.file));
+  mo.diff_path = rel_to(dir / "diff.patch", e.out);
+  guard.armed = true;
+  write_text(file, mutated);
+
+  mo.build_log = rel_to(dir / "build.log", e.out);
+  const bool built = run_build(e, dir / "build.log", &mo.build_s);
+  if (interrupted()) {
+    mo.status = MutantStatus::interrupted;
+    guard.revert();
+    mo.wall_s = since(t0);
+    return mo;
+  }
+  if (!built) {
+    mo.status = MutantStatus::unviable;
+    mo.reason = "the mutated tree does not build (see " + mo.build_log + ")";
+    guard.revert();
+    mo.wall_s = since(t0);
+    return mo;
+  }
+  const ObjectChanges ch = compare_objects(e.build, e.objects);
+  for (const auto& p : ch.different) mo.changed_objects.push_back(rel_to(p, e.build));
+  if (ch.different.empty()) {
+    mo.status = MutantStatus::noop;
+    mo.reason = ch.rebuilt.empty() ? "no object of the gate targets is compiled from " + m.file
+                                   : "the rebuilt objects are byte-identical to the baseline (dead code or an "
+                                     "equivalent mutant)";
+    guard.revert();
+    mo.wall_s = since(t0);
+    return mo;
+  }
+  mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s);
+  guard.revert();
+  if (interrupted()) {
+    mo.status = MutantStatus::interrupted;
+    mo.wall_s = since(t0);
+    return mo;
+  }
+  bool any_timeout = false;
+  for (const auto& [id, g] : mo.gates) {
+    if (is_kill(g.status)) mo.killed_by.push_back(id);
+    any_timeout = any_timeout || g.status == GateStatus::timeout;
+  }
+  if (!mo.killed_by.empty()) {
+    mo.status = MutantStatus::killed;
+  } else if (any_timeout) {
+    mo.status = MutantStatus::timeout;
+    mo.reason = "no gate failed and at least one timed out";
+  } else {
+    mo.status = MutantStatus::survived;
+    mo.reason = "every gate stayed green";
+  }
+  for (const auto& id : m.expect_killed_by) {
+    if (!e.gates.count(id)) {
+      mo.expected_unknown.push_back(id);
+    } else if (std::find(mo.killed_by.begin(), mo.killed_by.end(), id) == mo.killed_by.end()) {
+      mo.expected_not_killing.push_back(id);
+    }
+  }
+  mo.wall_s = since(t0);
+  return mo;
+}
+
+void count(RunSummary& s, MutantStatus st) {
+  switch (st) {
+    case MutantStatus::killed: ++s.killed; break;
+    case MutantStatus::survived: ++s.survived; break;
+    case MutantStatus::timeout: ++s.timeout; break;
+    case MutantStatus::unviable: ++s.unviable; break;
+    case MutantStatus::noop: ++s.noop; break;
+    case MutantStatus::skipped: ++s.skipped; break;
+    case MutantStatus::interrupted: ++s.interrupted; break;
+  }
+}
+
+
+void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, std::ostream& log) {
+  int w = 4, wf = 6;
+  for (const auto& m : cat.mutants) {
+    w = std::max(w, static_cast<int>(m.id.size()) + 2);
+    wf = std::max(wf, static_cast<int>(m.file.size()) + 2);
+  }
+  log << std::left << std::setw(w) << "ID" << std::setw(12) << "CATEGORY" << std::setw(wf) << "FILE"
+      << std::setw(8) << "ANCHOR" << "EXPECT_KILLED_BY\n";
+  for (std::size_t i = 0; i < cat.mutants.size(); ++i) {
+    const Mutant& m = cat.mutants[i];
+    std::string ek;
+    for (const auto& g : m.expect_killed_by) ek += (ek.empty() ? "" : ",") + g;
+    std::string st = checks[i].ok() ? "ok" : (checks[i].file_missing ? "NOFILE" : "STALE");
+    log << std::left << std::setw(w) << m.id << std::setw(12) << m.category << std::setw(wf) << m.file
+        << std::setw(8) << st << ek << (m.requires_.empty() ? "" : "  (requires " + m.requires_.front() + ")")
+        << "\n";
+  }
+}
+
+void write_outputs(const RunResult& r, const Env& e, std::ostream& log) {
+  ReportContext ctx{e.o.source_dir, e.scratch, e.out, e.o.catalog.string(), e.o};
+  try {
+    write_reports(r, ctx, log);
+  } catch (const std::exception& ex) {
+    log << "kvgate mutate: error writing reports: " << ex.what() << "\n";
+  }
+}
+
+}  // namespace
+
+int run_mutate(const MutateOptions& in, std::ostream& log) {
+  RunResult r;
+  r.started_at = utc_now();
+  const auto t_setup = Clock::now();
+  Env e;
+  e.o = in;
+  e.log = &log;
+  MutateOptions& o = e.o;
+  if (o.source_dir.empty()) {
+    log << "kvgate mutate: no source directory (pass --source-dir)\n";
+    return kExitError;
+  }
+  o.source_dir = fs::absolute(o.source_dir).lexically_normal();
+  if (o.catalog.empty()) o.catalog = o.source_dir / "mutations" / "catalog.json";
+  o.catalog = fs::absolute(o.catalog);
+  if (o.schema.empty()) o.schema = o.catalog.parent_path() / "catalog.schema.json";
+  if (o.report_schema.empty())
+    o.report_schema = o.source_dir / "mutations" / "schema" / "mutation-testing-report-schema.json";
+  if (o.jobs < 1) o.jobs = 1;
+
+  // --- catalog: schema, ids, anchors ------------------------------------------------------
+  Catalog cat;
+  try {
+    cat = load_catalog(o.catalog, o.schema);
+  } catch (const std::exception& ex) {
+    log << "kvgate mutate: " << ex.what() << "\n";
+    return kExitStale;
+  }
+  std::vector<AnchorCheck> checks;
+  for (const auto& m : cat.mutants) checks.push_back(check_anchor(m, o.source_dir));
+  if (o.list) {
+    print_list(cat, checks, log);
+    int stale = 0;
+    for (const auto& c : checks) stale += c.ok() ? 0 : 1;
+    log << cat.mutants.size() << " mutants (" << (cat.canary() ? "1 canary" : "no canary") << "), " << stale
+        << " stale\n";
+    for (const auto& c : checks)
+      if (!c.ok()) log << c.message() << "\n";
+    return stale ? kExitStale : kExitOk;
+  }
+  {
+    int stale = 0;
+    for (const auto& c : checks)
+      if (!c.ok()) {
+        log << "kvgate mutate: " << c.message() << "\n";
+        ++stale;
+      }
+    if (stale) return kExitStale;
+  }
+
+  // --- selection -------------------------------------------------------------------------
+  std::vector<const Mutant*> selected;
+  if (!o.only.empty()) {
+    r.full_run = false;
+    for (const auto& id : o.only) {
+      const Mutant* m = cat.find(id);
+      if (!m) {
+        log << "kvgate mutate: --only names unknown mutant '" << id << "' (kvgate mutate --list shows them)\n";
+        return kExitError;
+      }
+      if (!m->is_canary()) selected.push_back(m);
+    }
+  } else {
+    for (const auto& m : cat.mutants)
+      if (!m.is_canary()) selected.push_back(&m);
+  }
+  if (!o.since.empty()) {
+    r.full_run = false;
+    const auto [rc, diff] = capture_output({"git", "-C", o.source_dir.string(), "diff", "--name-only", o.since, "--"});
+    const auto [rc2, untracked] =
+        capture_output({"git", "-C", o.source_dir.string(), "ls-files", "--others", "--exclude-standard"});
+    if (rc != 0) {
+      log << "kvgate mutate: git diff --name-only " << o.since << " failed (is it a revision?)\n";
+      return kExitError;
+    }
+    std::set<std::string> changed;
+    std::istringstream a(diff + "\n" + (rc2 == 0 ? untracked : std::string()));
+    for (std::string line; std::getline(a, line);)
+      if (!line.empty()) changed.insert(line);
+    std::erase_if(selected, [&](const Mutant* m) { return !changed.count(m->file); });
+    log << "kvgate mutate: --since " << o.since << ": " << selected.size() << " mutant(s) on changed files\n";
+  }
+
+  // --- scratch copy and build ---------------------------------------------------------------
+  e.scratch = o.scratch_dir.empty() ? o.source_dir / ".scratch" / "mutants" : fs::absolute(o.scratch_dir);
+  e.build = o.build_dir.empty() ? e.scratch / "build" : fs::absolute(o.build_dir);
+  e.out = fs::absolute(o.out_dir);
+  e.scratch = e.scratch.lexically_normal();
+  e.build = e.build.lexically_normal();
+  if (e.scratch == o.source_dir || (o.source_dir / "").string().rfind((e.scratch / "").string(), 0) == 0) {
+    log << "kvgate mutate: the scratch directory must not be (or contain) the source tree\n";
+    return kExitError;
+  }
+  std::unique_ptr<ScratchLock> lock;
+  try {
+    lock = std::make_unique<ScratchLock>(fs::path(e.scratch.string() + ".lock"));
+  } catch (const std::exception& ex) {
+    log << "kvgate mutate: " << ex.what() << "\n";
+    return kExitError;
+  }
+  InterruptGuard ig;
+  fs::create_directories(e.out);
+  for (const char* stale : {"baseline", "canary", "mutants"}) fs::remove_all(e.out / stale);
+  fs::create_directories(e.out / "baseline");
+
+  const auto files = list_source_files(o.source_dir);
+  const SyncStats ss = sync_tree(o.source_dir, e.scratch, files, {e.build});
+  log << "kvgate mutate: scratch " << e.scratch.string() << ": " << ss.copied << " copied, " << ss.unchanged
+      << " unchanged, " << ss.removed << " removed\n";
+  // Anchors again, in the copy the mutants are applied to (the source may have moved meanwhile).
+  for (const auto* m : selected) {
+    const AnchorCheck c = check_anchor(*m, e.scratch);
+    if (!c.ok()) {
+      log << "kvgate mutate: " << c.message() << " (in the scratch copy)\n";
+      return kExitStale;
+    }
+  }
+  if (const Mutant* c = cat.canary(); c && o.canary && !check_anchor(*c, e.scratch).ok()) {
+    log << "kvgate mutate: " << check_anchor(*c, e.scratch).message() << "\n";
+    return kExitStale;
+  }
+
+  e.build_env = {{"KVGATE_SOURCE_DIR", e.scratch.string()}};
+  if (!std::getenv("CCACHE_BASEDIR")) {
+    // Compile commands of the scratch build then hash like the user's own build (same relative
+    // layout), so a fresh scratch build is mostly ccache hits.
+    const fs::path base = common_ancestor(o.source_dir, e.scratch);
+    if (base.has_relative_path()) e.build_env.emplace_back("CCACHE_BASEDIR", base.string());
+  }
+  e.gate_env = {{"KVGATE_SOURCE_DIR", e.scratch.string()}};
+
+  const fs::path bl = e.out / "baseline";
+  if (!fs::exists(e.build / "build.ninja")) {
+    std::vector<std::string> argv{"cmake", "-S", e.scratch.string(), "-B", e.build.string(), "-G", "Ninja",
+                                  "-DKVGATE_CUDA=OFF", "-DKVGATE_BUILD_BENCH=OFF", "-DCMAKE_BUILD_TYPE=Release"};
+    for (const auto& a : o.cmake_args) argv.push_back(a);
+    log << "kvgate mutate: configuring the scratch build " << e.build.string() << "\n";
+    const ProcResult cr = run_process({argv, {}, e.build_env, (bl / "configure.log").string(), 0});
+    if (!cr.ok()) {
+      log << "kvgate mutate: configure failed (" << cr.describe() << "), see " << (bl / "configure.log").string()
+          << "\n";
+      return interrupted() ? kExitInterrupted : kExitError;
+    }
+  } else {
+    // Re-run CMake when a CMakeLists.txt changed, so that the gate list is current.
+    const ProcResult cr = run_process({{"ninja", "-C", e.build.string(), "build.ninja"}, {}, e.build_env,
+                                       (bl / "configure.log").string(), 0});
+    if (!cr.ok()) {
+      log << "kvgate mutate: regenerating the scratch build failed, see " << (bl / "configure.log").string() << "\n";
+      return interrupted() ? kExitInterrupted : kExitError;
+    }
+  }
+  {
+    const std::string cache = read_text(e.build / "CMakeCache.txt");
+    const auto p = cache.find("CMAKE_CUDA_COMPILER:");
+    if (p != std::string::npos) {
+      const auto eq = cache.find('=', p), nl = cache.find('\n', p);
+      e.cuda_build = eq != std::string::npos && eq + 1 < nl && cache.substr(eq + 1, nl - eq - 1).find("NOTFOUND") ==
+                                                                 std::string::npos;
+    }
+  }
+  const fs::path gates_txt = e.build / "gates" / "gates.txt";
+  if (!fs::exists(gates_txt)) {
+    log << "kvgate mutate: " << gates_txt.string()
+        << " is missing: the build lists its gates there (mutations/CMakeLists.txt)\n";
+    return kExitError;
+  }
+  {
+    std::istringstream in(read_text(gates_txt));
+    for (std::string line; std::getline(in, line);) {
+      const auto tab = line.find('\t');
+      if (line.empty() || tab == std::string::npos) continue;
+      GateExe x;
+      x.target = line.substr(0, tab);
+      x.path = line.substr(tab + 1);
+      e.exes.push_back(x);
+      e.targets.push_back(x.target);
+    }
+  }
+  if (e.exes.empty()) {
+    log << "kvgate mutate: the build defines no gate executables (kvgate_add_gate)\n";
+    return kExitError;
+  }
+  log << "kvgate mutate: building " << e.exes.size() << " gate executable(s) in " << e.build.string() << "\n";
+  if (!run_build(e, bl / "build.log", &r.baseline_build_s)) {
+    log << "kvgate mutate: the unmutated scratch tree does not build, see " << (bl / "build.log").string() << "\n";
+    r.baseline_red.push_back("build");
+    r.exit_code = interrupted() ? kExitInterrupted : kExitBaselineRed;
+    write_outputs(r, e, log);
+    return r.exit_code;
+  }
+  e.objects = snapshot_objects(e.build);
+  r.setup_s = since(t_setup);
+
+  // --- baseline --------------------------------------------------------------------------
+  log << "kvgate mutate: baseline (build " << fmt_s(r.baseline_build_s) << ")...\n";
+  const auto base = run_gates(e, bl / "gates", 1.0, true, &r.baseline_test_s);
+  r.exes = e.exes;
+  for (const auto& id : e.gate_order) r.gates.push_back(e.gates[id]);
+  for (const auto& id : e.gate_order) {
+    const auto it = base.find(id);
+    if (it == base.end() || (it->second.status != GateStatus::passed && it->second.status != GateStatus::skipped))
+      r.baseline_red.push_back(id);
+  }
+  for (const auto& x : e.exes)
+    if (x.gate_ids.empty()) {
+      log << "kvgate mutate: gate executable " << x.target << " reported no test cases (see "
+          << (bl / "gates" / (x.target + ".log")).string() << ")\n";
+      r.baseline_red.push_back(x.target);
+    }
+  r.baseline_green = r.baseline_red.empty();
+  {
+    std::ostringstream o2;
+    for (const auto& x : e.exes) o2 << " " << x.target << "=" << fmt_s(x.baseline_s);
+    log << "kvgate mutate: baseline " << (r.baseline_green ? "green" : "RED") << ": " << e.gates.size()
+        << " gates in " << e.exes.size() << " executables, " << fmt_s(r.baseline_test_s) << " (" << o2.str()
+        << " )\n";
+  }
+  if (interrupted()) {
+    r.interrupted = true;
+    r.exit_code = kExitInterrupted;
+    write_outputs(r, e, log);
+    return r.exit_code;
+  }
+  if (!r.baseline_green) {
+    for (const auto& id : r.baseline_red) {
+      const auto it = base.find(id);
+      log << "  not green: " << id
+          << (it != base.end() ? " (" + std::string(to_string(it->second.status)) + ": " + it->second.detail +
+                                     ", log " + it->second.log + ")"
+                               : std::string())
+          << "\n";
+    }
+    r.exit_code = kExitBaselineRed;
+    write_outputs(r, e, log);
+    return r.exit_code;
+  }
+
+  // --- canary ----------------------------------------------------------------------------
+  if (const Mutant* c = cat.canary(); c && o.canary) {
+    log << "kvgate mutate: canary " << c->id << "...\n";
+    r.canary = run_mutant(e, *c, e.out / "canary" / c->id);
+    r.canary_ran = true;
+    if (r.canary.status == MutantStatus::interrupted) {
+      r.interrupted = true;
+      r.exit_code = kExitInterrupted;
+      write_outputs(r, e, log);
+      return r.exit_code;
+    }
+    for (const auto& g : r.gates) {
+      if (g.skipped) continue;
+      const auto it = r.canary.gates.find(g.id);
+      if (it == r.canary.gates.end() || !is_kill(it->second.status)) r.canary_survivors.push_back(g.id);
+    }
+    if (r.canary.status == MutantStatus::unviable || r.canary.status == MutantStatus::noop) {
+      log << "kvgate mutate: the canary is " << to_string(r.canary.status) << ": " << r.canary.reason << "\n";
+      r.canary_survivors = {"(canary " + std::string(to_string(r.canary.status)) + ")"};
+    }
+    if (!r.canary_survivors.empty()) {
+      log << "kvgate mutate: the canary left gates green, so they do not run the code the driver mutates:";
+      for (const auto& id : r.canary_survivors) log << " " << id;
+      log << "\n";
+      r.exit_code = kExitBaselineRed;
+      write_outputs(r, e, log);
+      return r.exit_code;
+    }
+    log << "kvgate mutate: canary turned all " << r.gates.size() << " gates red (" << fmt_s(r.canary.wall_s)
+        << ")\n";
+  } else if (!cat.canary() && o.canary) {
+    log << "kvgate mutate: warning: the catalog has no canary (category \"canary\")\n";
+  }
+
+  // --- mutants ---------------------------------------------------------------------------
+  const auto t_mut = Clock::now();
+  const int N = static_cast<int>(selected.size());
+  double done_wall = 0;
+  int done = 0;
+  for (const Mutant* m : selected) {
+    if (interrupted()) break;
+    ++done;
+    log << "[" << done << "/" << N << "] " << m->id << " (" << m->file << ") ..." << std::flush;
+    MutantOutcome mo;
+    try {
+      mo = run_mutant(e, *m, e.out / "mutants" / m->id);
+    } catch (const std::exception& ex) {
+      log << "\nkvgate mutate: error on " << m->id << ": " << ex.what() << "\n";
+      r.exit_code = kExitError;
+      write_outputs(r, e, log);
+      return r.exit_code;
+    }
+    if (mo.status == MutantStatus::interrupted) {
+      log << " interrupted\n";
+      r.interrupted = true;
+      break;
+    }
+    count(r.summary, mo.status);
+    done_wall += mo.wall_s;
+    std::string kb;
+    for (const auto& k : mo.killed_by) kb += (kb.empty() ? "" : ",") + k;
+    if (kb.size() > 60) kb = kb.substr(0, 57) + "...";
+    const double eta = done ? done_wall / done * (N - done) : 0;
+    log << " " << to_string(mo.status) << (kb.empty() ? "" : " by " + kb) << " [build " << fmt_s(mo.build_s)
+        << ", gates " << fmt_s(mo.test_s) << ", " << fmt_s(mo.wall_s) << "]  | killed " << r.summary.killed
+        << " survived " << r.summary.survived << " timeout " << r.summary.timeout << " unviable "
+        << r.summary.unviable << " noop " << r.summary.noop << (r.summary.skipped ? " skipped " : "")
+        << (r.summary.skipped ? std::to_string(r.summary.skipped) : "") << " | ETA " << fmt_eta(eta) << "\n";
+    if (!mo.expected_not_killing.empty()) {
+      log << "    expected killers that stayed green:";
+      for (const auto& g : mo.expected_not_killing) log << " " << g;
+      log << "\n";
+    }
+    r.outcomes.push_back(std::move(mo));
+    try {  // keep outcomes.json current, so a hard kill still leaves what was measured
+      ReportContext ctx{o.source_dir, e.scratch, e.out, o.catalog.string(), o};
+      write_text(e.out / "outcomes.json", outcomes_json(r, ctx).dump(2) + "\n");
+    } catch (...) {
+    }
+  }
+  r.mutation_s = since(t_mut);
+  if (interrupted()) r.interrupted = true;
+
+  // --- checks ----------------------------------------------------------------------------
+  std::map<std::string, int> kills;
+  for (const auto& mo : r.outcomes)
+    for (const auto& k : mo.killed_by) ++kills[k];
+  for (const auto& g : r.gates)
+    if (!g.skipped && !kills.count(g.id)) r.gates_killing_none.push_back(g.id);
+  int ran = 0;
+  for (const auto& mo : r.outcomes) ran += mo.status != MutantStatus::skipped ? 1 : 0;
+  if (ran != r.summary.run())
+    r.check_failures.push_back("outcome count " + std::to_string(r.summary.run()) + " != mutants run " +
+                               std::to_string(ran));
+  bool expectation_failed = false;
+  for (const auto& mo : r.outcomes) {
+    if (!mo.expected_not_killing.empty()) {
+      expectation_failed = true;
+      std::string s = mo.mutant->id + ": expected to be killed by";
+      for (const auto& g : mo.expected_not_killing) s += " " + g;
+      r.check_failures.push_back(s + ", which stayed green");
+    }
+  }
+  if (r.full_run && !r.interrupted && !r.gates_killing_none.empty()) {
+    expectation_failed = true;
+    std::string s = "gates that killed no mutant:";
+    for (const auto& g : r.gates_killing_none) s += " " + g;
+    r.check_failures.push_back(s);
+  }
+  if (r.interrupted) r.exit_code = kExitInterrupted;
+  else if (ran != r.summary.run()) r.exit_code = kExitError;
+  else if (r.summary.survived) r.exit_code = kExitSurvived;
+  else if (r.summary.timeout) r.exit_code = kExitTimeout;
+  else if (r.summary.unviable || r.summary.noop) r.exit_code = kExitUnviable;
+  else if (expectation_failed) r.exit_code = kExitExpectation;
+  else r.exit_code = kExitOk;
+
+  write_outputs(r, e, log);
+  std::vector<double> walls;
+  for (const auto& mo : r.outcomes)
+    if (mo.status != MutantStatus::skipped) walls.push_back(mo.wall_s);
+  std::sort(walls.begin(), walls.end());
+  const double median = walls.empty() ? 0 : walls[walls.size() / 2];
+  log << "kvgate mutate: " << r.summary.run() << " mutants in " << fmt_s(r.mutation_s) << ": killed "
+      << r.summary.killed << ", survived " << r.summary.survived << ", timeout " << r.summary.timeout
+      << ", unviable " << r.summary.unviable << ", noop " << r.summary.noop << ", skipped " << r.summary.skipped
+      << "; median " << fmt_s(median) << " per mutant"
+      << (r.mutation_s > 0 ? ", " + std::to_string(r.summary.run() * 60.0 / r.mutation_s).substr(0, 5) + " mutants/min"
+                           : std::string())
+      << "\n";
+  for (const auto& mo : r.outcomes)
+    if (mo.status == MutantStatus::survived || mo.status == MutantStatus::timeout ||
+        mo.status == MutantStatus::unviable || mo.status == MutantStatus::noop)
+      log << "  " << to_string(mo.status) << ": " << mo.mutant->id << " -- " << mo.reason << "\n";
+  for (const auto& mo : r.outcomes)
+    if (!mo.expected_unknown.empty()) {
+      log << "  note: " << mo.mutant->id << " expects gates not in this run:";
+      for (const auto& g : mo.expected_unknown) log << " " << g;
+      log << "\n";
+    }
+  if (!r.gates_killing_none.empty()) {
+    if (r.full_run) {
+      log << "  gates that killed no mutant:";
+      for (const auto& g : r.gates_killing_none) log << " " << g;
+      log << "\n";
+    } else {
+      log << "  " << r.gates_killing_none.size() << " of " << r.gates.size()
+          << " gates killed none of the selected mutants (partial run: informational, listed in kill_matrix.md)\n";
+    }
+  }
+  for (const auto& f : r.check_failures) log << "  check failed: " << f << "\n";
+  log << "kvgate mutate: outputs in " << e.out.string() << " (kill_matrix.md, index.html); exit " << r.exit_code
+      << "\n";
+  return r.exit_code;
+}
+
+}  // namespace kvgate::mutate
+
+namespace kvgate::mutate {
+std::string default_source_dir() { return KVGATE_MUTATIONS_SOURCE_DIR; }
+}  // namespace kvgate::mutate

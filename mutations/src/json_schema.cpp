@@ -1,0 +1,246 @@
+#include "kvgate_mutations/json_schema.hpp"
+
+#include <cmath>
+#include <map>
+#include <regex>
+#include <set>
+
+namespace kvgate::mutate {
+
+using nlohmann::json;
+
+namespace {
+
+// Keywords that carry no assertion (annotations and containers for $ref targets).
+const std::set<std::string> kAnnotations{"$schema", "$id",      "$comment", "title",    "description", "examples",
+                                         "default", "definitions", "$defs", "format",   "readOnly",    "writeOnly",
+                                         "deprecated"};
+// Assertion keywords this validator implements.
+const std::set<std::string> kSupported{"$ref",          "type",        "enum",        "const",
+                                       "required",      "properties",  "additionalProperties",
+                                       "patternProperties", "items",   "minItems",    "maxItems",
+                                       "uniqueItems",   "minLength",   "maxLength",   "pattern",
+                                       "minimum",       "maximum",     "exclusiveMinimum",
+                                       "exclusiveMaximum", "oneOf",    "anyOf",       "allOf",
+                                       "not",           "minProperties", "maxProperties"};
+
+struct Ctx {
+  const json& root;
+  std::map<std::string, std::regex> regexes;
+  const std::regex& re(const std::string& p) {
+    auto it = regexes.find(p);
+    if (it == regexes.end()) it = regexes.emplace(p, std::regex(p, std::regex::ECMAScript)).first;
+    return it->second;
+  }
+};
+
+std::string escape_pointer_token(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (c == '~') r += "~0";
+    else if (c == '/') r += "~1";
+    else r += c;
+  }
+  return r;
+}
+
+bool type_is(const json& v, const std::string& t) {
+  if (t == "object") return v.is_object();
+  if (t == "array") return v.is_array();
+  if (t == "string") return v.is_string();
+  if (t == "boolean") return v.is_boolean();
+  if (t == "null") return v.is_null();
+  if (t == "number") return v.is_number();
+  if (t == "integer") {
+    if (v.is_number_integer()) return true;
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      return std::isfinite(d) && std::floor(d) == d;
+    }
+    return false;
+  }
+  return false;
+}
+
+std::size_t utf8_length(const std::string& s) {
+  std::size_t n = 0;
+  for (unsigned char c : s)
+    if ((c & 0xC0u) != 0x80u) ++n;
+  return n;
+}
+
+void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, std::vector<SchemaError>& errs,
+                 int depth);
+
+bool valid_under(const json& v, const json& s, const std::string& path, Ctx& c, int depth) {
+  std::vector<SchemaError> tmp;
+  validate_at(v, s, path, c, tmp, depth);
+  return tmp.empty();
+}
+
+void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, std::vector<SchemaError>& errs,
+                 int depth) {
+  if (depth > 64) {
+    errs.push_back({path, "schema nesting deeper than 64 ($ref cycle?)"});
+    return;
+  }
+  if (s.is_boolean()) {
+    if (!s.get<bool>()) errs.push_back({path, "no value is allowed here (schema false)"});
+    return;
+  }
+  if (!s.is_object()) {
+    errs.push_back({path, "schema is neither an object nor a boolean"});
+    return;
+  }
+  for (const auto& [k, _] : s.items()) {
+    if (!kAnnotations.count(k) && !kSupported.count(k))
+      errs.push_back({path, "schema uses keyword '" + k + "', which this validator does not implement"});
+  }
+  if (auto it = s.find("$ref"); it != s.end()) {
+    const std::string ref = it->get<std::string>();
+    if (ref.empty() || ref[0] != '#') {
+      errs.push_back({path, "only local $ref (#/...) is supported, got '" + ref + "'"});
+      return;
+    }
+    const json::json_pointer ptr(ref.substr(1));
+    if (!c.root.contains(ptr)) {
+      errs.push_back({path, "$ref '" + ref + "' does not resolve"});
+      return;
+    }
+    validate_at(v, c.root.at(ptr), path, c, errs, depth + 1);
+    return;  // draft-07: siblings of $ref are ignored
+  }
+  if (auto it = s.find("type"); it != s.end()) {
+    bool ok = false;
+    std::string want;
+    if (it->is_string()) {
+      ok = type_is(v, it->get<std::string>());
+      want = it->get<std::string>();
+    } else {
+      for (const auto& t : *it) {
+        ok = ok || type_is(v, t.get<std::string>());
+        want += (want.empty() ? "" : "|") + t.get<std::string>();
+      }
+    }
+    if (!ok) {
+      errs.push_back({path, "expected type " + want + ", got " + std::string(v.type_name())});
+      return;  // the remaining keywords would only repeat the problem
+    }
+  }
+  if (auto it = s.find("enum"); it != s.end()) {
+    bool found = false;
+    for (const auto& e : *it) found = found || e == v;
+    if (!found) errs.push_back({path, "value " + v.dump() + " is not one of " + it->dump()});
+  }
+  if (auto it = s.find("const"); it != s.end() && *it != v)
+    errs.push_back({path, "value " + v.dump() + " must equal " + it->dump()});
+  if (auto it = s.find("allOf"); it != s.end())
+    for (const auto& sub : *it) validate_at(v, sub, path, c, errs, depth + 1);
+  if (auto it = s.find("anyOf"); it != s.end()) {
+    bool any = false;
+    for (const auto& sub : *it) any = any || valid_under(v, sub, path, c, depth + 1);
+    if (!any) errs.push_back({path, "value matches none of the anyOf alternatives"});
+  }
+  if (auto it = s.find("oneOf"); it != s.end()) {
+    int n = 0;
+    for (const auto& sub : *it) n += valid_under(v, sub, path, c, depth + 1) ? 1 : 0;
+    if (n != 1) errs.push_back({path, "value matches " + std::to_string(n) + " of the oneOf alternatives (need 1)"});
+  }
+  if (auto it = s.find("not"); it != s.end() && valid_under(v, *it, path, c, depth + 1))
+    errs.push_back({path, "value must not match the 'not' schema"});
+
+  if (v.is_number()) {
+    const double d = v.get<double>();
+    if (auto it = s.find("minimum"); it != s.end() && d < it->get<double>())
+      errs.push_back({path, "value " + v.dump() + " < minimum " + it->dump()});
+    if (auto it = s.find("maximum"); it != s.end() && d > it->get<double>())
+      errs.push_back({path, "value " + v.dump() + " > maximum " + it->dump()});
+    if (auto it = s.find("exclusiveMinimum"); it != s.end() && it->is_number() && d <= it->get<double>())
+      errs.push_back({path, "value " + v.dump() + " <= exclusiveMinimum " + it->dump()});
+    if (auto it = s.find("exclusiveMaximum"); it != s.end() && it->is_number() && d >= it->get<double>())
+      errs.push_back({path, "value " + v.dump() + " >= exclusiveMaximum " + it->dump()});
+  }
+  if (v.is_string()) {
+    const std::string& str = v.get_ref<const std::string&>();
+    if (auto it = s.find("minLength"); it != s.end() && utf8_length(str) < it->get<std::size_t>())
+      errs.push_back({path, "string shorter than minLength " + it->dump()});
+    if (auto it = s.find("maxLength"); it != s.end() && utf8_length(str) > it->get<std::size_t>())
+      errs.push_back({path, "string longer than maxLength " + it->dump()});
+    if (auto it = s.find("pattern"); it != s.end() && !std::regex_search(str, c.re(it->get<std::string>())))
+      errs.push_back({path, "string " + v.dump() + " does not match pattern " + it->dump()});
+  }
+  if (v.is_array()) {
+    if (auto it = s.find("minItems"); it != s.end() && v.size() < it->get<std::size_t>())
+      errs.push_back({path, "array has fewer than " + it->dump() + " items"});
+    if (auto it = s.find("maxItems"); it != s.end() && v.size() > it->get<std::size_t>())
+      errs.push_back({path, "array has more than " + it->dump() + " items"});
+    if (auto it = s.find("uniqueItems"); it != s.end() && it->get<bool>()) {
+      for (std::size_t i = 0; i < v.size(); ++i)
+        for (std::size_t j = i + 1; j < v.size(); ++j)
+          if (v[i] == v[j]) errs.push_back({path, "items " + std::to_string(i) + " and " + std::to_string(j) +
+                                                      " are equal (uniqueItems)"});
+    }
+    if (auto it = s.find("items"); it != s.end()) {
+      if (it->is_array()) {
+        for (std::size_t i = 0; i < v.size() && i < it->size(); ++i)
+          validate_at(v[i], (*it)[i], path + "/" + std::to_string(i), c, errs, depth + 1);
+      } else {
+        for (std::size_t i = 0; i < v.size(); ++i)
+          validate_at(v[i], *it, path + "/" + std::to_string(i), c, errs, depth + 1);
+      }
+    }
+  }
+  if (v.is_object()) {
+    if (auto it = s.find("minProperties"); it != s.end() && v.size() < it->get<std::size_t>())
+      errs.push_back({path, "object has fewer than " + it->dump() + " properties"});
+    if (auto it = s.find("maxProperties"); it != s.end() && v.size() > it->get<std::size_t>())
+      errs.push_back({path, "object has more than " + it->dump() + " properties"});
+    if (auto it = s.find("required"); it != s.end())
+      for (const auto& r : *it)
+        if (!v.contains(r.get<std::string>()))
+          errs.push_back({path, "missing required property '" + r.get<std::string>() + "'"});
+    const json* props = s.contains("properties") ? &s.at("properties") : nullptr;
+    const json* pprops = s.contains("patternProperties") ? &s.at("patternProperties") : nullptr;
+    const json* addl = s.contains("additionalProperties") ? &s.at("additionalProperties") : nullptr;
+    for (const auto& [k, val] : v.items()) {
+      const std::string sub = path + "/" + escape_pointer_token(k);
+      bool matched = false;
+      if (props && props->contains(k)) {
+        matched = true;
+        validate_at(val, props->at(k), sub, c, errs, depth + 1);
+      }
+      if (pprops)
+        for (const auto& [pat, ps] : pprops->items())
+          if (std::regex_search(k, c.re(pat))) {
+            matched = true;
+            validate_at(val, ps, sub, c, errs, depth + 1);
+          }
+      if (!matched && addl) {
+        if (addl->is_boolean() && !addl->get<bool>())
+          errs.push_back({path, "property '" + k + "' is not allowed (additionalProperties: false)"});
+        else
+          validate_at(val, *addl, sub, c, errs, depth + 1);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<SchemaError> validate_json(const json& doc, const json& schema) {
+  Ctx c{schema, {}};
+  std::vector<SchemaError> errs;
+  validate_at(doc, schema, "", c, errs, 0);
+  return errs;
+}
+
+std::string format_errors(const std::vector<SchemaError>& errs, std::size_t max_lines) {
+  std::string s;
+  for (std::size_t i = 0; i < errs.size() && i < max_lines; ++i)
+    s += "  " + (errs[i].instance_path.empty() ? std::string("/") : errs[i].instance_path) + ": " + errs[i].message +
+         "\n";
+  if (errs.size() > max_lines) s += "  ... and " + std::to_string(errs.size() - max_lines) + " more\n";
+  return s;
+}
+
+}  // namespace kvgate::mutate

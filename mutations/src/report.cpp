@@ -1,0 +1,444 @@
+#include "kvgate_mutations/report.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <ostream>
+#include <sstream>
+
+#include "kvgate_mutations/json_schema.hpp"
+
+namespace kvgate::mutate {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+double round3(double x) { return std::round(x * 1000.0) / 1000.0; }
+
+json gate_outcome_json(const GateOutcome& g) {
+  json j{{"status", to_string(g.status)}, {"seconds", round3(g.seconds)}, {"log", g.log}};
+  if (!g.detail.empty()) j["detail"] = g.detail;
+  return j;
+}
+
+json mutant_json(const MutantOutcome& mo) {
+  const Mutant& m = *mo.mutant;
+  json gates = json::object();
+  for (const auto& [id, g] : mo.gates) gates[id] = gate_outcome_json(g);
+  return {{"id", m.id},
+          {"category", m.category},
+          {"file", m.file},
+          {"description", m.description},
+          {"status", to_string(mo.status)},
+          {"reason", mo.reason},
+          {"killed_by", mo.killed_by},
+          {"expect_killed_by", m.expect_killed_by},
+          {"expected_not_killing", mo.expected_not_killing},
+          {"expected_unknown", mo.expected_unknown},
+          {"build_s", round3(mo.build_s)},
+          {"test_s", round3(mo.test_s)},
+          {"wall_s", round3(mo.wall_s)},
+          {"diff", mo.diff_path},
+          {"build_log", mo.build_log},
+          {"changed_objects", mo.changed_objects},
+          {"gates", gates}};
+}
+
+double median_wall(const RunResult& r) {
+  std::vector<double> w;
+  for (const auto& mo : r.outcomes)
+    if (mo.status != MutantStatus::skipped) w.push_back(mo.wall_s);
+  std::sort(w.begin(), w.end());
+  return w.empty() ? 0 : w[w.size() / 2];
+}
+
+std::map<std::string, int> kills_per_gate(const RunResult& r) {
+  std::map<std::string, int> k;
+  for (const auto& g : r.gates) k[g.id] = 0;
+  for (const auto& mo : r.outcomes)
+    for (const auto& id : mo.killed_by) ++k[id];
+  return k;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string r = "\"";
+  for (char c : s) {
+    if (c == '"') r += '"';
+    r += c;
+  }
+  return r + "\"";
+}
+
+std::string md_escape(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (c == '|') r += "\\|";
+    else if (c == '\n') r += ' ';
+    else r += c;
+  }
+  return r;
+}
+
+std::string fixed(double x, int prec) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(prec) << x;
+  return o.str();
+}
+
+const char* stryker_status(MutantStatus s) {
+  switch (s) {
+    case MutantStatus::killed: return "Killed";
+    case MutantStatus::survived: return "Survived";
+    case MutantStatus::timeout: return "Timeout";
+    case MutantStatus::unviable: return "CompileError";
+    case MutantStatus::noop: return "Ignored";
+    case MutantStatus::skipped: return "Ignored";
+    case MutantStatus::interrupted: return "Pending";
+  }
+  return "Pending";
+}
+
+char status_letter(MutantStatus s) {
+  switch (s) {
+    case MutantStatus::killed: return 'k';
+    case MutantStatus::survived: return 'S';
+    case MutantStatus::timeout: return 'T';
+    case MutantStatus::unviable: return 'U';
+    case MutantStatus::noop: return 'N';
+    case MutantStatus::skipped: return '-';
+    case MutantStatus::interrupted: return '?';
+  }
+  return '?';
+}
+
+}  // namespace
+
+char matrix_cell(GateStatus s) {
+  switch (s) {
+    case GateStatus::passed: return '.';
+    case GateStatus::failed: return 'K';
+    case GateStatus::crashed: return 'C';
+    case GateStatus::timeout: return 'T';
+    case GateStatus::not_run: return '-';
+    case GateStatus::skipped: return 's';
+  }
+  return '?';
+}
+
+json outcomes_json(const RunResult& r, const ReportContext& ctx) {
+  json exes = json::array();
+  for (const auto& x : r.exes)
+    exes.push_back({{"target", x.target}, {"path", x.path.string()}, {"seconds", round3(x.baseline_s)},
+                    {"gates", x.gate_ids}});
+  json gates = json::array();
+  for (const auto& g : r.gates)
+    gates.push_back({{"id", g.id}, {"exe", g.exe}, {"cases", g.cases}, {"seconds", round3(g.baseline_s)},
+                     {"skipped", g.skipped}});
+  json mutants = json::array();
+  for (const auto& mo : r.outcomes) mutants.push_back(mutant_json(mo));
+  const auto kills = kills_per_gate(r);
+  const double mpm = r.mutation_s > 0 ? r.summary.run() * 60.0 / r.mutation_s : 0;
+  return {{"tool", "kvgate mutate"},
+          {"format_version", 1},
+          {"started_at", r.started_at},
+          {"source_dir", ctx.source_dir.string()},
+          {"scratch_dir", ctx.files_root.string()},
+          {"catalog", ctx.catalog_path},
+          {"options",
+           {{"only", ctx.opts.only},
+            {"since", ctx.opts.since},
+            {"jobs", ctx.opts.jobs},
+            {"min_timeout_s", ctx.opts.min_timeout_s},
+            {"timeout_factor", ctx.opts.timeout_factor},
+            {"canary", ctx.opts.canary}}},
+          {"full_run", r.full_run},
+          {"interrupted", r.interrupted},
+          {"exit_code", r.exit_code},
+          {"baseline",
+           {{"green", r.baseline_green},
+            {"red", r.baseline_red},
+            {"build_s", round3(r.baseline_build_s)},
+            {"test_s", round3(r.baseline_test_s)},
+            {"executables", exes},
+            {"gates", gates}}},
+          {"canary", r.canary_ran ? mutant_json(r.canary) : json(nullptr)},
+          {"canary_survivors", r.canary_survivors},
+          {"summary",
+           {{"run", r.summary.run()},
+            {"killed", r.summary.killed},
+            {"survived", r.summary.survived},
+            {"timeout", r.summary.timeout},
+            {"unviable", r.summary.unviable},
+            {"noop", r.summary.noop},
+            {"skipped", r.summary.skipped},
+            {"mutation_s", round3(r.mutation_s)},
+            {"setup_s", round3(r.setup_s)},
+            {"median_wall_s", round3(median_wall(r))},
+            {"mutants_per_minute", round3(mpm)}}},
+          {"mutants", mutants},
+          {"kills_per_gate", kills},
+          {"gates_killing_none", r.gates_killing_none},
+          {"check_failures", r.check_failures}};
+}
+
+std::string kill_matrix_csv(const RunResult& r) {
+  std::string s = "mutant,category,file,status,wall_s";
+  for (const auto& g : r.gates) {
+    s += ",";
+    s += csv_field(g.id);
+  }
+  s += "\n";
+  for (const auto& mo : r.outcomes) {
+    s += csv_field(mo.mutant->id) + "," + csv_field(mo.mutant->category) + "," + csv_field(mo.mutant->file) + "," +
+         to_string(mo.status) + "," + fixed(mo.wall_s, 2);
+    for (const auto& g : r.gates) {
+      const auto it = mo.gates.find(g.id);
+      s += ",";
+      s += it == mo.gates.end() ? '-' : matrix_cell(it->second.status);
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+std::string kill_matrix_md(const RunResult& r) {
+  std::ostringstream o;
+  const auto kills = kills_per_gate(r);
+  o << "# Kill matrix\n\n";
+  o << "Run " << r.started_at << (r.full_run ? " (full catalog)" : " (partial: --only/--since)")
+    << (r.interrupted ? ", **interrupted**" : "") << ". Exit code **" << r.exit_code << "**.\n\n";
+  o << "**" << r.summary.run() << " mutants**: " << r.summary.killed << " killed, " << r.summary.survived
+    << " survived, " << r.summary.timeout << " timeout, " << r.summary.unviable << " unviable, " << r.summary.noop
+    << " noop" << (r.summary.skipped ? ", " + std::to_string(r.summary.skipped) + " skipped" : "") << ". "
+    << r.gates.size() << " gates. Median " << fixed(median_wall(r), 1) << " s per mutant (rebuild + all gates)";
+  if (r.mutation_s > 0) o << ", " << fixed(r.summary.run() * 60.0 / r.mutation_s, 1) << " mutants/min";
+  o << ". Baseline: build " << fixed(r.baseline_build_s, 1) << " s, gates " << fixed(r.baseline_test_s, 1)
+    << " s" << (r.baseline_green ? "" : ", **RED**") << ".";
+  if (r.canary_ran)
+    o << " Canary `" << r.canary.mutant->id << "`: "
+      << (r.canary_survivors.empty() ? "every gate red" : "left gates green") << ".";
+  o << "\n\n";
+  o << "Cells: `K` killed (a test case of the gate failed), `C` killed by a crash, `T` timeout, `.` passed (the "
+       "mutant survived this gate), `-` not run (the mutant was unviable, noop or skipped), `s` skipped. Mutant "
+       "status: `k` killed, `S` survived, `T` timeout, `U` unviable, `N` noop, `-` skipped.\n\n";
+  if (!r.check_failures.empty() || !r.canary_survivors.empty() || !r.baseline_red.empty()) {
+    o << "## Problems\n\n";
+    for (const auto& f : r.baseline_red) o << "- baseline not green: `" << f << "`\n";
+    for (const auto& f : r.canary_survivors) o << "- the canary left `" << f << "` green\n";
+    for (const auto& f : r.check_failures) o << "- " << md_escape(f) << "\n";
+    for (const auto& mo : r.outcomes)
+      if (mo.status != MutantStatus::killed && mo.status != MutantStatus::skipped)
+        o << "- `" << mo.mutant->id << "` " << to_string(mo.status) << ": " << md_escape(mo.reason) << "\n";
+    o << "\n";
+  }
+  // Gates as rows, mutants as numbered columns (M1..Mn, named in the Mutants table): a catalog has
+  // far fewer mutants than there are gate IDs, so this stays readable.
+  o << "## Matrix\n\nRows are gate IDs, columns the mutants M1..M" << r.outcomes.size()
+    << " of the table below; the last column counts the mutants each gate killed.\n\n| gate |";
+  for (std::size_t i = 0; i < r.outcomes.size(); ++i) o << " M" << i + 1 << " |";
+  o << " kills |\n|---|";
+  for (std::size_t i = 0; i < r.outcomes.size(); ++i) o << ":-:|";
+  o << "--:|\n| *mutant status* |";
+  for (const auto& mo : r.outcomes) o << " " << status_letter(mo.status) << " |";
+  o << " |\n";
+  for (const auto& g : r.gates) {
+    o << "| " << md_escape(g.id) << " |";
+    for (const auto& mo : r.outcomes) {
+      const auto it = mo.gates.find(g.id);
+      o << " " << (it == mo.gates.end() ? '-' : matrix_cell(it->second.status)) << " |";
+    }
+    o << " " << (g.skipped ? std::string("skipped") : std::to_string(kills.at(g.id))) << " |\n";
+  }
+  o << "\n## Mutants\n\n| # | mutant | category | file | status | killed by | expected | build s | gates s | wall s |\n"
+       "|---|---|---|---|---|---|---|--:|--:|--:|\n";
+  int num = 0;
+  for (const auto& mo : r.outcomes) {
+    std::string kb, ex;
+    for (const auto& k : mo.killed_by) kb += (kb.empty() ? "" : ", ") + k;
+    for (const auto& k : mo.mutant->expect_killed_by) {
+      const bool miss = std::find(mo.expected_not_killing.begin(), mo.expected_not_killing.end(), k) !=
+                        mo.expected_not_killing.end();
+      const bool unk =
+          std::find(mo.expected_unknown.begin(), mo.expected_unknown.end(), k) != mo.expected_unknown.end();
+      ex += (ex.empty() ? "" : ", ") + k + (miss ? " (**not killed**)" : unk ? " (not in run)" : "");
+    }
+    o << "| M" << ++num << " | `" << mo.mutant->id << "` | " << mo.mutant->category << " | `" << mo.mutant->file << "` | "
+      << to_string(mo.status) << " | " << kb << " | " << ex << " | " << fixed(mo.build_s, 1) << " | "
+      << fixed(mo.test_s, 1) << " | " << fixed(mo.wall_s, 1) << " |\n";
+  }
+  o << "\n## Gates\n\n| gate | executable | baseline s | mutants killed |\n|---|---|--:|--:|\n";
+  for (const auto& g : r.gates)
+    o << "| " << md_escape(g.id) << " | " << g.exe << " | " << fixed(g.baseline_s, 2) << " | "
+      << (g.skipped ? std::string("skipped") : std::to_string(kills.at(g.id))) << " |\n";
+  if (!r.gates_killing_none.empty()) {
+    o << "\nGates that killed no mutant" << (r.full_run ? "" : " (partial run, informational)") << ": ";
+    for (std::size_t i = 0; i < r.gates_killing_none.size(); ++i)
+      o << (i ? ", " : "") << "`" << r.gates_killing_none[i] << "`";
+    o << "\n";
+  }
+  return o.str();
+}
+
+json stryker_report(const RunResult& r, const ReportContext& ctx) {
+  json files = json::object();
+  std::vector<std::string> all_gates;
+  for (const auto& g : r.gates) all_gates.push_back(g.id);
+  for (const auto& mo : r.outcomes) {
+    const Mutant& m = *mo.mutant;
+    if (!files.contains(m.file)) {
+      std::string src;
+      try {
+        src = read_text(ctx.files_root / m.file);
+      } catch (...) {
+        try {
+          src = read_text(ctx.source_dir / m.file);
+        } catch (...) {
+        }
+      }
+      files[m.file] = {{"language", "cpp"}, {"source", src}, {"mutants", json::array()}};
+    }
+    const TextSpan sp = anchor_span(files[m.file]["source"].get<std::string>(), m.anchor);
+    json mj{{"id", m.id},
+            {"mutatorName", m.category},
+            {"description", m.description},
+            {"replacement", m.replacement},
+            {"location",
+             {{"start", {{"line", sp.start.line}, {"column", sp.start.column}}},
+              {"end", {{"line", sp.end.line}, {"column", sp.end.column}}}}},
+            {"status", stryker_status(mo.status)},
+            {"duration", std::round(mo.wall_s * 1000.0)}};
+    if (mo.status == MutantStatus::killed || mo.status == MutantStatus::survived ||
+        mo.status == MutantStatus::timeout) {
+      mj["killedBy"] = mo.killed_by;
+      mj["coveredBy"] = all_gates;
+      int completed = 0;
+      for (const auto& [id, g] : mo.gates)
+        completed += g.status == GateStatus::passed || g.status == GateStatus::failed ? 1 : 0;
+      mj["testsCompleted"] = completed;
+    }
+    std::string reason = mo.reason;
+    if (mo.status == MutantStatus::killed) {
+      for (const auto& k : mo.killed_by) {
+        const auto& g = mo.gates.at(k);
+        reason += (reason.empty() ? "" : "; ") + k + ": " + (g.detail.empty() ? to_string(g.status) : g.detail);
+      }
+    }
+    if (mo.status == MutantStatus::noop) reason = "noop: " + reason;
+    if (!reason.empty()) mj["statusReason"] = reason;
+    files[m.file]["mutants"].push_back(mj);
+  }
+  json test_files = json::object();
+  for (const auto& x : r.exes) {
+    json tests = json::array();
+    for (const auto& id : x.gate_ids) {
+      std::string name = id;
+      for (const auto& g : r.gates)
+        if (g.id == id && !g.cases.empty()) name = g.cases.front() + (g.cases.size() > 1 ? " (+" + std::to_string(g.cases.size() - 1) + " cases)" : "");
+      tests.push_back({{"id", id}, {"name", name}});
+    }
+    test_files["gates/" + x.target] = {{"tests", tests}};
+  }
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return {{"schemaVersion", "2"},
+          {"thresholds", {{"high", 100}, {"low", 95}}},
+          {"projectRoot", ctx.source_dir.string()},
+          {"files", files},
+          {"testFiles", test_files},
+          {"framework", {{"name", "kvgate mutate"}, {"version", "0.1.0"}}},
+          {"performance",
+           {{"setup", std::round(r.setup_s * 1000)},
+            {"initialRun", std::round(r.baseline_test_s * 1000)},
+            {"mutation", std::round(r.mutation_s * 1000)}}},
+          {"system",
+           {{"ci", std::getenv("CI") != nullptr},
+            {"os", {{"platform", "linux"}}},
+            {"cpu", {{"logicalCores", cores > 0 ? cores : 1}}}}},
+          {"config",
+           {{"catalog", ctx.catalog_path},
+            {"only", ctx.opts.only},
+            {"since", ctx.opts.since},
+            {"exit_code", r.exit_code},
+            {"full_run", r.full_run}}}};
+}
+
+std::string report_html(const json& stryker, const std::string& script) {
+  std::string data = stryker.dump();
+  // Inside <script>, "</" would end the element; "<\/" is the same JSON string.
+  for (std::size_t p = data.find("</"); p != std::string::npos; p = data.find("</", p + 3)) data.replace(p, 2, "<\\/");
+  std::string html =
+      "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+      "<title>kvgate mutation report</title>\n";
+  if (script.empty()) {
+    html +=
+        "<!-- mutation-testing-elements was not vendored next to this page (see docs/MUTATIONS.md); loading it "
+        "from unpkg -->\n<script defer "
+        "src=\"https://www.unpkg.com/mutation-testing-elements@3.9.0/dist/mutation-test-elements.js\"></script>\n";
+  } else {
+    html += "<script defer src=\"" + script + "\"></script>\n";
+  }
+  html +=
+      "</head>\n<body>\n"
+      "<mutation-test-report-app title-postfix=\"kvgate\">\n"
+      "<p>This page needs the <code>mutation-testing-elements</code> web component"
+      " (kill_matrix.md has the same results as text).</p>\n"
+      "</mutation-test-report-app>\n"
+      "<script>\n"
+      "const report = " +
+      data +
+      ";\n"
+      "document.querySelector('mutation-test-report-app').report = report;\n"
+      "</script>\n</body>\n</html>\n";
+  return html;
+}
+
+std::vector<std::string> write_reports(const RunResult& r, const ReportContext& ctx, std::ostream& log) {
+  std::vector<std::string> written;
+  const fs::path& out = ctx.out_dir;
+  fs::create_directories(out);
+  write_text(out / "outcomes.json", outcomes_json(r, ctx).dump(2) + "\n");
+  written.push_back("outcomes.json");
+  write_text(out / "kill_matrix.csv", kill_matrix_csv(r));
+  written.push_back("kill_matrix.csv");
+  write_text(out / "kill_matrix.md", kill_matrix_md(r));
+  written.push_back("kill_matrix.md");
+  const json sr = stryker_report(r, ctx);
+  write_text(out / "mutation-report.json", sr.dump(2) + "\n");
+  written.push_back("mutation-report.json");
+  // Validate what we wrote against the vendored Stryker schema.
+  if (!ctx.opts.report_schema.empty() && fs::exists(ctx.opts.report_schema)) {
+    const auto errs = validate_json(sr, json::parse(read_text(ctx.opts.report_schema)));
+    if (!errs.empty())
+      log << "kvgate mutate: warning: mutation-report.json does not match " << ctx.opts.report_schema.string()
+          << ":\n"
+          << format_errors(errs);
+  }
+  // The web component, vendored next to index.html so that the page works offline.
+  fs::path js = ctx.opts.web_dist;
+  if (js.empty())
+    js = ctx.source_dir / "mutations" / "web" / "node_modules" / "mutation-testing-elements" / "dist" /
+         "mutation-test-elements.js";
+  std::string script;
+  std::error_code ec;
+  if (fs::is_regular_file(js)) {
+    fs::copy_file(js, out / "mutation-test-elements.js", fs::copy_options::overwrite_existing, ec);
+    if (!ec) {
+      script = "mutation-test-elements.js";
+      written.push_back("mutation-test-elements.js");
+    }
+  }
+  if (script.empty())
+    log << "kvgate mutate: note: " << js.string()
+        << " not found, index.html loads the viewer from unpkg (offline: npm ci --prefix mutations/web)\n";
+  write_text(out / "index.html", report_html(sr, script));
+  written.push_back("index.html");
+  return written;
+}
+
+}  // namespace kvgate::mutate

@@ -1,0 +1,423 @@
+// Unit tests of the mutation driver library: schema validation, catalog parsing and STALE
+// detection, patch application and diffs, Catch XML parsing, process groups and timeouts,
+// scratch mirroring, object snapshots, and the reports (Stryker schema v2).
+#include <unistd.h>
+
+#include <csignal>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "catch_compat.hpp"
+#include "kvgate_mutations/catalog.hpp"
+#include "kvgate_mutations/catch_xml.hpp"
+#include "kvgate_mutations/driver.hpp"
+#include "kvgate_mutations/json_schema.hpp"
+#include "kvgate_mutations/process.hpp"
+#include "kvgate_mutations/report.hpp"
+#include "kvgate_mutations/scratch.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace kvgate::mutate;
+
+namespace {
+
+const fs::path kDir = KVGATE_MUTATIONS_DIR;
+
+json load(const fs::path& p) { return json::parse(read_text(p)); }
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("kvgate_mut_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+json minimal_mutant() {
+  return {{"id", "X.one"},
+          {"category", "store"},
+          {"file", "src/a.cpp"},
+          {"anchor", "return 1;"},
+          {"replacement", "return 2;"},
+          {"description", "returns two instead of one"},
+          {"rationale", "a rationale long enough"},
+          {"expect_killed_by", {"ENV.int8"}}};
+}
+
+json catalog_with(const json& mutants) { return {{"format_version", 1}, {"mutants", mutants}}; }
+
+}  // namespace
+
+TEST_CASE("json_schema: the keywords the catalog and Stryker schemas use") {
+  const json schema = json::parse(R"({
+    "type": "object", "required": ["a"], "additionalProperties": false,
+    "properties": {
+      "a": {"type": "integer", "minimum": 1, "maximum": 3},
+      "b": {"type": "string", "pattern": "^x+$", "minLength": 2},
+      "c": {"type": "array", "items": {"$ref": "#/definitions/e"}, "uniqueItems": true, "minItems": 1},
+      "d": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+      "f": {"type": "object", "additionalProperties": {"type": "number"}}
+    },
+    "definitions": {"e": {"enum": ["p", "q"]}}
+  })");
+  CHECK(validate_json(json::parse(R"({"a": 2})"), schema).empty());
+  CHECK(validate_json(json::parse(R"({"a": 2.0})"), schema).empty());  // an integral number is an integer
+  CHECK(validate_json(json::parse(R"({"a": 2, "b": "xx", "c": ["p", "q"], "d": ["s"], "f": {"k": 1.5}})"), schema)
+            .empty());
+  CHECK(validate_json(json::parse(R"({})"), schema).size() == 1);                // required
+  CHECK(validate_json(json::parse(R"({"a": 4})"), schema).size() == 1);          // maximum
+  CHECK(validate_json(json::parse(R"({"a": 1.5})"), schema).size() == 1);        // integer
+  CHECK(validate_json(json::parse(R"({"a": 1, "z": 0})"), schema).size() == 1);  // additionalProperties
+  CHECK(validate_json(json::parse(R"({"a": 1, "b": "xy"})"), schema).size() == 1);      // pattern
+  CHECK(validate_json(json::parse(R"({"a": 1, "c": ["p", "p"]})"), schema).size() == 1);  // uniqueItems
+  CHECK(validate_json(json::parse(R"({"a": 1, "c": ["r"]})"), schema).size() == 1);       // enum via $ref
+  CHECK(validate_json(json::parse(R"({"a": 1, "c": []})"), schema).size() == 1);          // minItems
+  CHECK(validate_json(json::parse(R"({"a": 1, "d": 3})"), schema).size() == 1);           // oneOf
+  CHECK(validate_json(json::parse(R"({"a": 1, "f": {"k": "s"}})"), schema).size() == 1);  // additionalProperties schema
+  const auto errs = validate_json(json::parse(R"({"a": 1, "c": ["r"]})"), schema);
+  REQUIRE(errs.size() == 1);
+  CHECK(errs[0].instance_path == "/c/0");
+  // A keyword the validator does not implement is an error, never a silent pass.
+  CHECK(!validate_json(json(1), json::parse(R"({"multipleOf": 2})")).empty());
+  CHECK(!validate_json(json(1), json::parse(R"({"$ref": "#/nowhere"})")).empty());
+}
+
+TEST_CASE("json_schema: the vendored Stryker schema accepts a v2 report and rejects broken ones") {
+  const json schema = load(kDir / "schema" / "mutation-testing-report-schema.json");
+  json report = json::parse(R"({
+    "schemaVersion": "2", "thresholds": {"high": 100, "low": 95},
+    "files": {"a.cpp": {"language": "cpp", "source": "int f() { return 1; }\n", "mutants": [
+      {"id": "M1", "mutatorName": "store", "replacement": "2", "status": "Killed", "killedBy": ["ENV.int8"],
+       "location": {"start": {"line": 1, "column": 18}, "end": {"line": 1, "column": 19}}}]}},
+    "testFiles": {"gates/gate_envelope": {"tests": [{"id": "ENV.int8", "name": "ENV.int8 envelope"}]}}
+  })");
+  CHECK(validate_json(report, schema).empty());
+  json bad = report;
+  bad["files"]["a.cpp"]["mutants"][0]["status"] = "Dead";
+  CHECK(!validate_json(bad, schema).empty());
+  bad = report;
+  bad["files"]["a.cpp"]["mutants"][0]["location"]["start"]["line"] = 0;
+  CHECK(!validate_json(bad, schema).empty());
+  bad = report;
+  bad.erase("thresholds");
+  CHECK(!validate_json(bad, schema).empty());
+  bad = report;
+  bad["schemaVersion"] = "3";
+  CHECK(!validate_json(bad, schema).empty());
+}
+
+TEST_CASE("catalog: records, array-of-lines text, defaults") {
+  const json schema = load(kDir / "catalog.schema.json");
+  json m = minimal_mutant();
+  m["anchor"] = json::array({"int f() {", "  return 1;"});
+  m["timeout_scale"] = 2.5;
+  m["requires"] = json::array({"cuda"});
+  const Catalog c = parse_catalog(catalog_with(json::array({m})), schema, "t.json");
+  REQUIRE(c.mutants.size() == 1);
+  CHECK(c.mutants[0].anchor == "int f() {\n  return 1;");
+  CHECK(c.mutants[0].occurrences == 1);
+  CHECK(c.mutants[0].timeout_scale == 2.5);
+  CHECK(c.mutants[0].requires_ == std::vector<std::string>{"cuda"});
+  CHECK(c.canary() == nullptr);
+}
+
+TEST_CASE("catalog: schema and semantic errors name the mutant") {
+  const json schema = load(kDir / "catalog.schema.json");
+  auto message = [&](const json& doc) {
+    try {
+      parse_catalog(doc, schema, "t.json");
+    } catch (const CatalogError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  json m = minimal_mutant();
+  m.erase("rationale");
+  std::string msg = message(catalog_with(json::array({m})));
+  CHECK(msg.find("X.one") != std::string::npos);
+  CHECK(msg.find("rationale") != std::string::npos);
+  m = minimal_mutant();
+  m["category"] = "nonsense";
+  CHECK(message(catalog_with(json::array({m}))).find("X.one") != std::string::npos);
+  m = minimal_mutant();
+  m["expect_killed_by"] = json::array({"not a gate"});
+  CHECK(!message(catalog_with(json::array({m}))).empty());
+  m = minimal_mutant();
+  m["unknown_field"] = 1;
+  CHECK(!message(catalog_with(json::array({m}))).empty());
+  CHECK(message(catalog_with(json::array({minimal_mutant(), minimal_mutant()}))).find("duplicate") !=
+        std::string::npos);
+  m = minimal_mutant();
+  m["expect_killed_by"] = json::array();
+  CHECK(message(catalog_with(json::array({m}))).find("at least one gate") != std::string::npos);
+  m = minimal_mutant();
+  m["replacement"] = m["anchor"];
+  CHECK(message(catalog_with(json::array({m}))).find("equals the anchor") != std::string::npos);
+  m = minimal_mutant();
+  m["file"] = "../outside.cpp";
+  CHECK(!message(catalog_with(json::array({m}))).empty());
+}
+
+TEST_CASE("catalog: occurrences, STALE, apply, location") {
+  CHECK(count_occurrences("aaaa", "aa") == 2);  // non-overlapping
+  CHECK(count_occurrences("abc", "") == 0);
+  Mutant m;
+  m.id = "X.one";
+  m.file = "a.cpp";
+  m.anchor = "return 1;";
+  m.replacement = "return 2;";
+  const std::string src = "int f() {\n  return 1;\n}\nint g() {\n  return 1;\n}\n";
+  CHECK_THROWS_AS(apply_mutant(src, m), CatalogError);  // two occurrences, one expected: STALE
+  try {
+    apply_mutant(src, m);
+  } catch (const CatalogError& e) {
+    CHECK(std::string(e.what()).find("STALE X.one") != std::string::npos);
+  }
+  m.occurrences = 2;
+  CHECK(apply_mutant(src, m) == "int f() {\n  return 2;\n}\nint g() {\n  return 2;\n}\n");
+  const TextSpan sp = anchor_span(src, m.anchor);
+  CHECK(sp.start.line == 2);
+  CHECK(sp.start.column == 3);
+  CHECK(sp.end.line == 2);
+  CHECK(sp.end.column == 12);
+  const TextSpan ml = anchor_span(src, "{\n  return");
+  CHECK(ml.start.line == 1);
+  CHECK(ml.end.line == 2);
+  CHECK(ml.end.column == 9);
+
+  const fs::path d = temp_dir("anchor");
+  write_text(d / "a.cpp", src);
+  AnchorCheck c = check_anchor(m, d);
+  CHECK(c.ok());
+  m.occurrences = 1;
+  c = check_anchor(m, d);
+  CHECK(!c.ok());
+  CHECK(c.message().find("STALE X.one") != std::string::npos);
+  m.file = "missing.cpp";
+  CHECK(check_anchor(m, d).file_missing);
+  fs::remove_all(d);
+}
+
+TEST_CASE("catalog: unified diff") {
+  std::string a, b;
+  for (int i = 1; i <= 20; ++i) a += "line " + std::to_string(i) + "\n";
+  b = a;
+  b.replace(b.find("line 10\n"), 8, "LINE 10\n");
+  const std::string d = unified_diff(a, b, "x.cpp");
+  CHECK(d.find("--- a/x.cpp\n+++ b/x.cpp\n@@ -7,7 +7,7 @@\n line 7\n line 8\n line 9\n-line 10\n+LINE 10\n line 11\n") ==
+        0);
+  CHECK(unified_diff(a, a, "x.cpp").empty());
+  // Two distant changes make two hunks.
+  b.replace(b.find("line 1\n"), 7, "LINE 1\n");
+  b.replace(b.find("line 20\n"), 8, "LINE 20\n");
+  const std::string d2 = unified_diff(a, b, "x.cpp");
+  std::size_t hunks = 0;
+  for (std::size_t p = d2.find("\n@@ "); p != std::string::npos; p = d2.find("\n@@ ", p + 1)) ++hunks;
+  CHECK(hunks == 3);
+}
+
+TEST_CASE("the shipped catalog is valid, has a canary, and no STALE anchor") {
+  const Catalog c = load_catalog(kDir / "catalog.json", kDir / "catalog.schema.json");
+  CHECK(c.canary() != nullptr);
+  CHECK(c.mutants.size() >= 25);
+  const fs::path root = kDir.parent_path();
+  for (const auto& m : c.mutants) {
+    INFO(m.id);
+    const AnchorCheck a = check_anchor(m, root);
+    CHECK(a.message() == "ok " + m.id);
+  }
+}
+
+TEST_CASE("catch_xml: Catch2 2.13 and 3.x reports, crashed and skipped cases") {
+  const std::string v2 = R"(<?xml version="1.0" encoding="UTF-8"?>
+<Catch name="gate_x">
+  <Group name="gate_x">
+    <TestCase name="ENV.int8 every element &lt;= s/2" tags="[gate:ENV]" filename="a.cpp" line="1">
+      <Section name="s"><OverallResults successes="1" failures="0" expectedFailures="0"/></Section>
+      <OverallResult success="true" durationInSeconds="0.5"/>
+    </TestCase>
+    <TestCase name="ENV.int8 second case" tags="[gate:ENV]" filename="a.cpp" line="2">
+      <Expression success="false" type="CHECK"><Original>a</Original></Expression>
+      <OverallResult success="false" durationInSeconds="0.25"/>
+    </TestCase>
+    <TestCase name="ORA.bytes.q4_0 runtime bytes" tags="[gate:ORA]" filename="a.cpp" line="3">
+      <Expression success="true" type="CHECK"><Original>a</Original></Expression>
+)";
+  const auto c = parse_catch_xml(v2);
+  REQUIRE(c.size() == 3);
+  CHECK(c[0].name == "ENV.int8 every element <= s/2");
+  CHECK(c[0].has_result);
+  CHECK(c[0].success);
+  CHECK(c[0].seconds == 0.5);
+  CHECK(c[1].has_result);
+  CHECK_FALSE(c[1].success);
+  CHECK_FALSE(c[2].has_result);  // the process died inside this case
+  const std::string v3 = R"(<Catch2TestRun name="g"><TestCase name="PAR.x y" tags="[cuda]" filename="a" line="1">
+<OverallResult success="true" skips="1" durationInSeconds="0.001"/></TestCase></Catch2TestRun>)";
+  const auto c3 = parse_catch_xml(v3);
+  REQUIRE(c3.size() == 1);
+  CHECK(c3[0].skipped);
+  CHECK(gate_id_of("ENV.int8 every element") == "ENV.int8");
+  CHECK(gate_id_of("  STO.budget") == "STO.budget");
+  CHECK(gate_id_of("ID") == "ID");
+  CHECK(catch_spec_for_gate("ENV.int8") == "ENV.int8 *,ENV.int8");
+  CHECK(catch_spec_for_gate("A,B") == "A\\,B *,A\\,B");
+}
+
+TEST_CASE("process: exit codes, signals, timeouts kill the whole process group") {
+  const fs::path d = temp_dir("proc");
+  ProcResult r = run_process({{"sh", "-c", "echo hi; exit 3"}, {}, {}, (d / "a.log").string(), 0});
+  CHECK(r.ended_normally());
+  CHECK(r.exit_code == 3);
+  CHECK(read_text(d / "a.log") == "hi\n");
+  r = run_process({{"sh", "-c", "kill -SEGV $$"}, {}, {}, {}, 0});
+  CHECK(r.term_signal == SIGSEGV);
+  CHECK_FALSE(r.ended_normally());
+  r = run_process({{"sh", "-c", "echo $KVGATE_X; pwd"}, d.string(), {{"KVGATE_X", "v"}}, (d / "b.log").string(), 0});
+  CHECK(read_text(d / "b.log") == "v\n" + fs::canonical(d).string() + "\n");
+  // A grandchild that would outlive its parent is in the same group and dies with it.
+  const auto t0 = std::chrono::steady_clock::now();
+  r = run_process({{"sh", "-c", "(sleep 30; echo late > " + (d / "late").string() + ") & sleep 30"}, {}, {}, {}, 0.5});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(r.timed_out);
+  CHECK(took < 5);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK_FALSE(fs::exists(d / "late"));
+  r = run_process({{"/nonexistent/binary"}, {}, {}, {}, 0});
+  CHECK(r.exit_code == 127);
+  // Parallel runs keep spec order.
+  const auto rs = run_processes({{{"sh", "-c", "sleep 0.2; exit 1"}, {}, {}, {}, 0}, {{"sh", "-c", "exit 2"}, {}, {}, {}, 0}}, 2);
+  CHECK(rs[0].exit_code == 1);
+  CHECK(rs[1].exit_code == 2);
+  const auto [rc, out] = capture_output({"sh", "-c", "printf 'a\\0b'"});
+  CHECK(rc == 0);
+  CHECK(out == std::string("a\0b", 3));
+  fs::remove_all(d);
+}
+
+TEST_CASE("process: an interrupt kills the running child and skips the rest") {
+  request_interrupt();
+  const auto rs = run_processes({{{"sleep", "5"}, {}, {}, {}, 0}, {{"true"}, {}, {}, {}, 0}}, 1);
+  clear_interrupt();
+  CHECK(rs[0].interrupted);
+  CHECK(rs[1].interrupted);
+}
+
+TEST_CASE("scratch: mirror copies changed files only, removes stale ones, keeps the build") {
+  const fs::path d = temp_dir("scratch");
+  const fs::path src = d / "src", dst = d / "dst";
+  write_text(src / "a.txt", "A");
+  write_text(src / "sub" / "b.txt", "B");
+  write_text(dst / "stale.txt", "old");
+  write_text(dst / "build" / "keep.o", "obj");
+  SyncStats s = sync_tree(src, dst, {"a.txt", "sub/b.txt"}, {dst / "build"});
+  CHECK(s.copied == 2);
+  CHECK(s.removed == 1);
+  CHECK(read_text(dst / "sub" / "b.txt") == "B");
+  CHECK(fs::exists(dst / "build" / "keep.o"));
+  CHECK_FALSE(fs::exists(dst / "stale.txt"));
+  const auto mt = fs::last_write_time(dst / "a.txt");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  write_text(src / "sub" / "b.txt", "B2");
+  s = sync_tree(src, dst, {"a.txt", "sub/b.txt"}, {dst / "build"});
+  CHECK(s.copied == 1);
+  CHECK(s.unchanged == 1);
+  CHECK(fs::last_write_time(dst / "a.txt") == mt);  // untouched: the build stays incremental
+
+  // Object snapshots: a rebuilt identical object is not a change, different bytes are.
+  const fs::path b = d / "objs";
+  write_text(b / "x.o", "same");
+  write_text(b / "y.o", "one");
+  ObjectSnapshot snap = snapshot_objects(b);
+  CHECK(snap.size() == 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  write_text(b / "x.o", "same");
+  ObjectChanges ch = compare_objects(b, snap);
+  CHECK(ch.rebuilt.size() == 1);
+  CHECK(ch.different.empty());
+  write_text(b / "y.o", "two");
+  ch = compare_objects(b, snap);
+  CHECK(ch.different.size() == 1);
+  {
+    ScratchLock lock(d / "scratch.lock");
+    CHECK_THROWS(ScratchLock(d / "scratch.lock"));
+  }
+  ScratchLock again(d / "scratch.lock");  // released
+  fs::remove_all(d);
+}
+
+TEST_CASE("report: a synthetic run gives a Stryker v2 report, a matrix and an HTML page") {
+  Mutant m1, m2;
+  m1.id = "STORE.a";
+  m1.category = "store";
+  m1.file = "src/a.cpp";
+  m1.anchor = "return 1;";
+  m1.replacement = "return 2;";
+  m1.description = "d1";
+  m1.expect_killed_by = {"ENV.int8", "ORA.bytes.int8"};
+  m2 = m1;
+  m2.id = "READ.b";
+  m2.category = "read";
+  const fs::path d = temp_dir("report");
+  write_text(d / "tree" / "src" / "a.cpp", "int f() {\n  return 1;\n}\n</script>\n");
+  RunResult r;
+  r.exes = {{"gate_envelope", "/x/gate_envelope", {"ENV.int8"}, 1.0}, {"gate_oracle", "/x/gate_oracle", {"ORA.bytes.int8"}, 1.0}};
+  r.gates = {{"ENV.int8", "gate_envelope", {"ENV.int8 within s/2"}, 0.5, false},
+             {"ORA.bytes.int8", "gate_oracle", {"ORA.bytes.int8 bytes"}, 0.5, false}};
+  r.baseline_green = true;
+  MutantOutcome o1;
+  o1.mutant = &m1;
+  o1.status = MutantStatus::killed;
+  o1.gates = {{"ENV.int8", {GateStatus::failed, 0.4, "l", "test case failed: x"}},
+              {"ORA.bytes.int8", {GateStatus::passed, 0.4, "l", ""}}};
+  o1.killed_by = {"ENV.int8"};
+  o1.expected_not_killing = {"ORA.bytes.int8"};
+  MutantOutcome o2;
+  o2.mutant = &m2;
+  o2.status = MutantStatus::noop;
+  o2.reason = "identical";
+  r.outcomes = {o1, o2};
+  r.summary.killed = 1;
+  r.summary.noop = 1;
+  r.exit_code = kExitUnviable;
+  ReportContext ctx{d / "tree", d / "tree", d / "out", "catalog.json", {}};
+  ctx.opts.report_schema = kDir / "schema" / "mutation-testing-report-schema.json";
+  const json sr = stryker_report(r, ctx);
+  CHECK(validate_json(sr, load(ctx.opts.report_schema)).empty());
+  const auto& ms = sr["files"]["src/a.cpp"]["mutants"];
+  REQUIRE(ms.size() == 2);
+  CHECK(ms[0]["status"] == "Killed");
+  CHECK(ms[0]["killedBy"] == json::array({"ENV.int8"}));
+  CHECK(ms[0]["location"]["start"]["line"] == 2);
+  CHECK(ms[1]["status"] == "Ignored");
+  CHECK(sr["testFiles"]["gates/gate_envelope"]["tests"][0]["id"] == "ENV.int8");
+
+  const std::string csv = kill_matrix_csv(r);
+  CHECK(csv.find("mutant,category,file,status,wall_s,ENV.int8,ORA.bytes.int8\n") == 0);
+  CHECK(csv.find("STORE.a,store,src/a.cpp,killed,0.00,K,.\n") != std::string::npos);
+  CHECK(csv.find("READ.b,read,src/a.cpp,noop,0.00,-,-\n") != std::string::npos);
+  const std::string md = kill_matrix_md(r);
+  CHECK(md.find("| ENV.int8 | K | - | 1 |") != std::string::npos);
+  CHECK(md.find("ORA.bytes.int8 (**not killed**)") != std::string::npos);
+
+  const std::string html = report_html(sr, "mutation-test-elements.js");
+  CHECK(html.find("<script defer src=\"mutation-test-elements.js\">") != std::string::npos);
+  CHECK(html.find("<mutation-test-report-app") != std::string::npos);
+  // The embedded source holds "</script>": it must not close the script element early.
+  const std::size_t data = html.find("const report = ");
+  REQUIRE(data != std::string::npos);
+  CHECK(html.find("</script>", data) == html.rfind("</script>"));
+
+  std::ostringstream log;
+  const auto written = write_reports(r, ctx, log);
+  CHECK(written.size() >= 5);
+  CHECK(log.str().find("does not match") == std::string::npos);
+  const json oc = load(d / "out" / "outcomes.json");
+  CHECK(oc["mutants"].size() == 2);
+  CHECK(oc["summary"]["killed"] == 1);
+  fs::remove_all(d);
+}
