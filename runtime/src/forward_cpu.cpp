@@ -25,7 +25,7 @@ namespace {
 constexpr int kLanes = 16;
 
 // Sum of a[i] * b[i] with 16 lane accumulators (vectorizable, fixed summation order).
-inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+__attribute__((always_inline)) inline float dot(const float* __restrict a, const float* __restrict b, int n) {
   float acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -38,7 +38,7 @@ inline float dot(const float* __restrict a, const float* __restrict b, int n) {
 }
 
 // Four rows of W against one x: x is loaded once for four dot products.
-inline void dot4(const float* __restrict w0, const float* __restrict w1, const float* __restrict w2,
+__attribute__((always_inline)) inline void dot4(const float* __restrict w0, const float* __restrict w1, const float* __restrict w2,
                  const float* __restrict w3, const float* __restrict x, int n, float out[4]) {
   float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
   int i = 0;
@@ -119,11 +119,6 @@ void swiglu(float* __restrict h, const float* __restrict up, std::size_t n) {
     val *= 1.0f / (1.0f + std::exp(-val));  // silu
     h[i] = val * up[i];
   }
-}
-
-KVGATE_MULTIVERSION
-void add_inplace(float* __restrict x, const float* __restrict y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
 }  // namespace

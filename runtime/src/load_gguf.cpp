@@ -138,7 +138,7 @@ class Cursor {
     const auto len = rd<std::uint64_t>("length of " + what);
     if (len > left())
       fail("string " + what + " claims " + std::to_string(len) + " bytes, more than the " + std::to_string(left()) +
-           " left in the file");
+           " left in the file (truncated file or corrupted length)");
     std::string s(reinterpret_cast<const char*>(d_ + off_), static_cast<std::size_t>(len));
     off_ += static_cast<std::size_t>(len);
     return s;
@@ -175,7 +175,8 @@ class Cursor {
         const std::size_t min_elem = v.elem_type == T_STRING ? 8 : v.elem_type == T_ARRAY ? 12 : scalar_size(v.elem_type);
         if (v.count > left() / min_elem)
           fail("metadata key '" + key + "': array of " + std::to_string(v.count) + " " + type_name(v.elem_type) +
-               " elements cannot fit in the " + std::to_string(left()) + " bytes left");
+               " elements cannot fit in the " + std::to_string(left()) +
+               " bytes left (truncated file or corrupted length)");
         if (v.elem_type == T_STRING) {
           v.strs.reserve(static_cast<std::size_t>(v.count));
           for (std::uint64_t k = 0; k < v.count; ++k) v.strs.push_back(str("element of '" + key + "'"));

@@ -16,4 +16,9 @@ struct AttentionArgs {
 // which must hold at least pos0 + n_q tokens.
 void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArgs& a, const float* q, float* out);
 
+// Dequantizes slots [0, n) of a page into out[n][n_kv_heads * head_dim]: the vectorized read path
+// attention uses, bit-identical to dequantize_token (format.hpp) slot by slot (gated).
+void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint8_t* page, float tensor_scale,
+                     float* out);
+
 }  // namespace kvgate

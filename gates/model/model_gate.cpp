@@ -1,0 +1,629 @@
+// Model-level gates on the real stories260K model (../shared/models or $KVGATE_MODELS):
+//   MOD.greedy.stories260K.{bin,gguf}  f32 KV reproduces the README's 64 verified greedy token ids
+//   MOD.engine.*                       batched prefill == token-by-token decode, thread-count
+//                                      invariance, .bin == .gguf logits, every preset runs
+//   MOD.tokenizer.*                    SentencePiece encode/decode as llama2.c run.c
+//   MOD.loader.*                       corrupted checkpoints give one clear ModelError naming the
+//                                      file and the field, never a crash
+//   ORA.dequant_rows.*                 attention's vectorized page read == dequantize_token
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "kvgate/attention.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
+#include "kvgate/loaders.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/numeric.hpp"
+#include "kvgate/sampler.hpp"
+#include "kvgate/tokenizer_sp.hpp"
+#include "models.hpp"
+
+using namespace kvgate;
+namespace fs = std::filesystem;
+
+namespace {
+
+// README.md of stories260K: `run stories260K.bin -z tok512.bin -t 0.0 -n 64`.
+const std::vector<int> kGreedy64 = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+                                    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+                                    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
+                                    337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310};
+const char* kGreedyText =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
+    "big, red ball. She wanted to play with it, but it was too high.\nLily";
+
+std::string need_model(const std::string& rel) {
+  const auto lk = gates::find_model(rel);
+  if (!lk.found()) FAIL(lk.message);
+  return lk.path;
+}
+
+const Model& stories(const std::string& file) {
+  static std::map<std::string, std::unique_ptr<Model>> cache;
+  auto& m = cache[file];
+  if (!m) m = std::make_unique<Model>(load_model(need_model("stories260K/" + file)));
+  return *m;
+}
+
+EngineOptions opts(const KvFormat& f, int threads = 1) { return engine_options_for(f, threads); }
+
+// Greedy decoding that ignores stop tokens (as the README's run.c run did for 64 tokens).
+std::vector<int> greedy(Engine& e, int bos, int n) {
+  std::vector<int> out;
+  int next = argmax(e.prefill(std::span<const int>(&bos, 1)));
+  for (int i = 0; i < n; ++i) {
+    out.push_back(next);
+    if (i + 1 < n) next = argmax(e.decode(next));
+  }
+  return out;
+}
+
+void check_greedy(const std::string& file) {
+  const Model& m = stories(file);
+  REQUIRE(m.tokenizer != nullptr);
+  Engine e(m, opts(KvFormat{HalfFormat::f32, HalfFormat::f32}));
+  const auto ids = greedy(e, m.config.bos_id, 64);
+  CHECK(ids == kGreedy64);
+  // The same through generate() (stops only on EOS/BOS, none of which occurs in these 64).
+  e.reset();
+  const int bos = m.config.bos_id;
+  const GenerateResult r = e.generate(std::span<const int>(&bos, 1), 64, SamplerOptions{});
+  CHECK(r.tokens == kGreedy64);
+  CHECK(r.stop_reason == "steps");
+  std::string text;
+  int prev = bos;
+  for (int id : r.tokens) {
+    text += m.tokenizer->decode_piece(prev, id);
+    prev = id;
+  }
+  CHECK(text == kGreedyText);
+  CHECK(e.stats().effective_kv == "f32");
+  CHECK(e.stats().decode_tokens == 63);
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("MOD.greedy.stories260K.bin f32 KV reproduces the verified greedy output", "[gate:MOD][fmt:f32]") {
+  check_greedy("stories260K.bin");
+}
+
+TEST_CASE("MOD.greedy.stories260K.gguf f32 KV reproduces the verified greedy output", "[gate:MOD][fmt:f32]") {
+  check_greedy("stories260K.gguf");
+}
+
+TEST_CASE("MOD.engine.bin_equals_gguf the two files give bit-identical logits", "[gate:MOD][fmt:f32]") {
+  const Model& a = stories("stories260K.bin");
+  const Model& b = stories("stories260K.gguf");
+  CHECK(a.config.dim == b.config.dim);
+  CHECK(a.config.n_kv_heads == b.config.n_kv_heads);
+  CHECK(a.config.head_dim == b.config.head_dim);
+  CHECK(b.config.max_seq_len == 2048);  // the converter's default, not 512 (README)
+  Engine ea(a, opts(KvFormat{HalfFormat::f32, HalfFormat::f32}));
+  Engine eb(b, opts(KvFormat{HalfFormat::f32, HalfFormat::f32}));
+  std::vector<int> toks{1};
+  toks.insert(toks.end(), kGreedy64.begin(), kGreedy64.end());
+  CHECK(ea.forward_all_logits(toks) == eb.forward_all_logits(toks));
+}
+
+TEST_CASE("MOD.engine.prefill_equals_decode batched prefill == token-by-token decode", "[gate:MOD]") {
+  const Model& m = stories("stories260K.bin");
+  std::vector<int> toks{1};
+  for (int r = 0; r < 3; ++r) toks.insert(toks.end(), kGreedy64.begin(), kGreedy64.end());  // 193 tokens
+  for (const char* p : {"f32", "int8", "k8v4"}) {
+    INFO("preset " << p);
+    const KvFormat f = *parse_kv_format(p);
+    EngineOptions o1 = opts(f);
+    o1.prefill_chunk = 48;  // chunks that cross pages and end mid-page
+    Engine batched(m, o1);
+    const std::vector<float> all = batched.forward_all_logits(toks);
+    Engine step(m, opts(f));
+    const std::size_t V = static_cast<std::size_t>(m.config.vocab_size);
+    float worst = 0;
+    for (std::size_t i = 0; i < toks.size(); ++i) {
+      const std::vector<float>& l = i == 0 ? step.prefill(std::span<const int>(&toks[0], 1)) : step.decode(toks[i]);
+      const std::vector<float> row(all.begin() + static_cast<std::ptrdiff_t>(i * V),
+                                   all.begin() + static_cast<std::ptrdiff_t>((i + 1) * V));
+      worst = std::max(worst, max_abs_diff(row, l));
+    }
+    // Every output element is computed by the same code in both paths: bit-identical.
+    CHECK(worst == 0.0f);
+    CHECK(batched.position() == static_cast<int>(toks.size()));
+  }
+}
+
+TEST_CASE("MOD.engine.threads logits do not depend on the thread count", "[gate:MOD]") {
+  const Model& m = stories("stories260K.bin");
+  std::vector<int> toks{1};
+  toks.insert(toks.end(), kGreedy64.begin(), kGreedy64.end());
+  Engine e1(m, opts(KvFormat{HalfFormat::int8, HalfFormat::int8}, 1));
+  Engine e3(m, opts(KvFormat{HalfFormat::int8, HalfFormat::int8}, 3));
+  CHECK(e3.stats().threads == 3);
+  CHECK(e1.forward_all_logits(toks) == e3.forward_all_logits(toks));
+}
+
+TEST_CASE("MOD.engine.presets every KV preset decodes stories260K (head_dim 8)", "[gate:MOD]") {
+  const Model& m = stories("stories260K.bin");
+  REQUIRE(m.config.head_dim == 8);
+  Engine ref(m, opts(KvFormat{HalfFormat::f32, HalfFormat::f32}));
+  const auto ref_ids = greedy(ref, 1, 32);
+  for (const Preset& p : presets()) {
+    INFO("preset " << p.name);
+    Engine e(m, opts(p.fmt));
+    CHECK(e.stats().effective_kv == std::string(p.name));
+    const auto ids = greedy(e, 1, 32);
+    // A quantized store holds fewer bytes than f32 for the same tokens.
+    REQUIRE(e.position() == ref.position());
+    const std::size_t f32_bytes = ref.stats().kv_bytes;
+    if (p.fmt.k == HalfFormat::f32 && p.fmt.v == HalfFormat::f32) CHECK(e.stats().kv_bytes == f32_bytes);
+    else CHECK(e.stats().kv_bytes < f32_bytes);
+    const auto& l = e.decode(ids.back());
+    for (float x : l) REQUIRE(std::isfinite(x));
+    // The first tokens of the story survive every format on this model.
+    CHECK(std::vector<int>(ids.begin(), ids.begin() + 4) == std::vector<int>(ref_ids.begin(), ref_ids.begin() + 4));
+  }
+}
+
+TEST_CASE("MOD.engine.sampler seeded sampling is reproducible and respects top-k", "[gate:MOD]") {
+  const Model& m = stories("stories260K.bin");
+  Engine e(m, opts(KvFormat{HalfFormat::f32, HalfFormat::f32}));
+  SamplerOptions so;
+  so.temperature = 1.0f;
+  so.top_p = 0.9f;
+  so.seed = 1234;
+  const int bos = 1;
+  const auto a = e.generate(std::span<const int>(&bos, 1), 40, so);
+  e.reset();
+  const auto b = e.generate(std::span<const int>(&bos, 1), 40, so);
+  CHECK(a.tokens == b.tokens);
+  so.seed = 99;
+  e.reset();
+  const auto c = e.generate(std::span<const int>(&bos, 1), 40, so);
+  CHECK(a.tokens != c.tokens);
+  // top_k = 1 is greedy whatever the temperature.
+  so.top_k = 1;
+  so.top_p = 1.0f;
+  e.reset();
+  const auto d = e.generate(std::span<const int>(&bos, 1), 20, so);
+  CHECK(d.tokens == std::vector<int>(kGreedy64.begin(), kGreedy64.begin() + 20));
+}
+
+TEST_CASE("MOD.engine.context generation stops at the context, prefill past it is refused", "[gate:MOD]") {
+  const Model& m = stories("stories260K.bin");
+  EngineOptions o = opts(KvFormat{HalfFormat::f32, HalfFormat::f32});
+  o.max_context = 40;
+  Engine e(m, o);
+  const int bos = 1;
+  const auto r = e.generate(std::span<const int>(&bos, 1), 100, SamplerOptions{});
+  CHECK(r.stop_reason == "context_full");
+  CHECK(e.position() == 40);
+  std::vector<int> more(5, 300);
+  CHECK_THROWS_AS(e.prefill(more), EngineError);
+  CHECK_THROWS_AS(e.decode(-1), EngineError);
+}
+
+TEST_CASE("MOD.tokenizer.sp encode/decode as llama2.c run.c (tok512.bin and GGUF metadata)", "[gate:MOD]") {
+  for (const char* file : {"stories260K.bin", "stories260K.gguf"}) {
+    INFO("model " << file);
+    const Model& m = stories(file);
+    REQUIRE(m.tokenizer != nullptr);
+    const Tokenizer& t = *m.tokenizer;
+    CHECK(t.vocab_size() == 512);
+    CHECK(t.bos_id() == 1);
+    CHECK(t.eos_id() == 2);
+    // ' Once',' upon',' a',' time' are ids 403 407 261 378 (README).
+    CHECK(t.encode("Once upon a time", true) == std::vector<int>{1, 403, 407, 261, 378});
+    CHECK(t.encode("Once upon a time", false) == std::vector<int>{403, 407, 261, 378});
+    CHECK(t.encode("", true) == std::vector<int>{1});
+    // Byte fallback: a newline is the raw byte token <0x0A> (id 3 + 10), decoded to the byte.
+    const auto nl = t.encode("\n", false);
+    CHECK(std::find(nl.begin(), nl.end(), 13) != nl.end());
+    CHECK(t.decode_piece(426, 13) == "\n");
+    // Leading space stripped after BOS only.
+    CHECK(t.decode_piece(1, 403) == "Once");
+    CHECK(t.decode_piece(426, 403) == " Once");
+    // Round trip of text that needs merges and byte fallback (UTF-8 outside the vocab).
+    const std::string s = "Lily saw a big red ball. \xC3\xA9t\xC3\xA9!";
+    const auto ids = t.encode(s, true);
+    std::string back;
+    for (std::size_t i = 1; i < ids.size(); ++i) back += t.decode_piece(ids[i - 1], ids[i]);
+    CHECK(back == s);
+  }
+}
+
+// ---- loader robustness ------------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::uint8_t> slurp(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::vector<std::uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+struct TempDir {
+  fs::path dir;
+  TempDir() {
+    dir = fs::temp_directory_path() / ("kvgate_gate_model_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string write(const std::string& name, const std::vector<std::uint8_t>& bytes) const {
+    const fs::path p = dir / name;
+    std::ofstream f(p, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return p.string();
+  }
+};
+
+template <class T>
+void put(std::vector<std::uint8_t>& b, std::size_t off, T v) {
+  REQUIRE(off + sizeof(T) <= b.size());
+  std::memcpy(b.data() + off, &v, sizeof(T));
+}
+template <class T>
+T get(const std::vector<std::uint8_t>& b, std::size_t off) {
+  T v;
+  std::memcpy(&v, b.data() + off, sizeof(T));
+  return v;
+}
+
+// Offset of the GGUF string (u64 length + bytes) equal to `s`; the file holds it exactly once.
+std::size_t find_gguf_string(const std::vector<std::uint8_t>& b, const std::string& s) {
+  std::vector<std::uint8_t> pat(8 + s.size());
+  const std::uint64_t n = s.size();
+  std::memcpy(pat.data(), &n, 8);
+  std::memcpy(pat.data() + 8, s.data(), s.size());
+  std::size_t found = 0, count = 0;
+  for (auto it = std::search(b.begin(), b.end(), pat.begin(), pat.end()); it != b.end();
+       it = std::search(it + 1, b.end(), pat.begin(), pat.end())) {
+    found = static_cast<std::size_t>(it - b.begin());
+    ++count;
+  }
+  REQUIRE(count == 1);
+  return found;
+}
+
+// Tensor info fields after the name: n_dims u32, dims u64[n], type u32, offset u64.
+struct TensorInfoAt {
+  std::size_t n_dims, dims, type, offset;
+};
+TensorInfoAt tensor_info(const std::vector<std::uint8_t>& b, const std::string& name) {
+  const std::size_t p = find_gguf_string(b, name) + 8 + name.size();
+  const auto nd = get<std::uint32_t>(b, p);
+  REQUIRE(nd >= 1);
+  REQUIRE(nd <= 4);
+  return {p, p + 4, p + 4 + 8 * nd, p + 8 + 8 * nd};
+}
+
+// Runs the loader and returns the ModelError message (fails the test on no error / another type).
+std::string load_error(const std::string& path, const std::string& tok = {}) {
+  try {
+    (void)load_model(path, tok);
+  } catch (const ModelError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL("expected ModelError, got another exception: " << e.what());
+  }
+  FAIL("expected ModelError for " << path << ", the file loaded");
+  return {};
+}
+
+void check_message(const std::string& msg, const std::string& path, const std::string& field) {
+  INFO("message: " << msg);
+  CHECK(msg.find(path) != std::string::npos);
+  CHECK(msg.find(field) != std::string::npos);
+  CHECK(msg.find('\n') == std::string::npos);  // one line
+}
+
+}  // namespace
+
+TEST_CASE("MOD.loader.llama2c corrupted llama2.c checkpoints and tokenizers give clear errors", "[gate:MOD][loader]") {
+  const std::string bin = need_model("stories260K/stories260K.bin");
+  const std::string tok = need_model("stories260K/tok512.bin");
+  const auto good = slurp(bin);
+  REQUIRE(good.size() == 1056540);
+  TempDir td;
+  SECTION("truncated") {
+    auto b = good;
+    b.resize(b.size() / 2);
+    const auto p = td.write("trunc.bin", b);
+    check_message(load_error(p), p, "truncated");
+  }
+  SECTION("header only") {
+    const auto p = td.write("hdr.bin", std::vector<std::uint8_t>(good.begin(), good.begin() + 20));
+    check_message(load_error(p), p, "28-byte llama2.c header");
+  }
+  SECTION("absurd dim") {
+    auto b = good;
+    put<std::int32_t>(b, 0, 1 << 30);
+    const auto p = td.write("dim.bin", b);
+    check_message(load_error(p), p, "dim");
+  }
+  SECTION("negative n_layers") {
+    auto b = good;
+    put<std::int32_t>(b, 8, -5);
+    const auto p = td.write("layers.bin", b);
+    check_message(load_error(p), p, "n_layers");
+  }
+  SECTION("n_heads not a multiple of n_kv_heads") {
+    auto b = good;
+    put<std::int32_t>(b, 16, 3);
+    const auto p = td.write("kvh.bin", b);
+    check_message(load_error(p), p, "n_kv_heads");
+  }
+  SECTION("extra bytes (size mismatch)") {
+    auto b = good;
+    b.resize(b.size() + 12, 0);
+    const auto p = td.write("extra.bin", b);
+    check_message(load_error(p), p, "size mismatch");
+  }
+  SECTION("newer export version") {
+    auto b = good;
+    put<std::uint32_t>(b, 0, 0x616b3432);
+    put<std::int32_t>(b, 4, 1);
+    const auto p = td.write("v1.bin", b);
+    check_message(load_error(p), p, "version");
+  }
+  SECTION("missing file") {
+    const auto p = (td.dir / "nope.bin").string();
+    check_message(load_error(p), p, "no such file");
+  }
+  SECTION("tokenizer truncated") {
+    auto t = slurp(tok);
+    t.resize(t.size() - 100);
+    const auto tp = td.write("tok_trunc.bin", t);
+    check_message(load_error(bin, tp), tp, "truncated");
+  }
+  SECTION("tokenizer absurd token length") {
+    auto t = slurp(tok);
+    put<std::int32_t>(t, 4 + 4, 1 << 20);  // length of token 0
+    const auto tp = td.write("tok_len.bin", t);
+    check_message(load_error(bin, tp), tp, "length");
+  }
+  SECTION("tokenizer for another vocab (trailing bytes)") {
+    auto t = slurp(tok);
+    t.insert(t.end(), 9, 0);
+    const auto tp = td.write("tok_more.bin", t);
+    check_message(load_error(bin, tp), tp, "trailing bytes");
+  }
+}
+
+TEST_CASE("MOD.loader.gguf corrupted GGUF files give clear errors", "[gate:MOD][loader]") {
+  const std::string gguf = need_model("stories260K/stories260K.gguf");
+  const auto good = slurp(gguf);
+  REQUIRE(good.size() == 1185376);
+  TempDir td;
+  SECTION("wrong magic") {
+    auto b = good;
+    std::memcpy(b.data(), "GGUX", 4);
+    const auto p = td.write("magic.gguf", b);
+    check_message(load_error(p), p, "wrong magic");
+  }
+  SECTION("unsupported version") {
+    auto b = good;
+    put<std::uint32_t>(b, 4, 1);
+    const auto p = td.write("v1.gguf", b);
+    check_message(load_error(p), p, "version 1");
+  }
+  SECTION("truncated in the metadata") {
+    const auto p = td.write("trunc_meta.gguf", std::vector<std::uint8_t>(good.begin(), good.begin() + 3000));
+    check_message(load_error(p), p, "truncated");
+  }
+  SECTION("truncated in the tensor data") {
+    const auto p = td.write("trunc_data.gguf", std::vector<std::uint8_t>(good.begin(), good.end() - 1000));
+    check_message(load_error(p), p, "past the end");
+  }
+  SECTION("tensor offset past the end") {
+    auto b = good;
+    const auto ti = tensor_info(b, "blk.2.ffn_up.weight");
+    put<std::uint64_t>(b, ti.offset, std::uint64_t{1} << 40);
+    const auto p = td.write("offset.gguf", b);
+    const auto msg = load_error(p);
+    check_message(msg, p, "past the end");
+    CHECK(msg.find("blk.2.ffn_up.weight") != std::string::npos);
+  }
+  SECTION("misaligned tensor offset") {
+    auto b = good;
+    const auto ti = tensor_info(b, "blk.1.attn_q.weight");
+    put<std::uint64_t>(b, ti.offset, get<std::uint64_t>(b, ti.offset) + 4);
+    const auto p = td.write("align.gguf", b);
+    check_message(load_error(p), p, "alignment");
+  }
+  SECTION("absurd tensor count") {
+    auto b = good;
+    put<std::uint64_t>(b, 8, std::uint64_t{1} << 62);
+    const auto p = td.write("count.gguf", b);
+    check_message(load_error(p), p, "tensor_count");
+  }
+  SECTION("absurd metadata array length") {
+    auto b = good;
+    const std::string key = "tokenizer.ggml.tokens";
+    const std::size_t v = find_gguf_string(b, key) + 8 + key.size();
+    REQUIRE(get<std::uint32_t>(b, v) == 9);      // array
+    REQUIRE(get<std::uint32_t>(b, v + 4) == 8);  // of strings
+    put<std::uint64_t>(b, v + 8, std::uint64_t{1} << 60);
+    const auto p = td.write("array.gguf", b);
+    check_message(load_error(p), p, "tokenizer.ggml.tokens");
+  }
+  SECTION("absurd string length") {
+    auto b = good;
+    const std::size_t k = find_gguf_string(b, "general.architecture");
+    put<std::uint64_t>(b, k, std::uint64_t{1} << 50);
+    const auto p = td.write("strlen.gguf", b);
+    check_message(load_error(p), p, "claims");
+  }
+  SECTION("absurd tensor dimension") {
+    auto b = good;
+    const auto ti = tensor_info(b, "output_norm.weight");
+    put<std::uint64_t>(b, ti.dims, std::uint64_t{1} << 55);
+    const auto p = td.write("dim.gguf", b);
+    check_message(load_error(p), p, "output_norm.weight");
+  }
+  SECTION("missing tensor") {
+    auto b = good;
+    const std::size_t at = find_gguf_string(b, "blk.3.attn_v.weight") + 8;
+    b[at + 11] = 'X';  // blk.3.attn_X.weight
+    const auto p = td.write("missing.gguf", b);
+    const auto msg = load_error(p);
+    check_message(msg, p, "blk.3.attn_v.weight");
+    CHECK(msg.find("missing") != std::string::npos);
+  }
+  SECTION("mismatched shape") {
+    auto b = good;
+    const auto ti = tensor_info(b, "blk.0.attn_k.weight");
+    REQUIRE(get<std::uint64_t>(b, ti.dims + 8) == 32);
+    put<std::uint64_t>(b, ti.dims + 8, 16);  // [64, 32] -> [64, 16]
+    const auto p = td.write("shape.gguf", b);
+    const auto msg = load_error(p);
+    check_message(msg, p, "blk.0.attn_k.weight");
+    CHECK(msg.find("expected [64, 32]") != std::string::npos);
+  }
+  SECTION("unsupported tensor type") {
+    auto b = good;
+    const auto ti = tensor_info(b, "blk.4.ffn_down.weight");
+    put<std::uint32_t>(b, ti.type, 12);  // Q4_K
+    const auto p = td.write("type.gguf", b);
+    check_message(load_error(p), p, "Q4_K");
+  }
+  SECTION("wrong architecture") {
+    auto b = good;
+    const std::string key = "general.architecture";
+    const std::size_t v = find_gguf_string(b, key) + 8 + key.size() + 4 + 8;  // type u32, len u64
+    std::memcpy(b.data() + v, "mamba", 5);
+    const auto p = td.write("arch.gguf", b);
+    check_message(load_error(p), p, "general.architecture");
+  }
+}
+
+TEST_CASE("MOD.loader.gguf_types F16/BF16/Q8_0/Q4_0 tensors load and dequantize as ggml", "[gate:MOD][loader]") {
+  // Rewrites the F32 GGUF with one tensor converted, then compares against the exact dequantization.
+  const std::string gguf = need_model("stories260K/stories260K.gguf");
+  const auto good = slurp(gguf);
+  const Model& ref = stories("stories260K.gguf");
+  TempDir td;
+  // blk.0.ffn_gate.weight: ne = [64, 172], F32; the data offset is relative to the data section.
+  const auto ti = tensor_info(good, "blk.0.ffn_gate.weight");
+  const std::uint64_t rel = get<std::uint64_t>(good, ti.offset);
+  // The data section starts at the first 32-aligned byte after the last tensor info; find it from
+  // the known F32 bytes of the tensor.
+  const std::vector<float>& w = ref.weights.layers[0].w1;
+  REQUIRE(w.size() == 64u * 172u);
+  const auto* wb = reinterpret_cast<const std::uint8_t*>(w.data());
+  const auto it = std::search(good.begin(), good.end(), wb, wb + w.size() * 4);
+  REQUIRE(it != good.end());
+  const std::size_t abs = static_cast<std::size_t>(it - good.begin());
+  REQUIRE(abs >= rel);
+  struct Case {
+    std::uint32_t type;
+    const char* name;
+  };
+  for (const Case c : {Case{1, "F16"}, Case{30, "BF16"}, Case{8, "Q8_0"}, Case{2, "Q4_0"}}) {
+    INFO("type " << c.name);
+    auto b = good;
+    put<std::uint32_t>(b, ti.type, c.type);
+    std::vector<float> expect(w.size());
+    std::vector<std::uint8_t> enc;
+    if (c.type == 1 || c.type == 30) {
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        const std::uint16_t h = c.type == 1 ? f32_to_f16_rne(w[i]) : f32_to_bf16_rne(w[i]);
+        enc.push_back(static_cast<std::uint8_t>(h & 0xFF));
+        enc.push_back(static_cast<std::uint8_t>(h >> 8));
+        expect[i] = c.type == 1 ? f16_to_f32(h) : bf16_to_f32(h);
+      }
+    } else {
+      // The KV codecs produce llama.cpp block_q8_0 / block_q4_0 bytes (docs/FORMATS.md).
+      const HalfFormat hf = c.type == 8 ? HalfFormat::q8_0 : HalfFormat::q4_0;
+      const PageGeometry g{1, 1, 64};
+      std::vector<std::uint8_t> page(page_bytes(hf, g));
+      for (std::size_t r = 0; r < 172; ++r) {
+        quantize_token(hf, g, 0, w.data() + r * 64, 1.0f, page.data());
+        enc.insert(enc.end(), page.begin(), page.end());
+        dequantize_token(hf, g, 0, page.data(), 1.0f, expect.data() + r * 64);
+      }
+    }
+    std::copy(enc.begin(), enc.end(), b.begin() + static_cast<std::ptrdiff_t>(abs));
+    const auto p = td.write(std::string("t_") + c.name + ".gguf", b);
+    const Model m = load_model(p);
+    CHECK(m.weights.layers[0].w1 == expect);
+    CHECK(m.weights.layers[0].w3 == ref.weights.layers[0].w3);  // neighbours untouched
+    CHECK(m.fingerprint != ref.fingerprint);
+  }
+}
+
+TEST_CASE("MOD.loader.fingerprint same weights, same fingerprint; any change, another", "[gate:MOD][loader]") {
+  const Model& a = stories("stories260K.bin");
+  const Model& b = stories("stories260K.gguf");
+  CHECK(a.fingerprint.size() == 16);
+  // Same weights, but the GGUF says context 2048 and ships output.weight (a separate classifier).
+  CHECK(model_fingerprint(a.config, a.weights) == a.fingerprint);
+  ModelWeights w = a.weights;
+  w.layers[3].wv[17] = std::nextafter(w.layers[3].wv[17], 1.0f);
+  CHECK(model_fingerprint(a.config, w) != a.fingerprint);
+  ModelConfig c = a.config;
+  c.rope_theta = 500000.0f;
+  CHECK(model_fingerprint(c, a.weights) != a.fingerprint);
+  CHECK(!b.fingerprint.empty());
+}
+
+// ---- attention's page read --------------------------------------------------------------------
+
+TEST_CASE("ORA.dequant_rows attention's vectorized page read == dequantize_token, every half format",
+          "[gate:ORA]") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const PageGeometry geos[] = {{16, 4, 8}, {16, 8, 64}, {8, 2, 128}, {4, 3, 32}, {16, 1, 256}, {5, 4, 16}};
+  for (HalfFormat f : all_half_formats())
+    for (const PageGeometry& g : geos) {
+      if (!supports(f, g).ok) continue;
+      INFO("format " << name(f) << " B=" << g.block_size << " H=" << g.n_kv_heads << " D=" << g.head_dim);
+      const int HD = g.row_elems();
+      std::vector<std::uint8_t> page(page_bytes(f, g));
+      std::vector<float> row(static_cast<std::size_t>(HD));
+      const float ts = 0.37f;
+      for (int t = 0; t < g.block_size; ++t) {
+        for (int i = 0; i < HD; ++i) row[static_cast<std::size_t>(i)] = nd(rng) * (1.0f + static_cast<float>(i % 7));
+        if (t == 2) row[3] = 0.0f, row[4] = -0.0f, row[5] = 6e-8f;  // zero, negative zero, f16 subnormal
+        quantize_token(f, g, t, row.data(), ts, page.data());
+      }
+      for (int n : {1, g.block_size / 2, g.block_size}) {
+        if (n < 1) continue;
+        std::vector<float> fast(static_cast<std::size_t>(n) * HD), ref(fast.size());
+        dequantize_rows(f, g, n, page.data(), ts, fast.data());
+        for (int t = 0; t < n; ++t) dequantize_token(f, g, t, page.data(), ts, ref.data() + static_cast<std::size_t>(t) * HD);
+        CHECK(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
+      }
+    }
+  // The f16 widening over all 65536 codes (incl. subnormals, inf, NaN payloads) is exact.
+  const PageGeometry g{1, 1, 65536};
+  std::vector<std::uint8_t> page(65536 * 2);
+  for (int i = 0; i < 65536; ++i) {
+    page[static_cast<std::size_t>(2 * i)] = static_cast<std::uint8_t>(i & 0xFF);
+    page[static_cast<std::size_t>(2 * i + 1)] = static_cast<std::uint8_t>(i >> 8);
+  }
+  std::vector<float> fast(65536), ref(65536);
+  dequantize_rows(HalfFormat::f16, g, 1, page.data(), 1.0f, fast.data());
+  dequantize_token(HalfFormat::f16, g, 0, page.data(), 1.0f, ref.data());
+  CHECK(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
+}
