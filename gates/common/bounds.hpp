@@ -74,3 +74,59 @@ inline double attn_f32_max_abs(int head_dim, int n_ctx, double max_l1_score, dou
 inline constexpr double kOraSensitivity = 0.10;
 
 }  // namespace kvgate::gates
+
+// ---- model level (gates/model_level: ORA.model, MOD) ------------------------------------------
+namespace kvgate::gates {
+
+// ORA.model — runtime binary32 forward vs the oracle's (independent code, binary32 and binary64).
+// Forward error analysis: each binary32 rounding is a relative perturbation (1+d), |d| <= u. Along
+// the longest chain of dependent roundings from the inputs to one logit there are N of them: per
+// layer the attention RMSNorm (dim squares summed, rsqrt, scale: dim+3), the Q/K/V dot products (dim),
+// RoPE (the angle pos*theta_i in binary32 carries <= 2*pos*u relative error; rotation 2), the score
+// (head_dim + 1), softmax (exp 2, a sum over n_ctx = pos+1 keys, a division: n_ctx+3), P*V (n_ctx),
+// Wo (q_dim) and the residual add (1), the FFN RMSNorm (dim+3), W1/W3 (dim), SiLU and the gate
+// product (4), W2 (hidden) and its add (1); then the final RMSNorm (dim+3) and the classifier (dim).
+inline double forward_rounding_chain(int n_layers, int dim, int hidden, int head_dim, int q_dim, int pos) {
+  const double n_ctx = pos + 1.0;
+  const double per_layer = (dim + 3.0) + dim + (2.0 * pos + 2) + (head_dim + 1.0) + (n_ctx + 3) + n_ctx +
+                           (q_dim + 1.0) + (dim + 3.0) + dim + 4 + (hidden + 1.0);
+  return n_layers * per_layer + (dim + 3.0) + dim;
+}
+// With relative condition number <= 1 the computed logits then satisfy |z^ - z| <= gamma_N * max|z|
+// (relative to the logit magnitude of that position), gamma_N = N u / (1 - N u). Worst-case gamma_N
+// grows like N while random roundings grow like sqrt(N): the factor sqrt(N) (~90 for stories260K) is
+// the margin for the network's conditioning. The assumption is checked, not trusted: the oracle's own
+// binary32 forward must meet the same bound against its binary64 forward. Runtime vs oracle binary32:
+// both within the bound of the exact value, hence within twice the bound of each other.
+inline double forward_f32_logit_bound(double chain, double max_abs_logit) {
+  const double nu = chain * kU32;
+  return nu / (1 - nu) * max_abs_logit;
+}
+// Top-1 at one position may legitimately differ only where the exact top two logits are closer than
+// the two evaluations' combined error (2 * bound).
+
+// MOD — KL divergence and top-1 agreement of a KV format against f32 KV (same runtime, same tokens).
+// Statistical model of the format's KV error: each stored K/V element's error is bounded by the
+// format's envelope E_i (docs/FORMATS.md: int8/q8_0 s/2; q4_0 |d|/2, or |d| for the clamped
+// population, q4_0_rot the same in the rotated domain; fp8 2^-4|x| + 2^-10 s (e4m3),
+// 2^-3|x| + 2^-17 s (e5m2); f16/bf16 half an ulp), and, as in the standard quantization-noise model,
+// zero-mean and independent of the other errors and of the queries and weights, with
+// E[e_i^2] <= E_i^2 / 3 (uniform over [-E_i, E_i]; formats whose ulp/2 is below E_i are lower still).
+// Reference perturbation R_F: e_i = +-E_i with independent random signs on every K and V element of
+// every layer (after RoPE, before attention, current token included), in the oracle's independent
+// forward — the largest energy an envelope-respecting independent error can have, >= 3x the energy a
+// correct format is expected to inject. KL ~ (1/2) dz^T F dz grows with the error energy (quadratic
+// for small errors, saturating beyond) and top-1 flips grow with |dz|, so a correct format's expected
+// metrics are at most R_F's, with a factor 3 (KL) / sqrt(3) (flips) to spare in the small-error
+// regime. The thresholds are R_F's own metrics over the same positions:
+//   mean KL <= mean KL(R_F),   p99 KL <= p99 KL(R_F),   top-1 disagreements <= mod_top1_allowed(n(R_F)).
+// A format whose real error is worse than independent noise at its envelope (a biased rounding, a
+// wrong scale, a read from the wrong head or page) exceeds them; the anti-vacuity cases construct one.
+// The top-1 counts are Poisson-like; 3 sigma of both counts is allowed on top of the reference's.
+inline double mod_top1_allowed(long n_reference_disagreements) {
+  return double(n_reference_disagreements) + 3.0 * std::sqrt(double(n_reference_disagreements) + 1.0);
+}
+// The quantile used for the tail metric (nearest rank over all compared positions).
+inline constexpr double kModKlQuantile = 0.99;
+
+}  // namespace kvgate::gates
