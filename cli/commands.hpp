@@ -10,6 +10,8 @@ void register_gate(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_run(CLI::App& app);
 void register_mutate(CLI::App& app);
+void register_probe(CLI::App& app);
+void register_bench(CLI::App& app);
 void on_run(CLI::App* sub, std::function<int()> action);
 int run_selected(CLI::App& app);
 

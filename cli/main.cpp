@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   kvgate::cli::register_synth(app);
   kvgate::cli::register_run(app);
   kvgate::cli::register_mutate(app);
+  kvgate::cli::register_probe(app);
+  kvgate::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

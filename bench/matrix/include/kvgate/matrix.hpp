@@ -1,0 +1,126 @@
+// The A/B matrix behind `kvgate bench` (and the probe runner behind `kvgate probe`): formats x
+// context lengths x streaming window x device -> memory, TTFT, prefill/decode throughput at depth,
+// KL/top-1 against f32 KV on the committed corpus, and the needle/counting/echo probes.
+// Every record carries provenance (commit, CPU, GPU, compiler and flags, seed, model hash).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/probes.hpp"
+
+namespace kvgate::matrix {
+
+inline constexpr const char* kMatrixSchema = "kvgate.matrix/1";
+inline constexpr const char* kProbeSchema = "kvgate.run/1";
+
+// --- provenance --------------------------------------------------------------------------------
+std::string sha256_hex(const void* data, std::size_t n);
+std::string sha256_file(const std::string& path);  // empty when unreadable
+
+struct ProvenanceOptions {
+  std::string source_dir;        // git work tree to read the commit from (default: compile-time source)
+  std::uint64_t seed = 0;
+  const Model* model = nullptr;  // path, SHA-256 of the file(s), fingerprint
+  int threads = 1;
+};
+// {git_commit, git_dirty, kvgate_version, cpu_model, cpu_cores, os, gpus[], gpu_driver, cuda_runtime,
+//  compiler, cxx_flags, build_type, cuda_build, seed, threads, model{path, kind, sha256, fingerprint, ...}}
+nlohmann::json provenance(const ProvenanceOptions& o);
+// The per-row subset (llama-bench style): commit, cpu, gpu, compiler, seed, model hash.
+nlohmann::json provenance_brief(const nlohmann::json& full);
+// The environment fingerprint of field reports: provenance plus memory and nvidia-smi lines.
+nlohmann::json environment(const ProvenanceOptions& o);
+
+// --- models and corpora -------------------------------------------------------------------------
+// Where the shared models live: $KVGATE_MODELS, else <source>/../shared/models.
+std::vector<std::string> model_dirs(const std::string& source_dir);
+// "stories260K/stories260K.bin" -> the first existing candidate, or empty.
+std::string find_model(const std::string& rel, const std::string& source_dir);
+std::string default_source_dir();  // the git work tree around the cwd, else the configured source
+
+struct Corpus {
+  std::string path, model_fingerprint;
+  std::vector<std::vector<int>> sequences;
+};
+Corpus load_corpus(const std::string& path);  // datasets/corpora/*.json
+
+// --- probes on the engine ------------------------------------------------------------------------
+struct ProbeSpec {
+  probes::ProbeKind kind = probes::ProbeKind::needle;
+  std::vector<int> lengths;            // needle: context L; counting: N (empty: defaults for the model)
+  std::vector<double> depths;          // needle only
+  std::vector<std::uint64_t> seeds;    // needle and echo
+  int echo_per_seed = 1;               // echo numbers per seed
+};
+// Defaults that fit the model's context (stories260K: short lengths; a long-context model: 512..8K).
+ProbeSpec default_probe_spec(probes::ProbeKind kind, const Model& m, bool quick);
+// One note about what the probe can measure on this subject (stories260K cannot pass them).
+std::string subject_note(const Model& m);
+
+// Runs every case greedily on a fresh sequence of one engine. The JSON is the `kvgate probe --json`
+// record: probe, kv, kv_requested, fallback_reason, subject, cases, passed, skipped, results[...].
+using Progress = std::function<void(const std::string& line)>;
+nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const ProbeSpec& spec,
+                         const Progress& progress = {});
+
+// --- KL / top-1 against f32 KV ---------------------------------------------------------------------
+struct Quality {
+  double kl_mean = 0, kl_p99 = 0, kl_max = 0, top1 = 0;
+  long long positions = 0;
+};
+// Teacher-forced logits of every corpus position at `fmt` vs `ref` (logits per sequence at f32 KV).
+std::vector<std::vector<float>> corpus_logits(const Model& model, const EngineOptions& eo, const Corpus& corpus);
+Quality compare_logits(const std::vector<std::vector<float>>& ref, const std::vector<std::vector<float>>& got,
+                       int vocab);
+
+// --- the matrix ---------------------------------------------------------------------------------------
+struct MatrixOptions {
+  std::vector<std::string> formats;      // presets or k=<h>,v=<h>; f32 is always added as the baseline
+  std::vector<int> lengths;              // context lengths (prompt tokens) for the timing rows
+  std::vector<int> windows = {0};        // --kv-resident tokens (0 = resident); ignored when unsupported
+  std::vector<std::string> devices = {"cpu"};
+  int decode_steps = 32;                 // decode tok/s measured over this many tokens at depth
+  int warm_turn = 16;                    // new tokens of the warm (second) turn
+  int repeats = 1;                       // timing repeats (median)
+  std::size_t budget_bytes = std::size_t(1) << 30;  // capacity at this KV memory budget
+  int threads = 1;
+  bool timing = true;                    // false: no clock is read; timing fields are null
+  bool probes = true;
+  bool quality = true;
+  bool quick = false;
+  std::string corpus_path;               // KL/top-1 corpus (empty: no KL)
+  std::string cache_dir;                 // scratch for the warm-TTFT KV files
+  std::uint64_t seed = 1;
+  std::map<std::string, ProbeSpec> probe_specs;  // by probe name; missing: defaults
+};
+
+// Quick defaults for a model (a full CPU run on stories260K in a few minutes).
+MatrixOptions default_matrix_options(const Model& m, bool quick);
+bool engine_supports_streaming();
+bool engine_supports_conversations();
+
+nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nlohmann::json& provenance,
+                          const Progress& progress = {});
+
+// --- outputs ------------------------------------------------------------------------------------------
+std::string rows_jsonl(const nlohmann::json& matrix);
+std::string rows_csv(const nlohmann::json& matrix);
+std::string matrix_markdown(const nlohmann::json& matrix);
+// Writes matrix.json (canonical), matrix.jsonl, matrix.csv, matrix.md into `dir`; returns the paths.
+std::vector<std::string> write_matrix(const nlohmann::json& matrix, const std::string& dir);
+
+std::vector<std::string> split_csv(const std::string& s);
+std::vector<int> parse_int_list(const std::string& s);
+std::vector<double> parse_double_list(const std::string& s);
+std::vector<std::uint64_t> parse_seed_list(const std::string& s);  // "1,2,3" or "1..8"
+
+}  // namespace kvgate::matrix
