@@ -25,6 +25,7 @@
 #include "kvgate_oracle/metrics.hpp"
 #include "kvgate_oracle/model.hpp"
 #include "kvgate_oracle/scalar.hpp"
+#include "models.hpp"
 #include "populations.hpp"
 
 namespace kvgate::gates::model_level {
@@ -34,28 +35,11 @@ namespace ko = kvgate_oracle;
 
 // ---- where things are ------------------------------------------------------------------------
 
+// The source tree (for the committed corpus): $KVGATE_SOURCE_DIR (ctest sets it), else the tree
+// this was built from. Models are found by gates/common/models.hpp (find_model).
 inline std::string source_dir() {
   if (const char* s = std::getenv("KVGATE_SOURCE_DIR"); s && *s) return s;
-  return KVGATE_MODEL_LEVEL_SOURCE_DIR;  // compile definition: the source tree this was built from
-}
-
-// $KVGATE_MODELS, else <source>/../shared/models. Returns the candidates it looked at.
-inline std::vector<std::string> model_dirs() {
-  std::vector<std::string> d;
-  if (const char* m = std::getenv("KVGATE_MODELS"); m && *m) d.push_back(m);
-  d.push_back((fs::path(source_dir()) / ".." / "shared" / "models").lexically_normal().string());
-  return d;
-}
-
-// Path of <name>/<file> in the first models folder that has it; empty + `looked` filled otherwise.
-inline std::string find_model_file(const std::string& name, const std::string& file, std::string& looked) {
-  looked.clear();
-  for (const auto& d : model_dirs()) {
-    const fs::path p = fs::path(d) / name / file;
-    if (fs::exists(p)) return p.string();
-    looked += (looked.empty() ? "" : ", ") + p.string();
-  }
-  return {};
+  return KVGATE_SOURCE_DIR_DEFAULT;  // compile definition (gates/model_level/CMakeLists.txt)
 }
 
 inline std::string corpus_path() { return (fs::path(source_dir()) / "datasets" / "corpora" / "stories260K_tf.json").string(); }

@@ -27,12 +27,9 @@ namespace {
 // ---- models, cached for the whole program ------------------------------------------------------
 
 std::string stories_path() {
-  std::string looked;
-  const std::string p = find_model_file("stories260K", "stories260K.bin", looked);
-  if (p.empty())
-    FAIL("test model stories260K/stories260K.bin not found; looked at: "
-         << looked << ". Set KVGATE_MODELS to the folder that holds stories260K/, or run through ctest.");
-  return p;
+  const ModelLookup m = find_model("stories260K/stories260K.bin");
+  if (!m.found()) FAIL(m.message);
+  return m.path;
 }
 
 struct Stories {
