@@ -17,8 +17,11 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(KVGATE_NO_TARGET_CLONES)
 #define KVGATE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#define KVGATE_X86_AVX2 1
+#include <immintrin.h>
 #else
 #define KVGATE_MULTIVERSION
+#define KVGATE_X86_AVX2 0
 #endif
 
 namespace kvgate {
@@ -60,49 +63,75 @@ void dequant_bf16(const std::uint16_t* __restrict in, float* __restrict out, std
 
 constexpr int kScaleChunk = 256;
 
-// GCC vector types: lowered to AVX2 or SSE2 in the respective clone, same arithmetic in both.
-typedef float v8f __attribute__((vector_size(32)));
-typedef signed char v8c __attribute__((vector_size(8)));
+#if KVGATE_X86_AVX2
+// Explicit AVX2 kernels (picked at run time; GCC 12 does not vectorize these shapes well).
+__attribute__((target("avx2"), always_inline)) inline void cell8(const std::int8_t* q, float* o, __m256 sv) {
+  const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+  _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(w), sv));  // exact widening, one RNE multiply
+}
 
-// int8 cells: scales widened first (one vectorized pass), then code * scale per cell (exact
-// conversion, one binary32 multiply, as dequantize_token).
-template <int DC>
-__attribute__((always_inline)) inline void dequant_int8_t(const std::int8_t* __restrict codes,
-                                                          const std::uint16_t* __restrict scales,
-                                                          float* __restrict out, int n_cells, int Drt) {
-  const int D = DC ? DC : Drt;
-  float sf[kScaleChunk];
-  for (int c0 = 0; c0 < n_cells; c0 += kScaleChunk) {
-    const int cn = std::min(kScaleChunk, n_cells - c0);
-    for (int c = 0; c < cn; ++c) sf[c] = f16_bits_to_f32(scales[c0 + c]);
-    for (int c = 0; c < cn; ++c) {
-      const std::size_t cell = static_cast<std::size_t>(c0 + c);
-      const std::int8_t* q = codes + cell * D;
-      float* o = out + cell * D;
-      if (D % 8 == 0) {
-        const v8f sv = v8f{} + sf[c];
-        for (int i = 0; i < D; i += 8) {
-          v8c cv;
-          std::memcpy(&cv, q + i, sizeof cv);
-          const v8f f = __builtin_convertvector(cv, v8f) * sv;
-          std::memcpy(o + i, &f, sizeof f);
-        }
-      } else {
-        for (int i = 0; i < D; ++i) o[i] = static_cast<float>(q[i]) * sf[c];
-      }
-    }
+__attribute__((target("avx2"))) void dequant_int8_cells_avx2(const std::int8_t* __restrict codes,
+                                                             const float* __restrict sf, float* __restrict out,
+                                                             int n_cells, int D) {
+  if (D == 8) {
+    for (int c = 0; c < n_cells; ++c) cell8(codes + 8 * static_cast<std::size_t>(c), out + 8 * static_cast<std::size_t>(c),
+                                            _mm256_set1_ps(sf[c]));
+    return;
+  }
+  for (int c = 0; c < n_cells; ++c) {
+    const __m256 sv = _mm256_set1_ps(sf[c]);
+    const std::int8_t* q = codes + static_cast<std::size_t>(c) * D;
+    float* o = out + static_cast<std::size_t>(c) * D;
+    for (int i = 0; i < D; i += 8) cell8(q + i, o + i, sv);
   }
 }
 
+// kt[hd][t] = rows[t][hd] for 8x8 blocks: rows t0..t0+7, columns hd0..hd0+7.
+__attribute__((target("avx2"))) void transpose8x8_avx2(const float* rows, int hd_n, float* kt, int ks, int t0,
+                                                       int hd0) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + static_cast<std::size_t>(t0 + i) * hd_n + hd0);
+  const __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 a6 = _mm256_unpacklo_ps(r[6], r[7]), a7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+  const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+  const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+  const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+  const __m256 c[8] = {_mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
+                       _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
+                       _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
+                       _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(kt + static_cast<std::size_t>(hd0 + k) * ks + t0, c[k]);
+}
+
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+// int8 cells: scales widened first (one vectorized pass), then code * scale per cell (exact
+// conversion, one binary32 multiply, as dequantize_token).
 KVGATE_MULTIVERSION
+void widen_scales(const std::uint16_t* __restrict scales, float* __restrict sf, int n) {
+  for (int c = 0; c < n; ++c) sf[c] = f16_bits_to_f32(scales[c]);
+}
+
 void dequant_int8(const std::int8_t* codes, const std::uint16_t* scales, float* out, int n_cells, int D) {
-  switch (D) {
-    case 8: dequant_int8_t<8>(codes, scales, out, n_cells, D); return;
-    case 16: dequant_int8_t<16>(codes, scales, out, n_cells, D); return;
-    case 32: dequant_int8_t<32>(codes, scales, out, n_cells, D); return;
-    case 64: dequant_int8_t<64>(codes, scales, out, n_cells, D); return;
-    case 128: dequant_int8_t<128>(codes, scales, out, n_cells, D); return;
-    default: dequant_int8_t<0>(codes, scales, out, n_cells, D); return;
+  float sf[kScaleChunk];
+  for (int c0 = 0; c0 < n_cells; c0 += kScaleChunk) {
+    const int cn = std::min(kScaleChunk, n_cells - c0);
+    widen_scales(scales + c0, sf, cn);
+    const std::int8_t* q = codes + static_cast<std::size_t>(c0) * D;
+    float* o = out + static_cast<std::size_t>(c0) * D;
+#if KVGATE_X86_AVX2
+    if (kHaveAvx2 && D % 8 == 0) {
+      dequant_int8_cells_avx2(q, sf, o, cn, D);
+      continue;
+    }
+#endif
+    for (int c = 0; c < cn; ++c)
+      for (int i = 0; i < D; ++i)
+        o[static_cast<std::size_t>(c) * D + i] = static_cast<float>(q[static_cast<std::size_t>(c) * D + i]) * sf[c];
   }
 }
 
@@ -159,8 +188,53 @@ __attribute__((always_inline)) inline float softmax_exp(float x) {
   return x < lo ? 0.0f : y;
 }
 
-constexpr int kW = 16;  // tokens per score chunk (fixed width, so the chunk loops vectorize)
-static_assert(kW == 16, "the reductions below are written out for 16 lanes");
+constexpr int kW = 16;  // tokens per score chunk: two 8-lane vectors
+
+// GCC vector types: each clone lowers them to its own ISA (AVX2: one register; baseline: two SSE
+// registers) with the same lane arithmetic, so every clone gives the same bits.
+typedef float v8f __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+
+__attribute__((always_inline)) inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+__attribute__((always_inline)) inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+__attribute__((always_inline)) inline v8f splat8(float x) { return v8f{} + x; }
+__attribute__((always_inline)) inline v8f vmax(v8f a, v8f b) { return a > b ? a : b; }
+// Horizontal max / sum as a fixed tree: lanes (i, i+4), then (i, i+2), then (i, i+1).
+__attribute__((always_inline)) inline float hmax8(v8f v) {
+  v = vmax(v, __builtin_shuffle(v, v8i{4, 5, 6, 7, 0, 1, 2, 3}));
+  v = vmax(v, __builtin_shuffle(v, v8i{2, 3, 0, 1, 6, 7, 4, 5}));
+  v = vmax(v, __builtin_shuffle(v, v8i{1, 0, 3, 2, 5, 4, 7, 6}));
+  return v[0];
+}
+__attribute__((always_inline)) inline float hsum8(v8f v) {
+  v = v + __builtin_shuffle(v, v8i{4, 5, 6, 7, 0, 1, 2, 3});
+  v = v + __builtin_shuffle(v, v8i{2, 3, 0, 1, 6, 7, 4, 5});
+  v = v + __builtin_shuffle(v, v8i{1, 0, 3, 2, 5, 4, 7, 6});
+  return v[0];
+}
+// softmax_exp on 8 lanes, the same operations lane by lane.
+__attribute__((always_inline)) inline v8f softmax_exp8(v8f x) {
+  const v8f lo = splat8(-87.3f), hi = splat8(88.0f);
+  v8f xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const v8f n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  v8f r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  v8f p = splat8(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  const v8f y = p * reinterpret_cast<const v8f&>(bits);
+  return x < lo ? v8f{} : y;
+}
 
 // Attention of every query and head over tokens [t0, t0 + nt) of one page: scores against the
 // transposed K tile kt[kv head][d][ks], one online-softmax step per chunk of kW tokens, V
@@ -173,6 +247,7 @@ __attribute__((always_inline)) inline void attend_page_t(const AttentionArgs& a,
                                                          float* __restrict acc) {
   const int D = DC ? DC : Drt;
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const v8i lane0 = {0, 1, 2, 3, 4, 5, 6, 7}, lane1 = lane0 + 8;
   for (int i = 0; i < a.n_q; ++i) {
     const int last = a.pos0 + i;  // causal: keys [0, last]
     if (t0 > last) continue;
@@ -186,31 +261,43 @@ __attribute__((always_inline)) inline void attend_page_t(const AttentionArgs& a,
       for (int c0 = 0; c0 < ntq; c0 += kW) {
         const int cn = std::min(kW, ntq - c0);
         // s[t] = (sum_d q[d] k[t][d]) * scale, summed in d order; lanes past the causal end are -inf.
-        float s[kW] = {};
+        v8f s0 = {}, s1 = {};
         for (int d = 0; d < D; ++d) {
-          const float qd = qv[d];
+          const v8f qd = splat8(qv[d]);
           const float* kd = kh + static_cast<std::size_t>(d) * ks + c0;
-          for (int t = 0; t < kW; ++t) s[t] += qd * kd[t];
+          s0 += qd * load8(kd);
+          s1 += qd * load8(kd + 8);
         }
-        for (int t = 0; t < kW; ++t) s[t] = t < cn ? s[t] * scale : kNegInf;
-        float r[kW / 2];
-        for (int t = 0; t < 8; ++t) r[t] = s[t] > s[t + 8] ? s[t] : s[t + 8];
-        for (int t = 0; t < 4; ++t) r[t] = r[t] > r[t + 4] ? r[t] : r[t + 4];
-        for (int t = 0; t < 2; ++t) r[t] = r[t] > r[t + 2] ? r[t] : r[t + 2];
-        const float cmax = r[0] > r[1] ? r[0] : r[1];
+        s0 = lane0 < cn ? s0 * scale : splat8(kNegInf);
+        s1 = lane1 < cn ? s1 * scale : splat8(kNegInf);
+        const float cmax = hmax8(vmax(s0, s1));
         const float mx = m[st] > cmax ? m[st] : cmax;
         const float corr = softmax_exp(m[st] - mx);  // 0 on the first chunk (m = -inf)
-        for (int t = 0; t < kW; ++t) s[t] = softmax_exp(s[t] - mx);  // weights (0 past the end)
-        for (int t = 0; t < 8; ++t) r[t] = s[t] + s[t + 8];
-        for (int t = 0; t < 4; ++t) r[t] += r[t + 4];
-        for (int t = 0; t < 2; ++t) r[t] += r[t + 2];
-        l[st] = l[st] * corr + (r[0] + r[1]);
+        const v8f w0 = softmax_exp8(s0 - mx), w1 = softmax_exp8(s1 - mx);  // weights, 0 past the end
+        l[st] = l[st] * corr + hsum8(w0 + w1);
         m[st] = mx;
+        float w[kW];
+        store8(w, w0);
+        store8(w + 8, w1);
         for (int d = 0; d < D; ++d) ac[d] *= corr;
         const float* vv = vrows + static_cast<std::size_t>(c0) * HD + static_cast<std::size_t>(hk) * D;
-        for (int t = 0; t < cn; ++t) {
-          const float w = s[t];
-          for (int d = 0; d < D; ++d) ac[d] += w * vv[static_cast<std::size_t>(t) * HD + d];
+        if constexpr (DC == 8) {
+          // Head of 8: four partial sums over t mod 4 break the add latency chain.
+          v8f p[4] = {};
+          int t = 0;
+          for (; t + 4 <= cn; t += 4)
+            for (int j = 0; j < 4; ++j) p[j] += splat8(w[t + j]) * load8(vv + static_cast<std::size_t>(t + j) * HD);
+          for (; t < cn; ++t) p[0] += splat8(w[t]) * load8(vv + static_cast<std::size_t>(t) * HD);
+          store8(ac, load8(ac) + ((p[0] + p[1]) + (p[2] + p[3])));
+        } else if constexpr (DC > 0 && DC % 8 == 0) {
+          for (int t = 0; t < cn; ++t) {
+            const v8f wt = splat8(w[t]);
+            const float* vt = vv + static_cast<std::size_t>(t) * HD;
+            for (int d = 0; d < DC; d += 8) store8(ac + d, load8(ac + d) + wt * load8(vt + d));
+          }
+        } else {
+          for (int t = 0; t < cn; ++t)
+            for (int d = 0; d < D; ++d) ac[d] += w[t] * vv[static_cast<std::size_t>(t) * HD + d];
         }
       }
     }
@@ -230,11 +317,20 @@ void attend_page(const AttentionArgs& a, int D, int HD, int ks, int group, int t
   }
 }
 
-// kt[hd][t] = rows[t][hd] for t < nt (row stride hd_n, kt row stride ks).
-KVGATE_MULTIVERSION
-void transpose_rows(const float* __restrict rows, float* __restrict kt, int nt, int hd_n, int ks) {
+// kt[hd][t] = rows[t][hd] for t < nt (row stride hd_n, kt row stride ks). Whole 8x8 blocks may
+// read rows up to the page's block size (they exist in the page or tile): `rows_avail` of them.
+void transpose_rows(const float* __restrict rows, float* __restrict kt, int nt, int hd_n, int ks, int rows_avail) {
+  int t_done = 0;
+#if KVGATE_X86_AVX2
+  if (kHaveAvx2 && hd_n % 8 == 0) {
+    const int nt8 = std::min((nt + 7) / 8 * 8, rows_avail / 8 * 8);
+    for (int t0 = 0; t0 < nt8; t0 += 8)
+      for (int hd0 = 0; hd0 < hd_n; hd0 += 8) transpose8x8_avx2(rows, hd_n, kt, ks, t0, hd0);
+    t_done = nt8;
+  }
+#endif
   for (int hd = 0; hd < hd_n; ++hd)
-    for (int t = 0; t < nt; ++t) kt[static_cast<std::size_t>(hd) * ks + t] = rows[static_cast<std::size_t>(t) * hd_n + hd];
+    for (int t = t_done; t < nt; ++t) kt[static_cast<std::size_t>(hd) * ks + t] = rows[static_cast<std::size_t>(t) * hd_n + hd];
 }
 
 }  // namespace
@@ -309,10 +405,10 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
     const std::uint8_t* vp = store.page(layer, KvHalf::V, table[static_cast<std::size_t>(p)]);
     // K tile as [kv head][d][token]: transposed straight from the page for f32.
     if (kf == HalfFormat::f32) {
-      transpose_rows(reinterpret_cast<const float*>(kp), kt, nt, HD, kstride);
+      transpose_rows(reinterpret_cast<const float*>(kp), kt, nt, HD, kstride, B);
     } else {
       dequantize_rows(kf, g, nt, kp, ks, ktile);
-      transpose_rows(ktile, kt, nt, HD, kstride);
+      transpose_rows(ktile, kt, nt, HD, kstride, B);
     }
     const float* vrows = vtile;
     if (vf == HalfFormat::f32) vrows = reinterpret_cast<const float*>(vp);

@@ -22,34 +22,65 @@ namespace kvgate::detail {
 
 namespace {
 
-constexpr int kLanes = 16;
+// GCC vector types: each clone lowers them to its own ISA with the same lane arithmetic.
+typedef float v8f __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
 
-// Sum of a[i] * b[i] with 16 lane accumulators (vectorizable, fixed summation order).
-__attribute__((always_inline)) inline float dot(const float* __restrict a, const float* __restrict b, int n) {
-  float acc[kLanes] = {};
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
-  float tail = 0.0f;
-  for (; i < n; ++i) tail += a[i] * b[i];
-  for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
-  for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + tail;
+__attribute__((always_inline)) inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
 
-// Four rows of W against one x: x is loaded once for four dot products.
-__attribute__((always_inline)) inline void dot4(const float* __restrict w0, const float* __restrict w1, const float* __restrict w2,
-                 const float* __restrict w3, const float* __restrict x, int n, float out[4]) {
-  float a0[kLanes] = {}, a1[kLanes] = {}, a2[kLanes] = {}, a3[kLanes] = {};
+// Lanes (16 = two vectors, then one vector for 8 more) reduced as a fixed tree, then the scalar
+// tail: the summation order of every dot product in the forward pass.
+__attribute__((always_inline)) inline float reduce16(v8f lo, v8f hi, float tail) {
+  const v8f v = lo + hi;
+  const v8f h = v + __builtin_shuffle(v, v8i{4, 5, 6, 7, 0, 1, 2, 3});
+  return ((h[0] + h[1]) + (h[2] + h[3])) + tail;
+}
+
+__attribute__((always_inline)) inline float dot(const float* __restrict a, const float* __restrict b, int n) {
+  v8f lo = {}, hi = {};
   int i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      const float xv = x[i + j];
-      a0[j] += w0[i + j] * xv;
-      a1[j] += w1[i + j] * xv;
-      a2[j] += w2[i + j] * xv;
-      a3[j] += w3[i + j] * xv;
-    }
+  for (; i + 16 <= n; i += 16) {
+    lo += load8(a + i) * load8(b + i);
+    hi += load8(a + i + 8) * load8(b + i + 8);
+  }
+  if (i + 8 <= n) {
+    lo += load8(a + i) * load8(b + i);
+    i += 8;
+  }
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return reduce16(lo, hi, tail);
+}
+
+// Four rows of W against one x (x loaded once), each with dot()'s summation order.
+__attribute__((always_inline)) inline void dot4(const float* __restrict w0, const float* __restrict w1,
+                                                const float* __restrict w2, const float* __restrict w3,
+                                                const float* __restrict x, int n, float out[4]) {
+  v8f l0 = {}, h0 = {}, l1 = {}, h1 = {}, l2 = {}, h2 = {}, l3 = {}, h3 = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const v8f xl = load8(x + i), xh = load8(x + i + 8);
+    l0 += load8(w0 + i) * xl;
+    h0 += load8(w0 + i + 8) * xh;
+    l1 += load8(w1 + i) * xl;
+    h1 += load8(w1 + i + 8) * xh;
+    l2 += load8(w2 + i) * xl;
+    h2 += load8(w2 + i + 8) * xh;
+    l3 += load8(w3 + i) * xl;
+    h3 += load8(w3 + i + 8) * xh;
+  }
+  if (i + 8 <= n) {
+    const v8f xl = load8(x + i);
+    l0 += load8(w0 + i) * xl;
+    l1 += load8(w1 + i) * xl;
+    l2 += load8(w2 + i) * xl;
+    l3 += load8(w3 + i) * xl;
+    i += 8;
+  }
   float t0 = 0.0f, t1 = 0.0f, t2 = 0.0f, t3 = 0.0f;
   for (; i < n; ++i) {
     t0 += w0[i] * x[i];
@@ -57,14 +88,10 @@ __attribute__((always_inline)) inline void dot4(const float* __restrict w0, cons
     t2 += w2[i] * x[i];
     t3 += w3[i] * x[i];
   }
-  float* accs[4] = {a0, a1, a2, a3};
-  const float tails[4] = {t0, t1, t2, t3};
-  for (int r = 0; r < 4; ++r) {
-    float* acc = accs[r];
-    for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
-    for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
-    out[r] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + tails[r];
-  }
+  out[0] = reduce16(l0, h0, t0);
+  out[1] = reduce16(l1, h1, t1);
+  out[2] = reduce16(l2, h2, t2);
+  out[3] = reduce16(l3, h3, t3);
 }
 
 KVGATE_MULTIVERSION
@@ -97,15 +124,7 @@ void matmul_rows(float* __restrict out, const float* __restrict x, const float* 
 
 KVGATE_MULTIVERSION
 void rmsnorm_impl(float* o, const float* x, const float* w, int n, float eps) {
-  float acc[kLanes] = {};
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j] * x[i + j];
-  float ss = 0.0f;
-  for (; i < n; ++i) ss += x[i] * x[i];
-  for (int j = 0; j < 8; ++j) acc[j] += acc[j + 8];
-  for (int j = 0; j < 4; ++j) acc[j] += acc[j + 4];
-  ss += (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  float ss = dot(x, x, n);
   ss /= static_cast<float>(n);
   ss += eps;
   ss = 1.0f / std::sqrt(ss);
