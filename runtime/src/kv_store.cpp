@@ -43,6 +43,20 @@ PagedKvStore::PagedKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
   for (int b = cfg_.n_blocks - 1; b >= 0; --b) free_list_.push_back(b);  // pop_back hands out 0, 1, 2, ...
 }
 
+PagedKvStore::PagedKvStore(const PagedKvStore& o)
+    : cfg_(o.cfg_), pools_(o.pools_), free_list_(o.free_list_), seqs_(o.seqs_), next_id_(o.next_id_) {
+  page_bytes_[0] = o.page_bytes_[0];
+  page_bytes_[1] = o.page_bytes_[1];
+  if (o.window_) set_streaming(o.window_->window_tokens());
+}
+
+PagedKvStore& PagedKvStore::operator=(const PagedKvStore& o) {
+  if (this != &o) *this = PagedKvStore(o);
+  return *this;
+}
+
+PagedKvStore::~PagedKvStore() = default;
+
 float PagedKvStore::tensor_scale(int layer, KvHalf h) const {
   return (h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale)[static_cast<std::size_t>(layer)];
 }
@@ -82,6 +96,7 @@ int PagedKvStore::alloc_block() {
 void PagedKvStore::release_block(int b) {
   for (int l = 0; l < cfg_.n_layers; ++l)
     for (KvHalf h : {KvHalf::K, KvHalf::V}) std::memset(pool_page(l, h, b), 0, page_bytes_[static_cast<int>(h)]);
+  if (window_) window_->invalidate(b);  // a freed block has no device copy
   free_list_.push_back(b);
 }
 
@@ -111,8 +126,39 @@ const std::uint8_t* PagedKvStore::pool_page(int layer, KvHalf h, int block) cons
   return const_cast<PagedKvStore*>(this)->pool_page(layer, h, block);
 }
 
-const std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) const { return pool_page(layer, h, block); }
-std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) { return pool_page(layer, h, block); }
+const std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) const {
+  if (!window_) return pool_page(layer, h, block);
+  return window_->lookup(layer, static_cast<int>(h), block, [this](int l, int hh, int b) {
+    return pool_page(l, static_cast<KvHalf>(hh), b);
+  });
+}
+std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) {
+  if (window_) window_->invalidate(layer, block);  // the caller may write the host copy directly
+  return pool_page(layer, h, block);
+}
+const std::uint8_t* PagedKvStore::host_page(int layer, KvHalf h, int block) const { return pool_page(layer, h, block); }
+
+void PagedKvStore::push_runs(int layer, KvHalf h, int block, std::span<const ByteRun> runs) {
+  if (window_) window_->write_through(layer, static_cast<int>(h), block, runs, pool_page(layer, h, block));
+}
+
+void PagedKvStore::set_streaming(int resident_tokens, std::unique_ptr<KvDevicePool> device) {
+  if (resident_tokens < 0) throw KvStoreError("kv store: the resident window must be >= 0 tokens (0 = off)");
+  if (resident_tokens == 0) {
+    window_.reset();
+    return;
+  }
+  window_ = std::make_unique<KvWindow>(cfg_.format, geometry(), cfg_.n_layers, cfg_.n_blocks, resident_tokens,
+                                       std::move(device));
+}
+
+StreamCounters PagedKvStore::stream_counters() const { return window_ ? window_->counters() : StreamCounters{}; }
+
+std::string PagedKvStore::check_stream_coherent() const {
+  if (!window_) return {};
+  return window_->check_coherent(
+      [this](int l, int h, int b) { return pool_page(l, static_cast<KvHalf>(h), b); });
+}
 std::size_t PagedKvStore::page_bytes(KvHalf h) const { return page_bytes_[static_cast<int>(h)]; }
 
 void PagedKvStore::write(SeqId s, int layer, int pos0, int n, const float* k, std::size_t k_stride, const float* v,
@@ -134,6 +180,10 @@ void PagedKvStore::write(SeqId s, int layer, int pos0, int n, const float* k, st
                    pool_page(layer, KvHalf::K, block));
     quantize_token(cfg_.format.v, g, slot, v + t * v_stride, tensor_scale(layer, KvHalf::V),
                    pool_page(layer, KvHalf::V, block));
+    if (window_) {  // streaming: the device copy gets the same token bytes (both copies written)
+      push_runs(layer, KvHalf::K, block, token_ranges(cfg_.format.k, g, slot));
+      push_runs(layer, KvHalf::V, block, token_ranges(cfg_.format.v, g, slot));
+    }
   }
 }
 
@@ -157,9 +207,11 @@ void PagedKvStore::clear_slots(int block, int slot0) {
   const PageGeometry g = geometry();
   for (int l = 0; l < cfg_.n_layers; ++l)
     for (KvHalf h : {KvHalf::K, KvHalf::V})
-      for (int slot = slot0; slot < cfg_.block_size; ++slot)
-        for (const ByteRun& r : token_ranges(half_format(h), g, slot))
-          std::memset(pool_page(l, h, block) + r.offset, 0, r.bytes);
+      for (int slot = slot0; slot < cfg_.block_size; ++slot) {
+        const std::vector<ByteRun> runs = token_ranges(half_format(h), g, slot);
+        for (const ByteRun& r : runs) std::memset(pool_page(l, h, block) + r.offset, 0, r.bytes);
+        push_runs(l, h, block, runs);
+      }
 }
 
 void PagedKvStore::truncate(SeqId s, int new_len) {
@@ -185,10 +237,12 @@ void PagedKvStore::swap_out(SeqId s) {
   const std::size_t per_block = static_cast<std::size_t>(cfg_.n_layers) * (page_bytes_[0] + page_bytes_[1]);
   q.host.resize(q.blocks.size() * per_block);
   std::uint8_t* dst = q.host.data();
+  const std::vector<ByteRun> runs[2] = {page_runs(cfg_.format.k, geometry()), page_runs(cfg_.format.v, geometry())};
   for (int b : q.blocks)
     for (int l = 0; l < cfg_.n_layers; ++l)
       for (KvHalf h : {KvHalf::K, KvHalf::V}) {
-        std::memcpy(dst, pool_page(l, h, b), page_bytes_[static_cast<int>(h)]);  // codes and scale region together
+        // Every run of the page moves: codes and scales together.
+        for (const ByteRun& r : runs[static_cast<int>(h)]) std::memcpy(dst + r.offset, pool_page(l, h, b) + r.offset, r.bytes);
         dst += page_bytes_[static_cast<int>(h)];
       }
   for (int b : q.blocks) release_block(b);
@@ -205,16 +259,63 @@ void PagedKvStore::swap_in(SeqId s) {
   std::vector<int> fresh(n);
   for (auto& b : fresh) b = alloc_block();
   const std::uint8_t* src = q.host.data();
+  const std::vector<ByteRun> runs[2] = {page_runs(cfg_.format.k, geometry()), page_runs(cfg_.format.v, geometry())};
   for (int b : fresh)
     for (int l = 0; l < cfg_.n_layers; ++l)
       for (KvHalf h : {KvHalf::K, KvHalf::V}) {
-        std::memcpy(pool_page(l, h, b), src, page_bytes_[static_cast<int>(h)]);
+        for (const ByteRun& r : runs[static_cast<int>(h)]) std::memcpy(pool_page(l, h, b) + r.offset, src + r.offset, r.bytes);
+        push_runs(l, h, b, runs[static_cast<int>(h)]);  // both copies (a no-op unless the block is resident)
         src += page_bytes_[static_cast<int>(h)];
       }
   q.blocks = std::move(fresh);
   q.host.clear();
   q.host.shrink_to_fit();
   q.residency = Residency::resident;
+}
+
+std::vector<ByteRun> PagedKvStore::used_runs(KvHalf h, int used_slots) const {
+  std::vector<ByteRun> runs = page_runs(half_format(h), geometry());
+  for (ByteRun& r : runs) r.bytes = r.bytes / static_cast<std::size_t>(cfg_.block_size) * static_cast<std::size_t>(used_slots);
+  return runs;
+}
+
+void PagedKvStore::export_pages(SeqId s, int n_tokens,
+                                const std::function<void(const PageRef&, const std::uint8_t*)>& sink) const {
+  const Sequence& q = seq(s);
+  if (q.residency != Residency::resident)
+    throw KvStoreError("kv store: export of swapped-out sequence " + std::to_string(s));
+  if (n_tokens < 0 || n_tokens > q.length)
+    throw KvStoreError("kv store: export of " + std::to_string(n_tokens) + " tokens from a sequence of " +
+                       std::to_string(q.length));
+  const int B = cfg_.block_size;
+  const int n_pages = (n_tokens + B - 1) / B;
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      for (int p = 0; p < n_pages; ++p) {
+        const int slots = std::min(B, n_tokens - p * B);
+        const std::vector<ByteRun> runs = used_runs(h, slots);
+        sink(PageRef{l, h, p, p * B, slots, runs}, pool_page(l, h, q.blocks[static_cast<std::size_t>(p)]));
+      }
+}
+
+void PagedKvStore::import_pages(SeqId s, int n_tokens, const std::function<void(const PageRef&, std::uint8_t*)>& fill) {
+  Sequence& q = seq(s);
+  if (q.residency != Residency::resident || q.length != 0)
+    throw KvStoreError("kv store: import needs an empty resident sequence (sequence " + std::to_string(s) + " holds " +
+                       std::to_string(q.length) + " tokens)");
+  if (n_tokens < 0) throw KvStoreError("kv store: import of a negative token count");
+  extend(s, n_tokens);
+  const int B = cfg_.block_size;
+  const int n_pages = (n_tokens + B - 1) / B;
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      for (int p = 0; p < n_pages; ++p) {
+        const int slots = std::min(B, n_tokens - p * B);
+        const std::vector<ByteRun> runs = used_runs(h, slots);
+        const int b = q.blocks[static_cast<std::size_t>(p)];
+        fill(PageRef{l, h, p, p * B, slots, runs}, pool_page(l, h, b));
+        push_runs(l, h, b, runs);  // the restore writer writes both copies
+      }
 }
 
 std::size_t PagedKvStore::pool_bytes() const {

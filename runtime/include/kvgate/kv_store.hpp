@@ -4,13 +4,16 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kvgate/format.hpp"
+#include "kvgate/kv_stream.hpp"
 
 namespace kvgate {
 
@@ -43,6 +46,12 @@ using SeqId = int;
 class PagedKvStore {
  public:
   explicit PagedKvStore(StoreConfig cfg);  // throws KvStoreError on an unsupported format/geometry
+  // Copies hold the same pages and sequences; a streamed store's copy starts with a cold window.
+  PagedKvStore(const PagedKvStore& o);
+  PagedKvStore& operator=(const PagedKvStore& o);
+  PagedKvStore(PagedKvStore&&) noexcept = default;
+  PagedKvStore& operator=(PagedKvStore&&) noexcept = default;
+  ~PagedKvStore();
 
   const StoreConfig& config() const { return cfg_; }
   const KvFormat& format() const { return cfg_.format; }
@@ -72,9 +81,46 @@ class PagedKvStore {
 
   // --- raw pages (what kernels, oracles and persistence consume) ---------------------------
   std::span<const int> block_table(SeqId s) const;
+  // What attention reads. When streaming, the device copy from the resident window (a miss loads
+  // the block from the host mirror); the pointer stays valid until a lookup of another block of
+  // the same layer. Otherwise the page itself.
   const std::uint8_t* page(int layer, KvHalf h, int block) const;
+  // The page (host mirror when streaming) for raw writes; when streaming, its device copy is
+  // dropped, so the next read reloads what was written here.
   std::uint8_t* page(int layer, KvHalf h, int block);
+  // The page itself (the host mirror when streaming); never touches the window.
+  const std::uint8_t* host_page(int layer, KvHalf h, int block) const;
   std::size_t page_bytes(KvHalf h) const;
+
+  // --- streaming (kv_stream.hpp) ---------------------------------------------------------------
+  // resident_tokens > 0: a window of that many tokens' blocks per layer lives in a device pool
+  // (`device`, or a simulated one in host memory) and the pages above become the host mirror that
+  // holds every block; every writer writes both copies. 0 turns streaming off. The window starts
+  // empty (cold); counters start at zero.
+  void set_streaming(int resident_tokens, std::unique_ptr<KvDevicePool> device = nullptr);
+  bool streaming() const { return window_ != nullptr; }
+  const KvWindow* window() const { return window_.get(); }
+  StreamCounters stream_counters() const;  // zeros when not streaming
+  // Empty when every resident device copy equals its host mirror page (or when not streaming).
+  std::string check_stream_coherent() const;
+
+  // --- export / import of a sequence's pages as byte runs (persistence) -----------------------
+  // Page runs cut to their first `used_slots` slots (every run is token-major: [block_size][...]).
+  std::vector<ByteRun> used_runs(KvHalf h, int used_slots) const;
+  struct PageRef {
+    int layer = 0;
+    KvHalf half = KvHalf::K;
+    int page = 0;         // index in the sequence's block table
+    int first_token = 0;  // page * block_size
+    int slots = 0;        // used slots of this page
+    std::span<const ByteRun> runs;  // used_runs(half, slots)
+  };
+  // Visits the pages holding tokens [0, n_tokens) of the sequence, in order layer, K then V, page,
+  // with the host copy of each page.
+  void export_pages(SeqId s, int n_tokens, const std::function<void(const PageRef&, const std::uint8_t* page)>& sink) const;
+  // The restore writer: appends n_tokens to an empty resident sequence; `fill` writes the used runs
+  // of each page (same order as export_pages). Host mirror and device copies are both written.
+  void import_pages(SeqId s, int n_tokens, const std::function<void(const PageRef&, std::uint8_t* page)>& fill);
 
   // --- accounting --------------------------------------------------------------------------
   std::size_t pool_bytes() const;                  // every page of every layer, K and V (no guards)
@@ -99,6 +145,7 @@ class PagedKvStore {
   int alloc_block();
   void release_block(int b);
   void clear_slots(int block, int slot0);
+  void push_runs(int layer, KvHalf h, int block, std::span<const ByteRun> runs);  // host -> device copy
 
   StoreConfig cfg_;
   std::size_t page_bytes_[2]{};
@@ -106,6 +153,7 @@ class PagedKvStore {
   std::vector<int> free_list_;
   std::map<SeqId, Sequence> seqs_;
   SeqId next_id_ = 0;
+  mutable std::unique_ptr<KvWindow> window_;  // streaming: the device window (lookups update its LRU)
 };
 
 inline constexpr std::uint8_t kGuardByte = 0xA5;
