@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -12,11 +13,15 @@
 namespace kvgate {
 
 namespace {
+const AtomicWriteHooks* g_hooks = nullptr;
+
 [[noreturn]] void fail(const std::string& path, const char* step, int err) {
   throw std::runtime_error("cannot write '" + path + "': " + step + " failed: " + std::strerror(err) +
                            " (the previous file, if any, is unchanged)");
 }
 }  // namespace
+
+void set_atomic_write_hooks(const AtomicWriteHooks* hooks) { g_hooks = hooks; }
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {
   namespace fs = std::filesystem;
@@ -27,7 +32,9 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   if (fd < 0) fail(path, "create temp file", errno);
   std::size_t off = 0;
   while (off < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    const std::size_t chunk = std::min<std::size_t>(bytes.size() - off, std::size_t{1} << 20);
+    const ssize_t n = g_hooks && g_hooks->write ? static_cast<ssize_t>(g_hooks->write(fd, bytes.data() + off, chunk))
+                                                : ::write(fd, bytes.data() + off, chunk);
     if (n < 0) {
       if (errno == EINTR) continue;
       const int e = errno;
@@ -45,6 +52,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   }
   ::fchmod(fd, 0644);
   ::close(fd);
+  if (g_hooks && g_hooks->before_rename) g_hooks->before_rename(tmpl);
   if (::rename(tmpl.c_str(), path.c_str()) != 0) {
     const int e = errno;
     ::unlink(tmpl.c_str());

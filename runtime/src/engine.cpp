@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "forward_cpu.hpp"
+#include "kvgate/kv_file.hpp"
 #include "thread_pool.hpp"
 
 namespace kvgate {
@@ -78,6 +79,7 @@ struct Engine::Impl {
   detail::CpuForward fwd;
   std::vector<float> logits;
   EngineStats stats;
+  std::vector<int> history;  // token ids of the sequence (conversations save them)
 
   Impl(const Model& m, EngineOptions o)
       : model(m),
@@ -97,6 +99,10 @@ struct Engine::Impl {
     stats.n_blocks = store.config().n_blocks;
     stats.kv_pool_bytes = store.pool_bytes();
     stats.threads = pool.size();
+    if (opts.kv_resident < 0) throw EngineError("engine: --kv-resident must be >= 0 tokens (0 = off)");
+    if (opts.kv_resident > 0) store.set_streaming(opts.kv_resident);
+    stats.kv_resident_tokens = opts.kv_resident;
+    stats.kv_device_bytes = store.window() ? store.window()->device_bytes() : store.pool_bytes();
   }
 
   void check_room(std::size_t n) const {
@@ -108,10 +114,15 @@ struct Engine::Impl {
   void refresh() {
     stats.position = store.length(seq);
     stats.kv_bytes = store.sequence_bytes(seq);
+    const StreamCounters sc = store.stream_counters();
+    stats.kv_block_lookups = sc.lookups;
+    stats.kv_block_misses = sc.misses;
+    stats.kv_bytes_moved = sc.bytes_moved;
   }
   // Batched prefill in chunks; `all` receives [n][vocab] when non-null.
   void run(std::span<const int> toks, float* all) {
     check_room(toks.size());
+    history.insert(history.end(), toks.begin(), toks.end());
     const auto t0 = Clock::now();
     const int C = fwd.max_chunk();
     const std::size_t V = logits.size();
@@ -142,6 +153,7 @@ const std::vector<float>& Engine::prefill(std::span<const int> tokens) {
 const std::vector<float>& Engine::decode(int token) {
   Impl& d = *impl_;
   d.check_room(1);
+  d.history.push_back(token);
   const auto t0 = Clock::now();
   d.fwd.forward(d.store, d.seq, &token, 1, d.logits.data(), false);
   d.stats.decode_seconds += seconds_since(t0);
@@ -200,6 +212,7 @@ void Engine::reset() {
   Impl& d = *impl_;
   d.store.free_sequence(d.seq);
   d.seq = d.store.create_sequence();
+  d.history.clear();
   const EngineStats keep = d.stats;
   d.stats = EngineStats{};
   d.stats.requested_kv = keep.requested_kv;
@@ -211,12 +224,39 @@ void Engine::reset() {
   d.stats.n_blocks = keep.n_blocks;
   d.stats.kv_pool_bytes = keep.kv_pool_bytes;
   d.stats.threads = keep.threads;
+  d.stats.kv_resident_tokens = keep.kv_resident_tokens;
+  d.stats.kv_device_bytes = keep.kv_device_bytes;
   d.refresh();
 }
 
 void Engine::truncate(int n_tokens) {
   impl_->store.truncate(impl_->seq, n_tokens);
+  impl_->history.resize(static_cast<std::size_t>(n_tokens));
   impl_->refresh();
+}
+
+std::span<const int> Engine::history() const { return impl_->history; }
+
+int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
+  Impl& d = *impl_;
+  check_kv_file_compatible(file, d.store, d.model.fingerprint);  // refuse before touching the sequence
+  const int n = hydratable_prefix(file, prompt);
+  if (n > d.max_ctx) throw EngineError("engine: the KV file holds more tokens than the context");
+  reset();
+  const auto t0 = Clock::now();
+  restore_kv_file(file, d.store, d.seq, n, d.model.fingerprint);
+  d.history.assign(prompt.begin(), prompt.begin() + n);
+  d.stats.hydrated_tokens = n;
+  d.stats.hydrate_ms = seconds_since(t0) * 1e3;
+  d.refresh();
+  return n;
+}
+
+void Engine::save_kv(const std::string& path, std::span<const int> pending) const {
+  const Impl& d = *impl_;
+  std::vector<int> transcript(d.history);
+  transcript.insert(transcript.end(), pending.begin(), pending.end());
+  save_kv_file(path, d.store, d.seq, d.store.length(d.seq), transcript, d.model.fingerprint);
 }
 
 int Engine::position() const { return impl_->store.length(impl_->seq); }

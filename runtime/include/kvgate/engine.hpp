@@ -18,6 +18,8 @@
 
 namespace kvgate {
 
+struct KvFile;  // kv_file.hpp
+
 class EngineError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -33,6 +35,7 @@ struct EngineOptions {
   int threads = 1;                 // 0: std::thread::hardware_concurrency()
   int max_context = 0;             // 0: the model's max_seq_len
   int prefill_chunk = 128;         // tokens per batched prefill step
+  int kv_resident = 0;             // > 0: stream KV with a device window of this many tokens (kv_stream.hpp)
 };
 
 // Default options for a format: requested = effective = `fmt`, backend cpu, no fallback.
@@ -58,6 +61,16 @@ struct EngineStats {
   double decode_seconds = 0;
   double prefill_tok_s() const { return prefill_seconds > 0 ? static_cast<double>(prefill_tokens) / prefill_seconds : 0; }
   double decode_tok_s() const { return decode_seconds > 0 ? static_cast<double>(decode_tokens) / decode_seconds : 0; }
+  // Conversations (kv_file.hpp): tokens restored from a KV file by the last hydrate(), and its time
+  // (read + verify + restore are the caller's and this call's; hydrate_ms covers restore only).
+  int hydrated_tokens = 0;
+  double hydrate_ms = 0;
+  // Streaming (--kv-resident): window size, device pool bytes, and the window's counters since construction.
+  int kv_resident_tokens = 0;
+  std::size_t kv_device_bytes = 0;
+  long long kv_block_lookups = 0;
+  long long kv_block_misses = 0;
+  long long kv_bytes_moved = 0;
 };
 
 struct GenerateResult {
@@ -86,6 +99,17 @@ class Engine {
   // called for every generated token as it is produced.
   GenerateResult generate(std::span<const int> prompt, int steps, const SamplerOptions& sampler,
                           const std::function<void(int)>& on_token = {});
+
+  // --- conversations (kv_file.hpp) ------------------------------------------------------------
+  // Token ids whose K/V rows the sequence holds, in order.
+  std::span<const int> history() const;
+  // Empties the sequence, then restores from `file` the longest prefix of `prompt` it holds, leaving
+  // at least one prompt token to prefill. Refused (KvFileError) when the file does not match this
+  // engine (model, format, rotation, shape, scales). Returns the tokens restored (= stats().hydrated_tokens).
+  int hydrate(const KvFile& file, std::span<const int> prompt);
+  // Writes every K/V row of the sequence and the transcript history() + pending (ids not yet in the
+  // KV, e.g. the last sampled token) as a KV file, atomically.
+  void save_kv(const std::string& path, std::span<const int> pending = {}) const;
 
   void reset();                 // empty the sequence and the timing stats
   void truncate(int n_tokens);  // keep the first n tokens

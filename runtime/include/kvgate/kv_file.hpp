@@ -1,0 +1,114 @@
+// The versioned KV file (docs/KV_FILE.md has the byte table): a fixed 2048-byte header (magic,
+// version, K and V half formats, rotation kinds, per-tensor fp8 scales, model fingerprint, shape,
+// block size, used tokens, byte size and xxHash64 of every region), then the token ids, the KV
+// body (codes) and the scales region (every per-token scale: int8 cell scales, q8_0/q4_0 block
+// scales). Written atomically (atomic_file.hpp).
+//
+// Reading verifies everything before a byte reaches the store: structure and region sizes, the
+// checksum of every region (a mismatch names the region), the version rules (version 1 has no
+// scales region and is read only for formats without per-token scales), and compatibility with
+// the run (model, format, rotation, shape, per-tensor scales). Every refusal names the file, its
+// version and format, and what to do.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvgate/format.hpp"
+#include "kvgate/kv_store.hpp"
+
+namespace kvgate {
+
+inline constexpr char kKvFileMagic[8] = {'K', 'V', 'G', 'A', 'T', 'E', 'K', 'V'};
+inline constexpr std::uint32_t kKvFileVersion = 2;  // written for every format
+inline constexpr std::uint32_t kKvFileOldestVersion = 1;
+inline constexpr std::size_t kKvFileHeaderBytes = 2048;
+inline constexpr int kKvFileMaxLayers = 224;  // per-tensor scale slots in the header
+inline constexpr std::size_t kKvFileFingerprintBytes = 32;
+
+enum class KvRotation : std::uint8_t { none = 0, walsh_hadamard = 1 };
+KvRotation rotation_of(HalfFormat f);
+std::string_view rotation_name(KvRotation r);
+
+class KvFileError : public std::runtime_error {
+ public:
+  enum class Kind { io, corrupt, truncated, version, mismatch };
+  KvFileError(Kind kind, std::string region, const std::string& message)
+      : std::runtime_error(message), kind_(kind), region_(std::move(region)) {}
+  Kind kind() const { return kind_; }
+  // "header", "tokens", "body", "scales" for damage inside a region; empty otherwise.
+  const std::string& region() const { return region_; }
+
+ private:
+  Kind kind_;
+  std::string region_;
+};
+
+struct KvFileHeader {
+  std::uint32_t version = kKvFileVersion;
+  HalfFormat k_format = HalfFormat::f16;
+  HalfFormat v_format = HalfFormat::f16;
+  KvRotation k_rotation = KvRotation::none;
+  KvRotation v_rotation = KvRotation::none;
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int used_tokens = 0;  // tokens whose K/V rows the body holds
+  int token_count = 0;  // ids in the tokens region: the transcript (>= used_tokens)
+  std::uint64_t tokens_bytes = 0, body_bytes = 0, scales_bytes = 0;
+  std::uint64_t tokens_xxh64 = 0, body_xxh64 = 0, scales_xxh64 = 0;
+  std::string fingerprint;              // Model::fingerprint (<= 32 ASCII bytes)
+  std::vector<float> k_scale, v_scale;  // [n_layers] per-tensor scales (fp8 halves use them)
+  KvFormat format() const { return {k_format, v_format}; }
+};
+
+// The header's 2048 bytes with its checksum filled in (any version; for tests that write old layouts).
+std::string encode_kv_header(const KvFileHeader& h);
+std::uint64_t kv_checksum(const void* data, std::size_t n);  // xxHash64, seed 0
+
+// Region sizes that a header's shape, format, token counts and version imply.
+struct KvRegionSizes {
+  std::uint64_t tokens = 0, body = 0, scales = 0;
+};
+KvRegionSizes kv_region_sizes(const KvFileHeader& h);
+
+struct KvFile {
+  std::string path;  // for messages
+  KvFileHeader header;
+  std::vector<int> tokens;       // token_count ids
+  std::vector<std::uint8_t> body;    // codes: per layer, K then V, token-major
+  std::vector<std::uint8_t> scales;  // per layer, K then V, token-major (empty in version 1)
+  std::size_t file_bytes = 0;
+  std::string format_name() const { return header.format().name(); }
+};
+
+// The current-version bytes of a file holding the first n_tokens K/V rows of sequence `s` (read
+// from the host copy) and the transcript `tokens` (size >= n_tokens).
+std::string encode_kv_file(const PagedKvStore& store, SeqId s, int n_tokens, std::span<const int> tokens,
+                           std::string_view fingerprint);
+// encode_kv_file + write_file_atomic.
+void save_kv_file(const std::string& path, const PagedKvStore& store, SeqId s, int n_tokens,
+                  std::span<const int> tokens, std::string_view fingerprint);
+
+// Structure, region sizes, checksums and version rules; throws KvFileError.
+KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& path);
+KvFile read_kv_file(const std::string& path);
+
+// Refuses (KvFileError, kind mismatch) a file that cannot be restored into `store` for the model
+// with `fingerprint`: model, K/V formats, rotations, layers, KV heads, head_dim, per-tensor scales.
+void check_kv_file_compatible(const KvFile& f, const PagedKvStore& store, std::string_view fingerprint);
+
+// How many leading tokens of `prompt` can come from the file: the longest common prefix of the
+// prompt and the file's first used_tokens ids, leaving at least one prompt token to prefill.
+int hydratable_prefix(const KvFile& f, std::span<const int> prompt);
+
+// Checks compatibility, then restores the first n_tokens (<= used_tokens) K/V rows into the empty
+// sequence `s` through the store's restore writer.
+void restore_kv_file(const KvFile& f, PagedKvStore& store, SeqId s, int n_tokens, std::string_view fingerprint);
+
+}  // namespace kvgate

@@ -1,0 +1,482 @@
+#include "kvgate/kv_file.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "kvgate/atomic_file.hpp"
+#include "kvgate/blocks.hpp"
+
+namespace kvgate {
+
+namespace {
+
+// --- header field offsets (docs/KV_FILE.md) ----------------------------------------------------
+constexpr std::size_t kOffVersion = 8, kOffHeaderBytes = 12, kOffHeaderHash = 16;
+constexpr std::size_t kOffKFormat = 24, kOffVFormat = 25, kOffKRot = 26, kOffVRot = 27;
+constexpr std::size_t kOffLayers = 28, kOffHeads = 32, kOffHeadDim = 36, kOffBlock = 40;
+constexpr std::size_t kOffUsed = 44, kOffTokenCount = 48, kOffReserved0 = 52;
+constexpr std::size_t kOffTokensBytes = 56, kOffBodyBytes = 64, kOffScalesBytes = 72;
+constexpr std::size_t kOffTokensHash = 80, kOffBodyHash = 88, kOffScalesHash = 96;
+constexpr std::size_t kOffFingerprint = 104, kOffScaleCount = 136, kOffReserved1 = 140, kOffScales = 256;
+static_assert(kOffScales + 8 * kKvFileMaxLayers == kKvFileHeaderBytes);
+
+void put32(std::string& b, std::size_t off, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) b[off + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+void put64(std::string& b, std::size_t off, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) b[off + i] = static_cast<char>((v >> (8 * i)) & 0xFF);
+}
+std::uint32_t get32(const std::uint8_t* b, std::size_t off) {
+  std::uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(b[off + i]) << (8 * i);
+  return v;
+}
+std::uint64_t get64(const std::uint8_t* b, std::size_t off) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[off + i]) << (8 * i);
+  return v;
+}
+
+// Bytes one token of one half puts in the body (codes) and in the scales region.
+struct TokenBytes {
+  std::size_t codes = 0, scales = 0;
+  std::size_t qblock = 0;  // llama.cpp block size (34 / 18) for 32-block formats, else 0
+};
+TokenBytes token_bytes(HalfFormat f, const PageGeometry& g) {
+  TokenBytes t;
+  for (const ByteRun& r : token_ranges(f, g, 0)) {
+    if (r.name == "blocks") {
+      t.qblock = f == HalfFormat::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+      const std::size_t nb = r.bytes / t.qblock;
+      t.codes += nb * (t.qblock - sizeof(std::uint16_t));
+      t.scales += nb * sizeof(std::uint16_t);
+    } else if (r.name == "scales") {
+      t.scales += r.bytes;
+    } else {
+      t.codes += r.bytes;
+    }
+  }
+  return t;
+}
+
+std::string describe(const KvFileHeader& h) {
+  return "version " + std::to_string(h.version) + ", format " + h.format().name();
+}
+
+std::string quoted(const std::string& path) { return "KV file '" + path + "'"; }
+
+[[noreturn]] void fail(KvFileError::Kind k, const std::string& region, const std::string& msg) {
+  throw KvFileError(k, region, msg);
+}
+
+bool valid_half_code(std::uint8_t c) { return c < kHalfFormatCount; }
+
+std::string fmt_float(float x) {
+  std::ostringstream os;
+  os.precision(9);
+  os << x;
+  return os.str();
+}
+
+}  // namespace
+
+KvRotation rotation_of(HalfFormat f) { return f == HalfFormat::q4_0_rot ? KvRotation::walsh_hadamard : KvRotation::none; }
+
+std::string_view rotation_name(KvRotation r) {
+  switch (r) {
+    case KvRotation::none: return "none";
+    case KvRotation::walsh_hadamard: return "walsh-hadamard";
+  }
+  return "unknown";
+}
+
+std::uint64_t kv_checksum(const void* data, std::size_t n) { return XXH64(data, n, 0); }
+
+std::string encode_kv_header(const KvFileHeader& h) {
+  if (h.n_layers < 1 || h.n_layers > kKvFileMaxLayers)
+    throw KvFileError(KvFileError::Kind::io, "", "KV file: " + std::to_string(h.n_layers) +
+                                                     " layers do not fit the header (1.." +
+                                                     std::to_string(kKvFileMaxLayers) + ")");
+  if (h.fingerprint.size() > kKvFileFingerprintBytes)
+    throw KvFileError(KvFileError::Kind::io, "", "KV file: model fingerprint longer than 32 bytes");
+  std::string b(kKvFileHeaderBytes, '\0');
+  std::memcpy(b.data(), kKvFileMagic, sizeof kKvFileMagic);
+  put32(b, kOffVersion, h.version);
+  put32(b, kOffHeaderBytes, static_cast<std::uint32_t>(kKvFileHeaderBytes));
+  b[kOffKFormat] = static_cast<char>(h.k_format);
+  b[kOffVFormat] = static_cast<char>(h.v_format);
+  b[kOffKRot] = static_cast<char>(h.k_rotation);
+  b[kOffVRot] = static_cast<char>(h.v_rotation);
+  put32(b, kOffLayers, static_cast<std::uint32_t>(h.n_layers));
+  put32(b, kOffHeads, static_cast<std::uint32_t>(h.n_kv_heads));
+  put32(b, kOffHeadDim, static_cast<std::uint32_t>(h.head_dim));
+  put32(b, kOffBlock, static_cast<std::uint32_t>(h.block_size));
+  put32(b, kOffUsed, static_cast<std::uint32_t>(h.used_tokens));
+  put32(b, kOffTokenCount, static_cast<std::uint32_t>(h.token_count));
+  put64(b, kOffTokensBytes, h.tokens_bytes);
+  put64(b, kOffBodyBytes, h.body_bytes);
+  put64(b, kOffScalesBytes, h.scales_bytes);
+  put64(b, kOffTokensHash, h.tokens_xxh64);
+  put64(b, kOffBodyHash, h.body_xxh64);
+  put64(b, kOffScalesHash, h.scales_xxh64);
+  std::memcpy(b.data() + kOffFingerprint, h.fingerprint.data(), h.fingerprint.size());
+  put32(b, kOffScaleCount, static_cast<std::uint32_t>(h.n_layers));
+  for (int l = 0; l < h.n_layers; ++l) {
+    const float k = l < static_cast<int>(h.k_scale.size()) ? h.k_scale[static_cast<std::size_t>(l)] : 1.0f;
+    const float v = l < static_cast<int>(h.v_scale.size()) ? h.v_scale[static_cast<std::size_t>(l)] : 1.0f;
+    put32(b, kOffScales + 8 * static_cast<std::size_t>(l), std::bit_cast<std::uint32_t>(k));
+    put32(b, kOffScales + 8 * static_cast<std::size_t>(l) + 4, std::bit_cast<std::uint32_t>(v));
+  }
+  put64(b, kOffHeaderHash, kv_checksum(b.data(), b.size()));  // computed with the field at zero
+  return b;
+}
+
+KvRegionSizes kv_region_sizes(const KvFileHeader& h) {
+  KvRegionSizes s;
+  s.tokens = static_cast<std::uint64_t>(h.token_count) * sizeof(std::int32_t);
+  const PageGeometry g{h.block_size, h.n_kv_heads, h.head_dim};
+  const TokenBytes tk = token_bytes(h.k_format, g), tv = token_bytes(h.v_format, g);
+  const std::uint64_t rows = static_cast<std::uint64_t>(h.n_layers) * static_cast<std::uint64_t>(h.used_tokens);
+  s.body = rows * (tk.codes + tv.codes);
+  s.scales = h.version >= 2 ? rows * (tk.scales + tv.scales) : 0;
+  return s;
+}
+
+std::string encode_kv_file(const PagedKvStore& store, SeqId s, int n_tokens, std::span<const int> tokens,
+                           std::string_view fingerprint) {
+  const StoreConfig& c = store.config();
+  if (static_cast<int>(tokens.size()) < n_tokens)
+    throw KvFileError(KvFileError::Kind::io, "", "KV file: the transcript holds " + std::to_string(tokens.size()) +
+                                                     " token ids, fewer than the " + std::to_string(n_tokens) +
+                                                     " K/V rows saved");
+  KvFileHeader h;
+  h.version = kKvFileVersion;
+  h.k_format = c.format.k;
+  h.v_format = c.format.v;
+  h.k_rotation = rotation_of(c.format.k);
+  h.v_rotation = rotation_of(c.format.v);
+  h.n_layers = c.n_layers;
+  h.n_kv_heads = c.n_kv_heads;
+  h.head_dim = c.head_dim;
+  h.block_size = c.block_size;
+  h.used_tokens = n_tokens;
+  h.token_count = static_cast<int>(tokens.size());
+  h.fingerprint = std::string(fingerprint);
+  for (int l = 0; l < c.n_layers; ++l) {
+    h.k_scale.push_back(store.tensor_scale(l, KvHalf::K));
+    h.v_scale.push_back(store.tensor_scale(l, KvHalf::V));
+  }
+  const KvRegionSizes sz = kv_region_sizes(h);
+
+  std::string tok(sz.tokens, '\0');
+  for (std::size_t i = 0; i < tokens.size(); ++i) put32(tok, i * 4, static_cast<std::uint32_t>(tokens[i]));
+  std::string body, scales;
+  body.reserve(sz.body);
+  scales.reserve(sz.scales);
+  store.export_pages(s, n_tokens, [&](const PagedKvStore::PageRef& p, const std::uint8_t* page) {
+    const TokenBytes tb = token_bytes(store.half_format(p.half), store.geometry());
+    for (const ByteRun& r : p.runs) {
+      const char* src = reinterpret_cast<const char*>(page + r.offset);
+      if (r.name == "blocks") {  // llama.cpp blocks: the f16 d goes to the scales region, qs to the body
+        for (std::size_t o = 0; o < r.bytes; o += tb.qblock) {
+          scales.append(src + o, sizeof(std::uint16_t));
+          body.append(src + o + sizeof(std::uint16_t), tb.qblock - sizeof(std::uint16_t));
+        }
+      } else if (r.name == "scales") {
+        scales.append(src, r.bytes);
+      } else {
+        body.append(src, r.bytes);
+      }
+    }
+  });
+  if (body.size() != sz.body || scales.size() != sz.scales)
+    throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: region sizes do not match the layout");
+  h.tokens_bytes = sz.tokens;
+  h.body_bytes = sz.body;
+  h.scales_bytes = sz.scales;
+  h.tokens_xxh64 = kv_checksum(tok.data(), tok.size());
+  h.body_xxh64 = kv_checksum(body.data(), body.size());
+  h.scales_xxh64 = kv_checksum(scales.data(), scales.size());
+  std::string out = encode_kv_header(h);
+  out.reserve(out.size() + tok.size() + body.size() + scales.size());
+  out += tok;
+  out += body;
+  out += scales;
+  return out;
+}
+
+void save_kv_file(const std::string& path, const PagedKvStore& store, SeqId s, int n_tokens,
+                  std::span<const int> tokens, std::string_view fingerprint) {
+  write_file_atomic(path, encode_kv_file(store, s, n_tokens, tokens, fingerprint));
+}
+
+KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& path) {
+  using K = KvFileError::Kind;
+  const std::string who = quoted(path);
+  const std::uint8_t* b = bytes.data();
+  const std::size_t n = bytes.size();
+  if (n < kOffHeaderHash + 8)
+    fail(K::truncated, "header",
+         who + " is truncated: " + std::to_string(n) + " bytes, shorter than its " + std::to_string(kKvFileHeaderBytes) +
+             "-byte header region. Delete it; the conversation's next turn writes a new one.");
+  if (std::memcmp(b, kKvFileMagic, sizeof kKvFileMagic) != 0)
+    fail(K::corrupt, "header", who + ": header region damaged or not a kvgate KV file (bad magic). Delete it.");
+  const std::uint32_t header_bytes = get32(b, kOffHeaderBytes);
+  if (header_bytes != kKvFileHeaderBytes)
+    fail(K::corrupt, "header",
+         who + ": header region damaged (header size field " + std::to_string(header_bytes) + ", expected " +
+             std::to_string(kKvFileHeaderBytes) + "). Delete it; the next turn writes a new one.");
+  if (n < kKvFileHeaderBytes)
+    fail(K::truncated, "header",
+         who + " is truncated: " + std::to_string(n) + " bytes, shorter than its " + std::to_string(kKvFileHeaderBytes) +
+             "-byte header region. Delete it; the next turn writes a new one.");
+  {
+    std::string hb(reinterpret_cast<const char*>(b), kKvFileHeaderBytes);
+    put64(hb, kOffHeaderHash, 0);
+    if (kv_checksum(hb.data(), hb.size()) != get64(b, kOffHeaderHash))
+      fail(K::corrupt, "header",
+           who + ": checksum mismatch in the header region (the file is damaged). Delete it; the next turn writes "
+                 "a new one.");
+  }
+  KvFile f;
+  f.path = path;
+  f.file_bytes = n;
+  KvFileHeader& h = f.header;
+  h.version = get32(b, kOffVersion);
+  if (h.version > kKvFileVersion || h.version < kKvFileOldestVersion)
+    fail(K::version, "",
+         who + " has version " + std::to_string(h.version) + "; this kvgate reads versions " +
+             std::to_string(kKvFileOldestVersion) + " to " + std::to_string(kKvFileVersion) +
+             ". Use the kvgate that wrote it, or delete the file to start the conversation again.");
+  const std::uint8_t kc = b[kOffKFormat], vc = b[kOffVFormat];
+  if (!valid_half_code(kc) || !valid_half_code(vc))
+    fail(K::version, "header",
+         who + " (version " + std::to_string(h.version) + ") names an unknown half format code (K " + std::to_string(kc) +
+             ", V " + std::to_string(vc) + "); it was written by a newer kvgate. Delete it or use that kvgate.");
+  h.k_format = static_cast<HalfFormat>(kc);
+  h.v_format = static_cast<HalfFormat>(vc);
+  const std::uint8_t kr = b[kOffKRot], vr = b[kOffVRot];
+  if (kr > 1 || vr > 1)
+    fail(K::version, "header",
+         who + " (" + describe(h) + ") names an unknown rotation kind (K " + std::to_string(kr) + ", V " +
+             std::to_string(vr) + "). Delete it or use the kvgate that wrote it.");
+  h.k_rotation = static_cast<KvRotation>(kr);
+  h.v_rotation = static_cast<KvRotation>(vr);
+  h.n_layers = static_cast<int>(get32(b, kOffLayers));
+  h.n_kv_heads = static_cast<int>(get32(b, kOffHeads));
+  h.head_dim = static_cast<int>(get32(b, kOffHeadDim));
+  h.block_size = static_cast<int>(get32(b, kOffBlock));
+  h.used_tokens = static_cast<int>(get32(b, kOffUsed));
+  h.token_count = static_cast<int>(get32(b, kOffTokenCount));
+  h.tokens_bytes = get64(b, kOffTokensBytes);
+  h.body_bytes = get64(b, kOffBodyBytes);
+  h.scales_bytes = get64(b, kOffScalesBytes);
+  h.tokens_xxh64 = get64(b, kOffTokensHash);
+  h.body_xxh64 = get64(b, kOffBodyHash);
+  h.scales_xxh64 = get64(b, kOffScalesHash);
+  {
+    const char* fp = reinterpret_cast<const char*>(b + kOffFingerprint);
+    h.fingerprint.assign(fp, strnlen(fp, kKvFileFingerprintBytes));
+  }
+  const bool shape_ok = h.n_layers >= 1 && h.n_layers <= kKvFileMaxLayers && h.n_kv_heads >= 1 && h.head_dim >= 1 &&
+                        h.block_size >= 1 && h.used_tokens >= 0 && h.token_count >= h.used_tokens &&
+                        get32(b, kOffScaleCount) == static_cast<std::uint32_t>(h.n_layers) &&
+                        get32(b, kOffReserved0) == 0;
+  bool reserved_zero = true;
+  for (std::size_t i = kOffReserved1; i < kOffScales; ++i) reserved_zero = reserved_zero && b[i] == 0;
+  for (std::size_t i = kOffScales + 8 * static_cast<std::size_t>(std::clamp(h.n_layers, 0, kKvFileMaxLayers));
+       i < kKvFileHeaderBytes; ++i)
+    reserved_zero = reserved_zero && b[i] == 0;
+  if (!shape_ok || !reserved_zero)
+    fail(K::corrupt, "header",
+         who + " (" + describe(h) + "): header region inconsistent (layers " + std::to_string(h.n_layers) +
+             ", KV heads " + std::to_string(h.n_kv_heads) + ", head_dim " + std::to_string(h.head_dim) +
+             ", block size " + std::to_string(h.block_size) + ", used tokens " + std::to_string(h.used_tokens) +
+             ", token ids " + std::to_string(h.token_count) + (reserved_zero ? "" : ", reserved bytes not zero") +
+             "). Delete it.");
+  for (int l = 0; l < h.n_layers; ++l) {
+    h.k_scale.push_back(std::bit_cast<float>(get32(b, kOffScales + 8 * static_cast<std::size_t>(l))));
+    h.v_scale.push_back(std::bit_cast<float>(get32(b, kOffScales + 8 * static_cast<std::size_t>(l) + 4)));
+  }
+  // The rotation is metadata of its own: a file whose rotation disagrees with its format holds
+  // codes in another domain than its format says, and is never restored.
+  for (int half = 0; half < 2; ++half) {
+    const HalfFormat hf = half == 0 ? h.k_format : h.v_format;
+    const KvRotation rot = half == 0 ? h.k_rotation : h.v_rotation;
+    if (rot != rotation_of(hf))
+      fail(K::mismatch, "header",
+           who + " (" + describe(h) + "): its " + (half == 0 ? "K" : "V") + " half is " + std::string(name(hf)) +
+               " but the file records rotation '" + std::string(rotation_name(rot)) + "' where " +
+               std::string(name(hf)) + " needs '" + std::string(rotation_name(rotation_of(hf))) +
+               "': the codes are not in the domain the format reads. Refusing to restore it; delete the file.");
+  }
+  const PageGeometry g{h.block_size, h.n_kv_heads, h.head_dim};
+  for (HalfFormat hf : {h.k_format, h.v_format})
+    if (const Capability cap = supports(hf, g); !cap.ok)
+      fail(K::corrupt, "header",
+           who + " (" + describe(h) + "): format " + std::string(name(hf)) + " cannot hold this shape (" + cap.reason +
+               "). Delete it.");
+  // Version rule: version 1 has no scales region; it is read only where no half needs per-token scales.
+  if (h.version < 2) {
+    for (int half = 0; half < 2; ++half) {
+      const HalfFormat hf = half == 0 ? h.k_format : h.v_format;
+      if (info(hf).per_token_scales)
+        fail(K::version, "",
+             who + " is version " + std::to_string(h.version) + " (a layout without a scales region) and holds format " +
+                 h.format().name() + ", whose " + (half == 0 ? "K" : "V") + " half " + std::string(name(hf)) +
+                 " needs per-token scales (" + std::string(info(hf).scale_granularity) +
+                 ") that version 1 never stored: restoring it would decode garbage. Delete the file; the next turn "
+                 "writes version " + std::to_string(kKvFileVersion) + " with its scales.");
+    }
+  }
+  const KvRegionSizes want = kv_region_sizes(h);
+  if (h.tokens_bytes != want.tokens || h.body_bytes != want.body || h.scales_bytes != want.scales)
+    fail(K::corrupt, "header",
+         who + " (" + describe(h) + "): header region inconsistent: region sizes tokens/body/scales " +
+             std::to_string(h.tokens_bytes) + "/" + std::to_string(h.body_bytes) + "/" + std::to_string(h.scales_bytes) +
+             " where the shape implies " + std::to_string(want.tokens) + "/" + std::to_string(want.body) + "/" +
+             std::to_string(want.scales) + ". Delete it.");
+  const std::uint64_t total = kKvFileHeaderBytes + want.tokens + want.body + want.scales;
+  if (n < total) {
+    const std::uint64_t t_end = kKvFileHeaderBytes + want.tokens, b_end = t_end + want.body;
+    const char* region = n < t_end ? "tokens" : n < b_end ? "body" : "scales";
+    fail(K::truncated, region,
+         who + " (" + describe(h) + ") is truncated: " + std::to_string(n) + " bytes of " + std::to_string(total) +
+             " (cut inside the " + region + " region). Delete it; the next turn writes a new one.");
+  }
+  if (n > total)
+    fail(K::corrupt, "",
+         who + " (" + describe(h) + ") has " + std::to_string(n - total) +
+             " bytes after its last region (damaged or not written by kvgate). Delete it.");
+  const std::uint8_t* tp = b + kKvFileHeaderBytes;
+  const std::uint8_t* bp = tp + want.tokens;
+  const std::uint8_t* sp = bp + want.body;
+  struct Region {
+    const char* name;
+    const std::uint8_t* p;
+    std::uint64_t n, hash;
+  };
+  for (const Region& r : {Region{"tokens", tp, want.tokens, h.tokens_xxh64}, Region{"body", bp, want.body, h.body_xxh64},
+                          Region{"scales", sp, want.scales, h.scales_xxh64}})
+    if (kv_checksum(r.p, r.n) != r.hash)
+      fail(K::corrupt, r.name,
+           who + " (" + describe(h) + "): checksum mismatch in the " + r.name +
+               " region (the file is damaged). Delete it; the next turn writes a new one.");
+  f.tokens.resize(static_cast<std::size_t>(h.token_count));
+  for (std::size_t i = 0; i < f.tokens.size(); ++i) f.tokens[i] = static_cast<int>(get32(tp, i * 4));
+  f.body.assign(bp, bp + want.body);
+  f.scales.assign(sp, sp + want.scales);
+  return f;
+}
+
+KvFile read_kv_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw KvFileError(KvFileError::Kind::io, "", quoted(path) + " cannot be opened: " + std::strerror(errno));
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw KvFileError(KvFileError::Kind::io, "", quoted(path) + " cannot be read");
+  return parse_kv_file(bytes, path);
+}
+
+void check_kv_file_compatible(const KvFile& f, const PagedKvStore& store, std::string_view fingerprint) {
+  const KvFileHeader& h = f.header;
+  const StoreConfig& c = store.config();
+  std::vector<std::string> diffs;
+  if (h.fingerprint != fingerprint)
+    diffs.push_back("model fingerprint " + h.fingerprint + " in the file, " + std::string(fingerprint) + " in this run");
+  if (!(h.format() == c.format))
+    diffs.push_back("format " + h.format().name() + " in the file, " + c.format.name() + " in this run");
+  const KvRotation rk = rotation_of(c.format.k), rv = rotation_of(c.format.v);
+  if (h.k_rotation != rk || h.v_rotation != rv)
+    diffs.push_back("rotation K " + std::string(rotation_name(h.k_rotation)) + " / V " +
+                    std::string(rotation_name(h.v_rotation)) + " in the file, K " + std::string(rotation_name(rk)) +
+                    " / V " + std::string(rotation_name(rv)) + " in this run");
+  if (h.n_layers != c.n_layers || h.n_kv_heads != c.n_kv_heads || h.head_dim != c.head_dim)
+    diffs.push_back("shape " + std::to_string(h.n_layers) + " layers x " + std::to_string(h.n_kv_heads) +
+                    " KV heads x head_dim " + std::to_string(h.head_dim) + " in the file, " +
+                    std::to_string(c.n_layers) + " x " + std::to_string(c.n_kv_heads) + " x " +
+                    std::to_string(c.head_dim) + " in this run");
+  if (diffs.empty()) {  // per-tensor scales matter for the halves that use them (fp8)
+    for (int half = 0; half < 2; ++half) {
+      const HalfFormat hf = half == 0 ? c.format.k : c.format.v;
+      if (!info(hf).per_tensor_scale) continue;
+      for (int l = 0; l < c.n_layers; ++l) {
+        const float fs = (half == 0 ? h.k_scale : h.v_scale)[static_cast<std::size_t>(l)];
+        const float rs = store.tensor_scale(l, half == 0 ? KvHalf::K : KvHalf::V);
+        if (std::bit_cast<std::uint32_t>(fs) != std::bit_cast<std::uint32_t>(rs)) {
+          diffs.push_back(std::string("per-tensor ") + (half == 0 ? "K" : "V") + " scale of layer " + std::to_string(l) +
+                          " " + fmt_float(fs) + " in the file, " + fmt_float(rs) + " in this run (pass --" +
+                          (half == 0 ? "k" : "v") + "-scale " + fmt_float(fs) + " to match)");
+          break;
+        }
+      }
+    }
+  }
+  if (diffs.empty()) return;
+  std::string msg = quoted(f.path) + " (" + describe(h) + ", " + std::to_string(h.used_tokens) +
+                    " tokens) does not match this run: ";
+  for (std::size_t i = 0; i < diffs.size(); ++i) msg += (i ? "; " : "") + diffs[i];
+  msg += ". It cannot be restored here: rerun with the model and --kv format it was saved with, or delete the file "
+         "(the conversation then starts cold and is saved anew).";
+  throw KvFileError(KvFileError::Kind::mismatch, "", msg);
+}
+
+int hydratable_prefix(const KvFile& f, std::span<const int> prompt) {
+  const std::size_t limit = std::min<std::size_t>(static_cast<std::size_t>(f.header.used_tokens), f.tokens.size());
+  std::size_t n = 0;
+  while (n < limit && n < prompt.size() && f.tokens[n] == prompt[n]) ++n;
+  if (!prompt.empty() && n >= prompt.size()) n = prompt.size() - 1;  // one token is prefilled for its logits
+  return static_cast<int>(n);
+}
+
+void restore_kv_file(const KvFile& f, PagedKvStore& store, SeqId s, int n_tokens, std::string_view fingerprint) {
+  check_kv_file_compatible(f, store, fingerprint);
+  const KvFileHeader& h = f.header;
+  if (n_tokens < 0 || n_tokens > h.used_tokens)
+    throw KvFileError(KvFileError::Kind::mismatch, "",
+                      quoted(f.path) + ": cannot restore " + std::to_string(n_tokens) + " tokens; it holds " +
+                          std::to_string(h.used_tokens));
+  const PageGeometry g = store.geometry();
+  const TokenBytes tb[2] = {token_bytes(h.k_format, g), token_bytes(h.v_format, g)};
+  // Region offsets of (layer, half): layer-major, K then V, token-major inside.
+  std::vector<std::size_t> body_at(static_cast<std::size_t>(h.n_layers) * 2), scale_at(body_at.size());
+  std::size_t bo = 0, so = 0;
+  for (int l = 0; l < h.n_layers; ++l)
+    for (int half = 0; half < 2; ++half) {
+      body_at[static_cast<std::size_t>(l) * 2 + half] = bo;
+      scale_at[static_cast<std::size_t>(l) * 2 + half] = so;
+      bo += static_cast<std::size_t>(h.used_tokens) * tb[half].codes;
+      so += static_cast<std::size_t>(h.used_tokens) * tb[half].scales;
+    }
+  store.import_pages(s, n_tokens, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
+    const int half = static_cast<int>(p.half);
+    const TokenBytes& t = tb[half];
+    const std::uint8_t* codes =
+        f.body.data() + body_at[static_cast<std::size_t>(p.layer) * 2 + half] + static_cast<std::size_t>(p.first_token) * t.codes;
+    const std::uint8_t* scales = f.scales.data() + scale_at[static_cast<std::size_t>(p.layer) * 2 + half] +
+                                 static_cast<std::size_t>(p.first_token) * t.scales;
+    for (const ByteRun& r : p.runs) {
+      std::uint8_t* dst = page + r.offset;
+      if (r.name == "blocks") {
+        const std::size_t qs = t.qblock - sizeof(std::uint16_t);
+        for (std::size_t i = 0; i < r.bytes / t.qblock; ++i) {
+          std::memcpy(dst + i * t.qblock, scales + i * sizeof(std::uint16_t), sizeof(std::uint16_t));
+          std::memcpy(dst + i * t.qblock + sizeof(std::uint16_t), codes + i * qs, qs);
+        }
+      } else if (r.name == "scales") {
+        std::memcpy(dst, scales, r.bytes);
+      } else {
+        std::memcpy(dst, codes, r.bytes);
+      }
+    }
+  });
+}
+
+}  // namespace kvgate
