@@ -1,0 +1,506 @@
+// GPU gates for the CUDA backend (issue 6): [gate:ORA][cuda] and [gate:STO][cuda].
+//
+//  ORA.cuda.store.<half>     GPU page bytes == CPU runtime page bytes == oracle page bytes, every
+//                            covering geometry and input pattern (plus special values vs oracle).
+//  ORA.cuda.decode.<fmt>     GPU split-K decode attention vs the oracle's FP64 SDPA over the
+//                            oracle's dequantization of the GPU's own page bytes: NaN/Inf first,
+//                            then NMSE and max-abs under the derived FP32 bound (bounds.hpp),
+//                            across page sizes, GQA ratios, head_dims 8/64/128/256, ragged batches,
+//                            contexts crossing pages and forced split counts.
+//  STO.cuda.capability       supports_op refusals and kernel paths (no device needed).
+//
+// Without a device every [cuda] case prints "SKIPPED: no CUDA device: <reason>" and passes, so the
+// executable exits 0 on CPU-only CI; the message keeps the skip visible.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bounds.hpp"
+#include "catch_compat.hpp"
+#include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/kv_store.hpp"
+#include "kvgate/cuda/ops.hpp"
+#include "kvgate/kv_store.hpp"
+#include "kvgate_oracle/attention.hpp"
+#include "kvgate_oracle/formats.hpp"
+#include "kvgate_oracle/metrics.hpp"
+#include "store_harness.hpp"
+
+using namespace kvgate;
+using namespace kvgate::gates;
+namespace ko = kvgate_oracle;
+namespace kc = kvgate::cuda;
+
+#define KVGATE_REQUIRE_DEVICE_OR_SKIP()                                   \
+  do {                                                                     \
+    const kc::DeviceStatus& st_ = kc::device_status();                     \
+    if (!st_.available) {                                                  \
+      WARN("SKIPPED: " << st_.reason);                                     \
+      return;                                                              \
+    }                                                                      \
+  } while (0)
+
+namespace {
+
+ko::Half to_oracle(HalfFormat f) {
+  const auto h = ko::parse_half(name(f));
+  REQUIRE(h.has_value());
+  return *h;
+}
+
+std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, const char* an, const char* bn) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) {
+      std::ostringstream o;
+      o << "first differing byte at page offset " << i << ": " << an << " 0x" << std::hex << int(a[i]) << " " << bn
+        << " 0x" << int(b[i]);
+      return o.str();
+    }
+  return "identical";
+}
+
+// Device buffer of floats (RAII).
+struct DevBuf {
+  float* p = nullptr;
+  explicit DevBuf(std::size_t n) { REQUIRE(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(float)) == cudaSuccess); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+// Writes the same rows into a CPU store and a GPU store in two appends (an append crosses a page).
+void write_both(PagedKvStore& cpu, SeqId cs, kc::CudaKvStore& gpu, SeqId gs, int n_tokens, const std::vector<float>& k,
+                const std::vector<float>& v, std::size_t stride) {
+  const int first = std::min(n_tokens, n_tokens / 2 + 1);
+  cpu.extend(cs, first);
+  cpu.write(cs, 0, 0, first, k.data(), stride, v.data(), stride);
+  gpu.extend(gs, first);
+  gpu.write_host(gs, 0, 0, first, k.data(), stride, v.data(), stride);
+  if (n_tokens > first) {
+    const int rest = n_tokens - first;
+    cpu.extend(cs, rest);
+    cpu.write(cs, 0, first, rest, k.data() + first * stride, stride, v.data() + first * stride, stride);
+    gpu.extend(gs, rest);
+    gpu.write_host(gs, 0, first, rest, k.data() + first * stride, stride, v.data() + first * stride, stride);
+  }
+}
+
+// ---- ORA.cuda.store --------------------------------------------------------------------------------
+
+void run_store_gate(HalfFormat f, std::uint64_t seed0) {
+  const KvFormat fmt{f, f};
+  long cases = 0, pages = 0;
+  for (const StoreCase& c : covering_cases(seed0)) {
+    if (!case_supported(fmt, c)) continue;
+    ++cases;
+    INFO("half " << name(f) << " case " << c.describe());
+    const auto k = make_rows(c, kGateKMagnitude, 1), v = make_rows(c, kGateVMagnitude, 2);
+    PagedKvStore cpu(case_config(fmt, c));
+    kc::CudaKvStore gpu(case_config(fmt, c));
+    const SeqId cs = cpu.create_sequence(), gs = gpu.create_sequence();
+    write_both(cpu, cs, gpu, gs, c.n_tokens, k, v, c.row_stride());
+    const auto ct = cpu.block_table(cs), gt = gpu.block_table(gs);
+    REQUIRE(ct.size() == gt.size());
+    const ko::PageShape shape{c.block_size, c.n_kv_heads, c.head_dim};
+    for (int half = 0; half < 2; ++half) {
+      const KvHalf kh = half == 0 ? KvHalf::K : KvHalf::V;
+      REQUIRE(gpu.page_bytes(kh) == cpu.page_bytes(kh));
+      for (std::size_t p = 0; p < ct.size(); ++p) {
+        const auto got = gpu.download_page(0, kh, gt[p]);
+        const std::uint8_t* want = cpu.page(0, kh, ct[p]);
+        const int t0 = static_cast<int>(p) * c.block_size, n = std::min(c.block_size, c.n_tokens - t0);
+        std::vector<float> in(static_cast<std::size_t>(n) * c.n_kv_heads * c.head_dim);
+        for (int t = 0; t < n; ++t)
+          std::copy_n((half == 0 ? k : v).data() + (t0 + t) * c.row_stride(), c.n_kv_heads * c.head_dim,
+                      in.data() + static_cast<std::size_t>(t) * c.n_kv_heads * c.head_dim);
+        const auto orc = ko::quantize_page(to_oracle(f), shape, in.data(), n, half == 0 ? kGateKScale : kGateVScale);
+        INFO((half == 0 ? "K" : "V") << " page " << p << ": vs CPU " << first_diff(got.data(), want, got.size(), "gpu", "cpu")
+                                     << "; vs oracle " << first_diff(got.data(), orc.data(), got.size(), "gpu", "oracle"));
+        CHECK(std::memcmp(got.data(), want, got.size()) == 0);
+        CHECK(orc.size() == got.size());
+        CHECK(std::equal(orc.begin(), orc.end(), got.begin()));
+        ++pages;
+      }
+    }
+  }
+  CHECK(cases >= 64);
+  CHECK(pages >= 256);
+}
+
+// Special values: NaN, +-inf, +-0, f32 subnormals, huge, f16/fp8 rounding boundaries and ties.
+// GPU == oracle (the normative reference) for every value; GPU == CPU runtime for the values
+// inside the format's domain (the CPU converts rint(x/s) to int before clamping, which is
+// undefined for |x/s| >= 2^31: +inf and huge inputs are the documented exception).
+void run_store_special(HalfFormat f) {
+  const KvFormat fmt{f, f};
+  const int H = 2, D = 64, B = 3, T = 7;
+  const float specials[] = {std::nanf(""), -std::nanf(""), INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3e-39f,
+                            1e30f, -1e30f, 65504.0f, 65520.0f, 8388608.0f, 448.0f, 464.0f, 480.0f, -57344.0f, 61440.0f,
+                            0.5f, 1.5f, 2.5f, -2.5f, 1.0009765625f, 6.1035156e-05f, 5.9604645e-08f, 1e-7f};
+  const int ns = static_cast<int>(sizeof(specials) / sizeof(specials[0]));
+  std::vector<float> k(static_cast<std::size_t>(T) * H * D), v(k.size());
+  Rng r(77);
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = r.normal();
+    v[i] = r.normal() * 0.05f;
+  }
+  // Token 0..2: a special value in every 8th element; token 3: cells made only of specials; token 4:
+  // an all-NaN cell; tokens 5..6 stay normal (in-domain control).
+  for (int i = 0; i < H * D; i += 8) k[i] = v[i + 1] = specials[(i / 8) % ns];
+  for (int i = 0; i < H * D; i += 5) k[H * D + i] = specials[(i * 7) % ns];
+  for (int i = 0; i < H * D; ++i) v[2 * H * D + i] = i % 3 ? specials[i % ns] : v[2 * H * D + i];
+  for (int i = 0; i < H * D; ++i) k[3 * H * D + i] = specials[i % ns];
+  for (int i = 0; i < D; ++i) v[4 * H * D + i] = std::nanf("");
+  auto in_domain = [](const std::vector<float>& x, int t) {
+    for (int i = 0; i < 2 * 64; ++i) {
+      const float a = x[static_cast<std::size_t>(t) * 2 * 64 + i];
+      if (std::isinf(a) || std::fabs(a) > 1e9f) return false;
+    }
+    return true;
+  };
+  StoreConfig cfg;
+  cfg.format = fmt;
+  cfg.n_kv_heads = H;
+  cfg.head_dim = D;
+  cfg.block_size = B;
+  cfg.n_blocks = 4;
+  cfg.k_scale = {kGateKScale};
+  cfg.v_scale = {kGateVScale};
+  PagedKvStore cpu(cfg);
+  kc::CudaKvStore gpu(cfg);
+  const SeqId cs = cpu.create_sequence(), gs = gpu.create_sequence();
+  write_both(cpu, cs, gpu, gs, T, k, v, static_cast<std::size_t>(H * D));
+  const ko::PageShape shape{B, H, D};
+  const auto ct = cpu.block_table(cs), gt = gpu.block_table(gs);
+  long cpu_checked = 0;
+  for (int half = 0; half < 2; ++half) {
+    const KvHalf kh = half == 0 ? KvHalf::K : KvHalf::V;
+    const auto& x = half == 0 ? k : v;
+    for (std::size_t p = 0; p < ct.size(); ++p) {
+      const int t0 = static_cast<int>(p) * B, n = std::min(B, T - t0);
+      const auto got = gpu.download_page(0, kh, gt[p]);
+      const auto orc = ko::quantize_page(to_oracle(f), shape, x.data() + static_cast<std::size_t>(t0) * H * D, n,
+                                         half == 0 ? kGateKScale : kGateVScale);
+      INFO("half " << name(f) << (half == 0 ? " K" : " V") << " page " << p << ": "
+                   << first_diff(got.data(), orc.data(), got.size(), "gpu", "oracle"));
+      CHECK(std::equal(orc.begin(), orc.end(), got.begin()));
+      for (int s = 0; s < n; ++s) {
+        if (!in_domain(x, t0 + s)) continue;
+        for (const ByteRun& run : token_ranges(f, cpu.geometry(), s)) {
+          INFO("CPU slot " << s << " run " << run.name);
+          CHECK(std::memcmp(got.data() + run.offset, cpu.page(0, kh, ct[p]) + run.offset, run.bytes) == 0);
+        }
+        ++cpu_checked;
+      }
+    }
+  }
+  CHECK(cpu_checked >= 8);
+}
+
+// ---- ORA.cuda.decode --------------------------------------------------------------------------------
+
+struct DecodeCase {
+  int block_size, n_kv_heads, head_dim, group;
+  std::vector<int> lens;  // one decode query per sequence, at its last position
+  int num_splits;         // 0 = planner's choice
+  std::uint64_t seed;
+  std::string describe() const {
+    std::string l;
+    for (int x : lens) l += (l.empty() ? "" : ",") + std::to_string(x);
+    return "block_size=" + std::to_string(block_size) + " kv_heads=" + std::to_string(n_kv_heads) +
+           " head_dim=" + std::to_string(head_dim) + " gqa_group=" + std::to_string(group) + " lens=[" + l +
+           "] splits=" + std::to_string(num_splits) + " seed=" + std::to_string(seed);
+  }
+};
+
+std::vector<DecodeCase> decode_cases(std::uint64_t seed0) {
+  std::vector<DecodeCase> out;
+  const int shapes[][2] = {{4, 8}, {8, 8}, {1, 64}, {2, 64}, {8, 128}, {1, 128}, {2, 256}, {4, 256}};  // {H, D}
+  const int groups[] = {1, 2, 4, 8};
+  const int blocks[] = {1, 3, 7, 16};
+  int i = 0;
+  for (const auto& sh : shapes)
+    for (int g : groups) {
+      const int b = blocks[i % 4];
+      const int n = 2 * b + b / 2 + 3 + (i % 5) * 37;  // crosses pages, ragged last page
+      // A ragged batch: the long sequence, a short one, a one-token one (empty splits).
+      out.push_back({b, sh[0], sh[1], g, {n, n / 3 + 1, 1}, 0, seed0 + static_cast<std::uint64_t>(i)});
+      ++i;
+    }
+  // Long contexts: many pipeline steps per CTA, planner splits and forced split counts.
+  out.push_back({16, 8, 128, 4, {3001, 1500}, 0, seed0 + 100});
+  out.push_back({16, 8, 128, 4, {2500}, 1, seed0 + 101});
+  out.push_back({16, 8, 128, 4, {2500}, 7, seed0 + 102});
+  out.push_back({7, 2, 64, 8, {1999, 17}, 0, seed0 + 103});
+  out.push_back({16, 4, 256, 2, {1200}, 0, seed0 + 104});
+  out.push_back({5, 2, 8, 4, {777}, 3, seed0 + 105});
+  return out;
+}
+
+// Bound of one decode case (bounds.hpp attn_f32_max_abs, with the GPU's summation depth and
+// extended for the rotated halves):
+//  - dot products are blocked sums: a lane adds <= 8 products sequentially (two chains of 8 over
+//    its 16 elements; the generic path <= 8 elements per lane), then one pair add, <= 5 butterfly
+//    levels across lanes, the multiply by the cell/block scale, and q carries one rounding from
+//    its pre-scaling by softmax_scale*log2(e): forward error <= gamma_16 * L1 (Higham, blocked
+//    summation) in place of the recursive gamma_{D+2} bound of a length-D loop;
+//  - the kernel computes scores in the domain K is stored in: for a rotated K it dots the
+//    rotated query (H q in binary32: log2(D) butterfly levels and the scaling, error vector
+//    |e|_2 <= (log2 D + 2) u |q|_2) with the rotated-domain codes y, so L1 is taken in both
+//    domains and the rotation adds sc * (log2 D + 2) u |q|_2 |y|_2 (Cauchy-Schwarz);
+//  - for a rotated V the kernel accumulates sum p y in the rotated domain and rotates the output
+//    once (binary32: <= wht_slack(D, |o|_2) per element); the comparison is therefore made in the
+//    rotated domain (H applied to both outputs in binary64) with vmax over the rotated values.
+constexpr int kGpuDotDepth = 16;
+
+void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
+  long cases = 0;
+  kc::DecodeWorkspace ws;
+  for (const DecodeCase& dc : decode_cases(seed0)) {
+    const PageGeometry g{dc.block_size, dc.n_kv_heads, dc.head_dim};
+    if (!supports(fmt.k, g).ok || !supports(fmt.v, g).ok) continue;
+    const int H = dc.n_kv_heads, D = dc.head_dim, Hq = H * dc.group, HD = H * D;
+    const int batch = static_cast<int>(dc.lens.size());
+    const int max_len = *std::max_element(dc.lens.begin(), dc.lens.end());
+    INFO("format " << fmt.name() << " case " << dc.describe());
+    const auto sup = kc::supports_op(kc::Op::decode, fmt, g, Hq);
+    REQUIRE(sup.ok);
+    ++cases;
+
+    StoreConfig cfg;
+    cfg.format = fmt;
+    cfg.n_kv_heads = H;
+    cfg.head_dim = D;
+    cfg.block_size = dc.block_size;
+    cfg.n_blocks = 0;
+    for (int L : dc.lens) cfg.n_blocks += (L + dc.block_size - 1) / dc.block_size;
+    cfg.n_blocks += 3;
+    cfg.k_scale = {kGateKScale};
+    cfg.v_scale = {kGateVScale};
+    kc::CudaKvStore gpu(cfg);
+    // A decoy sequence first so the pages of the tested sequences do not start at block 0.
+    const SeqId decoy = gpu.create_sequence();
+    gpu.extend(decoy, dc.block_size + 1);
+    std::vector<SeqId> seqs;
+    std::vector<std::vector<float>> ks, vs;
+    for (int s = 0; s < batch; ++s) {
+      const StoreCase c{dc.block_size, H, D, dc.lens[static_cast<std::size_t>(s)], Pattern::gaussian,
+                        dc.seed * 31 + static_cast<std::uint64_t>(s), 0};
+      ks.push_back(make_rows(c, kGateKMagnitude, 1));
+      vs.push_back(make_rows(c, kGateVMagnitude, 2));
+      const SeqId id = gpu.create_sequence();
+      gpu.extend(id, c.n_tokens);
+      gpu.write_host(id, 0, 0, c.n_tokens, ks.back().data(), HD, vs.back().data(), HD);
+      seqs.push_back(id);
+    }
+    {  // decoy content: large values; reading a decoy page instead of the right one goes red
+      std::vector<float> big(static_cast<std::size_t>(dc.block_size + 1) * HD, 30.0f);
+      gpu.write_host(decoy, 0, 0, dc.block_size + 1, big.data(), HD, big.data(), HD);
+    }
+    // Query scale: 1.5 (softmax far from uniform), growing as sqrt(ln(n/4)) for long contexts so
+    // that a handful of keys dominate (effective count ~ n exp(-s^2) ~ 4). Otherwise the output
+    // of a long context averages towards 0 while the worst-case FP32 bound (which does not shrink
+    // with averaging) stays put, and the bound would exceed kOraSensitivity of the output's RMS.
+    Rng r(dc.seed ^ 0xABCDEF);
+    const double q_scale = std::max(1.5, std::sqrt(std::log(std::max(1, max_len) / 4.0)));
+    std::vector<float> q(static_cast<std::size_t>(batch) * Hq * D);
+    for (auto& x : q) x = r.normal() * static_cast<float>(q_scale);
+    DevBuf dq(q.size()), dout(q.size());
+    REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    std::vector<float> poison(q.size(), std::nanf(""));
+    REQUIRE(cudaMemcpy(dout.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    const kc::DecodePlan plan = gpu.decode(seqs, 0, Hq, dq.p, dout.p, ws, 0.0f, dc.num_splits);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<float> got(q.size());
+    REQUIRE(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    INFO("plan path=" << plan.path << " splits=" << plan.splits << " tokens/split=" << plan.tokens_per_split
+                      << " ctas=" << plan.ctas);
+
+    // NaN/Inf first (the output was poisoned with NaN: an unwritten element shows here).
+    REQUIRE(ko::count_nonfinite(std::span<const float>(got)) == 0);
+
+    const ko::PageShape shape{dc.block_size, H, D};
+    const bool rot_k = fmt.k == HalfFormat::q4_0_rot, rot_v = fmt.v == HalfFormat::q4_0_rot;
+    const double sc = 1.0 / std::sqrt(double(D));
+    for (int s = 0; s < batch; ++s) {
+      const int n = dc.lens[static_cast<std::size_t>(s)];
+      const auto table = gpu.block_table(seqs[static_cast<std::size_t>(s)]);
+      std::vector<float> kd(static_cast<std::size_t>(n) * HD), vd(kd.size()), ky(kd.size()), vy(kd.size());
+      for (std::size_t p = 0; p < table.size(); ++p) {
+        const int t0 = static_cast<int>(p) * dc.block_size, m = std::min(dc.block_size, n - t0);
+        const auto kp = gpu.download_page(0, KvHalf::K, table[p]);
+        const auto vp = gpu.download_page(0, KvHalf::V, table[p]);
+        auto put = [&](std::vector<float>& dst, const std::vector<float>& src) {
+          std::copy(src.begin(), src.end(), dst.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
+        };
+        put(kd, ko::dequantize_page(to_oracle(fmt.k), shape, kp.data(), m, kGateKScale));
+        put(vd, ko::dequantize_page(to_oracle(fmt.v), shape, vp.data(), m, kGateVScale));
+        // Rotated-domain values (the bytes read as plain q4_0) for the bound of a rotated half.
+        if (rot_k) put(ky, ko::dequantize_page(ko::Half::q4_0, shape, kp.data(), m, 1.0f));
+        if (rot_v) put(vy, ko::dequantize_page(ko::Half::q4_0, shape, vp.data(), m, 1.0f));
+      }
+      const float* qs = q.data() + static_cast<std::size_t>(s) * Hq * D;
+      const ko::AttnShape as{1, Hq, n, H, D, n - 1, 0.0f};
+      std::vector<double> ref(static_cast<std::size_t>(Hq) * D);
+      ko::sdpa_f64(as, qs, kd.data(), vd.data(), ref.data());
+      std::vector<float> mine(got.begin() + static_cast<std::ptrdiff_t>(s) * Hq * D,
+                              got.begin() + static_cast<std::ptrdiff_t>(s + 1) * Hq * D);
+
+      // Bound inputs.
+      double max_l1 = 0, vmax = 0, q_rot_err = 0;
+      for (int hq = 0; hq < Hq; ++hq) {
+        const float* qv = qs + hq * D;
+        std::vector<double> qr(qv, qv + D);
+        double q2 = 0;
+        for (double x : qr) q2 += x * x;
+        if (rot_k) ko::hadamard_f64(qr.data(), D);
+        for (int t = 0; t < n; ++t) {
+          const std::size_t o = static_cast<std::size_t>(t) * HD + static_cast<std::size_t>(hq / dc.group) * D;
+          double l1 = 0, l1r = 0, y2 = 0;
+          for (int d = 0; d < D; ++d) {
+            l1 += std::fabs(double(qv[d]) * kd[o + d]);
+            if (rot_k) {
+              l1r += std::fabs(qr[d] * ky[o + d]);
+              y2 += double(ky[o + d]) * ky[o + d];
+            }
+          }
+          max_l1 = std::max({max_l1, l1 * sc, l1r * sc});
+          if (rot_k)
+            q_rot_err = std::max(q_rot_err, sc * (std::log2(double(D)) + 2) * kU32 * std::sqrt(q2) * std::sqrt(y2));
+        }
+      }
+      for (float x : (rot_v ? vy : vd)) vmax = std::max(vmax, double(std::fabs(x)));
+      // attn_f32_max_abs with the query-rotation error folded into the score error (4*4 factor of
+      // bounds.hpp: score error e moves the output by <= 4e vmax, x4 margin).
+      double bound = attn_f32_max_abs(kGpuDotDepth - 2, n, max_l1, vmax) + 16 * q_rot_err * vmax;
+      std::vector<double> cmp_ref = ref, cmp_got(mine.begin(), mine.end());
+      if (rot_v) {
+        double o2 = 0;
+        for (int hq = 0; hq < Hq; ++hq) {
+          ko::hadamard_f64(cmp_ref.data() + hq * D, D);
+          ko::hadamard_f64(cmp_got.data() + hq * D, D);
+          double h2 = 0;
+          for (int d = 0; d < D; ++d) h2 += ref[hq * D + d] * ref[hq * D + d];
+          o2 = std::max(o2, h2);
+        }
+        bound += wht_slack(D, std::sqrt(o2));
+      }
+      double ref_sq = 0, err_sq = 0, err_max = 0;
+      for (std::size_t i = 0; i < cmp_ref.size(); ++i) {
+        ref_sq += cmp_ref[i] * cmp_ref[i];
+        const double e = cmp_got[i] - cmp_ref[i];
+        err_sq += e * e;
+        err_max = std::max(err_max, std::fabs(e));
+      }
+      const double nmse = err_sq / ref_sq;
+      const double nmse_bound = bound * bound * double(cmp_ref.size()) / ref_sq;
+      INFO("sequence " << s << " (" << n << " tokens): nmse " << nmse << " (bound " << nmse_bound << "), max-abs "
+                       << err_max << " (bound " << bound << ")" << (rot_v ? " [rotated domain]" : ""));
+      CHECK(nmse <= nmse_bound);
+      CHECK(err_max <= bound);
+      // Anti-vacuity: the bound stays far below the output's RMS (a wrong page, head, scale or
+      // offset is an O(1) error), and the store really quantized (lossy formats).
+      const double rms = std::sqrt(ref_sq / double(cmp_ref.size()));
+      INFO("bound / rms(ref) = " << bound / rms);
+      CHECK(bound <= kOraSensitivity * rms);
+      if (n > 1 && (fmt.k != HalfFormat::f32 || fmt.v != HalfFormat::f32)) {
+        std::vector<float> kf(kd.size()), vf(vd.size());
+        std::copy_n(ks[static_cast<std::size_t>(s)].begin(), kf.size(), kf.begin());
+        std::copy_n(vs[static_cast<std::size_t>(s)].begin(), vf.size(), vf.begin());
+        std::vector<double> exact(ref.size());
+        ko::sdpa_f64(as, qs, kf.data(), vf.data(), exact.data());
+        double qerr = 0;
+        for (std::size_t i = 0; i < exact.size(); ++i) qerr = std::max(qerr, std::fabs(exact[i] - ref[i]));
+        CHECK(qerr > 0);
+      }
+    }
+  }
+  CHECK(cases >= 24);
+}
+
+}  // namespace
+
+// ---- test cases ------------------------------------------------------------------------------------
+
+#define ORA_CUDA_STORE(half, seed)                                                                          \
+  TEST_CASE("ORA.cuda.store." half " GPU page bytes == CPU page bytes == oracle page bytes",                \
+            "[gate:ORA][fmt:" half "][cuda]") {                                                             \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_half(half);                                                                        \
+    REQUIRE(f.has_value());                                                                                 \
+    run_store_gate(*f, seed);                                                                               \
+    run_store_special(*f);                                                                                  \
+  }
+
+ORA_CUDA_STORE("f32", 6100)
+ORA_CUDA_STORE("f16", 6200)
+ORA_CUDA_STORE("bf16", 6300)
+ORA_CUDA_STORE("int8", 6400)
+ORA_CUDA_STORE("fp8_e4m3", 6500)
+ORA_CUDA_STORE("fp8_e5m2", 6600)
+ORA_CUDA_STORE("q8_0", 6700)
+ORA_CUDA_STORE("q4_0", 6800)
+ORA_CUDA_STORE("q4_0_rot", 6900)
+
+#define ORA_CUDA_DECODE(id, fmtname, seed)                                                                  \
+  TEST_CASE("ORA.cuda.decode." id " GPU decode attention == oracle FP64 attention over the same bytes",     \
+            "[gate:ORA][fmt:" fmtname "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(fmtname);                                                                \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, seed);                                                                              \
+  }
+
+ORA_CUDA_DECODE("f32", "f32", 7100)
+ORA_CUDA_DECODE("f16", "f16", 7200)
+ORA_CUDA_DECODE("bf16", "bf16", 7300)
+ORA_CUDA_DECODE("int8", "int8", 7400)
+ORA_CUDA_DECODE("fp8", "fp8", 7500)
+ORA_CUDA_DECODE("fp8_e5m2", "fp8_e5m2", 7600)
+ORA_CUDA_DECODE("q8_0", "q8_0", 7700)
+ORA_CUDA_DECODE("q4_0", "q4_0", 7800)
+ORA_CUDA_DECODE("k8v4", "k8v4", 7900)
+ORA_CUDA_DECODE("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 8000)
+ORA_CUDA_DECODE("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 8100)
+ORA_CUDA_DECODE("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 8200)
+ORA_CUDA_DECODE("mixed.f16-int8", "k=f16,v=int8", 8300)
+
+TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names the kernel path",
+          "[gate:STO][cuda]") {
+  const KvFormat i8{HalfFormat::int8, HalfFormat::int8};
+  const KvFormat k8v4{HalfFormat::int8, HalfFormat::q4_0_rot};
+  const KvFormat q8{HalfFormat::q8_0, HalfFormat::q8_0};
+  auto check = [](const kc::OpSupport& s, const char* reason) {
+    INFO("got reason '" << s.reason << "' detail '" << s.detail << "'");
+    CHECK_FALSE(s.ok);
+    CHECK(s.reason == reason);
+    CHECK_FALSE(s.detail.empty());
+  };
+  check(kc::supports_op(kc::Op::decode, k8v4, {16, 8, 96}, 32), "head_dim_not_power_of_two");
+  check(kc::supports_op(kc::Op::store, q8, {16, 1, 8}, 0), "row_not_multiple_of_32");
+  check(kc::supports_op(kc::Op::decode, i8, {16, 4, 64}, 6), "gqa_ratio_invalid");
+  check(kc::supports_op(kc::Op::decode, i8, {16, 1, 512}, 8), "head_dim_unsupported");
+  check(kc::supports_op(kc::Op::store, i8, {16, 256, 256}, 0), "row_too_large");
+  const kc::DeviceStatus& dev = kc::device_status();
+  if (dev.available && dev.cc_major < 9) {
+    check(kc::supports_op(kc::Op::decode, i8, {16, 8, 128}, 32), "arch_unsupported");
+    return;
+  }
+  CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 128}, 32).path == "fast(D=128)");
+  CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 8, 64}, 8).path == "fast(D=64)");
+  CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 4, 8}, 8).path == "generic");
+  CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 96}, 8).path == "generic");
+  CHECK(kc::supports_op(kc::Op::store, q8, {16, 8, 128}, 0).ok);
+  // Every pair of half formats is accepted where the geometry allows it.
+  for (HalfFormat kf : all_half_formats())
+    for (HalfFormat vf : all_half_formats()) {
+      INFO((KvFormat{kf, vf}.name()));
+      CHECK(kc::supports_op(kc::Op::decode, KvFormat{kf, vf}, {16, 8, 128}, 32).ok);
+    }
+  if (!dev.available) WARN("device checks of STO.cuda.capability SKIPPED: " << dev.reason);
+}

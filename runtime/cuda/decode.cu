@@ -1,0 +1,187 @@
+// Op: decode attention. Capability check, split planning from the device's occupancy, and the one
+// dispatch switch from runtime (K half, V half, head_dim) to the kernel templates.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/decode_params.cuh"
+#include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/ops.hpp"
+
+namespace kvgate::cuda {
+
+using detail::HF;
+
+namespace {
+
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxStoreRowBytes = 227 * 1024;  // the row is staged in shared memory
+
+bool fast_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
+
+template <class Fn>
+decltype(auto) dispatch_head_dim(int d, Fn&& fn) {
+  switch (d) {
+    case 64: return fn(std::integral_constant<int, 64>{});
+    case 128: return fn(std::integral_constant<int, 128>{});
+    case 256: return fn(std::integral_constant<int, 256>{});
+    default: return fn(std::integral_constant<int, 0>{});
+  }
+}
+
+template <class Fn>
+decltype(auto) dispatch_decode(const KvFormat& f, int head_dim, Fn&& fn) {
+  return detail::dispatch_half(f.k, [&](auto kf) {
+    return detail::dispatch_half(f.v, [&](auto vf) {
+      return dispatch_head_dim(head_dim, [&](auto d) { return fn(kf, vf, d); });
+    });
+  });
+}
+
+}  // namespace
+
+OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads) {
+  OpSupport s;
+  for (HalfFormat h : {f.k, f.v}) {
+    const Capability c = supports(h, g);
+    if (!c.ok) return {false, c.reason, c.detail, {}};
+  }
+  if (op == Op::store) {
+    if (static_cast<long>(g.row_elems()) * 4 > kMaxStoreRowBytes)
+      return {false, "row_too_large",
+              "the CUDA store kernel stages one token row (n_kv_heads*head_dim floats) in shared memory; " +
+                  std::to_string(g.row_elems()) + " floats exceed 227 KB",
+              {}};
+    s.path = "store";
+  } else {
+    if (n_heads < 1 || n_heads % g.n_kv_heads != 0)
+      return {false, "gqa_ratio_invalid",
+              "n_heads (" + std::to_string(n_heads) + ") must be a positive multiple of n_kv_heads (" +
+                  std::to_string(g.n_kv_heads) + ")",
+              {}};
+    if (g.head_dim > kMaxHeadDim)
+      return {false, "head_dim_unsupported",
+              "CUDA decode attention supports head_dim <= 256 (got " + std::to_string(g.head_dim) + ")", {}};
+    s.path = fast_head_dim(g.head_dim) ? "fast(D=" + std::to_string(g.head_dim) + ")" : "generic";
+  }
+  const DeviceStatus& d = device_status();
+  if (d.available && d.cc_major < 9)
+    return {false, "arch_unsupported",
+            "kvgate's CUDA kernels are built for sm_90a (+ compute_90 PTX); device '" + d.name + "' is sm_" +
+                std::to_string(d.cc_major) + std::to_string(d.cc_minor),
+            {}};
+  return s;
+}
+
+DecodeWorkspace::~DecodeWorkspace() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+void* DecodeWorkspace::reserve(std::size_t bytes) {
+  if (bytes > bytes_) {
+    if (ptr_) KVGATE_CUDA_CHECK(cudaFree(ptr_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+    KVGATE_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+    bytes_ = bytes;
+  }
+  return ptr_;
+}
+
+DecodePlan plan_decode(const DecodeArgs& a) {
+  const OpSupport sup = supports_op(Op::decode, a.format, a.geometry, a.n_heads);
+  if (!sup.ok) throw std::invalid_argument("kvgate::cuda::decode_attention: " + sup.reason + ": " + sup.detail);
+  DecodePlan p;
+  p.path = sup.path;
+  const int H = a.geometry.n_kv_heads, D = a.geometry.head_dim;
+  const int group = a.n_heads / H;
+  p.head_chunks = (group + detail::kHeadsPerCta - 1) / detail::kHeadsPerCta;
+  int per_sm = 1;
+  dispatch_decode(a.format, D, [&](auto kf, auto vf, auto d) {
+    p.smem_bytes = detail::decode_smem_bytes<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(D);
+    per_sm = detail::decode_max_active<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(p.smem_bytes);
+  });
+  const DeviceStatus& dev = device_status();
+  p.resident_ctas = std::max(1, per_sm) * std::max(1, dev.sm_count);
+  const long base = static_cast<long>(a.batch) * H * p.head_chunks;
+  const int max_len = std::max(1, a.max_seq_len);
+  if (a.num_splits > 0) {
+    p.splits = a.num_splits;
+  } else {
+    // Enough CTAs to fill the device, each split at least 128 tokens, and the grid a near-whole
+    // number of resident waves (a half-empty last wave costs as much as a full one).
+    const int max_splits = std::max(1, (max_len + 127) / 128);
+    double best = -1;
+    p.splits = 1;
+    for (int s = 1; s <= max_splits; ++s) {
+      const double ctas = static_cast<double>(base) * s;
+      const double waves = ctas / p.resident_ctas;
+      const double util = waves / std::ceil(waves);         // last-wave fill
+      const double fill = std::min(1.0, waves);              // at least one wave
+      const double score = util * fill - 0.002 * s;          // prefer fewer splits on ties
+      if (score > best + 1e-9) {
+        best = score;
+        p.splits = s;
+      }
+      if (waves >= 4) break;
+    }
+  }
+  p.splits = std::min(p.splits, max_len);
+  p.tokens_per_split = (max_len + p.splits - 1) / p.splits;
+  p.tokens_per_split = (p.tokens_per_split + 15) / 16 * 16;
+  p.splits = (max_len + p.tokens_per_split - 1) / p.tokens_per_split;
+  p.ctas = static_cast<int>(base * p.splits);
+  p.workspace_bytes = static_cast<std::size_t>(a.batch) * p.splits * a.n_heads * (D + 2) * sizeof(float);
+  return p;
+}
+
+DecodePlan decode_attention(const DecodeArgs& a, DecodeWorkspace& ws, cudaStream_t stream) {
+  return decode_attention(a, plan_decode(a), ws, stream);
+}
+
+DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWorkspace& ws, cudaStream_t stream) {
+  if (a.batch <= 0) return p;
+  const int H = a.geometry.n_kv_heads, D = a.geometry.head_dim;
+  auto* base = static_cast<float*>(ws.reserve(p.workspace_bytes));
+  detail::DecodeLaunch L;
+  L.k_pool = a.k_pool;
+  L.v_pool = a.v_pool;
+  L.k_page_stride = a.k_page_stride;
+  L.v_page_stride = a.v_page_stride;
+  L.block_tables = a.block_tables;
+  L.table_stride = a.table_stride;
+  L.seq_lens = a.seq_lens;
+  L.q = a.q;
+  L.part_o = base;
+  L.part_ml = base + static_cast<std::size_t>(a.batch) * p.splits * a.n_heads * D;
+  L.batch = a.batch;
+  L.n_heads = a.n_heads;
+  L.n_kv_heads = H;
+  L.head_dim = D;
+  L.block_size = a.geometry.block_size;
+  L.group = a.n_heads / H;
+  L.n_hchunks = p.head_chunks;
+  L.splits = p.splits;
+  L.tokens_per_split = p.tokens_per_split;
+  const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
+  const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
+  const float v_ts = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;
+  L.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
+  L.had_c = detail::hadamard_scale(D);
+  dispatch_decode(a.format, D, [&](auto kf, auto vf, auto d) {
+    detail::launch_decode<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(L, p.smem_bytes, stream);
+  });
+  detail::CombineLaunch c;
+  c.part_o = L.part_o;
+  c.part_ml = L.part_ml;
+  c.out = a.out;
+  c.batch = a.batch;
+  c.n_heads = a.n_heads;
+  c.head_dim = D;
+  c.splits = p.splits;
+  c.v_mul = v_ts;
+  c.had_c = L.had_c;
+  detail::launch_combine(c, a.format.v == HalfFormat::q4_0_rot, stream);
+  return p;
+}
+
+}  // namespace kvgate::cuda

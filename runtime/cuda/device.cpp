@@ -1,0 +1,58 @@
+#include "kvgate/cuda/device.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "kernels/common.cuh"
+
+namespace kvgate::cuda {
+
+std::string cuda_version_string(int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); }
+
+const DeviceStatus& device_status() {
+  static std::mutex mu;
+  static std::map<int, DeviceStatus> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  int dev = 0;
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    auto& s = cache[-1];
+    s = DeviceStatus{};
+    s.reason = std::string("no CUDA device: ") + (e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+    cudaDriverGetVersion(&s.driver_version);
+    cudaRuntimeGetVersion(&s.runtime_version);
+    return s;
+  }
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  DeviceStatus s;
+  cudaDeviceProp p{};
+  const cudaError_t pe = cudaGetDeviceProperties(&p, dev);
+  if (pe != cudaSuccess) {
+    s.reason = std::string("no CUDA device: ") + cudaGetErrorString(pe);
+    return cache[dev] = s;
+  }
+  s.available = true;
+  s.device = dev;
+  s.name = p.name;
+  s.cc_major = p.major;
+  s.cc_minor = p.minor;
+  s.sm_count = p.multiProcessorCount;
+  s.total_mem = p.totalGlobalMem;
+  s.l2_bytes = static_cast<std::size_t>(p.l2CacheSize);
+  cudaDriverGetVersion(&s.driver_version);
+  cudaRuntimeGetVersion(&s.runtime_version);
+  return cache[dev] = s;
+}
+
+namespace detail {
+float hadamard_scale(int n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); }
+}  // namespace detail
+
+}  // namespace kvgate::cuda

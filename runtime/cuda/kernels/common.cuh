@@ -1,0 +1,65 @@
+// Shared pieces of the CUDA kernels: error checks, compile-time traits of the half formats, and
+// the one dispatch switch from the runtime HalfFormat to template arguments.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "kvgate/format.hpp"
+
+#define KVGATE_CUDA_CHECK(expr)                                                                     \
+  do {                                                                                              \
+    const cudaError_t kvgate_err_ = (expr);                                                         \
+    if (kvgate_err_ != cudaSuccess)                                                                 \
+      throw std::runtime_error(std::string("CUDA error: ") + cudaGetErrorString(kvgate_err_) + " (" + \
+                               #expr + ") at " + __FILE__ + ":" + std::to_string(__LINE__));        \
+  } while (0)
+
+#ifdef __CUDACC__
+#define KVGATE_HD __host__ __device__
+#else
+#define KVGATE_HD
+#endif
+
+namespace kvgate::cuda::detail {
+
+using HF = kvgate::HalfFormat;
+
+KVGATE_HD constexpr bool is_block32(HF f) { return f == HF::q8_0 || f == HF::q4_0 || f == HF::q4_0_rot; }
+KVGATE_HD constexpr bool is_rot(HF f) { return f == HF::q4_0_rot; }
+KVGATE_HD constexpr bool is_q4(HF f) { return f == HF::q4_0 || f == HF::q4_0_rot; }
+KVGATE_HD constexpr bool is_fp8(HF f) { return f == HF::fp8_e4m3 || f == HF::fp8_e5m2; }
+KVGATE_HD constexpr int elem_bytes(HF f) { return f == HF::f32 ? 4 : (f == HF::f16 || f == HF::bf16) ? 2 : 1; }
+KVGATE_HD constexpr int block_bytes(HF f) { return f == HF::q8_0 ? 34 : 18; }
+
+// Bytes of one cell (token x KV head) in the codes region, for D >= 32 (block formats: D/32 blocks,
+// scales embedded). int8 keeps its scale in a separate region (2 B per cell).
+KVGATE_HD constexpr int cell_bytes(HF f, int D) { return is_block32(f) ? (D / 32) * block_bytes(f) : D * elem_bytes(f); }
+
+KVGATE_HD constexpr int gcd_c(int a, int b) { return b == 0 ? a : gcd_c(b, a % b); }
+
+// Runtime HalfFormat -> template argument. fn receives std::integral_constant<HalfFormat, F>.
+template <class Fn>
+decltype(auto) dispatch_half(HF f, Fn&& fn) {
+  switch (f) {
+    case HF::f32: return fn(std::integral_constant<HF, HF::f32>{});
+    case HF::f16: return fn(std::integral_constant<HF, HF::f16>{});
+    case HF::bf16: return fn(std::integral_constant<HF, HF::bf16>{});
+    case HF::int8: return fn(std::integral_constant<HF, HF::int8>{});
+    case HF::fp8_e4m3: return fn(std::integral_constant<HF, HF::fp8_e4m3>{});
+    case HF::fp8_e5m2: return fn(std::integral_constant<HF, HF::fp8_e5m2>{});
+    case HF::q8_0: return fn(std::integral_constant<HF, HF::q8_0>{});
+    case HF::q4_0: return fn(std::integral_constant<HF, HF::q4_0>{});
+    case HF::q4_0_rot: return fn(std::integral_constant<HF, HF::q4_0_rot>{});
+  }
+  throw std::invalid_argument("kvgate::cuda: unknown half format");
+}
+
+// 1/sqrt(n) exactly as FORMATS.md computes it: binary64 then RNE to binary32 (host side).
+float hadamard_scale(int n);
+
+}  // namespace kvgate::cuda::detail

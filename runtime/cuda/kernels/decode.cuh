@@ -1,0 +1,589 @@
+// Split-K flash-decoding over the paged quantized store (docs/CUDA.md has the design).
+//
+// One CTA = (KV head, query-head chunk of <= 4 heads of its GQA group, split of the context,
+// sequence). Each K/V cell is read once per CTA and serves every query head of the chunk, so for
+// group sizes <= 4 every KV byte crosses DRAM once. Four warps stream their own tokens through a
+// private 3-stage cp.async ring (no CTA-wide barriers in the main loop); codes are dequantized in
+// registers, dot products and the P.V accumulation run in FP32 on the CUDA cores with an online
+// softmax (base 2). A second tiny kernel merges the splits, applies the per-tensor V scale and, for
+// a rotated V, the inverse Walsh-Hadamard transform of the output (H is symmetric and involutory,
+// so rotating q once and the output once replaces rotating every K/V row).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "decode_params.cuh"
+
+namespace kvgate::cuda::detail {
+
+// ---- small device helpers -----------------------------------------------------------------
+
+template <int N>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_size = valid ? N : 0;  // 0: zero-fill, nothing read
+  if constexpr (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(N), "r"(src_size));
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ float h2f(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+// int8 code in byte k of w (two's complement) -> exact float, without I2F: bias to unsigned, place
+// under the exponent of 2^23, subtract 2^23 + 128.
+__device__ __forceinline__ float i8_at(std::uint32_t w_biased, int k) {
+  return __uint_as_float(__byte_perm(w_biased, 0x4B000000u, 0x7440u | static_cast<unsigned>(k))) - 8388736.0f;
+}
+// nibble n -> n - 8, exactly.
+__device__ __forceinline__ float q4_val(std::uint32_t n) { return __uint_as_float(0x4B000000u | n) - 8388616.0f; }
+
+__device__ __forceinline__ void fp8x2_to_f2(std::uint16_t v, bool e4m3, float& a, float& b) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), e4m3 ? __NV_E4M3 : __NV_E5M2);
+  const float2 f = __half22float2(__half2(r));
+  a = f.x;
+  b = f.y;
+}
+
+// ---- slices of a cell held by one lane (fast path, D in {64, 128, 256}) ------------------------
+// A cell (one token, one KV head, D elements) is read by L = D/16 lanes; lane j holds 16 elements.
+// dim(j, e) says which element of the head vector slot e of lane j is; load() returns the code
+// values (exact floats) and the scale that multiplies the slice (block d, or 1).
+
+template <HF F, int D>
+struct Slice {
+  static constexpr int L = D / 16;
+  __device__ static constexpr int dim(int j, int e) {
+    if constexpr (F == HF::f32) return 4 * ((e / 4) * L + j) + e % 4;
+    else if constexpr (F == HF::f16 || F == HF::bf16) return 8 * ((e / 8) * L + j) + e % 8;
+    else if constexpr (F == HF::q8_0) return 32 * (j / 2) + 16 * (j % 2) + e;
+    else if constexpr (is_q4(F)) return 32 * (j / 2) + (e < 8 ? 8 * (j % 2) + e : 16 + 8 * (j % 2) + (e - 8));
+    else return 16 * j + e;  // int8, fp8
+  }
+  __device__ static void load(const std::uint8_t* cell, int j, float (&x)[16], float& sc) {
+    sc = 1.0f;
+    if constexpr (F == HF::f32) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float4 v = *reinterpret_cast<const float4*>(cell + 16 * (c * L + j));
+        x[4 * c] = v.x;
+        x[4 * c + 1] = v.y;
+        x[4 * c + 2] = v.z;
+        x[4 * c + 3] = v.w;
+      }
+    } else if constexpr (F == HF::f16 || F == HF::bf16) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint4 v = *reinterpret_cast<const uint4*>(cell + 16 * (c * L + j));
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if constexpr (F == HF::bf16) {
+            x[8 * c + 2 * k] = __uint_as_float(w[k] << 16);
+            x[8 * c + 2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+          } else {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+            x[8 * c + 2 * k] = f.x;
+            x[8 * c + 2 * k + 1] = f.y;
+          }
+        }
+      }
+    } else if constexpr (F == HF::int8) {
+      const uint4 v = *reinterpret_cast<const uint4*>(cell + 16 * j);
+      const std::uint32_t w[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
+#pragma unroll
+      for (int k = 0; k < 16; ++k) x[k] = i8_at(w[k / 4], k % 4);
+    } else if constexpr (is_fp8(F)) {
+      const uint4 v = *reinterpret_cast<const uint4*>(cell + 16 * j);
+      const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const std::uint16_t pair = static_cast<std::uint16_t>(w[k / 2] >> (16 * (k % 2)));
+        fp8x2_to_f2(pair, F == HF::fp8_e4m3, x[2 * k], x[2 * k + 1]);
+      }
+    } else if constexpr (F == HF::q8_0) {
+      const std::uint8_t* blk = cell + 34 * (j / 2);
+      sc = h2f(*reinterpret_cast<const std::uint16_t*>(blk));
+      const std::uint16_t* c16 = reinterpret_cast<const std::uint16_t*>(blk + 2 + 16 * (j % 2));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const std::uint32_t w = (static_cast<std::uint32_t>(c16[2 * k]) | (static_cast<std::uint32_t>(c16[2 * k + 1]) << 16)) ^ 0x80808080u;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) x[4 * k + b] = i8_at(w, b);
+      }
+    } else {  // q4_0, q4_0_rot (rotated domain)
+      const std::uint8_t* blk = cell + 18 * (j / 2);
+      sc = h2f(*reinterpret_cast<const std::uint16_t*>(blk));
+      const std::uint16_t* c16 = reinterpret_cast<const std::uint16_t*>(blk + 2 + 8 * (j % 2));
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const std::uint32_t w = static_cast<std::uint32_t>(c16[2 * k]) | (static_cast<std::uint32_t>(c16[2 * k + 1]) << 16);
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          x[4 * k + b] = q4_val((w >> (8 * b)) & 0xFu);
+          x[8 + 4 * k + b] = q4_val((w >> (8 * b + 4)) & 0xFu);
+        }
+      }
+    }
+  }
+};
+
+// ---- element accessor (generic path: any D <= 256, blocks may span heads when D < 32) ----------
+template <HF F>
+__device__ __forceinline__ float load_elem(const std::uint8_t* page, int B, int H, int D, int slot, int h, int i,
+                                           float& sc) {
+  const std::size_t HD = static_cast<std::size_t>(H) * D;
+  const std::size_t r = static_cast<std::size_t>(slot) * HD + static_cast<std::size_t>(h) * D + i;
+  sc = 1.0f;
+  if constexpr (F == HF::f32) return reinterpret_cast<const float*>(page)[r];
+  else if constexpr (F == HF::f16) return h2f(reinterpret_cast<const std::uint16_t*>(page)[r]);
+  else if constexpr (F == HF::bf16) return __uint_as_float(static_cast<std::uint32_t>(reinterpret_cast<const std::uint16_t*>(page)[r]) << 16);
+  else if constexpr (F == HF::int8) {
+    sc = h2f(reinterpret_cast<const std::uint16_t*>(page + static_cast<std::size_t>(B) * HD)[static_cast<std::size_t>(slot) * H + h]);
+    return static_cast<float>(reinterpret_cast<const std::int8_t*>(page)[r]);
+  } else if constexpr (is_fp8(F)) {
+    float a, b;
+    fp8x2_to_f2(page[r], F == HF::fp8_e4m3, a, b);
+    return a;
+  } else {
+    const std::size_t e = static_cast<std::size_t>(h) * D + i;  // element of the token row
+    const std::size_t blk = static_cast<std::size_t>(slot) * (HD / 32) + e / 32;
+    const int w = static_cast<int>(e % 32);
+    if constexpr (F == HF::q8_0) {
+      const std::uint8_t* p = page + blk * 34;
+      sc = h2f(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      return static_cast<float>(static_cast<std::int8_t>(p[2 + w]));
+    } else {
+      const std::uint8_t* p = page + blk * 18;
+      sc = h2f(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      const int code = w < 16 ? (p[2 + w] & 0x0F) : (p[2 + w - 16] >> 4);
+      return static_cast<float>(code - 8);
+    }
+  }
+}
+
+// ---- shared prologue / epilogue --------------------------------------------------------------
+
+// q of the CTA's heads -> smem, times q_mul, rotated when K is stored rotated (q.(H y) = (H q).y).
+template <bool Rot>
+__device__ void load_q(const DecodeLaunch& a, int b, int hq0, int nh, float* q_s) {
+  const int D = a.head_dim;
+  for (int i = threadIdx.x; i < kHeadsPerCta * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    q_s[i] = g < nh ? a.q[(static_cast<std::size_t>(b) * a.n_heads + hq0 + g) * D + d] * a.q_mul : 0.0f;
+  }
+  __syncthreads();
+  if constexpr (Rot) {
+    const int half = D / 2;
+    for (int len = 1; len < D; len <<= 1) {
+      for (int p = threadIdx.x; p < kHeadsPerCta * half; p += blockDim.x) {
+        const int g = p / half, k = p % half;
+        const int i = (k / len) * 2 * len + (k % len);
+        float* c = q_s + g * D;
+        const float x = c[i], y = c[i + len];
+        c[i] = x + y;
+        c[i + len] = x - y;
+      }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < kHeadsPerCta * D; i += blockDim.x) q_s[i] *= a.had_c;
+    __syncthreads();
+  }
+}
+
+__device__ __forceinline__ float safe_exp2_diff(float m, float M) { return m == -INFINITY ? 0.0f : exp2f(m - M); }
+
+// Writes one split's partial state: ep holds [warps][4][D] accumulators, epml [warps][4][2].
+__device__ inline void write_partials(const DecodeLaunch& a, int b, int split, int hq0, int nh, const float* ep,
+                               const float* epml, int nwarps) {
+  const int D = a.head_dim;
+  for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+    for (int w = 0; w < nwarps; ++w) M = fmaxf(M, epml[(w * kHeadsPerCta + g) * 2]);
+    float o = 0.0f, l = 0.0f;
+    for (int w = 0; w < nwarps; ++w) {
+      const float f = safe_exp2_diff(epml[(w * kHeadsPerCta + g) * 2], M);
+      o += ep[(w * kHeadsPerCta + g) * D + d] * f;
+      l += epml[(w * kHeadsPerCta + g) * 2 + 1] * f;
+    }
+    const std::size_t row = (static_cast<std::size_t>(b) * a.splits + split) * a.n_heads + hq0 + g;
+    a.part_o[row * D + d] = o;
+    if (d == 0) {
+      a.part_ml[row * 2] = M;
+      a.part_ml[row * 2 + 1] = l;
+    }
+  }
+}
+
+// ---- fast path ----------------------------------------------------------------------------------
+
+template <HF KF, HF VF, int D>
+__global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(DecodeLaunch a) {
+  using Cfg = FastCfg<KF, VF, D>;
+  using KS = Slice<KF, D>;
+  using VS = Slice<VF, D>;
+  constexpr int E = Cfg::E, L = Cfg::L, TG = Cfg::TG, C = Cfg::C, TGC = Cfg::TGC, LPT = Cfg::LPT;
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  float* q_s = reinterpret_cast<float*>(smem);
+  std::uint8_t* pipe = smem + Cfg::Q_SMEM;
+
+  const int kvh = blockIdx.x / a.n_hchunks, hc = blockIdx.x % a.n_hchunks;
+  const int split = blockIdx.y, b = blockIdx.z;
+  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
+  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
+  const int seq_len = a.seq_lens[b];
+  const int t_begin = split * a.tokens_per_split;
+  const int t_end = min(t_begin + a.tokens_per_split, seq_len);
+  const int H = a.n_kv_heads, B = a.block_size;
+  const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
+
+  load_q<is_rot(KF)>(a, b, hq0, nh, q_s);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = lane % L, r = lane / L;
+  float qr[kHeadsPerCta][E];
+#pragma unroll
+  for (int g = 0; g < kHeadsPerCta; ++g)
+#pragma unroll
+    for (int e = 0; e < E; ++e) qr[g][e] = q_s[g * D + KS::dim(j, e)];
+
+  float acc[kHeadsPerCta][E];
+  float m[kHeadsPerCta], l[kHeadsPerCta];
+#pragma unroll
+  for (int g = 0; g < kHeadsPerCta; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+  }
+
+  std::uint8_t* wpipe = pipe + warp * Cfg::WARP_SMEM;
+  const int n_tok = max(0, t_end - t_begin);
+  const int n_steps = (n_tok + kDecodeWarps * TGC - 1) / (kDecodeWarps * TGC);
+  const int ctau = lane / LPT, csub = lane % LPT;  // copy role of this lane
+
+  // Page lookup for this lane's copy token of step st (prefetched one step ahead).
+  auto lookup = [&](int st, int& page, int& slot) {
+    const int t = t_begin + (st * kDecodeWarps + warp) * TGC + ctau;
+    if (st < n_steps && t < t_end) {
+      page = __ldg(table + t / B);
+      slot = t % B;
+    } else {
+      page = -1;
+      slot = 0;
+    }
+  };
+  auto issue = [&](int st, int page, int slot) {
+    std::uint8_t* sb = wpipe + (st % kStages) * Cfg::STAGE_AL;
+    const bool valid = page >= 0;
+    const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
+    const std::uint8_t* kc = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + cell * Cfg::CBK : 0);
+    const std::uint8_t* vc = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + cell * Cfg::CBV : 0);
+    std::uint8_t* kd = sb + ctau * Cfg::SK;
+    std::uint8_t* vd = sb + TGC * Cfg::SK + ctau * Cfg::SV;
+#pragma unroll
+    for (int u = csub; u < Cfg::CBK / Cfg::CGK; u += LPT) cp_async<Cfg::CGK>(kd + u * Cfg::CGK, kc + u * Cfg::CGK, valid);
+#pragma unroll
+    for (int u = csub; u < Cfg::CBV / Cfg::CGV; u += LPT) cp_async<Cfg::CGV>(vd + u * Cfg::CGV, vc + u * Cfg::CGV, valid);
+    if (csub == 0) {
+      std::uint8_t* scw = sb + TGC * (Cfg::SK + Cfg::SV);
+      std::uint8_t* par = scw + TGC * 8;
+      const std::size_t codes = static_cast<std::size_t>(B) * H * D;
+      if constexpr (KF == HF::int8) {
+        const std::uint8_t* src = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
+        cp_async<4>(scw + ctau * 8, src, valid);
+      }
+      if constexpr (VF == HF::int8) {
+        const std::uint8_t* src = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
+        cp_async<4>(scw + ctau * 8 + 4, src, valid);
+      }
+      par[ctau] = static_cast<std::uint8_t>(cell & 1);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    int pg, sl;
+    lookup(s, pg, sl);
+    issue(s, pg, sl);
+    cp_async_commit();
+  }
+  int nxt_page, nxt_slot;
+  lookup(kStages - 1, nxt_page, nxt_slot);
+
+  for (int st = 0; st < n_steps; ++st) {
+    issue(st + kStages - 1, nxt_page, nxt_slot);
+    cp_async_commit();
+    lookup(st + kStages, nxt_page, nxt_slot);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+
+    const std::uint8_t* sb = wpipe + (st % kStages) * Cfg::STAGE_AL;
+    const std::uint8_t* scw = sb + TGC * (Cfg::SK + Cfg::SV);
+    const std::uint8_t* par = scw + TGC * 8;
+    const int tbase = t_begin + (st * kDecodeWarps + warp) * TGC;
+
+    float s[C][kHeadsPerCta];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int tau = c * TG + r;
+      float x[E], sc;
+      KS::load(sb + tau * Cfg::SK, j, x, sc);
+      if constexpr (KF == HF::int8) sc = h2f(reinterpret_cast<const std::uint16_t*>(scw + tau * 8)[par[tau]]);
+      float part[kHeadsPerCta];
+#pragma unroll
+      for (int g = 0; g < kHeadsPerCta; ++g) {
+        float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+          p0 = fmaf(qr[g][e], x[e], p0);
+          p1 = fmaf(qr[g][e + 1], x[e + 1], p1);
+        }
+        part[g] = (p0 + p1) * sc;
+      }
+#pragma unroll
+      for (int off = L / 2; off > 0; off >>= 1)
+#pragma unroll
+        for (int g = 0; g < kHeadsPerCta; ++g) part[g] += __shfl_xor_sync(0xffffffffu, part[g], off);
+      const bool valid = tbase + tau < t_end;
+#pragma unroll
+      for (int g = 0; g < kHeadsPerCta; ++g) s[c][g] = valid ? part[g] : -INFINITY;
+    }
+
+    float p[C][kHeadsPerCta];
+#pragma unroll
+    for (int g = 0; g < kHeadsPerCta; ++g) {
+      float mx = s[0][g];
+#pragma unroll
+      for (int c = 1; c < C; ++c) mx = fmaxf(mx, s[c][g]);
+      if (mx > m[g]) {  // lazy rescale: only when the running max grows
+        const float corr = safe_exp2_diff(m[g], mx);
+        l[g] *= corr;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[g][e] *= corr;
+        m[g] = mx;
+      }
+      float ls = 0.0f;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        p[c][g] = m[g] == -INFINITY ? 0.0f : exp2f(s[c][g] - m[g]);
+        ls += p[c][g];
+      }
+      l[g] += ls;
+    }
+
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int tau = c * TG + r;
+      float x[E], sc;
+      VS::load(sb + TGC * Cfg::SK + tau * Cfg::SV, j, x, sc);
+      if constexpr (VF == HF::int8) sc = h2f(reinterpret_cast<const std::uint16_t*>(scw + tau * 8 + 4)[par[tau]]);
+#pragma unroll
+      for (int g = 0; g < kHeadsPerCta; ++g) {
+        const float pv = p[c][g] * sc;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[g][e] = fmaf(pv, x[e], acc[g][e]);
+      }
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+
+  // Merge the token groups of the warp (lanes that differ above the slice bits).
+#pragma unroll
+  for (int off = L; off < 32; off <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kHeadsPerCta; ++g) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[g], off);
+      const float lo = __shfl_xor_sync(0xffffffffu, l[g], off);
+      const float M = fmaxf(m[g], mo);
+      const float fa = safe_exp2_diff(m[g], M), fb = safe_exp2_diff(mo, M);
+      l[g] = l[g] * fa + lo * fb;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float ao = __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+        acc[g][e] = acc[g][e] * fa + ao * fb;
+      }
+      m[g] = M;
+    }
+  }
+  __syncthreads();  // every warp is done with its ring: reuse it for the epilogue
+  float* ep = reinterpret_cast<float*>(pipe);
+  float* epml = ep + kDecodeWarps * kHeadsPerCta * D;
+  if (lane < L) {
+#pragma unroll
+    for (int g = 0; g < kHeadsPerCta; ++g) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) ep[(warp * kHeadsPerCta + g) * D + VS::dim(j, e)] = acc[g][e];
+      if (lane == 0) {
+        epml[(warp * kHeadsPerCta + g) * 2] = m[g];
+        epml[(warp * kHeadsPerCta + g) * 2 + 1] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  write_partials(a, b, split, hq0, nh, ep, epml, kDecodeWarps);
+}
+
+// ---- generic path: any head_dim <= 256; one token per warp step, lanes over the head vector -----
+
+
+template <HF KF, HF VF>
+__global__ void __launch_bounds__(kDecodeWarps * 32) decode_generic_kernel(DecodeLaunch a) {
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  const int D = a.head_dim;
+  float* q_s = reinterpret_cast<float*>(smem);
+  float* ep = q_s + kHeadsPerCta * D;
+  float* epml = ep + kDecodeWarps * kHeadsPerCta * D;
+
+  const int kvh = blockIdx.x / a.n_hchunks, hc = blockIdx.x % a.n_hchunks;
+  const int split = blockIdx.y, b = blockIdx.z;
+  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
+  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
+  const int seq_len = a.seq_lens[b];
+  const int t_begin = split * a.tokens_per_split;
+  const int t_end = min(t_begin + a.tokens_per_split, seq_len);
+  const int H = a.n_kv_heads, B = a.block_size;
+  const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
+  load_q<is_rot(KF)>(a, b, hq0, nh, q_s);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float acc[kHeadsPerCta][kGenericMaxPerLane];
+  float m[kHeadsPerCta], l[kHeadsPerCta];
+#pragma unroll
+  for (int g = 0; g < kHeadsPerCta; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kGenericMaxPerLane; ++k) acc[g][k] = 0.0f;
+  }
+  for (int t = t_begin + warp; t < t_end; t += kDecodeWarps) {
+    const int page = __ldg(table + t / B), slot = t % B;
+    const std::uint8_t* kp = a.k_pool + static_cast<std::size_t>(page) * a.k_page_stride;
+    const std::uint8_t* vp = a.v_pool + static_cast<std::size_t>(page) * a.v_page_stride;
+    float part[kHeadsPerCta] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < kGenericMaxPerLane; ++k) {
+      const int i = lane + 32 * k;
+      if (i < D) {
+        float sc;
+        const float x = load_elem<KF>(kp, B, H, D, slot, kvh, i, sc) * sc;
+#pragma unroll
+        for (int g = 0; g < kHeadsPerCta; ++g) part[g] = fmaf(q_s[g * D + i], x, part[g]);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+      for (int g = 0; g < kHeadsPerCta; ++g) part[g] += __shfl_xor_sync(0xffffffffu, part[g], off);
+    float p[kHeadsPerCta];
+#pragma unroll
+    for (int g = 0; g < kHeadsPerCta; ++g) {
+      if (part[g] > m[g]) {
+        const float corr = safe_exp2_diff(m[g], part[g]);
+        l[g] *= corr;
+#pragma unroll
+        for (int k = 0; k < kGenericMaxPerLane; ++k) acc[g][k] *= corr;
+        m[g] = part[g];
+      }
+      p[g] = m[g] == -INFINITY ? 0.0f : exp2f(part[g] - m[g]);
+      l[g] += p[g];
+    }
+#pragma unroll
+    for (int k = 0; k < kGenericMaxPerLane; ++k) {
+      const int i = lane + 32 * k;
+      if (i < D) {
+        float sc;
+        const float x = load_elem<VF>(vp, B, H, D, slot, kvh, i, sc) * sc;
+#pragma unroll
+        for (int g = 0; g < kHeadsPerCta; ++g) acc[g][k] = fmaf(p[g], x, acc[g][k]);
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kHeadsPerCta; ++g) {
+#pragma unroll
+    for (int k = 0; k < kGenericMaxPerLane; ++k) {
+      const int i = lane + 32 * k;
+      if (i < D) ep[(warp * kHeadsPerCta + g) * D + i] = acc[g][k];
+    }
+    if (lane == 0) {
+      epml[(warp * kHeadsPerCta + g) * 2] = m[g];
+      epml[(warp * kHeadsPerCta + g) * 2 + 1] = l[g];
+    }
+  }
+  __syncthreads();
+  write_partials(a, b, split, hq0, nh, ep, epml, kDecodeWarps);
+}
+
+
+// Launcher definitions (explicitly instantiated in decode_k_<fmt>.cu, one file per K half format).
+template <HF KF, HF VF, int D>
+void launch_decode(const DecodeLaunch& a, int smem_bytes, cudaStream_t stream) {
+  const dim3 grid(a.n_kv_heads * a.n_hchunks, a.splits, a.batch);
+  if constexpr (D == 0) {
+    auto k = decode_generic_kernel<KF, VF>;
+    static int smem_set = -1;  // the attribute is per kernel: set it once per size
+    if (smem_set != smem_bytes) {
+      KVGATE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+      smem_set = smem_bytes;
+    }
+    k<<<grid, kDecodeWarps * 32, smem_bytes, stream>>>(a);
+  } else {
+    auto k = decode_fast_kernel<KF, VF, D>;
+    static int smem_set = -1;
+    if (smem_set != smem_bytes) {
+      KVGATE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+      smem_set = smem_bytes;
+    }
+    k<<<grid, kDecodeWarps * 32, smem_bytes, stream>>>(a);
+  }
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+template <HF KF, HF VF, int D>
+int decode_max_active(int smem_bytes) {
+  int n = 0;
+  if constexpr (D == 0) {
+    auto k = decode_generic_kernel<KF, VF>;
+    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    KVGATE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kDecodeWarps * 32, smem_bytes));
+  } else {
+    auto k = decode_fast_kernel<KF, VF, D>;
+    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    KVGATE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, kDecodeWarps * 32, smem_bytes));
+  }
+  return n;
+}
+
+// One file per K half format instantiates every V half format x {generic, 64, 128, 256}.
+#define KVGATE_DECODE_INST_KV(KF, VF)                                                       \
+  template void launch_decode<KF, VF, 0>(const DecodeLaunch&, int, cudaStream_t); \
+  template int decode_max_active<KF, VF, 0>(int); \
+  template void launch_decode<KF, VF, 64>(const DecodeLaunch&, int, cudaStream_t); \
+  template int decode_max_active<KF, VF, 64>(int); \
+  template void launch_decode<KF, VF, 128>(const DecodeLaunch&, int, cudaStream_t); \
+  template int decode_max_active<KF, VF, 128>(int); \
+  template void launch_decode<KF, VF, 256>(const DecodeLaunch&, int, cudaStream_t); \
+  template int decode_max_active<KF, VF, 256>(int);
+#define KVGATE_DECODE_INST_K(KF)                                                            \
+  KVGATE_DECODE_INST_KV(KF, HF::f32)                                                        \
+  KVGATE_DECODE_INST_KV(KF, HF::f16)                                                        \
+  KVGATE_DECODE_INST_KV(KF, HF::bf16)                                                       \
+  KVGATE_DECODE_INST_KV(KF, HF::int8)                                                       \
+  KVGATE_DECODE_INST_KV(KF, HF::fp8_e4m3)                                                   \
+  KVGATE_DECODE_INST_KV(KF, HF::fp8_e5m2)                                                   \
+  KVGATE_DECODE_INST_KV(KF, HF::q8_0)                                                       \
+  KVGATE_DECODE_INST_KV(KF, HF::q4_0)                                                       \
+  KVGATE_DECODE_INST_KV(KF, HF::q4_0_rot)
+
+}  // namespace kvgate::cuda::detail

@@ -1,0 +1,75 @@
+// Parameters and compile-time configuration of the decode attention kernels, visible to the
+// dispatch code without instantiating any kernel (kernels live in decode.cuh).
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"
+
+namespace kvgate::cuda::detail {
+
+struct DecodeLaunch {
+  const std::uint8_t* k_pool = nullptr;
+  const std::uint8_t* v_pool = nullptr;
+  std::size_t k_page_stride = 0, v_page_stride = 0;
+  const int* block_tables = nullptr;  // [batch][table_stride]
+  int table_stride = 0;
+  const int* seq_lens = nullptr;      // [batch]
+  const float* q = nullptr;           // [batch][n_heads][D]
+  float* part_o = nullptr;            // [batch][splits][n_heads][D]
+  float* part_ml = nullptr;           // [batch][splits][n_heads][2]
+  int batch = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, block_size = 0;
+  int group = 1, n_hchunks = 1, splits = 1, tokens_per_split = 0;
+  float q_mul = 1.0f;  // softmax_scale * log2(e) * k_tensor_scale
+  float had_c = 1.0f;  // float(1/sqrt(double(D)))
+};
+
+struct CombineLaunch {
+  const float* part_o = nullptr;
+  const float* part_ml = nullptr;
+  float* out = nullptr;  // [batch][n_heads][D]
+  int batch = 0, n_heads = 0, head_dim = 0, splits = 1;
+  float v_mul = 1.0f;  // v tensor scale
+  float had_c = 1.0f;
+};
+
+inline constexpr int kHeadsPerCta = 4;
+inline constexpr int kDecodeWarps = 4;
+inline constexpr int kStages = 3;
+
+inline constexpr int kGenericMaxPerLane = 8;  // generic path: head_dim <= 256
+inline int generic_smem_bytes(int D) { return (kHeadsPerCta * D + kDecodeWarps * kHeadsPerCta * (D + 2)) * 4; }
+
+template <HF KF, HF VF, int D>
+struct FastCfg {
+  static constexpr int E = 16, L = D / E, TG = 32 / L;
+  static constexpr int CBK = cell_bytes(KF, D), CBV = cell_bytes(VF, D);
+  static constexpr int CGK = gcd_c(CBK, 16), CGV = gcd_c(CBV, 16);
+  static constexpr int SK = (CBK + 15) / 16 * 16, SV = (CBV + 15) / 16 * 16;
+  static constexpr int BPT = SK + SV + 8;  // + K and V scale words (int8)
+  static constexpr int C = (TG * 4 * BPT <= 6144) ? 4 : (TG * 2 * BPT <= 6144) ? 2 : 1;  // tokens per group per stage
+  static constexpr int TGC = TG * C;                  // tokens per warp per stage (power of two, <= 32)
+  static constexpr int LPT = 32 / TGC;                // copy lanes per token
+  static constexpr int STAGE = TGC * BPT + TGC * 2;   // + 2 parity bytes per token
+  static constexpr int STAGE_AL = (STAGE + 15) / 16 * 16;
+  static constexpr int WARP_SMEM = kStages * STAGE_AL;
+  static constexpr int Q_SMEM = kHeadsPerCta * D * 4;
+  static constexpr int EP_SMEM = kDecodeWarps * kHeadsPerCta * (D + 2) * 4;
+  static constexpr int PIPE_SMEM = kDecodeWarps * WARP_SMEM;
+  static constexpr int SMEM = Q_SMEM + (PIPE_SMEM > EP_SMEM ? PIPE_SMEM : EP_SMEM);
+};
+
+template <HF KF, HF VF, int D>
+int decode_smem_bytes(int head_dim) {
+  if constexpr (D == 0) return generic_smem_bytes(head_dim);
+  else return FastCfg<KF, VF, D>::SMEM;
+}
+
+// Defined in decode.cuh, explicitly instantiated per K half format (decode_k_<fmt>.cu).
+template <HF KF, HF VF, int D>
+void launch_decode(const DecodeLaunch& a, int smem_bytes, cudaStream_t stream);
+template <HF KF, HF VF, int D>
+int decode_max_active(int smem_bytes);  // resident CTAs per SM
+// decode_combine.cu
+void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream);
+
+}  // namespace kvgate::cuda::detail

@@ -1,0 +1,147 @@
+// Quantize + append ("set rows") for every half format: one CTA per token row, the row staged in
+// shared memory, Walsh-Hadamard rotation in place for q4_0_rot, then the format's codes written
+// into the page slot given by the slot mapping. Bit-exact with kvgate::quantize_token.
+#pragma once
+#include <cstdint>
+
+#include "common.cuh"
+#include "numeric.cuh"
+
+namespace kvgate::cuda::detail {
+
+struct StoreLaunch {
+  const float* rows = nullptr;     // [n_tokens][row_stride] (device)
+  std::size_t row_stride = 0;      // floats
+  const int* slot_mapping = nullptr;  // [n_tokens] block*block_size + slot; < 0 = skip (device)
+  int n_tokens = 0;
+  std::uint8_t* pool = nullptr;    // page p at pool + p*page_stride
+  std::size_t page_stride = 0;
+  int block_size = 0, n_kv_heads = 0, head_dim = 0;
+  float tensor_scale = 1.0f;       // fp8 only
+  float had_c = 1.0f;              // q4_0_rot: float(1/sqrt(double(D)))
+};
+
+template <HF F>
+__global__ void __launch_bounds__(256) store_kernel(StoreLaunch a) {
+  extern __shared__ float srow[];
+  const int t = blockIdx.x;
+  const int map = a.slot_mapping[t];
+  if (map < 0) return;
+  const int B = a.block_size, H = a.n_kv_heads, D = a.head_dim, HD = H * D;
+  const int block = map / B, slot = map % B;
+  std::uint8_t* page = a.pool + static_cast<std::size_t>(block) * a.page_stride;
+  const float* src = a.rows + static_cast<std::size_t>(t) * a.row_stride;
+  const int tid = threadIdx.x, nthr = blockDim.x;
+  const std::size_t row0 = static_cast<std::size_t>(slot) * HD;
+
+  if constexpr (F == HF::f32) {
+    float* out = reinterpret_cast<float*>(page) + row0;
+    for (int i = tid; i < HD; i += nthr) out[i] = src[i];
+  } else if constexpr (F == HF::f16 || F == HF::bf16) {
+    auto* out = reinterpret_cast<std::uint16_t*>(page) + row0;
+    for (int i = tid; i < HD; i += nthr) out[i] = F == HF::f16 ? dev::f32_to_f16_rne(src[i]) : dev::f32_to_bf16_rne(src[i]);
+  } else if constexpr (is_fp8(F)) {
+    std::uint8_t* out = page + row0;
+    for (int i = tid; i < HD; i += nthr) {
+      // NaN keeps its sign through x/s on the CPU; the GPU divider returns a canonical +NaN.
+      const float y = isnan(src[i]) ? src[i] : __fdiv_rn(src[i], a.tensor_scale);
+      out[i] = F == HF::fp8_e4m3 ? dev::f32_to_fp8_e4m3(y) : dev::f32_to_fp8_e5m2(y);
+    }
+  } else {
+    for (int i = tid; i < HD; i += nthr) srow[i] = src[i];
+    __syncthreads();
+    if constexpr (is_rot(F)) {
+      // FORMATS.md q4_0_rot steps 1-2, per head; pairs of one level are independent, so the
+      // parallel order gives the same binary32 results as the sequential loop.
+      const int half = D / 2;
+      for (int len = 1; len < D; len <<= 1) {
+        for (int p = tid; p < H * half; p += nthr) {
+          const int h = p / half, k = p % half;
+          const int i = (k / len) * 2 * len + (k % len);
+          float* c = srow + h * D;
+          const float x = c[i], y = c[i + len];
+          c[i] = __fadd_rn(x, y);
+          c[i + len] = __fsub_rn(x, y);
+        }
+        __syncthreads();
+      }
+      for (int i = tid; i < HD; i += nthr) srow[i] = __fmul_rn(srow[i], a.had_c);
+      __syncthreads();
+    }
+    const int lane = tid & 31, warp = tid >> 5, nwarps = nthr >> 5;
+    if constexpr (F == HF::int8) {
+      auto* codes = reinterpret_cast<std::int8_t*>(page) + row0;
+      auto* scales = reinterpret_cast<std::uint16_t*>(page + static_cast<std::size_t>(B) * HD) +
+                     static_cast<std::size_t>(slot) * H;
+      for (int h = warp; h < H; h += nwarps) {
+        const float* x = srow + h * D;
+        float amax = 0.0f;
+        for (int i = lane; i < D; i += 32) amax = fmaxf(amax, fabsf(x[i]));  // NaN ignored, as std::max
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        std::uint16_t s16 = 0;
+        if (amax != 0.0f) s16 = dev::f16_scale_round_up(amax, 127);
+        const float s = dev::f16_to_f32(s16);
+        for (int i = lane; i < D; i += 32)
+          codes[h * D + i] = (amax == 0.0f || isnan(x[i])) ? std::int8_t{0}
+                                                           : static_cast<std::int8_t>(dev::rint_clamp(__fdiv_rn(x[i], s), -127, 127));
+        if (lane == 0) scales[h] = s16;
+      }
+    } else if constexpr (F == HF::q8_0) {
+      const int nb = HD / 32;
+      std::uint8_t* base = page + static_cast<std::size_t>(slot) * nb * 34;
+      for (int b = warp; b < nb; b += nwarps) {
+        const float x = srow[b * 32 + lane];
+        float amax = fabsf(x);
+        if (!(amax == amax)) amax = 0.0f;
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        std::uint16_t d16 = 0;
+        if (amax != 0.0f) d16 = dev::f16_scale_round_up(amax, 127);
+        const float d = dev::f16_to_f32(d16);
+        const int q = (amax == 0.0f || isnan(x)) ? 0 : dev::rint_clamp(__fdiv_rn(x, d), -127, 127);
+        std::uint8_t* blk = base + b * 34;
+        blk[2 + lane] = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
+        if (lane == 0) {
+          blk[0] = static_cast<std::uint8_t>(d16 & 0xFF);
+          blk[1] = static_cast<std::uint8_t>(d16 >> 8);
+        }
+      }
+    } else {  // q4_0, q4_0_rot
+      const int nb = HD / 32;
+      std::uint8_t* base = page + static_cast<std::size_t>(slot) * nb * 18;
+      for (int b = warp; b < nb; b += nwarps) {
+        const float x = srow[b * 32 + lane];
+        // Signed extreme, lowest index on a tie, NaN never wins (the CPU's strict '>' scan).
+        float key = fabsf(x);
+        if (!(key == key)) key = -1.0f;
+        int idx = lane;
+        for (int o = 16; o > 0; o >>= 1) {
+          const float k2 = __shfl_xor_sync(0xffffffffu, key, o);
+          const int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+          if (k2 > key || (k2 == key && i2 < idx)) {
+            key = k2;
+            idx = i2;
+          }
+        }
+        const float m = __shfl_sync(0xffffffffu, x, idx);
+        const float amax = key;
+        int code = 8;
+        std::uint16_t d16 = 0;
+        if (amax > 0.0f) {
+          const std::uint16_t mag = dev::f16_scale_round_up(amax, 8);
+          d16 = m > 0.0f ? static_cast<std::uint16_t>(mag | 0x8000u) : mag;
+          const float d = dev::f16_to_f32(d16);
+          code = isnan(x) ? 8 : dev::rint_clamp(__fdiv_rn(x, d), -8, 7) + 8;
+        }
+        const int hi = __shfl_down_sync(0xffffffffu, code, 16);
+        std::uint8_t* blk = base + b * 18;
+        if (lane < 16) blk[2 + lane] = static_cast<std::uint8_t>(code | (hi << 4));
+        if (lane == 0) {
+          blk[0] = static_cast<std::uint8_t>(d16 & 0xFF);
+          blk[1] = static_cast<std::uint8_t>(d16 >> 8);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kvgate::cuda::detail

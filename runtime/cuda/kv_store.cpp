@@ -1,0 +1,216 @@
+#include "kvgate/cuda/kv_store.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/common.cuh"
+
+namespace kvgate::cuda {
+
+namespace {
+constexpr std::size_t kPageAlign = 256;  // every page starts 256-byte aligned (vector loads)
+}
+
+CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
+  const PageGeometry g = cfg_.geometry();
+  const OpSupport sup = supports_op(Op::store, cfg_.format, g);
+  if (!sup.ok)
+    throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
+                       "): " + sup.detail);
+  if (cfg_.n_layers < 1 || cfg_.n_blocks < 0) throw KvStoreError("cuda kv store: n_layers must be >= 1 and n_blocks >= 0");
+  for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
+    if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
+    if (static_cast<int>(sc->size()) != cfg_.n_layers)
+      throw KvStoreError("cuda kv store: k_scale/v_scale must have one entry per layer");
+    for (float s : *sc)
+      if (!(s > 0.0f) || !std::isfinite(s)) throw KvStoreError("cuda kv store: per-tensor KV scales must be finite and > 0");
+  }
+  for (int h = 0; h < 2; ++h) {
+    page_bytes_[h] = kvgate::page_bytes(h == 0 ? cfg_.format.k : cfg_.format.v, g);
+    stride_[h] = (page_bytes_[h] + kPageAlign - 1) / kPageAlign * kPageAlign;
+  }
+  pools_.assign(static_cast<std::size_t>(cfg_.n_layers) * 2, nullptr);
+  try {
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      for (int h = 0; h < 2; ++h) {
+        const std::size_t bytes = std::max<std::size_t>(1, static_cast<std::size_t>(cfg_.n_blocks) * stride_[h]);
+        std::uint8_t* p = nullptr;
+        KVGATE_CUDA_CHECK(cudaMalloc(&p, bytes));
+        pools_[static_cast<std::size_t>(l) * 2 + h] = p;
+        KVGATE_CUDA_CHECK(cudaMemset(p, 0, bytes));
+      }
+  } catch (...) {
+    for (auto* p : pools_)
+      if (p) cudaFree(p);
+    throw;
+  }
+  free_list_.reserve(static_cast<std::size_t>(cfg_.n_blocks));
+  for (int b = cfg_.n_blocks - 1; b >= 0; --b) free_list_.push_back(b);  // hands out 0, 1, 2, ... like the CPU store
+}
+
+CudaKvStore::~CudaKvStore() {
+  for (auto* p : pools_)
+    if (p) cudaFree(p);
+  for (auto* p : scratch_)
+    if (p) cudaFree(p);
+}
+
+float CudaKvStore::tensor_scale(int layer, KvHalf h) const {
+  return (h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale)[static_cast<std::size_t>(layer)];
+}
+
+CudaKvStore::Sequence& CudaKvStore::seq(SeqId s) {
+  auto it = seqs_.find(s);
+  if (it == seqs_.end()) throw KvStoreError("cuda kv store: unknown sequence id " + std::to_string(s));
+  return it->second;
+}
+const CudaKvStore::Sequence& CudaKvStore::seq(SeqId s) const { return const_cast<CudaKvStore*>(this)->seq(s); }
+
+SeqId CudaKvStore::create_sequence() {
+  seqs_[next_id_] = Sequence{};
+  return next_id_++;
+}
+
+void CudaKvStore::free_sequence(SeqId s) {
+  Sequence& q = seq(s);
+  for (int b : q.blocks) {
+    for (int l = 0; l < cfg_.n_layers; ++l)
+      for (int h = 0; h < 2; ++h)
+        KVGATE_CUDA_CHECK(cudaMemset(pools_[static_cast<std::size_t>(l) * 2 + h] + static_cast<std::size_t>(b) * stride_[h], 0,
+                                     page_bytes_[h]));
+    free_list_.push_back(b);
+  }
+  seqs_.erase(s);
+}
+
+int CudaKvStore::length(SeqId s) const { return seq(s).length; }
+std::span<const int> CudaKvStore::block_table(SeqId s) const { return seq(s).blocks; }
+
+int CudaKvStore::extend(SeqId s, int n) {
+  Sequence& q = seq(s);
+  if (n < 0) throw KvStoreError("cuda kv store: extend by a negative count");
+  const int B = cfg_.block_size;
+  const int need = (q.length + n + B - 1) / B;
+  const int missing = need - static_cast<int>(q.blocks.size());
+  if (missing > free_blocks())
+    throw KvStoreError("cuda kv store: out of KV blocks: sequence " + std::to_string(s) + " needs " +
+                       std::to_string(missing) + " more, " + std::to_string(free_blocks()) + " free");
+  for (int i = 0; i < missing; ++i) {
+    q.blocks.push_back(free_list_.back());
+    free_list_.pop_back();
+  }
+  const int pos0 = q.length;
+  q.length += n;
+  return pos0;
+}
+
+void* CudaKvStore::scratch(int which, std::size_t bytes) {
+  if (bytes > scratch_bytes_[which]) {
+    if (scratch_[which]) KVGATE_CUDA_CHECK(cudaFree(scratch_[which]));
+    scratch_[which] = nullptr;
+    scratch_bytes_[which] = 0;
+    KVGATE_CUDA_CHECK(cudaMalloc(&scratch_[which], bytes));
+    scratch_bytes_[which] = bytes;
+  }
+  return scratch_[which];
+}
+
+void CudaKvStore::write(SeqId s, int layer, int pos0, int n, const float* d_k, std::size_t k_stride, const float* d_v,
+                        std::size_t v_stride, cudaStream_t stream) {
+  const Sequence& q = seq(s);
+  if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || n < 0 || pos0 + n > q.length)
+    throw KvStoreError("cuda kv store: write of positions [" + std::to_string(pos0) + ", " + std::to_string(pos0 + n) +
+                       ") layer " + std::to_string(layer) + " is outside the sequence (length " +
+                       std::to_string(q.length) + ")");
+  if (n == 0) return;
+  const int B = cfg_.block_size;
+  std::vector<int> map(static_cast<std::size_t>(n));
+  for (int t = 0; t < n; ++t) {
+    const int pos = pos0 + t;
+    map[static_cast<std::size_t>(t)] = q.blocks[static_cast<std::size_t>(pos / B)] * B + pos % B;
+  }
+  auto* d_map = static_cast<int*>(scratch(0, map.size() * sizeof(int)));
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_map, map.data(), map.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  const PageGeometry g = geometry();
+  for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+    StoreRowsArgs a;
+    a.rows = h == KvHalf::K ? d_k : d_v;
+    a.row_stride = h == KvHalf::K ? k_stride : v_stride;
+    a.slot_mapping = d_map;
+    a.n_tokens = n;
+    a.pool = pool(layer, h);
+    a.page_stride = page_stride(h);
+    a.tensor_scale = tensor_scale(layer, h);
+    store_rows(half_format(h), g, a, stream);
+  }
+  // The pageable-memory copy above returned after staging; the map vector may go.
+}
+
+void CudaKvStore::write_host(SeqId s, int layer, int pos0, int n, const float* k, std::size_t k_stride, const float* v,
+                             std::size_t v_stride) {
+  if (n <= 0) return;
+  const std::size_t HD = static_cast<std::size_t>(cfg_.n_kv_heads) * cfg_.head_dim;
+  const std::size_t kb = ((static_cast<std::size_t>(n) - 1) * k_stride + HD) * sizeof(float);
+  const std::size_t vb = ((static_cast<std::size_t>(n) - 1) * v_stride + HD) * sizeof(float);
+  auto* dk = static_cast<float*>(scratch(1, kb));
+  auto* dv = static_cast<float*>(scratch(2, vb));
+  KVGATE_CUDA_CHECK(cudaMemcpy(dk, k, kb, cudaMemcpyHostToDevice));
+  KVGATE_CUDA_CHECK(cudaMemcpy(dv, v, vb, cudaMemcpyHostToDevice));
+  write(s, layer, pos0, n, dk, k_stride, dv, v_stride, nullptr);
+  KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::vector<std::uint8_t> CudaKvStore::download_page(int layer, KvHalf h, int block) const {
+  std::vector<std::uint8_t> out(page_bytes(h));
+  KVGATE_CUDA_CHECK(cudaMemcpy(out.data(), pool(layer, h) + static_cast<std::size_t>(block) * page_stride(h), out.size(),
+                               cudaMemcpyDeviceToHost));
+  return out;
+}
+
+std::size_t CudaKvStore::pool_bytes() const {
+  return static_cast<std::size_t>(cfg_.n_blocks) * cfg_.n_layers * (page_bytes_[0] + page_bytes_[1]);
+}
+
+DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_heads, const float* d_q, float* d_out,
+                               DecodeWorkspace& ws, float softmax_scale, int num_splits, cudaStream_t stream) {
+  const int batch = static_cast<int>(seqs.size());
+  int max_pages = 1, max_len = 1;
+  for (SeqId s : seqs) {
+    const Sequence& q = seq(s);
+    if (q.length < 1) throw KvStoreError("cuda kv store: decode over an empty sequence " + std::to_string(s));
+    max_pages = std::max(max_pages, static_cast<int>(q.blocks.size()));
+    max_len = std::max(max_len, q.length);
+  }
+  std::vector<int> tables(static_cast<std::size_t>(batch) * max_pages, 0), lens(static_cast<std::size_t>(batch));
+  for (int i = 0; i < batch; ++i) {
+    const Sequence& q = seq(seqs[static_cast<std::size_t>(i)]);
+    std::copy(q.blocks.begin(), q.blocks.end(), tables.begin() + static_cast<std::ptrdiff_t>(i) * max_pages);
+    lens[static_cast<std::size_t>(i)] = q.length;
+  }
+  auto* d_tables = static_cast<int*>(scratch(3, (tables.size() + lens.size()) * sizeof(int)));
+  int* d_lens = d_tables + tables.size();
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_tables, tables.data(), tables.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_lens, lens.data(), lens.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  DecodeArgs a;
+  a.format = cfg_.format;
+  a.geometry = geometry();
+  a.n_heads = n_heads;
+  a.batch = batch;
+  a.k_pool = pool(layer, KvHalf::K);
+  a.v_pool = pool(layer, KvHalf::V);
+  a.k_page_stride = page_stride(KvHalf::K);
+  a.v_page_stride = page_stride(KvHalf::V);
+  a.block_tables = d_tables;
+  a.table_stride = max_pages;
+  a.seq_lens = d_lens;
+  a.max_seq_len = max_len;
+  a.q = d_q;
+  a.out = d_out;
+  a.k_scale = tensor_scale(layer, KvHalf::K);
+  a.v_scale = tensor_scale(layer, KvHalf::V);
+  a.softmax_scale = softmax_scale;
+  a.num_splits = num_splits;
+  return decode_attention(a, ws, stream);
+}
+
+}  // namespace kvgate::cuda

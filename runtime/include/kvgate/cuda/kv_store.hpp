@@ -1,0 +1,81 @@
+// Paged KV store in device memory: per layer a pool of K pages and a pool of V pages whose bytes
+// are laid out exactly as the CPU PagedKvStore's (docs/FORMATS.md), block tables per sequence,
+// quantize-on-append through the CUDA store kernel, and decode attention over a batch of sequences.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "kvgate/cuda/ops.hpp"
+#include "kvgate/kv_store.hpp"
+
+namespace kvgate::cuda {
+
+class CudaKvStore {
+ public:
+  // Allocates and zeroes every page; throws KvStoreError (unsupported format/geometry) or
+  // std::runtime_error (CUDA error, e.g. out of device memory).
+  explicit CudaKvStore(StoreConfig cfg);
+  ~CudaKvStore();
+  CudaKvStore(const CudaKvStore&) = delete;
+  CudaKvStore& operator=(const CudaKvStore&) = delete;
+
+  const StoreConfig& config() const { return cfg_; }
+  PageGeometry geometry() const { return cfg_.geometry(); }
+  HalfFormat half_format(KvHalf h) const { return h == KvHalf::K ? cfg_.format.k : cfg_.format.v; }
+  float tensor_scale(int layer, KvHalf h) const;
+
+  SeqId create_sequence();
+  void free_sequence(SeqId s);
+  int length(SeqId s) const;
+  int extend(SeqId s, int n);  // returns the first new position
+  std::span<const int> block_table(SeqId s) const;
+
+  // Quantize rows for positions [pos0, pos0+n) of `layer`: device rows, k + t*k_stride floats.
+  void write(SeqId s, int layer, int pos0, int n, const float* d_k, std::size_t k_stride, const float* d_v,
+             std::size_t v_stride, cudaStream_t stream = nullptr);
+  // The same from host rows (uploads, then writes; synchronous).
+  void write_host(SeqId s, int layer, int pos0, int n, const float* k, std::size_t k_stride, const float* v,
+                  std::size_t v_stride);
+
+  std::uint8_t* pool(int layer, KvHalf h) { return pools_[index(layer, h)]; }
+  const std::uint8_t* pool(int layer, KvHalf h) const { return pools_[index(layer, h)]; }
+  std::size_t page_stride(KvHalf h) const { return stride_[static_cast<int>(h)]; }
+  std::size_t page_bytes(KvHalf h) const { return page_bytes_[static_cast<int>(h)]; }
+  std::vector<std::uint8_t> download_page(int layer, KvHalf h, int block) const;
+
+  int free_blocks() const { return static_cast<int>(free_list_.size()); }
+  int total_blocks() const { return cfg_.n_blocks; }
+  std::size_t pool_bytes() const;  // page bytes only, as PagedKvStore::pool_bytes()
+
+  // Decode attention of one query token per sequence (its last position) over `layer`:
+  // d_q/d_out [seqs.size()][n_heads][D] on the device.
+  DecodePlan decode(std::span<const SeqId> seqs, int layer, int n_heads, const float* d_q, float* d_out,
+                    DecodeWorkspace& ws, float softmax_scale = 0.0f, int num_splits = 0,
+                    cudaStream_t stream = nullptr);
+
+ private:
+  struct Sequence {
+    int length = 0;
+    std::vector<int> blocks;
+  };
+  std::size_t index(int layer, KvHalf h) const { return static_cast<std::size_t>(layer) * 2 + static_cast<int>(h); }
+  Sequence& seq(SeqId s);
+  const Sequence& seq(SeqId s) const;
+  void* scratch(int which, std::size_t bytes);
+
+  StoreConfig cfg_;
+  std::size_t page_bytes_[2]{}, stride_[2]{};
+  std::vector<std::uint8_t*> pools_;
+  std::vector<int> free_list_;
+  std::map<SeqId, Sequence> seqs_;
+  SeqId next_id_ = 0;
+  void* scratch_[4]{};
+  std::size_t scratch_bytes_[4]{};
+};
+
+}  // namespace kvgate::cuda

@@ -1,0 +1,95 @@
+// The CUDA backend's operations over the paged KV layout of docs/FORMATS.md (same page bytes as
+// the CPU store): quantize + append ("store rows") and split-K decode attention. Every K/V half
+// format pair is supported; supports_op() says why a (format, geometry, arch) combination is not.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kvgate/format.hpp"
+
+namespace kvgate::cuda {
+
+enum class Op : std::uint8_t { store, decode };
+
+struct OpSupport {
+  bool ok = true;
+  std::string reason;  // stable code: "row_not_multiple_of_32", "head_dim_not_power_of_two",
+                       // "gqa_ratio_invalid", "head_dim_unsupported", "row_too_large", "arch_unsupported"
+  std::string detail;  // one human sentence
+  std::string path;    // which kernel runs: "fast(D=128)", "generic", "store"
+};
+
+// Static capability (format x geometry x query heads); when a device is present its compute
+// capability is checked too (the kernels are built for sm_90a + compute_90 PTX).
+OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads = 0);
+
+// ---- store ---------------------------------------------------------------------------------
+struct StoreRowsArgs {
+  const float* rows = nullptr;        // device, [n_tokens][row_stride] floats, row = H*D head-major
+  std::size_t row_stride = 0;         // floats between rows (>= H*D)
+  const int* slot_mapping = nullptr;  // device, [n_tokens]: block*block_size + slot; < 0 skips the row
+  int n_tokens = 0;
+  std::uint8_t* pool = nullptr;       // device pool of one (layer, half): page p at pool + p*page_stride
+  std::size_t page_stride = 0;
+  float tensor_scale = 1.0f;          // fp8 per-tensor scale
+};
+// Quantizes each row into its slot, bit-identical to kvgate::quantize_token. Throws on an
+// unsupported format/geometry or a CUDA error.
+void store_rows(HalfFormat f, const PageGeometry& g, const StoreRowsArgs& a, cudaStream_t stream = nullptr);
+
+// ---- decode attention --------------------------------------------------------------------------
+struct DecodeArgs {
+  KvFormat format;
+  PageGeometry geometry;
+  int n_heads = 0;  // query heads, a multiple of n_kv_heads
+  int batch = 0;
+  const std::uint8_t* k_pool = nullptr;  // device pools of one layer
+  const std::uint8_t* v_pool = nullptr;
+  std::size_t k_page_stride = 0, v_page_stride = 0;
+  const int* block_tables = nullptr;  // device [batch][table_stride] page ids
+  int table_stride = 0;
+  const int* seq_lens = nullptr;  // device [batch], >= 1
+  int max_seq_len = 0;            // host-side upper bound of seq_lens (sizes the split)
+  const float* q = nullptr;       // device [batch][n_heads][D]; query at position seq_len-1
+  float* out = nullptr;           // device [batch][n_heads][D]
+  float k_scale = 1.0f, v_scale = 1.0f;  // per-tensor scales (fp8 halves)
+  float softmax_scale = 0.0f;            // <= 0: 1/sqrt(D)
+  int num_splits = 0;                    // 0: chosen from the device's occupancy
+};
+
+struct DecodePlan {
+  std::string path;
+  int splits = 1, tokens_per_split = 0, head_chunks = 1;
+  int ctas = 0, resident_ctas = 0;  // grid size and how many fit on the device at once
+  int smem_bytes = 0;
+  std::size_t workspace_bytes = 0;
+};
+
+// Device scratch for the split partials; grows on demand, reused across calls (one stream).
+class DecodeWorkspace {
+ public:
+  DecodeWorkspace() = default;
+  DecodeWorkspace(const DecodeWorkspace&) = delete;
+  DecodeWorkspace& operator=(const DecodeWorkspace&) = delete;
+  ~DecodeWorkspace();
+  void* reserve(std::size_t bytes);
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+DecodePlan plan_decode(const DecodeArgs& a);
+// out = softmax(q K^T * scale) V over each sequence's first seq_len tokens (the decode query sees
+// its whole context). Throws on an unsupported combination (supports_op's reason) or CUDA error.
+DecodePlan decode_attention(const DecodeArgs& a, DecodeWorkspace& ws, cudaStream_t stream = nullptr);
+// The same with a plan made earlier by plan_decode for the same shapes (no host-side planning:
+// what a benchmark or a CUDA graph capture wants; the workspace must already be large enough
+// when capturing).
+DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& plan, DecodeWorkspace& ws,
+                            cudaStream_t stream = nullptr);
+
+}  // namespace kvgate::cuda
