@@ -1,14 +1,19 @@
 // `kvgate run`: load a model, resolve the KV format, generate, print the text (or JSON with stats).
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 
 #include "commands.hpp"
+#include "kv_flags.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/kv_cache_dir.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
 
@@ -30,6 +35,7 @@ struct RunOpts {
   std::size_t kv_cache_memory = 0;
   bool json = false;
   bool no_bos = false;
+  KvCacheFlags cache;
 };
 
 // run.c's safe_printf: drop single non-printable bytes (raw byte tokens), keep whitespace.
@@ -76,24 +82,42 @@ int run_run(const RunOpts& o) {
   eo.threads = o.threads;
   if (o.k_scale) eo.k_scale = {*o.k_scale};
   if (o.v_scale) eo.v_scale = {*o.v_scale};
+  if (o.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
+  eo.kv_resident = o.cache.resident;
   Engine engine(model, eo);
 
+  // Conversation (--conv-id): lock it, read and verify its file; the turn continues its transcript.
+  using SteadyClock = std::chrono::steady_clock;
+  const auto t_load = SteadyClock::now();
+  std::optional<KvCacheDir> cache_dir;
+  std::optional<Conversation> conv;
+  if (!o.cache.conv_id.empty()) {
+    cache_dir.emplace(open_kv_cache(o.cache));
+    conv.emplace(*cache_dir, o.cache.conv_id);
+  }
+  const std::vector<int> transcript = conv ? conv->transcript() : std::vector<int>{};
+
   const Tokenizer* tok = model.tokenizer.get();
-  std::vector<int> prompt_ids;
+  std::vector<int> prompt_ids = transcript;
+  const bool continuing = !transcript.empty();
   if (tok) {
-    prompt_ids = tok->encode(o.prompt, !o.no_bos);
+    const std::vector<int> fresh = tok->encode(o.prompt, !o.no_bos && !continuing);
+    prompt_ids.insert(prompt_ids.end(), fresh.begin(), fresh.end());
   } else {
     if (!o.prompt.empty())
       throw ModelError("model '" + o.model + "' has no tokenizer; pass --tokenizer PATH to encode a prompt");
-    if (!o.no_bos) prompt_ids.push_back(model.config.bos_id);
+    if (!o.no_bos && !continuing) prompt_ids.push_back(model.config.bos_id);
   }
   if (prompt_ids.empty()) throw std::invalid_argument("the prompt encodes to no tokens (use a BOS or a prompt)");
+  const int hydrated = conv ? conv->hydrate(engine, prompt_ids) : 0;
+  const double kv_load_ms = conv ? std::chrono::duration<double, std::milli>(SteadyClock::now() - t_load).count() : 0.0;
 
   std::string text;
   int prev = prompt_ids.back();
   const bool stream = !o.json;
+  const std::size_t echo_from = transcript.size();  // a conversation echoes the new turn only
   if (stream && tok) {  // echo the prompt as run.c does
-    for (std::size_t i = 1; i < prompt_ids.size(); ++i) {
+    for (std::size_t i = std::max<std::size_t>(1, echo_from); i < prompt_ids.size(); ++i) {
       const std::string p = tok->decode_piece(prompt_ids[i - 1], prompt_ids[i]);
       if (printable_piece(p)) std::fwrite(p.data(), 1, p.size(), stdout);
     }
@@ -108,7 +132,8 @@ int run_run(const RunOpts& o) {
   so.top_k = o.top_k;
   so.top_p = o.top_p;
   so.seed = o.seed;
-  const GenerateResult r = engine.generate(prompt_ids, o.steps, so, [&](int id) {
+  const std::span<const int> to_prefill = std::span<const int>(prompt_ids).subspan(static_cast<std::size_t>(hydrated));
+  const GenerateResult r = engine.generate(to_prefill, o.steps, so, [&](int id) {
     if (!tok) return;
     const std::string p = tok->decode_piece(prev, id);
     prev = id;
@@ -118,6 +143,15 @@ int run_run(const RunOpts& o) {
       std::fflush(stdout);
     }
   });
+  // Save the turn: every K/V row, plus the ids sampled but not yet in the KV (the last one).
+  KvBudgetReport budget;
+  if (conv) {
+    std::vector<int> full = prompt_ids;
+    full.insert(full.end(), r.tokens.begin(), r.tokens.end());
+    const std::size_t in_kv = engine.history().size();
+    budget = conv->save(engine, std::span<const int>(full).subspan(std::min(in_kv, full.size())));
+    if (!budget.message.empty()) std::fputs(budget.message.c_str(), stderr);
+  }
   const EngineStats& st = engine.stats();
   if (o.json) {
     nlohmann::json j;
@@ -150,7 +184,27 @@ int run_run(const RunOpts& o) {
                   {"prefill_tokens", st.prefill_tokens},
                   {"prefill_tok_s", st.prefill_tok_s()},
                   {"decode_tokens", st.decode_tokens},
-                  {"decode_tok_s", st.decode_tok_s()}};
+                  {"decode_tok_s", st.decode_tok_s()},
+                  {"hydrated_tokens", st.hydrated_tokens},
+                  {"kv_load_ms", kv_load_ms},
+                  {"ttft_total_ms", kv_load_ms + st.ttft_ms},
+                  {"kv_resident_tokens", st.kv_resident_tokens},
+                  {"kv_device_bytes", st.kv_device_bytes},
+                  {"kv_block_lookups", st.kv_block_lookups},
+                  {"kv_block_misses", st.kv_block_misses},
+                  {"kv_bytes_moved", st.kv_bytes_moved}};
+    if (conv) {
+      nlohmann::json ev = nlohmann::json::array();
+      for (const auto& e : budget.evicted) ev.push_back({{"conv_id", e.conv_id}, {"bytes", e.bytes}});
+      j["conversation"] = {{"conv_id", conv->conv_id()},
+                           {"kv_file", conv->path()},
+                           {"transcript_tokens", transcript.size()},
+                           {"saved_tokens", engine.history().size()},
+                           {"cache_budget", budget.budget},
+                           {"cache_bytes", budget.bytes_after},
+                           {"evicted", ev},
+                           {"over_budget", budget.over_budget}};
+    }
     std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::printf("\n");
@@ -160,6 +214,13 @@ int run_run(const RunOpts& o) {
                  st.effective_kv.c_str(), st.requested_kv.c_str(), st.fallback_reason.empty() ? "" : ", fallback: ",
                  st.fallback_reason.c_str(), st.backend.c_str(), st.kv_bytes, st.ttft_ms, st.prefill_tok_s(),
                  st.decode_tok_s(), r.stop_reason.c_str());
+    if (conv)
+      std::fprintf(stderr, "conversation %s: hydrated %d of %zu prompt tokens (kv load %.3f ms), prefilled %lld, saved %zu to %s\n",
+                   conv->conv_id().c_str(), st.hydrated_tokens, prompt_ids.size(), kv_load_ms, st.prefill_tokens,
+                   engine.history().size(), conv->path().c_str());
+    if (st.kv_resident_tokens > 0)
+      std::fprintf(stderr, "kv streaming: window %d tokens (%zu device bytes), block lookups %lld, misses %lld, %lld bytes moved\n",
+                   st.kv_resident_tokens, st.kv_device_bytes, st.kv_block_lookups, st.kv_block_misses, st.kv_bytes_moved);
   }
   return 0;
 }
@@ -188,6 +249,7 @@ void register_run(CLI::App& app) {
   sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
   sub->add_flag("--no-bos", o->no_bos, "do not prepend BOS to the prompt");
   sub->add_flag("--json", o->json, "print one JSON object (text, ids, stats)");
+  add_kv_cache_flags(sub, o->cache);
   on_run(sub, [o] { return run_run(*o); });
 }
 
