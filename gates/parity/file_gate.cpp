@@ -1,0 +1,252 @@
+// The KV file's rules (docs/KV_FILE.md):
+//   PAR.version.*  the current version reads; a version-1 file (no scales region, written by the
+//                  test's own v1 writer) reads for formats without per-token scales and is refused
+//                  for the others; newer versions, other models, formats, rotations, shapes and
+//                  per-tensor scales are refused -- each message names the file, its version, the
+//                  format and what to do.
+//   PAR.corrupt.*  every single flipped byte of every region is detected and names its region;
+//                  every truncation is refused; trailing bytes are refused.
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include "par_common.hpp"
+
+using namespace kvgate;
+using namespace kvgate::par;
+
+namespace {
+
+struct Saved {
+  std::vector<std::uint8_t> bytes;
+  KvFile file;
+};
+
+// A small file of stories260K: 9 prompt tokens + 2 decoded, one pending id.
+Saved small_file(const KvFormat& f, const std::string& path) {
+  const Model& m = stories();
+  Engine e(m, options(m, f));
+  Trace tr;
+  const auto turns = three_turns(m);
+  const auto toks = std::span<const int>(turns[0]).first(9);
+  const int pending = greedy_turn(e, toks, 2, tr);
+  const int pend[1] = {pending};
+  e.save_kv(path, pend);
+  Saved s;
+  s.bytes = read_bytes(path);
+  s.file = read_kv_file(path);
+  return s;
+}
+
+// Logits of one more token after hydrating `path` (every saved row).
+std::vector<float> continue_from(const std::string& path, const KvFormat& f) {
+  const Model& m = stories();
+  const KvFile file = read_kv_file(path);
+  Engine e(m, options(m, f));
+  std::vector<int> prompt = file.tokens;
+  prompt.push_back(5);
+  const int n = e.hydrate(file, prompt);
+  REQUIRE(n == file.header.used_tokens);
+  return e.prefill(std::span<const int>(prompt).subspan(static_cast<std::size_t>(n)));
+}
+
+std::string refusal(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const KvFileError& e) {
+    return e.what();
+  }
+  return "(no refusal)";
+}
+
+const char* kUnscaled[] = {"f32", "f16", "bf16", "fp8", "fp8_e5m2"};
+const char* kScaled[] = {"int8", "q8_0", "q4_0", "k8v4", "k=q8_0,v=fp8_e5m2", "k=fp8_e4m3,v=q4_0_rot"};
+const char* kAll[] = {"f32", "f16", "bf16", "int8", "fp8", "fp8_e5m2", "q8_0", "q4_0", "k8v4", "k=q8_0,v=fp8_e5m2"};
+
+}  // namespace
+
+TEST_CASE("PAR.version.current every preset writes the current version, and it reads back", "[gate:PAR][fmt:all]") {
+  TempDir dir;
+  for (const char* p : kAll) {
+    INFO(p);
+    const Saved s = small_file(fmt_of(p), dir.file("a.kvf"));
+    CHECK(s.file.header.version == kKvFileVersion);
+    CHECK(s.bytes.size() == s.file.file_bytes);
+    CHECK(std::equal(s.bytes.begin(), s.bytes.begin() + 8, kKvFileMagic));
+  }
+}
+
+TEST_CASE("PAR.version.v1_unscaled a version-1 file of a format without per-token scales reads and hydrates bitwise",
+          "[gate:PAR][fmt:f32][fmt:f16][fmt:bf16][fmt:fp8][fmt:fp8_e5m2]") {
+  TempDir dir;
+  for (const char* p : kUnscaled) {
+    INFO(p);
+    const KvFormat f = fmt_of(p);
+    const Saved s = small_file(f, dir.file("v2.kvf"));
+    const auto v1 = as_version1(s.bytes);
+    write_bytes(dir.file("v1.kvf"), v1);
+    const KvFile f1 = read_kv_file(dir.file("v1.kvf"));
+    CHECK(f1.header.version == 1);
+    CHECK(f1.scales.empty());
+    CHECK(bitwise_equal(continue_from(dir.file("v1.kvf"), f), continue_from(dir.file("v2.kvf"), f)));
+  }
+}
+
+TEST_CASE("PAR.version.v1_scaled a version-1 file of a format with per-token scales is refused with what to do",
+          "[gate:PAR][fmt:int8][fmt:q8_0][fmt:q4_0][fmt:k8v4]") {
+  TempDir dir;
+  for (const char* p : kScaled) {
+    INFO(p);
+    const KvFormat f = fmt_of(p);
+    const Saved s = small_file(f, dir.file("v2.kvf"));
+    write_bytes(dir.file("old.kvf"), as_version1(s.bytes));
+    KvFileError::Kind kind = KvFileError::Kind::io;
+    std::string msg;
+    try {
+      read_kv_file(dir.file("old.kvf"));
+    } catch (const KvFileError& e) {
+      kind = e.kind();
+      msg = e.what();
+    }
+    CHECK(kind == KvFileError::Kind::version);
+    CHECK_THAT(msg, kvgate_catch::contains(dir.file("old.kvf")));
+    CHECK_THAT(msg, kvgate_catch::contains("version 1"));
+    CHECK_THAT(msg, kvgate_catch::contains(f.name()));
+    CHECK_THAT(msg, kvgate_catch::contains("per-token scales"));
+    CHECK_THAT(msg, kvgate_catch::contains("Delete the file"));
+  }
+}
+
+TEST_CASE("PAR.version.newer a file of a newer version is refused, naming both versions", "[gate:PAR][fmt:int8]") {
+  TempDir dir;
+  const Saved s = small_file(fmt_of("int8"), dir.file("a.kvf"));
+  Regions r = regions_of(s.bytes, s.file.header);
+  KvFileHeader h = s.file.header;
+  h.version = kKvFileVersion + 1;
+  write_bytes(dir.file("new.kvf"), assemble(h, r.tokens, r.body, r.scales));
+  const std::string msg = refusal([&] { read_kv_file(dir.file("new.kvf")); });
+  CHECK_THAT(msg, kvgate_catch::contains("new.kvf"));
+  CHECK_THAT(msg, kvgate_catch::contains("version " + std::to_string(kKvFileVersion + 1)));
+  CHECK_THAT(msg, kvgate_catch::contains("reads versions 1 to " + std::to_string(kKvFileVersion)));
+}
+
+TEST_CASE("PAR.version.mismatch files of another model, format, rotation, shape or fp8 scale are refused",
+          "[gate:PAR][fmt:int8][fmt:k8v4][fmt:fp8]") {
+  const Model& m = stories();
+  TempDir dir;
+  auto hydrate_msg = [&](const Model& model, const EngineOptions& o, const std::string& path) {
+    return refusal([&] {
+      const KvFile file = read_kv_file(path);
+      Engine e(model, o);
+      std::vector<int> prompt = file.tokens;
+      prompt.push_back(3);
+      e.hydrate(file, prompt);
+    });
+  };
+  SECTION("model") {
+    const Saved s = small_file(fmt_of("int8"), dir.file("m.kvf"));
+    Model other = load_model(stories_path());
+    other.weights.layers[0].wq[0] += 1.0f;  // another model of the same shape
+    other.fingerprint = "0123456789abcdef";
+    const std::string msg = hydrate_msg(other, options(other, fmt_of("int8")), dir.file("m.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("m.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("version 2, format int8"));
+    CHECK_THAT(msg, kvgate_catch::contains("model fingerprint " + m.fingerprint));
+    CHECK_THAT(msg, kvgate_catch::contains("delete the file"));
+  }
+  SECTION("format") {
+    small_file(fmt_of("int8"), dir.file("f.kvf"));
+    const std::string msg = hydrate_msg(m, options(m, fmt_of("q8_0")), dir.file("f.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("format int8 in the file, q8_0 in this run"));
+    CHECK_THAT(msg, kvgate_catch::contains("--kv format"));
+  }
+  SECTION("rotation: a k=int8,v=q4_0 file in a k8v4 run") {
+    small_file(fmt_of("k=int8,v=q4_0"), dir.file("r.kvf"));
+    const std::string msg = hydrate_msg(m, options(m, fmt_of("k8v4")), dir.file("r.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("rotation K none / V none in the file, K none / V walsh-hadamard in this run"));
+  }
+  SECTION("rotation flag: a k8v4 file whose header says V rotation none is never restored") {
+    const Saved s = small_file(fmt_of("k8v4"), dir.file("k.kvf"));
+    Regions r = regions_of(s.bytes, s.file.header);
+    KvFileHeader h = s.file.header;
+    h.v_rotation = KvRotation::none;
+    write_bytes(dir.file("norot.kvf"), assemble(h, r.tokens, r.body, r.scales));
+    const std::string msg = refusal([&] { read_kv_file(dir.file("norot.kvf")); });
+    CHECK_THAT(msg, kvgate_catch::contains("norot.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("format k8v4"));
+    CHECK_THAT(msg, kvgate_catch::contains("rotation 'none' where q4_0_rot needs 'walsh-hadamard'"));
+  }
+  SECTION("shape: a stories260K file in a head_dim-64 model") {
+    small_file(fmt_of("int8"), dir.file("s.kvf"));
+    const Model& big = synth64();
+    const std::string msg = hydrate_msg(big, options(big, fmt_of("int8")), dir.file("s.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("shape 5 layers x 4 KV heads x head_dim 8 in the file, 2 x 2 x 64 in this run"));
+  }
+  SECTION("per-tensor fp8 scale") {
+    small_file(fmt_of("fp8"), dir.file("p.kvf"));
+    EngineOptions o = options(m, fmt_of("fp8"));
+    o.k_scale = {1.0f};
+    const std::string msg = hydrate_msg(m, o, dir.file("p.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("per-tensor K scale of layer 0 0.370000005 in the file, 1 in this run"));
+    CHECK_THAT(msg, kvgate_catch::contains("--k-scale"));
+  }
+}
+
+TEST_CASE("PAR.corrupt.flip every flipped byte of every region is detected and names the region", "[gate:PAR][fmt:all]") {
+  TempDir dir;
+  for (const char* p : kAll) {
+    INFO(p);
+    const Saved s = small_file(fmt_of(p), dir.file("a.kvf"));
+    const KvFileHeader& h = s.file.header;
+    const std::size_t t0 = kKvFileHeaderBytes, b0 = t0 + h.tokens_bytes, s0 = b0 + h.body_bytes;
+    auto region_of = [&](std::size_t i) { return i < t0 ? "header" : i < b0 ? "tokens" : i < s0 ? "body" : "scales"; };
+    std::map<std::string, int> flipped, named;
+    std::vector<std::uint8_t> b = s.bytes;
+    std::string first_bad;
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      b[i] ^= static_cast<std::uint8_t>(1u << (i % 8));
+      const std::string want = region_of(i);
+      ++flipped[want];
+      try {
+        parse_kv_file(b, "a.kvf");
+      } catch (const KvFileError& e) {
+        if (e.region() == want && std::string(e.what()).find(want) != std::string::npos) ++named[want];
+        else if (first_bad.empty()) first_bad = "byte " + std::to_string(i) + ": " + e.what();
+      }
+      b[i] = s.bytes[i];
+    }
+    INFO(first_bad);
+    CHECK(named == flipped);
+    CHECK(flipped["header"] == static_cast<int>(kKvFileHeaderBytes));
+    CHECK(flipped["tokens"] > 0);
+    CHECK(flipped["body"] > 0);
+    if (uses_token_scales(fmt_of(p))) CHECK(flipped["scales"] > 0);
+  }
+}
+
+TEST_CASE("PAR.corrupt.truncated every truncation of a file is refused; trailing bytes too", "[gate:PAR][fmt:all]") {
+  TempDir dir;
+  for (const char* p : kAll) {
+    INFO(p);
+    const Saved s = small_file(fmt_of(p), dir.file("a.kvf"));
+    int refused = 0, truncated_kind = 0;
+    for (std::size_t n = 0; n < s.bytes.size(); ++n) {
+      try {
+        parse_kv_file(std::span<const std::uint8_t>(s.bytes).first(n), "a.kvf");
+      } catch (const KvFileError& e) {
+        ++refused;
+        truncated_kind += e.kind() == KvFileError::Kind::truncated;
+      }
+    }
+    CHECK(refused == static_cast<int>(s.bytes.size()));
+    CHECK(truncated_kind == refused);  // reported as truncation, never as something else
+    std::vector<std::uint8_t> longer = s.bytes;
+    longer.push_back(0);
+    CHECK_THROWS_AS(parse_kv_file(longer, "a.kvf"), KvFileError);
+    // And through the file system: a truncated file on disk is refused with its name and the region.
+    write_bytes(dir.file("cut.kvf"), std::span<const std::uint8_t>(s.bytes).first(s.bytes.size() - 1));
+    const std::string msg = refusal([&] { read_kv_file(dir.file("cut.kvf")); });
+    CHECK_THAT(msg, kvgate_catch::contains("cut.kvf"));
+    CHECK_THAT(msg, kvgate_catch::contains("is truncated"));
+  }
+}

@@ -1,0 +1,210 @@
+// Shared plumbing of the PAR gates: the models (stories260K, a synth head_dim-64 model), engines
+// per format, greedy turns that record every logit vector, temp folders, file byte surgery.
+#pragma once
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/kv_cache_dir.hpp"
+#include "kvgate/kv_file.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/synth.hpp"
+#include "models.hpp"
+
+namespace kvgate::par {
+
+// --- models ------------------------------------------------------------------------------------
+inline std::string stories_path() {
+  const gates::ModelLookup l = gates::find_model("stories260K/stories260K.bin");
+  if (!l.found()) throw std::runtime_error("PAR gates: " + l.message);
+  return l.path;
+}
+
+// The real stories260K model (head_dim 8, 4 KV heads, 5 layers). A missing model is a failure,
+// never a pass: the gate cannot be vacuous.
+inline const Model& stories() {
+  static std::unique_ptr<Model> m = std::make_unique<Model>(load_model(stories_path()));
+  return *m;
+}
+
+// A temp folder removed at scope exit.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvgate-par.XXXXXX";
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// A deterministic random-weight Llama with head_dim 64 (2 KV heads, 2 layers): 32-blocks inside a
+// head, a 64-point rotation. Generated once per process by kvgate's synth.
+inline const Model& synth64() {
+  static TempDir dir;
+  static std::unique_ptr<Model> m = [] {
+    SynthOptions o;
+    o.layers = 2;
+    o.hidden = 128;
+    o.heads = 2;
+    o.kv_heads = 2;
+    o.ffn = 256;
+    o.vocab = 300;
+    o.seed = 5;
+    o.max_seq_len = 256;
+    o.out = dir.path + "/hd64";
+    synth_hf(o);
+    return std::make_unique<Model>(load_model(o.out));
+  }();
+  return *m;
+}
+
+// --- formats -------------------------------------------------------------------------------------
+inline KvFormat fmt_of(const char* preset) {
+  const auto f = parse_kv_format(preset);
+  if (!f) throw std::runtime_error(std::string("unknown preset ") + preset);
+  return *f;
+}
+
+inline bool uses_tensor_scale(const KvFormat& f) { return info(f.k).per_tensor_scale || info(f.v).per_tensor_scale; }
+inline bool uses_token_scales(const KvFormat& f) { return info(f.k).per_token_scales || info(f.v).per_token_scales; }
+
+// Per-layer fp8 scales: non-unit, unequal across layers and between K and V (anti-vacuity: a scale
+// that is not persisted or not checked changes the decoded values).
+inline std::vector<float> k_scales(int n_layers) {
+  std::vector<float> s;
+  for (int l = 0; l < n_layers; ++l) s.push_back(0.37f + 0.05f * static_cast<float>(l));
+  return s;
+}
+inline std::vector<float> v_scales(int n_layers) {
+  std::vector<float> s;
+  for (int l = 0; l < n_layers; ++l) s.push_back(0.0213f * static_cast<float>(l + 1));
+  return s;
+}
+
+inline EngineOptions options(const Model& m, const KvFormat& f, int resident = 0, int block_size = 16) {
+  EngineOptions o = engine_options_for(f, 1);
+  o.block_size = block_size;
+  o.kv_resident = resident;
+  o.max_context = std::min(m.config.max_seq_len, 256);
+  if (uses_tensor_scale(f)) {
+    o.k_scale = k_scales(m.config.n_layers);
+    o.v_scale = v_scales(m.config.n_layers);
+  }
+  return o;
+}
+
+// --- turns ---------------------------------------------------------------------------------------
+inline int argmax(const std::vector<float>& v) {
+  int best = 0;
+  for (int i = 1; i < static_cast<int>(v.size()); ++i)
+    if (v[static_cast<std::size_t>(i)] > v[static_cast<std::size_t>(best)]) best = i;
+  return best;
+}
+
+struct Trace {
+  std::vector<std::vector<float>> logits;  // every logit vector, in order
+  std::vector<int> generated;              // sampled ids (the last one is not yet in the KV)
+};
+
+// Prefill `tokens`, then `steps` greedy steps: decode the previous sample, sample again. Appends
+// every logit vector to the trace. Returns the last sampled id (pending: not in the KV).
+inline int greedy_turn(Engine& e, std::span<const int> tokens, int steps, Trace& tr) {
+  tr.logits.push_back(e.prefill(tokens));
+  int next = argmax(tr.logits.back());
+  tr.generated.push_back(next);
+  for (int i = 0; i < steps; ++i) {
+    tr.logits.push_back(e.decode(next));
+    next = argmax(tr.logits.back());
+    tr.generated.push_back(next);
+  }
+  return next;
+}
+
+inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Index of the first differing logit vector, or -1 when the traces are bitwise identical.
+inline int first_difference(const Trace& a, const Trace& b) {
+  if (a.logits.size() != b.logits.size()) return static_cast<int>(std::min(a.logits.size(), b.logits.size()));
+  for (std::size_t i = 0; i < a.logits.size(); ++i)
+    if (!bitwise_equal(a.logits[i], b.logits[i])) return static_cast<int>(i);
+  return -1;
+}
+
+// Three turns of a conversation, as token ids (turn 1 starts with BOS).
+inline std::vector<std::vector<int>> three_turns(const Model& m) {
+  if (m.tokenizer) {
+    const Tokenizer& t = *m.tokenizer;
+    return {t.encode("Once upon a time, a little fox found a red ball in the park.", true),
+            t.encode(" Then the fox met a bird who wanted to play.", false),
+            t.encode(" At night they went home and slept.", false)};
+  }
+  std::vector<std::vector<int>> turns(3);
+  for (int i = 0; i < 21; ++i) turns[0].push_back((7 * i + 3) % m.config.vocab_size);
+  for (int i = 0; i < 13; ++i) turns[1].push_back((11 * i + 5) % m.config.vocab_size);
+  for (int i = 0; i < 9; ++i) turns[2].push_back((13 * i + 1) % m.config.vocab_size);
+  return turns;
+}
+
+// --- file bytes ----------------------------------------------------------------------------------
+inline std::vector<std::uint8_t> read_bytes(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+inline void write_bytes(const std::string& p, std::span<const std::uint8_t> b) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+}
+
+// Rewrites a header (with a valid checksum) in front of the given regions.
+inline std::vector<std::uint8_t> assemble(const KvFileHeader& h, std::span<const std::uint8_t> tokens,
+                                          std::span<const std::uint8_t> body, std::span<const std::uint8_t> scales) {
+  const std::string hb = encode_kv_header(h);
+  std::vector<std::uint8_t> out(hb.begin(), hb.end());
+  out.insert(out.end(), tokens.begin(), tokens.end());
+  out.insert(out.end(), body.begin(), body.end());
+  out.insert(out.end(), scales.begin(), scales.end());
+  return out;
+}
+
+struct Regions {
+  std::vector<std::uint8_t> tokens, body, scales;
+};
+inline Regions regions_of(std::span<const std::uint8_t> file, const KvFileHeader& h) {
+  const std::size_t t0 = kKvFileHeaderBytes, b0 = t0 + h.tokens_bytes, s0 = b0 + h.body_bytes;
+  return {{file.begin() + t0, file.begin() + b0}, {file.begin() + b0, file.begin() + s0},
+          {file.begin() + s0, file.begin() + s0 + h.scales_bytes}};
+}
+
+// The "version 1 writer" of the tests: the same content in the older layout (no scales region).
+inline std::vector<std::uint8_t> as_version1(std::span<const std::uint8_t> v2file) {
+  KvFile f = parse_kv_file(v2file, "v2");
+  Regions r = regions_of(v2file, f.header);
+  KvFileHeader h = f.header;
+  h.version = 1;
+  h.scales_bytes = 0;
+  h.scales_xxh64 = kv_checksum(nullptr, 0);
+  return assemble(h, r.tokens, r.body, {});
+}
+
+}  // namespace kvgate::par
