@@ -70,14 +70,45 @@ __attribute__((target("avx2"), always_inline)) inline void cell8(const std::int8
   _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(w), sv));  // exact widening, one RNE multiply
 }
 
+// Eight binary16 scales to binary32, the integer form of f16_bits_to_f32 (bit-identical).
+__attribute__((target("avx2"), always_inline)) inline __m256 widen8(const std::uint16_t* p) {
+  const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x8000)), 16);
+  const __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 13)), _mm256_set1_ps(0x1p112f));
+  const __m256i special = _mm256_or_si256(_mm256_set1_epi32(0x7F800000),
+                                          _mm256_slli_epi32(_mm256_and_si256(em, _mm256_set1_epi32(0x3FF)), 13));
+  const __m256i is_special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7BFF));
+  const __m256i bits = _mm256_blendv_epi8(_mm256_castps_si256(mag), special, is_special);
+  return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
+}
+
+__attribute__((target("avx2"))) void widen_scales_avx2(const std::uint16_t* __restrict scales, float* __restrict sf,
+                                                       int n) {
+  int c = 0;
+  for (; c + 8 <= n; c += 8) _mm256_storeu_ps(sf + c, widen8(scales + c));
+  for (; c < n; ++c) sf[c] = f16_bits_to_f32(scales[c]);
+}
+
+// D == 8 cells straight from the page: scales widened eight at a time in registers.
+__attribute__((target("avx2"))) void dequant_int8_d8_avx2(const std::int8_t* __restrict codes,
+                                                          const std::uint16_t* __restrict scales,
+                                                          float* __restrict out, int n_cells) {
+  int c = 0;
+  for (; c + 8 <= n_cells; c += 8) {
+    const __m256 sv = widen8(scales + c);
+    for (int i = 0; i < 8; ++i)
+      cell8(codes + 8 * static_cast<std::size_t>(c + i), out + 8 * static_cast<std::size_t>(c + i),
+            _mm256_permutevar8x32_ps(sv, _mm256_set1_epi32(i)));
+  }
+  for (; c < n_cells; ++c)
+    cell8(codes + 8 * static_cast<std::size_t>(c), out + 8 * static_cast<std::size_t>(c),
+          _mm256_set1_ps(f16_bits_to_f32(scales[c])));
+}
+
 __attribute__((target("avx2"))) void dequant_int8_cells_avx2(const std::int8_t* __restrict codes,
                                                              const float* __restrict sf, float* __restrict out,
                                                              int n_cells, int D) {
-  if (D == 8) {
-    for (int c = 0; c < n_cells; ++c) cell8(codes + 8 * static_cast<std::size_t>(c), out + 8 * static_cast<std::size_t>(c),
-                                            _mm256_set1_ps(sf[c]));
-    return;
-  }
   for (int c = 0; c < n_cells; ++c) {
     const __m256 sv = _mm256_set1_ps(sf[c]);
     const std::int8_t* q = codes + static_cast<std::size_t>(c) * D;
@@ -106,17 +137,59 @@ __attribute__((target("avx2"))) void transpose8x8_avx2(const float* rows, int hd
   for (int k = 0; k < 8; ++k) _mm256_storeu_ps(kt + static_cast<std::size_t>(hd0 + k) * ks + t0, c[k]);
 }
 
+// The same 8x8 transpose, fused with the int8 read: row i is codes[t0+i][hd0..hd0+8) * scale of
+// its cell (the 8 columns lie in one head, D % 8 == 0): the values dequantize_token gives, transposed.
+__attribute__((target("avx2"))) void transpose8x8_int8_avx2(const std::int8_t* codes, const float* sf, int hd_n,
+                                                            int D, int H, float* kt, int ks, int t0, int hd0) {
+  __m256 r[8];
+  const int h = hd0 / D;
+  for (int i = 0; i < 8; ++i) {
+    const std::int8_t* q = codes + static_cast<std::size_t>(t0 + i) * hd_n + hd0;
+    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+    r[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(sf[(t0 + i) * H + h]));
+  }
+  const __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 a6 = _mm256_unpacklo_ps(r[6], r[7]), a7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+  const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+  const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+  const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+  const __m256 c[8] = {_mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
+                       _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
+                       _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
+                       _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
+  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(kt + static_cast<std::size_t>(hd0 + k) * ks + t0, c[k]);
+}
+
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
 // int8 cells: scales widened first (one vectorized pass), then code * scale per cell (exact
 // conversion, one binary32 multiply, as dequantize_token).
 KVGATE_MULTIVERSION
-void widen_scales(const std::uint16_t* __restrict scales, float* __restrict sf, int n) {
+void widen_scales_generic(const std::uint16_t* __restrict scales, float* __restrict sf, int n) {
   for (int c = 0; c < n; ++c) sf[c] = f16_bits_to_f32(scales[c]);
 }
 
+void widen_scales(const std::uint16_t* scales, float* sf, int n) {
+#if KVGATE_X86_AVX2
+  if (kHaveAvx2) {
+    widen_scales_avx2(scales, sf, n);
+    return;
+  }
+#endif
+  widen_scales_generic(scales, sf, n);
+}
+
 void dequant_int8(const std::int8_t* codes, const std::uint16_t* scales, float* out, int n_cells, int D) {
+#if KVGATE_X86_AVX2
+  if (kHaveAvx2 && D == 8) {
+    dequant_int8_d8_avx2(codes, scales, out, n_cells);
+    return;
+  }
+#endif
   float sf[kScaleChunk];
   for (int c0 = 0; c0 < n_cells; c0 += kScaleChunk) {
     const int cn = std::min(kScaleChunk, n_cells - c0);
@@ -157,7 +230,7 @@ void dequant_q4_0(const block_q4_0* __restrict b, float* __restrict out, std::si
 }
 
 struct Scratch {
-  std::vector<float> m, l, acc, ktile, kt, vtile;
+  std::vector<float> m, l, acc, ktile, kt, vtile, kscales;
   template <class V>
   static float* grow(V& v, std::size_t n) {
     if (v.size() < n) v.resize(n);
@@ -403,9 +476,18 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
     const int nt = std::min(B, n_ctx - t0);
     const std::uint8_t* kp = store.page(layer, KvHalf::K, table[static_cast<std::size_t>(p)]);
     const std::uint8_t* vp = store.page(layer, KvHalf::V, table[static_cast<std::size_t>(p)]);
-    // K tile as [kv head][d][token]: transposed straight from the page for f32.
+    // K tile as [kv head][d][token]: transposed straight from the page for f32 (and int8 on AVX2).
     if (kf == HalfFormat::f32) {
       transpose_rows(reinterpret_cast<const float*>(kp), kt, nt, HD, kstride, B);
+#if KVGATE_X86_AVX2
+    } else if (kf == HalfFormat::int8 && kHaveAvx2 && D % 8 == 0 && B % 8 == 0) {
+      float* sf = Scratch::grow(sc.kscales, static_cast<std::size_t>(B) * H);
+      const int nt8 = (nt + 7) / 8 * 8;
+      widen_scales(reinterpret_cast<const std::uint16_t*>(kp + static_cast<std::size_t>(B) * HD), sf, nt8 * H);
+      for (int tb = 0; tb < nt8; tb += 8)
+        for (int hd0 = 0; hd0 < HD; hd0 += 8)
+          transpose8x8_int8_avx2(reinterpret_cast<const std::int8_t*>(kp), sf, HD, D, H, kt, kstride, tb, hd0);
+#endif
     } else {
       dequantize_rows(kf, g, nt, kp, ks, ktile);
       transpose_rows(ktile, kt, nt, HD, kstride, B);
