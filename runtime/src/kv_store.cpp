@@ -208,9 +208,9 @@ void PagedKvStore::clear_slots(int block, int slot0) {
   for (int l = 0; l < cfg_.n_layers; ++l)
     for (KvHalf h : {KvHalf::K, KvHalf::V})
       for (int slot = slot0; slot < cfg_.block_size; ++slot) {
-        const std::vector<ByteRun> runs = token_ranges(half_format(h), g, slot);
-        for (const ByteRun& r : runs) std::memset(pool_page(l, h, block) + r.offset, 0, r.bytes);
-        push_runs(l, h, block, runs);
+        for (const ByteRun& r : token_ranges(half_format(h), g, slot))
+          std::memset(pool_page(l, h, block) + r.offset, 0, r.bytes);
+        if (window_) push_runs(l, h, block, token_ranges(half_format(h), g, slot));  // the device copy too
       }
 }
 
@@ -237,12 +237,10 @@ void PagedKvStore::swap_out(SeqId s) {
   const std::size_t per_block = static_cast<std::size_t>(cfg_.n_layers) * (page_bytes_[0] + page_bytes_[1]);
   q.host.resize(q.blocks.size() * per_block);
   std::uint8_t* dst = q.host.data();
-  const std::vector<ByteRun> runs[2] = {page_runs(cfg_.format.k, geometry()), page_runs(cfg_.format.v, geometry())};
   for (int b : q.blocks)
     for (int l = 0; l < cfg_.n_layers; ++l)
       for (KvHalf h : {KvHalf::K, KvHalf::V}) {
-        // Every run of the page moves: codes and scales together.
-        for (const ByteRun& r : runs[static_cast<int>(h)]) std::memcpy(dst + r.offset, pool_page(l, h, b) + r.offset, r.bytes);
+        std::memcpy(dst, pool_page(l, h, b), page_bytes_[static_cast<int>(h)]);  // codes and scale region together
         dst += page_bytes_[static_cast<int>(h)];
       }
   for (int b : q.blocks) release_block(b);
@@ -259,12 +257,11 @@ void PagedKvStore::swap_in(SeqId s) {
   std::vector<int> fresh(n);
   for (auto& b : fresh) b = alloc_block();
   const std::uint8_t* src = q.host.data();
-  const std::vector<ByteRun> runs[2] = {page_runs(cfg_.format.k, geometry()), page_runs(cfg_.format.v, geometry())};
   for (int b : fresh)
     for (int l = 0; l < cfg_.n_layers; ++l)
       for (KvHalf h : {KvHalf::K, KvHalf::V}) {
-        for (const ByteRun& r : runs[static_cast<int>(h)]) std::memcpy(pool_page(l, h, b) + r.offset, src + r.offset, r.bytes);
-        push_runs(l, h, b, runs[static_cast<int>(h)]);  // both copies (a no-op unless the block is resident)
+        std::memcpy(pool_page(l, h, b), src, page_bytes_[static_cast<int>(h)]);
+        if (window_) push_runs(l, h, b, page_runs(half_format(h), geometry()));  // both copies (when resident)
         src += page_bytes_[static_cast<int>(h)];
       }
   q.blocks = std::move(fresh);
