@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   kvgate::cli::register_mutate(app);
   kvgate::cli::register_probe(app);
   kvgate::cli::register_bench(app);
+  kvgate::cli::register_report(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,220 @@
+// Markdown renderers: one page per format and an index (the sign-off summary).
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "kvgate/reports.hpp"
+
+namespace kvgate::reports {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string num(const json& v, const char* fmt = "%.3g") {
+  if (!v.is_number()) return "–";
+  char b[32];
+  std::snprintf(b, sizeof b, fmt, v.get<double>());
+  return b;
+}
+std::string pct(const json& v) {
+  if (!v.is_number()) return "–";
+  char b[16];
+  std::snprintf(b, sizeof b, "%.0f%%", 100.0 * v.get<double>());
+  return b;
+}
+std::string str(const json& v) { return v.is_string() ? v.get<std::string>() : v.is_null() ? "–" : v.dump(); }
+std::string join(const json& arr, const std::string& sep = ", ") {
+  std::string o;
+  if (!arr.is_array()) return o;
+  for (const auto& x : arr) o += (o.empty() ? "" : sep) + str(x);
+  return o;
+}
+
+const json* format_entry(const json& matrix, const std::string& f) {
+  if (!matrix.is_object() || !matrix.contains("formats")) return nullptr;
+  for (const auto& e : matrix["formats"])
+    if (e.value("format", "") == f) return &e;
+  return nullptr;
+}
+const json* verdict_entry(const json& signoff, const std::string& f) {
+  if (!signoff.is_object() || !signoff.contains("verdicts")) return nullptr;
+  for (const auto& e : signoff["verdicts"])
+    if (e.value("format", "") == f) return &e;
+  return nullptr;
+}
+
+std::string provenance_line(const json& p) {
+  if (!p.is_object()) return "";
+  std::ostringstream o;
+  std::string gpus;
+  for (const auto& g : p.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", "");
+  o << "commit `" << str(p.value("git_commit", json(nullptr))).substr(0, 12) << "`" << (p.value("git_dirty", false) ? " (dirty)" : "")
+    << " · CPU " << p.value("cpu_model", "?") << " (" << p.value("cpu_cores", 0) << " cores) · GPU "
+    << (gpus.empty() ? "none" : gpus) << " · driver " << str(p.value("gpu_driver", json(nullptr))) << " · CUDA "
+    << str(p.value("cuda_version", json(nullptr))) << " · " << p.value("compiler", "") << " `" << p.value("cxx_flags", "")
+    << "` · seed " << p.value("seed", 0);
+  const auto& m = p.value("model", json(nullptr));
+  if (m.is_object())
+    o << " · model `" << m.value("name", "") << "` sha256 `" << m.value("sha256", "").substr(0, 16) << "…` fingerprint `"
+      << m.value("fingerprint", "") << "`";
+  return o.str();
+}
+
+std::vector<std::string> formats_of(const ReportInputs& in) {
+  std::vector<std::string> f;
+  std::set<std::string> seen;
+  auto add = [&](const std::string& s) {
+    if (seen.insert(s).second) f.push_back(s);
+  };
+  if (in.signoff.is_object())
+    for (const auto& v : in.signoff.value("verdicts", json::array())) add(v.value("format", ""));
+  if (in.matrix.is_object())
+    for (const auto& e : in.matrix.value("formats", json::array())) add(e.value("format", ""));
+  return f;
+}
+
+// Decode tok/s ratio vs f32 at the largest context, resident, cpu.
+json decode_ratio(const json& matrix, const std::string& f) {
+  json best = nullptr;
+  int ctx = -1;
+  if (!matrix.is_object()) return best;
+  for (const auto& r : matrix.value("rows", json::array()))
+    if (r.value("format", "") == f && r.value("window", 0) == 0 && r.value("status", "") == "ok" && r.value("context", 0) > ctx) {
+      ctx = r.value("context", 0);
+      best = r.value("decode_vs_f32", json(nullptr));
+    }
+  return best;
+}
+
+}  // namespace
+
+std::string file_name_for(const std::string& format) {
+  std::string o;
+  for (char c : format) o += (c == '=') ? '-' : (c == ',') ? '_' : (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-') ? c : '_';
+  return o;
+}
+
+std::string format_markdown(const ReportInputs& in, const std::string& f) {
+  std::ostringstream o;
+  o << "# " << in.title << ": `" << f << "`\n\n";
+  if (const json* v = verdict_entry(in.signoff, f)) {
+    o << "**Verdict: " << v->value("verdict", "?") << "**";
+    const auto& reasons = v->value("reasons", json::array());
+    if (!reasons.empty()) o << " — " << join(reasons, "; ");
+    o << "\n\n";
+  }
+  const json* fe = format_entry(in.matrix, f);
+  if (fe) {
+    o << "## Against the f32 baseline\n\n";
+    o << "| metric | value |\n|---|---|\n";
+    o << "| effective format | " << fe->value("effective", "") << (fe->value("fallback_reason", "").empty() ? "" : " (fallback: " + fe->value("fallback_reason", "") + ")") << " |\n";
+    o << "| KV bytes per token | " << str((*fe)["kv_bytes_per_token"]) << " |\n";
+    o << "| capacity at the budget (tokens) | " << str((*fe)["capacity_tokens"]) << " |\n";
+    o << "| KL mean / p99 / max (nats) | " << num((*fe)["kl_mean"]) << " / " << num((*fe)["kl_p99"]) << " / " << num(fe->value("kl_max", json(nullptr))) << " |\n";
+    o << "| top-1 agreement | " << pct((*fe)["top1"]) << " over " << fe->value("kl_positions", 0) << " positions |\n";
+    const json probes = fe->value("probes", json::object());
+    for (const auto& [pn, p] : probes.items()) {
+      o << "| probe " << pn << " | exact " << pct(p["exact"]) << " (" << p.value("passed", 0) << "/" << p.value("ran", 0)
+        << " ran, " << p.value("skipped", 0) << " skipped), same greedy output as f32 " << pct(p["same_as_f32"]);
+      const auto& s = p.value("summary", json::object());
+      if (s.contains("repeated")) o << ", repeated numbers " << str(s["repeated"]);
+      if (s.contains("dropped_digits")) o << ", dropped digits " << str(s["dropped_digits"]);
+      o << " |\n";
+    }
+    o << "\n";
+    const auto& needle = fe->value("probes", json::object()).value("needle", json::object());
+    if (needle.contains("summary") && needle["summary"].contains("grid")) {
+      o << "Needle grid (exact fraction, length × depth): ";
+      for (const auto& c : needle["summary"]["grid"]) o << "L" << c.value("length", 0) << "@" << num(c["depth"], "%.2g") << "=" << pct(c["exact"]) << " ";
+      o << "\n\n";
+    }
+  }
+  if (in.matrix.is_object()) {
+    o << "## Timing rows\n\n| device | context | window | status | TTFT cold ms | TTFT warm ms | prefill tok/s | decode tok/s | decode vs f32 |\n|---|---:|---:|---|---:|---:|---:|---:|---:|\n";
+    for (const auto& r : in.matrix.value("rows", json::array())) {
+      if (r.value("format", "") != f) continue;
+      o << "| " << r.value("device", "") << " | " << r.value("context", 0) << " | " << r.value("window", 0) << " | "
+        << r.value("status", "") << (r.value("reason", "").empty() ? "" : " (" + r.value("reason", "") + ")") << " | "
+        << num(r["ttft_cold_ms"], "%.2f") << " | " << num(r["ttft_warm_ms"], "%.2f") << " | " << num(r["prefill_tok_s"], "%.0f")
+        << " | " << num(r["decode_tok_s"], "%.0f") << " | " << num(r.value("decode_vs_f32", json(nullptr)), "%.2f") << " |\n";
+    }
+    o << "\n";
+  }
+  if (in.gates.is_object()) {
+    o << "## Gates\n\n| gate | family | status | message |\n|---|---|---|---|\n";
+    int n = 0;
+    for (const auto& g : in.gates.value("gates", json::array())) {
+      bool mine = false;
+      for (const auto& x : g.value("formats", json::array())) mine = mine || x == f;
+      if (!mine) continue;
+      ++n;
+      std::string msg = g.value("message", "");
+      for (auto& c : msg)
+        if (c == '\n' || c == '|') c = ' ';
+      o << "| " << g.value("id", "") << " | " << g.value("family", "") << " | " << g.value("status", "") << " | " << msg.substr(0, 160) << " |\n";
+    }
+    if (n == 0) o << "| (no gate tagged [fmt:" << f << "]) | | | |\n";
+    o << "\n";
+  }
+  if (const json* v = verdict_entry(in.signoff, f)) {
+    const auto& m = v->value("mutation", json::object());
+    o << "## Mutation proof\n\nStatus: " << m.value("status", "none") << ". Mutants: " << m.value("mutants", json::array()).size()
+      << "; killed: " << join(m.value("killed", json::array())) << "; survived: " << join(m.value("survived", json::array()))
+      << "; not run: " << join(m.value("not_run", json::array())) << ".\n\n";
+  }
+  const json& prov = in.signoff.is_object() ? in.signoff["provenance"] : in.matrix.is_object() ? in.matrix["provenance"] : json(nullptr);
+  if (prov.is_object()) o << "## Provenance\n\n" << provenance_line(prov) << "\n";
+  return o.str();
+}
+
+std::string index_markdown(const ReportInputs& in) {
+  std::ostringstream o;
+  o << "# " << in.title << "\n\n";
+  const json& prov = in.signoff.is_object() ? in.signoff["provenance"] : in.matrix.is_object() ? in.matrix["provenance"] : json(nullptr);
+  if (prov.is_object()) o << provenance_line(prov) << "\n\n";
+  if (in.signoff.is_object())
+    o << "Device: " << in.signoff.value("device", "cpu") << (in.signoff.value("quick", false) ? " (quick)" : "")
+      << ". Mutation proof: " << in.signoff.value("mutation_source", "") << ".\n\n";
+  o << "| format | verdict | gates passed/failed/skipped | mutants killed/survived/not run | B/token | vs f32 | KL mean | top-1 | decode vs f32 | reasons |\n";
+  o << "|---|---|---|---|---:|---:|---:|---:|---:|---|\n";
+  double f32_bytes = 0;
+  if (const json* b = format_entry(in.matrix, "f32")) f32_bytes = b->value("kv_bytes_per_token", 0.0);
+  for (const auto& f : formats_of(in)) {
+    const json* v = verdict_entry(in.signoff, f);
+    const json* fe = format_entry(in.matrix, f);
+    o << "| [" << f << "](" << file_name_for(f) << ".md) | " << (v ? "**" + v->value("verdict", "?") + "**" : std::string("–")) << " | ";
+    if (v) {
+      const auto& g = (*v)["gates"];
+      o << g.value("passed", 0) << "/" << g.value("failed", 0) << "/" << g.value("skipped", 0) << " | ";
+      const auto& m = (*v)["mutation"];
+      o << m.value("killed", json::array()).size() << "/" << m.value("survived", json::array()).size() << "/"
+        << m.value("not_run", json::array()).size() << " | ";
+    } else {
+      o << "– | – | ";
+    }
+    if (fe) {
+      char r[16];
+      std::snprintf(r, sizeof r, "%.3f", f32_bytes > 0 ? fe->value("kv_bytes_per_token", 0.0) / f32_bytes : 0.0);
+      o << str((*fe)["kv_bytes_per_token"]) << " | " << r << " | " << num((*fe)["kl_mean"]) << " | " << pct((*fe)["top1"]) << " | "
+        << num(decode_ratio(in.matrix, f), "%.2f") << " | ";
+    } else {
+      o << "– | – | – | – | – | ";
+    }
+    o << (v ? join(v->value("reasons", json::array()), "; ") : std::string()) << " |\n";
+  }
+  o << "\n";
+  if (in.matrix.is_object()) {
+    o << "> " << in.matrix.value("subject_note", "") << "\n\n";
+    for (const auto& n : in.matrix.value("notes", json::array())) o << "- note: " << str(n) << "\n";
+  }
+  if (in.gates.is_object()) {
+    const auto& t = in.gates["totals"];
+    o << "\nGates: " << t.value("passed", 0) << " passed, " << t.value("failed", 0) << " failed, " << t.value("skipped", 0) << " skipped.\n";
+  }
+  return o.str();
+}
+
+}  // namespace kvgate::reports

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Every record kvgate emits validates against reports/schema: probe --json, bench (--no-timing),
+# gate --json, signoff --quick (with the fixture outcomes), field-report --quick (--no-timing).
+# Needs stories260K ($KVGATE_MODELS or ../shared/models); reads no clock itself.
+set -euo pipefail
+kvgate="$1"; out="$2"
+rm -rf "$out"; mkdir -p "$out"
+src="${KVGATE_SOURCE_DIR:?}"
+"$kvgate" probe --probe echo --seeds 1..2 --json > "$out/probe-echo.json"
+"$kvgate" probe --probe needle --lengths 128 --depths 0,1 --seeds 1 --kv k8v4 --json > "$out/probe-needle.json"
+"$kvgate" probe --probe counting --lengths 10 --kv int8 --json > "$out/probe-counting.json"
+"$kvgate" bench --no-timing --formats int8,k8v4 --lengths 64 --needle-lengths 128 --needle-depths 0,1 \
+  --counting-n 10 --echo-seeds 1..2 --out "$out/bench" > /dev/null
+"$kvgate" gate --format int8 --family STO --json "$out/gates-int8.json" > /dev/null
+files=("$out"/probe-*.json "$out/bench/matrix.json" "$out/gates-int8.json")
+if "$kvgate" --help | grep -q signoff; then
+  "$kvgate" signoff --format int8 --quick --no-timing --mutants "$src/reports/tests/fixtures" --out "$out/signoff" > /dev/null || true
+  files+=("$out/signoff/signoff.json" "$out/signoff/matrix.json" "$out/signoff/gates.json")
+fi
+if "$kvgate" --help | grep -q field-report; then
+  "$kvgate" field-report --quick --no-timing --formats int8 --out "$out/field" > /dev/null
+  files+=("$out/field/field-report.json" "$out/field/matrix.json")
+fi
+"$kvgate" report --validate "${files[@]}"
+echo "validated ${#files[@]} records"
