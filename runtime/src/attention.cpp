@@ -309,6 +309,38 @@ __attribute__((always_inline)) inline v8f softmax_exp8(v8f x) {
   return x < lo ? v8f{} : y;
 }
 
+// hadamard_normalized (format.cpp) on n_cells cells of D floats (D a power of two, >= 8), 8 lanes
+// at a time: every butterfly level computes the same a + b and a - b of the same operands, then
+// the same multiply by c, so the result is bit-identical.
+KVGATE_MULTIVERSION
+void wht_cells(float* x, int n_cells, int D) {
+  const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  const float c = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  const int nv = D / 8;
+  v8f v[32];  // D <= 256
+  for (int cell = 0; cell < n_cells; ++cell) {
+    float* p = x + static_cast<std::size_t>(cell) * D;
+    for (int j = 0; j < nv; ++j) v[j] = load8(p + 8 * j);
+    for (int j = 0; j < nv; ++j) {
+      v8f y = v[j];
+      v8f sh = __builtin_shuffle(y, v8i{1, 0, 3, 2, 5, 4, 7, 6});  // len 1
+      y = (lane & 1) == 0 ? y + sh : sh - y;
+      sh = __builtin_shuffle(y, v8i{2, 3, 0, 1, 6, 7, 4, 5});  // len 2
+      y = (lane & 2) == 0 ? y + sh : sh - y;
+      sh = __builtin_shuffle(y, v8i{4, 5, 6, 7, 0, 1, 2, 3});  // len 4
+      v[j] = (lane & 4) == 0 ? y + sh : sh - y;
+    }
+    for (int len = 1; len < nv; len <<= 1)  // len 8, 16, ... elements: whole vectors
+      for (int j = 0; j < nv; ++j)
+        if ((j & len) == 0) {
+          const v8f a = v[j], b = v[j + len];
+          v[j] = a + b;
+          v[j + len] = a - b;
+        }
+    for (int j = 0; j < nv; ++j) store8(p + 8 * j, v[j] * c);
+  }
+}
+
 // Attention of every query and head over tokens [t0, t0 + nt) of one page: scores against the
 // transposed K tile kt[kv head][d][ks], one online-softmax step per chunk of kW tokens, V
 // accumulation from the row tile.
@@ -431,9 +463,13 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot:
       dequant_q4_0(reinterpret_cast<const block_q4_0*>(page), out, cnt / kQBlock);
-      if (f == HalfFormat::q4_0_rot)
-        for (std::size_t c = 0; c < static_cast<std::size_t>(n) * g.n_kv_heads; ++c)
-          hadamard_normalized(out + c * g.head_dim, g.head_dim);
+      if (f == HalfFormat::q4_0_rot) {
+        if (g.head_dim >= 8 && g.head_dim <= 256)
+          wht_cells(out, n * g.n_kv_heads, g.head_dim);  // head_dim is a power of two (capability)
+        else
+          for (std::size_t c = 0; c < static_cast<std::size_t>(n) * g.n_kv_heads; ++c)
+            hadamard_normalized(out + c * g.head_dim, g.head_dim);
+      }
       return;
   }
 }

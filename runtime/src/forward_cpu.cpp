@@ -201,6 +201,45 @@ void CpuForward::rope(float* v, int T, int n_heads, int pos0) const {
   }
 }
 
+// Causal attention of the chunk. Queries are independent, so a long chunk is split into one
+// contiguous query range per thread, cut where the causal work (keys per query) is balanced. The
+// per-query arithmetic is the same whatever the split. A streamed store is read from one thread
+// (its page lookups move the resident window).
+void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0) {
+  const int qd = c_.q_dim();
+  AttentionArgs aa;
+  aa.n_heads = c_.n_heads;
+  const int parts = std::min(pool_.size(), T / 8);
+  if (parts <= 1 || store.streaming()) {
+    aa.n_q = T;
+    aa.pos0 = pos0;
+    attention(store, s, layer, aa, q_.data(), att_.data());
+    return;
+  }
+  int bounds[65];
+  const int P = std::min(parts, 64);
+  const double total = static_cast<double>(T) * pos0 + 0.5 * static_cast<double>(T) * (T + 1);
+  bounds[0] = 0;
+  for (int k = 1; k < P; ++k) {
+    const double target = total * k / P;
+    int i = bounds[k - 1];
+    while (i < T && static_cast<double>(i) * pos0 + 0.5 * static_cast<double>(i) * (i + 1) < target) ++i;
+    bounds[k] = i;
+  }
+  bounds[P] = T;
+  pool_.parallel_for(P, [&](int b, int e) {
+    for (int k = b; k < e; ++k) {
+      const int i0 = bounds[k], n = bounds[k + 1] - bounds[k];
+      if (n <= 0) continue;
+      AttentionArgs part = aa;
+      part.n_q = n;
+      part.pos0 = pos0 + i0;
+      attention(store, s, layer, part, q_.data() + static_cast<std::size_t>(i0) * qd,
+                att_.data() + static_cast<std::size_t>(i0) * qd);
+    }
+  });
+}
+
 void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T, float* logits, bool all_logits) {
   if (T < 1 || T > max_chunk_) throw EngineError("forward: chunk of " + std::to_string(T) + " tokens (max " +
                                                  std::to_string(max_chunk_) + ")");
@@ -225,10 +264,6 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
       sin_[static_cast<std::size_t>(t) * half + i] = std::sin(val);
     }
 
-  AttentionArgs aa;
-  aa.n_q = T;
-  aa.n_heads = c.n_heads;
-  aa.pos0 = pos0;
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
     // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
@@ -250,7 +285,7 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     rope(k_.data(), T, c.n_kv_heads, pos0);
     // K/V rows go through the KV format; attention reads them back from the store.
     store.write(s, l, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
-    attention(store, s, l, aa, q_.data(), att_.data());
+    attend(store, s, l, T, pos0);
     // x += att Wo
     matmul(pool_, x_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, true);
 

@@ -28,6 +28,7 @@ class CpuForward {
 
  private:
   void rope(float* v, int T, int n_heads, int pos0) const;
+  void attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0);
 
   const Model& m_;
   const ModelConfig& c_;

@@ -65,7 +65,11 @@ class ThreadPool {
     }
     cv_.notify_all();
     run_part(0);
-    while (pending_.load(std::memory_order_acquire) != 0) KVGATE_CPU_RELAX();
+    // Spin briefly, then yield: on a loaded machine a worker may be descheduled.
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+      if (spins < 4000) KVGATE_CPU_RELAX();
+      else std::this_thread::yield();
+    }
   }
 
  private:
