@@ -244,11 +244,15 @@ std::vector<DecodeCase> decode_cases(std::uint64_t seed0) {
 
 // Bound of one decode case (bounds.hpp attn_f32_max_abs, with the GPU's summation depth and
 // extended for the rotated halves):
-//  - dot products are blocked sums: a lane adds <= 8 products sequentially (two chains of 8 over
-//    its 16 elements; the generic path <= 8 elements per lane), then one pair add, <= 5 butterfly
-//    levels across lanes, the multiply by the cell/block scale, and q carries one rounding from
-//    its pre-scaling by softmax_scale*log2(e): forward error <= gamma_16 * L1 (Higham, blocked
-//    summation) in place of the recursive gamma_{D+2} bound of a length-D loop;
+//  - dot products are blocked sums. CUDA-core paths ("fast", "generic"): a lane adds <= 8
+//    products sequentially (two chains of 8 over its 16 elements; generic <= 8 elements per lane),
+//    then one pair add, <= 5 butterfly levels across lanes, the multiply by the cell/block scale,
+//    and q carries one rounding from its pre-scaling by softmax_scale*log2(e): forward error
+//    <= gamma_16 * L1 (Higham, blocked summation), in place of the recursive gamma_{D+2} of a
+//    length-D loop. Tensor-core path ("mma"): 2*D/16 sequential MMA steps (q split hi + lo), each
+//    adding 16 exact products to the FP32 accumulator with up to 2u error (tensor cores may
+//    truncate: Fasi et al. 2021), + 4u for the hi/lo representation of q, + <= D/32 block-scale
+//    products and sums, + 4 scalings: depth D/4 + 24;
 //  - the kernel computes scores in the domain K is stored in: for a rotated K it dots the
 //    rotated query (H q in binary32: log2(D) butterfly levels and the scaling, error vector
 //    |e|_2 <= (log2 D + 2) u |q|_2) with the rotated-domain codes y, so L1 is taken in both
@@ -256,7 +260,7 @@ std::vector<DecodeCase> decode_cases(std::uint64_t seed0) {
 //  - for a rotated V the kernel accumulates sum p y in the rotated domain and rotates the output
 //    once (binary32: <= wht_slack(D, |o|_2) per element); the comparison is therefore made in the
 //    rotated domain (H applied to both outputs in binary64) with vmax over the rotated values.
-constexpr int kGpuDotDepth = 16;
+int gpu_dot_depth(const std::string& path, int D) { return path.rfind("mma", 0) == 0 ? D / 4 + 24 : 16; }
 
 void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
   long cases = 0;
@@ -302,12 +306,12 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
       std::vector<float> big(static_cast<std::size_t>(dc.block_size + 1) * HD, 30.0f);
       gpu.write_host(decoy, 0, 0, dc.block_size + 1, big.data(), HD, big.data(), HD);
     }
-    // Query scale: 1.5 (softmax far from uniform), growing as sqrt(ln(n/4)) for long contexts so
-    // that a handful of keys dominate (effective count ~ n exp(-s^2) ~ 4). Otherwise the output
+    // Query scale: 1.5 (softmax far from uniform), growing as sqrt(ln(n/2)) for long contexts so
+    // that a handful of keys dominate (effective count ~ n exp(-s^2) ~ 2). Otherwise the output
     // of a long context averages towards 0 while the worst-case FP32 bound (which does not shrink
     // with averaging) stays put, and the bound would exceed kOraSensitivity of the output's RMS.
     Rng r(dc.seed ^ 0xABCDEF);
-    const double q_scale = std::max(1.5, std::sqrt(std::log(std::max(1, max_len) / 4.0)));
+    const double q_scale = std::max(1.5, std::sqrt(std::log(std::max(1, max_len) / 2.0)));
     std::vector<float> q(static_cast<std::size_t>(batch) * Hq * D);
     for (auto& x : q) x = r.normal() * static_cast<float>(q_scale);
     DevBuf dq(q.size()), dout(q.size());
@@ -377,7 +381,8 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
       for (float x : (rot_v ? vy : vd)) vmax = std::max(vmax, double(std::fabs(x)));
       // attn_f32_max_abs with the query-rotation error folded into the score error (4*4 factor of
       // bounds.hpp: score error e moves the output by <= 4e vmax, x4 margin).
-      double bound = attn_f32_max_abs(kGpuDotDepth - 2, n, max_l1, vmax) + 16 * q_rot_err * vmax;
+      // P is split hi + lo too on the tensor-core path (<= 2^-22 relative): 4 more terms of n.
+      double bound = attn_f32_max_abs(gpu_dot_depth(plan.path, D) - 2, n + 4, max_l1, vmax) + 16 * q_rot_err * vmax;
       std::vector<double> cmp_ref = ref, cmp_got(mine.begin(), mine.end());
       if (rot_v) {
         double o2 = 0;
@@ -491,8 +496,12 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
     check(kc::supports_op(kc::Op::decode, i8, {16, 8, 128}, 32), "arch_unsupported");
     return;
   }
-  CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 128}, 32).path == "fast(D=128)");
-  CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 8, 64}, 8).path == "fast(D=64)");
+  CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 128}, 32).path == "mma(D=128)");
+  CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 8, 64}, 8).path == "mma(D=64)");
+  CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::bf16, HalfFormat::bf16}, {16, 8, 128}, 32).path ==
+        "fast(D=128)");
+  CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::f16, HalfFormat::int8}, {16, 8, 256}, 32).path ==
+        "fast(D=256)");
   CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 4, 8}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 96}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::store, q8, {16, 8, 128}, 0).ok);

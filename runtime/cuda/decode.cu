@@ -61,7 +61,12 @@ OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_hea
     if (g.head_dim > kMaxHeadDim)
       return {false, "head_dim_unsupported",
               "CUDA decode attention supports head_dim <= 256 (got " + std::to_string(g.head_dim) + ")", {}};
-    s.path = fast_head_dim(g.head_dim) ? "fast(D=" + std::to_string(g.head_dim) + ")" : "generic";
+    const auto narrow = [](HalfFormat h) {
+      return h == HalfFormat::int8 || h == HalfFormat::fp8_e4m3 || h == HalfFormat::fp8_e5m2 || h == HalfFormat::q8_0 ||
+             h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
+    };
+    const std::string d = std::to_string(g.head_dim);
+    s.path = !fast_head_dim(g.head_dim) ? "generic" : (narrow(f.k) && narrow(f.v)) ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
   }
   const DeviceStatus& d = device_status();
   if (d.available && d.cc_major < 9)

@@ -1,6 +1,6 @@
 // Thin instantiation: decode attention kernels with K stored as q4_0, every V half format,
 // head_dim in {generic, 64, 128, 256}.
-#include "kernels/decode.cuh"
+#include "kernels/decode_launch.cuh"
 
 namespace kvgate::cuda::detail {
 KVGATE_DECODE_INST_K(HF::q4_0)

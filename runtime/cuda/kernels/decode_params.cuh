@@ -58,9 +58,42 @@ struct FastCfg {
   static constexpr int SMEM = Q_SMEM + (PIPE_SMEM > EP_SMEM ? PIPE_SMEM : EP_SMEM);
 };
 
+template <HF F>
+KVGATE_HD constexpr bool mma_half() {
+  return F == HF::int8 || F == HF::fp8_e4m3 || F == HF::fp8_e5m2 || F == HF::q8_0 || F == HF::q4_0 || F == HF::q4_0_rot;
+}
+
+KVGATE_HD constexpr int mma_cell_stride(int x) {
+  return (x + 15) / 16 * 16 + (((x + 15) / 16 * 16) % 64 == 0 ? 16 : 0);
+}
+
+template <HF KF, HF VF, int D>
+struct MmaCfg {
+  static constexpr int CBK = cell_bytes(KF, D), CBV = cell_bytes(VF, D);
+  static constexpr int CGK = gcd_c(CBK, 16), CGV = gcd_c(CBV, 16);
+  // Cell strides: multiples of 16, and never a multiple of 64 (rows of a tile then fall into
+  // different banks for the 4-byte fragment loads).
+  static constexpr int SK = mma_cell_stride(CBK), SV = mma_cell_stride(CBV);
+  static constexpr int TOK = 16, LPT = 2;
+  static constexpr int STAGE = TOK * (SK + SV) + TOK * 8 + TOK * 2;
+  static constexpr int STAGE_AL = (STAGE + 15) / 16 * 16;
+  static constexpr int WARP_SMEM = kStages * STAGE_AL;
+  static constexpr int Q_SMEM = kHeadsPerCta * D * 4;
+  static constexpr int EP_SMEM = kDecodeWarps * kHeadsPerCta * (D + 2) * 4;
+  static constexpr int PIPE_SMEM = kDecodeWarps * WARP_SMEM;
+  static constexpr int SMEM = Q_SMEM + (PIPE_SMEM > EP_SMEM ? PIPE_SMEM : EP_SMEM);
+  static constexpr int KSTEPS = D / 16, MTILES = D / 16, NBLK = D / 32;
+};
+
+// Which kernel a (K, V, D) instantiation runs: generic (D == 0), tensor-core (both halves narrow),
+// or the CUDA-core fast path.
+template <HF KF, HF VF, int D>
+KVGATE_HD constexpr bool use_mma() { return D != 0 && mma_half<KF>() && mma_half<VF>(); }
+
 template <HF KF, HF VF, int D>
 int decode_smem_bytes(int head_dim) {
   if constexpr (D == 0) return generic_smem_bytes(head_dim);
+  else if constexpr (use_mma<KF, VF, D>()) return MmaCfg<KF, VF, D>::SMEM;
   else return FastCfg<KF, VF, D>::SMEM;
 }
 
