@@ -10,8 +10,11 @@ mode="${1:-build}"
 apt_packages=(
   build-essential cmake ninja-build ccache git pkg-config python3 curl ca-certificates
   libeigen3-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev libxxhash-dev
-  catch2 nodejs npm
+  catch2 chromium
 )
+# Node.js + npm from Debian unless a Node.js with npm is already installed (another source's
+# nodejs package bundles npm and conflicts with Debian's npm package).
+command -v npm >/dev/null 2>&1 || apt_packages+=(nodejs npm)
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -25,11 +28,19 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Web components for the HTML reports (mutation-testing-elements), vendored into the tree's
-# ignored node_modules so the pages work offline.
-if [ -f "$here/mutations/web/package.json" ] && [ ! -d "$here/mutations/web/node_modules" ]; then
-  (cd "$here/mutations/web" && npm ci --no-audit --no-fund --loglevel=error 2>/dev/null || npm install --no-audit --no-fund --loglevel=error)
-fi
+# Web components for the HTML pages (Vega-Lite for reports, mutation-testing-elements for the
+# mutation report), installed from the npm registry into each folder's ignored node_modules and
+# inlined into the pages, so the pages work offline.
+for web in "$here/mutations/web" "$here/reports/web"; do
+  if [ -f "$web/package.json" ] && [ ! -d "$web/node_modules" ]; then
+    echo "kvgate setup: npm packages for ${web#$here/}"
+    if [ -f "$web/package-lock.json" ]; then
+      npm ci --prefix "$web" --no-audit --no-fund --loglevel=error
+    else
+      npm install --prefix "$web" --no-audit --no-fund --loglevel=error
+    fi
+  fi
+done
 
 # The default model: ../shared/models/stories260K (or $KVGATE_MODELS). Outside this project's
 # environment it is fetched from its public source, pinned by SHA-256.
