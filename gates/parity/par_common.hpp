@@ -100,8 +100,8 @@ inline std::vector<float> v_scales(int n_layers) {
   return s;
 }
 
-inline EngineOptions options(const Model& m, const KvFormat& f, int resident = 0, int block_size = 16) {
-  EngineOptions o = engine_options_for(f, 1);
+inline EngineOptions options(const Model& m, const KvFormat& f, int resident = 0, int block_size = 16, int threads = 1) {
+  EngineOptions o = engine_options_for(f, threads);
   o.block_size = block_size;
   o.kv_resident = resident;
   o.max_context = std::min(m.config.max_seq_len, 256);

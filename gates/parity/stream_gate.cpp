@@ -86,12 +86,14 @@ void store_parity(const KvFormat& f, int window_tokens) {
 }
 
 // Engine-level parity: greedy logits of a long prompt (crossing the window) and decode steps.
-void engine_parity(const Model& m, const KvFormat& f, int window_tokens) {
-  INFO("model " << m.path << ", format " << f.name() << ", window " << window_tokens);
+void engine_parity(const Model& m, const KvFormat& f, int window_tokens, int threads = 1) {
+  INFO("model " << m.path << ", format " << f.name() << ", window " << window_tokens << ", threads " << threads);
   const auto turns = three_turns(m);
   std::vector<int> prompt;
   for (const auto& t : turns) prompt.insert(prompt.end(), t.begin(), t.end());
-  Engine res(m, options(m, f)), str(m, options(m, f, window_tokens));
+  // With threads > 1 the resident engine splits a prefill chunk's queries across threads; the
+  // streamed one reads its window from one thread: the results must still be bitwise equal.
+  Engine res(m, options(m, f, 0, 16, threads)), str(m, options(m, f, window_tokens, 16, threads));
   Trace tr, ts;
   // Two prefill chunks (the second starts mid-page), then decode.
   const std::size_t cut = prompt.size() / 2 + 3;
@@ -124,6 +126,7 @@ void engine_parity(const Model& m, const KvFormat& f, int window_tokens) {
     SECTION("engine stories260K: window of 5 tokens") { engine_parity(stories(), f, 5); }                   \
     SECTION("engine stories260K: window of 40 tokens") { engine_parity(stories(), f, 40); }                  \
     SECTION("engine synth head_dim 64: window of 20 tokens") { engine_parity(synth64(), f, 20); }            \
+    SECTION("engine stories260K, 2 threads: window of 16 tokens") { engine_parity(stories(), f, 16, 2); }     \
   }
 
 PAR_STREAM("f32", "f32")
