@@ -24,6 +24,9 @@
 #define KVGATE_X86_AVX2 0
 #endif
 
+// v8f values never cross a non-inlined call boundary between differently compiled code.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace kvgate {
 
 namespace {
@@ -305,7 +308,7 @@ __attribute__((always_inline)) inline v8f softmax_exp8(v8f x) {
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
   const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-  const v8f y = p * reinterpret_cast<const v8f&>(bits);
+  const v8f y = p * std::bit_cast<v8f>(bits);
   return x < lo ? v8f{} : y;
 }
 

@@ -5,6 +5,7 @@
 #include "forward_cpu.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -17,6 +18,9 @@
 #else
 #define KVGATE_MULTIVERSION
 #endif
+
+// v8f values never cross a non-inlined call boundary between differently compiled code.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace kvgate::detail {
 
