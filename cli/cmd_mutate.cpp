@@ -10,7 +10,7 @@ namespace kvgate::cli {
 
 namespace {
 struct MutateCli {
-  std::string catalog, out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only;
+  std::string catalog, out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets;
   int jobs = 1;
   bool list = false, no_canary = false;
   double min_timeout = 20;
@@ -40,15 +40,21 @@ int run_mutate_cmd(const MutateCli& c) {
   o.canary = !c.no_canary;
   o.min_timeout_s = c.min_timeout;
   o.cmake_args = c.cmake_args;
-  std::string cur;
-  for (char ch : c.only + ",") {
-    if (ch == ',') {
-      if (!cur.empty()) o.only.push_back(cur);
-      cur.clear();
-    } else if (ch != ' ') {
-      cur += ch;
+  auto split = [](const std::string& s) {
+    std::vector<std::string> r;
+    std::string cur;
+    for (char ch : s + ",") {
+      if (ch == ',') {
+        if (!cur.empty()) r.push_back(cur);
+        cur.clear();
+      } else if (ch != ' ') {
+        cur += ch;
+      }
     }
-  }
+    return r;
+  };
+  o.only = split(c.only);
+  o.gate_targets = split(c.gate_targets);
   return mutate::run_mutate(o, std::cerr);
 }
 }  // namespace
@@ -73,6 +79,9 @@ void register_mutate(CLI::App& app) {
   sub->add_option("--web-dist", c->web_dist,
                   "mutation-test-elements.js to vendor next to index.html (default "
                   "<source>/mutations/web/node_modules/mutation-testing-elements/dist/)");
+  sub->add_option("--gate-targets", c->gate_targets,
+                  "comma-separated gate executables to build and run instead of all (smoke tests; the run is then "
+                  "partial)");
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");

@@ -426,7 +426,11 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   o.source_dir = fs::absolute(o.source_dir).lexically_normal();
   if (o.catalog.empty()) o.catalog = o.source_dir / "mutations" / "catalog.json";
   o.catalog = fs::absolute(o.catalog);
-  if (o.schema.empty()) o.schema = o.catalog.parent_path() / "catalog.schema.json";
+  if (o.schema.empty()) {
+    // Next to the catalog, else the schema of the tree this driver was built from.
+    o.schema = o.catalog.parent_path() / "catalog.schema.json";
+    if (!fs::exists(o.schema)) o.schema = fs::path(default_source_dir()) / "mutations" / "catalog.schema.json";
+  }
   if (o.report_schema.empty())
     o.report_schema = o.source_dir / "mutations" / "schema" / "mutation-testing-report-schema.json";
   if (o.jobs < 1) o.jobs = 1;
@@ -450,15 +454,6 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     for (const auto& c : checks)
       if (!c.ok()) log << c.message() << "\n";
     return stale ? kExitStale : kExitOk;
-  }
-  {
-    int stale = 0;
-    for (const auto& c : checks)
-      if (!c.ok()) {
-        log << "kvgate mutate: " << c.message() << "\n";
-        ++stale;
-      }
-    if (stale) return kExitStale;
   }
 
   // --- selection -------------------------------------------------------------------------
@@ -492,6 +487,21 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       if (!line.empty()) changed.insert(line);
     std::erase_if(selected, [&](const Mutant* m) { return !changed.count(m->file); });
     log << "kvgate mutate: --since " << o.since << ": " << selected.size() << " mutant(s) on changed files\n";
+  }
+
+  {
+    // STALE is a hard error for every mutant that would run (and the canary); a partial run only
+    // warns about the others (the unit test mutations_unit checks the whole catalog).
+    int stale = 0;
+    for (std::size_t i = 0; i < cat.mutants.size(); ++i) {
+      if (checks[i].ok()) continue;
+      const Mutant* m = &cat.mutants[i];
+      const bool runs = (m->is_canary() && o.canary) ||
+                        std::find(selected.begin(), selected.end(), m) != selected.end();
+      log << "kvgate mutate: " << (runs ? "" : "warning (not selected): ") << checks[i].message() << "\n";
+      stale += runs ? 1 : 0;
+    }
+    if (stale) return kExitStale;
   }
 
   // --- scratch copy and build ---------------------------------------------------------------
@@ -541,6 +551,12 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     if (base.has_relative_path()) e.build_env.emplace_back("CCACHE_BASEDIR", base.string());
   }
   e.gate_env = {{"KVGATE_SOURCE_DIR", e.scratch.string()}};
+  // Test data from outside the tree (DESIGN.md "Data and models") is found relative to the source
+  // tree; the scratch copy sits elsewhere, so point the gates at the source's models explicitly.
+  if (!std::getenv("KVGATE_MODELS")) {
+    const fs::path models = (o.source_dir / ".." / "shared" / "models").lexically_normal();
+    if (fs::is_directory(models)) e.gate_env.emplace_back("KVGATE_MODELS", models.string());
+  }
 
   const fs::path bl = e.out / "baseline";
   if (!fs::exists(e.build / "build.ninja")) {
@@ -589,6 +605,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       e.exes.push_back(x);
       e.targets.push_back(x.target);
     }
+  }
+  if (!o.gate_targets.empty()) {
+    r.full_run = false;
+    for (const auto& t : o.gate_targets)
+      if (std::none_of(e.exes.begin(), e.exes.end(), [&](const GateExe& x) { return x.target == t; })) {
+        log << "kvgate mutate: --gate-targets names '" << t << "', which is not a gate executable of this build ("
+            << gates_txt.string() << ")\n";
+        return kExitError;
+      }
+    std::erase_if(e.exes, [&](const GateExe& x) {
+      return std::find(o.gate_targets.begin(), o.gate_targets.end(), x.target) == o.gate_targets.end();
+    });
+    e.targets = o.gate_targets;
   }
   if (e.exes.empty()) {
     log << "kvgate mutate: the build defines no gate executables (kvgate_add_gate)\n";

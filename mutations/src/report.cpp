@@ -152,6 +152,7 @@ json outcomes_json(const RunResult& r, const ReportContext& ctx) {
           {"catalog", ctx.catalog_path},
           {"options",
            {{"only", ctx.opts.only},
+            {"gate_targets", ctx.opts.gate_targets},
             {"since", ctx.opts.since},
             {"jobs", ctx.opts.jobs},
             {"min_timeout_s", ctx.opts.min_timeout_s},
@@ -378,10 +379,10 @@ std::string report_html(const json& stryker, const std::string& script) {
   if (script.empty()) {
     html +=
         "<!-- mutation-testing-elements was not vendored next to this page (see docs/MUTATIONS.md); loading it "
-        "from unpkg -->\n<script defer "
+        "from unpkg -->\n<script "
         "src=\"https://www.unpkg.com/mutation-testing-elements@3.9.0/dist/mutation-test-elements.js\"></script>\n";
   } else {
-    html += "<script defer src=\"" + script + "\"></script>\n";
+    html += "<script src=\"" + script + "\"></script>\n";
   }
   html +=
       "</head>\n<body>\n"
@@ -420,10 +421,15 @@ std::vector<std::string> write_reports(const RunResult& r, const ReportContext& 
           << format_errors(errs);
   }
   // The web component, vendored next to index.html so that the page works offline.
+  // --web-dist, else the npm install under mutations/web of the tree being mutated, else of the
+  // tree this driver was built from.
+  const fs::path rel = fs::path("mutations") / "web" / "node_modules" / "mutation-testing-elements" / "dist" /
+                       "mutation-test-elements.js";
   fs::path js = ctx.opts.web_dist;
-  if (js.empty())
-    js = ctx.source_dir / "mutations" / "web" / "node_modules" / "mutation-testing-elements" / "dist" /
-         "mutation-test-elements.js";
+  if (js.empty()) {
+    js = ctx.source_dir / rel;
+    if (!fs::exists(js) && fs::exists(fs::path(default_source_dir()) / rel)) js = fs::path(default_source_dir()) / rel;
+  }
   std::string script;
   std::error_code ec;
   if (fs::is_regular_file(js)) {

@@ -36,6 +36,7 @@ struct MutateOptions {
   std::filesystem::path web_dist;     // mutation-test-elements.js to copy next to index.html
   std::filesystem::path report_schema;  // Stryker schema; default <source>/mutations/schema/...
   std::vector<std::string> only;      // mutant ids
+  std::vector<std::string> gate_targets;  // restrict to these gate executables (smoke tests); empty: all
   std::string since;                  // git revision: only mutants whose file changed since it
   int jobs = 1;                       // ninja -j and concurrent gate processes
   bool list = false;                  // print the catalog with anchor status, run nothing
@@ -105,7 +106,7 @@ struct RunResult {
   std::vector<MutantOutcome> outcomes;  // catalog mutants (not the canary), run order
   RunSummary summary;
   std::vector<std::string> gates_killing_none;  // proven gates that killed no mutant
-  bool full_run = true;                         // no --only / --since filter
+  bool full_run = true;                         // no --only / --since / --gate-targets filter
   bool interrupted = false;
   std::vector<std::string> check_failures;
   int exit_code = kExitOk;

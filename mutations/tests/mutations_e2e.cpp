@@ -1,0 +1,238 @@
+// End-to-end tests of `kvgate mutate`, running the real kvgate binary:
+//  [fixture] the driver on mutations/tests/fixture (a tiny project with one mutant per outcome):
+//            every status, every exit code, Ctrl-C, and the outputs.
+//  [real]    the driver on the kvgate tree itself with three fast mutants (--only) against the
+//            fast gate executables (--gate-targets), then the Stryker report against the schema.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "catch_compat.hpp"
+#include "kvgate_mutations/catalog.hpp"
+#include "kvgate_mutations/json_schema.hpp"
+#include "kvgate_mutations/process.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace kvgate::mutate;
+
+namespace {
+
+const fs::path kSource = KVGATE_E2E_SOURCE_DIR;
+const fs::path kWork = KVGATE_E2E_WORK_DIR;
+const std::string kKvgate = KVGATE_E2E_KVGATE;
+
+struct Run {
+  int rc = -1;
+  std::string log;
+  json outcomes;
+};
+
+Run mutate(const fs::path& work, const std::vector<std::string>& args,
+           const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  std::vector<std::string> argv{kKvgate, "mutate", "--scratch", (work / "tree").string(), "--out",
+                                (work / "out").string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  fs::create_directories(work);
+  const ProcResult pr = run_process({argv, {}, env, (work / "driver.log").string(), 900});
+  Run r;
+  r.rc = pr.ended_normally() ? pr.exit_code : -1;
+  r.log = read_text(work / "driver.log");
+  if (fs::exists(work / "out" / "outcomes.json")) r.outcomes = json::parse(read_text(work / "out" / "outcomes.json"));
+  return r;
+}
+
+const json& mutant(const json& oc, const std::string& id) {
+  for (const auto& m : oc.at("mutants"))
+    if (m.at("id") == id) return m;
+  FAIL("no outcome for " << id);
+  static json none;
+  return none;
+}
+
+std::vector<std::string> fixture_args(const std::vector<std::string>& extra, const std::string& min_timeout = "2") {
+  std::vector<std::string> a{"--source-dir", (kSource / "mutations" / "tests" / "fixture").string(), "--catalog",
+                             (kSource / "mutations" / "tests" / "fixture" / "catalog.json").string(),
+                             "--min-timeout", min_timeout};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+void check_report(const fs::path& out) {
+  const json report = json::parse(read_text(out / "mutation-report.json"));
+  const json schema = json::parse(read_text(kSource / "mutations" / "schema" / "mutation-testing-report-schema.json"));
+  const auto errs = validate_json(report, schema);
+  INFO(format_errors(errs));
+  CHECK(errs.empty());
+  CHECK(report.at("schemaVersion") == "2");
+  CHECK(fs::exists(out / "kill_matrix.csv"));
+  CHECK(fs::exists(out / "kill_matrix.md"));
+  const std::string html = read_text(out / "index.html");
+  CHECK(html.find("mutation-test-report-app") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("fixture: killed, crashed, survived, timeout, unviable, noop, mismatch, stale, red baseline",
+          "[fixture]") {
+  const fs::path w = kWork / "fixture";
+  {
+    INFO("killed + killed by a crash: exit 0");
+    const Run r = mutate(w, fixture_args({"--only", "FIX.killed,FIX.crash"}));
+    INFO(r.log);
+    REQUIRE(r.rc == 0);
+    CHECK(r.outcomes["canary"]["status"] == "killed");
+    CHECK(r.outcomes["canary_survivors"].empty());
+    const json& k = mutant(r.outcomes, "FIX.killed");
+    CHECK(k["status"] == "killed");
+    CHECK(k["killed_by"] == json::array({"FIX.add"}));
+    CHECK(k["gates"]["FIX.add"]["status"] == "failed");
+    CHECK(k["gates"]["FIX.mul"]["status"] == "passed");
+    const json& c = mutant(r.outcomes, "FIX.crash");
+    CHECK(c["status"] == "killed");
+    CHECK(c["gates"]["FIX.mul"]["status"] == "crashed");
+    CHECK(c["gates"]["FIX.twice"]["status"] == "passed");  // after the crash, run alone
+    CHECK(c["gates"]["FIX.add"]["status"] == "passed");
+    CHECK(r.outcomes["summary"]["run"] == 2);
+    check_report(w / "out");
+    const std::string csv = read_text(w / "out" / "kill_matrix.csv");
+    CHECK(csv.find("FIX.crash,store,src/lib.cpp,killed,") != std::string::npos);
+    CHECK(fs::exists(w / "out" / "mutants" / "FIX.killed" / "diff.patch"));
+    CHECK(read_text(w / "out" / "mutants" / "FIX.killed" / "diff.patch").find("+int add(int a, int b) { return a - b; }") !=
+          std::string::npos);
+    // The scratch copy is restored.
+    CHECK(read_text(w / "tree" / "src" / "lib.cpp") ==
+          read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));
+  }
+  {
+    INFO("survived: exit 2");
+    const Run r = mutate(w, fixture_args({"--only", "FIX.survived"}));
+    INFO(r.log);
+    CHECK(r.rc == 2);
+    CHECK(mutant(r.outcomes, "FIX.survived")["status"] == "survived");
+    CHECK(r.outcomes["exit_code"] == 2);
+  }
+  {
+    INFO("timeout: exit 3, the process group is killed");
+    const auto t0 = std::chrono::steady_clock::now();
+    const Run r = mutate(w, fixture_args({"--only", "FIX.timeout"}));
+    INFO(r.log);
+    CHECK(r.rc == 3);
+    const json& m = mutant(r.outcomes, "FIX.timeout");
+    CHECK(m["status"] == "timeout");
+    CHECK(m["gates"]["FIX.identity"]["status"] == "timeout");
+    CHECK(m["gates"]["FIX.never"]["status"] == "passed");
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 100);
+  }
+  {
+    INFO("unviable and noop: exit 6");
+    const Run r = mutate(w, fixture_args({"--only", "FIX.unviable,FIX.noop"}));
+    INFO(r.log);
+    CHECK(r.rc == 6);
+    CHECK(mutant(r.outcomes, "FIX.unviable")["status"] == "unviable");
+    CHECK(mutant(r.outcomes, "FIX.noop")["status"] == "noop");
+    const json report = json::parse(read_text(w / "out" / "mutation-report.json"));
+    std::set<std::string> statuses;
+    for (const auto& m : report["files"]["src/lib.cpp"]["mutants"]) statuses.insert(m["status"]);
+    CHECK(statuses == std::set<std::string>{"CompileError", "Ignored"});
+  }
+  {
+    INFO("killed but not by every expected gate: exit 7");
+    const Run r = mutate(w, fixture_args({"--only", "FIX.mismatch"}));
+    INFO(r.log);
+    CHECK(r.rc == 7);
+    const json& m = mutant(r.outcomes, "FIX.mismatch");
+    CHECK(m["status"] == "killed");
+    CHECK(m["expected_not_killing"] == json::array({"FIX.add"}));
+  }
+  {
+    INFO("a red baseline: exit 4");
+    const Run r = mutate(w, fixture_args({"--only", "FIX.killed"}), {{"KVGATE_FIXTURE_RED", "1"}});
+    INFO(r.log);
+    CHECK(r.rc == 4);
+    CHECK(r.log.find("not green: FIX.never") != std::string::npos);
+  }
+  {
+    INFO("a STALE anchor: exit 5, naming the mutant");
+    json cat = json::parse(read_text(kSource / "mutations" / "tests" / "fixture" / "catalog.json"));
+    cat["mutants"][1]["anchor"] = "int add(int a, int b) { return a + b + 0; }";
+    fs::create_directories(w);
+    write_text(w / "stale.json", cat.dump(2));
+    std::vector<std::string> a = fixture_args({});
+    a[3] = (w / "stale.json").string();
+    a.push_back("--only");
+    a.push_back("FIX.killed");
+    const Run r = mutate(w, a);
+    CHECK(r.rc == 5);
+    CHECK(r.log.find("STALE FIX.killed") != std::string::npos);
+  }
+  {
+    INFO("--list: the catalog and its anchors");
+    const Run r = mutate(w, fixture_args({"--list"}));
+    CHECK(r.rc == 0);
+    CHECK(r.log.find("FIX.mismatch") != std::string::npos);
+  }
+}
+
+TEST_CASE("fixture: Ctrl-C restores the scratch tree and still writes the results", "[fixture]") {
+  const fs::path w = kWork / "fixture_interrupt";
+  std::vector<std::string> argv{kKvgate, "mutate", "--scratch", (w / "tree").string(), "--out", (w / "out").string()};
+  for (const auto& a : fixture_args({"--only", "FIX.killed,FIX.timeout"}, "60")) argv.push_back(a);
+  fs::create_directories(w);
+  fs::remove(w / "out" / "outcomes.json");
+  // Start the driver, wait until it is inside the hanging mutant, then interrupt it.
+  std::vector<char*> av;
+  for (auto& a : argv) av.push_back(a.data());
+  av.push_back(nullptr);
+  const std::string log = (w / "driver.log").string();
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (!freopen(log.c_str(), "w", stderr)) _exit(127);
+    execv(av[0], av.data());
+    _exit(127);
+  }
+  bool inside = false;
+  for (int i = 0; i < 1200 && !inside; ++i) {  // up to 120 s (a cold scratch build)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    inside = read_text(log).find("FIX.timeout (src/lib.cpp) ...") != std::string::npos;
+  }
+  REQUIRE(inside);
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // built, the gates are hanging now
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  const std::string text = read_text(log);
+  INFO(text);
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 130);
+  CHECK(read_text(w / "tree" / "src" / "lib.cpp") ==
+        read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));
+  const json oc = json::parse(read_text(w / "out" / "outcomes.json"));
+  CHECK(oc["interrupted"] == true);
+  CHECK(oc["exit_code"] == 130);
+  CHECK(mutant(oc, "FIX.killed")["status"] == "killed");
+  CHECK(fs::exists(w / "out" / "kill_matrix.md"));
+}
+
+TEST_CASE("real tree: three fast mutants against the fast gates, Stryker report valid", "[real]") {
+  const fs::path w = kWork / "real";
+  const Run r = mutate(w, {"--source-dir", kSource.string(), "--only",
+                           "ACCT.budget_counts_k_twice,ACCT.guard_check_front_only,STORE.hadamard_not_normalized",
+                           "--gate-targets", "gate_storage,gate_invariance"});
+  INFO(r.log);
+  REQUIRE(r.rc == 0);
+  CHECK(r.outcomes["canary_survivors"].empty());
+  CHECK(r.outcomes["summary"]["killed"] == 3);
+  CHECK(mutant(r.outcomes, "ACCT.budget_counts_k_twice")["killed_by"].dump().find("STO.budget") != std::string::npos);
+  CHECK(mutant(r.outcomes, "ACCT.guard_check_front_only")["killed_by"].dump().find("STO.guards") != std::string::npos);
+  CHECK(mutant(r.outcomes, "STORE.hadamard_not_normalized")["killed_by"].dump().find("INV.rotation") !=
+        std::string::npos);
+  check_report(w / "out");
+}
