@@ -15,6 +15,7 @@ void register_probe(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_report(CLI::App& app);
 void register_signoff(CLI::App& app);
+void register_field_report(CLI::App& app);
 void on_run(CLI::App* sub, std::function<int()> action);
 int run_selected(CLI::App& app);
 

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kvgate::cli::register_bench(app);
   kvgate::cli::register_report(app);
   kvgate::cli::register_signoff(app);
+  kvgate::cli::register_field_report(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
