@@ -29,7 +29,7 @@ using json = nlohmann::json;
 struct SignoffOpts {
   std::vector<std::string> formats;
   bool all = false, quick = false, no_timing = false;
-  std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, catalog;
+  std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, catalog, scratch;
   int threads = 1, jobs = 1;
 };
 
@@ -180,7 +180,7 @@ int run_signoff(const SignoffOpts& o) {
     std::string ids;
     for (const auto& id : all_ids) ids += (ids.empty() ? "" : ",") + id;
     const std::string cmd = quote(self_exe().string()) + " mutate --only " + quote(ids) + " --out " + quote(mdir.string()) +
-                            " -j " + std::to_string(std::max(1, o.jobs));
+                            " -j " + std::to_string(std::max(1, o.jobs)) + (o.scratch.empty() ? "" : " --scratch " + quote(o.scratch));
     std::fprintf(stderr, "signoff: mutation proof: %s\n", cmd.c_str());
     const int rc = std::system(cmd.c_str());
     const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
@@ -336,6 +336,7 @@ void register_signoff(CLI::App& app) {
   sub->add_flag("--quick", o->quick, "quick matrix; without --mutants the mutation proof is skipped (verdict NOT-VALIDATED)");
   sub->add_option("--mutants", o->mutants, "read the mutation proof from this outcomes.json (or its folder) instead of running kvgate mutate");
   sub->add_option("--gates-dir", o->gates_dir, "folder with the gate_* programs (default <kvgate dir>/gates)");
+  sub->add_option("--mutate-scratch", o->scratch, "scratch tree for kvgate mutate (default: mutate's own)");
   sub->add_option("--catalog", o->catalog, "mutant catalog (default mutations/catalog.json)");
   sub->add_option("--model", o->model, "matrix model (default stories260K)");
   sub->add_option("--threads", o->threads, "CPU threads for the matrix")->capture_default_str();
