@@ -818,3 +818,54 @@ TEST_CASE("MOD.loader.gguf_synthetic GGUF v2, alignment 64, F16/Q8_0/Q4_0 weight
   const auto bp = td.write("align48.gguf", bad);
   check_message(load_error(bp), bp, "general.alignment");
 }
+
+TEST_CASE("ORA.attn_read attention over a quantized store == attention over f32 rows of its dequantized values",
+          "[gate:ORA]") {
+  // The fused page readers (K read and transposed in one pass, V rows) must hand attention exactly
+  // the values dequantize_token gives: the same attention over an f32 store holding those values
+  // is then bit-identical. A wrong scale, head, block or nibble in a reader shows up here.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Geo {
+    int B, H, D;
+  };
+  for (const Geo geo : {Geo{16, 4, 8}, Geo{16, 2, 64}, Geo{8, 8, 32}, Geo{12, 4, 16}, Geo{16, 1, 128}})
+    for (HalfFormat f : all_half_formats()) {
+      const PageGeometry g{geo.B, geo.H, geo.D};
+      if (!supports(f, g).ok) continue;
+      INFO("format " << name(f) << " B=" << geo.B << " H=" << geo.H << " D=" << geo.D);
+      const int n_ctx = 3 * geo.B + 5, HD = geo.H * geo.D;
+      StoreConfig cq;
+      cq.format = {f, f};
+      cq.n_layers = 1;
+      cq.n_kv_heads = geo.H;
+      cq.head_dim = geo.D;
+      cq.block_size = geo.B;
+      cq.n_blocks = 8;
+      cq.k_scale = {0.3f};
+      cq.v_scale = {0.05f};
+      StoreConfig cf = cq;
+      cf.format = {HalfFormat::f32, HalfFormat::f32};
+      PagedKvStore sq(cq), sf(cf);
+      const SeqId a = sq.create_sequence(), b = sf.create_sequence();
+      sq.extend(a, n_ctx);
+      sf.extend(b, n_ctx);
+      std::vector<float> k(static_cast<std::size_t>(n_ctx) * HD), v(k.size());
+      for (std::size_t i = 0; i < k.size(); ++i) k[i] = nd(rng) * (1.0f + static_cast<float>(i % 5)), v[i] = nd(rng);
+      sq.write(a, 0, 0, n_ctx, k.data(), HD, v.data(), HD);
+      std::vector<float> kd(k.size()), vd(v.size());
+      sq.read(a, 0, KvHalf::K, 0, n_ctx, kd.data());
+      sq.read(a, 0, KvHalf::V, 0, n_ctx, vd.data());
+      sf.write(b, 0, 0, n_ctx, kd.data(), HD, vd.data(), HD);
+      for (int n_q : {1, 7}) {
+        const int Hq = 2 * geo.H;
+        std::vector<float> q(static_cast<std::size_t>(n_q) * Hq * geo.D);
+        for (auto& x : q) x = nd(rng);
+        const AttentionArgs args{n_q, Hq, n_ctx - n_q, 0.0f};
+        std::vector<float> oq(q.size()), of(q.size());
+        attention(sq, a, 0, args, q.data(), oq.data());
+        attention(sf, b, 0, args, q.data(), of.data());
+        CHECK(std::memcmp(oq.data(), of.data(), oq.size() * sizeof(float)) == 0);
+      }
+    }
+}

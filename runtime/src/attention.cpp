@@ -120,11 +120,10 @@ __attribute__((target("avx2"))) void dequant_int8_cells_avx2(const std::int8_t* 
   }
 }
 
-// kt[hd][t] = rows[t][hd] for 8x8 blocks: rows t0..t0+7, columns hd0..hd0+7.
-__attribute__((target("avx2"))) void transpose8x8_avx2(const float* rows, int hd_n, float* kt, int ks, int t0,
-                                                       int hd0) {
-  __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + static_cast<std::size_t>(t0 + i) * hd_n + hd0);
+// Stores the transpose of the 8x8 block r (r[i] = token t0+i, columns hd0..hd0+7) into
+// kt[hd0 + k][t0 .. t0 + 8).
+__attribute__((target("avx2"), always_inline)) inline void store_transposed8x8(const __m256* r, float* kt, int ks,
+                                                                              int t0, int hd0) {
   const __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
   const __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -140,30 +139,126 @@ __attribute__((target("avx2"))) void transpose8x8_avx2(const float* rows, int hd
   for (int k = 0; k < 8; ++k) _mm256_storeu_ps(kt + static_cast<std::size_t>(hd0 + k) * ks + t0, c[k]);
 }
 
-// The same 8x8 transpose, fused with the int8 read: row i is codes[t0+i][hd0..hd0+8) * scale of
-// its cell (the 8 columns lie in one head, D % 8 == 0): the values dequantize_token gives, transposed.
-__attribute__((target("avx2"))) void transpose8x8_int8_avx2(const std::int8_t* codes, const float* sf, int hd_n,
-                                                            int D, int H, float* kt, int ks, int t0, int hd0) {
-  __m256 r[8];
-  const int h = hd0 / D;
-  for (int i = 0; i < 8; ++i) {
-    const std::int8_t* q = codes + static_cast<std::size_t>(t0 + i) * hd_n + hd0;
-    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
-    r[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(sf[(t0 + i) * H + h]));
+// Loaders: the 8 dequantized values of token row t, elements [hd0, hd0 + 8), exactly as
+// dequantize_token computes them (same conversions, one binary32 multiply by the stored scale).
+struct LoadF32 {
+  const float* p;
+  int hd_n;
+  __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
+    return _mm256_loadu_ps(p + static_cast<std::size_t>(t) * hd_n + hd0);
   }
-  const __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 a6 = _mm256_unpacklo_ps(r[6], r[7]), a7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
-  const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
-  const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
-  const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
-  const __m256 c[8] = {_mm256_permute2f128_ps(b0, b4, 0x20), _mm256_permute2f128_ps(b1, b5, 0x20),
-                       _mm256_permute2f128_ps(b2, b6, 0x20), _mm256_permute2f128_ps(b3, b7, 0x20),
-                       _mm256_permute2f128_ps(b0, b4, 0x31), _mm256_permute2f128_ps(b1, b5, 0x31),
-                       _mm256_permute2f128_ps(b2, b6, 0x31), _mm256_permute2f128_ps(b3, b7, 0x31)};
-  for (int k = 0; k < 8; ++k) _mm256_storeu_ps(kt + static_cast<std::size_t>(hd0 + k) * ks + t0, c[k]);
+};
+struct LoadF16 {
+  const std::uint16_t* p;
+  int hd_n;
+  __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
+    return widen8(p + static_cast<std::size_t>(t) * hd_n + hd0);
+  }
+};
+struct LoadBF16 {
+  const std::uint16_t* p;
+  int hd_n;
+  __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
+    const __m256i x = _mm256_cvtepu16_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + static_cast<std::size_t>(t) * hd_n + hd0)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  }
+};
+struct LoadInt8 {  // sf: the page's cell scales, widened
+  const std::int8_t* p;
+  const float* sf;
+  int hd_n, d, h;
+  __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
+    const __m256i w = _mm256_cvtepi8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + static_cast<std::size_t>(t) * hd_n + hd0)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(sf[t * h + hd0 / d]));
+  }
+};
+struct LoadFp8 {  // table: the 256 decoded codes
+  const std::uint8_t* p;
+  const float* table;
+  float ts;
+  int hd_n;
+  __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
+    const __m256i idx = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + static_cast<std::size_t>(t) * hd_n + hd0)));
+    return _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), _mm256_set1_ps(ts));
+  }
+};
+// Block formats: sfb holds every block's scale, widened once (blocks_per_row per token row).
+struct LoadQ8_0 {
+  const block_q8_0* p;
+  const float* sfb;
+  int blocks_per_row;
+  __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
+    const std::size_t k = static_cast<std::size_t>(t) * blocks_per_row + hd0 / kQBlock;
+    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p[k].qs + hd0 % kQBlock)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(sfb[k]));
+  }
+};
+struct LoadQ4_0 {
+  const block_q4_0* p;
+  const float* sfb;
+  int blocks_per_row;
+  __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
+    const std::size_t k = static_cast<std::size_t>(t) * blocks_per_row + hd0 / kQBlock;
+    const int j = hd0 % kQBlock;  // elements 0..15: low nibbles of qs[j]; 16..31: high nibbles of qs[j-16]
+    __m256i c = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p[k].qs + (j < kQBlock / 2 ? j : j - kQBlock / 2))));
+    c = j < kQBlock / 2 ? _mm256_and_si256(c, _mm256_set1_epi32(0x0F)) : _mm256_srli_epi32(c, 4);
+    c = _mm256_sub_epi32(c, _mm256_set1_epi32(8));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(sfb[k]));
+  }
+};
+
+template <class Block>
+float* block_scales(const Block* b, std::size_t n) {
+  thread_local std::vector<float> sfb;
+  if (sfb.size() < n) sfb.resize(n);
+  for (std::size_t k = 0; k < n; ++k) sfb[k] = f16_bits_to_f32(b[k].d);
+  return sfb.data();
+}
+
+// Whole pages of blocks in row order: one scale conversion per block, four groups of 8.
+__attribute__((target("avx2"))) void rows_q8_0_avx2(const block_q8_0* b, float* out, std::size_t n_blocks) {
+  for (std::size_t k = 0; k < n_blocks; ++k) {
+    const __m256 d = _mm256_set1_ps(f16_bits_to_f32(b[k].d));
+    for (int j = 0; j < kQBlock; j += 8) {
+      const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[k].qs + j)));
+      _mm256_storeu_ps(out + k * kQBlock + j, _mm256_mul_ps(_mm256_cvtepi32_ps(w), d));
+    }
+  }
+}
+__attribute__((target("avx2"))) void rows_q4_0_avx2(const block_q4_0* b, float* out, std::size_t n_blocks) {
+  const __m256i low = _mm256_set1_epi32(0x0F), eight = _mm256_set1_epi32(8);
+  for (std::size_t k = 0; k < n_blocks; ++k) {
+    const __m256 d = _mm256_set1_ps(f16_bits_to_f32(b[k].d));
+    for (int j = 0; j < kQBlock / 2; j += 8) {
+      const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[k].qs + j)));
+      const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(c, low), eight);   // elements j..j+7
+      const __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(c, 4), eight);    // elements j+16..j+23
+      _mm256_storeu_ps(out + k * kQBlock + j, _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d));
+      _mm256_storeu_ps(out + k * kQBlock + j + kQBlock / 2, _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d));
+    }
+  }
+}
+
+// K tile [hd][token] for tokens [0, nt8) (nt8 a multiple of 8, at most the page's block size).
+template <class L>
+__attribute__((target("avx2"))) void transpose_load_avx2(const L& ld, float* kt, int ks, int nt8, int hd_n) {
+  __m256 r[8];
+  for (int t0 = 0; t0 < nt8; t0 += 8)
+    for (int hd0 = 0; hd0 < hd_n; hd0 += 8) {
+      for (int i = 0; i < 8; ++i) r[i] = ld(t0 + i, hd0);
+      store_transposed8x8(r, kt, ks, t0, hd0);
+    }
+}
+
+// Rows [0, n) in token-major order.
+template <class L>
+__attribute__((target("avx2"))) void rows_load_avx2(const L& ld, float* out, int n, int hd_n) {
+  for (int t = 0; t < n; ++t)
+    for (int hd0 = 0; hd0 < hd_n; hd0 += 8) _mm256_storeu_ps(out + static_cast<std::size_t>(t) * hd_n + hd0, ld(t, hd0));
 }
 
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
@@ -315,17 +410,16 @@ __attribute__((always_inline)) inline v8f softmax_exp8(v8f x) {
 // hadamard_normalized (format.cpp) on n_cells cells of D floats (D a power of two, >= 8), 8 lanes
 // at a time: every butterfly level computes the same a + b and a - b of the same operands, then
 // the same multiply by c, so the result is bit-identical.
-KVGATE_MULTIVERSION
-void wht_cells(float* x, int n_cells, int D) {
+template <int NV>  // vectors of 8 per cell: D = 8 * NV
+__attribute__((always_inline)) inline void wht_cells_t(float* x, int n_cells) {
+  constexpr int D = 8 * NV;
   const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
   const float c = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  const int nv = D / 8;
-  v8f v[32];  // D <= 256
   for (int cell = 0; cell < n_cells; ++cell) {
     float* p = x + static_cast<std::size_t>(cell) * D;
-    for (int j = 0; j < nv; ++j) v[j] = load8(p + 8 * j);
-    for (int j = 0; j < nv; ++j) {
-      v8f y = v[j];
+    v8f v[NV];
+    for (int j = 0; j < NV; ++j) {
+      v8f y = load8(p + 8 * j);
       v8f sh = __builtin_shuffle(y, v8i{1, 0, 3, 2, 5, 4, 7, 6});  // len 1
       y = (lane & 1) == 0 ? y + sh : sh - y;
       sh = __builtin_shuffle(y, v8i{2, 3, 0, 1, 6, 7, 4, 5});  // len 2
@@ -333,14 +427,31 @@ void wht_cells(float* x, int n_cells, int D) {
       sh = __builtin_shuffle(y, v8i{4, 5, 6, 7, 0, 1, 2, 3});  // len 4
       v[j] = (lane & 4) == 0 ? y + sh : sh - y;
     }
-    for (int len = 1; len < nv; len <<= 1)  // len 8, 16, ... elements: whole vectors
-      for (int j = 0; j < nv; ++j)
+    for (int len = 1; len < NV; len <<= 1)  // len 8, 16, ... elements: whole vectors
+      for (int j = 0; j < NV; ++j)
         if ((j & len) == 0) {
           const v8f a = v[j], b = v[j + len];
           v[j] = a + b;
           v[j + len] = a - b;
         }
-    for (int j = 0; j < nv; ++j) store8(p + 8 * j, v[j] * c);
+    for (int j = 0; j < NV; ++j) store8(p + 8 * j, v[j] * c);
+  }
+}
+
+// hadamard_normalized (format.cpp) on n_cells cells of D floats (D a power of two, 8..256), 8 lanes
+// at a time: every butterfly level computes the same a + b and a - b of the same operands, then
+// the same multiply by c, so the result is bit-identical.
+KVGATE_MULTIVERSION
+void wht_cells(float* x, int n_cells, int D) {
+  switch (D) {
+    case 8: wht_cells_t<1>(x, n_cells); return;
+    case 16: wht_cells_t<2>(x, n_cells); return;
+    case 32: wht_cells_t<4>(x, n_cells); return;
+    case 64: wht_cells_t<8>(x, n_cells); return;
+    case 128: wht_cells_t<16>(x, n_cells); return;
+    case 256: wht_cells_t<32>(x, n_cells); return;
+    default:
+      for (int c = 0; c < n_cells; ++c) hadamard_normalized(x + static_cast<std::size_t>(c) * D, D);
   }
 }
 
@@ -432,8 +543,7 @@ void transpose_rows(const float* __restrict rows, float* __restrict kt, int nt, 
 #if KVGATE_X86_AVX2
   if (kHaveAvx2 && hd_n % 8 == 0) {
     const int nt8 = std::min((nt + 7) / 8 * 8, rows_avail / 8 * 8);
-    for (int t0 = 0; t0 < nt8; t0 += 8)
-      for (int hd0 = 0; hd0 < hd_n; hd0 += 8) transpose8x8_avx2(rows, hd_n, kt, ks, t0, hd0);
+    transpose_load_avx2(LoadF32{rows, hd_n}, kt, ks, nt8, hd_n);
     t_done = nt8;
   }
 #endif
@@ -447,6 +557,31 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
                      float* out) {
   const int HD = g.row_elems();
   const std::size_t cnt = static_cast<std::size_t>(n) * HD;
+#if KVGATE_X86_AVX2
+  if (kHaveAvx2 && HD % 8 == 0) {
+    switch (f) {
+      case HalfFormat::f16: rows_load_avx2(LoadF16{reinterpret_cast<const std::uint16_t*>(page), HD}, out, n, HD); return;
+      case HalfFormat::bf16: rows_load_avx2(LoadBF16{reinterpret_cast<const std::uint16_t*>(page), HD}, out, n, HD); return;
+      case HalfFormat::fp8_e4m3:
+      case HalfFormat::fp8_e5m2:
+        rows_load_avx2(LoadFp8{page, fp8_table(f).data(), tensor_scale, HD}, out, n, HD);
+        return;
+      case HalfFormat::q8_0: rows_q8_0_avx2(reinterpret_cast<const block_q8_0*>(page), out, cnt / kQBlock); return;
+      case HalfFormat::q4_0: rows_q4_0_avx2(reinterpret_cast<const block_q4_0*>(page), out, cnt / kQBlock); return;
+      case HalfFormat::q4_0_rot: {
+        rows_q4_0_avx2(reinterpret_cast<const block_q4_0*>(page), out, cnt / kQBlock);
+        if (g.head_dim >= 8 && g.head_dim <= 256) {
+          wht_cells(out, n * g.n_kv_heads, g.head_dim);
+          return;
+        }
+        for (std::size_t c = 0; c < static_cast<std::size_t>(n) * g.n_kv_heads; ++c)
+          hadamard_normalized(out + c * g.head_dim, g.head_dim);
+        return;
+      }
+      default: break;  // f32, int8: below
+    }
+  }
+#endif
   switch (f) {
     case HalfFormat::f32: std::memcpy(out, page, cnt * sizeof(float)); return;
     case HalfFormat::f16: dequant_f16(reinterpret_cast<const std::uint16_t*>(page), out, cnt); return;
@@ -476,6 +611,59 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
       return;
   }
 }
+
+namespace {
+
+// The K tile of tokens [0, nt) of a page, read through the format's AVX2 loader and transposed in
+// one pass (whole 8-token blocks: slots up to the block size are read, their lanes never used).
+// False when no fused path applies (no AVX2, odd geometry, q4_0_rot which needs the rotation).
+bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_t* page, float ts, float* kt, int ks,
+                  Scratch& sc) {
+#if KVGATE_X86_AVX2
+  const int HD = g.row_elems(), B = g.block_size;
+  if (!kHaveAvx2 || HD % 8 != 0 || B % 8 != 0) return false;
+  const int nt8 = (nt + 7) / 8 * 8;
+  switch (f) {
+    case HalfFormat::f32: transpose_load_avx2(LoadF32{reinterpret_cast<const float*>(page), HD}, kt, ks, nt8, HD); return true;
+    case HalfFormat::f16:
+      transpose_load_avx2(LoadF16{reinterpret_cast<const std::uint16_t*>(page), HD}, kt, ks, nt8, HD);
+      return true;
+    case HalfFormat::bf16:
+      transpose_load_avx2(LoadBF16{reinterpret_cast<const std::uint16_t*>(page), HD}, kt, ks, nt8, HD);
+      return true;
+    case HalfFormat::int8: {
+      if (g.head_dim % 8 != 0) return false;
+      float* sf = Scratch::grow(sc.kscales, static_cast<std::size_t>(B) * g.n_kv_heads);
+      widen_scales(reinterpret_cast<const std::uint16_t*>(page + static_cast<std::size_t>(B) * HD), sf,
+                   nt8 * g.n_kv_heads);
+      transpose_load_avx2(LoadInt8{reinterpret_cast<const std::int8_t*>(page), sf, HD, g.head_dim, g.n_kv_heads}, kt,
+                          ks, nt8, HD);
+      return true;
+    }
+    case HalfFormat::fp8_e4m3:
+    case HalfFormat::fp8_e5m2:
+      transpose_load_avx2(LoadFp8{page, fp8_table(f).data(), ts, HD}, kt, ks, nt8, HD);
+      return true;
+    case HalfFormat::q8_0: {
+      const auto* b = reinterpret_cast<const block_q8_0*>(page);
+      const std::size_t nb = static_cast<std::size_t>(nt8) * (HD / kQBlock);
+      transpose_load_avx2(LoadQ8_0{b, block_scales(b, nb), HD / kQBlock}, kt, ks, nt8, HD);
+      return true;
+    }
+    case HalfFormat::q4_0: {
+      const auto* b = reinterpret_cast<const block_q4_0*>(page);
+      const std::size_t nb = static_cast<std::size_t>(nt8) * (HD / kQBlock);
+      transpose_load_avx2(LoadQ4_0{b, block_scales(b, nb), HD / kQBlock}, kt, ks, nt8, HD);
+      return true;
+    }
+    case HalfFormat::q4_0_rot: return false;
+  }
+#endif
+  (void)f, (void)g, (void)nt, (void)page, (void)ts, (void)kt, (void)ks, (void)sc;
+  return false;
+}
+
+}  // namespace
 
 void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArgs& a, const float* q, float* out) {
   const PageGeometry g = store.geometry();
@@ -515,21 +703,14 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
     const int nt = std::min(B, n_ctx - t0);
     const std::uint8_t* kp = store.page(layer, KvHalf::K, table[static_cast<std::size_t>(p)]);
     const std::uint8_t* vp = store.page(layer, KvHalf::V, table[static_cast<std::size_t>(p)]);
-    // K tile as [kv head][d][token]: transposed straight from the page for f32 (and int8 on AVX2).
-    if (kf == HalfFormat::f32) {
-      transpose_rows(reinterpret_cast<const float*>(kp), kt, nt, HD, kstride, B);
-#if KVGATE_X86_AVX2
-    } else if (kf == HalfFormat::int8 && kHaveAvx2 && D % 8 == 0 && B % 8 == 0) {
-      float* sf = Scratch::grow(sc.kscales, static_cast<std::size_t>(B) * H);
-      const int nt8 = (nt + 7) / 8 * 8;
-      widen_scales(reinterpret_cast<const std::uint16_t*>(kp + static_cast<std::size_t>(B) * HD), sf, nt8 * H);
-      for (int tb = 0; tb < nt8; tb += 8)
-        for (int hd0 = 0; hd0 < HD; hd0 += 8)
-          transpose8x8_int8_avx2(reinterpret_cast<const std::int8_t*>(kp), sf, HD, D, H, kt, kstride, tb, hd0);
-#endif
-    } else {
-      dequantize_rows(kf, g, nt, kp, ks, ktile);
-      transpose_rows(ktile, kt, nt, HD, kstride, B);
+    // K tile as [kv head][d][token]: read and transposed in one pass where the format has a loader.
+    if (!k_tile_fused(kf, g, nt, kp, ks, kt, kstride, sc)) {
+      if (kf == HalfFormat::f32) {
+        transpose_rows(reinterpret_cast<const float*>(kp), kt, nt, HD, kstride, B);
+      } else {
+        dequantize_rows(kf, g, nt, kp, ks, ktile);
+        transpose_rows(ktile, kt, nt, HD, kstride, B);
+      }
     }
     const float* vrows = vtile;
     if (vf == HalfFormat::f32) vrows = reinterpret_cast<const float*>(vp);
