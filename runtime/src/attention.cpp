@@ -8,6 +8,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -261,7 +262,8 @@ __attribute__((target("avx2"))) void rows_load_avx2(const L& ld, float* out, int
     for (int hd0 = 0; hd0 < hd_n; hd0 += 8) _mm256_storeu_ps(out + static_cast<std::size_t>(t) * hd_n + hd0, ld(t, hd0));
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+// KVGATE_NO_AVX2=1 forces the portable paths (a gate runs that way so both are covered).
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && std::getenv("KVGATE_NO_AVX2") == nullptr;
 #endif
 
 // int8 cells: scales widened first (one vectorized pass), then code * scale per cell (exact
