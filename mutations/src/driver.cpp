@@ -474,7 +474,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   }
   if (!o.since.empty()) {
     r.full_run = false;
-    const auto [rc, diff] = capture_output({"git", "-C", o.source_dir.string(), "diff", "--name-only", o.since, "--"});
+    const auto [rc, diff] = capture_output({"git", "-C", o.source_dir.string(), "diff", "--name-only", "--relative", o.since, "--"});
     const auto [rc2, untracked] =
         capture_output({"git", "-C", o.source_dir.string(), "ls-files", "--others", "--exclude-standard"});
     if (rc != 0) {
@@ -639,6 +639,9 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   const auto base = run_gates(e, bl / "gates", 1.0, true, &r.baseline_test_s);
   r.exes = e.exes;
   for (const auto& id : e.gate_order) r.gates.push_back(e.gates[id]);
+  // Longest first: with --jobs > 1 the slowest executable starts at once (shorter makespan).
+  std::stable_sort(e.exes.begin(), e.exes.end(),
+                   [](const GateExe& a, const GateExe& b) { return a.baseline_s > b.baseline_s; });
   for (const auto& id : e.gate_order) {
     const auto it = base.find(id);
     if (it == base.end() || (it->second.status != GateStatus::passed && it->second.status != GateStatus::skipped))

@@ -173,6 +173,14 @@ TEST_CASE("fixture: killed, crashed, survived, timeout, unviable, noop, mismatch
     CHECK(r.log.find("STALE FIX.killed") != std::string::npos);
   }
   {
+    INFO("--since: only mutants whose file changed (none since HEAD in the committed fixture)");
+    const Run r = mutate(w, fixture_args({"--since", "HEAD"}));
+    INFO(r.log);
+    CHECK(r.rc == 0);
+    CHECK(r.log.find("--since HEAD: 0 mutant(s) on changed files") != std::string::npos);
+    CHECK(r.outcomes["full_run"] == false);
+  }
+  {
     INFO("--list: the catalog and its anchors");
     const Run r = mutate(w, fixture_args({"--list"}));
     CHECK(r.rc == 0);
@@ -225,7 +233,7 @@ TEST_CASE("real tree: three fast mutants against the fast gates, Stryker report 
   const fs::path w = kWork / "real";
   const Run r = mutate(w, {"--source-dir", kSource.string(), "--only",
                            "ACCT.budget_counts_k_twice,ACCT.guard_check_front_only,STORE.hadamard_not_normalized",
-                           "--gate-targets", "gate_storage,gate_invariance"});
+                           "--gate-targets", "gate_storage,gate_invariance", "--jobs", "2"});
   INFO(r.log);
   REQUIRE(r.rc == 0);
   CHECK(r.outcomes["canary_survivors"].empty());
