@@ -474,6 +474,9 @@ ORA_CUDA_DECODE("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 8000)
 ORA_CUDA_DECODE("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 8100)
 ORA_CUDA_DECODE("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 8200)
 ORA_CUDA_DECODE("mixed.f16-int8", "k=f16,v=int8", 8300)
+ORA_CUDA_DECODE("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 8400)
+ORA_CUDA_DECODE("mixed.int8-f32", "k=int8,v=f32", 8500)
+ORA_CUDA_DECODE("mixed.bf16-fp8", "k=bf16,v=fp8_e4m3", 8600)
 
 TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names the kernel path",
           "[gate:STO][cuda]") {
@@ -502,6 +505,8 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
         "fast(D=128)");
   CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::f16, HalfFormat::int8}, {16, 8, 256}, 32).path ==
         "fast(D=256)");
+  CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::f32, HalfFormat::int8}, {16, 8, 128}, 32).path ==
+        "fast(D=128)");
   CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 4, 8}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 96}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::store, q8, {16, 8, 128}, 0).ok);

@@ -61,12 +61,14 @@ OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_hea
     if (g.head_dim > kMaxHeadDim)
       return {false, "head_dim_unsupported",
               "CUDA decode attention supports head_dim <= 256 (got " + std::to_string(g.head_dim) + ")", {}};
+    // Tensor cores when both halves are narrow (kernels/decode_params.cuh mma_half); CUDA cores otherwise.
+    const std::string d = std::to_string(g.head_dim);
     const auto narrow = [](HalfFormat h) {
       return h == HalfFormat::int8 || h == HalfFormat::fp8_e4m3 || h == HalfFormat::fp8_e5m2 || h == HalfFormat::q8_0 ||
              h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
     };
-    const std::string d = std::to_string(g.head_dim);
-    s.path = !fast_head_dim(g.head_dim) ? "generic" : (narrow(f.k) && narrow(f.v)) ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
+    const bool mma = narrow(f.k) && narrow(f.v);
+    s.path = !fast_head_dim(g.head_dim) ? "generic" : mma ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
   }
   const DeviceStatus& d = device_status();
   if (d.available && d.cc_major < 9)
@@ -107,27 +109,35 @@ DecodePlan plan_decode(const DecodeArgs& a) {
   });
   const DeviceStatus& dev = device_status();
   p.resident_ctas = std::max(1, per_sm) * std::max(1, dev.sm_count);
-  const long base = static_cast<long>(a.batch) * H * p.head_chunks;
+  const long head_ctas = p.path != "generic" ? (H + detail::kDecodeWarps - 1) / detail::kDecodeWarps : H;
+  const long base = static_cast<long>(a.batch) * head_ctas * p.head_chunks;
   const int max_len = std::max(1, a.max_seq_len);
   if (a.num_splits > 0) {
     p.splits = a.num_splits;
   } else {
-    // Enough CTAs to fill the device, each split at least 128 tokens, and the grid a near-whole
-    // number of resident waves (a half-empty last wave costs as much as a full one).
-    const int max_splits = std::max(1, (max_len + 127) / 128);
-    double best = -1;
-    p.splits = 1;
-    for (int s = 1; s <= max_splits; ++s) {
-      const double ctas = static_cast<double>(base) * s;
-      const double waves = ctas / p.resident_ctas;
-      const double util = waves / std::ceil(waves);         // last-wave fill
-      const double fill = std::min(1.0, waves);              // at least one wave
-      const double score = util * fill - 0.002 * s;          // prefer fewer splits on ties
-      if (score > best + 1e-9) {
-        best = score;
-        p.splits = s;
+    // Enough CTAs to fill the device (at least one resident wave), each split not too short,
+    // then the fewest waves that are nearly whole (a half-empty last wave costs as much as a full
+    // one).
+    // Minimum split: 32 tokens (two tiles of one warp) where a warp covers a split alone (fast,
+    // mma), 128 for the generic kernel (its four warps share a split).
+    const int min_tokens = p.path == "generic" ? 128 : 32;
+    const int max_splits = std::max(1, (max_len + min_tokens - 1) / min_tokens);
+    const int s_full = static_cast<int>((p.resident_ctas + base - 1) / base);
+    if (s_full >= max_splits) {
+      p.splits = max_splits;
+    } else {
+      double best = -1;
+      p.splits = s_full;
+      for (int s = s_full; s <= std::min(max_splits, 4 * s_full); ++s) {
+        const double waves = static_cast<double>(base) * s / p.resident_ctas;
+        // last-wave fill, minus a little per wave: every split re-fills its pipeline and adds a
+        // partial to merge (H200: bf16 32K x 16 ran 617 us with 2 waves, 643 us with 4)
+        const double util = waves / std::ceil(waves) - 0.03 * waves;
+        if (util > best + 1e-3) {
+          best = util;
+          p.splits = s;
+        }
       }
-      if (waves >= 4) break;
     }
   }
   p.splits = std::min(p.splits, max_len);

@@ -9,26 +9,57 @@ __device__ __forceinline__ float safe_exp2_diff_c(float m, float M) { return m =
 // ---- split merge + output transform --------------------------------------------------------------
 template <bool RotV>
 __global__ void decode_combine_kernel(CombineLaunch a) {
-  extern __shared__ float o_s[];
-  const int hq = blockIdx.x, b = blockIdx.y, D = a.head_dim;
-  const std::size_t base = static_cast<std::size_t>(b) * a.splits * a.n_heads + hq;  // + s * n_heads
+  extern __shared__ float sm[];  // [D] output, [splits] weights, [32] reduction scratch
+  const int hq = blockIdx.x, b = blockIdx.y, D = a.head_dim, S = a.splits;
+  float* o_s = sm;
+  float* w_s = sm + D;
+  float* red = w_s + S;
+  const std::size_t base = static_cast<std::size_t>(b) * S * a.n_heads + hq;  // + s * n_heads
+  const int tid = threadIdx.x, nthr = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = (nthr + 31) / 32;
+  // 1. M = max_s m_s (all splits loaded in parallel, block reduction).
   float M = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) M = fmaxf(M, a.part_ml[(base + static_cast<std::size_t>(s) * a.n_heads) * 2]);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float o = 0.0f, l = 0.0f;
-    for (int s = 0; s < a.splits; ++s) {
-      const std::size_t row = base + static_cast<std::size_t>(s) * a.n_heads;
-      const float f = safe_exp2_diff_c(a.part_ml[row * 2], M);
-      o += a.part_o[row * D + d] * f;
-      l += a.part_ml[row * 2 + 1] * f;
+  for (int s = tid; s < S; s += nthr) {
+    const float m = a.part_ml[(base + static_cast<std::size_t>(s) * a.n_heads) * 2];
+    w_s[s] = m;
+    M = fmaxf(M, m);
+  }
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (lane == 0) red[warp] = M;
+  __syncthreads();
+  M = -INFINITY;
+  for (int w = 0; w < nw; ++w) M = fmaxf(M, red[w]);
+  __syncthreads();
+  // 2. weights w_s = 2^(m_s - M) and L = sum_s l_s w_s.
+  float L = 0.0f;
+  for (int s = tid; s < S; s += nthr) {
+    const float w = safe_exp2_diff_c(w_s[s], M);
+    w_s[s] = w;
+    L += a.part_ml[(base + static_cast<std::size_t>(s) * a.n_heads) * 2 + 1] * w;
+  }
+  for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+  if (lane == 0) red[warp] = L;
+  __syncthreads();
+  L = 0.0f;
+  for (int w = 0; w < nw; ++w) L += red[w];
+  // 3. o[d] = sum_s o_s[d] w_s / L: independent loads, unrolled so several are in flight.
+  for (int d = tid; d < D; d += nthr) {
+    float acc = 0.0f;
+    int s = 0;
+    for (; s + 4 <= S; s += 4) {
+      float v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = a.part_o[(base + static_cast<std::size_t>(s + k) * a.n_heads) * D + d];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc += v[k] * w_s[s + k];
     }
-    o_s[d] = l > 0.0f || l != l ? o / l * a.v_mul : 0.0f;  // a query with no visible key gets 0
+    for (; s < S; ++s) acc += a.part_o[(base + static_cast<std::size_t>(s) * a.n_heads) * D + d] * w_s[s];
+    o_s[d] = L > 0.0f || L != L ? acc / L * a.v_mul : 0.0f;  // a query with no visible key gets 0
   }
   __syncthreads();
   if constexpr (RotV) {
     const int half = D / 2;
     for (int len = 1; len < D; len <<= 1) {
-      for (int p = threadIdx.x; p < half; p += blockDim.x) {
+      for (int p = tid; p < half; p += nthr) {
         const int i = (p / len) * 2 * len + (p % len);
         const float x = o_s[i], y = o_s[i + len];
         o_s[i] = x + y;
@@ -38,13 +69,17 @@ __global__ void decode_combine_kernel(CombineLaunch a) {
     }
   }
   float* out = a.out + (static_cast<std::size_t>(b) * a.n_heads + hq) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) out[d] = RotV ? o_s[d] * a.had_c : o_s[d];
+  for (int d = tid; d < D; d += nthr) out[d] = RotV ? o_s[d] * a.had_c : o_s[d];
 }
 
 void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
   const dim3 grid(a.n_heads, a.batch);
   const int threads = a.head_dim < 32 ? 32 : (a.head_dim > 256 ? 256 : a.head_dim);
-  const std::size_t smem = static_cast<std::size_t>(a.head_dim) * sizeof(float);
+  const std::size_t smem = static_cast<std::size_t>(a.head_dim + a.splits + 32) * sizeof(float);
+  if (smem > 48 * 1024) {
+    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
   if (rot_v) decode_combine_kernel<true><<<grid, threads, smem, stream>>>(a);
   else decode_combine_kernel<false><<<grid, threads, smem, stream>>>(a);
   KVGATE_CUDA_CHECK(cudaGetLastError());

@@ -199,6 +199,33 @@ __device__ void load_q(const DecodeLaunch& a, int b, int hq0, int nh, float* q_s
   }
 }
 
+// q of one warp's heads -> q_w[4][D], times q_mul, rotated for a rotated K (warp-synchronous).
+template <bool Rot>
+__device__ void load_q_warp(const DecodeLaunch& a, int b, int hq0, int nh, float* q_w, int lane) {
+  const int D = a.head_dim;
+  for (int i = lane; i < kHeadsPerCta * D; i += 32) {
+    const int g = i / D, d = i % D;
+    q_w[i] = g < nh ? a.q[(static_cast<std::size_t>(b) * a.n_heads + hq0 + g) * D + d] * a.q_mul : 0.0f;
+  }
+  __syncwarp();
+  if constexpr (Rot) {
+    const int half = D / 2;
+    for (int len = 1; len < D; len <<= 1) {
+      for (int p = lane; p < kHeadsPerCta * half; p += 32) {
+        const int g = p / half, k = p % half;
+        const int i = (k / len) * 2 * len + (k % len);
+        float* c = q_w + g * D;
+        const float x = c[i], y = c[i + len];
+        c[i] = x + y;
+        c[i + len] = x - y;
+      }
+      __syncwarp();
+    }
+    for (int i = lane; i < kHeadsPerCta * D; i += 32) q_w[i] *= a.had_c;
+    __syncwarp();
+  }
+}
+
 __device__ __forceinline__ float safe_exp2_diff(float m, float M) { return m == -INFINITY ? 0.0f : exp2f(m - M); }
 
 // Writes one split's partial state: ep holds [warps][4][D] accumulators, epml [warps][4][2].
@@ -236,20 +263,23 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
   float* q_s = reinterpret_cast<float*>(smem);
   std::uint8_t* pipe = smem + Cfg::Q_SMEM;
 
-  const int kvh = blockIdx.x / a.n_hchunks, hc = blockIdx.x % a.n_hchunks;
+  // Warp w serves KV head kvh0 + w over the whole token range of the CTA (adjacent cells of the
+  // same tokens: contiguous DRAM reads across the CTA's warps).
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = lane % L, r = lane / L;
+  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
   const int split = blockIdx.y, b = blockIdx.z;
+  const int H = a.n_kv_heads, B = a.block_size;
+  if (kvh >= H) return;  // no CTA-wide barrier below
   const int hq0 = kvh * a.group + hc * kHeadsPerCta;
   const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
   const int seq_len = a.seq_lens[b];
   const int t_begin = split * a.tokens_per_split;
   const int t_end = min(t_begin + a.tokens_per_split, seq_len);
-  const int H = a.n_kv_heads, B = a.block_size;
   const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
 
-  load_q<is_rot(KF)>(a, b, hq0, nh, q_s);
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int j = lane % L, r = lane / L;
+  q_s += warp * kHeadsPerCta * D;
+  load_q_warp<is_rot(KF)>(a, b, hq0, nh, q_s, lane);
   float qr[kHeadsPerCta][E];
 #pragma unroll
   for (int g = 0; g < kHeadsPerCta; ++g)
@@ -268,12 +298,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
 
   std::uint8_t* wpipe = pipe + warp * Cfg::WARP_SMEM;
   const int n_tok = max(0, t_end - t_begin);
-  const int n_steps = (n_tok + kDecodeWarps * TGC - 1) / (kDecodeWarps * TGC);
+  const int n_steps = (n_tok + TGC - 1) / TGC;
   const int ctau = lane / LPT, csub = lane % LPT;  // copy role of this lane
 
   // Page lookup for this lane's copy token of step st (prefetched one step ahead).
   auto lookup = [&](int st, int& page, int& slot) {
-    const int t = t_begin + (st * kDecodeWarps + warp) * TGC + ctau;
+    const int t = t_begin + st * TGC + ctau;
     if (st < n_steps && t < t_end) {
       page = __ldg(table + t / B);
       slot = t % B;
@@ -330,7 +360,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
     const std::uint8_t* sb = wpipe + (st % kStages) * Cfg::STAGE_AL;
     const std::uint8_t* scw = sb + TGC * (Cfg::SK + Cfg::SV);
     const std::uint8_t* par = scw + TGC * 8;
-    const int tbase = t_begin + (st * kDecodeWarps + warp) * TGC;
+    const int tbase = t_begin + st * TGC;
 
     float s[C][kHeadsPerCta];
 #pragma unroll
@@ -416,22 +446,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
       m[g] = M;
     }
   }
-  __syncthreads();  // every warp is done with its ring: reuse it for the epilogue
-  float* ep = reinterpret_cast<float*>(pipe);
-  float* epml = ep + kDecodeWarps * kHeadsPerCta * D;
+  // The warp covered the whole split for its heads: lanes 0..L-1 hold every dim; write directly.
   if (lane < L) {
 #pragma unroll
     for (int g = 0; g < kHeadsPerCta; ++g) {
+      if (g < nh) {
+        const std::size_t row = (static_cast<std::size_t>(b) * a.splits + split) * a.n_heads + hq0 + g;
 #pragma unroll
-      for (int e = 0; e < E; ++e) ep[(warp * kHeadsPerCta + g) * D + VS::dim(j, e)] = acc[g][e];
-      if (lane == 0) {
-        epml[(warp * kHeadsPerCta + g) * 2] = m[g];
-        epml[(warp * kHeadsPerCta + g) * 2 + 1] = l[g];
+        for (int e = 0; e < E; ++e) a.part_o[row * D + VS::dim(j, e)] = acc[g][e];
+        if (lane == 0) {
+          a.part_ml[row * 2] = m[g];
+          a.part_ml[row * 2 + 1] = l[g];
+        }
       }
     }
   }
-  __syncthreads();
-  write_partials(a, b, split, hq0, nh, ep, epml, kDecodeWarps);
 }
 
 // ---- generic path: any head_dim <= 256; one token per warp step, lanes over the head vector -----

@@ -8,7 +8,9 @@ namespace kvgate::cuda::detail {
 // Launcher definitions (explicitly instantiated in decode_k_<fmt>.cu, one file per K half format).
 template <HF KF, HF VF, int D>
 void launch_decode(const DecodeLaunch& a, int smem_bytes, cudaStream_t stream) {
-  const dim3 grid(a.n_kv_heads * a.n_hchunks, a.splits, a.batch);
+  // The fast and tensor-core kernels give each warp one KV head (kDecodeWarps heads per CTA).
+  const int head_ctas = D != 0 ? (a.n_kv_heads + kDecodeWarps - 1) / kDecodeWarps : a.n_kv_heads;
+  const dim3 grid(head_ctas * a.n_hchunks, a.splits, a.batch);
   if constexpr (D == 0) {
     auto k = decode_generic_kernel<KF, VF>;
     static int smem_set = -1;  // the attribute is per kernel: set it once per size

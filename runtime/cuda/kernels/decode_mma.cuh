@@ -10,6 +10,8 @@
 // f16 operands stay in [0, 1], and the tile's MMA result is added to O times that scale.
 // The 4 query heads of a GQA chunk are the N columns 0..3 (4..7 are zero padding).
 #pragma once
+#include <cuda_bf16.h>
+
 #include "decode.cuh"
 
 namespace kvgate::cuda::detail {
@@ -19,6 +21,18 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const std::uint32_t (&a)
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16816_bf16(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The MMA operand type a half is fed as: bf16 for bf16, f16 for everything else.
+template <HF F>
+__device__ __forceinline__ void mma_as(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (F == HF::bf16) mma16816_bf16(c, a, b0, b1);
+  else mma16816(c, a, b0, b1);
 }
 
 __device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t s) { return __byte_perm(a, b, s); }
@@ -37,6 +51,24 @@ __device__ __forceinline__ void split_h2(float x0, float x1, std::uint32_t& hi, 
   const __half2 l = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
   hi = *reinterpret_cast<const std::uint32_t*>(&h);
   lo = *reinterpret_cast<const std::uint32_t*>(&l);
+}
+// x0, x1 -> NTERMS pairs in F's MMA operand type: bf16 (3 terms, 24 bits) or f16 (2 terms, 22 bits).
+template <HF F>
+KVGATE_HD constexpr int split_terms() { return F == HF::bf16 ? 3 : 2; }
+template <HF F>
+__device__ __forceinline__ void split_terms_h2(float x0, float x1, std::uint32_t (&out)[split_terms<F>()]) {
+  if constexpr (F == HF::bf16) {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+      const float2 hf = __bfloat1622float2(h);
+      out[k] = *reinterpret_cast<const std::uint32_t*>(&h);
+      x0 -= hf.x;
+      x1 -= hf.y;
+    }
+  } else {
+    split_h2(x0, x1, out[0], out[1]);
+  }
 }
 __device__ __forceinline__ std::uint16_t lds16(const std::uint8_t* p) { return *reinterpret_cast<const std::uint16_t*>(p); }
 __device__ __forceinline__ std::uint32_t lds32(const std::uint8_t* p) { return *reinterpret_cast<const std::uint32_t*>(p); }
@@ -145,54 +177,176 @@ __device__ __forceinline__ void v_frag32(const std::uint8_t* const (&v)[4], int 
   }
 }
 
+// Exact power-of-two normalisation: scale = 2^ceil-ish(log2 mx) > mx, inv = 1/scale (both exact).
+__device__ __forceinline__ void pow2_norm(float mx, float& scale, float& inv) {
+  if (!(mx > 0.0f)) {
+    scale = inv = 1.0f;
+    return;
+  }
+  const unsigned E = (__float_as_uint(mx) >> 23) & 0xFFu;  // f16 scales are normal binary32 values
+  scale = __uint_as_float((E + 1u) << 23);
+  inv = __uint_as_float((253u - E) << 23);
+}
+
+// ---- ldmatrix variants for the byte formats (int8, fp8): rows are 16-byte aligned in shared memory.
+__device__ __forceinline__ void ldsm_x4(const void* p, std::uint32_t (&r)[4]) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sa));
+}
+__device__ __forceinline__ void ldsm_x4_t(const void* p, std::uint32_t (&r)[4]) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sa));
+}
+// Matrix mi = lane/8 of one 32-dim block of a 16-token tile: tokens 8*(mi&1) + lane%8, dims
+// 16*(mi>>1) .. +16. Non-transposed, lane (g, t) gets token g (+8) dims 4t..4t+3 of the half:
+// the K fragment words; transposed, it gets tokens 2t, 2t+1 of dims 2g, 2g+1: the V^T words.
+__device__ __forceinline__ const std::uint8_t* ldsm_row(const std::uint8_t* tile, int stride, int blk, int lane) {
+  const int mi = lane >> 3;
+  return tile + (8 * (mi & 1) + (lane & 7)) * stride + 32 * blk + 16 * (mi >> 1);
+}
+
+// 16-bit V^T fragment of m-tile i (dims 16i..16i+15) of a 16-token tile: matrix mi = lane/8 holds
+// tokens 8*(mi>>1) + lane%8, dims 16i + 8*(mi&1) .. +8; transposed, lane (g, t) gets a0..a7 of
+// A = V^T (row = dim 16i + g (+8), k = tokens 2t, 2t+1 (+8)).
+__device__ __forceinline__ const std::uint8_t* ldsm_row_v16(const std::uint8_t* tile, int stride, int i, int lane) {
+  const int mi = lane >> 3;
+  return tile + (8 * (mi >> 1) + (lane & 7)) * stride + 32 * i + 16 * (mi & 1);
+}
+
+template <HF F>
+__device__ __forceinline__ void k_frag32_ldsm(const std::uint8_t* tile, int stride, int blk, int lane,
+                                              std::uint32_t (&A0)[4], std::uint32_t (&A1)[4]) {
+  std::uint32_t w[4];
+  ldsm_x4(ldsm_row(tile, stride, blk, lane), w);  // w0: (g, jj0) w1: (g+8, jj0) w2: (g, jj1) w3: (g+8, jj1)
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    std::uint32_t (&A)[4] = q < 2 ? A0 : A1;
+    const int row = q & 1;
+    if constexpr (F == HF::int8) {
+      i8x4_to_h2(w[q], A[row], A[row + 2]);
+    } else if constexpr (F == HF::fp8_e4m3) {
+      A[row] = e4m3x2_to_h2(w[q]);
+      A[row + 2] = e4m3x2_to_h2(w[q] >> 16);
+    } else {
+      A[row] = prmt(w[q], 0u, 0x1404);
+      A[row + 2] = prmt(w[q], 0u, 0x3424);
+    }
+  }
+}
+
+template <HF F>
+__device__ __forceinline__ void v_frag32_ldsm(const std::uint8_t* tile, int stride, int blk, int lane,
+                                              std::uint32_t (&A0)[4], std::uint32_t (&A1)[4]) {
+  std::uint32_t x[4];
+  ldsm_x4_t(ldsm_row(tile, stride, blk, lane), x);  // x = [v(2t,2g), v(2t,2g+1), v(2t+1,2g), v(2t+1,2g+1)]
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    std::uint32_t (&A)[4] = q < 2 ? A0 : A1;
+    const int half = q & 1;  // tokens (2t, 2t+1) or (2t+8, 2t+9)
+    if constexpr (F == HF::int8) {
+      const std::uint32_t xb = x[q] ^ 0x80808080u;
+      A[2 * half] = hsub2u(prmt(xb, kMagic, 0x4240), kI8Off);
+      A[2 * half + 1] = hsub2u(prmt(xb, kMagic, 0x4341), kI8Off);
+    } else if constexpr (F == HF::fp8_e4m3) {
+      const std::uint32_t y = prmt(x[q], x[q], 0x3120);
+      A[2 * half] = e4m3x2_to_h2(y);
+      A[2 * half + 1] = e4m3x2_to_h2(y >> 16);
+    } else {
+      A[2 * half] = prmt(x[q], 0u, 0x2404);
+      A[2 * half + 1] = prmt(x[q], 0u, 0x3414);
+    }
+  }
+}
+
+template <HF F>
+KVGATE_HD constexpr bool byte_half() { return F == HF::int8 || F == HF::fp8_e4m3 || F == HF::fp8_e5m2; }
+
 template <HF KF, HF VF, int D>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(DecodeLaunch a) {
   using Cfg = MmaCfg<KF, VF, D>;
-  constexpr int TOK = Cfg::TOK, LPT = Cfg::LPT, NBLK = Cfg::NBLK, MT = Cfg::MTILES;
+  constexpr int NT = Cfg::NT, TOK = Cfg::TOK, LPT = Cfg::LPT, NBLK = Cfg::NBLK, MT = Cfg::MTILES, S = Cfg::STAGES;
   constexpr bool k_blockscaled = is_block32(KF), v_blockscaled = is_block32(VF);
+  constexpr bool v_scaled = v_blockscaled || VF == HF::int8;
   extern __shared__ __align__(16) std::uint8_t smem[];
   float* q_s = reinterpret_cast<float*>(smem);
   std::uint8_t* pipe = smem + Cfg::Q_SMEM;
 
-  const int kvh = blockIdx.x / a.n_hchunks, hc = blockIdx.x % a.n_hchunks;
+  // Warp w serves KV head kvh0 + w over the CTA's whole token range: the four warps read the
+  // adjacent cells of the same tokens, so DRAM sees 4 cells (512 B of int8 at D=128) contiguous
+  // per token instead of one 72-128 B cell strided by n_kv_heads cells.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
   const int split = blockIdx.y, b = blockIdx.z;
+  const int H = a.n_kv_heads, B = a.block_size;
+  if (kvh >= H) return;  // no CTA-wide barrier below: idle warps may leave
   const int hq0 = kvh * a.group + hc * kHeadsPerCta;
   const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
   const int seq_len = a.seq_lens[b];
   const int t_begin = split * a.tokens_per_split;
   const int t_end = min(t_begin + a.tokens_per_split, seq_len);
-  const int H = a.n_kv_heads, B = a.block_size;
   const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
 
-  load_q<is_rot(KF)>(a, b, hq0, nh, q_s);
+  q_s += warp * kHeadsPerCta * D;
+  load_q_warp<is_rot(KF)>(a, b, hq0, nh, q_s, lane);
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-
-  // Q^T fragments (column n = head g; zero for the padding columns 4..7), hi and lo.
-  std::uint32_t qh[Cfg::KSTEPS][2], ql[Cfg::KSTEPS][2];
+  // Q^T fragments (column n = head g; zero for the padding columns 4..7), split into NQ terms of
+  // K's MMA operand type. k-slot mapping: natural for 16-bit K (ldmatrix), 16j + 4t + r otherwise.
+  constexpr int NQ = split_terms<KF>(), NP = split_terms<VF>();
+  std::uint32_t qf[NQ][Cfg::KSTEPS][2];
 #pragma unroll
   for (int j = 0; j < Cfg::KSTEPS; ++j)
 #pragma unroll
     for (int pr = 0; pr < 2; ++pr) {
-      const int d0 = 16 * j + 4 * t + 2 * pr;
+      const int d0 = wide16_half<KF>() ? 16 * j + 2 * t + 8 * pr : 16 * j + 4 * t + 2 * pr;
       const float x0 = g < kHeadsPerCta ? q_s[g * D + d0] : 0.0f;
       const float x1 = g < kHeadsPerCta ? q_s[g * D + d0 + 1] : 0.0f;
-      split_h2(x0, x1, qh[j][pr], ql[j][pr]);
+      std::uint32_t tmp[NQ];
+      split_terms_h2<KF>(x0, x1, tmp);
+#pragma unroll
+      for (int q = 0; q < NQ; ++q) qf[q][j][pr] = tmp[q];
     }
 
   float o[MT][4];
 #pragma unroll
   for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2t, 2t+1
+  // Running power-of-two reference of the V scales (int8: one; q8_0/q4_0: one per 32-dim block):
+  // O accumulates sum p * (scale / vref) * code, rescaled exactly when vref grows, like the
+  // softmax max; the epilogue multiplies by vref.
+  constexpr int NVREF = v_blockscaled ? NBLK : 1;
+  float vref[NVREF];
+#pragma unroll
+  for (int k = 0; k < NVREF; ++k) vref[k] = 0.0f;
+  auto raise_vref = [&](int k, float mx, float& inv) {  // warp-uniform
+    if (mx > vref[k]) {
+      float sc, iv;
+      pow2_norm(mx, sc, iv);
+      const float f = vref[k] * iv;  // exact: powers of two (0 on the first raise)
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+        if (!v_blockscaled || i / 2 == k) {
+          o[i][0] *= f;
+          o[i][1] *= f;
+          o[i][2] *= f;
+          o[i][3] *= f;
+        }
+      vref[k] = sc;
+    }
+    inv = vref[k] > 0.0f ? 1.0f / vref[k] : 0.0f;  // exact: a power of two
+  };
 
   std::uint8_t* wpipe = pipe + warp * Cfg::WARP_SMEM;
   const int n_tok = max(0, t_end - t_begin);
-  const int n_steps = (n_tok + kDecodeWarps * TOK - 1) / (kDecodeWarps * TOK);
+  const int n_steps = (n_tok + TOK - 1) / TOK;
   const int ctau = lane / LPT, csub = lane % LPT;
 
   auto lookup = [&](int st, int& page, int& slot) {
-    const int tk = t_begin + (st * kDecodeWarps + warp) * TOK + ctau;
+    const int tk = t_begin + st * TOK + ctau;
     if (st < n_steps && tk < t_end) {
       page = __ldg(table + tk / B);
       slot = tk % B;
@@ -202,7 +356,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
     }
   };
   auto issue = [&](int st, int page, int slot) {
-    std::uint8_t* sb = wpipe + (st % kStages) * Cfg::STAGE_AL;
+    std::uint8_t* sb = wpipe + (st % S) * Cfg::STAGE_AL;
     const bool valid = page >= 0;
     const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
     const std::uint8_t* kc = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + cell * Cfg::CBK : 0);
@@ -230,72 +384,96 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
   };
 
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int st0 = 0; st0 < S - 1; ++st0) {
     int pg, sl;
-    lookup(s, pg, sl);
-    issue(s, pg, sl);
+    lookup(st0, pg, sl);
+    issue(st0, pg, sl);
     cp_async_commit();
   }
   int nxt_page, nxt_slot;
-  lookup(kStages - 1, nxt_page, nxt_slot);
+  lookup(S - 1, nxt_page, nxt_slot);
 
   for (int st = 0; st < n_steps; ++st) {
-    issue(st + kStages - 1, nxt_page, nxt_slot);
+    issue(st + S - 1, nxt_page, nxt_slot);
     cp_async_commit();
-    lookup(st + kStages, nxt_page, nxt_slot);
-    cp_async_wait<kStages - 1>();
+    lookup(st + S, nxt_page, nxt_slot);
+    cp_async_wait<S - 1>();
     __syncwarp();
 
-    const std::uint8_t* sb = wpipe + (st % kStages) * Cfg::STAGE_AL;
+    const std::uint8_t* sb = wpipe + (st % S) * Cfg::STAGE_AL;
     const std::uint8_t* kcell = sb;
     const std::uint8_t* vcell = sb + TOK * Cfg::SK;
     const std::uint8_t* scw = sb + TOK * (Cfg::SK + Cfg::SV);
     const std::uint8_t* par = scw + TOK * 8;
-    const int tbase = t_begin + (st * kDecodeWarps + warp) * TOK;
+    const int tbase = t_begin + st * TOK;
 
-    // ---- S^T = K Q^T ----------------------------------------------------------------------
-    const std::uint8_t* r0 = kcell + g * Cfg::SK;
-    const std::uint8_t* r1 = kcell + (g + 8) * Cfg::SK;
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // ---- S^T = K Q^T, one 16-token tile at a time (independent accumulator chains) -------------
+    float s[NT][4];
 #pragma unroll
-    for (int blk = 0; blk < NBLK; ++blk) {
-      std::uint32_t A0[4], A1[4];
-      k_frag32<KF>(r0, r1, blk, t, A0, A1);
-      if constexpr (k_blockscaled) {
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma16816(c, A0, qh[2 * blk][0], qh[2 * blk][1]);
-        mma16816(c, A0, ql[2 * blk][0], ql[2 * blk][1]);
-        mma16816(c, A1, qh[2 * blk + 1][0], qh[2 * blk + 1][1]);
-        mma16816(c, A1, ql[2 * blk + 1][0], ql[2 * blk + 1][1]);
-        const int bb = block_bytes(KF);
-        const float d0 = h2f(lds16(r0 + bb * blk)), d1 = h2f(lds16(r1 + bb * blk));
-        s[0] = fmaf(c[0], d0, s[0]);
-        s[1] = fmaf(c[1], d0, s[1]);
-        s[2] = fmaf(c[2], d1, s[2]);
-        s[3] = fmaf(c[3], d1, s[3]);
+    for (int tl = 0; tl < NT; ++tl) {
+      const std::uint8_t* r0 = kcell + (16 * tl + g) * Cfg::SK;
+      const std::uint8_t* r1 = kcell + (16 * tl + g + 8) * Cfg::SK;
+      float sh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if constexpr (wide16_half<KF>()) {
+        float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < Cfg::KSTEPS; ++j) {
+          std::uint32_t A[4];
+          ldsm_x4(ldsm_row(kcell + 16 * tl * Cfg::SK, Cfg::SK, j, lane), A);
+          mma_as<KF>(sh, A, qf[0][j][0], qf[0][j][1]);
+          mma_as<KF>(sl, A, qf[NQ - 1][j][0], qf[NQ - 1][j][1]);
+          if constexpr (NQ == 3) mma_as<KF>(sm, A, qf[1][j][0], qf[1][j][1]);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sl[k] += sm[k];
       } else {
-        mma16816(s, A0, qh[2 * blk][0], qh[2 * blk][1]);
-        mma16816(s, A0, ql[2 * blk][0], ql[2 * blk][1]);
-        mma16816(s, A1, qh[2 * blk + 1][0], qh[2 * blk + 1][1]);
-        mma16816(s, A1, ql[2 * blk + 1][0], ql[2 * blk + 1][1]);
+#pragma unroll
+      for (int blk = 0; blk < NBLK; ++blk) {
+        std::uint32_t A0[4], A1[4];
+        if constexpr (byte_half<KF>()) k_frag32_ldsm<KF>(kcell + 16 * tl * Cfg::SK, Cfg::SK, blk, lane, A0, A1);
+        else k_frag32<KF>(r0, r1, blk, t, A0, A1);
+        if constexpr (k_blockscaled) {
+          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
+          mma16816(cl, A0, qf[1][2 * blk][0], qf[1][2 * blk][1]);
+          mma16816(c, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
+          mma16816(cl, A1, qf[1][2 * blk + 1][0], qf[1][2 * blk + 1][1]);
+          const int bb = block_bytes(KF);
+          const float d0 = h2f(lds16(r0 + bb * blk)), d1 = h2f(lds16(r1 + bb * blk));
+          sh[0] = fmaf(c[0] + cl[0], d0, sh[0]);
+          sh[1] = fmaf(c[1] + cl[1], d0, sh[1]);
+          sh[2] = fmaf(c[2] + cl[2], d1, sh[2]);
+          sh[3] = fmaf(c[3] + cl[3], d1, sh[3]);
+        } else {
+          mma16816(sh, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
+          mma16816(sl, A0, qf[1][2 * blk][0], qf[1][2 * blk][1]);
+          mma16816(sh, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
+          mma16816(sl, A1, qf[1][2 * blk + 1][0], qf[1][2 * blk + 1][1]);
+        }
       }
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s[tl][k] = sh[k] + sl[k];
+      if constexpr (KF == HF::int8) {
+        const int u0 = 16 * tl + g, u1 = u0 + 8;
+        const float k0 = h2f(reinterpret_cast<const std::uint16_t*>(scw + u0 * 8)[par[u0]]);
+        const float k1 = h2f(reinterpret_cast<const std::uint16_t*>(scw + u1 * 8)[par[u1]]);
+        s[tl][0] *= k0;
+        s[tl][1] *= k0;
+        s[tl][2] *= k1;
+        s[tl][3] *= k1;
+      }
+      if (tbase + 16 * tl + g >= t_end) s[tl][0] = s[tl][1] = -INFINITY;
+      if (tbase + 16 * tl + g + 8 >= t_end) s[tl][2] = s[tl][3] = -INFINITY;
     }
-    if constexpr (KF == HF::int8) {
-      const float k0 = h2f(reinterpret_cast<const std::uint16_t*>(scw + g * 8)[par[g]]);
-      const float k1 = h2f(reinterpret_cast<const std::uint16_t*>(scw + (g + 8) * 8)[par[g + 8]]);
-      s[0] *= k0;
-      s[1] *= k0;
-      s[2] *= k1;
-      s[3] *= k1;
-    }
-    if (tbase + g >= t_end) s[0] = s[1] = -INFINITY;
-    if (tbase + g + 8 >= t_end) s[2] = s[3] = -INFINITY;
 
-    // ---- online softmax (heads 2t, 2t+1; the 8 lanes with the same t hold the tile's 16 tokens)
-    float p[4];
+    // ---- online softmax over the stage (heads 2t, 2t+1) ---------------------------------------
+    float p[NT][4];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = fmaxf(s[hh], s[2 + hh]);
+      float mx = -INFINITY;
+#pragma unroll
+      for (int tl = 0; tl < NT; ++tl) mx = fmaxf(mx, fmaxf(s[tl][hh], s[tl][2 + hh]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -309,86 +487,125 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
         }
         m[hh] = mx;
       }
-      p[hh] = m[hh] == -INFINITY ? 0.0f : exp2f(s[hh] - m[hh]);
-      p[2 + hh] = m[hh] == -INFINITY ? 0.0f : exp2f(s[2 + hh] - m[hh]);
-      l[hh] += p[hh] + p[2 + hh];
-    }
-
-    // ---- P^T fragments: lane (g, t) needs head g at tokens 2t, 2t+1, 2t+8, 2t+9 -----------------
-    const int srcA = 8 * t + (g >> 1), srcB = srcA + 4;
-    float pa[4], pb[4];
+      const bool live = m[hh] != -INFINITY;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      pa[k] = __shfl_sync(0xffffffffu, p[k], srcA);
-      pb[k] = __shfl_sync(0xffffffffu, p[k], srcB);
+      for (int tl = 0; tl < NT; ++tl) {
+        p[tl][hh] = live ? exp2f(s[tl][hh] - m[hh]) : 0.0f;
+        p[tl][2 + hh] = live ? exp2f(s[tl][2 + hh] - m[hh]) : 0.0f;
+        l[hh] += p[tl][hh] + p[tl][2 + hh];
+      }
     }
-    const bool odd = g & 1;
-    float bt[4] = {odd ? pa[1] : pa[0], odd ? pb[1] : pb[0], odd ? pa[3] : pa[2], odd ? pb[3] : pb[2]};
-    if (g >= kHeadsPerCta) bt[0] = bt[1] = bt[2] = bt[3] = 0.0f;
-    const int tk[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-    const std::uint8_t* const vr[4] = {vcell + tk[0] * Cfg::SV, vcell + tk[1] * Cfg::SV, vcell + tk[2] * Cfg::SV,
-                                       vcell + tk[3] * Cfg::SV};
 
-    // ---- O^T += V^T P^T ---------------------------------------------------------------------
-    std::uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
-    float vscale = 1.0f;
-    if constexpr (VF == HF::int8) {
-      float sv[4], mx = 0.0f;
+    // ---- P^T fragments: lane (g, t) needs head g at tile tokens 2t, 2t+1, 2t+8, 2t+9 -----------
+    const int srcA = 8 * t + (g >> 1), srcB = srcA + 4;
+    const bool odd = g & 1;
+    float bt[NT][4];
+#pragma unroll
+    for (int tl = 0; tl < NT; ++tl) {
+      float pa[4], pb[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        sv[k] = h2f(reinterpret_cast<const std::uint16_t*>(scw + tk[k] * 8 + 4)[par[tk[k]]]);
-        mx = fmaxf(mx, sv[k]);
+        pa[k] = __shfl_sync(0xffffffffu, p[tl][k], srcA);
+        pb[k] = __shfl_sync(0xffffffffu, p[tl][k], srcB);
       }
+      bt[tl][0] = odd ? pa[1] : pa[0];
+      bt[tl][1] = odd ? pb[1] : pb[0];
+      bt[tl][2] = odd ? pa[3] : pa[2];
+      bt[tl][3] = odd ? pb[3] : pb[2];
+      if (g >= kHeadsPerCta) bt[tl][0] = bt[tl][1] = bt[tl][2] = bt[tl][3] = 0.0f;
+    }
+    const int tk[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+
+    // ---- O^T += V^T P^T ---------------------------------------------------------------------
+    std::uint32_t pf[NT][NP][2];  // P^T B fragments (k = tokens 2t,2t+1 | 2t+8,2t+9; n = head g), NP terms
+    auto set_pf = [&](int tl, int pair, float x0, float x1) {
+      std::uint32_t tmp[NP];
+      split_terms_h2<VF>(x0, x1, tmp);
+#pragma unroll
+      for (int q = 0; q < NP; ++q) pf[tl][q][pair] = tmp[q];
+    };
+    if constexpr (VF == HF::int8) {
+      float sv[NT][4], mx = 0.0f;
+#pragma unroll
+      for (int tl = 0; tl < NT; ++tl)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int u = 16 * tl + tk[k];
+          sv[tl][k] = h2f(reinterpret_cast<const std::uint16_t*>(scw + u * 8 + 4)[par[u]]);
+          mx = fmaxf(mx, sv[tl][k]);
+        }
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      vscale = mx > 0.0f ? mx : 1.0f;
-      const float inv = 1.0f / vscale;
-      split_h2(bt[0] * (sv[0] * inv), bt[1] * (sv[1] * inv), bh0, bl0);
-      split_h2(bt[2] * (sv[2] * inv), bt[3] * (sv[3] * inv), bh1, bl1);
-    } else if constexpr (!v_blockscaled) {  // fp8: per-tensor scale applied after the merge
-      split_h2(bt[0], bt[1], bh0, bl0);
-      split_h2(bt[2], bt[3], bh1, bl1);
+      float inv;
+      raise_vref(0, mx, inv);
+#pragma unroll
+      for (int tl = 0; tl < NT; ++tl) {
+        set_pf(tl, 0, bt[tl][0] * (sv[tl][0] * inv), bt[tl][1] * (sv[tl][1] * inv));
+        set_pf(tl, 1, bt[tl][2] * (sv[tl][2] * inv), bt[tl][3] * (sv[tl][3] * inv));
+      }
+    } else if constexpr (!v_blockscaled) {  // fp8 (scale after the merge), f16, bf16: P as is
+#pragma unroll
+      for (int tl = 0; tl < NT; ++tl) {
+        set_pf(tl, 0, bt[tl][0], bt[tl][1]);
+        set_pf(tl, 1, bt[tl][2], bt[tl][3]);
+      }
     }
+    if constexpr (wide16_half<VF>()) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int tl = 0; tl < NT; ++tl) {
+          std::uint32_t A[4];
+          ldsm_x4_t(ldsm_row_v16(vcell + 16 * tl * Cfg::SV, Cfg::SV, i, lane), A);
+#pragma unroll
+          for (int q = NP - 1; q >= 0; --q) mma_as<VF>(o[i], A, pf[tl][q][0], pf[tl][q][1]);
+        }
+    } else {
 #pragma unroll
     for (int blk = 0; blk < NBLK; ++blk) {
-      std::uint32_t A0[4], A1[4];
-      v_frag32<VF>(vr, blk, g, A0, A1);
+      std::uint32_t A0[NT][4], A1[NT][4];
+#pragma unroll
+      for (int tl = 0; tl < NT; ++tl) {
+        if constexpr (byte_half<VF>()) {
+          v_frag32_ldsm<VF>(vcell + 16 * tl * Cfg::SV, Cfg::SV, blk, lane, A0[tl], A1[tl]);
+        } else {
+          const std::uint8_t* const vr[4] = {vcell + (16 * tl + tk[0]) * Cfg::SV, vcell + (16 * tl + tk[1]) * Cfg::SV,
+                                             vcell + (16 * tl + tk[2]) * Cfg::SV, vcell + (16 * tl + tk[3]) * Cfg::SV};
+          v_frag32<VF>(vr, blk, g, A0[tl], A1[tl]);
+        }
+      }
       if constexpr (v_blockscaled) {
         const int bb = block_bytes(VF);
-        float dv[4], mx = 0.0f;
+        float dv[NT][4], mx = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          dv[k] = h2f(lds16(vr[k] + bb * blk));
-          mx = fmaxf(mx, fabsf(dv[k]));
-        }
+        for (int tl = 0; tl < NT; ++tl)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            dv[tl][k] = h2f(lds16(vcell + (16 * tl + tk[k]) * Cfg::SV + bb * blk));
+            mx = fmaxf(mx, fabsf(dv[tl][k]));
+          }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        vscale = mx > 0.0f ? mx : 1.0f;
-        const float inv = 1.0f / vscale;
+        float inv;
+        raise_vref(blk, mx, inv);
         // the sign of d travels with the weight (q4_0 d is negative for positive extremes)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) dv[k] *= inv;
-        split_h2(bt[0] * dv[0], bt[1] * dv[1], bh0, bl0);
-        split_h2(bt[2] * dv[2], bt[3] * dv[3], bh1, bl1);
-      }
-      if constexpr (VF == HF::int8 || v_blockscaled) {
-        float c0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma16816(c0, A0, bh0, bh1);
-        mma16816(c0, A0, bl0, bl1);
-        mma16816(c1, A1, bh0, bh1);
-        mma16816(c1, A1, bl0, bl1);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          o[2 * blk][k] = fmaf(c0[k], vscale, o[2 * blk][k]);
-          o[2 * blk + 1][k] = fmaf(c1[k], vscale, o[2 * blk + 1][k]);
+        for (int tl = 0; tl < NT; ++tl) {
+          set_pf(tl, 0, bt[tl][0] * (dv[tl][0] * inv), bt[tl][1] * (dv[tl][1] * inv));
+          set_pf(tl, 1, bt[tl][2] * (dv[tl][2] * inv), bt[tl][3] * (dv[tl][3] * inv));
         }
-      } else {
-        mma16816(o[2 * blk], A0, bh0, bh1);
-        mma16816(o[2 * blk], A0, bl0, bl1);
-        mma16816(o[2 * blk + 1], A1, bh0, bh1);
-        mma16816(o[2 * blk + 1], A1, bl0, bl1);
+      }
+      {
+#pragma unroll
+        for (int tl = 0; tl < NT; ++tl) {
+          mma16816(o[2 * blk], A0[tl], pf[tl][1][0], pf[tl][1][1]);
+          mma16816(o[2 * blk + 1], A1[tl], pf[tl][1][0], pf[tl][1][1]);
+          mma16816(o[2 * blk], A0[tl], pf[tl][0][0], pf[tl][0][1]);
+          mma16816(o[2 * blk + 1], A1[tl], pf[tl][0][0], pf[tl][0][1]);
+        }
       }
     }
+    }  // narrow V
     __syncwarp();
   }
   cp_async_wait<0>();
@@ -400,26 +617,28 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
     l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 8);
     l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 16);
   }
-  __syncthreads();
-  float* ep = reinterpret_cast<float*>(pipe);
-  float* epml = ep + kDecodeWarps * kHeadsPerCta * D;
+  // This warp covered the whole split for its heads: write its partials directly.
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int head = 2 * t + hh;
-    if (head < kHeadsPerCta) {
+    if (head < nh) {
+      const std::size_t row = (static_cast<std::size_t>(b) * a.splits + split) * a.n_heads + hq0 + head;
+      float* po = a.part_o + row * D;
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        ep[(warp * kHeadsPerCta + head) * D + 16 * i + 2 * g] = o[i][hh];
-        ep[(warp * kHeadsPerCta + head) * D + 16 * i + 2 * g + 1] = o[i][2 + hh];
+        // rows g, g+8 of m-tile i: dims 16i + g, 16i + g + 8 (16-bit V) or 16i + 2g, 16i + 2g + 1
+        const int d0 = wide16_half<VF>() ? 16 * i + g : 16 * i + 2 * g;
+        const int d1 = wide16_half<VF>() ? d0 + 8 : d0 + 1;
+        const float vr = v_scaled ? vref[v_blockscaled ? i / 2 : 0] : 1.0f;
+        po[d0] = o[i][hh] * vr;
+        po[d1] = o[i][2 + hh] * vr;
       }
       if (g == 0) {
-        epml[(warp * kHeadsPerCta + head) * 2] = m[hh];
-        epml[(warp * kHeadsPerCta + head) * 2 + 1] = l[hh];
+        a.part_ml[row * 2] = m[hh];
+        a.part_ml[row * 2 + 1] = l[hh];
       }
     }
   }
-  __syncthreads();
-  write_partials(a, b, split, hq0, nh, ep, epml, kDecodeWarps);
 }
 
 }  // namespace kvgate::cuda::detail
