@@ -49,15 +49,23 @@ if [ ! -f "$models/stories260K/stories260K.bin" ]; then
   models="$here/.models"
   mkdir -p "$models/stories260K"
   base="https://huggingface.co/karpathy/tinyllamas/resolve/main/stories260K"
+  fetched=1
   for f in stories260K.bin tok512.bin; do
-    [ -f "$models/stories260K/$f" ] || curl -fsSL -o "$models/stories260K/$f.part" "$base/$f" && mv "$models/stories260K/$f.part" "$models/stories260K/$f"
+    if [ ! -f "$models/stories260K/$f" ]; then
+      curl -fsSL -o "$models/stories260K/$f.part" "$base/$f" && mv "$models/stories260K/$f.part" "$models/stories260K/$f" || fetched=0
+    fi
   done
-  (cd "$models/stories260K" && sha256sum -c - <<SUMS
+  if [ "$fetched" = 1 ] && (cd "$models/stories260K" && sha256sum -c --quiet - <<SUMS
 b0a507e7ad0f626624f17112325e66691f9076d622e1d3274d103d00299f2696  stories260K.bin
 037cb335abb25d1fa9e8ecae30ed2a3a8ace9302862ebcdc05d51a6bbb10c312  tok512.bin
 SUMS
-  )
-  echo "kvgate setup: stories260K downloaded to $models (export KVGATE_MODELS=$models)"
+  ); then
+    echo "kvgate setup: stories260K downloaded to $models (export KVGATE_MODELS=$models)"
+  else
+    rm -f "$models"/stories260K/*.part
+    echo "kvgate setup: WARNING: stories260K is not in ../shared/models or \$KVGATE_MODELS and could not be" \
+         "downloaded; the model gates will fail naming where they looked. Put the files there or set KVGATE_MODELS." >&2
+  fi
 fi
 
 [ "$mode" = "--deps" ] && exit 0
