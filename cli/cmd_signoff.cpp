@@ -190,10 +190,14 @@ int run_signoff(const SignoffOpts& o) {
     mutation_source = o.quick ? "not run (--quick)" : "no mutant in the catalog";
   }
   std::map<std::string, std::string> mstatus;
+  std::map<std::string, std::vector<std::string>> expect_miss;  // mutant -> expected killers that stayed green
   bool baseline_ok = true;
   std::string baseline_msg;
   if (outcomes.is_object()) {
-    for (const auto& m : outcomes.value("mutants", json::array())) mstatus[m.value("id", "")] = m.value("status", "");
+    for (const auto& m : outcomes.value("mutants", json::array())) {
+      mstatus[m.value("id", "")] = m.value("status", "");
+      for (const auto& g : m.value("expected_not_killing", json::array())) expect_miss[m.value("id", "")].push_back(g.get<std::string>());
+    }
     if (outcomes.contains("baseline") && outcomes["baseline"].is_object() && !outcomes["baseline"].value("green", true)) {
       baseline_ok = false;
       baseline_msg = "mutation baseline not green";
@@ -222,6 +226,8 @@ int run_signoff(const SignoffOpts& o) {
     for (const auto& id : ids) {
       const auto it = mstatus.find(id);
       const std::string st = it == mstatus.end() ? "" : it->second;
+      if (expect_miss.count(id))
+        v.notes.push_back("catalog expectation: " + id + " was not killed by " + join(expect_miss[id]) + " (killed by other gates)");
       if (st == "killed") v.mutation["killed"].push_back(id);
       else if (st == "survived") v.mutation["survived"].push_back(id), survived.push_back(id);
       else if (st.empty()) v.mutation["not_run"].push_back(id), missing.push_back(id);

@@ -160,6 +160,8 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     o << "\n";
   }
   if (const json* v = verdict_entry(in.signoff, f)) {
+    for (const auto& n : v->value("notes", json::array())) o << "- note: " << str(n) << "\n";
+    if (!v->value("notes", json::array()).empty()) o << "\n";
     const auto& m = v->value("mutation", json::object());
     o << "## Mutation proof\n\nStatus: " << m.value("status", "none") << ". Mutants: " << m.value("mutants", json::array()).size()
       << "; killed: " << join(m.value("killed", json::array())) << "; survived: " << join(m.value("survived", json::array()))
