@@ -75,5 +75,6 @@ cmake --build "$here/build" -j"$(nproc)"
 
 if [ "$mode" = "--run" ]; then
   export KVGATE_MODELS="$models"
-  "$here/build/kvgate" gate --json "$here/kvgate.out/gates.json"
+  # The main job: gates + mutation proof + matrix vs f32 -> a verdict per format and the report.
+  "$here/build/kvgate" signoff --all --out "$here/kvgate.out/signoff"
 fi
