@@ -81,22 +81,39 @@ std::size_t find_tag(std::string_view xml, std::string_view name, std::size_t fr
   return std::string_view::npos;
 }
 
+// End of the start tag that begins at `pos`: the first '>' outside a quoted attribute value
+// ('>' may appear unescaped in attributes, e.g. a test named "FP8 -> fp8").
+std::size_t tag_end(std::string_view xml, std::size_t pos) {
+  char quote = 0;
+  for (std::size_t i = pos; i < xml.size(); ++i) {
+    const char ch = xml[i];
+    if (quote) {
+      if (ch == quote) quote = 0;
+    } else if (ch == '"' || ch == '\'') {
+      quote = ch;
+    } else if (ch == '>') {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
   std::vector<CaseResult> out;
   std::size_t pos = 0;
   while ((pos = find_tag(xml, "TestCase", pos)) != std::string_view::npos) {
-    const std::size_t tag_end = xml.find('>', pos);
-    if (tag_end == std::string_view::npos) break;
+    const std::size_t end = tag_end(xml, pos);
+    if (end == std::string_view::npos) break;
     CaseResult c;
-    attribute(xml.substr(pos, tag_end - pos), "name", c.name);
-    const std::size_t next_case = find_tag(xml, "TestCase", tag_end);
-    const std::size_t close = xml.find("</TestCase>", tag_end);
+    attribute(xml.substr(pos, end - pos), "name", c.name);
+    const std::size_t next_case = find_tag(xml, "TestCase", end);
+    const std::size_t close = xml.find("</TestCase>", end);
     const std::size_t limit = std::min(next_case, close);
-    const std::size_t res = find_tag(xml, "OverallResult", tag_end);
+    const std::size_t res = find_tag(xml, "OverallResult", end);
     if (res != std::string_view::npos && res < limit) {
-      const std::size_t res_end = xml.find('>', res);
+      const std::size_t res_end = tag_end(xml, res);
       if (res_end != std::string_view::npos) {
         const std::string_view tag = xml.substr(res, res_end - res);
         std::string v;
@@ -109,7 +126,7 @@ std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
       }
     }
     out.push_back(std::move(c));
-    pos = tag_end;
+    pos = end;
   }
   return out;
 }

@@ -244,18 +244,23 @@ TEST_CASE("catch_xml: Catch2 2.13 and 3.x reports, crashed and skipped cases") {
       <Expression success="false" type="CHECK"><Original>a</Original></Expression>
       <OverallResult success="false" durationInSeconds="0.25"/>
     </TestCase>
+    <TestCase name="STO.resolve.precedence.values FP8 -> fp8, INT8 -> int8" tags="[gate:STO]" filename="a.cpp" line="3">
+      <OverallResult success="true" durationInSeconds="0.1"/>
+    </TestCase>
     <TestCase name="ORA.bytes.q4_0 runtime bytes" tags="[gate:ORA]" filename="a.cpp" line="3">
       <Expression success="true" type="CHECK"><Original>a</Original></Expression>
 )";
   const auto c = parse_catch_xml(v2);
-  REQUIRE(c.size() == 3);
+  REQUIRE(c.size() == 4);
   CHECK(c[0].name == "ENV.int8 every element <= s/2");
+  CHECK(c[2].name == "STO.resolve.precedence.values FP8 -> fp8, INT8 -> int8");  // '>' inside an attribute
+  CHECK(c[2].has_result);
   CHECK(c[0].has_result);
   CHECK(c[0].success);
   CHECK(c[0].seconds == 0.5);
   CHECK(c[1].has_result);
   CHECK_FALSE(c[1].success);
-  CHECK_FALSE(c[2].has_result);  // the process died inside this case
+  CHECK_FALSE(c[3].has_result);  // the process died inside this case
   const std::string v3 = R"(<Catch2TestRun name="g"><TestCase name="PAR.x y" tags="[cuda]" filename="a" line="1">
 <OverallResult success="true" skips="1" durationInSeconds="0.001"/></TestCase></Catch2TestRun>)";
   const auto c3 = parse_catch_xml(v3);
