@@ -1,6 +1,8 @@
 // `kvgate mutate`: the mutation driver (mutations/, docs/MUTATIONS.md).
+#include <algorithm>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "commands.hpp"
 #include "kvgate_mutations/driver.hpp"
@@ -11,7 +13,8 @@ namespace kvgate::cli {
 namespace {
 struct MutateCli {
   std::string catalog, out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets;
-  int jobs = 1;
+  // Both cores by default: the gate executables run side by side (the longest starts first).
+  int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, no_canary = false;
   double min_timeout = 20;
   std::vector<std::string> cmake_args;

@@ -206,6 +206,25 @@ TEST_CASE("MOD.engine.sampler seeded sampling is reproducible and respects top-k
   e.reset();
   const auto d = e.generate(std::span<const int>(&bos, 1), 20, so);
   CHECK(d.tokens == std::vector<int>(kGreedy64.begin(), kGreedy64.begin() + 20));
+
+  // top_k = k admits exactly the k most probable ids. Logits 10, 9.9, 9.8, 9.7, then a cliff: at
+  // temperature 1 the 4th id carries ~23% of the mass, so a k+1 sampler draws it within a few of the
+  // 2000 draws (probability of missing it < 1e-200); a correct k = 3 sampler never does.
+  std::vector<float> logits(64, -20.0f);
+  logits[7] = 10.0f;
+  logits[3] = 9.9f;
+  logits[50] = 9.8f;
+  logits[11] = 9.7f;
+  SamplerOptions tk;
+  tk.temperature = 1.0f;
+  tk.top_k = 3;
+  tk.seed = 2024;
+  Sampler s(64, tk);
+  std::map<int, int> seen;
+  for (int i = 0; i < 2000; ++i) ++seen[s.sample(logits)];
+  INFO("top_k=3 over logits {7:10, 3:9.9, 50:9.8, 11:9.7, rest -20}, seed 2024, 2000 draws");
+  CHECK(seen.count(11) == 0);
+  CHECK(seen.size() == 3);  // anti-vacuity: the sampler is not greedy, all three admitted ids appear
 }
 
 TEST_CASE("MOD.engine.context generation stops at the context, prefill past it is refused", "[gate:MOD]") {
@@ -220,6 +239,18 @@ TEST_CASE("MOD.engine.context generation stops at the context, prefill past it i
   std::vector<int> more(5, 300);
   CHECK_THROWS_AS(e.prefill(more), EngineError);
   CHECK_THROWS_AS(e.decode(-1), EngineError);
+
+  // The boundary itself: a prefill that ends exactly at the context is accepted, one token more is not.
+  Engine f(m, o);
+  std::vector<int> fill(39, 300);
+  fill[0] = bos;
+  f.prefill(fill);
+  std::vector<int> two(2, 300);
+  CHECK_THROWS_AS(f.prefill(two), EngineError);
+  CHECK(f.position() == 39);
+  std::vector<int> one(1, 300);
+  CHECK_NOTHROW(f.prefill(one));
+  CHECK(f.position() == 40);
 }
 
 TEST_CASE("MOD.tokenizer.sp encode/decode as llama2.c run.c (tok512.bin and GGUF metadata)", "[gate:MOD]") {
