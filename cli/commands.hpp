@@ -9,6 +9,7 @@ void register_formats(CLI::App& app);
 void register_gate(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_run(CLI::App& app);
+void register_logits(CLI::App& app);
 void register_chat(CLI::App& app);
 void register_mutate(CLI::App& app);
 void register_probe(CLI::App& app);

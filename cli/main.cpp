@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   kvgate::cli::register_gate(app);
   kvgate::cli::register_synth(app);
   kvgate::cli::register_run(app);
+  kvgate::cli::register_logits(app);
   kvgate::cli::register_chat(app);
   kvgate::cli::register_mutate(app);
   kvgate::cli::register_probe(app);
