@@ -434,7 +434,9 @@ TEST_CASE("ORA.model.random runtime logits at f32 KV == oracle on the MOD random
     mod_kl("MOD.kl." id, preset);                                                                      \
   }
 
-MOD_FORMAT("f32", "f32")
+// No f32 row: f32 KV is the baseline these gates compare against (an f32-vs-f32 case could only
+// fail on nondeterminism, and no mutant could make it red). The f32 run itself is gated against
+// the independent oracle forward by ORA.model.random / ORA.model.stories260K.
 MOD_FORMAT("f16", "f16")
 MOD_FORMAT("bf16", "bf16")
 MOD_FORMAT("int8", "int8")

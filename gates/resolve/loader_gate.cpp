@@ -110,6 +110,21 @@ TEST_CASE("STO.loader.bad_header a header that is not JSON, or not the expected 
   INFO(msg);
   CHECK(has(msg, kUp));
   CHECK(has(msg, "data_offsets"));
+
+  // Valid JSON of the wrong kind: an array of the same length as the original header.
+  const std::string dir3 = synth_tiny(t, "m3");
+  const fs::path st3 = fs::path(dir3) / "model.safetensors";
+  std::string b3 = read_bytes(st3);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(b3[static_cast<std::size_t>(i)]);
+  REQUIRE(n >= 2);
+  REQUIRE(b3.size() >= 8 + n);
+  b3.replace(8, n, "[" + std::string(n - 2, ' ') + "]");
+  write_bytes(st3, b3);
+  msg = model_error([&] { load_hf(dir3); });
+  INFO(msg);
+  CHECK(has(msg, st3.string()));
+  CHECK(has(msg, "not a JSON object"));
 }
 
 TEST_CASE("STO.loader.offsets data_offsets past the end of the data section", "[gate:STO][fmt:none]") {
@@ -204,6 +219,31 @@ TEST_CASE("STO.loader.dtype unknown and unsupported dtypes", "[gate:STO][fmt:non
 }
 
 // ---- config.json / directory robustness ---------------------------------------------------------
+
+TEST_CASE("STO.loader.rope_parameters transformers 5 RoPE settings are read, not defaulted", "[gate:STO][fmt:none]") {
+  // transformers >= 5 writes rope_parameters {rope_type, rope_theta} instead of top-level rope_theta:
+  // a loader that ignores it runs theta 10000 on a model trained with another theta, silently.
+  TempDir t;
+  const std::string dir = synth_tiny(t, "r");
+  auto cj = read_json_file(fs::path(dir) / "config.json");
+  cj.erase("rope_theta");
+  cj["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  write_json_file(fs::path(dir) / "config.json", cj);
+  CHECK(load_hf(dir).config.rope_theta == 500000.0f);
+  // Anti-vacuity: the same model with the top-level key reads the same theta.
+  const std::string dir2 = synth_tiny(t, "r2");
+  auto cj2 = read_json_file(fs::path(dir2) / "config.json");
+  cj2["rope_theta"] = 500000.0;
+  write_json_file(fs::path(dir2) / "config.json", cj2);
+  CHECK(load_hf(dir2).config.rope_theta == 500000.0f);
+  // A RoPE type kvgate does not implement is refused with the field named.
+  cj["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 500000.0}, {"factor", 4.0}};
+  write_json_file(fs::path(dir) / "config.json", cj);
+  const std::string msg = model_error([&] { load_hf(dir); });
+  INFO(msg);
+  CHECK(has(msg, "rope_parameters"));
+  CHECK(has(msg, "yarn"));
+}
 
 TEST_CASE("STO.loader.config bad config.json fields are named", "[gate:STO][fmt:none]") {
   TempDir t;

@@ -228,6 +228,18 @@ TEST_CASE("STO.errors impossible requests fail with a clear message", "[gate:STO
   st->swap_out(s);
   CHECK_THROWS_AS(st->swap_out(s), KvStoreError);
   CHECK_THROWS_AS(st->extend(s, 1), KvStoreError);
+
+  // The boundary: 3 blocks of 8 tokens hold 24 tokens. From 10 tokens (2 blocks, 1 free), +15 needs
+  // two more blocks and must be refused with the sequence unchanged; +14 fills the pool exactly.
+  SeqId s2;
+  auto edge = filled_store(*parse_kv_format("int8"), 3, s2, 10, 1);
+  REQUIRE(edge->free_blocks() == 1);
+  CHECK_THROWS_WITH(edge->extend(s2, 15), kvgate_catch::contains("out of KV blocks"));
+  CHECK(edge->length(s2) == 10);
+  CHECK(edge->block_table(s2).size() == 2);
+  CHECK_NOTHROW(edge->extend(s2, 14));
+  CHECK(edge->length(s2) == 24);
+  CHECK(edge->free_blocks() == 0);
 }
 
 TEST_CASE("STO.guards guard regions around every page detect an out-of-bounds write", "[gate:STO]") {

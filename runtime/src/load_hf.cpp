@@ -412,7 +412,17 @@ Model load_hf(const std::string& dir_str) {
       (c.arch == "mistral" && cf.has("sliding_window")) || (cf.bool_opt("use_sliding_window", false) && cf.has("sliding_window"));
   if (sliding) c.max_seq_len = std::min(c.max_seq_len, cf.int_checked("sliding_window", 1, 1 << 24));
   c.rms_eps = static_cast<float>(cf.num_opt("rms_norm_eps", 1e-6));
-  c.rope_theta = static_cast<float>(cf.num_opt("rope_theta", 10000.0));
+  // transformers >= 5 writes RoPE settings under rope_parameters (rope_theta, rope_type) instead
+  // of top-level keys; read either, never silently default when only the new form is present.
+  if (!cf.has("rope_theta") && cf.has("rope_parameters") && cf.j["rope_parameters"].is_object()) {
+    const Cfg rp{cf.j["rope_parameters"], cf.path + "' field 'rope_parameters"};
+    c.rope_theta = static_cast<float>(rp.num_opt("rope_theta", 10000.0));
+    const std::string rt = rp.has("rope_type") && rp.j["rope_type"].is_string() ? rp.j["rope_type"].get<std::string>() : "default";
+    if (rt != "default")
+      cf.bad("rope_parameters", ".rope_type = \"" + rt + "\" is not supported (only the default RoPE)");
+  } else {
+    c.rope_theta = static_cast<float>(cf.num_opt("rope_theta", 10000.0));
+  }
   c.rope_style = RopeStyle::half;
   c.qkv_bias = c.arch == "qwen2";
   if (cf.bool_opt("attention_bias", false) && c.arch != "qwen2")
