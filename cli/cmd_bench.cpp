@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cmd_bench.hpp"
 #include "commands.hpp"
@@ -16,7 +17,7 @@ namespace kvgate::cli {
 namespace {
 
 struct BenchOpts {
-  std::string model, tokenizer, formats, lengths, windows, devices = "cpu", corpus, out = "kvgate.out/bench";
+  std::string model, tokenizer, probe_model, formats, lengths, windows, devices = "cpu", corpus, out = "kvgate.out/bench";
   std::string needle_lengths, needle_depths, needle_seeds, counting_n, echo_seeds;
   int decode_steps = 0, repeats = 0, threads = 1;
   double budget_mib = 1024;
@@ -46,6 +47,21 @@ matrix::MatrixOptions bench_options_from(const Model& model, bool quick, const s
   return mo;
 }
 
+void load_probe_subject(const std::string& flag, const std::string& source_dir, bool quick, matrix::MatrixOptions& mo,
+                        std::optional<Model>& holder) {
+  const std::string path = flag.empty() ? matrix::find_probe_model(source_dir) : flag == "none" ? "" : flag;
+  if (path.empty()) {
+    if (flag.empty())
+      std::fprintf(stderr, "note: the probe model (datasets/models/probe) was not found: the probes run on the matrix model\n");
+    return;
+  }
+  holder.emplace(load_model(path));
+  for (auto k : {probes::ProbeKind::needle, probes::ProbeKind::counting, probes::ProbeKind::echo})
+    mo.probe_specs[probes::to_string(k)] = matrix::default_probe_spec(k, *holder, quick);
+  mo.probe_model = &*holder;  // holder outlives the matrix run (owned by the caller)
+  mo.probe_model_path = path;
+}
+
 namespace {
 
 int run_bench(const BenchOpts& o) {
@@ -54,6 +70,8 @@ int run_bench(const BenchOpts& o) {
   if (model_path.empty()) throw std::invalid_argument("no --model and stories260K not found (set KVGATE_MODELS)");
   const Model model = load_model(model_path, o.tokenizer);
   matrix::MatrixOptions mo = bench_options_from(model, o.quick, src);
+  std::optional<Model> probe_subject;
+  load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
   if (!o.formats.empty()) mo.formats = matrix::split_csv(o.formats);
   if (!o.lengths.empty()) mo.lengths = matrix::parse_int_list(o.lengths);
   if (!o.windows.empty()) mo.windows = matrix::parse_int_list(o.windows);
@@ -101,6 +119,8 @@ void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOpts>();
   auto* sub = app.add_subcommand("bench", "A/B matrix: KV formats x context x streaming window x device (JSON, JSONL, CSV, Markdown)");
   sub->add_option("--model", o->model, "model (default: stories260K)");
+  sub->add_option("--probe-model", o->probe_model,
+                  "subject of the needle/counting/echo probes (default: datasets/models/probe; 'none' = --model)");
   sub->add_option("--tokenizer", o->tokenizer, "tokenizer file when it is not beside the model");
   sub->add_option("--formats", o->formats, "presets and pairs, e.g. f16,int8,k8v4,k=q8_0;v=q4_0 (default: every preset + k=q8_0,v=q4_0)");
   sub->add_option("--lengths", o->lengths, "context lengths of the timing rows");

@@ -29,7 +29,7 @@ using json = nlohmann::json;
 
 struct FieldOpts {
   bool quick = false, no_timing = false, no_gates = false;
-  std::string out = "kvgate.out/field-report", formats, model, gates_dir;
+  std::string out = "kvgate.out/field-report", formats, model, probe_model, gates_dir;
   std::vector<std::string> compare;
   int threads = 1;
 };
@@ -84,6 +84,8 @@ int run_field(const FieldOpts& o) {
   fs::create_directories(o.out);
 
   matrix::MatrixOptions mo = bench_options_from(model, o.quick, src);
+  std::optional<Model> probe_subject;
+  load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
   if (!o.formats.empty()) mo.formats = matrix::split_csv(o.formats);
   mo.threads = o.threads;
   mo.timing = !o.no_timing;
@@ -235,6 +237,8 @@ void register_field_report(CLI::App& app) {
   sub->add_option("--out", o->out, "bundle folder (a .tar.gz is written beside it)")->capture_default_str();
   sub->add_option("--formats", o->formats, "formats (default: every preset + k=q8_0,v=q4_0)");
   sub->add_option("--model", o->model, "model (default stories260K)");
+  sub->add_option("--probe-model", o->probe_model,
+                  "subject of the needle/counting/echo probes (default: datasets/models/probe; 'none' = --model)");
   sub->add_option("--threads", o->threads, "CPU threads")->capture_default_str();
   sub->add_option("--gates-dir", o->gates_dir, "folder with the gate_* programs (default <kvgate dir>/gates)");
   sub->add_flag("--no-gates", o->no_gates, "skip the gate summary");

@@ -22,8 +22,12 @@ struct ProbeOpts {
   bool json = false, quick = false, strict = false;
 };
 
+// The probe model (datasets/models/probe) when present: it can follow the prompts; stories260K
+// cannot, so it is only the fallback subject.
 std::string default_model() {
-  return matrix::find_model("stories260K/stories260K.bin", matrix::default_source_dir());
+  const std::string src = matrix::default_source_dir();
+  const std::string probe = matrix::find_probe_model(src);
+  return probe.empty() ? matrix::find_model("stories260K/stories260K.bin", src) : probe;
 }
 
 // Writes the cases of a probe as JSONL (prompt + expected answer) without running a model: the
@@ -82,7 +86,7 @@ int run_probe_cmd(const ProbeOpts& o) {
   const std::string model_path = o.model.empty() ? default_model() : o.model;
   if (!o.emit.empty() && o.model.empty()) return emit_cases(o, *kind, nullptr);
   if (model_path.empty())
-    throw std::invalid_argument("no --model given and stories260K not found (set KVGATE_MODELS or pass --model PATH)");
+    throw std::invalid_argument("no --model given, and neither datasets/models/probe nor stories260K was found (set KVGATE_MODELS or pass --model PATH)");
   const Model model = load_model(model_path, o.tokenizer);
   if (!o.emit.empty()) return emit_cases(o, *kind, &model);
 
@@ -132,7 +136,7 @@ int run_probe_cmd(const ProbeOpts& o) {
 void register_probe(CLI::App& app) {
   auto o = std::make_shared<ProbeOpts>();
   auto* sub = app.add_subcommand("probe", "Needle / counting / echo probes with exact scoring (datasets/probes/RECIPE.md)");
-  sub->add_option("--model", o->model, "model (default: stories260K from $KVGATE_MODELS or ../shared/models)");
+  sub->add_option("--model", o->model, "model (default: datasets/models/probe, else stories260K from $KVGATE_MODELS or ../shared/models)");
   sub->add_option("--tokenizer", o->tokenizer, "tokenizer file when it is not beside the model");
   sub->add_option("--probe", o->probe, "needle | counting | echo")->required();
   sub->add_option("--lengths", o->lengths, "needle: context lengths in tokens; counting: N values (comma-separated)");

@@ -29,7 +29,7 @@ using json = nlohmann::json;
 struct SignoffOpts {
   std::vector<std::string> formats;
   bool all = false, quick = false, no_timing = false;
-  std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, catalog, scratch;
+  std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, probe_model, catalog, scratch;
   int threads = 1, jobs = 1;
 };
 
@@ -245,6 +245,21 @@ int run_signoff(const SignoffOpts& o) {
     for (auto& [f, v] : V) v.not_validated.push_back("matrix not run: stories260K not found (set KVGATE_MODELS or --model)");
   } else {
     matrix::MatrixOptions mo = bench_options_from(*model, o.quick, src);
+    std::optional<Model> probe_subject;
+    load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
+    if (probe_subject && !o.quick) {
+      // The sign-off grid: every length class up to 8K at five depths, one seed (the full 165-case
+      // grid of `kvgate probe` / `kvgate bench` takes ~10x longer per format on two cores).
+      auto& nd = mo.probe_specs["needle"];
+      std::vector<int> lengths;
+      for (int L : nd.lengths)
+        if (L == 512 || L == 2048 || L == nd.lengths.back()) lengths.push_back(L);
+      nd.lengths = lengths;
+      nd.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+      nd.seeds = {1};
+      auto& ec = mo.probe_specs["echo"];
+      if (ec.seeds.size() > 50) ec.seeds.resize(50);
+    }
     mo.formats = formats;
     mo.threads = o.threads;
     mo.timing = !o.no_timing;
@@ -345,6 +360,8 @@ void register_signoff(CLI::App& app) {
   sub->add_option("--mutate-scratch", o->scratch, "scratch tree for kvgate mutate (default: mutate's own)");
   sub->add_option("--catalog", o->catalog, "mutant catalog (default mutations/catalog.json)");
   sub->add_option("--model", o->model, "matrix model (default stories260K)");
+  sub->add_option("--probe-model", o->probe_model,
+                  "subject of the needle/counting/echo probes (default: datasets/models/probe; 'none' = --model)");
   sub->add_option("--threads", o->threads, "CPU threads for the matrix")->capture_default_str();
   sub->add_option("--jobs,-j", o->jobs, "parallel jobs for kvgate mutate")->capture_default_str();
   sub->add_flag("--no-timing", o->no_timing, "matrix without timing (reads no clock; for tests)");

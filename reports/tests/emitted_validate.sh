@@ -14,11 +14,11 @@ src="${KVGATE_SOURCE_DIR:?}"
 "$kvgate" gate --format int8 --family STO --json "$out/gates-int8.json" > /dev/null
 files=("$out"/probe-*.json "$out/bench/matrix.json" "$out/gates-int8.json")
 if "$kvgate" --help | grep -q signoff; then
-  "$kvgate" signoff --format int8 --quick --no-timing --mutants "$src/reports/tests/fixtures" --out "$out/signoff" > /dev/null || true
+  "$kvgate" signoff --format int8 --quick --no-timing --probe-model none --mutants "$src/reports/tests/fixtures" --out "$out/signoff" > /dev/null || true
   files+=("$out/signoff/signoff.json" "$out/signoff/matrix.json" "$out/signoff/gates.json")
 fi
 if "$kvgate" --help | grep -q field-report; then
-  "$kvgate" field-report --quick --no-timing --no-gates --formats int8 --out "$out/field" > /dev/null
+  "$kvgate" field-report --quick --no-timing --no-gates --probe-model none --formats int8 --out "$out/field" > /dev/null
   files+=("$out/field/field-report.json" "$out/field/matrix.json")
 fi
 "$kvgate" report --validate "${files[@]}"

@@ -343,12 +343,21 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
       fj["kl_positions"] = 0;
     }
     nlohmann::json pj = nlohmann::json::object();
-    if (o.probes && model.tokenizer) {
+    const Model& pmodel = o.probe_model ? *o.probe_model : model;
+    if (o.probes && pmodel.tokenizer) {
+      // The probe subject resolves the requested format against its own geometry (a fallback there
+      // is reported in the probe record, never hidden).
+      KvRequest preq;
+      preq.flag = F.kv.requested;
+      const ResolvedKv pkv = o.probe_model ? resolve_kv(preq, pmodel.config, block) : F.kv;
       for (const auto& pn : probe_names) {
         const auto kind = *probes::parse_probe_kind(pn);
         const auto it = o.probe_specs.find(pn);
-        const ProbeSpec spec = it != o.probe_specs.end() ? it->second : default_probe_spec(kind, model, o.quick);
-        const auto r = run_probe(model, eo_for(F.kv, 0), spec, [&](const std::string& line) {
+        const ProbeSpec spec = it != o.probe_specs.end() ? it->second : default_probe_spec(kind, pmodel, o.quick);
+        // Probe outcomes do not depend on the thread count (MOD.engine.threads), so they use every core.
+        EngineOptions peo = eo_for(pkv, 0);
+        peo.threads = 0;
+        const auto r = run_probe(pmodel, peo, spec, [&](const std::string& line) {
           say("[" + std::to_string(fi + 1) + "/" + std::to_string(fmts.size()) + "] " + F.name + ": " + line);
         });
         int same = 0, ran = 0;
@@ -494,7 +503,11 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
   m["kind"] = "matrix";
   m["baseline"] = "f32";
   m["provenance"] = prov;
-  m["subject_note"] = subject_note(model);
+  m["subject_note"] = o.probe_model
+                          ? "Probes (needle, counting, echo) ran on the probe model " + o.probe_model_path + " (" +
+                                o.probe_model->fingerprint + "); KL/top-1 and timing on the matrix model. " +
+                                subject_note(*o.probe_model)
+                          : subject_note(model);
   nlohmann::json probe_cfg = nlohmann::json::object();
   for (const auto& [k, s] : o.probe_specs)
     probe_cfg[k] = {{"lengths", s.lengths}, {"depths", s.depths}, {"seeds", s.seeds}};
@@ -514,7 +527,10 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
                                                   : nlohmann::json(std::filesystem::path(o.corpus_path).filename().string())},
                  {"streaming_supported", streaming},
                  {"conversations_supported", engine_supports_conversations()},
-                 {"probes", probe_cfg}};
+                 {"probes", probe_cfg},
+                 {"probe_subject", o.probe_model ? nlohmann::json({{"path", o.probe_model_path},
+                                                                  {"fingerprint", o.probe_model->fingerprint}})
+                                                 : nlohmann::json(nullptr)}};
   nlohmann::json notes = nlohmann::json::array();
   if (!windows_note.empty()) notes.push_back(windows_note);
   if (!corpus_note.empty()) notes.push_back(corpus_note);

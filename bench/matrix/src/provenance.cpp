@@ -166,6 +166,12 @@ std::string find_model(const std::string& rel, const std::string& source_dir) {
   return {};
 }
 
+std::string find_probe_model(const std::string& source_dir) {
+  if (const char* e = std::getenv("KVGATE_PROBE_MODEL"); e && *e) return e;
+  const auto p = std::filesystem::path(source_dir) / "datasets" / "models" / "probe";
+  return std::filesystem::exists(p / "config.json") ? p.string() : std::string();
+}
+
 nlohmann::json provenance(const ProvenanceOptions& o) {
   nlohmann::json j;
   const std::string src = o.source_dir.empty() ? default_source_dir() : o.source_dir;

@@ -46,6 +46,9 @@ std::vector<std::string> model_dirs(const std::string& source_dir);
 // "stories260K/stories260K.bin" -> the first existing candidate, or empty.
 std::string find_model(const std::string& rel, const std::string& source_dir);
 std::string default_source_dir();  // the git work tree around the cwd, else the configured source
+// The probe model of issue 8 (datasets/models/probe, a Hugging Face directory): $KVGATE_PROBE_MODEL,
+// else <source>/datasets/models/probe when its config.json exists; empty when neither is there.
+std::string find_probe_model(const std::string& source_dir);
 
 struct Corpus {
   std::string path, model_fingerprint;
@@ -101,6 +104,10 @@ struct MatrixOptions {
   std::string cache_dir;                 // scratch for the warm-TTFT KV files
   std::uint64_t seed = 1;
   std::map<std::string, ProbeSpec> probe_specs;  // by probe name; missing: defaults
+  // Subject of the needle/counting/echo probes when it is not the matrix model (the probe model;
+  // stories260K cannot follow the prompts). KL/top-1 and timing stay on the matrix model.
+  const Model* probe_model = nullptr;
+  std::string probe_model_path;
 };
 
 // Quick defaults for a model (a full CPU run on stories260K in a few minutes).
