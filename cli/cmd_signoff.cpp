@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 
 #include "cmd_bench.hpp"
 #include "commands.hpp"
@@ -30,7 +31,8 @@ struct SignoffOpts {
   std::vector<std::string> formats;
   bool all = false, quick = false, no_timing = false;
   std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, probe_model, catalog, scratch;
-  int threads = 1, jobs = 1;
+  int threads = 1;
+  int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // kvgate mutate -j
 };
 
 fs::path self_exe() {
