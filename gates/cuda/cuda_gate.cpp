@@ -8,6 +8,7 @@
 //                            across page sizes, GQA ratios, head_dims 8/64/128/256, ragged batches,
 //                            contexts crossing pages and forced split counts.
 //  STO.cuda.capability       supports_op refusals and kernel paths (no device needed).
+//  STO.cuda.resolve          resolve_kv(backend "cuda") consults supports_op (no device needed).
 //
 // Without a device every [cuda] case prints "SKIPPED: no CUDA device: <reason>" and passes, so the
 // executable exits 0 on CPU-only CI; the message keeps the skip visible.
@@ -26,6 +27,7 @@
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
 #include "kvgate/kv_store.hpp"
+#include "kvgate/resolve.hpp"
 #include "kvgate_oracle/attention.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "kvgate_oracle/metrics.hpp"
@@ -517,4 +519,54 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
       CHECK(kc::supports_op(kc::Op::decode, KvFormat{kf, vf}, {16, 8, 128}, 32).ok);
     }
   if (!dev.available) WARN("device checks of STO.cuda.capability SKIPPED: " << dev.reason);
+}
+
+TEST_CASE("STO.cuda.resolve resolve_kv on backend cuda refuses what the CUDA ops cannot run, with their reason",
+          "[gate:STO][cuda]") {
+  kc::register_capability();
+  auto cfg = [](int kv_heads, int head_dim) {
+    ModelConfig c;
+    c.n_kv_heads = kv_heads;
+    c.n_heads = kv_heads * 4;
+    c.head_dim = head_dim;
+    c.dim = c.n_heads * head_dim;
+    return c;
+  };
+  auto req = [](const char* f, bool strict) {
+    KvRequest r;
+    r.flag = parse_kv_format(f);
+    r.strict = strict;
+    r.backend = "cuda";
+    return r;
+  };
+  // Supported: kept as requested on cuda (the hook is consulted and says yes).
+  const ResolvedKv ok = resolve_kv(req("k8v4", true), cfg(8, 128), 16);
+  CHECK(ok.backend == "cuda");
+  CHECK(ok.effective == *parse_kv_format("k8v4"));
+  CHECK_FALSE(ok.fell_back());
+  // head_dim 512: no CUDA decode kernel for any half -> a clear error naming the reason.
+  std::string msg;
+  try {
+    resolve_kv(req("int8", false), cfg(2, 512), 16);
+  } catch (const KvResolveError& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("head_dim_unsupported") != std::string::npos);
+  CHECK(msg.find("backend 'cuda'") != std::string::npos);
+  // A token row over the store kernel's shared memory (256 KV heads x 256 dims) -> row_too_large.
+  msg.clear();
+  try {
+    resolve_kv(req("int8", false), cfg(256, 256), 16);
+  } catch (const KvResolveError& e) {
+    msg = e.what();
+  }
+  INFO(msg);
+  CHECK(msg.find("row_too_large") != std::string::npos);
+  // Anti-vacuity: the CPU backend takes both geometries (the refusals are the CUDA hook's).
+  KvRequest cpu = req("int8", true);
+  cpu.backend = "cpu";
+  CHECK_FALSE(resolve_kv(cpu, cfg(2, 512), 16).fell_back());
+  CHECK_FALSE(resolve_kv(cpu, cfg(256, 256), 16).fell_back());
+  register_backend_capability("cuda", nullptr);
 }

@@ -26,6 +26,10 @@ struct OpSupport {
 // capability is checked too (the kernels are built for sm_90a + compute_90 PTX).
 OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads = 0);
 
+// Registers the CUDA capability with kvgate::resolve_kv as backend "cuda" (runtime/cuda/capability.cpp):
+// resolve_kv(backend "cuda") then refuses what these ops cannot run, with supports_op's reason.
+void register_capability();
+
 // ---- store ---------------------------------------------------------------------------------
 struct StoreRowsArgs {
   const float* rows = nullptr;        // device, [n_tokens][row_stride] floats, row = H*D head-major
