@@ -602,6 +602,9 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       GateExe x;
       x.target = line.substr(0, tab);
       x.path = line.substr(tab + 1);
+      // A CUDA build lists the GPU gate program; CMakeCache.txt may not name the CUDA compiler
+      // (found through check_language), so this is the reliable signal for `requires: cuda`.
+      if (x.target == "gate_cuda") e.cuda_build = true;
       e.exes.push_back(x);
       e.targets.push_back(x.target);
     }
