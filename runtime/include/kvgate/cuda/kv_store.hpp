@@ -58,6 +58,11 @@ class CudaKvStore {
                     DecodeWorkspace& ws, float softmax_scale = 0.0f, int num_splits = 0,
                     cudaStream_t stream = nullptr);
 
+  // Causal prefill attention of the chunk at positions [pos0, pos0 + n_new) of sequence s over
+  // `layer` (the chunk's K/V rows must already be written): d_q/d_out [n_new][n_heads][D].
+  void prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
+               float softmax_scale = 0.0f, cudaStream_t stream = nullptr);
+
  private:
   struct Sequence {
     int length = 0;

@@ -12,7 +12,7 @@
 
 namespace kvgate::cuda {
 
-enum class Op : std::uint8_t { store, decode };
+enum class Op : std::uint8_t { store, decode, prefill };
 
 struct OpSupport {
   bool ok = true;
@@ -95,5 +95,27 @@ DecodePlan decode_attention(const DecodeArgs& a, DecodeWorkspace& ws, cudaStream
 // when capturing).
 DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& plan, DecodeWorkspace& ws,
                             cudaStream_t stream = nullptr);
+
+// ---- prefill attention (runtime/cuda/prefill.cu, kernels/prefill.cuh) ------------------------------
+// Causal attention of a chunk of n_new query tokens of one sequence at positions
+// [n_past, n_past + n_new) over that sequence's first n_past + n_new tokens in the paged store (the
+// chunk's own K/V rows are already stored): query i sees tokens 0 .. n_past + i.
+struct PrefillArgs {
+  KvFormat format;
+  PageGeometry geometry;
+  int n_heads = 0;                        // query heads, a multiple of n_kv_heads
+  const std::uint8_t* k_pool = nullptr;   // device pools of one layer
+  const std::uint8_t* v_pool = nullptr;
+  std::size_t k_page_stride = 0, v_page_stride = 0;
+  const int* block_table = nullptr;       // device, the sequence's page ids (>= ceil((n_past+n_new)/block_size))
+  int n_past = 0;                         // tokens before the chunk
+  int n_new = 0;                          // query tokens in the chunk (>= 1)
+  const float* q = nullptr;               // device [n_new][n_heads][D]
+  float* out = nullptr;                   // device [n_new][n_heads][D]
+  float k_scale = 1.0f, v_scale = 1.0f;   // per-tensor scales (fp8 halves)
+  float softmax_scale = 0.0f;             // <= 0: 1/sqrt(D)
+};
+// Throws on an unsupported combination (supports_op(Op::prefill, ...)'s reason) or a CUDA error.
+void prefill_attention(const PrefillArgs& a, cudaStream_t stream = nullptr);
 
 }  // namespace kvgate::cuda
