@@ -1,1 +1,380 @@
-// placeholder: being written (issue 6)
+// GPU prefill attention gates (issue 6): [gate:ORA][cuda][prefill].
+//
+//  ORA.cuda.prefill.<fmt>  GPU causal prefill attention (kernels/prefill.cuh) of a chunk of n_new
+//                          query tokens at positions [n_past, n_past + n_new) vs the oracle's FP64
+//                          causal SDPA over the oracle's dequantization of the GPU's own page bytes:
+//                          NaN/Inf first (outputs poisoned with NaN), then NMSE and max-abs under the
+//                          derived FP32 bound (bounds.hpp attn_f32_max_abs with this kernel's summation
+//                          depths). Chunks with and without a prefix, n_new 1..300, pages 1/3/7/16,
+//                          GQA groups 1/2/3/4/8/16, head_dim 8/64/96/128/256, pages of the sequence
+//                          interleaved with decoy pages, and "future" rows past the chunk.
+//
+// Anti-vacuity per case: the outputs vary across query tokens by far more than the bound; an oracle
+// whose causal window is one key too wide (query i sees n_past + i + 1 keys) exceeds the bound; the
+// bound stays below kOraSensitivity of the output's RMS; a lossy format really changed the result
+// (attention over the unquantized rows differs).
+//
+// Without a device every case prints "SKIPPED: no CUDA device: <reason>" and passes.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bounds.hpp"
+#include "catch_compat.hpp"
+#include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/kv_store.hpp"
+#include "kvgate/cuda/ops.hpp"
+#include "kvgate/kv_store.hpp"
+#include "kvgate_oracle/attention.hpp"
+#include "kvgate_oracle/formats.hpp"
+#include "kvgate_oracle/metrics.hpp"
+#include "store_harness.hpp"
+
+using namespace kvgate;
+using namespace kvgate::gates;
+namespace ko = kvgate_oracle;
+namespace kc = kvgate::cuda;
+
+#define KVGATE_PREFILL_REQUIRE_DEVICE_OR_SKIP()                            \
+  do {                                                                     \
+    const kc::DeviceStatus& st_ = kc::device_status();                     \
+    if (!st_.available) {                                                  \
+      WARN("SKIPPED: " << st_.reason);                                     \
+      return;                                                              \
+    }                                                                      \
+  } while (0)
+
+namespace {
+
+ko::Half oracle_half(HalfFormat f) {
+  const auto h = ko::parse_half(name(f));
+  REQUIRE(h.has_value());
+  return *h;
+}
+
+struct DevFloats {
+  float* p = nullptr;
+  explicit DevFloats(std::size_t n) { REQUIRE(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(float)) == cudaSuccess); }
+  ~DevFloats() { cudaFree(p); }
+  DevFloats(const DevFloats&) = delete;
+  DevFloats& operator=(const DevFloats&) = delete;
+};
+
+struct PrefillCase {
+  int block_size, n_kv_heads, head_dim, group;
+  int n_past, n_new;  // chunk at positions [n_past, n_past + n_new)
+  int n_future;       // rows written past the chunk (must stay invisible)
+  std::uint64_t seed;
+  std::string describe() const {
+    return "block_size=" + std::to_string(block_size) + " kv_heads=" + std::to_string(n_kv_heads) +
+           " head_dim=" + std::to_string(head_dim) + " gqa_group=" + std::to_string(group) +
+           " n_past=" + std::to_string(n_past) + " n_new=" + std::to_string(n_new) +
+           " n_future=" + std::to_string(n_future) + " seed=" + std::to_string(seed);
+  }
+};
+
+std::vector<PrefillCase> prefill_cases(std::uint64_t s) {
+  // {B, H, D, group, n_past, n_new, n_future}
+  const int c[][7] = {
+      {1, 4, 8, 2, 0, 37, 0},      // D < 32: 32-blocks span heads; one token per page
+      {3, 4, 8, 4, 50, 19, 4},     // prefix, ragged pages, future rows
+      {16, 1, 64, 1, 0, 130, 0},   // MHA: 64-token query tiles, three of them
+      {3, 2, 64, 8, 21, 70, 3},    // group 8: 8 tokens x 8 heads per CTA
+      {16, 2, 64, 4, 200, 1, 5},   // a one-token chunk (decode-like) after a long prefix
+      {7, 2, 64, 3, 10, 50, 0},    // group 3: 21 tokens x 3 heads per CTA
+      {16, 1, 64, 16, 40, 30, 2},  // group 16: two head chunks
+      {1, 2, 128, 2, 5, 45, 0},
+      {16, 4, 128, 4, 0, 300, 0},  // long chunk from position 0: 19 query tiles, causal skipping
+      {3, 4, 128, 1, 100, 77, 6},
+      {7, 2, 96, 2, 13, 40, 1},    // head_dim not a power of two (q4_0_rot refuses it: skipped)
+      {16, 2, 256, 2, 33, 64, 0},
+      {1, 1, 256, 8, 0, 20, 0},
+      {3, 2, 128, 4, 300, 9, 2},   // short chunk after a long prefix
+  };
+  std::vector<PrefillCase> out;
+  std::uint64_t i = 0;
+  for (const auto& x : c) out.push_back({x[0], x[1], x[2], x[3], x[4], x[5], x[6], s + i++});
+  return out;
+}
+
+// Per-row error statistics of one comparison.
+struct Cmp {
+  double nmse = 0, err_max = 0, ref_rms = 0;
+};
+Cmp compare(const std::vector<double>& ref, const std::vector<double>& got) {
+  double ref_sq = 0, err_sq = 0, err_max = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    ref_sq += ref[i] * ref[i];
+    const double e = got[i] - ref[i];
+    err_sq += e * e;
+    err_max = std::max(err_max, std::fabs(e));
+  }
+  return {err_sq / ref_sq, err_max, std::sqrt(ref_sq / double(ref.size()))};
+}
+
+// Bound of one case (bounds.hpp attn_f32_max_abs with THIS kernel's summation depths):
+//  - a score is one sequential FP32 FMA chain over the D products of the pre-scaled query (one
+//    rounding: q * softmax_scale * log2(e) [* fp8 K scale]) and the dequantized key (code x scale,
+//    exact in binary32: <= 8-bit code x f16 scale), so |error| <= gamma_{D+1} * L1 <= (D + 2) u L1:
+//    attn_f32_max_abs(head_dim = D) (its own "+2");
+//  - O is one sequential FMA chain over the n_ctx visible keys, rescaled by the online-softmax
+//    correction once per 32-key tile, l likewise (a 32-term tree per tile + the running sum), then
+//    one division and the fp8 V-scale product: n_ctx + ceil(n_ctx / 32) + 4 terms in place of n_ctx;
+//  - rotated halves exactly as ORA.cuda.decode (the kernel rotates q and the output like decode):
+//    the query's binary32 rotation adds sc (log2 D + 2) u |q|_2 |y|_2 to the score error, and a
+//    rotated V is compared in the rotated domain with vmax over the rotated values, plus
+//    wht_slack(D, |o|_2) for the output's binary32 rotation.
+void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
+  long cases = 0;
+  for (const PrefillCase& pc : prefill_cases(seed0)) {
+    const PageGeometry g{pc.block_size, pc.n_kv_heads, pc.head_dim};
+    if (!supports(fmt.k, g).ok || !supports(fmt.v, g).ok) {
+      WARN("format " << fmt.name() << " case " << pc.describe() << ": geometry refused by the format, skipped");
+      continue;
+    }
+    const int H = pc.n_kv_heads, D = pc.head_dim, Hq = H * pc.group, HD = H * D;
+    const int n_ctx = pc.n_past + pc.n_new, n_all = n_ctx + pc.n_future;
+    INFO("format " << fmt.name() << " case " << pc.describe());
+    const auto sup = kc::supports_op(kc::Op::prefill, fmt, g, Hq);
+    INFO("supports_op: " << sup.reason << " " << sup.detail);
+    REQUIRE(sup.ok);
+    ++cases;
+
+    StoreConfig cfg;
+    cfg.format = fmt;
+    cfg.n_kv_heads = H;
+    cfg.head_dim = D;
+    cfg.block_size = pc.block_size;
+    cfg.n_blocks = (n_all + pc.block_size - 1) / pc.block_size + 2 * (pc.block_size + 1) + 4;
+    cfg.k_scale = {kGateKScale};
+    cfg.v_scale = {kGateVScale};
+    kc::CudaKvStore gpu(cfg);
+
+    // Rows: the sequence's n_all rows (gaussian K/V), decoys: large constant values.
+    const StoreCase sc_rows{pc.block_size, H, D, n_all, Pattern::gaussian, pc.seed * 31, 0};
+    const std::vector<float> k = make_rows(sc_rows, kGateKMagnitude, 1);
+    const std::vector<float> v = make_rows(sc_rows, kGateVMagnitude, 2);
+    std::vector<float> future_k = k, future_v = v;  // future rows: replaced by large values
+    for (std::size_t i = static_cast<std::size_t>(n_ctx) * HD; i < future_k.size(); ++i) {
+      future_k[i] = 30.0f;
+      future_v[i] = 30.0f * ((i % 2) ? 1.0f : -1.0f);
+    }
+    std::vector<float> big(static_cast<std::size_t>(pc.block_size + 1) * HD, 30.0f);
+    // Decoy 1 takes the first pages; the prefix is written; decoy 2 takes the next pages; then the
+    // chunk (and the future rows) land on pages after it: the table is not contiguous.
+    const SeqId decoy1 = gpu.create_sequence();
+    gpu.extend(decoy1, pc.block_size + 1);
+    gpu.write_host(decoy1, 0, 0, pc.block_size + 1, big.data(), HD, big.data(), HD);
+    const SeqId s = gpu.create_sequence();
+    if (pc.n_past > 0) {
+      gpu.extend(s, pc.n_past);
+      gpu.write_host(s, 0, 0, pc.n_past, k.data(), HD, v.data(), HD);
+    }
+    const SeqId decoy2 = gpu.create_sequence();
+    gpu.extend(decoy2, pc.block_size + 1);
+    gpu.write_host(decoy2, 0, 0, pc.block_size + 1, big.data(), HD, big.data(), HD);
+    gpu.extend(s, pc.n_new + pc.n_future);
+    gpu.write_host(s, 0, pc.n_past, pc.n_new + pc.n_future, future_k.data() + static_cast<std::size_t>(pc.n_past) * HD,
+                   HD, future_v.data() + static_cast<std::size_t>(pc.n_past) * HD, HD);
+
+    // Query scale as ORA.cuda.decode: 1.5, growing as sqrt(ln(n/2)) for long contexts, so a handful
+    // of keys dominate and the output does not average towards 0 under the worst-case bound.
+    Rng r(pc.seed ^ 0x5EEDF00Dull);
+    const double q_scale = std::max(1.5, std::sqrt(std::log(std::max(1, n_ctx) / 2.0)));
+    std::vector<float> q(static_cast<std::size_t>(pc.n_new) * Hq * D);
+    for (auto& x : q) x = r.normal() * static_cast<float>(q_scale);
+    DevFloats dq(q.size()), dout(q.size());
+    REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    const std::vector<float> poison(q.size(), std::nanf(""));
+    REQUIRE(cudaMemcpy(dout.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    gpu.prefill(s, 0, Hq, pc.n_past, pc.n_new, dq.p, dout.p);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<float> got(q.size());
+    REQUIRE(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+
+    // NaN/Inf first (an unwritten output element is still NaN).
+    const std::size_t nonfinite = ko::count_nonfinite(std::span<const float>(got));
+    INFO("non-finite outputs: " << nonfinite);
+    REQUIRE(nonfinite == 0);
+
+    // The oracle dequantizes the GPU's own bytes of the first n_ctx tokens.
+    const ko::PageShape shape{pc.block_size, H, D};
+    const bool rot_k = fmt.k == HalfFormat::q4_0_rot, rot_v = fmt.v == HalfFormat::q4_0_rot;
+    const auto table = gpu.block_table(s);
+    std::vector<float> kd(static_cast<std::size_t>(n_ctx) * HD), vd(kd.size()), ky(kd.size()), vy(kd.size());
+    for (int p = 0; p * pc.block_size < n_ctx; ++p) {
+      const int t0 = p * pc.block_size, m = std::min(pc.block_size, n_ctx - t0);
+      const auto kp = gpu.download_page(0, KvHalf::K, table[static_cast<std::size_t>(p)]);
+      const auto vp = gpu.download_page(0, KvHalf::V, table[static_cast<std::size_t>(p)]);
+      auto put = [&](std::vector<float>& dst, const std::vector<float>& src) {
+        std::copy_n(src.begin(), static_cast<std::size_t>(m) * HD, dst.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
+      };
+      put(kd, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kGateKScale));
+      put(vd, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, kGateVScale));
+      if (rot_k) put(ky, ko::dequantize_page(ko::Half::q4_0, shape, kp.data(), m, 1.0f));
+      if (rot_v) put(vy, ko::dequantize_page(ko::Half::q4_0, shape, vp.data(), m, 1.0f));
+    }
+    const ko::AttnShape as{pc.n_new, Hq, n_ctx, H, D, pc.n_past, 0.0f};
+    std::vector<double> ref(q.size());
+    ko::sdpa_f64(as, q.data(), kd.data(), vd.data(), ref.data());
+
+    // Bound inputs over every (query, head) row and its visible keys.
+    const double sc = 1.0 / std::sqrt(double(D));
+    double max_l1 = 0, vmax = 0, q_rot_err = 0;
+    for (int i = 0; i < pc.n_new; ++i)
+      for (int hq = 0; hq < Hq; ++hq) {
+        const float* qv = q.data() + (static_cast<std::size_t>(i) * Hq + hq) * D;
+        std::vector<double> qr(qv, qv + D);
+        double q2 = 0;
+        for (double x : qr) q2 += x * x;
+        if (rot_k) ko::hadamard_f64(qr.data(), D);
+        for (int t = 0; t <= pc.n_past + i; ++t) {
+          const std::size_t o = static_cast<std::size_t>(t) * HD + static_cast<std::size_t>(hq / pc.group) * D;
+          double l1 = 0, l1r = 0, y2 = 0;
+          for (int d = 0; d < D; ++d) {
+            l1 += std::fabs(double(qv[d]) * kd[o + d]);
+            if (rot_k) {
+              l1r += std::fabs(qr[static_cast<std::size_t>(d)] * ky[o + d]);
+              y2 += double(ky[o + d]) * ky[o + d];
+            }
+          }
+          max_l1 = std::max({max_l1, l1 * sc, l1r * sc});
+          if (rot_k) q_rot_err = std::max(q_rot_err, sc * (std::log2(double(D)) + 2) * kU32 * std::sqrt(q2) * std::sqrt(y2));
+        }
+      }
+    for (float x : (rot_v ? vy : vd)) vmax = std::max(vmax, double(std::fabs(x)));
+    const int pv_terms = n_ctx + (n_ctx + 31) / 32 + 4;
+    double bound = attn_f32_max_abs(D, pv_terms, max_l1, vmax) + 16 * q_rot_err * vmax;
+
+    // Compare (a rotated V: in the rotated domain, H applied to both outputs in binary64).
+    auto to_cmp = [&](const std::vector<double>& x) {
+      std::vector<double> y = x;
+      if (rot_v)
+        for (std::size_t row = 0; row < y.size() / D; ++row) ko::hadamard_f64(y.data() + row * D, D);
+      return y;
+    };
+    if (rot_v) {
+      double o2 = 0;
+      for (std::size_t row = 0; row < ref.size() / D; ++row) {
+        double h2 = 0;
+        for (int d = 0; d < D; ++d) h2 += ref[row * D + d] * ref[row * D + d];
+        o2 = std::max(o2, h2);
+      }
+      bound += wht_slack(D, std::sqrt(o2));
+    }
+    const std::vector<double> cmp_ref = to_cmp(ref), cmp_got = to_cmp(std::vector<double>(got.begin(), got.end()));
+    const Cmp c = compare(cmp_ref, cmp_got);
+    const double nmse_bound = bound * bound / (c.ref_rms * c.ref_rms);
+    INFO("path " << sup.path << ": nmse " << c.nmse << " (bound " << nmse_bound << "), max-abs " << c.err_max
+                 << " (bound " << bound << "), bound/rms(ref) " << bound / c.ref_rms << (rot_v ? " [rotated domain]" : ""));
+    CHECK(c.nmse <= nmse_bound);
+    CHECK(c.err_max <= bound);
+
+    // Anti-vacuity.
+    CHECK(bound <= kOraSensitivity * c.ref_rms);  // a wrong page/head/scale (O(1) error) cannot hide
+    double wide_ratio = 0;
+    if (pc.n_new > 1) {
+      // The outputs differ across query tokens (same head) by several bounds: a kernel that mixed up
+      // query tokens (or gave every token the same window) would fail the comparison above.
+      double spread = 0;
+      for (int i = 1; i < pc.n_new; ++i)
+        for (std::size_t e = 0; e < static_cast<std::size_t>(Hq) * D; ++e)
+          spread = std::max(spread, std::fabs(ref[static_cast<std::size_t>(i) * Hq * D + e] - ref[e]));
+      INFO("max |out(token i) - out(token 0)| = " << spread);
+      CHECK(spread > 4 * bound);
+      // A causal window one key too wide (query i sees n_past + i + 1 keys; the last query has none
+      // more to see) exceeds the bound: the mask is tested, not assumed.
+      ko::AttnShape wide = as;
+      wide.q_pos0 = pc.n_past + 1;
+      std::vector<double> ref_wide(q.size());
+      ko::sdpa_f64(wide, q.data(), kd.data(), vd.data(), ref_wide.data());
+      const Cmp cw = compare(to_cmp(ref_wide), cmp_got);
+      INFO("wide-window oracle: max-abs " << cw.err_max << " vs bound " << bound);
+      CHECK(cw.err_max > bound);
+      wide_ratio = cw.err_max / bound;
+    }
+    if (fmt.k != HalfFormat::f32 || fmt.v != HalfFormat::f32) {
+      // The store really quantized: attention over the unquantized rows differs.
+      std::vector<double> exact(q.size());
+      ko::sdpa_f64(as, q.data(), k.data(), v.data(), exact.data());
+      double qerr = 0;
+      for (std::size_t i = 0; i < exact.size(); ++i) qerr = std::max(qerr, std::fabs(exact[i] - ref[i]));
+      CHECK(qerr > 0);
+    }
+    // One line per case, pass or fail (the parameters, seed and figures of the run).
+    std::printf("ORA.cuda.prefill %s %s: max-abs %.3g (bound %.3g) nmse %.3g bound/rms %.3g wide-window/bound %.3g\n",
+                fmt.name().c_str(), pc.describe().c_str(), c.err_max, bound, c.nmse, bound / c.ref_rms, wide_ratio);
+  }
+  CHECK(cases >= 10);
+}
+
+}  // namespace
+
+#define ORA_CUDA_PREFILL(id, fmtname, seed)                                                              \
+  TEST_CASE("ORA.cuda.prefill." id " GPU causal prefill attention == oracle FP64 attention over the same bytes", \
+            "[gate:ORA][fmt:" fmtname "][cuda][prefill]") {                                              \
+    KVGATE_PREFILL_REQUIRE_DEVICE_OR_SKIP();                                                             \
+    const auto f = parse_kv_format(fmtname);                                                             \
+    REQUIRE(f.has_value());                                                                              \
+    run_prefill_gate(*f, seed);                                                                          \
+  }
+
+ORA_CUDA_PREFILL("f32", "f32", 9100)
+ORA_CUDA_PREFILL("f16", "f16", 9200)
+ORA_CUDA_PREFILL("bf16", "bf16", 9300)
+ORA_CUDA_PREFILL("int8", "int8", 9400)
+ORA_CUDA_PREFILL("fp8", "fp8", 9500)
+ORA_CUDA_PREFILL("fp8_e5m2", "fp8_e5m2", 9600)
+ORA_CUDA_PREFILL("q8_0", "q8_0", 9700)
+ORA_CUDA_PREFILL("q4_0", "q4_0", 9800)
+ORA_CUDA_PREFILL("k8v4", "k8v4", 9900)
+ORA_CUDA_PREFILL("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 10000)
+ORA_CUDA_PREFILL("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100)
+ORA_CUDA_PREFILL("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200)
+ORA_CUDA_PREFILL("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 10300)
+ORA_CUDA_PREFILL("mixed.f16-int8", "k=f16,v=int8", 10400)
+
+TEST_CASE("STO.cuda.prefill.capability supports_op(Op::prefill) refuses with stable reasons and names its kernel",
+          "[gate:STO][cuda][prefill]") {
+  auto refused = [](const kc::OpSupport& s, const char* reason) {
+    INFO("got reason '" << s.reason << "' detail '" << s.detail << "'");
+    CHECK_FALSE(s.ok);
+    CHECK(s.reason == reason);
+    CHECK_FALSE(s.detail.empty());
+  };
+  const KvFormat i8{HalfFormat::int8, HalfFormat::int8};
+  refused(kc::supports_op(kc::Op::prefill, i8, {16, 4, 64}, 6), "gqa_ratio_invalid");
+  refused(kc::supports_op(kc::Op::prefill, i8, {16, 1, 512}, 8), "head_dim_unsupported");
+  refused(kc::supports_op(kc::Op::prefill, *parse_kv_format("k8v4"), {16, 8, 96}, 32), "head_dim_not_power_of_two");
+  const kc::DeviceStatus& dev = kc::device_status();
+  if (dev.available && dev.cc_major < 9) {
+    refused(kc::supports_op(kc::Op::prefill, i8, {16, 8, 128}, 32), "arch_unsupported");
+    return;
+  }
+  // Every K/V pair is accepted at every head_dim <= 256 its formats allow, on the one tiled kernel.
+  for (HalfFormat kf : all_half_formats())
+    for (HalfFormat vf : all_half_formats())
+      for (int d : {8, 64, 96, 128, 256}) {
+        const PageGeometry g{16, 4, d};
+        if (!supports(kf, g).ok || !supports(vf, g).ok) continue;
+        const auto s = kc::supports_op(kc::Op::prefill, KvFormat{kf, vf}, g, 16);
+        INFO((KvFormat{kf, vf}.name()) << " D=" << d << ": " << s.reason);
+        CHECK(s.ok);
+        CHECK(s.path == "prefill(fp32)");
+      }
+  // The prefill op also refuses without pretending (n_new < 1) at the API.
+  if (dev.available) {
+    kc::PrefillArgs a;
+    a.format = i8;
+    a.geometry = {16, 4, 64};
+    a.n_heads = 4;
+    a.n_new = 0;
+    CHECK_THROWS(kc::prefill_attention(a));
+  } else {
+    WARN("device checks of STO.cuda.prefill.capability SKIPPED: " << dev.reason);
+  }
+}

@@ -60,15 +60,22 @@ OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_hea
               {}};
     if (g.head_dim > kMaxHeadDim)
       return {false, "head_dim_unsupported",
-              "CUDA decode attention supports head_dim <= 256 (got " + std::to_string(g.head_dim) + ")", {}};
-    // Tensor cores when both halves are narrow (kernels/decode_params.cuh mma_half); CUDA cores otherwise.
-    const std::string d = std::to_string(g.head_dim);
-    const auto narrow = [](HalfFormat h) {
-      return h == HalfFormat::int8 || h == HalfFormat::fp8_e4m3 || h == HalfFormat::fp8_e5m2 || h == HalfFormat::q8_0 ||
-             h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
-    };
-    const bool mma = narrow(f.k) && narrow(f.v);
-    s.path = !fast_head_dim(g.head_dim) ? "generic" : mma ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
+              std::string(op == Op::prefill ? "CUDA prefill" : "CUDA decode") +
+                  " attention supports head_dim <= 256 (got " + std::to_string(g.head_dim) + ")",
+              {}};
+    // Prefill: one tiled CUDA-core kernel per (K, V) pair, head_dim a runtime value (kernels/prefill.cuh).
+    if (op == Op::prefill) {
+      s.path = "prefill(fp32)";
+    } else {
+      // Tensor cores when both halves are narrow (kernels/decode_params.cuh mma_half); CUDA cores otherwise.
+      const std::string d = std::to_string(g.head_dim);
+      const auto narrow = [](HalfFormat h) {
+        return h == HalfFormat::int8 || h == HalfFormat::fp8_e4m3 || h == HalfFormat::fp8_e5m2 || h == HalfFormat::q8_0 ||
+               h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
+      };
+      const bool mma = narrow(f.k) && narrow(f.v);
+      s.path = !fast_head_dim(g.head_dim) ? "generic" : mma ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
+    }
   }
   const DeviceStatus& d = device_status();
   if (d.available && d.cc_major < 9)

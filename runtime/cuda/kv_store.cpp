@@ -213,4 +213,35 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
   return decode_attention(a, ws, stream);
 }
 
+void CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
+                          float softmax_scale, cudaStream_t stream) {
+  const Sequence& q = seq(s);
+  if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || n_new < 1 || pos0 + n_new > q.length)
+    throw KvStoreError("cuda kv store: prefill of positions [" + std::to_string(pos0) + ", " +
+                       std::to_string(pos0 + n_new) + ") layer " + std::to_string(layer) +
+                       " is outside the sequence (length " + std::to_string(q.length) + ") or empty");
+  // The kernel reads pages [0, ceil((pos0 + n_new) / block_size)) of the table. The table shares
+  // scratch slot 3 with decode(): like decode, one call at a time per store (same stream).
+  const std::size_t n_pages = (static_cast<std::size_t>(pos0) + n_new + cfg_.block_size - 1) / cfg_.block_size;
+  auto* d_table = static_cast<int*>(scratch(3, n_pages * sizeof(int)));
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_table, q.blocks.data(), n_pages * sizeof(int), cudaMemcpyHostToDevice, stream));
+  PrefillArgs a;
+  a.format = cfg_.format;
+  a.geometry = geometry();
+  a.n_heads = n_heads;
+  a.k_pool = pool(layer, KvHalf::K);
+  a.v_pool = pool(layer, KvHalf::V);
+  a.k_page_stride = page_stride(KvHalf::K);
+  a.v_page_stride = page_stride(KvHalf::V);
+  a.block_table = d_table;
+  a.n_past = pos0;
+  a.n_new = n_new;
+  a.q = d_q;
+  a.out = d_out;
+  a.k_scale = tensor_scale(layer, KvHalf::K);
+  a.v_scale = tensor_scale(layer, KvHalf::V);
+  a.softmax_scale = softmax_scale;
+  prefill_attention(a, stream);
+}
+
 }  // namespace kvgate::cuda

@@ -1,1 +1,69 @@
-// placeholder: being written (issue 6)
+// Op: causal prefill attention over the paged store (kernels/prefill.cuh). Capability check, the
+// CTA tiling of (query token, query head) rows, and the one dispatch switch from the runtime
+// (K half, V half) pair to the kernel templates (81 instantiations, head_dim a runtime value <= 256).
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/prefill.cuh"
+#include "kvgate/cuda/ops.hpp"
+
+namespace kvgate::cuda {
+
+namespace {
+
+template <HalfFormat KF, HalfFormat VF>
+void launch_prefill(const detail::PrefillLaunch& L, dim3 grid, int smem, cudaStream_t stream) {
+  auto k = detail::prefill_kernel<KF, VF>;
+  static int smem_set = -1;  // the attribute is per kernel: set it when the size grows
+  if (smem > smem_set) {
+    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    smem_set = smem;
+  }
+  k<<<grid, detail::kPrefillThreads, smem, stream>>>(L);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
+  const OpSupport sup = supports_op(Op::prefill, a.format, a.geometry, a.n_heads);
+  if (!sup.ok) throw std::invalid_argument("kvgate::cuda::prefill_attention: " + sup.reason + ": " + sup.detail);
+  if (a.n_new < 1 || a.n_past < 0)
+    throw std::invalid_argument("kvgate::cuda::prefill_attention: n_new must be >= 1 and n_past >= 0");
+  const int H = a.geometry.n_kv_heads, D = a.geometry.head_dim;
+  detail::PrefillLaunch L;
+  L.k_pool = a.k_pool;
+  L.v_pool = a.v_pool;
+  L.k_page_stride = a.k_page_stride;
+  L.v_page_stride = a.v_page_stride;
+  L.block_table = a.block_table;
+  L.q = a.q;
+  L.out = a.out;
+  L.n_heads = a.n_heads;
+  L.n_kv_heads = H;
+  L.head_dim = D;
+  L.block_size = a.geometry.block_size;
+  L.group = a.n_heads / H;
+  // Up to 8 query heads of a GQA group share a CTA (and each dequantized K/V tile); the rest of the
+  // CTA's 64 rows are consecutive query tokens (64 tokens for MHA, 16 for a group of 4).
+  L.heads_per_cta = std::min(L.group, detail::kPrefillMaxHeadsPerCta);
+  L.n_hchunks = (L.group + L.heads_per_cta - 1) / L.heads_per_cta;
+  L.tokens_per_cta = detail::kPrefillRows / L.heads_per_cta;
+  L.n_past = a.n_past;
+  L.n_new = a.n_new;
+  const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
+  const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
+  L.v_mul = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;
+  L.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
+  L.had_c = detail::hadamard_scale(D);
+  const dim3 grid((a.n_new + L.tokens_per_cta - 1) / L.tokens_per_cta, H * L.n_hchunks);
+  const int smem = detail::prefill_smem_bytes(D);
+  detail::dispatch_half(a.format.k, [&](auto kf) {
+    detail::dispatch_half(a.format.v, [&](auto vf) {
+      launch_prefill<decltype(kf)::value, decltype(vf)::value>(L, grid, smem, stream);
+    });
+  });
+}
+
+}  // namespace kvgate::cuda
