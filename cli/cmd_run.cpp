@@ -1,4 +1,7 @@
 // `kvgate run`: load a model, resolve the KV format, generate, print the text (or JSON with stats).
+// --device cuda runs the whole forward on the GPU (kvgate::cuda::CudaEngine) when the CUDA backend
+// is built (compile definition KVGATE_WITH_CUDA_MODEL); the KV format is then resolved against
+// backend "cuda" (what the CUDA ops can run).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -9,6 +12,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "commands.hpp"
 #include "kv_flags.hpp"
@@ -16,6 +20,11 @@
 #include "kvgate/kv_cache_dir.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
+#ifdef KVGATE_WITH_CUDA_MODEL
+#include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/engine.hpp"
+#include "kvgate/cuda/ops.hpp"
+#endif
 
 namespace kvgate::cli {
 
@@ -35,6 +44,8 @@ struct RunOpts {
   std::size_t kv_cache_memory = 0;
   bool json = false;
   bool no_bos = false;
+  std::string device = "cpu";
+  bool cuda_graphs = true;
   KvCacheFlags cache;
 };
 
@@ -63,20 +74,54 @@ std::optional<KvFormat> requested_format(const RunOpts& o) {
   return std::nullopt;
 }
 
+template <class E>
+int generate_and_print(const RunOpts& o, const Model& model, E& engine);
+
+// Tokens whose K/V rows the engine holds (conversations are a CPU-engine feature).
+template <class E>
+std::size_t tokens_in_kv(E& engine) {
+  if constexpr (std::is_same_v<E, Engine>) return engine.history().size();
+  else return static_cast<std::size_t>(engine.position());
+}
+
 int run_run(const RunOpts& o) {
   if (o.steps < 0) throw std::invalid_argument("--steps must be >= 0");
   if (o.temperature < 0) throw std::invalid_argument("--temperature must be >= 0");
   if (o.k_scale && !(*o.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
   if (o.v_scale && !(*o.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
+  if (o.device != "cpu" && o.device != "cuda")
+    throw std::invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
+  const bool cuda = o.device == "cuda";
   const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast
+  if (cuda) {
+#ifndef KVGATE_WITH_CUDA_MODEL
+    throw std::runtime_error(
+        "--device cuda: this kvgate was built without the CUDA backend; rebuild with the CUDA toolkit (nvcc) and "
+        "-DKVGATE_CUDA=ON, or run with --device cpu");
+#else
+    const cuda::DeviceStatus& ds = cuda::device_status();
+    if (!ds.available)
+      throw std::runtime_error("--device cuda: " + ds.reason +
+                               "; run on a machine with an NVIDIA GPU (sm_90, e.g. H100/H200) and a working driver, "
+                               "or run with --device cpu");
+    if (!o.cache.conv_id.empty())
+      throw std::invalid_argument("--device cuda does not save conversations (--conv-id); use --device cpu");
+    if (o.cache.resident != 0)
+      throw std::invalid_argument("--device cuda holds the whole KV on the device; drop --kv-resident");
+    cuda::register_capability();  // backend "cuda" refuses what the CUDA ops cannot run
+#endif
+  }
   const Model model = load_model(o.model, o.tokenizer);
 
   KvRequest req;
   req.flag = flag;
   req.strict = o.strict;
-  req.backend = "cpu";
+  req.backend = o.device;
   EngineOptions eo;
   eo.kv = resolve_kv(req, model.config, o.block_size);
+  if (cuda && eo.kv.fell_back())  // allowed without --strict-kv, but never silent
+    std::fprintf(stderr, "kvgate run: KV format %s cannot run on device cuda (%s); using %s (--strict-kv refuses)\n",
+                 eo.kv.requested.name().c_str(), eo.kv.fallback_reason.c_str(), eo.kv.effective.name().c_str());
   eo.block_size = o.block_size;
   eo.kv_cache_memory = o.kv_cache_memory;
   eo.threads = o.threads;
@@ -84,14 +129,28 @@ int run_run(const RunOpts& o) {
   if (o.v_scale) eo.v_scale = {*o.v_scale};
   if (o.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
   eo.kv_resident = o.cache.resident;
+#ifdef KVGATE_WITH_CUDA_MODEL
+  if (cuda) {
+    cuda::CudaEngineOptions co;
+    co.engine = eo;
+    co.cuda_graphs = o.cuda_graphs;
+    cuda::CudaEngine engine(model, co);
+    return generate_and_print(o, model, engine);
+  }
+#endif
   Engine engine(model, eo);
+  return generate_and_print(o, model, engine);
+}
 
+template <class E>
+int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
+  constexpr bool kCpu = std::is_same_v<E, Engine>;
   // Conversation (--conv-id): lock it, read and verify its file; the turn continues its transcript.
   using SteadyClock = std::chrono::steady_clock;
   const auto t_load = SteadyClock::now();
   std::optional<KvCacheDir> cache_dir;
   std::optional<Conversation> conv;
-  if (!o.cache.conv_id.empty()) {
+  if (kCpu && !o.cache.conv_id.empty()) {
     cache_dir.emplace(open_kv_cache(o.cache));
     conv.emplace(*cache_dir, o.cache.conv_id);
   }
@@ -109,7 +168,8 @@ int run_run(const RunOpts& o) {
     if (!o.no_bos && !continuing) prompt_ids.push_back(model.config.bos_id);
   }
   if (prompt_ids.empty()) throw std::invalid_argument("the prompt encodes to no tokens (use a BOS or a prompt)");
-  const int hydrated = conv ? conv->hydrate(engine, prompt_ids) : 0;
+  int hydrated = 0;
+  if constexpr (kCpu) hydrated = conv ? conv->hydrate(engine, prompt_ids) : 0;
   const double kv_load_ms = conv ? std::chrono::duration<double, std::milli>(SteadyClock::now() - t_load).count() : 0.0;
 
   std::string text;
@@ -145,12 +205,14 @@ int run_run(const RunOpts& o) {
   });
   // Save the turn: every K/V row, plus the ids sampled but not yet in the KV (the last one).
   KvBudgetReport budget;
-  if (conv) {
-    std::vector<int> full = prompt_ids;
-    full.insert(full.end(), r.tokens.begin(), r.tokens.end());
-    const std::size_t in_kv = engine.history().size();
-    budget = conv->save(engine, std::span<const int>(full).subspan(std::min(in_kv, full.size())));
-    if (!budget.message.empty()) std::fputs(budget.message.c_str(), stderr);
+  if constexpr (kCpu) {
+    if (conv) {
+      std::vector<int> full = prompt_ids;
+      full.insert(full.end(), r.tokens.begin(), r.tokens.end());
+      const std::size_t in_kv = engine.history().size();
+      budget = conv->save(engine, std::span<const int>(full).subspan(std::min(in_kv, full.size())));
+      if (!budget.message.empty()) std::fputs(budget.message.c_str(), stderr);
+    }
   }
   const EngineStats& st = engine.stats();
   if (o.json) {
@@ -199,7 +261,7 @@ int run_run(const RunOpts& o) {
       j["conversation"] = {{"conv_id", conv->conv_id()},
                            {"kv_file", conv->path()},
                            {"transcript_tokens", transcript.size()},
-                           {"saved_tokens", engine.history().size()},
+                           {"saved_tokens", tokens_in_kv(engine)},
                            {"cache_budget", budget.budget},
                            {"cache_bytes", budget.bytes_after},
                            {"evicted", ev},
@@ -217,7 +279,7 @@ int run_run(const RunOpts& o) {
     if (conv)
       std::fprintf(stderr, "conversation %s: hydrated %d of %zu prompt tokens (kv load %.3f ms), prefilled %lld, saved %zu to %s\n",
                    conv->conv_id().c_str(), st.hydrated_tokens, prompt_ids.size(), kv_load_ms, st.prefill_tokens,
-                   engine.history().size(), conv->path().c_str());
+                   tokens_in_kv(engine), conv->path().c_str());
     if (st.kv_resident_tokens > 0)
       std::fprintf(stderr, "kv streaming: window %d tokens (%zu device bytes), block lookups %lld, misses %lld, %lld bytes moved\n",
                    st.kv_resident_tokens, st.kv_device_bytes, st.kv_block_lookups, st.kv_block_misses, st.kv_bytes_moved);
@@ -229,7 +291,7 @@ int run_run(const RunOpts& o) {
 
 void register_run(CLI::App& app) {
   auto o = std::make_shared<RunOpts>();
-  auto* sub = app.add_subcommand("run", "Generate text with a model through a KV format (CPU)");
+  auto* sub = app.add_subcommand("run", "Generate text with a model through a KV format (CPU, or CUDA with --device cuda)");
   sub->add_option("--model", o->model, "llama2.c .bin, .gguf, or a Hugging Face directory")->required();
   sub->add_option("--tokenizer", o->tokenizer, "tokenizer (llama2.c tokenizer.bin or tokenizer.json)");
   sub->add_option("--kv", o->kv, "KV preset (f32 f16 bf16 int8 fp8 fp8_e5m2 q8_0 q4_0 k8v4) or k=<K>,v=<V>");
@@ -249,6 +311,9 @@ void register_run(CLI::App& app) {
   sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
   sub->add_flag("--no-bos", o->no_bos, "do not prepend BOS to the prompt");
   sub->add_flag("--json", o->json, "print one JSON object (text, ids, stats)");
+  sub->add_option("--device", o->device, "cpu, or cuda (the whole forward on the GPU; needs a CUDA build and device)")
+      ->capture_default_str();
+  sub->add_flag("!--no-cuda-graphs", o->cuda_graphs, "--device cuda: plain kernel launches for decode (no CUDA graph)");
   add_kv_cache_flags(sub, o->cache);
   on_run(sub, [o] { return run_run(*o); });
 }

@@ -1,1 +1,445 @@
-// placeholder: being written (issue 6)
+// GPU model gates (issue 6): the whole-model CUDA forward (kvgate::cuda::CudaEngine) on stories260K.
+//
+//  MOD.cuda.greedy.stories260K  GPU greedy (f32 KV; GPU argmax, graph and plain launches, and the
+//                               CPU argmax of downloaded logits) == the README's 64 verified ids ==
+//                               the CPU engine's, and the same text.
+//  MOD.cuda.logits.<fmt>        teacher-forced GPU logits over the committed corpus (8 x 256 tokens,
+//                               datasets/corpora/stories260K_tf.json) vs the CPU engine:
+//    f32:  per position |gpu - cpu| <= B_gpu(p) + B_cpu(p), B = forward_f32_logit_bound (bounds.hpp,
+//          the binary32 rounding chain of the forward, gamma_N * max|z|). The GPU's chain is the
+//          CPU's plus, per layer, 8 + n_ctx roundings: the q prescale by scale*log2(e) (1), exp2/expf
+//          approximations of <= 2 ulp (softmax, SiLU: 4), the split/tile merge (3), and at most one
+//          online-softmax rescale per key (n_ctx). cuBLAS sums the same terms in another order: the
+//          chain counts n roundings per length-n dot product whatever the order. NMSE <= the NMSE of
+//          the bound; a top-1 difference only where the CPU's top-2 gap is within 2x the bound.
+//    lossy: a K/V value on a rounding boundary may quantize differently from a last-ulp difference
+//          in the GPU's binary32 rows, so logits are not compared to CPU(fmt) elementwise. Instead
+//          GPU(fmt) vs CPU(f32) must meet the model-level budgets MOD.kl applies to CPU(fmt) vs
+//          CPU(f32) (bounds.hpp "MOD": mean KL, p99 KL, top-1 disagreements of the reference
+//          envelope-noise perturbation R_F in the oracle), and the store bytes must be exact where
+//          the input rows are bitwise equal: the GPU's own post-RoPE K/V rows of every layer,
+//          quantized by the CPU store, give the GPU store's page bytes bit for bit (every format).
+//    Anti-vacuity: logits non-constant and the f32 bound under kOraSensitivity of the logit RMS;
+//    a wrong-layer model (layers 0 and 1 swapped) and a wrong-position K rotation (K rotated at
+//    pos + 1) exceed the f32 bound; the wrong-layer model exceeds each lossy format's budgets.
+//
+// Without a device every case prints "SKIPPED: no CUDA device: <reason>" and passes.
+#ifndef KVGATE_SOURCE_DIR_DEFAULT
+#define KVGATE_SOURCE_DIR_DEFAULT "."  // the corpus is looked up under $KVGATE_SOURCE_DIR, else here
+#endif
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <future>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../model_level/model_harness.hpp"
+#include "bounds.hpp"
+#include "catch_compat.hpp"
+#include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/engine.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/kv_store.hpp"
+#include "kvgate/loaders.hpp"
+#include "kvgate/sampler.hpp"
+#include "models.hpp"
+
+using namespace kvgate;
+using namespace kvgate::gates;
+using namespace kvgate::gates::model_level;
+namespace kc = kvgate::cuda;
+
+#define KVGATE_REQUIRE_DEVICE_OR_SKIP()               \
+  do {                                                 \
+    const kc::DeviceStatus& st_ = kc::device_status(); \
+    if (!st_.available) {                              \
+      WARN("SKIPPED: " << st_.reason);                 \
+      return;                                          \
+    }                                                  \
+  } while (0)
+
+namespace {
+
+// README.md of stories260K: `run stories260K.bin -z tok512.bin -t 0.0 -n 64` (as gates/model).
+const std::vector<int> kGreedy64 = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+                                    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+                                    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
+                                    337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310};
+const char* kGreedyText =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
+    "big, red ball. She wanted to play with it, but it was too high.\nLily";
+
+constexpr int kChunk = 128;  // prefill chunk: each 256-token sequence runs as two chunks (n_past 0, 128)
+
+struct Stories {
+  Model rt;
+  ko::Transformer ora;
+  Corpus corpus;
+  std::vector<std::vector<float>> cpu_f32;  // per sequence: CPU engine, f32 KV
+};
+
+const Stories& stories() {
+  static std::unique_ptr<Stories> s;
+  if (s) return *s;
+  const ModelLookup lk = find_model("stories260K/stories260K.bin");
+  if (!lk.found()) FAIL(lk.message);
+  auto st = std::make_unique<Stories>();
+  st->rt = load_model(lk.path);
+  st->ora = ko::load_llama2c(lk.path);
+  st->corpus = load_corpus(corpus_path());
+  REQUIRE(st->corpus.sequences.size() == 8);
+  for (const auto& seq : st->corpus.sequences) {
+    REQUIRE(seq.size() == 256);
+    st->cpu_f32.push_back(runtime_logits(st->rt, KvFormat{HalfFormat::f32, HalfFormat::f32}, seq).logits);
+  }
+  s = std::move(st);
+  return *s;
+}
+
+kc::CudaEngineOptions gpu_opts(const KvFormat& f, int chunk = kChunk, bool graphs = true) {
+  kc::CudaEngineOptions o;
+  o.engine = engine_options_for(f, 1);
+  o.engine.kv.backend = "cuda";
+  o.engine.max_context = 256;
+  o.engine.prefill_chunk = chunk;
+  o.cuda_graphs = graphs;
+  return o;
+}
+
+// Teacher-forced GPU logits of every corpus sequence ([8] x [256][vocab]).
+std::vector<std::vector<float>> gpu_logits(const Model& m, const KvFormat& f, int k_rope_offset = 0) {
+  kc::CudaEngine e(m, gpu_opts(f));
+  e.forward().set_k_rope_position_offset(k_rope_offset);
+  std::vector<std::vector<float>> out;
+  for (const auto& seq : stories().corpus.sequences) {
+    e.reset();
+    out.push_back(e.forward_all_logits(seq));
+    REQUIRE(e.stats().effective_kv == f.name());
+    REQUIRE(e.stats().backend == "cuda");
+  }
+  return out;
+}
+
+Model swapped_layers(const Model& m) {  // the wrong-layer model: layers 0 and 1 exchanged
+  Model w;
+  w.path = m.path + " (layers 0 and 1 swapped)";
+  w.config = m.config;
+  w.weights = m.weights;
+  std::swap(w.weights.layers[0], w.weights.layers[1]);
+  return w;
+}
+
+// ---- f32: elementwise FP32 forward-error bound ------------------------------------------------------
+
+struct F32Check {
+  double worst_ratio = 0, max_abs = 0, max_bound = 0, nmse = 0, nmse_bound = 0, rms = 0, min_std = 1e30;
+  int worst_pos = 0, over = 0, positions = 0, top1_agree = 0, top1_unexplained = 0;
+  long nonfinite = 0;
+};
+
+constexpr double kGpuExtraPerLayer = 8;  // + n_ctx per layer (see the header)
+
+F32Check check_f32(const std::vector<std::vector<float>>& cpu, const std::vector<std::vector<float>>& gpu,
+                   const ModelConfig& c) {
+  F32Check r;
+  const int V = c.vocab_size;
+  double num = 0, den = 0, bnum = 0, sum_sq = 0;
+  long n_vals = 0;
+  for (std::size_t s = 0; s < cpu.size(); ++s) {
+    const int n = static_cast<int>(cpu[s].size() / V);
+    for (int p = 0; p < n; ++p) {
+      const float* a = cpu[s].data() + static_cast<std::size_t>(p) * V;
+      const float* b = gpu[s].data() + static_cast<std::size_t>(p) * V;
+      double zmax = 0, mean = 0, e = 0;
+      for (int v = 0; v < V; ++v) {
+        if (!std::isfinite(b[v])) ++r.nonfinite;
+        zmax = std::max(zmax, std::fabs(double(a[v])));
+        mean += a[v];
+      }
+      mean /= V;
+      double var = 0;
+      for (int v = 0; v < V; ++v) var += (a[v] - mean) * (a[v] - mean);
+      r.min_std = std::min(r.min_std, std::sqrt(var / V));
+      const double chain_cpu = forward_rounding_chain(c.n_layers, c.dim, c.hidden_dim, c.head_dim, c.q_dim(), p);
+      const double chain_gpu = chain_cpu + c.n_layers * (kGpuExtraPerLayer + (p + 1.0));
+      const double bound = forward_f32_logit_bound(chain_cpu, zmax) + forward_f32_logit_bound(chain_gpu, zmax);
+      r.max_bound = std::max(r.max_bound, bound);
+      for (int v = 0; v < V; ++v) {
+        const double d = double(b[v]) - double(a[v]);
+        e = std::max(e, std::fabs(d));
+        num += d * d;
+        den += double(a[v]) * a[v];
+        sum_sq += double(a[v]) * a[v];
+        ++n_vals;
+      }
+      bnum += double(V) * bound * bound;
+      r.max_abs = std::max(r.max_abs, e);
+      if (e > bound) ++r.over;
+      if (e / bound > r.worst_ratio) r.worst_ratio = e / bound, r.worst_pos = p;
+      const int ia = argmax(std::span<const float>(a, V)), ib = argmax(std::span<const float>(b, V));
+      if (ia == ib) ++r.top1_agree;
+      else if (double(a[ia]) - double(a[ib]) > 2 * bound) ++r.top1_unexplained;
+      ++r.positions;
+    }
+  }
+  r.nmse = num / den;
+  r.nmse_bound = bnum / den;
+  r.rms = std::sqrt(sum_sq / double(n_vals));
+  return r;
+}
+
+std::string describe(const F32Check& r) {
+  std::ostringstream o;
+  o << std::setprecision(4) << "nonfinite " << r.nonfinite << ", NMSE " << r.nmse << " (bound " << r.nmse_bound
+    << "), max-abs " << r.max_abs << " (largest bound " << r.max_bound << "), worst max-abs/bound " << r.worst_ratio
+    << " at position " << r.worst_pos << ", positions over the bound " << r.over << "/" << r.positions << ", top-1 "
+    << r.top1_agree << "/" << r.positions << " agree (" << r.top1_unexplained << " unexplained)";
+  return o.str();
+}
+
+// ---- store bytes: GPU rows quantized by the CPU store == the GPU store's pages ------------------------
+
+struct BytesCheck {
+  long pages = 0, differing = 0, nonzero_bytes = 0;
+  std::string first;
+};
+
+BytesCheck check_store_bytes(const Model& m, const KvFormat& f, const std::vector<int>& seq) {
+  // One chunk of the whole sequence so the captured rows cover it (the chunked path is what the
+  // logits gates use; the store kernel is the same).
+  kc::CudaEngine e(m, gpu_opts(f, static_cast<int>(seq.size())));
+  e.forward().set_capture_kv(true);
+  (void)e.forward_all_logits(seq);
+  const auto& ck = e.forward().captured_k();
+  const auto& cv = e.forward().captured_v();
+  const ModelConfig& c = m.config;
+  const int n = static_cast<int>(seq.size()), kvd = c.kv_dim();
+  REQUIRE(ck.size() == static_cast<std::size_t>(c.n_layers) * n * kvd);
+  StoreConfig sc = e.store().config();
+  PagedKvStore cpu(sc);
+  const SeqId cs = cpu.create_sequence();
+  cpu.extend(cs, n);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::size_t off = static_cast<std::size_t>(l) * n * kvd;
+    cpu.write(cs, l, 0, n, ck.data() + off, static_cast<std::size_t>(kvd), cv.data() + off, static_cast<std::size_t>(kvd));
+  }
+  BytesCheck r;
+  const auto gt = e.store().block_table(e.sequence());
+  const auto ct = cpu.block_table(cs);
+  REQUIRE(gt.size() == ct.size());
+  for (int l = 0; l < c.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      for (std::size_t p = 0; p < gt.size(); ++p) {
+        const auto got = e.store().download_page(l, h, gt[p]);
+        const std::uint8_t* want = cpu.page(l, h, ct[p]);
+        REQUIRE(got.size() == cpu.page_bytes(h));
+        ++r.pages;
+        for (std::uint8_t b : got) r.nonzero_bytes += b != 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          if (got[i] != want[i]) {
+            if (r.differing == 0)
+              r.first = "layer " + std::to_string(l) + (h == KvHalf::K ? " K" : " V") + " page " + std::to_string(p) +
+                        " byte " + std::to_string(i);
+            ++r.differing;
+            break;
+          }
+      }
+  return r;
+}
+
+// ---- lossy formats: the MOD budgets ---------------------------------------------------------------
+
+std::uint64_t name_seed(const std::string& s) {  // as gates/model_level (FNV-1a of the name)
+  std::uint64_t h = 1469598103934665603ull;
+  for (char ch : s) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  return h;
+}
+
+Comparison reference_rf(const KvFormat& f, const std::vector<float>& ks, const std::vector<float>& vs) {
+  const Stories& s = stories();
+  const auto& c = s.ora.config;
+  std::vector<std::future<std::vector<float>>> clean, noisy;
+  for (std::size_t i = 0; i < s.corpus.sequences.size(); ++i) {
+    const auto& seq = s.corpus.sequences[i];
+    clean.push_back(std::async(std::launch::async, [&s, &seq] { return ko::forward_all(s.ora, seq); }));
+    const auto hook = envelope_noise_hook(f, c.n_kv_heads, c.head_dim(), ks, vs, name_seed(f.name()) + i);
+    noisy.push_back(std::async(std::launch::async, [&s, &seq, hook] { return ko::forward_all(s.ora, seq, hook); }));
+  }
+  Comparison cmp;
+  for (std::size_t i = 0; i < clean.size(); ++i) cmp.add(clean[i].get(), noisy[i].get(), c.vocab_size);
+  return cmp;
+}
+
+Comparison compare(const std::vector<std::vector<float>>& ref, const std::vector<std::vector<float>>& test, int V) {
+  Comparison c;
+  for (std::size_t i = 0; i < ref.size(); ++i) c.add(ref[i], test[i], V);
+  return c;
+}
+
+void print_params(const char* id, const KvFormat& f) {
+  const Stories& s = stories();
+  const auto& d = kc::device_status();
+  std::cout << id << ": device " << d.name << " (sm_" << d.cc_major << d.cc_minor << "), model stories260K (dim "
+            << s.rt.config.dim << ", " << s.rt.config.n_layers << " layers, " << s.rt.config.n_heads << "/"
+            << s.rt.config.n_kv_heads << " heads, head_dim " << s.rt.config.head_dim << "), KV " << f.name()
+            << ", corpus " << s.corpus.sequences.size() << " x 256 tokens (seeds";
+  for (auto sd : s.corpus.seeds) std::cout << " " << sd;
+  std::cout << "), prefill chunk " << kChunk << ", R_F seed FNV1a('" << f.name() << "') + sequence\n";
+}
+
+void mod_cuda_logits(const char* id, const std::string& preset) {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  const auto f = parse_kv_format(preset);
+  REQUIRE(f.has_value());
+  const Stories& s = stories();
+  const ModelConfig& c = s.rt.config;
+  print_params(id, *f);
+  const auto gpu = gpu_logits(s.rt, *f);
+
+  // Store bytes: exact where the input rows are bitwise equal (the GPU's own rows).
+  const BytesCheck bc = check_store_bytes(s.rt, *f, s.corpus.sequences[0]);
+  std::cout << id << ": store bytes: " << bc.differing << " of " << bc.pages
+            << " pages differ from the CPU store fed the GPU's K/V rows" << (bc.first.empty() ? "" : " (first: " + bc.first + ")")
+            << ", " << bc.nonzero_bytes << " nonzero bytes\n";
+  CHECK(bc.differing == 0);
+  CHECK(bc.nonzero_bytes > 0);  // anti-vacuity: the pages hold data
+
+  const Model wrong_layer = swapped_layers(s.rt);
+  const auto gpu_wl = gpu_logits(wrong_layer, *f);
+  const bool lossy = f->k != HalfFormat::f32 || f->v != HalfFormat::f32;
+  if (!lossy) {
+    const F32Check r = check_f32(s.cpu_f32, gpu, c);
+    const F32Check wl = check_f32(s.cpu_f32, gpu_wl, c);
+    const F32Check wp = check_f32(s.cpu_f32, gpu_logits(s.rt, *f, 1), c);
+    std::cout << id << ": GPU vs CPU f32: " << describe(r) << "\n"
+              << id << ": logit RMS " << r.rms << ", smallest per-position std " << r.min_std << "\n"
+              << id << ": wrong layer (0<->1): " << describe(wl) << "\n"
+              << id << ": wrong K position (+1): " << describe(wp) << "\n";
+    INFO(describe(r));
+    REQUIRE(r.nonfinite == 0);  // NaN/Inf first
+    CHECK(r.nmse <= r.nmse_bound);
+    CHECK(r.worst_ratio <= 1.0);
+    CHECK(r.top1_unexplained == 0);
+    // Anti-vacuity.
+    CHECK(r.min_std > 0);                              // logits are not constant at any position
+    CHECK(r.max_bound <= kOraSensitivity * r.rms);     // the bound is tight enough to see a bug
+    CHECK(wl.worst_ratio > 1.0);                       // a wrong-layer forward goes red
+    CHECK(wp.worst_ratio > 1.0);                       // a wrong-position K rotation goes red
+    return;
+  }
+  // Lossy: GPU(fmt) vs CPU(f32) within MOD.kl's budgets for fmt.
+  const auto cpu_f = [&] {
+    std::vector<std::vector<float>> out;
+    for (const auto& seq : s.corpus.sequences) out.push_back(runtime_logits(s.rt, *f, seq).logits);
+    return out;
+  }();
+  std::vector<float> ks, vs;
+  {
+    kc::CudaEngine e(s.rt, gpu_opts(*f));
+    for (int l = 0; l < c.n_layers; ++l) {
+      ks.push_back(e.store().tensor_scale(l, KvHalf::K));
+      vs.push_back(e.store().tensor_scale(l, KvHalf::V));
+    }
+  }
+  const Comparison ref = reference_rf(*f, ks, vs);
+  const Comparison got = compare(s.cpu_f32, gpu, c.vocab_size);
+  const Comparison cpu_ref = compare(s.cpu_f32, cpu_f, c.vocab_size);
+  const Comparison wl = compare(s.cpu_f32, gpu_wl, c.vocab_size);
+  const double th_mean = ref.mean_kl(), th_p99 = ref.quantile_kl(kModKlQuantile);
+  const double th_top1 = mod_top1_allowed(ref.top1_disagree);
+  std::cout << std::setprecision(4) << id << ": nonfinite " << got.nonfinite << "; GPU(" << f->name()
+            << ") vs CPU(f32): " << got.text() << "\n"
+            << id << ": budgets from R_F: mean KL <= " << th_mean << ", p99 KL <= " << th_p99 << ", top-1 differ <= "
+            << std::floor(th_top1) << " (R_F: " << ref.text() << ")\n"
+            << id << ": for reference CPU(" << f->name() << ") vs CPU(f32): " << cpu_ref.text() << "\n"
+            << id << ": wrong layer (0<->1) GPU(" << f->name() << ") vs CPU(f32): " << wl.text() << "\n";
+  INFO("GPU(fmt) vs CPU(f32): " << got.text() << "; R_F: " << ref.text());
+  REQUIRE(got.nonfinite == 0);
+  CHECK(got.mean_kl() <= th_mean);
+  CHECK(got.quantile_kl(kModKlQuantile) <= th_p99);
+  CHECK(double(got.top1_disagree) <= th_top1);
+  // Anti-vacuity: the format changed the logits, the budgets are real, a wrong layer exceeds them.
+  CHECK(got.max_abs > 0);
+  CHECK(th_mean > 0);
+  CHECK(wl.mean_kl() > th_mean);
+  CHECK(wl.quantile_kl(kModKlQuantile) > th_p99);
+}
+
+}  // namespace
+
+TEST_CASE("MOD.cuda.greedy.stories260K GPU greedy == README ids == CPU engine", "[gate:MOD][cuda][fmt:f32]") {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  const ModelLookup lk = find_model("stories260K/stories260K.bin");
+  if (!lk.found()) FAIL(lk.message);
+  const Model m = load_model(lk.path);
+  REQUIRE(m.tokenizer != nullptr);
+  const KvFormat f32{HalfFormat::f32, HalfFormat::f32};
+  const int bos = m.config.bos_id;
+  std::cout << "MOD.cuda.greedy.stories260K: device " << kc::device_status().name << ", KV f32, 64 greedy steps after BOS\n";
+  // CPU engine reference.
+  Engine cpu(m, engine_options_for(f32, 1));
+  const GenerateResult rc = cpu.generate(std::span<const int>(&bos, 1), 64, SamplerOptions{});
+  CHECK(rc.tokens == kGreedy64);
+  for (bool graphs : {true, false}) {
+    INFO("cuda graphs " << graphs);
+    kc::CudaEngineOptions o;
+    o.engine = engine_options_for(f32, 1);
+    o.engine.kv.backend = "cuda";
+    o.cuda_graphs = graphs;
+    kc::CudaEngine e(m, o);
+    const GenerateResult r = e.generate(std::span<const int>(&bos, 1), 64, SamplerOptions{});  // GPU argmax
+    std::string text;
+    int prev = bos;
+    for (int id : r.tokens) {
+      text += m.tokenizer->decode_piece(prev, id);
+      prev = id;
+    }
+    const EngineStats& st = e.stats();
+    std::cout << "MOD.cuda.greedy.stories260K: graphs " << (graphs ? "on" : "off") << ": " << r.tokens.size()
+              << " ids, stop " << r.stop_reason << ", decode " << std::setprecision(5) << st.decode_tok_s()
+              << " tok/s, graph captures " << e.forward().graph_captures() << ", replays " << e.forward().graph_replays()
+              << ", matches README " << (r.tokens == kGreedy64) << ", matches CPU " << (r.tokens == rc.tokens) << "\n";
+    CHECK(r.tokens == kGreedy64);
+    CHECK(r.tokens == rc.tokens);
+    CHECK(text == kGreedyText);
+    CHECK(r.stop_reason == "steps");
+    CHECK(st.backend == "cuda");
+    CHECK(st.effective_kv == "f32");
+    CHECK(st.decode_tokens == 63);
+    CHECK(st.kv_bytes == cpu.stats().kv_bytes);
+    if (graphs) CHECK(e.forward().graph_replays() == 63);
+    else CHECK(e.forward().graph_replays() == 0);
+    // The logits path: CPU argmax of the downloaded logits, token by token.
+    e.reset();
+    std::vector<int> ids;
+    int next = argmax(e.prefill(std::span<const int>(&bos, 1)));
+    for (int i = 0; i < 64; ++i) {
+      ids.push_back(next);
+      if (i + 1 < 64) next = argmax(e.decode(next));
+    }
+    CHECK(ids == kGreedy64);
+  }
+}
+
+#define MOD_CUDA_LOGITS(id, preset)                                                                      \
+  TEST_CASE("MOD.cuda.logits." id " GPU teacher-forced logits vs the CPU engine, stories260K corpus",    \
+            "[gate:MOD][cuda][fmt:" preset "]") {                                                        \
+    mod_cuda_logits("MOD.cuda.logits." id, preset);                                                      \
+  }
+
+MOD_CUDA_LOGITS("f32", "f32")
+MOD_CUDA_LOGITS("f16", "f16")
+MOD_CUDA_LOGITS("bf16", "bf16")
+MOD_CUDA_LOGITS("int8", "int8")
+MOD_CUDA_LOGITS("fp8", "fp8")
+MOD_CUDA_LOGITS("fp8_e5m2", "fp8_e5m2")
+MOD_CUDA_LOGITS("q8_0", "q8_0")
+MOD_CUDA_LOGITS("q4_0", "q4_0")
+MOD_CUDA_LOGITS("k8v4", "k8v4")

@@ -1,1 +1,225 @@
-// placeholder: being written (issue 6)
+// CudaEngine: one sequence over a CudaKvStore, the CPU Engine's API subset the CLI needs.
+#include <algorithm>
+#include <chrono>
+
+#include "kernels/common.cuh"
+#include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/engine.hpp"
+
+namespace kvgate::cuda {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// As the CPU engine's make_store_config (runtime/src/engine.cpp): pool from n_blocks, a byte
+// budget, or enough for the context; per-layer fp8 scales from the options, else the model's.
+StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx) {
+  const ModelConfig& c = m.config;
+  StoreConfig sc;
+  sc.format = o.kv.effective;
+  sc.n_layers = c.n_layers;
+  sc.n_kv_heads = c.n_kv_heads;
+  sc.head_dim = c.head_dim;
+  if (o.block_size < 1) throw EngineError("cuda engine: block_size must be >= 1, got " + std::to_string(o.block_size));
+  sc.block_size = o.block_size;
+  if (o.n_blocks > 0) {
+    sc.n_blocks = o.n_blocks;
+  } else if (o.kv_cache_memory > 0) {
+    sc.n_blocks = blocks_for_budget(sc.format, sc.geometry(), c.n_layers, o.kv_cache_memory);
+    if (sc.n_blocks < 1)
+      throw EngineError("cuda engine: --kv-cache-memory " + std::to_string(o.kv_cache_memory) +
+                        " bytes buys no KV block of " + sc.format.name());
+  } else {
+    sc.n_blocks = (max_ctx + o.block_size - 1) / o.block_size;
+  }
+  auto scales = [&](const std::vector<float>& opt, const std::vector<float>& model_s, const char* which) {
+    const std::vector<float>& s = !opt.empty() ? opt : model_s;
+    if (s.empty()) return std::vector<float>{};
+    if (s.size() == 1) return std::vector<float>(static_cast<std::size_t>(c.n_layers), s[0]);
+    if (static_cast<int>(s.size()) != c.n_layers)
+      throw EngineError(std::string("cuda engine: ") + which + " has " + std::to_string(s.size()) +
+                        " entries; give one, or one per layer (" + std::to_string(c.n_layers) + ")");
+    return s;
+  };
+  sc.k_scale = scales(o.k_scale, c.k_scale, "k_scale");
+  sc.v_scale = scales(o.v_scale, c.v_scale, "v_scale");
+  return sc;
+}
+
+const Model& checked(const Model& m) {
+  if (m.weights.layers.empty()) throw EngineError("cuda engine: the model has no weights loaded");
+  const DeviceStatus& d = device_status();
+  if (!d.available)
+    throw EngineError("cuda engine: " + d.reason +
+                      ". --device cuda needs an NVIDIA GPU (sm_90) with a working driver; run with --device cpu instead");
+  return m;
+}
+
+}  // namespace
+
+struct CudaEngine::Impl {
+  const Model& model;
+  CudaEngineOptions opts;
+  int max_ctx;
+  CudaModel weights;
+  CudaKvStore store;
+  SeqId seq;
+  CudaForward fwd;
+  std::vector<float> logits;
+  EngineStats stats;
+
+  Impl(const Model& m, CudaEngineOptions o)
+      : model(checked(m)),
+        opts(std::move(o)),
+        max_ctx(opts.engine.max_context > 0 ? opts.engine.max_context : m.config.max_seq_len),
+        weights(m, opts.weights),
+        store(make_store_config(m, opts.engine, max_ctx)),
+        seq(store.create_sequence()),
+        fwd(weights, store,
+            CudaForwardOptions{std::max(1, std::min(opts.engine.prefill_chunk, max_ctx)), max_ctx, opts.cuda_graphs}),
+        logits(static_cast<std::size_t>(m.config.vocab_size)) {
+    if (opts.engine.kv_resident > 0)
+      throw EngineError("cuda engine: --kv-resident (KV streaming) is a CPU-engine feature; drop it with --device cuda");
+    stats.requested_kv = opts.engine.kv.requested.name();
+    stats.requested_source = opts.engine.kv.requested_source;
+    stats.effective_kv = opts.engine.kv.effective.name();
+    stats.backend = "cuda";
+    stats.fallback_reason = opts.engine.kv.fallback_reason;
+    stats.block_size = store.config().block_size;
+    stats.n_blocks = store.config().n_blocks;
+    stats.kv_pool_bytes = store.pool_bytes();
+    stats.kv_device_bytes = store.pool_bytes();
+    stats.threads = 1;
+  }
+
+  void check_room(std::size_t n) const {
+    const int pos = store.length(seq);
+    if (static_cast<long long>(pos) + static_cast<long long>(n) > max_ctx)
+      throw EngineError("cuda engine: " + std::to_string(n) + " more tokens at position " + std::to_string(pos) +
+                        " exceed the context of " + std::to_string(max_ctx) + " tokens");
+  }
+  void refresh() {
+    stats.position = store.length(seq);
+    stats.kv_bytes = store.block_table(seq).size() * static_cast<std::size_t>(store.config().n_layers) *
+                     (store.page_bytes(KvHalf::K) + store.page_bytes(KvHalf::V));
+  }
+  // Chunked prefill; `all` receives [n][vocab] when non-null; `argmax` the last token's greedy id.
+  void run(std::span<const int> toks, float* all, int* argmax) {
+    check_room(toks.size());
+    const auto t0 = Clock::now();
+    const int C = fwd.options().max_rows;
+    const std::size_t V = logits.size();
+    for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(C)) {
+      const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(C), toks.size() - i));
+      const bool last = i + static_cast<std::size_t>(n) == toks.size();
+      if (all) fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), all + i * V, true);
+      else fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), last && !argmax ? logits.data() : nullptr,
+                             false, last ? argmax : nullptr);
+    }
+    stats.prefill_seconds += seconds_since(t0);
+    stats.prefill_tokens += static_cast<long long>(toks.size());
+    refresh();
+  }
+  // One decode step: logits downloaded, or only the greedy id when `argmax`.
+  void step(int token, int* argmax) {
+    check_room(1);
+    const auto t0 = Clock::now();
+    const SeqId s = seq;
+    fwd.forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1), argmax ? nullptr : logits.data(),
+                       argmax);
+    stats.decode_seconds += seconds_since(t0);
+    stats.decode_tokens += 1;
+  }
+};
+
+CudaEngine::CudaEngine(const Model& model, CudaEngineOptions opts) : impl_(std::make_unique<Impl>(model, std::move(opts))) {}
+CudaEngine::~CudaEngine() = default;
+
+const std::vector<float>& CudaEngine::prefill(std::span<const int> tokens) {
+  if (tokens.empty()) throw EngineError("cuda engine: prefill of zero tokens");
+  impl_->run(tokens, nullptr, nullptr);
+  return impl_->logits;
+}
+
+const std::vector<float>& CudaEngine::decode(int token) {
+  impl_->step(token, nullptr);
+  return impl_->logits;
+}
+
+std::vector<float> CudaEngine::forward_all_logits(std::span<const int> tokens) {
+  std::vector<float> out(tokens.size() * impl_->logits.size());
+  if (tokens.empty()) return out;
+  impl_->run(tokens, out.data(), nullptr);
+  std::copy(out.end() - static_cast<std::ptrdiff_t>(impl_->logits.size()), out.end(), impl_->logits.begin());
+  return out;
+}
+
+// As Engine::generate: greedy takes the GPU argmax (the CPU argmax's rule: lowest id of the
+// largest logit) and downloads one id per step; otherwise the CPU's seeded Sampler runs on the
+// downloaded logits, so identical logits give identical samples.
+GenerateResult CudaEngine::generate(std::span<const int> prompt, int steps, const SamplerOptions& so,
+                                    const std::function<void(int)>& on_token) {
+  Impl& d = *impl_;
+  if (prompt.empty()) throw EngineError("cuda engine: generate needs at least one prompt token (e.g. BOS)");
+  if (steps < 0) throw EngineError("cuda engine: steps must be >= 0");
+  d.stats.ttft_ms = 0;
+  d.stats.prefill_tokens = d.stats.decode_tokens = 0;
+  d.stats.prefill_seconds = d.stats.decode_seconds = 0;
+  GenerateResult r;
+  r.stop_reason = "steps";
+  r.tokens.reserve(static_cast<std::size_t>(steps));
+  Sampler sampler(vocab_size(), so);
+  const bool greedy = so.greedy();
+  const int bos = d.model.config.bos_id, eos = d.model.config.eos_id;
+  const auto t0 = Clock::now();
+  int next_id = 0;
+  d.run(prompt, nullptr, greedy ? &next_id : nullptr);
+  for (int i = 0; i < steps; ++i) {
+    const int next = greedy ? next_id : sampler.sample(d.logits);
+    if (i == 0) d.stats.ttft_ms = seconds_since(t0) * 1e3;
+    if (next == eos) {
+      r.stop_reason = "eos";
+      break;
+    }
+    if (next == bos) {
+      r.stop_reason = "bos";
+      break;
+    }
+    r.tokens.push_back(next);
+    if (on_token) on_token(next);
+    if (i + 1 == steps) break;
+    if (d.store.length(d.seq) >= d.max_ctx) {
+      r.stop_reason = "context_full";
+      break;
+    }
+    d.step(next, greedy ? &next_id : nullptr);
+  }
+  d.refresh();
+  return r;
+}
+
+void CudaEngine::reset() {
+  Impl& d = *impl_;
+  d.store.free_sequence(d.seq);
+  d.seq = d.store.create_sequence();
+  d.stats.ttft_ms = 0;
+  d.stats.prefill_tokens = d.stats.decode_tokens = 0;
+  d.stats.prefill_seconds = d.stats.decode_seconds = 0;
+  d.refresh();
+}
+
+int CudaEngine::position() const { return impl_->store.length(impl_->seq); }
+int CudaEngine::max_context() const { return impl_->max_ctx; }
+int CudaEngine::vocab_size() const { return static_cast<int>(impl_->logits.size()); }
+const EngineStats& CudaEngine::stats() const {
+  impl_->refresh();
+  return impl_->stats;
+}
+const Model& CudaEngine::model() const { return impl_->model; }
+CudaKvStore& CudaEngine::store() { return impl_->store; }
+CudaForward& CudaEngine::forward() { return impl_->fwd; }
+SeqId CudaEngine::sequence() const { return impl_->seq; }
+
+}  // namespace kvgate::cuda

@@ -1,0 +1,376 @@
+// CudaForward: the whole model on the device, step for step as runtime/src/forward_cpu.cpp.
+//
+// A forward call runs R "rows" (one token of one sequence each) through every layer. Their
+// metadata (token ids, positions, store slots, per-row block tables and attention lengths) is
+// staged once per call in one pinned host block and copied in one transfer; every layer reads it
+// from the device. Attention is the CUDA decode kernel over the paged store with one query row
+// per "sequence": row r of a chunk attends to its own sequence's first pos_r + 1 tokens, which is
+// exactly causal attention (the chunk's rows are stored before attention reads them), and a
+// decode batch is the same call with one row per sequence. Nothing in a layer depends on the
+// host, so a decode batch is captured once as a CUDA graph and replayed.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels.hpp"
+#include "kernels/common.cuh"
+#include "kvgate/cuda/engine.hpp"
+
+namespace kvgate::cuda {
+
+namespace mk = model_kernels;
+
+namespace {
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLAS error ") + std::to_string(static_cast<int>(s)) + " in " + what);
+}
+
+constexpr std::size_t kCublasWorkspace = 32u << 20;  // explicit: no allocation inside graph capture
+
+template <class T>
+T* dmalloc(std::size_t n) {
+  void* p = nullptr;
+  KVGATE_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+}  // namespace
+
+CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForwardOptions opts)
+    : m_(model), store_(store), opts_(opts), c_(model.config()) {
+  const StoreConfig& sc = store.config();
+  if (sc.n_layers != c_.n_layers || sc.n_kv_heads != c_.n_kv_heads || sc.head_dim != c_.head_dim)
+    throw EngineError("cuda forward: the KV store's shape (layers/kv heads/head_dim) does not match the model");
+  const OpSupport sup = supports_op(Op::decode, sc.format, sc.geometry(), c_.n_heads);
+  if (!sup.ok)
+    throw KvStoreError("cuda forward: attention over KV format '" + sc.format.name() + "' is not supported here (" +
+                       sup.reason + "): " + sup.detail);
+  if (opts_.max_rows < 1) throw EngineError("cuda forward: max_rows must be >= 1");
+  max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c_.max_seq_len;
+  if (max_ctx_ < 1) throw EngineError("cuda forward: the context must be >= 1 token");
+  table_stride_ = (max_ctx_ + sc.block_size - 1) / sc.block_size;
+  KVGATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  cublasHandle_t h = nullptr;
+  cublas_check(cublasCreate(&h), "cublasCreate");
+  cublas_ = h;
+  cublas_check(cublasSetStream(h, stream_), "cublasSetStream");
+  // f32 weights: no TF32 (pedantic keeps every product and sum in binary32, the FP32 bound's model).
+  cublas_check(cublasSetMathMode(h, m_.weight_type() == WeightType::f32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
+               "cublasSetMathMode");
+  KVGATE_CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
+  cublas_check(cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace), "cublasSetWorkspace");
+
+  const std::size_t R = static_cast<std::size_t>(opts_.max_rows);
+  const std::size_t dim = c_.dim, qd = c_.q_dim(), kvd = c_.kv_dim(), hid = c_.hidden_dim;
+  x_ = dmalloc<float>(R * dim);
+  xb_ = dmalloc<float>(R * std::max(dim, qd));
+  q_ = dmalloc<float>(R * qd);
+  k_ = dmalloc<float>(R * kvd);
+  v_ = dmalloc<float>(R * kvd);
+  att_ = dmalloc<float>(R * qd);
+  hb_ = dmalloc<float>(R * hid);
+  hb2_ = dmalloc<float>(R * hid);
+  logits_ = dmalloc<float>(R * static_cast<std::size_t>(c_.vocab_size));
+  if (m_.weight_type() == WeightType::bf16) act16_ = dmalloc<std::uint16_t>(R * std::max({dim, qd, hid}));
+  d_argmax_ = dmalloc<int>(R);
+  KVGATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_argmax_), R * sizeof(int)));
+  // Metadata block: tokens, positions, slots, lengths [R] each, then block tables [R][table_stride].
+  meta_ints_ = 4 * R + R * static_cast<std::size_t>(table_stride_);
+  meta_ = dmalloc<int>(meta_ints_);
+  KVGATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&meta_host_), meta_ints_ * sizeof(int)));
+  d_tokens_ = meta_;
+  d_pos_ = meta_ + R;
+  d_slot_ = meta_ + 2 * R;
+  d_lens_ = meta_ + 3 * R;
+  d_tables_ = meta_ + 4 * R;
+
+  // RoPE tables: the CPU's angles, pos * freq_i in binary32 with freq_i = 1 / theta^(2i/head_dim)
+  // (run.c), and the CPU's std::cos/std::sin of them; a few spare positions for the offset knob.
+  const int half = c_.head_dim / 2;
+  const std::size_t n_pos = static_cast<std::size_t>(max_ctx_) + 8;
+  std::vector<float> freq(static_cast<std::size_t>(half)), cs(n_pos * half), sn(n_pos * half);
+  for (int i = 0; i < half; ++i)
+    freq[static_cast<std::size_t>(i)] =
+        1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c_.head_dim));
+  for (std::size_t p = 0; p < n_pos; ++p)
+    for (int i = 0; i < half; ++i) {
+      const float val = static_cast<float>(p) * freq[static_cast<std::size_t>(i)];
+      cs[p * half + i] = std::cos(val);
+      sn[p * half + i] = std::sin(val);
+    }
+  rope_cos_ = dmalloc<float>(cs.size());
+  rope_sin_ = dmalloc<float>(sn.size());
+  KVGATE_CUDA_CHECK(cudaMemcpy(rope_cos_, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+  KVGATE_CUDA_CHECK(cudaMemcpy(rope_sin_, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+}
+
+CudaForward::~CudaForward() {
+  for (auto& [b, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
+  for (void* p : {static_cast<void*>(x_), static_cast<void*>(xb_), static_cast<void*>(q_), static_cast<void*>(k_),
+                  static_cast<void*>(v_), static_cast<void*>(att_), static_cast<void*>(hb_), static_cast<void*>(hb2_),
+                  static_cast<void*>(logits_), static_cast<void*>(rope_cos_), static_cast<void*>(rope_sin_), act16_,
+                  static_cast<void*>(meta_), static_cast<void*>(d_argmax_), cublas_ws_})
+    if (p) cudaFree(p);
+  if (meta_host_) cudaFreeHost(meta_host_);
+  if (h_argmax_) cudaFreeHost(h_argmax_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// out[r][o] (+)= sum_i W[o][i] x[r][i]: column-major, out^T (n_out x rows) = W^T(col) * x^T.
+void CudaForward::gemm(const void* W, const float* x, float* out, int rows, int n_in, int n_out, bool accumulate) {
+  auto h = static_cast<cublasHandle_t>(cublas_);
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (m_.weight_type() == WeightType::f32) {
+    cublas_check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, rows, n_in, &alpha, static_cast<const float*>(W), n_in,
+                             x, n_in, &beta, out, n_out),
+                 "cublasSgemm");
+  } else {
+    mk::to_bf16(x, act16_, static_cast<std::size_t>(rows) * n_in, stream_);
+    cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, rows, n_in, &alpha, W, CUDA_R_16BF, n_in, act16_,
+                              CUDA_R_16BF, n_in, &beta, out, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  }
+}
+
+void CudaForward::stage(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos, std::span<const int> tokens,
+                        int table_stride) {
+  const std::size_t R = row_seq.size(), maxR = static_cast<std::size_t>(opts_.max_rows);
+  const int B = store_.config().block_size;
+  int* h = meta_host_;
+  for (std::size_t r = 0; r < R; ++r) {
+    const auto table = store_.block_table(row_seq[r]);
+    const int pos = row_pos[r];
+    h[r] = tokens[r];
+    h[maxR + r] = pos;
+    h[2 * maxR + r] = table[static_cast<std::size_t>(pos / B)] * B + pos % B;
+    h[3 * maxR + r] = pos + 1;  // the row attends to its sequence's tokens 0..pos
+    int* t = h + 4 * maxR + r * static_cast<std::size_t>(table_stride);
+    const std::size_t n = std::min<std::size_t>(table.size(), static_cast<std::size_t>(table_stride));
+    std::copy(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(n), t);
+    std::fill(t + n, t + table_stride, 0);
+  }
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_, (4 * maxR + R * static_cast<std::size_t>(table_stride)) * sizeof(int),
+                                    cudaMemcpyHostToDevice, stream_));
+}
+
+// Every layer over R staged rows. plan: a fixed decode plan (graph capture), else planned per call
+// from the rows' longest attention span.
+void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan) {
+  const ModelConfig& c = c_;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
+  const bool interleaved = c.rope_style == RopeStyle::interleaved;
+  const StoreConfig& sc = store_.config();
+  const PageGeometry g = sc.geometry();
+  mk::embed(m_.tok_embeddings(), m_.weight_type() == WeightType::bf16, d_tokens_, x_, R, dim, stream_);
+  if (capture_kv_) {
+    cap_k_.assign(static_cast<std::size_t>(c.n_layers) * R * kvd, 0.0f);
+    cap_v_.assign(cap_k_.size(), 0.0f);
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    const CudaModel::Layer& L = m_.layer(l);
+    // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
+    mk::rmsnorm(xb_, x_, L.attn_norm, R, dim, c.rms_eps, stream_);
+    gemm(L.wq, xb_, q_, R, dim, qd, false);
+    gemm(L.wk, xb_, k_, R, dim, kvd, false);
+    gemm(L.wv, xb_, v_, R, dim, kvd, false);
+    if (c.qkv_bias) {
+      mk::add_bias(q_, L.bq, R, qd, stream_);
+      mk::add_bias(k_, L.bk, R, kvd, stream_);
+      mk::add_bias(v_, L.bv, R, kvd, stream_);
+    }
+    if (c.qk_norm) {  // qwen3: RMSNorm over each head of q and k, before RoPE
+      mk::rmsnorm(q_, q_, L.q_norm, R * c.n_heads, hd, c.rms_eps, stream_);
+      mk::rmsnorm(k_, k_, L.k_norm, R * c.n_kv_heads, hd, c.rms_eps, stream_);
+    }
+    mk::rope(q_, d_pos_, 0, R, c.n_heads, hd, interleaved, rope_cos_, rope_sin_, stream_);
+    mk::rope(k_, d_pos_, k_rope_offset_, R, c.n_kv_heads, hd, interleaved, rope_cos_, rope_sin_, stream_);
+    if (capture_kv_) {
+      const std::size_t off = static_cast<std::size_t>(l) * R * kvd;
+      KVGATE_CUDA_CHECK(cudaMemcpyAsync(cap_k_.data() + off, k_, static_cast<std::size_t>(R) * kvd * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+      KVGATE_CUDA_CHECK(cudaMemcpyAsync(cap_v_.data() + off, v_, static_cast<std::size_t>(R) * kvd * 4,
+                                        cudaMemcpyDeviceToHost, stream_));
+    }
+    // K/V rows go through the KV format (the CUDA store kernel); attention reads them back.
+    for (KvHalf half : {KvHalf::K, KvHalf::V}) {
+      StoreRowsArgs a;
+      a.rows = half == KvHalf::K ? k_ : v_;
+      a.row_stride = static_cast<std::size_t>(kvd);
+      a.slot_mapping = d_slot_;
+      a.n_tokens = R;
+      a.pool = store_.pool(l, half);
+      a.page_stride = store_.page_stride(half);
+      a.tensor_scale = store_.tensor_scale(l, half);
+      store_rows(store_.half_format(half), g, a, stream_);
+    }
+    if (chunk && R > 1 && opts_.prefill_kernel) {  // one sequence's chunk: the causal prefill kernel
+      PrefillArgs pa;
+      pa.format = sc.format;
+      pa.geometry = g;
+      pa.n_heads = c.n_heads;
+      pa.k_pool = store_.pool(l, KvHalf::K);
+      pa.v_pool = store_.pool(l, KvHalf::V);
+      pa.k_page_stride = store_.page_stride(KvHalf::K);
+      pa.v_page_stride = store_.page_stride(KvHalf::V);
+      pa.block_table = d_tables_;  // row 0: the sequence's pages
+      pa.n_past = max_len - R;
+      pa.n_new = R;
+      pa.q = q_;
+      pa.out = att_;
+      pa.k_scale = store_.tensor_scale(l, KvHalf::K);
+      pa.v_scale = store_.tensor_scale(l, KvHalf::V);
+      prefill_attention(pa, stream_);
+    } else {  // one query row per "sequence" (decode batch, or a chunk's rows with lengths pos+1)
+    DecodeArgs da;
+    da.format = sc.format;
+    da.geometry = g;
+    da.n_heads = c.n_heads;
+    da.batch = R;
+    da.k_pool = store_.pool(l, KvHalf::K);
+    da.v_pool = store_.pool(l, KvHalf::V);
+    da.k_page_stride = store_.page_stride(KvHalf::K);
+    da.v_page_stride = store_.page_stride(KvHalf::V);
+    da.block_tables = d_tables_;
+    da.table_stride = table_stride;
+    da.seq_lens = d_lens_;
+    da.max_seq_len = max_len;
+    da.q = q_;
+    da.out = att_;
+    da.k_scale = store_.tensor_scale(l, KvHalf::K);
+    da.v_scale = store_.tensor_scale(l, KvHalf::V);
+    if (plan) decode_attention(da, *plan, ws_, stream_);
+    else decode_attention(da, ws_, stream_);
+    }
+    // x += att Wo
+    gemm(L.wo, att_, x_, R, qd, dim, true);
+    // FFN block: x += W2 (silu(xb W1) * (xb W3)), xb = rmsnorm(x).
+    mk::rmsnorm(xb_, x_, L.ffn_norm, R, dim, c.rms_eps, stream_);
+    gemm(L.w1, xb_, hb_, R, dim, hid, false);
+    gemm(L.w3, xb_, hb2_, R, dim, hid, false);
+    mk::swiglu(hb_, hb2_, static_cast<std::size_t>(R) * hid, stream_);
+    gemm(L.w2, hb_, x_, R, hid, dim, true);
+  }
+}
+
+// Final norm and classifier of rows [first, first + n): logits_[0..n), greedy ids d_argmax_[0..n).
+void CudaForward::head(int first, int n) {
+  const int dim = c_.dim;
+  mk::rmsnorm(xb_, x_ + static_cast<std::size_t>(first) * dim, m_.final_norm(), n, dim, c_.rms_eps, stream_);
+  gemm(m_.classifier(), xb_, logits_, n, dim, c_.vocab_size, false);
+  mk::argmax_rows(logits_, n, c_.vocab_size, d_argmax_, stream_);
+}
+
+void CudaForward::download(int n_logit_rows, float* logits, int n_argmax, int* argmax) {
+  if (logits && n_logit_rows > 0)
+    KVGATE_CUDA_CHECK(cudaMemcpyAsync(logits, logits_, static_cast<std::size_t>(n_logit_rows) * c_.vocab_size * 4,
+                                      cudaMemcpyDeviceToHost, stream_));
+  if (argmax && n_argmax > 0)
+    KVGATE_CUDA_CHECK(cudaMemcpyAsync(h_argmax_, d_argmax_, static_cast<std::size_t>(n_argmax) * sizeof(int),
+                                      cudaMemcpyDeviceToHost, stream_));
+  KVGATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (argmax && n_argmax > 0) std::copy(h_argmax_, h_argmax_ + n_argmax, argmax);
+}
+
+void CudaForward::set_k_rope_position_offset(int off) {
+  if (off < 0 || off >= 8) throw EngineError("cuda forward: the K RoPE position offset must be in [0, 8)");
+  k_rope_offset_ = off;
+}
+
+namespace {
+void check_tokens(std::span<const int> tokens, int vocab) {
+  for (int t : tokens)
+    if (t < 0 || t >= vocab)
+      throw EngineError("token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+}  // namespace
+
+void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax) {
+  const int T = static_cast<int>(tokens.size());
+  if (T < 1 || T > opts_.max_rows)
+    throw EngineError("cuda forward: chunk of " + std::to_string(T) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
+  check_tokens(tokens, c_.vocab_size);
+  if (store_.length(s) + T > max_ctx_)
+    throw EngineError("cuda forward: " + std::to_string(T) + " more tokens at position " + std::to_string(store_.length(s)) +
+                      " exceed the context of " + std::to_string(max_ctx_) + " tokens");
+  const int pos0 = store_.extend(s, T);
+  std::vector<SeqId> rs(static_cast<std::size_t>(T), s);
+  std::vector<int> rp(static_cast<std::size_t>(T));
+  for (int t = 0; t < T; ++t) rp[static_cast<std::size_t>(t)] = pos0 + t;
+  stage(rs, rp, tokens, table_stride_);
+  layers(T, table_stride_, pos0 + T, true, nullptr);
+  const int first = all_logits ? 0 : T - 1;
+  head(first, T - first);
+  download(T - first, logits, 0, nullptr);
+  if (argmax) {  // the last row's id sits at index T - 1 - first
+    KVGATE_CUDA_CHECK(cudaMemcpy(h_argmax_, d_argmax_ + (T - 1 - first), sizeof(int), cudaMemcpyDeviceToHost));
+    *argmax = h_argmax_[0];
+  }
+}
+
+void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, float* logits, int* argmax) {
+  const int B = static_cast<int>(seqs.size());
+  if (B < 1 || B > opts_.max_rows || tokens.size() != seqs.size())
+    throw EngineError("cuda forward: decode batch of " + std::to_string(B) + " sequences / " +
+                      std::to_string(tokens.size()) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
+  check_tokens(tokens, c_.vocab_size);
+  for (SeqId s : seqs)
+    if (store_.length(s) + 1 > max_ctx_)
+      throw EngineError("cuda forward: sequence " + std::to_string(s) + " is at the context limit of " +
+                        std::to_string(max_ctx_) + " tokens");
+  std::vector<SeqId> rs(seqs.begin(), seqs.end());
+  std::vector<int> rp(static_cast<std::size_t>(B));
+  int max_len = 1;
+  for (int b = 0; b < B; ++b) {
+    rp[static_cast<std::size_t>(b)] = store_.extend(seqs[static_cast<std::size_t>(b)], 1);
+    max_len = std::max(max_len, rp[static_cast<std::size_t>(b)] + 1);
+  }
+  stage(rs, rp, tokens, table_stride_);
+  const bool use_graph = opts_.cuda_graphs && !capture_kv_ && k_rope_offset_ == 0;
+  if (!use_graph) {
+    layers(B, table_stride_, max_len, false, nullptr);
+    head(0, B);
+  } else {
+    auto it = graphs_.find(B);
+    if (it == graphs_.end()) {
+      // One plan for every length up to the context (empty splits exit at once), so the captured
+      // launch configuration stays valid as the sequences grow.
+      Graph gr;
+      DecodeArgs pa;
+      pa.format = store_.config().format;
+      pa.geometry = store_.geometry();
+      pa.n_heads = c_.n_heads;
+      pa.batch = B;
+      pa.max_seq_len = max_ctx_;
+      gr.plan = plan_decode(pa);
+      ws_.reserve(gr.plan.workspace_bytes);
+      cudaGraph_t graph = nullptr;
+      KVGATE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        layers(B, table_stride_, max_ctx_, false, &gr.plan);
+        head(0, B);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        throw;
+      }
+      KVGATE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      const cudaError_t e = cudaGraphInstantiate(&gr.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      KVGATE_CUDA_CHECK(e);
+      ++graph_captures_;
+      it = graphs_.emplace(B, gr).first;
+    }
+    KVGATE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
+    ++graph_replays_;
+  }
+  download(B, logits, argmax ? B : 0, argmax);
+}
+
+}  // namespace kvgate::cuda

@@ -1,0 +1,222 @@
+// The small kernels of the CUDA forward (see kernels.hpp). Compiled with --fmad=false,
+// -prec-div=true, -prec-sqrt=true (model/CMakeLists.txt): every elementwise step is the CPU's
+// sequence of binary32 roundings; only the RMSNorm sum of squares is reduced in another order.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+#include <cmath>
+
+#include "kernels.hpp"
+#include "kernels/common.cuh"
+
+namespace kvgate::cuda::model_kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(std::size_t n) {
+  const std::size_t g = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(g < 65535u * 16u ? g : 65535u * 16u);
+}
+
+__global__ void embed_kernel(const void* emb, bool bf16, const int* tokens, float* x, int dim) {
+  const int r = blockIdx.x;
+  const std::size_t src = static_cast<std::size_t>(tokens[r]) * dim;
+  float* o = x + static_cast<std::size_t>(r) * dim;
+  if (bf16) {
+    const auto* e = static_cast<const __nv_bfloat16*>(emb) + src;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __bfloat162float(e[i]);
+  } else {
+    const auto* e = static_cast<const float*>(emb) + src;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = e[i];
+  }
+}
+
+__device__ float block_sum(float v) {
+  __shared__ float warp_part[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  const int n_warps = (blockDim.x + 31) >> 5;
+  v = lane < n_warps ? warp_part[lane] : 0.0f;
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __shared__ float total;
+  if (threadIdx.x == 0) total = v;
+  __syncthreads();
+  return total;
+}
+
+__global__ void rmsnorm_kernel(float* o, const float* x, const float* w, int n, float eps) {
+  const std::size_t base = static_cast<std::size_t>(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[base + j] * x[base + j];
+  ss = block_sum(ss);
+  // as the CPU: ss /= n; ss += eps; ss = 1 / sqrt(ss); o = w * (ss * x)
+  ss /= static_cast<float>(n);
+  ss += eps;
+  ss = 1.0f / sqrtf(ss);
+  for (int j = threadIdx.x; j < n; j += blockDim.x) o[base + j] = w[j] * (ss * x[base + j]);
+}
+
+__global__ void add_bias_kernel(float* y, const float* b, std::size_t total, int n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    y[i] = y[i] + b[i % n];
+}
+
+__global__ void rope_kernel(float* v, const int* pos, int offset, int rows, int n_heads, int D, bool interleaved,
+                            const float* cos_tab, const float* sin_tab) {
+  const int half = D / 2;
+  const std::size_t total = static_cast<std::size_t>(rows) * n_heads * half;
+  for (std::size_t idx = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; idx < total;
+       idx += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const std::size_t rh = idx / half;  // row * n_heads + head
+    const int r = static_cast<int>(rh / n_heads);
+    const std::size_t t = static_cast<std::size_t>(pos[r] + offset) * half + i;
+    const float fc = cos_tab[t], fs = sin_tab[t];
+    float* x = v + rh * D;
+    if (interleaved) {  // adjacent pairs (x[2i], x[2i+1])
+      const float v0 = x[2 * i], v1 = x[2 * i + 1];
+      x[2 * i] = v0 * fc - v1 * fs;
+      x[2 * i + 1] = v0 * fs + v1 * fc;
+    } else {  // rotate-half pairs (x[i], x[i + D/2])
+      const float v0 = x[i], v1 = x[i + half];
+      x[i] = v0 * fc - v1 * fs;
+      x[i + half] = v1 * fc + v0 * fs;
+    }
+  }
+}
+
+__global__ void swiglu_kernel(float* h, const float* up, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float val = h[i];
+    val *= 1.0f / (1.0f + expf(-val));  // silu
+    h[i] = val * up[i];
+  }
+}
+
+__global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+// (value, index) with the CPU's rule: a later index wins only when strictly larger.
+__device__ bool better(float vb, int ib, float va, int ia) {
+  if (ia < 0) return ib >= 0;
+  if (ib < 0) return false;
+  return vb > va || (vb == va && ib < ia);
+}
+
+__global__ void argmax_kernel(const float* x, int n, int* out) {
+  const float* row = x + static_cast<std::size_t>(blockIdx.x) * n;
+  float bv = -FLT_MAX;
+  int bi = -1;
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    if (bi < 0 || row[i] > bv) bv = row[i], bi = i;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) sv[warp] = bv, si[warp] = bi;
+  __syncthreads();
+  if (warp == 0) {
+    const int n_warps = (blockDim.x + 31) >> 5;
+    bv = lane < n_warps ? sv[lane] : -FLT_MAX;
+    bi = lane < n_warps ? si[lane] : -1;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    if (lane == 0) out[blockIdx.x] = bi < 0 ? 0 : bi;
+  }
+}
+
+__device__ std::uint64_t splitmix64(std::uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_uniform_kernel(void* p, bool bf16, std::size_t n, std::uint64_t seed, float a) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(splitmix64(seed ^ (i * 0xD1B54A32D192ED03ull)) >> 40) * 0x1p-24f;  // [0, 1)
+    const float val = (2.0f * u - 1.0f) * a;
+    if (bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(val);
+    else static_cast<float*>(p)[i] = val;
+  }
+}
+
+__global__ void fill_const_kernel(float* p, std::size_t n, float value) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+int block_for(int n) { return n >= 1024 ? 512 : n >= 256 ? 256 : n >= 64 ? 64 : 32; }
+
+}  // namespace
+
+void embed(const void* emb, bool bf16, const int* d_tokens, float* x, int rows, int dim, cudaStream_t st) {
+  embed_kernel<<<rows, block_for(dim), 0, st>>>(emb, bf16, d_tokens, x, dim);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void rmsnorm(float* o, const float* x, const float* w, int rows, int n, float eps, cudaStream_t st) {
+  if (rows <= 0) return;
+  rmsnorm_kernel<<<rows, block_for(n), 0, st>>>(o, x, w, n, eps);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_bias(float* y, const float* b, int rows, int n, cudaStream_t st) {
+  const std::size_t total = static_cast<std::size_t>(rows) * n;
+  add_bias_kernel<<<grid_for(total), kThreads, 0, st>>>(y, b, total, n);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, bool interleaved, const float* cos_tab,
+          const float* sin_tab, cudaStream_t st) {
+  const std::size_t total = static_cast<std::size_t>(rows) * n_heads * (D / 2);
+  rope_kernel<<<grid_for(total), kThreads, 0, st>>>(v, d_pos, offset, rows, n_heads, D, interleaved, cos_tab, sin_tab);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void swiglu(float* h, const float* up, std::size_t n, cudaStream_t st) {
+  swiglu_kernel<<<grid_for(n), kThreads, 0, st>>>(h, up, n);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void to_bf16(const float* x, void* y, std::size_t n, cudaStream_t st) {
+  to_bf16_kernel<<<grid_for(n), kThreads, 0, st>>>(x, static_cast<__nv_bfloat16*>(y), n);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows(const float* x, int rows, int n, int* out, cudaStream_t st) {
+  if (rows <= 0) return;
+  argmax_kernel<<<rows, 256, 0, st>>>(x, n, out);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_uniform(void* p, bool bf16, std::size_t n, std::uint64_t seed, float stddev, cudaStream_t st) {
+  fill_uniform_kernel<<<grid_for(n), kThreads, 0, st>>>(p, bf16, n, seed, 1.7320508075688772f * stddev);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void fill_const(float* p, std::size_t n, float value, cudaStream_t st) {
+  fill_const_kernel<<<grid_for(n), kThreads, 0, st>>>(p, n, value);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace kvgate::cuda::model_kernels

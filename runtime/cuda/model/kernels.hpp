@@ -1,0 +1,34 @@
+// The small kernels of the CUDA forward (runtime/cuda/model/kernels.cu): everything that is not a
+// GEMM (cuBLAS) or attention/store (kvgate::cuda ops). Each mirrors one step of
+// runtime/src/forward_cpu.cpp; the file is compiled without FMA contraction and with IEEE
+// division/sqrt so each elementwise step rounds as the CPU's (-ffp-contract=off) does.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvgate::cuda::model_kernels {
+
+// x[r][:] = emb[tokens[r]][:] (bf16 embeddings widened exactly to f32).
+void embed(const void* emb, bool bf16, const int* d_tokens, float* x, int rows, int dim, cudaStream_t st);
+// o[r] = w * (x[r] * (1 / sqrt(mean(x[r]^2) + eps)))   (o may alias x), one block per row.
+void rmsnorm(float* o, const float* x, const float* w, int rows, int n, float eps, cudaStream_t st);
+// y[r][i] += b[i]
+void add_bias(float* y, const float* b, int rows, int n, cudaStream_t st);
+// RoPE of rows [rows][n_heads][D] at positions d_pos[r] + offset, angles from the host tables
+// cos/sin [position][D/2]; interleaved pairs (2i, 2i+1) or rotate-half pairs (i, i + D/2).
+void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, bool interleaved, const float* cos_tab,
+          const float* sin_tab, cudaStream_t st);
+// h = silu(h) * up, n elements.
+void swiglu(float* h, const float* up, std::size_t n, cudaStream_t st);
+// y = bf16(x) round-to-nearest-even, n elements.
+void to_bf16(const float* x, void* y, std::size_t n, cudaStream_t st);
+// out[r] = the lowest index of the largest value of row r (CPU kvgate::argmax), one block per row.
+void argmax_rows(const float* x, int rows, int n, int* out, cudaStream_t st);
+// p[i] = uniform(-a, a) with a = sqrt(3) * stddev (a function of (seed, i) only), f32 or bf16;
+// stddev == 0 with `value`: every element = value.
+void fill_uniform(void* p, bool bf16, std::size_t n, std::uint64_t seed, float stddev, cudaStream_t st);
+void fill_const(float* p, std::size_t n, float value, cudaStream_t st);
+
+}  // namespace kvgate::cuda::model_kernels

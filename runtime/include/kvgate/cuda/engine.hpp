@@ -1,0 +1,194 @@
+// The CUDA forward of the whole model and the CUDA engine (library kvgate::cuda_model, issue 6).
+//
+//  CudaModel    the weights on the device, uploaded once: f32 (cuBLAS SGEMM, pedantic math: no
+//               TF32) or bf16 (cublasGemmEx, FP32 accumulate; activations rounded to bf16 at the
+//               GEMM input). A random-weight model can be generated on the device (benchmarks).
+//  CudaForward  forward(rows) reads like the math of runtime/src/forward_cpu.cpp: embedding
+//               gather, per layer RMSNorm, Q/K/V GEMMs (+qwen2 bias, +qwen3 QK-norm), RoPE (the
+//               CPU's binary32 angle and cos/sin values, tabulated on the host), quantize-on-append
+//               through the CUDA store kernel, attention from the paged store, Wo + residual,
+//               FFN RMSNorm, W1/W3 + SwiGLU, W2 + residual, final norm, classifier. A "row" is one
+//               token of one sequence: a chunk of one sequence (causal over its own rows) or a
+//               decode batch (one token of each of B sequences) run through the same code.
+//               A decode batch can replay a captured CUDA graph (inputs staged in fixed buffers).
+//  CudaEngine   the subset of kvgate::Engine's API the CLI needs (prefill, decode,
+//               forward_all_logits, generate with the CPU's seeded Sampler on downloaded logits,
+//               or a GPU argmax when greedy) and EngineStats with backend "cuda".
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvgate/cuda/kv_store.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/model.hpp"
+
+namespace kvgate::cuda {
+
+enum class WeightType : std::uint8_t { f32, bf16 };
+const char* name(WeightType w);
+
+// Why the CUDA forward cannot run this model config (empty: it can). Checked by CudaModel.
+std::string forward_unsupported_reason(const ModelConfig& c);
+
+class CudaModel {
+ public:
+  // Uploads `m`'s weights (converted to bf16 when asked). Throws ModelError (unsupported config)
+  // or std::runtime_error (CUDA error, e.g. out of device memory).
+  explicit CudaModel(const Model& m, WeightType wt = WeightType::f32);
+  // A random-weight model of config `c`, generated on the device (no host copy): matrices uniform
+  // with standard deviation 1/sqrt(fan_in), embeddings unit variance, norm gains 1. For benchmarks.
+  static std::unique_ptr<CudaModel> random(const ModelConfig& c, WeightType wt, std::uint64_t seed);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  struct Layer {
+    const void *wq = nullptr, *wk = nullptr, *wv = nullptr, *wo = nullptr;  // [out][in], f32 or bf16
+    const void *w1 = nullptr, *w2 = nullptr, *w3 = nullptr;
+    const float *attn_norm = nullptr, *ffn_norm = nullptr;
+    const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // qwen2, else null
+    const float *q_norm = nullptr, *k_norm = nullptr;         // qwen3, else null
+  };
+  const ModelConfig& config() const { return c_; }
+  WeightType weight_type() const { return wt_; }
+  const Layer& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
+  const void* tok_embeddings() const { return emb_; }
+  const void* classifier() const { return cls_; }  // == tok_embeddings() when tied
+  const float* final_norm() const { return final_norm_; }
+  std::size_t weight_bytes() const { return bytes_; }
+
+ private:
+  CudaModel(const ModelConfig& c, WeightType wt);
+  void* alloc(std::size_t n_elems, bool matrix);  // matrix: weight type, else f32
+  void* upload(const std::vector<float>& v, bool matrix);
+
+  ModelConfig c_;
+  WeightType wt_;
+  std::vector<Layer> layers_;
+  const void* emb_ = nullptr;
+  const void* cls_ = nullptr;
+  const float* final_norm_ = nullptr;
+  std::vector<void*> allocs_;
+  std::size_t bytes_ = 0;
+};
+
+struct CudaForwardOptions {
+  int max_rows = 128;     // tokens per forward call (chunk length or decode batch)
+  int max_context = 0;    // 0: the model's max_seq_len (sizes the RoPE tables and block tables)
+  bool cuda_graphs = true;  // decode batches replay a captured graph
+  bool prefill_kernel = true;  // chunks: the causal prefill kernel; false: the decode kernel per row
+};
+
+class CudaForward {
+ public:
+  CudaForward(const CudaModel& model, CudaKvStore& store, CudaForwardOptions opts);
+  ~CudaForward();
+  CudaForward(const CudaForward&) = delete;
+  CudaForward& operator=(const CudaForward&) = delete;
+
+  // T tokens of sequence s at positions store.length(s).. (extends it by T): causal attention over
+  // the sequence. Logits of the last row ([vocab]) or of every row ([T][vocab]) to host `logits`
+  // (null: none downloaded); `argmax` (host, nullable) receives the last row's greedy id.
+  void forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax = nullptr);
+  // One token for each of B sequences (each extended by 1): logits [B][vocab] to host `logits`
+  // (nullable), greedy ids [B] to host `argmax` (nullable). Replays a CUDA graph when enabled.
+  void forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, float* logits, int* argmax = nullptr);
+
+  // Device copies of the post-RoPE K/V rows of every layer of the last forward call, for gates that
+  // compare the store's bytes against the CPU quantizer on the same rows: [n_layers][rows][kv_dim].
+  void set_capture_kv(bool on) { capture_kv_ = on; }
+  const std::vector<float>& captured_k() const { return cap_k_; }
+  const std::vector<float>& captured_v() const { return cap_v_; }
+  // K rows rotated at position + offset (0 in use; queries keep theirs). Anti-vacuity gates inject a
+  // wrong-position bug with it (a uniform shift of q and k would cancel: RoPE is relative).
+  void set_k_rope_position_offset(int off);
+
+  cudaStream_t stream() const { return stream_; }
+  const CudaForwardOptions& options() const { return opts_; }
+  int graph_captures() const { return graph_captures_; }
+  int graph_replays() const { return graph_replays_; }
+
+ private:
+  void stage(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos, std::span<const int> tokens,
+             int table_stride);
+  void layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan);
+  void head(int first_row, int n_rows);
+  void gemm(const void* W, const float* x, float* out, int rows, int n_in, int n_out, bool accumulate);
+  void download(int n_logit_rows, float* logits, int n_argmax, int* argmax);
+
+  const CudaModel& m_;
+  CudaKvStore& store_;
+  CudaForwardOptions opts_;
+  ModelConfig c_;
+  int max_ctx_ = 0, table_stride_ = 0;
+  cudaStream_t stream_ = nullptr;
+  void* cublas_ = nullptr;  // cublasHandle_t
+  void* cublas_ws_ = nullptr;
+  // device activations
+  float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr;
+  float *hb_ = nullptr, *hb2_ = nullptr, *logits_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+  void* act16_ = nullptr;  // bf16 copy of a GEMM input (bf16 weights)
+  // device metadata (one block, staged from pinned host memory in one copy)
+  int* meta_ = nullptr;
+  int* meta_host_ = nullptr;
+  std::size_t meta_ints_ = 0;
+  int *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_lens_ = nullptr, *d_tables_ = nullptr;
+  int* d_argmax_ = nullptr;
+  int* h_argmax_ = nullptr;  // pinned
+  DecodeWorkspace ws_;
+  int k_rope_offset_ = 0;
+  bool capture_kv_ = false;
+  std::vector<float> cap_k_, cap_v_;
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    DecodePlan plan;
+  };
+  std::map<int, Graph> graphs_;  // by batch size
+  int graph_captures_ = 0, graph_replays_ = 0;
+};
+
+struct CudaEngineOptions {
+  EngineOptions engine;          // kv (resolved with backend "cuda"), block_size, n_blocks,
+                                 // kv_cache_memory, k/v scales, max_context, prefill_chunk
+  WeightType weights = WeightType::f32;
+  bool cuda_graphs = true;       // batch-1 decode replays a captured CUDA graph
+};
+
+class CudaEngine {
+ public:
+  // Throws EngineError (bad options / no device), ModelError (unsupported arch), KvStoreError.
+  CudaEngine(const Model& model, CudaEngineOptions opts);
+  ~CudaEngine();
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const std::vector<float>& prefill(std::span<const int> tokens);
+  const std::vector<float>& decode(int token);
+  std::vector<float> forward_all_logits(std::span<const int> tokens);
+  GenerateResult generate(std::span<const int> prompt, int steps, const SamplerOptions& sampler,
+                          const std::function<void(int)>& on_token = {});
+
+  void reset();
+  int position() const;
+  int max_context() const;
+  int vocab_size() const;
+  const EngineStats& stats() const;
+  const Model& model() const;
+  CudaKvStore& store();
+  CudaForward& forward();
+  SeqId sequence() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvgate::cuda
