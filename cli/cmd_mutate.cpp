@@ -12,10 +12,11 @@ namespace kvgate::cli {
 
 namespace {
 struct MutateCli {
-  std::string catalog, out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets;
+  std::string catalog, out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets,
+      only_requires;
   // Both cores by default: the gate executables run side by side (the longest starts first).
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  bool list = false, no_canary = false;
+  bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false;
   double min_timeout = 20;
   std::vector<std::string> cmake_args;
 };
@@ -58,6 +59,9 @@ int run_mutate_cmd(const MutateCli& c) {
   };
   o.only = split(c.only);
   o.gate_targets = split(c.gate_targets);
+  o.only_requires = split(c.only_requires);
+  o.expected_gates_only = c.expected_gates_only;
+  o.restore_objects = c.restore_objects;
   return mutate::run_mutate(o, std::cerr);
 }
 }  // namespace
@@ -85,6 +89,15 @@ void register_mutate(CLI::App& app) {
   sub->add_option("--gate-targets", c->gate_targets,
                   "comma-separated gate executables to build and run instead of all (smoke tests; the run is then "
                   "partial)");
+  sub->add_option("--only-requires", c->only_requires,
+                  "comma-separated requirement kinds (cuda, cuda-device): run only the mutants that require one of "
+                  "them (partial run)");
+  sub->add_flag("--expected-gates-only", c->expected_gates_only,
+                "run only the gates each mutant names in expect_killed_by (baseline and canary: their union); for "
+                "device runs with slow gate programs (partial run)");
+  sub->add_flag("--restore-objects", c->restore_objects,
+                "keep a copy of the baseline objects and put them back after each mutant instead of recompiling "
+                "(machines without ccache)");
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");

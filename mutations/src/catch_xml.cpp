@@ -125,6 +125,23 @@ std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
         if (attribute(tag, "skips", v)) c.skipped = std::strtol(v.c_str(), nullptr, 10) > 0;
       }
     }
+    // A case that cannot run here says so with WARN("SKIPPED: <reason>") and passes (Catch2 2 has
+    // no SKIP(); the GPU gates do this without a device). Such a case proves nothing: skipped.
+    for (std::size_t w = find_tag(xml, "Warning", end); w != std::string_view::npos && w < limit;
+         w = find_tag(xml, "Warning", w + 1)) {
+      const std::size_t w_end = tag_end(xml, w);
+      const std::size_t w_close = xml.find("</Warning>", w);
+      if (w_end == std::string_view::npos || w_close == std::string_view::npos || w_close < w_end) break;
+      std::string text = xml_unescape(xml.substr(w_end + 1, w_close - w_end - 1));
+      const std::size_t b = text.find_first_not_of(" \t\r\n");
+      if (b == std::string::npos) continue;
+      text = text.substr(b, text.find_last_not_of(" \t\r\n") + 1 - b);
+      if (text.rfind("SKIPPED:", 0) == 0) {
+        c.skip_reason = text.substr(8 + (text.size() > 8 && text[8] == ' ' ? 1 : 0));
+        if (c.success) c.skipped = true;
+        break;
+      }
+    }
     out.push_back(std::move(c));
     pos = end;
   }

@@ -113,8 +113,20 @@ struct Env {
   std::vector<std::string> targets;
   ObjectSnapshot objects;
   bool cuda_build = false;
+  bool device_probed = false, device_present = false;  // requires: cuda-device
+  std::string device_how;
+  std::vector<std::string> focus;          // --expected-gates-only: the gate IDs of this run
+  std::vector<std::string> focus_dropped;  // executables without a focused gate (dropped)
+  fs::path object_backup;                  // --restore-objects: baseline copies of every object
   std::ostream* log = nullptr;
 };
+
+// Catch2 test spec selecting exactly these gate IDs.
+std::string spec_for(const std::vector<std::string>& ids) {
+  std::string s;
+  for (const auto& id : ids) s += (s.empty() ? "" : ",") + catch_spec_for_gate(id);
+  return s;
+}
 
 std::string rel_to(const fs::path& p, const fs::path& base) { return fs::relative(p, base).generic_string(); }
 
@@ -128,20 +140,42 @@ bool run_build(Env& e, const fs::path& log_path, double* seconds) {
 
 // Runs the gate executables (and, after a crash or timeout, the unfinished gate IDs one by one).
 // `baseline` runs without timeouts and discovers the gate IDs from the XML.
+// `focus` (--expected-gates-only): run only these gate IDs (a Catch2 test spec per executable);
+// executables without one of them are not started. Null: every gate.
 std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double timeout_scale, bool baseline,
-                                             double* wall) {
+                                             double* wall, const std::vector<std::string>* focus = nullptr) {
   fs::create_directories(dir);
   const auto t0 = Clock::now();
   std::vector<ProcSpec> specs;
-  for (const auto& x : e.exes) {
+  std::vector<std::size_t> started;              // indices into e.exes
+  std::vector<std::vector<std::string>> wanted;  // per started executable: the gate IDs it must report
+  for (std::size_t i = 0; i < e.exes.size(); ++i) {
+    const auto& x = e.exes[i];
+    std::vector<std::string> ids = x.gate_ids;
+    std::string filter;
+    if (focus) {
+      if (baseline) {
+        ids.clear();  // not known yet: the baseline discovers them from the XML
+        filter = spec_for(*focus);
+      } else {
+        ids.clear();
+        for (const auto& id : x.gate_ids)
+          if (std::find(focus->begin(), focus->end(), id) != focus->end()) ids.push_back(id);
+        if (ids.empty()) continue;
+        filter = spec_for(ids);
+      }
+    }
     ProcSpec s;
     s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (x.target + ".xml")).string()};
+    if (!filter.empty()) s.argv.insert(s.argv.begin() + 1, filter);
     s.cwd = x.path.parent_path().string();
     s.env = e.gate_env;
     s.log_path = (dir / (x.target + ".log")).string();
     s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
     fs::remove(dir / (x.target + ".xml"));
     specs.push_back(std::move(s));
+    started.push_back(i);
+    wanted.push_back(std::move(ids));
   }
   const auto res = run_processes(specs, e.o.jobs);
   std::map<std::string, GateOutcome> out;
@@ -150,9 +184,10 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     std::string id;
   };
   std::vector<Rerun> reruns;
-  for (std::size_t i = 0; i < e.exes.size(); ++i) {
+  for (std::size_t k = 0; k < started.size(); ++k) {
+    const std::size_t i = started[k];
     GateExe& x = e.exes[i];
-    const ProcResult& pr = res[i];
+    const ProcResult& pr = res[k];
     std::string xml;
     try {
       xml = read_text(dir / (x.target + ".xml"));
@@ -160,6 +195,11 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     }
     const auto cases = parse_catch_xml(xml);
     const std::string log_rel = rel_to(dir / (x.target + ".log"), e.out);
+    if (baseline && focus && cases.empty() && pr.ended_normally()) {
+      // None of the focused gates lives in this executable (Catch2 3 exits 2 on an empty match).
+      e.focus_dropped.push_back(x.target);
+      continue;
+    }
     std::map<std::string, GateOutcome> mine;
     std::map<std::string, std::vector<std::string>> names;
     std::map<std::string, double> secs;
@@ -173,6 +213,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       if (c.has_result) {
         g.status = c.skipped && c.success ? GateStatus::skipped : c.success ? GateStatus::passed : GateStatus::failed;
         if (!c.success) g.detail = "test case failed: " + c.name;
+        if (g.status == GateStatus::skipped) g.detail = "skipped: " + (c.skip_reason.empty() ? c.name : c.skip_reason);
       } else {
         g.status = pr.timed_out ? GateStatus::timeout : GateStatus::crashed;
         g.detail = pr.describe() + " during: " + c.name;
@@ -194,7 +235,9 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         g.cases.insert(g.cases.end(), names[id].begin(), names[id].end());
         g.baseline_s += secs[id];
         g.skipped = mine[id].status == GateStatus::skipped;
+        if (g.skipped) g.skip_reason = mine[id].detail.substr(std::string("skipped: ").size());
       }
+      wanted[k] = x.gate_ids;
     }
     if (pr.ended_normally() && pr.exit_code != 0) {
       // Catch reports failures through the exit code; a non-zero code with every case green means
@@ -202,14 +245,14 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       bool any_failed = false;
       for (const auto& [id, g] : mine) any_failed = any_failed || g.status == GateStatus::failed;
       if (!any_failed)
-        for (const auto& id : x.gate_ids) {
+        for (const auto& id : wanted[k]) {
           GateOutcome& g = mine[id];
           g.status = GateStatus::crashed;
           g.log = log_rel;
           g.detail = pr.describe() + " with no failed test case in its XML";
         }
     }
-    for (const auto& id : x.gate_ids) {
+    for (const auto& id : wanted[k]) {
       if (mine.count(id)) continue;
       if (pr.ended_normally() || pr.interrupted) {
         mine[id] = {GateStatus::not_run, 0, log_rel, pr.interrupted ? "interrupted" : "not in the XML report"};
@@ -290,19 +333,84 @@ struct RevertGuard {
   }
 };
 
+bool needs_device(const Mutant& m) {
+  return std::find(m.requires_.begin(), m.requires_.end(), "cuda-device") != m.requires_.end();
+}
+
+// Why a mutant cannot run in this environment, or "" when it can. `built`: the scratch build and
+// the baseline exist (before that, only the device probe can decide).
+std::string requirement_gap(const Env& e, const Mutant& m, bool built) {
+  if (needs_device(m) && e.device_probed && !e.device_present)
+    return "requires a CUDA device: none found (" + e.device_how + ")";
+  if (!built) return {};
+  for (const auto& req : m.requires_)
+    if ((req == "cuda" || req == "cuda-device") && !e.cuda_build)
+      return "requires a CUDA build (configure the scratch build with --cmake-arg -DKVGATE_CUDA=ON)";
+  if (needs_device(m)) {
+    // Only a device-backed gate can kill it: one of its expected gates must have really run in the
+    // baseline. A GPU gate skips (and passes) when the CUDA runtime cannot use the device even
+    // though nvidia-smi lists it (e.g. a driver older than the runtime), so this is the last word.
+    std::string why;
+    for (const auto& id : m.expect_killed_by) {
+      const auto it = e.gates.find(id);
+      if (it != e.gates.end() && !it->second.skipped) return {};
+      why += (why.empty() ? "" : "; ") + id +
+             (it == e.gates.end() ? std::string(" is not a gate of this run")
+                                  : " skipped in the baseline (" + it->second.skip_reason + ")");
+    }
+    return "requires a CUDA device: none of its gates ran here: " + why;
+  }
+  return {};
+}
+
+// --restore-objects: after a revert, put the baseline bytes back into every object rebuilt since
+// the snapshot, keeping the mtime that ninja recorded for it (build log and deps log: an output
+// newer than its deps record counts as dirty), give the reverted source its original mtime (older
+// than those records), and delete the archives and gate executables, which were linked from the
+// mutated objects. The next build then relinks but compiles nothing the mutant touched. If a copy
+// fails, the source keeps its new mtime and ninja recompiles as usual.
+void restore_objects_after_revert(Env& e, const fs::path& file, fs::file_time_type orig_mtime) {
+  if (e.object_backup.empty()) return;
+  bool ok = true;
+  int restored = 0;
+  for (auto& [path, info] : e.objects) {
+    std::error_code ec;
+    auto mt = fs::last_write_time(path, ec);
+    if (!ec && mt == info.mtime) continue;
+    if (ec) mt = info.mtime;  // deleted by a failed compile: ninja still holds the baseline records
+    const fs::path backup = e.object_backup / (fs::relative(path, e.build).string() + ".baseline");
+    fs::copy_file(backup, path, fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::last_write_time(path, mt, ec);
+    if (ec) {
+      ok = false;
+      continue;
+    }
+    info.mtime = mt;
+    ++restored;
+  }
+  std::error_code ec;
+  if (ok) fs::last_write_time(file, orig_mtime, ec);
+  if (restored == 0) return;
+  std::vector<fs::path> linked;
+  for (auto it = fs::recursive_directory_iterator(e.build, ec); it != fs::recursive_directory_iterator(); ++it)
+    if (it->is_regular_file() && it->path().extension() == ".a") linked.push_back(it->path());
+  for (const auto& x : e.exes) linked.push_back(x.path);
+  for (const auto& p : linked) fs::remove(p, ec);
+}
+
 MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   MutantOutcome mo;
   mo.mutant = &m;
   const auto t0 = Clock::now();
-  for (const auto& req : m.requires_)
-    if (req == "cuda" && !e.cuda_build) {
-      mo.status = MutantStatus::skipped;
-      mo.reason = "requires a CUDA build (configure the scratch build with --cmake-arg -DKVGATE_CUDA=ON)";
-      return mo;
-    }
+  if (const std::string gap = requirement_gap(e, m, true); !gap.empty()) {
+    mo.status = MutantStatus::skipped;
+    mo.reason = gap;
+    return mo;
+  }
   fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path file = e.scratch / m.file;
+  const auto orig_mtime = fs::last_write_time(file);
   RevertGuard guard{file, read_text(file), false};
   const std::string mutated = apply_mutant(guard.original, m);
   write_text(dir / "diff.patch", unified_diff(guard.original, mutated, m.file));
@@ -315,6 +423,7 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   if (interrupted()) {
     mo.status = MutantStatus::interrupted;
     guard.revert();
+    restore_objects_after_revert(e, file, orig_mtime);
     mo.wall_s = since(t0);
     return mo;
   }
@@ -322,6 +431,7 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
     mo.status = MutantStatus::unviable;
     mo.reason = "the mutated tree does not build (see " + mo.build_log + ")";
     guard.revert();
+    restore_objects_after_revert(e, file, orig_mtime);
     mo.wall_s = since(t0);
     return mo;
   }
@@ -333,11 +443,17 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
                                    : "the rebuilt objects are byte-identical to the baseline (dead code or an "
                                      "equivalent mutant)";
     guard.revert();
+    restore_objects_after_revert(e, file, orig_mtime);
     mo.wall_s = since(t0);
     return mo;
   }
-  mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s);
+  // --expected-gates-only: the mutant's own expected gates (the canary, which names none: every
+  // focused gate).
+  const std::vector<std::string>* focus = nullptr;
+  if (e.o.expected_gates_only) focus = m.expect_killed_by.empty() ? &e.focus : &m.expect_killed_by;
+  mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s, focus);
   guard.revert();
+  restore_objects_after_revert(e, file, orig_mtime);
   if (interrupted()) {
     mo.status = MutantStatus::interrupted;
     mo.wall_s = since(t0);
@@ -472,6 +588,18 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     for (const auto& m : cat.mutants)
       if (!m.is_canary()) selected.push_back(&m);
   }
+  if (!o.only_requires.empty()) {
+    r.full_run = false;
+    std::erase_if(selected, [&](const Mutant* m) {
+      return std::none_of(o.only_requires.begin(), o.only_requires.end(), [&](const std::string& req) {
+        return std::find(m->requires_.begin(), m->requires_.end(), req) != m->requires_.end();
+      });
+    });
+    std::string kinds;
+    for (const auto& k : o.only_requires) kinds += (kinds.empty() ? "" : ",") + k;
+    log << "kvgate mutate: --only-requires " << kinds << ": " << selected.size() << " mutant(s)\n";
+  }
+  if (o.expected_gates_only) r.full_run = false;
   if (!o.since.empty()) {
     r.full_run = false;
     const auto [rc, diff] = capture_output({"git", "-C", o.source_dir.string(), "diff", "--name-only", "--relative", o.since, "--"});
@@ -526,6 +654,38 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   for (const char* stale : {"baseline", "canary", "mutants"}) fs::remove_all(e.out / stale);
   fs::create_directories(e.out / "baseline");
 
+  // --- requires: cuda-device ----------------------------------------------------------------
+  // Probed before building: without a device those mutants are skipped (with the reason) instead
+  // of "surviving" gates that skip; with one, the scratch build gets CUDA.
+  bool want_cuda = false;
+  if (std::any_of(selected.begin(), selected.end(), [](const Mutant* m) { return needs_device(*m); })) {
+    const DeviceProbe dp = probe_cuda_device(e.out / "baseline" / "device_probe.log");
+    e.device_probed = true;
+    e.device_present = dp.present;
+    e.device_how = dp.how;
+    log << "kvgate mutate: CUDA device " << (dp.present ? "found" : "not found") << " (" << dp.how << ")\n";
+    want_cuda = dp.present;
+    if (std::all_of(selected.begin(), selected.end(),
+                    [&](const Mutant* m) { return !requirement_gap(e, *m, false).empty(); })) {
+      // Nothing can run here: build nothing, report every selected mutant as skipped.
+      for (const Mutant* m : selected) {
+        MutantOutcome mo;
+        mo.mutant = m;
+        mo.status = MutantStatus::skipped;
+        mo.reason = requirement_gap(e, *m, false);
+        count(r.summary, mo.status);
+        log << "  skipped: " << m->id << " -- " << mo.reason << "\n";
+        r.outcomes.push_back(std::move(mo));
+      }
+      r.full_run = false;
+      r.exit_code = kExitOk;
+      write_outputs(r, e, log);
+      log << "kvgate mutate: " << r.summary.skipped << " mutant(s) skipped, nothing built; outputs in "
+          << e.out.string() << "; exit 0\n";
+      return r.exit_code;
+    }
+  }
+
   const auto files = list_source_files(o.source_dir);
   const SyncStats ss = sync_tree(o.source_dir, e.scratch, files, {e.build});
   log << "kvgate mutate: scratch " << e.scratch.string() << ": " << ss.copied << " copied, " << ss.unchanged
@@ -562,6 +722,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   if (!fs::exists(e.build / "build.ninja")) {
     std::vector<std::string> argv{"cmake", "-S", e.scratch.string(), "-B", e.build.string(), "-G", "Ninja",
                                   "-DKVGATE_CUDA=OFF", "-DKVGATE_BUILD_BENCH=OFF", "-DCMAKE_BUILD_TYPE=Release"};
+    if (want_cuda) argv.push_back("-DKVGATE_CUDA=ON");  // a later -D wins
     for (const auto& a : o.cmake_args) argv.push_back(a);
     log << "kvgate mutate: configuring the scratch build " << e.build.string() << "\n";
     const ProcResult cr = run_process({argv, {}, e.build_env, (bl / "configure.log").string(), 0});
@@ -579,7 +740,11 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       return interrupted() ? kExitInterrupted : kExitError;
     }
   }
-  {
+  const fs::path gates_txt = e.build / "gates" / "gates.txt";
+  auto read_gate_list = [&]() -> bool {
+    e.exes.clear();
+    e.targets.clear();
+    e.cuda_build = false;
     const std::string cache = read_text(e.build / "CMakeCache.txt");
     const auto p = cache.find("CMAKE_CUDA_COMPILER:");
     if (p != std::string::npos) {
@@ -587,14 +752,11 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       e.cuda_build = eq != std::string::npos && eq + 1 < nl && cache.substr(eq + 1, nl - eq - 1).find("NOTFOUND") ==
                                                                  std::string::npos;
     }
-  }
-  const fs::path gates_txt = e.build / "gates" / "gates.txt";
-  if (!fs::exists(gates_txt)) {
-    log << "kvgate mutate: " << gates_txt.string()
-        << " is missing: the build lists its gates there (mutations/CMakeLists.txt)\n";
-    return kExitError;
-  }
-  {
+    if (!fs::exists(gates_txt)) {
+      log << "kvgate mutate: " << gates_txt.string()
+          << " is missing: the build lists its gates there (mutations/CMakeLists.txt)\n";
+      return false;
+    }
     std::istringstream in(read_text(gates_txt));
     for (std::string line; std::getline(in, line);) {
       const auto tab = line.find('\t');
@@ -608,6 +770,20 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       e.exes.push_back(x);
       e.targets.push_back(x.target);
     }
+    return true;
+  };
+  if (!read_gate_list()) return kExitError;
+  if (want_cuda && !e.cuda_build) {
+    // An existing scratch build configured without CUDA: a device mutant needs gate_cuda.
+    log << "kvgate mutate: reconfiguring the scratch build with -DKVGATE_CUDA=ON (a selected mutant requires "
+           "a CUDA device)\n";
+    const ProcResult cr = run_process({{"cmake", "-S", e.scratch.string(), "-B", e.build.string(), "-DKVGATE_CUDA=ON"},
+                                       {}, e.build_env, (bl / "configure_cuda.log").string(), 0});
+    if (!cr.ok()) {
+      log << "kvgate mutate: configure with CUDA failed, see " << (bl / "configure_cuda.log").string() << "\n";
+      return interrupted() ? kExitInterrupted : kExitError;
+    }
+    if (!read_gate_list()) return kExitError;
   }
   if (!o.gate_targets.empty()) {
     r.full_run = false;
@@ -635,11 +811,44 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     return r.exit_code;
   }
   e.objects = snapshot_objects(e.build);
+  if (o.restore_objects) {
+    // Inside the build (the mirror step keeps it), named so that the *.o snapshot skips it.
+    e.object_backup = e.build / ".kvgate-baseline-objects";
+    std::error_code ec;
+    fs::remove_all(e.object_backup, ec);
+    for (const auto& [path, info] : e.objects) {
+      const fs::path dst = e.object_backup / (fs::relative(path, e.build).string() + ".baseline");
+      fs::create_directories(dst.parent_path());
+      fs::copy_file(path, dst, fs::copy_options::overwrite_existing);
+    }
+    log << "kvgate mutate: --restore-objects: " << e.objects.size() << " baseline objects copied to "
+        << e.object_backup.string() << "\n";
+  }
+  if (o.expected_gates_only) {
+    for (const Mutant* m : selected) {
+      if (!requirement_gap(e, *m, false).empty()) continue;
+      for (const auto& id : m->expect_killed_by)
+        if (std::find(e.focus.begin(), e.focus.end(), id) == e.focus.end()) e.focus.push_back(id);
+    }
+    std::string ids;
+    for (const auto& id : e.focus) ids += " " + id;
+    log << "kvgate mutate: --expected-gates-only: " << e.focus.size() << " gate(s):" << ids << "\n";
+  }
   r.setup_s = since(t_setup);
 
   // --- baseline --------------------------------------------------------------------------
   log << "kvgate mutate: baseline (build " << fmt_s(r.baseline_build_s) << ")...\n";
-  const auto base = run_gates(e, bl / "gates", 1.0, true, &r.baseline_test_s);
+  const auto base =
+      run_gates(e, bl / "gates", 1.0, true, &r.baseline_test_s, o.expected_gates_only ? &e.focus : nullptr);
+  if (!e.focus_dropped.empty()) {
+    for (const auto& t : e.focus_dropped) log << "kvgate mutate: " << t << " has none of the focused gates: not run\n";
+    std::erase_if(e.exes, [&](const GateExe& x) {
+      return std::find(e.focus_dropped.begin(), e.focus_dropped.end(), x.target) != e.focus_dropped.end();
+    });
+    std::erase_if(e.targets, [&](const std::string& t) {
+      return std::find(e.focus_dropped.begin(), e.focus_dropped.end(), t) != e.focus_dropped.end();
+    });
+  }
   r.exes = e.exes;
   for (const auto& id : e.gate_order) r.gates.push_back(e.gates[id]);
   // Longest first: with --jobs > 1 the slowest executable starts at once (shorter makespan).
@@ -747,6 +956,11 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     for (const auto& k : mo.killed_by) kb += (kb.empty() ? "" : ",") + k;
     if (kb.size() > 60) kb = kb.substr(0, 57) + "...";
     const double eta = done ? done_wall / done * (N - done) : 0;
+    if (mo.status == MutantStatus::skipped) {
+      log << " skipped: " << mo.reason << "\n";
+      r.outcomes.push_back(std::move(mo));
+      continue;
+    }
     log << " " << to_string(mo.status) << (kb.empty() ? "" : " by " + kb) << " [build " << fmt_s(mo.build_s)
         << ", gates " << fmt_s(mo.test_s) << ", " << fmt_s(mo.wall_s) << "]  | killed " << r.summary.killed
         << " survived " << r.summary.survived << " timeout " << r.summary.timeout << " unviable "
@@ -843,5 +1057,43 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
 }  // namespace kvgate::mutate
 
 namespace kvgate::mutate {
+
+DeviceProbe probe_cuda_device(const std::filesystem::path& log_path) {
+  DeviceProbe d;
+  if (const char* f = std::getenv("KVGATE_MUTATE_CUDA_DEVICE"); f && *f) {
+    d.present = std::string(f) != "0";
+    d.how = std::string("KVGATE_MUTATE_CUDA_DEVICE=") + f;
+    return d;
+  }
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v) {
+    const std::string s = v;
+    if (s.empty() || s == "-1" || s == "NoDevFiles") {
+      d.how = "CUDA_VISIBLE_DEVICES='" + s + "' hides every device";
+      return d;
+    }
+  }
+  // nvidia-smi talks to the driver: a listed GPU is a device the CUDA runtime can open, unless the
+  // driver is older than the runtime -- the baseline's own GPU gates decide that case (a gate that
+  // skips with "SKIPPED: no CUDA device" cannot kill anything; see requirement_gap).
+  std::filesystem::create_directories(log_path.parent_path());
+  const ProcResult pr = run_process({{"nvidia-smi", "-L"}, {}, {}, log_path.string(), 30});
+  std::string out;
+  try {
+    out = read_text(log_path);
+  } catch (...) {
+  }
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("GPU ", 0) == 0 && line.find(':') != std::string::npos) {
+      d.present = true;
+      d.how = "nvidia-smi -L: " + line;
+      return d;
+    }
+  }
+  d.how = pr.ok() ? "nvidia-smi -L lists no GPU"
+                  : "nvidia-smi -L: " + pr.describe() + (pr.exit_code == 127 ? " (not installed?)" : "");
+  return d;
+}
+
 std::string default_source_dir() { return KVGATE_MUTATIONS_SOURCE_DIR; }
 }  // namespace kvgate::mutate

@@ -219,8 +219,11 @@ std::string kill_matrix_md(const RunResult& r) {
     << " noop" << (r.summary.skipped ? ", " + std::to_string(r.summary.skipped) + " skipped" : "") << ". "
     << r.gates.size() << " gates. Median " << fixed(median_wall(r), 1) << " s per mutant (rebuild + all gates)";
   if (r.mutation_s > 0) o << ", " << fixed(r.summary.run() * 60.0 / r.mutation_s, 1) << " mutants/min";
-  o << ". Baseline: build " << fixed(r.baseline_build_s, 1) << " s, gates " << fixed(r.baseline_test_s, 1)
-    << " s" << (r.baseline_green ? "" : ", **RED**") << ".";
+  if (r.exes.empty() && r.baseline_red.empty() && r.summary.run() == 0)
+    o << ". Baseline: not run (no selected mutant can run here, nothing was built).";
+  else
+    o << ". Baseline: build " << fixed(r.baseline_build_s, 1) << " s, gates " << fixed(r.baseline_test_s, 1)
+      << " s" << (r.baseline_green ? "" : ", **RED**") << ".";
   if (r.canary_ran)
     o << " Canary `" << r.canary.mutant->id << "`: "
       << (r.canary_survivors.empty() ? "every gate red" : "left gates green") << ".";
@@ -237,6 +240,17 @@ std::string kill_matrix_md(const RunResult& r) {
       if (mo.status != MutantStatus::killed && mo.status != MutantStatus::skipped)
         o << "- `" << mo.mutant->id << "` " << to_string(mo.status) << ": " << md_escape(mo.reason) << "\n";
     o << "\n";
+  }
+  {
+    // Why mutants did not run (requires: a CUDA build, a CUDA device): not a problem, but say it.
+    bool any = false;
+    for (const auto& mo : r.outcomes)
+      if (mo.status == MutantStatus::skipped) {
+        if (!any) o << "## Skipped\n\n";
+        any = true;
+        o << "- `" << mo.mutant->id << "`: " << md_escape(mo.reason) << "\n";
+      }
+    if (any) o << "\n";
   }
   // Gates as rows, mutants as numbered columns (M1..Mn, named in the Mutants table): a catalog has
   // far fewer mutants than there are gate IDs, so this stays readable.

@@ -188,6 +188,70 @@ TEST_CASE("fixture: killed, crashed, survived, timeout, unviable, noop, mismatch
   }
 }
 
+TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objects", "[fixture]") {
+  const fs::path w = kWork / "fixture_device";
+  fs::remove_all(w);  // the first run must find no scratch build
+  fs::create_directories(w);
+  // The fixture catalog plus a copy of FIX.killed that needs a CUDA device.
+  json cat = json::parse(read_text(kSource / "mutations" / "tests" / "fixture" / "catalog.json"));
+  json dev = cat["mutants"][1];
+  REQUIRE(dev["id"] == "FIX.killed");
+  dev["id"] = "FIX.device";
+  dev["requires"] = json::array({"cuda-device"});
+  cat["mutants"].push_back(dev);
+  write_text(w / "catalog.json", cat.dump(2));
+  auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = fixture_args(extra);
+    a[3] = (w / "catalog.json").string();
+    return a;
+  };
+  {
+    INFO("no device: skipped with the probe's reason, nothing built, exit 0");
+    const Run r = mutate(w, args({"--only-requires", "cuda-device"}), {{"KVGATE_MUTATE_CUDA_DEVICE", "0"}});
+    INFO(r.log);
+    CHECK(r.rc == 0);
+    const json& m = mutant(r.outcomes, "FIX.device");
+    CHECK(m["status"] == "skipped");
+    CHECK(m["reason"].get<std::string>().find("requires a CUDA device: none found (KVGATE_MUTATE_CUDA_DEVICE=0)") !=
+          std::string::npos);
+    CHECK(r.outcomes["summary"]["skipped"] == 1);
+    CHECK(r.log.find("nothing built") != std::string::npos);
+    CHECK_FALSE(fs::exists(w / "tree" / "build" / "build.ninja"));
+  }
+  {
+    INFO("a device but no CUDA build (the fixture has no gate_cuda): skipped, naming the build");
+    const Run r = mutate(w, args({"--only-requires", "cuda-device"}), {{"KVGATE_MUTATE_CUDA_DEVICE", "1"}});
+    INFO(r.log);
+    CHECK(r.rc == 0);
+    CHECK(mutant(r.outcomes, "FIX.device")["reason"].get<std::string>().find("requires a CUDA build") !=
+          std::string::npos);
+    CHECK(r.log.find("-DKVGATE_CUDA=ON") != std::string::npos);
+  }
+  {
+    INFO("--expected-gates-only --restore-objects: only the named gates run; the objects come back");
+    const Run r = mutate(w, args({"--only", "FIX.killed", "--expected-gates-only", "--restore-objects"}));
+    INFO(r.log);
+    REQUIRE(r.rc == 0);
+    const json& k = mutant(r.outcomes, "FIX.killed");
+    CHECK(k["status"] == "killed");
+    CHECK(k["killed_by"] == json::array({"FIX.add"}));
+    CHECK_FALSE(k["gates"].contains("FIX.mul"));  // not a gate of this run
+    CHECK(r.outcomes["full_run"] == false);
+    CHECK(r.log.find("gate_misc has none of the focused gates") != std::string::npos);
+    CHECK(read_text(w / "tree" / "src" / "lib.cpp") ==
+          read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));
+    // The next run's baseline relinks but does not recompile lib.cpp, and is green: the restored
+    // object is the unmutated one.
+    const Run r2 = mutate(w, args({"--only", "FIX.survived", "--expected-gates-only"}));
+    INFO(r2.log);
+    CHECK(r2.rc == 2);  // FIX.survived survives, as in the plain run
+    const std::string blog = read_text(w / "out" / "baseline" / "build.log");
+    INFO(blog);
+    CHECK(blog.find("lib.cpp.o") == std::string::npos);
+    CHECK(blog.find("Linking") != std::string::npos);
+  }
+}
+
 TEST_CASE("fixture: Ctrl-C restores the scratch tree and still writes the results", "[fixture]") {
   const fs::path w = kWork / "fixture_interrupt";
   std::vector<std::string> argv{kKvgate, "mutate", "--scratch", (w / "tree").string(), "--out", (w / "out").string()};

@@ -123,6 +123,11 @@ TEST_CASE("catalog: records, array-of-lines text, defaults") {
   CHECK(c.mutants[0].timeout_scale == 2.5);
   CHECK(c.mutants[0].requires_ == std::vector<std::string>{"cuda"});
   CHECK(c.canary() == nullptr);
+  m["requires"] = json::array({"cuda-device"});
+  CHECK(parse_catalog(catalog_with(json::array({m})), schema, "t.json").mutants[0].requires_ ==
+        std::vector<std::string>{"cuda-device"});
+  m["requires"] = json::array({"gpu"});  // not a requirement kind
+  CHECK_THROWS_AS(parse_catalog(catalog_with(json::array({m})), schema, "t.json"), CatalogError);
 }
 
 TEST_CASE("catalog: schema and semantic errors name the mutant") {
@@ -266,6 +271,32 @@ TEST_CASE("catch_xml: Catch2 2.13 and 3.x reports, crashed and skipped cases") {
   const auto c3 = parse_catch_xml(v3);
   REQUIRE(c3.size() == 1);
   CHECK(c3[0].skipped);
+  // Catch2 2 has no SKIP(): a passing case that WARNs "SKIPPED: <reason>" (the GPU gates without a
+  // device) is skipped too; other warnings, and a failed case, are not.
+  const std::string v4 = R"(<Catch name="gate_cuda"><Group name="gate_cuda">
+<TestCase name="ORA.cuda.store.f16 bytes" tags="[cuda]" filename="a" line="1">
+      <Warning>
+        SKIPPED: no CUDA device: CUDA driver version is insufficient &amp; old
+      </Warning>
+      <OverallResult success="true" durationInSeconds="0.0002"/>
+    </TestCase>
+<TestCase name="STO.cuda.capability refusals" tags="[cuda]" filename="a" line="2">
+      <Warning>device checks of STO.cuda.capability SKIPPED: no CUDA device</Warning>
+      <OverallResult success="true" durationInSeconds="0.0001"/>
+    </TestCase>
+<TestCase name="ORA.cuda.decode.f16 attn" tags="[cuda]" filename="a" line="3">
+      <Warning>SKIPPED: half way</Warning>
+      <Expression success="false" type="CHECK"><Original>a</Original></Expression>
+      <OverallResult success="false" durationInSeconds="0.0001"/>
+    </TestCase>
+</Group></Catch>)";
+  const auto c4 = parse_catch_xml(v4);
+  REQUIRE(c4.size() == 3);
+  CHECK(c4[0].skipped);
+  CHECK(c4[0].skip_reason == "no CUDA device: CUDA driver version is insufficient & old");
+  CHECK_FALSE(c4[1].skipped);
+  CHECK(c4[1].skip_reason.empty());
+  CHECK_FALSE(c4[2].skipped);
   CHECK(gate_id_of("ENV.int8 every element") == "ENV.int8");
   CHECK(gate_id_of("  STO.budget") == "STO.budget");
   CHECK(gate_id_of("ID") == "ID");

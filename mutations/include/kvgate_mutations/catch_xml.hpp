@@ -12,7 +12,8 @@ struct CaseResult {
   std::string name;
   bool has_result = false;
   bool success = false;
-  bool skipped = false;  // Catch2 3 SKIP()
+  bool skipped = false;  // Catch2 3 SKIP(), or a passing case that WARNs "SKIPPED: <reason>"
+  std::string skip_reason;  // the text after "SKIPPED: " (empty for SKIP())
   double seconds = 0;
 };
 

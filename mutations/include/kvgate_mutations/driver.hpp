@@ -44,7 +44,26 @@ struct MutateOptions {
   double min_timeout_s = 20;          // per gate process: max(min, factor x baseline) x timeout_scale
   double timeout_factor = 5;
   std::vector<std::string> cmake_args;  // extra configure arguments for the scratch build
+  std::vector<std::string> only_requires;  // keep only mutants whose `requires` names one of these
+  // Run only the gates a mutant names in expect_killed_by (baseline and canary: the union over the
+  // selected mutants), through a Catch2 test spec: a device run of a few GPU mutants instead of
+  // every gate per mutant. The run is then partial.
+  bool expected_gates_only = false;
+  // Copy every object file after the baseline build and put the baseline bytes back when a mutant
+  // is reverted (the reverted source keeps its original mtime), so the next build does not
+  // recompile what the mutant touched. For machines without ccache (a decode-kernel header
+  // recompiles 9 nvcc TUs).
+  bool restore_objects = false;
 };
+
+// `requires: cuda-device`: is a CUDA device present? Decided before building (the build only gets
+// CUDA when a device mutant can run). KVGATE_MUTATE_CUDA_DEVICE=0|1 overrides; CUDA_VISIBLE_DEVICES
+// set to "" or "-1" means none; else `nvidia-smi -L` must list a "GPU <n>:" line.
+struct DeviceProbe {
+  bool present = false;
+  std::string how;  // what was found, e.g. "nvidia-smi -L: GPU 0: NVIDIA H200 (UUID: ...)"
+};
+DeviceProbe probe_cuda_device(const std::filesystem::path& scratch_log);
 
 enum class GateStatus { passed, failed, crashed, timeout, not_run, skipped };
 const char* to_string(GateStatus s);
@@ -67,6 +86,7 @@ struct Gate {
   std::vector<std::string> cases;
   double baseline_s = 0;  // sum of its test-case durations
   bool skipped = false;   // reported as skipped in the baseline (e.g. no GPU): cannot be proven
+  std::string skip_reason;  // what the skipped case printed ("no CUDA device: ...")
 };
 
 struct GateExe {

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU mutation run in one call (docs/MUTATIONS.md "GPU mutants"): on a machine with a CUDA
+# device, build the driver, then run every catalog mutant that `requires: cuda-device` against the
+# GPU gates that must kill it, and print the kill table.
+#
+#   scripts/mutate-gpu.sh OUT_DIR [extra kvgate mutate options, e.g. --only ID,ID]
+#
+# Environment: JOBS (default: nproc) build jobs and gate processes; BUDGET_S (default 570) the
+# wall-clock budget of the whole script -- the driver gets SIGTERM when it runs out, restores the
+# scratch copy and writes what it measured (exit 130); DRIVER_BUILD (default build-mutgpu-drv) the
+# CPU-only build of the driver.
+#
+# What runs (and why it fits a 10-minute device call):
+#  1. kvgate-mutate: the driver alone (mutations/tools), a CPU-only build of ~10 TUs.
+#  2. kvgate-mutate --only-requires cuda-device: the device is probed (nvidia-smi -L); the scratch
+#     copy (.scratch/mutants) is configured with -DKVGATE_CUDA=ON and only gate_cuda is built;
+#     --expected-gates-only runs, per mutant, only the gate IDs it names in expect_killed_by (the
+#     baseline and the canary: their union); --restore-objects puts the baseline objects back after
+#     each mutant, so a decode-kernel header costs one recompile of its 9 TUs, not two (no ccache).
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="${1:?usage: scripts/mutate-gpu.sh OUT_DIR [kvgate mutate options]}"
+shift
+jobs="${JOBS:-$(nproc)}"
+budget="${BUDGET_S:-570}"
+drv="${DRIVER_BUILD:-$root/build-mutgpu-drv}"
+t0=$(date +%s)
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+
+echo "== machine: $(nproc) cores, jobs $jobs, budget ${budget}s"
+nvidia-smi -L 2>&1 | head -4 || true
+nvcc --version 2>/dev/null | tail -1 || true
+command -v ccache >/dev/null && echo "ccache: $(command -v ccache)" || echo "ccache: none (--restore-objects covers the reverts)"
+
+echo "== 1. driver (CPU-only build of kvgate-mutate in $drv)"
+if ! cmake -S "$root" -B "$drv" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVGATE_CUDA=OFF -DKVGATE_BUILD_BENCH=OFF \
+    >"$out/driver-configure.log" 2>&1; then
+  tail -40 "$out/driver-configure.log"
+  echo "mutate-gpu: configuring the driver failed ($out/driver-configure.log)"
+  exit 1
+fi
+if ! ninja -C "$drv" -j "$jobs" kvgate_mutate >"$out/driver-build.log" 2>&1; then
+  tail -40 "$out/driver-build.log"
+  echo "mutate-gpu: building the driver failed ($out/driver-build.log)"
+  exit 1
+fi
+echo "driver built in $(( $(date +%s) - t0 ))s"
+
+left=$(( budget - ($(date +%s) - t0) ))
+echo "== 2. kvgate-mutate --only-requires cuda-device (${left}s left)"
+timeout --signal=TERM --kill-after=30 "$left" \
+  "$drv/kvgate-mutate" --source-dir "$root" --only-requires cuda-device --expected-gates-only --restore-objects \
+  --gate-targets gate_cuda --jobs "$jobs" --min-timeout 60 --cmake-arg -DKVGATE_CUDA=ON --cmake-arg -DKVGATE_BUILD_BENCH=OFF \
+  --out "$out" "$@" 2>&1 | tee "$out/mutate.log"
+rc=${PIPESTATUS[0]}
+
+echo "== 3. kill table ($out/kill_matrix.md, exit $rc, $(( $(date +%s) - t0 ))s in all)"
+if [ -f "$out/kill_matrix.md" ]; then
+  sed -n '3,5p' "$out/kill_matrix.md"
+  sed -n '/^## \(Problems\|Skipped\)/,/^## Matrix/p' "$out/kill_matrix.md" | sed '$d'
+  sed -n '/^## Mutants/,/^## Gates/p' "$out/kill_matrix.md" | sed '$d'
+elif [ -f "$out/outcomes.json" ]; then
+  echo "(no kill_matrix.md: the run was cut short; outcomes.json has the mutants measured so far)"
+  grep -E '"(id|status|killed_by)"' "$out/outcomes.json" | head -80
+fi
+exit "$rc"
