@@ -53,7 +53,9 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
   max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c_.max_seq_len;
   if (max_ctx_ < 1) throw EngineError("cuda forward: the context must be >= 1 token");
   table_stride_ = (max_ctx_ + sc.block_size - 1) / sc.block_size;
-  KVGATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // A blocking stream: it orders with the legacy default stream the store uses for page zeroing
+  // (cudaMemset in the constructor and free_sequence) and page downloads.
+  KVGATE_CUDA_CHECK(cudaStreamCreate(&stream_));
   cublasHandle_t h = nullptr;
   cublas_check(cublasCreate(&h), "cublasCreate");
   cublas_ = h;
@@ -162,7 +164,7 @@ void CudaForward::stage(const std::vector<SeqId>& row_seq, const std::vector<int
 
 // Every layer over R staged rows. plan: a fixed decode plan (graph capture), else planned per call
 // from the rows' longest attention span.
-void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan) {
+void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws) {
   const ModelConfig& c = c_;
   const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
   const bool interleaved = c.rope_style == RopeStyle::interleaved;
@@ -245,8 +247,8 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     da.out = att_;
     da.k_scale = store_.tensor_scale(l, KvHalf::K);
     da.v_scale = store_.tensor_scale(l, KvHalf::V);
-    if (plan) decode_attention(da, *plan, ws_, stream_);
-    else decode_attention(da, ws_, stream_);
+    if (plan) decode_attention(da, *plan, ws, stream_);
+    else decode_attention(da, ws, stream_);
     }
     // x += att Wo
     gemm(L.wo, att_, x_, R, qd, dim, true);
@@ -304,7 +306,7 @@ void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* log
   std::vector<int> rp(static_cast<std::size_t>(T));
   for (int t = 0; t < T; ++t) rp[static_cast<std::size_t>(t)] = pos0 + t;
   stage(rs, rp, tokens, table_stride_);
-  layers(T, table_stride_, pos0 + T, true, nullptr);
+  layers(T, table_stride_, pos0 + T, true, nullptr, ws_);
   const int first = all_logits ? 0 : T - 1;
   head(first, T - first);
   download(T - first, logits, 0, nullptr);
@@ -334,7 +336,7 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
   stage(rs, rp, tokens, table_stride_);
   const bool use_graph = opts_.cuda_graphs && !capture_kv_ && k_rope_offset_ == 0;
   if (!use_graph) {
-    layers(B, table_stride_, max_len, false, nullptr);
+    layers(B, table_stride_, max_len, false, nullptr, ws_);
     head(0, B);
   } else {
     auto it = graphs_.find(B);
@@ -349,11 +351,19 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
       pa.batch = B;
       pa.max_seq_len = max_ctx_;
       gr.plan = plan_decode(pa);
-      ws_.reserve(gr.plan.workspace_bytes);
+      // Graphs bake the workspace address: their own workspace, never reallocated under a live
+      // graph (a larger need drops the captured graphs; they are captured again on use).
+      if (gr.plan.workspace_bytes > graph_ws_bytes_) {
+        for (auto& [b, g] : graphs_)
+          if (g.exec) cudaGraphExecDestroy(g.exec);
+        graphs_.clear();
+        graph_ws_.reserve(gr.plan.workspace_bytes);
+        graph_ws_bytes_ = gr.plan.workspace_bytes;
+      }
       cudaGraph_t graph = nullptr;
       KVGATE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
-        layers(B, table_stride_, max_ctx_, false, &gr.plan);
+        layers(B, table_stride_, max_ctx_, false, &gr.plan, graph_ws_);
         head(0, B);
       } catch (...) {
         cudaStreamEndCapture(stream_, &graph);

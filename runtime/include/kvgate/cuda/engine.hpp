@@ -119,7 +119,7 @@ class CudaForward {
  private:
   void stage(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos, std::span<const int> tokens,
              int table_stride);
-  void layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan);
+  void layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws);
   void head(int first_row, int n_rows);
   void gemm(const void* W, const float* x, float* out, int rows, int n_in, int n_out, bool accumulate);
   void download(int n_logit_rows, float* logits, int n_argmax, int* argmax);
@@ -143,7 +143,9 @@ class CudaForward {
   int *d_tokens_ = nullptr, *d_pos_ = nullptr, *d_slot_ = nullptr, *d_lens_ = nullptr, *d_tables_ = nullptr;
   int* d_argmax_ = nullptr;
   int* h_argmax_ = nullptr;  // pinned
-  DecodeWorkspace ws_;
+  DecodeWorkspace ws_;        // plain launches
+  DecodeWorkspace graph_ws_;  // captured graphs
+  std::size_t graph_ws_bytes_ = 0;
   int k_rope_offset_ = 0;
   bool capture_kv_ = false;
   std::vector<float> cap_k_, cap_v_;
