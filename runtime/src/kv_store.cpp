@@ -1,10 +1,37 @@
 #include "kvgate/kv_store.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 namespace kvgate {
+
+std::size_t HostPageAlloc::page_size() {
+  static const std::size_t p = [] {
+    const long v = sysconf(_SC_PAGESIZE);
+    return v > 0 ? static_cast<std::size_t>(v) : std::size_t{4096};
+  }();
+  return p;
+}
+
+std::uint8_t* HostPageAlloc::allocate(std::size_t n) {
+  const std::size_t pg = page_size();
+  const std::size_t bytes = std::max<std::size_t>(pg, (n + pg - 1) / pg * pg);
+  void* p = std::aligned_alloc(pg, bytes);
+  if (!p) throw std::bad_alloc();
+  return static_cast<std::uint8_t*>(p);
+}
+
+void HostPageAlloc::deallocate(std::uint8_t* p, std::size_t) noexcept { std::free(p); }
+
+std::span<const std::uint8_t> PagedKvStore::host_pool(int layer, KvHalf h) const {
+  const auto& v = pools_[static_cast<std::size_t>(layer) * 2 + static_cast<int>(h)];
+  return {v.data(), v.size()};
+}
 
 int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, std::size_t budget_bytes) {
   const std::size_t per_block = static_cast<std::size_t>(n_layers) * (page_bytes(f.k, g) + page_bytes(f.v, g));

@@ -8,7 +8,7 @@ namespace kvgate {
 
 namespace {
 
-constexpr std::size_t kAlign = 64;
+constexpr std::size_t kAlign = kKvSlotAlign;
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 class HostDevicePool final : public KvDevicePool {
@@ -40,6 +40,15 @@ class HostDevicePool final : public KvDevicePool {
 
 }  // namespace
 
+std::size_t kv_slot_v_offset(const KvFormat& f, const PageGeometry& g) { return align_up(page_bytes(f.k, g)); }
+std::size_t kv_slot_bytes(const KvFormat& f, const PageGeometry& g) {
+  return align_up(kv_slot_v_offset(f, g) + page_bytes(f.v, g));
+}
+
+void KvDevicePool::read_back(int slot, std::size_t offset, std::uint8_t* dst, std::size_t bytes) const {
+  std::memcpy(dst, data(slot) + offset, bytes);
+}
+
 std::unique_ptr<KvDevicePool> make_host_device_pool(int slots, std::size_t slot_bytes) {
   return std::make_unique<HostDevicePool>(slots, slot_bytes);
 }
@@ -54,17 +63,19 @@ KvWindow::KvWindow(KvFormat fmt, PageGeometry g, int n_layers, int n_blocks, int
   runs_[0] = page_runs(fmt.k, g);
   runs_[1] = page_runs(fmt.v, g);
   const int slots = n_layers * window_blocks_;
-  dev_ = device ? std::move(device) : make_host_device_pool(slots, v_offset() + page_bytes_[1]);
-  if (dev_->slots() < slots || dev_->slot_bytes() < v_offset() + page_bytes_[1])
+  const std::size_t need = kv_slot_bytes(fmt, g);
+  dev_ = device ? std::move(device) : make_host_device_pool(slots, need);
+  // The slot size must be the layout's exactly: a consumer addresses slot s at data(0) + s * slot_bytes.
+  if (dev_->slots() < slots || dev_->slot_bytes() != need)
     throw std::invalid_argument("kv stream: the device pool has " + std::to_string(dev_->slots()) + " slots of " +
                                 std::to_string(dev_->slot_bytes()) + " bytes; the window needs " +
-                                std::to_string(slots) + " of " + std::to_string(v_offset() + page_bytes_[1]));
+                                std::to_string(slots) + " of " + std::to_string(need));
   slot_of_.assign(static_cast<std::size_t>(n_layers) * n_blocks, -1);
   block_in_.assign(static_cast<std::size_t>(slots), -1);
   used_.assign(static_cast<std::size_t>(slots), 0);
 }
 
-std::size_t KvWindow::v_offset() const { return align_up(page_bytes_[0]); }
+std::size_t KvWindow::v_offset() const { return kv_slot_v_offset(fmt_, g_); }
 
 std::size_t KvWindow::device_bytes() const {
   return static_cast<std::size_t>(n_layers_) * window_blocks_ * (page_bytes_[0] + page_bytes_[1]);
@@ -129,10 +140,11 @@ std::string KvWindow::check_coherent(const HostPage& host) const {
       const int b = block_in_[static_cast<std::size_t>(s)];
       if (b < 0) continue;
       for (int h = 0; h < 2; ++h) {
-        const std::uint8_t* dev = dev_->data(s) + (h == 0 ? 0 : v_offset());
+        std::vector<std::uint8_t> dev(page_bytes_[h]);
+        dev_->read_back(s, h == 0 ? 0 : v_offset(), dev.data(), dev.size());
         const std::uint8_t* hp = host(l, h, b);
         for (const ByteRun& r : runs_[h])
-          if (std::memcmp(dev + r.offset, hp + r.offset, r.bytes) != 0)
+          if (std::memcmp(dev.data() + r.offset, hp + r.offset, r.bytes) != 0)
             return "device copy of layer " + std::to_string(l) + (h == 0 ? " K" : " V") + " block " + std::to_string(b) +
                    " differs from the host mirror in run '" + r.name + "'";
       }

@@ -43,6 +43,23 @@ int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, st
 
 using SeqId = int;
 
+// Byte storage of the host page pools: page-aligned and padded to whole OS pages. The CUDA backend
+// page-locks a streamed store's pools in place (cudaHostRegister pins whole pages); a pool that
+// shared a page with other heap objects would make their owners' pageable copies asynchronous
+// behind their back (a freed vector read later by DMA).
+struct HostPageAlloc {
+  using value_type = std::uint8_t;
+  template <class U>
+  struct rebind {
+    using other = HostPageAlloc;  // bytes only
+  };
+  HostPageAlloc() = default;
+  static std::size_t page_size();
+  static std::uint8_t* allocate(std::size_t n);
+  static void deallocate(std::uint8_t* p, std::size_t n) noexcept;
+  friend bool operator==(const HostPageAlloc&, const HostPageAlloc&) { return true; }
+};
+
 class PagedKvStore {
  public:
   explicit PagedKvStore(StoreConfig cfg);  // throws KvStoreError on an unsupported format/geometry
@@ -90,6 +107,9 @@ class PagedKvStore {
   std::uint8_t* page(int layer, KvHalf h, int block);
   // The page itself (the host mirror when streaming); never touches the window.
   const std::uint8_t* host_page(int layer, KvHalf h, int block) const;
+  // All host memory of one (layer, half) pool (pages and guards): starts on an OS page boundary and
+  // its allocation is a whole number of pages, owned by this store alone (what may be page-locked).
+  std::span<const std::uint8_t> host_pool(int layer, KvHalf h) const;
   std::size_t page_bytes(KvHalf h) const;
 
   // --- streaming (kv_stream.hpp) ---------------------------------------------------------------
@@ -149,7 +169,7 @@ class PagedKvStore {
 
   StoreConfig cfg_;
   std::size_t page_bytes_[2]{};
-  std::vector<std::vector<std::uint8_t>> pools_;  // [layer*2 + half] -> n_blocks * stride
+  std::vector<std::vector<std::uint8_t, HostPageAlloc>> pools_;  // [layer*2 + half] -> n_blocks * stride
   std::vector<int> free_list_;
   std::map<SeqId, Sequence> seqs_;
   SeqId next_id_ = 0;

@@ -24,8 +24,15 @@
 
 namespace kvgate {
 
-// Slots of the device pool. A slot holds one (layer, block): its K page at offset 0, its V page at
-// v_offset(). Slots are aligned to 64 bytes.
+// Slot layout of the window (what a device pool must provide): a slot holds one (layer, block), its K
+// page at offset 0 and its V page at kv_slot_v_offset(); kv_slot_bytes() in all. Both page starts and
+// the slot size are multiples of 256 bytes, the page alignment of the CUDA store whose decode kernels
+// read pages with 16-byte vector loads (a streamed window on the GPU is read by the same kernels).
+inline constexpr std::size_t kKvSlotAlign = 256;
+std::size_t kv_slot_v_offset(const KvFormat& f, const PageGeometry& g);
+std::size_t kv_slot_bytes(const KvFormat& f, const PageGeometry& g);
+
+// Slots of the device pool, kv_slot_bytes() apart in one allocation.
 class KvDevicePool {
  public:
   virtual ~KvDevicePool() = default;
@@ -34,8 +41,11 @@ class KvDevicePool {
   // Host -> device: for each run, bytes [r.offset, r.offset + r.bytes) of `src` go to
   // slot + dst_offset + r.offset. Returns the bytes moved.
   virtual std::size_t upload(int slot, std::size_t dst_offset, const std::uint8_t* src, std::span<const ByteRun> runs) = 0;
-  // What kernels read for a slot (host-addressable on CPU builds).
+  // What kernels read for a slot (host-addressable on CPU builds, a device pointer on CUDA).
   virtual const std::uint8_t* data(int slot) const = 0;
+  // Bytes [offset, offset + bytes) of a slot copied to host memory, after every upload queued so far
+  // (check_coherent reads the device copy through this: a CUDA pool's data() is not host-addressable).
+  virtual void read_back(int slot, std::size_t offset, std::uint8_t* dst, std::size_t bytes) const;
 };
 
 // The simulated device pool of CPU builds: `slots` x `slot_bytes` of host memory.
@@ -61,6 +71,7 @@ class KvWindow {
 
   int window_tokens() const { return window_tokens_; }
   int window_blocks() const { return window_blocks_; }  // per layer
+  std::size_t v_offset() const;                          // of the V page in a slot (kv_slot_v_offset)
   std::size_t device_bytes() const;                      // the device pool (all layers, K+V)
   const StreamCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
@@ -81,7 +92,6 @@ class KvWindow {
   std::string check_coherent(const HostPage& host) const;
 
  private:
-  std::size_t v_offset() const;
   int slot_index(int layer, int w) const { return layer * window_blocks_ + w; }
 
   KvFormat fmt_;
