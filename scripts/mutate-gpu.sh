@@ -5,7 +5,8 @@
 #
 #   scripts/mutate-gpu.sh OUT_DIR [extra kvgate mutate options, e.g. --only ID,ID]
 #
-# Environment: JOBS (default: nproc) build jobs and gate processes; BUDGET_S (default 570) the
+# Environment: JOBS (default: nproc) build jobs and gate processes; KVGATE_MODELS the folder holding
+# stories260K/ (the MOD.cuda gates; without it the model mutant is left out); BUDGET_S (default 570) the
 # wall-clock budget of the whole script -- the driver gets SIGTERM when it runs out, restores the
 # scratch copy and writes what it measured (exit 130); DRIVER_BUILD (default build-mutgpu-drv) the
 # CPU-only build of the driver.
@@ -47,6 +48,33 @@ if ! ninja -C "$drv" -j "$jobs" kvgate_mutate >"$out/driver-build.log" 2>&1; the
   exit 1
 fi
 echo "driver built in $(( $(date +%s) - t0 ))s"
+
+# Which device mutants can run: a STALE anchor (a kernel file changed under the catalog) would stop
+# the whole run (exit 5), and the MOD.cuda gates need stories260K; leave those out, saying why.
+# Extra arguments (e.g. --only) replace this selection.
+if [ $# -eq 0 ]; then
+  models="${KVGATE_MODELS:-$root/../shared/models}"
+  ids=""
+  while read -r id _cat _file status rest; do
+    case "$rest" in *"(requires cuda-device)"*) ;; *) continue ;; esac
+    if [ "$status" != ok ]; then
+      echo "not run: $id (anchor $status: its file changed; refresh the catalog record)"
+      continue
+    fi
+    case "$rest" in MOD.*|*,MOD.*)
+      if [ ! -f "$models/stories260K/stories260K.bin" ]; then
+        echo "not run: $id (its MOD.cuda gates need stories260K: set KVGATE_MODELS to a folder holding stories260K/)"
+        continue
+      fi ;;
+    esac
+    ids="$ids${ids:+,}$id"
+  done < <("$drv/kvgate-mutate" --source-dir "$root" --list 2>&1)
+  if [ -z "$ids" ]; then
+    echo "mutate-gpu: no device mutant can run"
+    exit 1
+  fi
+  set -- --only "$ids"
+fi
 
 left=$(( budget - ($(date +%s) - t0) ))
 echo "== 2. kvgate-mutate --only-requires cuda-device (${left}s left)"
