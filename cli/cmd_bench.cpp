@@ -42,8 +42,16 @@ void progress_done() {
 
 matrix::MatrixOptions bench_options_from(const Model& model, bool quick, const std::string& source_dir) {
   matrix::MatrixOptions mo = matrix::default_matrix_options(model, quick);
+  // The default corpus holds stories260K's token ids: it is the default only for that model (another
+  // model's vocabulary may not cover its ids; pass --corpus FILE sampled from that model instead).
   const auto corpus = std::filesystem::path(source_dir) / "datasets" / "corpora" / "stories260K_tf.json";
-  if (std::filesystem::exists(corpus)) mo.corpus_path = corpus.string();
+  if (std::filesystem::exists(corpus)) {
+    const matrix::Corpus c = matrix::load_corpus(corpus.string());
+    bool fits = true;
+    for (const auto& seq : c.sequences)
+      for (int id : seq) fits = fits && id >= 0 && id < model.config.vocab_size;
+    if (fits) mo.corpus_path = corpus.string();
+  }
   return mo;
 }
 

@@ -360,6 +360,12 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
   std::string corpus_note;
   if (!o.corpus_path.empty()) {
     corpus = load_corpus(o.corpus_path);
+    for (const auto& seq : corpus->sequences)
+      for (int id : seq)
+        if (id < 0 || id >= cfg.vocab_size)
+          throw std::invalid_argument("corpus " + o.corpus_path + ": token id " + std::to_string(id) +
+                                      " is outside the model's vocabulary [0, " + std::to_string(cfg.vocab_size) +
+                                      ") -- it was sampled from another model; pass --corpus none or a corpus of this model");
     if (!corpus->model_fingerprint.empty() && corpus->model_fingerprint != model.fingerprint)
       corpus_note = "corpus " + o.corpus_path + " was sampled from model " + corpus->model_fingerprint + ", not " +
                     model.fingerprint + ": KL/top-1 are over its ids anyway";

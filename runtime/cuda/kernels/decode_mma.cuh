@@ -8,7 +8,10 @@
 // Per-token / per-block scales: K scales multiply the FP32 scores (one accumulator per 32-block for
 // q8_0/q4_0); V scales multiply P before the split, normalised by the tile's largest scale so the
 // f16 operands stay in [0, 1], and the tile's MMA result is added to O times that scale.
-// The 4 query heads of a GQA chunk are the N columns 0..3 (4..7 are zero padding).
+// The 4 query heads of a GQA chunk are the N columns 0..3; when both halves are narrow (f16 terms),
+// columns 4..7 carry the lo terms of the same 4 heads (q_lo for S, P_lo for O), so one MMA does the
+// work of the hi and lo MMAs and the two partial sums meet in FP32 through one xor-2 shuffle (lanes
+// t and t^2 hold a head's hi and lo columns). Column packing halves the MMAs per tile.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -297,18 +300,27 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
   // Q^T fragments (column n = head g; zero for the padding columns 4..7), split into NQ terms of
   // K's MMA operand type. k-slot mapping: natural for 16-bit K (ldmatrix), 16j + 4t + r otherwise.
   constexpr int NQ = split_terms<KF>(), NP = split_terms<VF>();
+  // Column packing (see the top of the file): both halves narrow, i.e. two f16 terms each.
+  constexpr bool kPack = !wide16_half<KF>() && !wide16_half<VF>();
+  static_assert(!kPack || (NQ == 2 && NP == 2 && kHeadsPerCta == 4), "column packing needs 2 terms and 4 heads");
+  const int col_head = kPack ? (g & 3) : g;  // the head of this lane's B column g
+  const int col_term = kPack ? (g >> 2) : 0;  // 0: hi term, 1: lo term
   std::uint32_t qf[NQ][Cfg::KSTEPS][2];
 #pragma unroll
   for (int j = 0; j < Cfg::KSTEPS; ++j)
 #pragma unroll
     for (int pr = 0; pr < 2; ++pr) {
       const int d0 = wide16_half<KF>() ? 16 * j + 2 * t + 8 * pr : 16 * j + 4 * t + 2 * pr;
-      const float x0 = g < kHeadsPerCta ? q_s[g * D + d0] : 0.0f;
-      const float x1 = g < kHeadsPerCta ? q_s[g * D + d0 + 1] : 0.0f;
+      const float x0 = col_head < kHeadsPerCta ? q_s[col_head * D + d0] : 0.0f;
+      const float x1 = col_head < kHeadsPerCta ? q_s[col_head * D + d0 + 1] : 0.0f;
       std::uint32_t tmp[NQ];
       split_terms_h2<KF>(x0, x1, tmp);
+      if constexpr (kPack) {
+        qf[0][j][pr] = col_term == 0 ? tmp[0] : tmp[1];
+      } else {
 #pragma unroll
-      for (int q = 0; q < NQ; ++q) qf[q][j][pr] = tmp[q];
+        for (int q = 0; q < NQ; ++q) qf[q][j][pr] = tmp[q];
+      }
     }
 
   float o[MT][4];
@@ -434,16 +446,24 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
         else k_frag32<KF>(r0, r1, blk, t, A0, A1);
         if constexpr (k_blockscaled) {
           float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
-          mma16816(cl, A0, qf[1][2 * blk][0], qf[1][2 * blk][1]);
-          mma16816(c, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
-          mma16816(cl, A1, qf[1][2 * blk + 1][0], qf[1][2 * blk + 1][1]);
+          if constexpr (kPack) {  // hi or lo column per lane; two independent chains (the two 16-dim halves)
+            mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
+            mma16816(cl, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
+          } else {
+            mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
+            mma16816(cl, A0, qf[1][2 * blk][0], qf[1][2 * blk][1]);
+            mma16816(c, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
+            mma16816(cl, A1, qf[1][2 * blk + 1][0], qf[1][2 * blk + 1][1]);
+          }
           const int bb = block_bytes(KF);
           const float d0 = h2f(lds16(r0 + bb * blk)), d1 = h2f(lds16(r1 + bb * blk));
           sh[0] = fmaf(c[0] + cl[0], d0, sh[0]);
           sh[1] = fmaf(c[1] + cl[1], d0, sh[1]);
           sh[2] = fmaf(c[2] + cl[2], d1, sh[2]);
           sh[3] = fmaf(c[3] + cl[3], d1, sh[3]);
+        } else if constexpr (kPack) {  // two independent chains (the two 16-dim halves of the block)
+          mma16816(sh, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
+          mma16816(sl, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
         } else {
           mma16816(sh, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
           mma16816(sl, A0, qf[1][2 * blk][0], qf[1][2 * blk][1]);
@@ -454,6 +474,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
       }
 #pragma unroll
       for (int k = 0; k < 4; ++k) s[tl][k] = sh[k] + sl[k];
+      if constexpr (kPack) {  // hi column (lane t < 2) + lo column (lane t + 2) of the same head
+#pragma unroll
+        for (int k = 0; k < 4; ++k) s[tl][k] += __shfl_xor_sync(0xffffffffu, s[tl][k], 2);
+      }
       if constexpr (KF == HF::int8) {
         const int u0 = 16 * tl + g, u1 = u0 + 8;
         const float k0 = h2f(reinterpret_cast<const std::uint16_t*>(scw + u0 * 8)[par[u0]]);
@@ -497,8 +521,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
     }
 
     // ---- P^T fragments: lane (g, t) needs head g at tile tokens 2t, 2t+1, 2t+8, 2t+9 -----------
-    const int srcA = 8 * t + (g >> 1), srcB = srcA + 4;
-    const bool odd = g & 1;
+    const int srcA = 8 * t + (col_head >> 1), srcB = srcA + 4;
+    const bool odd = col_head & 1;
     float bt[NT][4];
 #pragma unroll
     for (int tl = 0; tl < NT; ++tl) {
@@ -512,7 +536,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
       bt[tl][1] = odd ? pb[1] : pb[0];
       bt[tl][2] = odd ? pa[3] : pa[2];
       bt[tl][3] = odd ? pb[3] : pb[2];
-      if (g >= kHeadsPerCta) bt[tl][0] = bt[tl][1] = bt[tl][2] = bt[tl][3] = 0.0f;
+      if (col_head >= kHeadsPerCta) bt[tl][0] = bt[tl][1] = bt[tl][2] = bt[tl][3] = 0.0f;
     }
     const int tk[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
 
@@ -521,8 +545,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
     auto set_pf = [&](int tl, int pair, float x0, float x1) {
       std::uint32_t tmp[NP];
       split_terms_h2<VF>(x0, x1, tmp);
+      if constexpr (kPack) {
+        pf[tl][0][pair] = col_term == 0 ? tmp[0] : tmp[1];
+      } else {
 #pragma unroll
-      for (int q = 0; q < NP; ++q) pf[tl][q][pair] = tmp[q];
+        for (int q = 0; q < NP; ++q) pf[tl][q][pair] = tmp[q];
+      }
     };
     if constexpr (VF == HF::int8) {
       float sv[NT][4], mx = 0.0f;
@@ -598,8 +626,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
       {
 #pragma unroll
         for (int tl = 0; tl < NT; ++tl) {
-          mma16816(o[2 * blk], A0[tl], pf[tl][1][0], pf[tl][1][1]);
-          mma16816(o[2 * blk + 1], A1[tl], pf[tl][1][0], pf[tl][1][1]);
+          if constexpr (!kPack) {
+            mma16816(o[2 * blk], A0[tl], pf[tl][1][0], pf[tl][1][1]);
+            mma16816(o[2 * blk + 1], A1[tl], pf[tl][1][0], pf[tl][1][1]);
+          }
           mma16816(o[2 * blk], A0[tl], pf[tl][0][0], pf[tl][0][1]);
           mma16816(o[2 * blk + 1], A1[tl], pf[tl][0][0], pf[tl][0][1]);
         }
@@ -617,11 +647,17 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
     l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 8);
     l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 16);
   }
+  if constexpr (kPack) {  // O's hi columns (lanes t < 2) + lo columns (lanes t + 2)
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) o[i][k] += __shfl_xor_sync(0xffffffffu, o[i][k], 2);
+  }
   // This warp covered the whole split for its heads: write its partials directly.
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int head = 2 * t + hh;
-    if (head < nh) {
+    if (head < nh && (!kPack || t < 2)) {
       const std::size_t row = (static_cast<std::size_t>(b) * a.splits + split) * a.n_heads + hq0 + head;
       float* po = a.part_o + row * D;
 #pragma unroll
