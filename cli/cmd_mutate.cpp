@@ -16,7 +16,7 @@ struct MutateCli {
       only_requires;
   // Both cores by default: the gate executables run side by side (the longest starts first).
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false;
+  bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false, skip_red_gates = false;
   double min_timeout = 20;
   std::vector<std::string> cmake_args;
 };
@@ -62,6 +62,7 @@ int run_mutate_cmd(const MutateCli& c) {
   o.only_requires = split(c.only_requires);
   o.expected_gates_only = c.expected_gates_only;
   o.restore_objects = c.restore_objects;
+  o.skip_red_gates = c.skip_red_gates;
   return mutate::run_mutate(o, std::cerr);
 }
 }  // namespace
@@ -98,6 +99,9 @@ void register_mutate(CLI::App& app) {
   sub->add_flag("--restore-objects", c->restore_objects,
                 "keep a copy of the baseline objects and put them back after each mutant instead of recompiling "
                 "(machines without ccache)");
+  sub->add_flag("--skip-red-gates", c->skip_red_gates,
+                "with --expected-gates-only: gates red in the baseline are left out instead of stopping the run; "
+                "mutants that expect only them are skipped; exit 4 at the end");
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");

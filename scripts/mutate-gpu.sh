@@ -17,7 +17,9 @@
 #     copy (.scratch/mutants) is configured with -DKVGATE_CUDA=ON and only gate_cuda is built;
 #     --expected-gates-only runs, per mutant, only the gate IDs it names in expect_killed_by (the
 #     baseline and the canary: their union); --restore-objects puts the baseline objects back after
-#     each mutant, so a decode-kernel header costs one recompile of its 9 TUs, not two (no ccache).
+#     each mutant, so a decode-kernel header costs one recompile of its 9 TUs, not two (no ccache);
+#     --skip-red-gates: a GPU gate red in the baseline (a gate not yet green on a device) costs only
+#     the mutants that need it (reported, exit 4), not the whole call.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,7 +81,7 @@ fi
 left=$(( budget - ($(date +%s) - t0) ))
 echo "== 2. kvgate-mutate --only-requires cuda-device (${left}s left)"
 timeout --signal=TERM --kill-after=30 "$left" \
-  "$drv/kvgate-mutate" --source-dir "$root" --only-requires cuda-device --expected-gates-only --restore-objects \
+  "$drv/kvgate-mutate" --source-dir "$root" --only-requires cuda-device --expected-gates-only --restore-objects --skip-red-gates \
   --gate-targets gate_cuda --jobs "$jobs" --min-timeout 60 --cmake-arg -DKVGATE_CUDA=ON --cmake-arg -DKVGATE_BUILD_BENCH=OFF \
   --out "$out" "$@" 2>&1 | tee "$out/mutate.log"
 rc=${PIPESTATUS[0]}

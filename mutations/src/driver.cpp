@@ -118,6 +118,7 @@ struct Env {
   std::vector<std::string> focus;          // --expected-gates-only: the gate IDs of this run
   std::vector<std::string> focus_dropped;  // executables without a focused gate (dropped)
   fs::path object_backup;                  // --restore-objects: baseline copies of every object
+  std::set<std::string> red;               // --skip-red-gates: gate IDs red in the baseline
   std::ostream* log = nullptr;
 };
 
@@ -343,6 +344,12 @@ std::string requirement_gap(const Env& e, const Mutant& m, bool built) {
   if (needs_device(m) && e.device_probed && !e.device_present)
     return "requires a CUDA device: none found (" + e.device_how + ")";
   if (!built) return {};
+  if (!e.red.empty() && !m.expect_killed_by.empty() &&
+      std::all_of(m.expect_killed_by.begin(), m.expect_killed_by.end(), [&](const std::string& id) { return e.red.count(id) > 0; })) {
+    std::string ids;
+    for (const auto& id : m.expect_killed_by) ids += (ids.empty() ? "" : ", ") + id;
+    return "every gate it expects is red in the baseline (--skip-red-gates): " + ids;
+  }
   for (const auto& req : m.requires_)
     if ((req == "cuda" || req == "cuda-device") && !e.cuda_build)
       return "requires a CUDA build (configure the scratch build with --cmake-arg -DKVGATE_CUDA=ON)";
@@ -450,7 +457,12 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   // --expected-gates-only: the mutant's own expected gates (the canary, which names none: every
   // focused gate).
   const std::vector<std::string>* focus = nullptr;
-  if (e.o.expected_gates_only) focus = m.expect_killed_by.empty() ? &e.focus : &m.expect_killed_by;
+  std::vector<std::string> wanted_gates;
+  if (e.o.expected_gates_only) {
+    wanted_gates = m.expect_killed_by.empty() ? e.focus : m.expect_killed_by;
+    std::erase_if(wanted_gates, [&](const std::string& id) { return e.red.count(id) > 0; });
+    focus = &wanted_gates;
+  }
   mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s, focus);
   guard.revert();
   restore_objects_after_revert(e, file, orig_mtime);
@@ -474,7 +486,7 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
     mo.reason = "every gate stayed green";
   }
   for (const auto& id : m.expect_killed_by) {
-    if (!e.gates.count(id)) {
+    if (!e.gates.count(id) || e.red.count(id)) {
       mo.expected_unknown.push_back(id);
     } else if (std::find(mo.killed_by.begin(), mo.killed_by.end(), id) == mo.killed_by.end()) {
       mo.expected_not_killing.push_back(id);
@@ -888,9 +900,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
                                : std::string())
           << "\n";
     }
-    r.exit_code = kExitBaselineRed;
-    write_outputs(r, e, log);
-    return r.exit_code;
+    const bool only_gates = std::all_of(r.baseline_red.begin(), r.baseline_red.end(),
+                                        [&](const std::string& id) { return e.gates.count(id) > 0; });
+    if (o.skip_red_gates && o.expected_gates_only && only_gates) {
+      // One device call is precious: leave the red gates out and run the mutants that do not need
+      // them (their status and the exit code 4 still say the baseline was red).
+      e.red.insert(r.baseline_red.begin(), r.baseline_red.end());
+      log << "kvgate mutate: --skip-red-gates: " << e.red.size()
+          << " red gate(s) left out; mutants that expect only those are skipped (exit 4 at the end)\n";
+    } else {
+      r.exit_code = kExitBaselineRed;
+      write_outputs(r, e, log);
+      return r.exit_code;
+    }
   }
 
   // --- canary ----------------------------------------------------------------------------
@@ -905,7 +927,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       return r.exit_code;
     }
     for (const auto& g : r.gates) {
-      if (g.skipped) continue;
+      if (g.skipped || e.red.count(g.id)) continue;
       const auto it = r.canary.gates.find(g.id);
       if (it == r.canary.gates.end() || !is_kill(it->second.status)) r.canary_survivors.push_back(g.id);
     }
@@ -986,7 +1008,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   for (const auto& mo : r.outcomes)
     for (const auto& k : mo.killed_by) ++kills[k];
   for (const auto& g : r.gates)
-    if (!g.skipped && !kills.count(g.id)) r.gates_killing_none.push_back(g.id);
+    if (!g.skipped && !e.red.count(g.id) && !kills.count(g.id)) r.gates_killing_none.push_back(g.id);
   int ran = 0;
   for (const auto& mo : r.outcomes) ran += mo.status != MutantStatus::skipped ? 1 : 0;
   if (ran != r.summary.run())
@@ -1014,6 +1036,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   else if (r.summary.unviable || r.summary.noop) r.exit_code = kExitUnviable;
   else if (expectation_failed) r.exit_code = kExitExpectation;
   else r.exit_code = kExitOk;
+  if (!e.red.empty() && (r.exit_code == kExitOk || r.exit_code == kExitExpectation)) r.exit_code = kExitBaselineRed;
 
   write_outputs(r, e, log);
   std::vector<double> walls;

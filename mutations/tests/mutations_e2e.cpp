@@ -199,6 +199,10 @@ TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objec
   dev["id"] = "FIX.device";
   dev["requires"] = json::array({"cuda-device"});
   cat["mutants"].push_back(dev);
+  json red = cat["mutants"][1];  // FIX.killed again, expecting only a gate that KVGATE_FIXTURE_RED turns red
+  red["id"] = "FIX.redgate";
+  red["expect_killed_by"] = json::array({"FIX.never"});
+  cat["mutants"].push_back(red);
   write_text(w / "catalog.json", cat.dump(2));
   auto args = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = fixture_args(extra);
@@ -249,6 +253,18 @@ TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objec
     INFO(blog);
     CHECK(blog.find("lib.cpp.o") == std::string::npos);
     CHECK(blog.find("Linking") != std::string::npos);
+  }
+  {
+    INFO("--skip-red-gates: a red gate is left out, the mutants that need only it are skipped, exit 4");
+    const Run r = mutate(w, args({"--only", "FIX.killed,FIX.redgate", "--expected-gates-only", "--skip-red-gates"}),
+                         {{"KVGATE_FIXTURE_RED", "1"}});
+    INFO(r.log);
+    CHECK(r.rc == 4);
+    CHECK(mutant(r.outcomes, "FIX.killed")["status"] == "killed");
+    const json& m = mutant(r.outcomes, "FIX.redgate");
+    CHECK(m["status"] == "skipped");
+    CHECK(m["reason"].get<std::string>().find("red in the baseline") != std::string::npos);
+    CHECK(r.outcomes["canary_survivors"].empty());
   }
 }
 

@@ -402,8 +402,8 @@ TEST_CASE("report: a synthetic run gives a Stryker v2 report, a matrix and an HT
   write_text(d / "tree" / "src" / "a.cpp", "int f() {\n  return 1;\n}\n</script>\n");
   RunResult r;
   r.exes = {{"gate_envelope", "/x/gate_envelope", {"ENV.int8"}, 1.0}, {"gate_oracle", "/x/gate_oracle", {"ORA.bytes.int8"}, 1.0}};
-  r.gates = {{"ENV.int8", "gate_envelope", {"ENV.int8 within s/2"}, 0.5, false},
-             {"ORA.bytes.int8", "gate_oracle", {"ORA.bytes.int8 bytes"}, 0.5, false}};
+  r.gates = {{"ENV.int8", "gate_envelope", {"ENV.int8 within s/2"}, 0.5, false, {}},
+             {"ORA.bytes.int8", "gate_oracle", {"ORA.bytes.int8 bytes"}, 0.5, false, {}}};
   r.baseline_green = true;
   MutantOutcome o1;
   o1.mutant = &m1;

@@ -54,6 +54,9 @@ struct MutateOptions {
   // recompile what the mutant touched. For machines without ccache (a decode-kernel header
   // recompiles 9 nvcc TUs).
   bool restore_objects = false;
+  // With expected_gates_only: a baseline that is red only in some gates does not stop the run;
+  // those gates are left out, mutants that expect only them are skipped, and the exit code is 4.
+  bool skip_red_gates = false;
 };
 
 // `requires: cuda-device`: is a CUDA device present? Decided before building (the build only gets
