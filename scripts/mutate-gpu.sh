@@ -9,7 +9,9 @@
 # stories260K/ (the MOD.cuda gates; without it the model mutant is left out); BUDGET_S (default 570) the
 # wall-clock budget of the whole script -- the driver gets SIGTERM when it runs out, restores the
 # scratch copy and writes what it measured (exit 130); DRIVER_BUILD (default build-mutgpu-drv) the
-# CPU-only build of the driver.
+# CPU-only build of the driver; XXHASH_DIR a folder with include/xxhash.h (and lib/libxxhash.a) for a
+# GPU machine without the xxhash package (the lent H200 has none and no network: carry Debian's
+# /usr/include/xxhash.h and libxxhash.a; the runtime then uses xxHash inline, XXH_INLINE_ALL).
 #
 # What runs (and why it fits a 10-minute device call):
 #  1. kvgate-mutate: the driver alone (mutations/tools), a CPU-only build of ~10 TUs.
@@ -78,12 +80,18 @@ if [ $# -eq 0 ]; then
   set -- --only "$ids"
 fi
 
+xx=()
+if [ -n "${XXHASH_DIR:-}" ]; then
+  xx=(--cmake-arg "-DCMAKE_CXX_FLAGS=-I$XXHASH_DIR/include -DXXH_INLINE_ALL" --cmake-arg "-DCMAKE_EXE_LINKER_FLAGS=-L$XXHASH_DIR/lib")
+  echo "xxhash from $XXHASH_DIR (inline)"
+fi
+
 left=$(( budget - ($(date +%s) - t0) ))
 echo "== 2. kvgate-mutate --only-requires cuda-device (${left}s left)"
 timeout --signal=TERM --kill-after=30 "$left" \
   "$drv/kvgate-mutate" --source-dir "$root" --only-requires cuda-device --expected-gates-only --restore-objects --skip-red-gates \
   --gate-targets gate_cuda --jobs "$jobs" --min-timeout 60 --cmake-arg -DKVGATE_CUDA=ON --cmake-arg -DKVGATE_BUILD_BENCH=OFF \
-  --out "$out" "$@" 2>&1 | tee "$out/mutate.log"
+  "${xx[@]}" --out "$out" "$@" 2>&1 | tee "$out/mutate.log"
 rc=${PIPESTATUS[0]}
 
 echo "== 3. kill table ($out/kill_matrix.md, exit $rc, $(( $(date +%s) - t0 ))s in all)"
