@@ -286,20 +286,34 @@ int run_signoff(const SignoffOpts& o) {
           s[pn + "_exact"] = p["exact"];
           s[pn + "_same_as_f32"] = p["same_as_f32"];
         }
-        int ctx = -1;
-        for (const auto& r : mj["rows"])
-          if (r.value("format", "") == f && r.value("status", "") == "ok" && r.value("window", 0) == 0 && r.value("context", 0) > ctx) {
+        int ctx = -1, cuda_ctx = -1;
+        std::string cuda_why;
+        for (const auto& r : mj["rows"]) {
+          if (r.value("format", "") != f || r.value("window", 0) != 0) continue;
+          const bool ok = r.value("status", "") == "ok";
+          if (r.value("device", "") == "cpu" && ok && r.value("context", 0) > ctx) {
             ctx = r.value("context", 0);
             s["kv_bytes_vs_f32"] = r.value("kv_bytes_vs_f32", json(nullptr));
             s["decode_vs_f32"] = r.value("decode_vs_f32", json(nullptr));
             s["decode_context"] = ctx;
+          } else if (r.value("device", "") == "cuda") {
+            if (ok && r.value("context", 0) > cuda_ctx) {
+              cuda_ctx = r.value("context", 0);
+              s["cuda_decode_vs_f32"] = r.value("decode_vs_f32", json(nullptr));
+              s["cuda_decode_tok_s"] = r.value("decode_tok_s", json(nullptr));
+              s["cuda_decode_context"] = cuda_ctx;
+            } else if (!ok && cuda_why.empty()) {
+              cuda_why = r.value("reason", "");
+            }
           }
+        }
+        if (o.device == "cuda" && cuda_ctx < 0)
+          v.notes.push_back("no CUDA timing row ran" + (cuda_why.empty() ? std::string() : ": " + cuda_why));
         v.matrix = s;
         if (!fe.value("fallback_reason", "").empty())
           v.not_validated.push_back("falls back to " + fe.value("effective", "") + " on this model (" + fe.value("fallback_reason", "") +
                                     "): the format itself was not measured");
       }
-      if (o.device == "cuda") v.notes.push_back("the matrix has no CUDA rows yet");
     }
   }
 

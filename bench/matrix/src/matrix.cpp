@@ -496,6 +496,13 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
           r["reason"] = "";
           say("[row " + std::to_string(row_no) + "/" + std::to_string(total_rows) + "] " + device + " " + F.name +
               " ctx=" + std::to_string(L) + " window=" + std::to_string(w));
+          if (L + o.decode_steps + 1 > (cfg.max_seq_len > 0 ? cfg.max_seq_len : L + o.decode_steps + 1)) {
+            r["status"] = "skipped";
+            r["reason"] = "context " + std::to_string(L) + " + " + std::to_string(o.decode_steps) +
+                          " decode steps exceed the model's " + std::to_string(cfg.max_seq_len);
+            rows.push_back(r);
+            continue;
+          }
           if (device == "cuda") {
             std::vector<double> ttft, prefill, decode;
             CudaTiming ct;
@@ -529,13 +536,6 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
           if (device != "cpu") {
             r["status"] = "not_run";
             r["reason"] = "unknown device '" + device + "' (known: cpu, cuda)";
-            rows.push_back(r);
-            continue;
-          }
-          if (L + o.decode_steps + 1 > (cfg.max_seq_len > 0 ? cfg.max_seq_len : L + o.decode_steps + 1)) {
-            r["status"] = "skipped";
-            r["reason"] = "context " + std::to_string(L) + " + " + std::to_string(o.decode_steps) +
-                          " decode steps exceed the model's " + std::to_string(cfg.max_seq_len);
             rows.push_back(r);
             continue;
           }
