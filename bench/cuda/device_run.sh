@@ -33,8 +33,9 @@ python3 bench/cuda/assess_bars.py $R/cuda_decode_h200.json $R/torch_peer_h200.js
 echo "== e2e $(el)"
 timeout 100 $A/bench_e2e_decode --out $R/cuda_e2e_decode_h200.json > $R/e2e.log 2>&1; echo "e2e rc=$?"; tail -14 $R/e2e.log | cut -c1-200
 echo "== matrix (probe model, cpu + cuda timing rows) $(el)"
-timeout 150 $A/kvgate bench --model datasets/models/probe --probe-model none --no-probes --no-quality --formats f16,bf16,int8,fp8,q8_0,q4_0,k8v4 --lengths 1024,4096 --windows 0 --devices cpu,cuda --repeats 3 --threads 16 --out $R/matrix_probe > $R/matrix.log 2>&1; echo "matrix rc=$?"
+timeout 150 $A/kvgate bench --model datasets/models/probe --probe-model none --no-probes --no-quality --formats f16,bf16,int8,fp8,q8_0,q4_0,k8v4 --lengths 1024,4096 --windows 0 --devices cpu,cuda --repeats 2 --threads 16 --out $R/matrix_probe > $R/matrix.log 2>&1; echo "matrix rc=$?"
 grep -E "^\| (f32|f16|bf16|int8|fp8|q8_0|q4_0|k8v4) " $R/matrix_probe/matrix.md | head -40
+timeout 150 $A/kvgate bench --model $A/models/stories260K/stories260K.bin --probe-model none --no-probes --lengths 128,480 --windows 0 --devices cpu,cuda --repeats 3 --threads 16 --out $R/matrix_stories > $R/matrix_stories.log 2>&1; echo "matrix stories rc=$?"
 echo "== kvgate run --device cuda $(el)"
 timeout 30 $A/kvgate run --model $A/models/stories260K/stories260K.bin --device cuda --kv k8v4 --steps 128 > $R/run_cuda.txt 2> $R/run_cuda.err; echo "run rc=$?"; head -c 300 $R/run_cuda.txt; echo; cat $R/run_cuda.err | tail -3
 echo "== done $(el)"
