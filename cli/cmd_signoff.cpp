@@ -157,9 +157,23 @@ int run_signoff(const SignoffOpts& o) {
   const json cat = read_json_file(catalog);
   std::map<std::string, std::vector<std::string>> mutants_of;
   std::set<std::string> all_ids;
+  // A mutant that only a GPU gate can kill (requires: cuda-device) belongs to a --device cuda
+  // sign-off: on a CPU sign-off its gates skip, so it proves nothing about the CPU path.
+  std::map<std::string, int> gpu_only_left_out;
   if (cat.is_object())
     for (const auto& m : cat.value("mutants", json::array())) {
       if (m.value("category", "") == "canary") continue;
+      bool needs_device = false;
+      for (const auto& r : m.value("requires", json::array())) needs_device = needs_device || r == "cuda-device";
+      if (needs_device && o.device != "cuda") {
+        for (auto& [f, v] : V)
+          for (const auto& g : m.value("expect_killed_by", json::array()))
+            if (gate_ids[f].count(g.get<std::string>())) {
+              ++gpu_only_left_out[f];
+              break;
+            }
+        continue;
+      }
       for (auto& [f, v] : V) {
         bool mine = false;
         for (const auto& g : m.value("expect_killed_by", json::array())) mine = mine || gate_ids[f].count(g.get<std::string>());
@@ -212,6 +226,9 @@ int run_signoff(const SignoffOpts& o) {
   for (auto& [f, v] : V) {
     const auto& ids = mutants_of[f];
     for (const auto& id : ids) v.mutation["mutants"].push_back(id);
+    if (gpu_only_left_out[f] > 0)
+      v.notes.push_back(std::to_string(gpu_only_left_out[f]) +
+                        " GPU mutant(s) (requires: cuda-device) are not part of a CPU sign-off; --device cuda runs them");
     if (ids.empty()) {
       v.mutation["status"] = "none";
       v.not_validated.push_back(cat.is_object() ? "no catalog mutant targets a gate of " + f : "mutation catalog not found at " + catalog.string());
