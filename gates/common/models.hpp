@@ -10,6 +10,16 @@
 
 namespace kvgate::gates {
 
+// stories260K's verified greedy output (README.md of stories260K: `run stories260K.bin -z
+// tok512.bin -t 0.0 -n 64`): the CPU gates (gates/model) and the GPU gates (gates/cuda) compare to it.
+inline const std::vector<int> kStories260KGreedy64 = {
+    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
+    419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,
+    338, 391, 266, 267, 337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310};
+inline constexpr const char* kStories260KGreedyText =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
+    "big, red ball. She wanted to play with it, but it was too high.\nLily";
+
 // Candidate model folders, in lookup order.
 inline std::vector<std::string> model_dirs() {
   namespace fs = std::filesystem;

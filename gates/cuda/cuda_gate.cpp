@@ -23,6 +23,7 @@
 
 #include "bounds.hpp"
 #include "catch_compat.hpp"
+#include "cuda_gate_common.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
@@ -38,42 +39,11 @@ using namespace kvgate::gates;
 namespace ko = kvgate_oracle;
 namespace kc = kvgate::cuda;
 
-#define KVGATE_REQUIRE_DEVICE_OR_SKIP()                                   \
-  do {                                                                     \
-    const kc::DeviceStatus& st_ = kc::device_status();                     \
-    if (!st_.available) {                                                  \
-      WARN("SKIPPED: " << st_.reason);                                     \
-      return;                                                              \
-    }                                                                      \
-  } while (0)
-
 namespace {
 
-ko::Half to_oracle(HalfFormat f) {
-  const auto h = ko::parse_half(name(f));
-  REQUIRE(h.has_value());
-  return *h;
-}
-
-std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, const char* an, const char* bn) {
-  for (std::size_t i = 0; i < n; ++i)
-    if (a[i] != b[i]) {
-      std::ostringstream o;
-      o << "first differing byte at page offset " << i << ": " << an << " 0x" << std::hex << int(a[i]) << " " << bn
-        << " 0x" << int(b[i]);
-      return o.str();
-    }
-  return "identical";
-}
-
-// Device buffer of floats (RAII).
-struct DevBuf {
-  float* p = nullptr;
-  explicit DevBuf(std::size_t n) { REQUIRE(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(float)) == cudaSuccess); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
+using cuda_gate::first_diff;
+using DevBuf = cuda_gate::DevFloats;
+ko::Half to_oracle(HalfFormat f) { return cuda_gate::oracle_half(f); }
 
 // Writes the same rows into a CPU store and a GPU store in two appends (an append crosses a page).
 void write_both(PagedKvStore& cpu, SeqId cs, kc::CudaKvStore& gpu, SeqId gs, int n_tokens, const std::vector<float>& k,

@@ -49,6 +49,7 @@
 #include "kvgate/kv_store.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/sampler.hpp"
+#include "cuda_gate_common.hpp"
 #include "models.hpp"
 
 using namespace kvgate;
@@ -56,25 +57,10 @@ using namespace kvgate::gates;
 using namespace kvgate::gates::model_level;
 namespace kc = kvgate::cuda;
 
-#define KVGATE_REQUIRE_DEVICE_OR_SKIP()               \
-  do {                                                 \
-    const kc::DeviceStatus& st_ = kc::device_status(); \
-    if (!st_.available) {                              \
-      WARN("SKIPPED: " << st_.reason);                 \
-      return;                                          \
-    }                                                  \
-  } while (0)
-
 namespace {
 
-// README.md of stories260K: `run stories260K.bin -z tok512.bin -t 0.0 -n 64` (as gates/model).
-const std::vector<int> kGreedy64 = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
-                                    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
-                                    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
-                                    337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13,  438, 310};
-const char* kGreedyText =
-    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a "
-    "big, red ball. She wanted to play with it, but it was too high.\nLily";
+const std::vector<int>& kGreedy64 = kvgate::gates::kStories260KGreedy64;
+const char* const kGreedyText = kvgate::gates::kStories260KGreedyText;
 
 constexpr int kChunk = 128;  // prefill chunk: each 256-token sequence runs as two chunks (n_past 0, 128)
 

@@ -32,6 +32,7 @@
 #include "kvgate_oracle/attention.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "kvgate_oracle/metrics.hpp"
+#include "cuda_gate_common.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
@@ -39,30 +40,10 @@ using namespace kvgate::gates;
 namespace ko = kvgate_oracle;
 namespace kc = kvgate::cuda;
 
-#define KVGATE_PREFILL_REQUIRE_DEVICE_OR_SKIP()                            \
-  do {                                                                     \
-    const kc::DeviceStatus& st_ = kc::device_status();                     \
-    if (!st_.available) {                                                  \
-      WARN("SKIPPED: " << st_.reason);                                     \
-      return;                                                              \
-    }                                                                      \
-  } while (0)
-
 namespace {
 
-ko::Half oracle_half(HalfFormat f) {
-  const auto h = ko::parse_half(name(f));
-  REQUIRE(h.has_value());
-  return *h;
-}
-
-struct DevFloats {
-  float* p = nullptr;
-  explicit DevFloats(std::size_t n) { REQUIRE(cudaMalloc(&p, std::max<std::size_t>(1, n) * sizeof(float)) == cudaSuccess); }
-  ~DevFloats() { cudaFree(p); }
-  DevFloats(const DevFloats&) = delete;
-  DevFloats& operator=(const DevFloats&) = delete;
-};
+using cuda_gate::DevFloats;
+using cuda_gate::oracle_half;
 
 struct PrefillCase {
   int block_size, n_kv_heads, head_dim, group;
@@ -317,7 +298,7 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
 #define ORA_CUDA_PREFILL(id, fmtname, seed)                                                              \
   TEST_CASE("ORA.cuda.prefill." id " GPU causal prefill attention == oracle FP64 attention over the same bytes", \
             "[gate:ORA][fmt:" fmtname "][cuda][prefill]") {                                              \
-    KVGATE_PREFILL_REQUIRE_DEVICE_OR_SKIP();                                                             \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                             \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
     run_prefill_gate(*f, seed);                                                                          \

@@ -42,21 +42,13 @@
 #include "kvgate/cuda/stream_pool.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate_oracle/formats.hpp"
+#include "cuda_gate_common.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates;
 namespace ko = kvgate_oracle;
 namespace kc = kvgate::cuda;
-
-#define KVGATE_REQUIRE_DEVICE_OR_SKIP()                                   \
-  do {                                                                     \
-    const kc::DeviceStatus& st_ = kc::device_status();                     \
-    if (!st_.available) {                                                  \
-      WARN("SKIPPED: " << st_.reason);                                     \
-      return;                                                              \
-    }                                                                      \
-  } while (0)
 
 namespace {
 
@@ -71,25 +63,7 @@ std::vector<float> rows(std::mt19937& rng, std::size_t n, float mag) {
   return v;
 }
 
-struct DevFloats {
-  float* p = nullptr;
-  std::size_t n;
-  explicit DevFloats(std::size_t n_) : n(n_) { REQUIRE(cudaMalloc(&p, n * sizeof(float)) == cudaSuccess); }
-  ~DevFloats() { cudaFree(p); }
-  DevFloats(const DevFloats&) = delete;
-  DevFloats& operator=(const DevFloats&) = delete;
-  // A pageable cudaMemcpy may return before its DMA lands, and the streamed decode runs on a
-  // non-blocking stream that does not order after the legacy stream: wait for the device.
-  void put(const std::vector<float>& h) {
-    REQUIRE(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
-    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-  }
-  std::vector<float> get() const {
-    std::vector<float> h(n);
-    REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
-    return h;
-  }
-};
+using cuda_gate::DevFloats;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
