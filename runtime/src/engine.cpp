@@ -1,4 +1,5 @@
 #include "kvgate/engine.hpp"
+#include "kvgate/generate_loop.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -177,33 +178,11 @@ GenerateResult Engine::generate(std::span<const int> prompt, int steps, const Sa
   d.stats.ttft_ms = 0;
   d.stats.prefill_tokens = d.stats.decode_tokens = 0;
   d.stats.prefill_seconds = d.stats.decode_seconds = 0;
-  GenerateResult r;
-  r.stop_reason = "steps";
-  r.tokens.reserve(static_cast<std::size_t>(steps));
   Sampler sampler(vocab_size(), so);
-  const int bos = d.model.config.bos_id, eos = d.model.config.eos_id;
-  const auto t0 = Clock::now();
-  d.run(prompt, nullptr);
-  for (int i = 0; i < steps; ++i) {
-    const int next = sampler.sample(d.logits);
-    if (i == 0) d.stats.ttft_ms = seconds_since(t0) * 1e3;
-    if (next == eos) {
-      r.stop_reason = "eos";
-      break;
-    }
-    if (next == bos) {
-      r.stop_reason = "bos";
-      break;
-    }
-    r.tokens.push_back(next);
-    if (on_token) on_token(next);
-    if (i + 1 == steps) break;
-    if (d.store.length(d.seq) >= d.max_ctx) {
-      r.stop_reason = "context_full";
-      break;
-    }
-    decode(next);
-  }
+  GenerateResult r = generate_loop(
+      steps, d.model.config.bos_id, d.model.config.eos_id, d.max_ctx, d.stats.ttft_ms, [&] { d.run(prompt, nullptr); },
+      [&] { return sampler.sample(d.logits); }, [&] { return d.store.length(d.seq); }, [&](int t) { decode(t); },
+      on_token);
   d.refresh();
   return r;
 }

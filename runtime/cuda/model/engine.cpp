@@ -5,6 +5,7 @@
 #include "kernels/common.cuh"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
+#include "kvgate/generate_loop.hpp"
 
 namespace kvgate::cuda {
 
@@ -167,35 +168,14 @@ GenerateResult CudaEngine::generate(std::span<const int> prompt, int steps, cons
   d.stats.ttft_ms = 0;
   d.stats.prefill_tokens = d.stats.decode_tokens = 0;
   d.stats.prefill_seconds = d.stats.decode_seconds = 0;
-  GenerateResult r;
-  r.stop_reason = "steps";
-  r.tokens.reserve(static_cast<std::size_t>(steps));
   Sampler sampler(vocab_size(), so);
   const bool greedy = so.greedy();
-  const int bos = d.model.config.bos_id, eos = d.model.config.eos_id;
-  const auto t0 = Clock::now();
-  int next_id = 0;
-  d.run(prompt, nullptr, greedy ? &next_id : nullptr);
-  for (int i = 0; i < steps; ++i) {
-    const int next = greedy ? next_id : sampler.sample(d.logits);
-    if (i == 0) d.stats.ttft_ms = seconds_since(t0) * 1e3;
-    if (next == eos) {
-      r.stop_reason = "eos";
-      break;
-    }
-    if (next == bos) {
-      r.stop_reason = "bos";
-      break;
-    }
-    r.tokens.push_back(next);
-    if (on_token) on_token(next);
-    if (i + 1 == steps) break;
-    if (d.store.length(d.seq) >= d.max_ctx) {
-      r.stop_reason = "context_full";
-      break;
-    }
-    d.step(next, greedy ? &next_id : nullptr);
-  }
+  int next_id = 0;  // the GPU argmax of the last forward (greedy only)
+  GenerateResult r = generate_loop(
+      steps, d.model.config.bos_id, d.model.config.eos_id, d.max_ctx, d.stats.ttft_ms,
+      [&] { d.run(prompt, nullptr, greedy ? &next_id : nullptr); },
+      [&] { return greedy ? next_id : sampler.sample(d.logits); }, [&] { return d.store.length(d.seq); },
+      [&](int t) { d.step(t, greedy ? &next_id : nullptr); }, on_token);
   d.refresh();
   return r;
 }
