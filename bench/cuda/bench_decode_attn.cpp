@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
@@ -35,14 +36,6 @@ using kvgate::HalfFormat;
 using kvgate::KvFormat;
 using kvgate::KvHalf;
 
-#define CK(expr)                                                                                     \
-  do {                                                                                               \
-    const cudaError_t e_ = (expr);                                                                   \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr); \
-      std::exit(2);                                                                                  \
-    }                                                                                                \
-  } while (0)
 
 namespace {
 
@@ -61,10 +54,7 @@ std::vector<std::string> parse_strs(const std::string& s) {
   return v;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
-}
+using kvgate::bench::median;
 
 struct Timer {
   cudaEvent_t a, b;

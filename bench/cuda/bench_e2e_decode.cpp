@@ -27,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_common.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/cuda/kv_store.hpp"
@@ -40,25 +41,12 @@ using kvgate::KvFormat;
 using kvgate::KvHalf;
 using nlohmann::json;
 
-#define CK(expr)                                                                                                  \
-  do {                                                                                                            \
-    const cudaError_t e_ = (expr);                                                                                \
-    if (e_ != cudaSuccess) {                                                                                      \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #expr);    \
-      std::exit(2);                                                                                               \
-    }                                                                                                             \
-  } while (0)
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using kvgate::bench::median;
 
 // The model, described as `kvgate synth` describes one (runtime/include/kvgate/synth.hpp), mapped
 // to the runtime's ModelConfig the loader would produce from that directory.
