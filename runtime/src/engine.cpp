@@ -173,15 +173,10 @@ std::vector<float> Engine::forward_all_logits(std::span<const int> tokens) {
 GenerateResult Engine::generate(std::span<const int> prompt, int steps, const SamplerOptions& so,
                                 const std::function<void(int)>& on_token) {
   Impl& d = *impl_;
-  if (prompt.empty()) throw EngineError("engine: generate needs at least one prompt token (e.g. BOS)");
-  if (steps < 0) throw EngineError("engine: steps must be >= 0");
-  d.stats.ttft_ms = 0;
-  d.stats.prefill_tokens = d.stats.decode_tokens = 0;
-  d.stats.prefill_seconds = d.stats.decode_seconds = 0;
   Sampler sampler(vocab_size(), so);
   GenerateResult r = generate_loop(
-      steps, d.model.config.bos_id, d.model.config.eos_id, d.max_ctx, d.stats.ttft_ms, [&] { d.run(prompt, nullptr); },
-      [&] { return sampler.sample(d.logits); }, [&] { return d.store.length(d.seq); }, [&](int t) { decode(t); },
+      "engine", prompt.size(), steps, d.model.config.bos_id, d.model.config.eos_id, d.max_ctx, d.stats,
+      [&] { d.run(prompt, nullptr); }, [&] { return sampler.sample(d.logits); }, [&] { return d.store.length(d.seq); }, [&](int t) { decode(t); },
       on_token);
   d.refresh();
   return r;

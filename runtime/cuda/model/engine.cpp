@@ -163,16 +163,11 @@ std::vector<float> CudaEngine::forward_all_logits(std::span<const int> tokens) {
 GenerateResult CudaEngine::generate(std::span<const int> prompt, int steps, const SamplerOptions& so,
                                     const std::function<void(int)>& on_token) {
   Impl& d = *impl_;
-  if (prompt.empty()) throw EngineError("cuda engine: generate needs at least one prompt token (e.g. BOS)");
-  if (steps < 0) throw EngineError("cuda engine: steps must be >= 0");
-  d.stats.ttft_ms = 0;
-  d.stats.prefill_tokens = d.stats.decode_tokens = 0;
-  d.stats.prefill_seconds = d.stats.decode_seconds = 0;
   Sampler sampler(vocab_size(), so);
   const bool greedy = so.greedy();
   int next_id = 0;  // the GPU argmax of the last forward (greedy only)
   GenerateResult r = generate_loop(
-      steps, d.model.config.bos_id, d.model.config.eos_id, d.max_ctx, d.stats.ttft_ms,
+      "cuda engine", prompt.size(), steps, d.model.config.bos_id, d.model.config.eos_id, d.max_ctx, d.stats,
       [&] { d.run(prompt, nullptr, greedy ? &next_id : nullptr); },
       [&] { return greedy ? next_id : sampler.sample(d.logits); }, [&] { return d.store.length(d.seq); },
       [&](int t) { d.step(t, greedy ? &next_id : nullptr); }, on_token);

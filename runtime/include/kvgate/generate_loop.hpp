@@ -4,18 +4,27 @@
 #pragma once
 #include <chrono>
 #include <functional>
+#include <string>
 
 #include "kvgate/engine.hpp"
 
 namespace kvgate {
 
-// prefill(): runs the prompt. next_token(): the token to emit now (sampled from the current logits).
-// position(): tokens in the sequence. advance(t): appends t (one decode step). ttft_ms: set when the
-// first token is known (prompt prefill + first sample).
+// who: the engine's name in error messages. prompt_size/steps: checked (a prompt needs at least one
+// token, steps >= 0). stats: the timing fields are reset, ttft_ms set when the first token is known
+// (prompt prefill + first sample). prefill(): runs the prompt. next_token(): the token to emit now
+// (sampled from the current logits). position(): tokens in the sequence. advance(t): appends t.
 template <class Prefill, class NextToken, class Position, class Advance>
-GenerateResult generate_loop(int steps, int bos_id, int eos_id, int max_context, double& ttft_ms, Prefill&& prefill,
-                             NextToken&& next_token, Position&& position, Advance&& advance,
-                             const std::function<void(int)>& on_token) {
+GenerateResult generate_loop(const char* who, std::size_t prompt_size, int steps, int bos_id, int eos_id,
+                             int max_context, EngineStats& stats, Prefill&& prefill, NextToken&& next_token,
+                             Position&& position, Advance&& advance, const std::function<void(int)>& on_token) {
+  if (prompt_size == 0)
+    throw EngineError(std::string(who) + ": generate needs at least one prompt token (e.g. BOS)");
+  if (steps < 0) throw EngineError(std::string(who) + ": steps must be >= 0");
+  stats.ttft_ms = 0;
+  stats.prefill_tokens = stats.decode_tokens = 0;
+  stats.prefill_seconds = stats.decode_seconds = 0;
+  double& ttft_ms = stats.ttft_ms;
   GenerateResult r;
   r.stop_reason = "steps";
   r.tokens.reserve(static_cast<std::size_t>(steps));
