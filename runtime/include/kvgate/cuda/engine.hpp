@@ -13,7 +13,10 @@
 //               A decode batch can replay a captured CUDA graph (inputs staged in fixed buffers).
 //  CudaEngine   the subset of kvgate::Engine's API the CLI needs (prefill, decode,
 //               forward_all_logits, generate with the CPU's seeded Sampler on downloaded logits,
-//               or a GPU argmax when greedy) and EngineStats with backend "cuda".
+//               or a GPU argmax when greedy, conversations: hydrate / save_kv of KV files) and
+//               EngineStats with backend "cuda". With kv_resident > 0 the KV is streamed: every
+//               page in a page-locked host mirror, a window of kv_resident tokens' pages per layer
+//               on the device (stream_pool.hpp), the forward unchanged over a view of the window.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -159,7 +162,8 @@ class CudaForward {
 
 struct CudaEngineOptions {
   EngineOptions engine;          // kv (resolved with backend "cuda"), block_size, n_blocks,
-                                 // kv_cache_memory, k/v scales, max_context, prefill_chunk
+                                 // kv_cache_memory, k/v scales, max_context, prefill_chunk,
+                                 // kv_resident (streaming window in tokens; 0: all resident)
   WeightType weights = WeightType::f32;
   bool cuda_graphs = true;       // batch-1 decode replays a captured CUDA graph
 };
@@ -178,12 +182,29 @@ class CudaEngine {
   GenerateResult generate(std::span<const int> prompt, int steps, const SamplerOptions& sampler,
                           const std::function<void(int)>& on_token = {});
 
+  // --- conversations (kv_file.hpp), as kvgate::Engine ----------------------------------------
+  // Token ids whose K/V rows the sequence holds, in order.
+  std::span<const int> history() const;
+  // Empties the sequence, then restores from `file` the longest prefix of `prompt` it holds (at least
+  // one prompt token is left to prefill): a byte copy of the file's pages into the device store
+  // (streaming: into the host mirror). Refused (KvFileError) when the file does not match this engine
+  // (model, format, rotation, shape, scales). A file the CPU engine wrote hydrates here and vice versa.
+  int hydrate(const KvFile& file, std::span<const int> prompt);
+  // Every K/V row of the sequence (the device pages read back) and the transcript history() +
+  // pending as a KV file, atomically.
+  void save_kv(const std::string& path, std::span<const int> pending = {}) const;
+
   void reset();
   int position() const;
   int max_context() const;
   int vocab_size() const;
   const EngineStats& stats() const;
   const Model& model() const;
+  // Streaming (--kv-resident): the forward runs on a view over the device window's slots (store());
+  // every page lives in the host mirror. Empty when every resident device copy equals its mirror
+  // page (or when not streaming).
+  std::string check_stream_coherent() const;
+  const PagedKvStore* host_mirror() const;  // null when not streaming
   CudaKvStore& store();
   CudaForward& forward();
   SeqId sequence() const;
