@@ -181,9 +181,19 @@ inline double chain_at(const ModelConfig& c, int pos) {
                                 scaled);
 }
 
+// The combined bound at position p for logits of magnitude zmax: transformers' B(p) plus the
+// engine's. The CUDA forward's chain is the CPU's plus, per layer, 8 + n_ctx roundings (the
+// q prescale, exp2/expf approximations, the split merge, one online-softmax rescale per key:
+// gates/cuda/cuda_model_gate.cpp).
+inline double pair_bound(const ModelConfig& c, int pos, double zmax, bool gpu) {
+  const double ref = forward_f32_logit_bound(chain_at(c, pos), zmax);
+  const double dev = gpu ? forward_f32_logit_bound(chain_at(c, pos) + c.n_layers * (8.0 + pos + 1), zmax) : ref;
+  return ref + dev;
+}
+
 inline void print_case(const RefCase& rc, const Model& m, const char* device) {
   const ModelConfig& c = m.config;
-  std::cout << "MOD.hf." << rc.name << " [" << device << "]: " << rc.ref.value("architecture", std::string("?"))
+  std::cout << "MOD." << (std::string(device) == "cuda" ? "cuda." : "") << "hf." << rc.name << " [" << device << "]: " << rc.ref.value("architecture", std::string("?"))
             << " (kvgate arch " << c.arch << "), layers " << c.n_layers << ", heads " << c.n_heads << "/" << c.n_kv_heads
             << ", head_dim " << c.head_dim << ", vocab " << c.vocab_size << ", RoPE "
             << (describe_rope(c.rope).empty() ? "default" : describe_rope(c.rope)) << " theta " << c.rope_theta
@@ -216,7 +226,7 @@ inline int argmax_row(const float* z, int V) {
 // use_cache=False reference: dynamic NTK and longrope see the whole length). Engine: kvgate::Engine
 // or kvgate::cuda::CudaEngine; make(max_tokens) builds one with f32 KV.
 template <class MakeEngine>
-void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make) {
+void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu = false) {
   const int V = m.config.vocab_size;
   REQUIRE(V == rc.vocab);
   REQUIRE(!rc.tf.empty());
@@ -239,7 +249,7 @@ void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make) {
       const float* g = got.data() + static_cast<std::size_t>(p) * V;
       double zmax = 0, e = 0;
       for (int v = 0; v < V; ++v) zmax = std::max(zmax, std::fabs(double(r[v])));
-      const double b2 = 2 * forward_f32_logit_bound(chain_at(m.config, p), zmax);
+      const double b2 = pair_bound(m.config, p, zmax, gpu);
       max_bound = std::max(max_bound, b2);
       for (int v = 0; v < V; ++v) {
         const double d = double(g[v]) - r[v];
@@ -281,7 +291,7 @@ void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make) {
 // kvgate's own argmax fed back. Ids must equal the reference's up to the first step whose reference
 // top-2 margin is within 2B (then the comparison stops there, and that is printed).
 template <class MakeEngine>
-void check_greedy(const RefCase& rc, const Model& m, MakeEngine&& make) {
+void check_greedy(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu = false) {
   const int V = m.config.vocab_size;
   REQUIRE(!rc.greedy.empty());
   for (const auto& g : rc.greedy) {
@@ -296,7 +306,7 @@ void check_greedy(const RefCase& rc, const Model& m, MakeEngine&& make) {
     for (int k = 0; k < n; ++k) {
       double zmax = 0;
       for (int v = 0; v < V; ++v) zmax = std::max(zmax, std::fabs(double(z[static_cast<std::size_t>(v)])));
-      const double b2 = 2 * forward_f32_logit_bound(chain_at(m.config, P - 1 + k), zmax);
+      const double b2 = pair_bound(m.config, P - 1 + k, zmax, gpu);
       if (g.margin[static_cast<std::size_t>(k)] <= b2) {
         stop_step = k;
         break;

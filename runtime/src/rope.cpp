@@ -424,6 +424,9 @@ void read_hf_rope(const nlohmann::json& cj, const std::string& path, ModelConfig
     c.rope_theta = static_cast<float>(c.rope.theta > 0 ? c.rope.theta : top_theta);
     c.rope.theta = 0;  // the model's rope_theta
   }
+  // Dynamic NTK exists to run past max_position_embeddings: the usable context is factor times it.
+  if (c.rope.type == RopeType::dynamic)
+    c.max_seq_len = std::max(c.max_seq_len, static_cast<int>(std::min(1e9, c.rope.factor * max_position)));
   // Gemma 3 (legacy spelling): rope_local_base_freq is the plain RoPE base of the sliding layers.
   if (!c.has_rope_local && cj.contains("rope_local_base_freq") && !cj["rope_local_base_freq"].is_null()) {
     if (!cj["rope_local_base_freq"].is_number() || !(cj["rope_local_base_freq"].get<double>() > 0))
