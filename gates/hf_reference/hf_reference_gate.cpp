@@ -7,7 +7,7 @@
 //                         for RoPE-scaled / sliding cases the run passes the original length / window.
 //  MOD.hf.<case>.greedy   greedy ids from prompt_ids == transformers' generate(do_sample=False) up
 //                         to the first step whose reference top-2 margin is within 2B.
-//  MOD.hf.inventory       the reference folder holds exactly the cases this table names.
+//  (MOD.hf.llama_default.logits also checks that the reference folder holds exactly these cases.)
 #include <memory>
 
 #include "catch_compat.hpp"
@@ -39,6 +39,25 @@ const Loaded& loaded(const std::string& name) {
   return *cache.emplace(name, std::move(l)).first->second;
 }
 
+// The reference folder holds exactly the cases of this table (checked inside
+// MOD.hf.llama_default.logits, so a new reference directory cannot go untested unnoticed).
+void check_inventory() {
+  const fs::path models = fs::path(refs_root()) / "models";
+  INFO("reference folder " << models.string());
+  REQUIRE(fs::is_directory(models));
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(models))
+    if (e.is_directory()) found.push_back(e.path().filename().string());
+  for (const auto& f : found) {
+    INFO("case '" << f << "' has a reference directory but no test case in gates/hf_reference");
+    CHECK(std::find(case_names().begin(), case_names().end(), f) != case_names().end());
+  }
+  for (const auto& n : case_names()) {
+    INFO("case '" << n << "' has no reference directory");
+    CHECK(std::find(found.begin(), found.end(), n) != found.end());
+  }
+}
+
 auto cpu_engine(const Model& m) {
   return [&m](int n_tokens) {
     EngineOptions o = engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1);
@@ -53,6 +72,7 @@ auto cpu_engine(const Model& m) {
 #define HF_CASE(c)                                                                                     \
   TEST_CASE("MOD.hf." c ".logits transformers' teacher-forced logits, CPU engine f32 KV",               \
             "[gate:MOD][fmt:f32]") {                                                                   \
+    if (std::string(c) == "llama_default") check_inventory();                                         \
     const Loaded& l = loaded(c);                                                                       \
     check_logits(l.rc, l.m, cpu_engine(l.m));                                                          \
   }                                                                                                    \
@@ -77,19 +97,3 @@ HF_CASE("phi3_longrope")
 HF_CASE("gemma2")
 HF_CASE("gemma3")
 
-TEST_CASE("MOD.hf.inventory the reference folder holds exactly the cases of this gate", "[gate:MOD][fmt:f32]") {
-  const fs::path models = fs::path(refs_root()) / "models";
-  INFO("reference folder " << models.string());
-  REQUIRE(fs::is_directory(models));
-  std::vector<std::string> found;
-  for (const auto& e : fs::directory_iterator(models))
-    if (e.is_directory()) found.push_back(e.path().filename().string());
-  for (const auto& f : found) {
-    INFO("case '" << f << "' has a reference directory but no test case in gates/hf_reference");
-    CHECK(std::find(case_names().begin(), case_names().end(), f) != case_names().end());
-  }
-  for (const auto& n : case_names()) {
-    INFO("case '" << n << "' has no reference directory");
-    CHECK(std::find(found.begin(), found.end(), n) != found.end());
-  }
-}
