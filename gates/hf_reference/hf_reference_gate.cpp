@@ -8,6 +8,8 @@
 //  MOD.hf.<case>.greedy   greedy ids from prompt_ids == transformers' generate(do_sample=False) up
 //                         to the first step whose reference top-2 margin is within 2B.
 //  (MOD.hf.llama_default.logits also checks that the reference folder holds exactly these cases.)
+#include <algorithm>
+#include <map>
 #include <memory>
 
 #include "catch_compat.hpp"
