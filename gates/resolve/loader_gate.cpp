@@ -258,7 +258,7 @@ TEST_CASE("STO.loader.config bad config.json fields are named", "[gate:STO][fmt:
       {"num_key_value_heads", 3, "'num_key_value_heads'"},
       {"architectures", nlohmann::json::array({"GPT2LMHeadModel"}), "GPT2LMHeadModel"},
       {"hidden_act", "gelu", "'hidden_act'"},
-      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}, "'rope_scaling'"},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}, "'rope_scaling.low_freq_factor' is missing"},
       {"vocab_size", "many", "'vocab_size' is not an integer"},
   };
   const char* const names[] = {"m0", "m1", "m2", "m3", "m4", "m5", "m6"};
