@@ -206,8 +206,9 @@ std::string describe_rope(const RopeConfig& r) {
     case RopeType::linear: add("factor", r.factor); break;
     case RopeType::dynamic: add("factor", r.factor), add("max_position", r.max_position); break;
     case RopeType::yarn:
-      add("factor", r.factor), add("original", r.original_max), add("beta_fast", r.beta_fast),
-          add("beta_slow", r.beta_slow);
+      if (r.factor > 0) add("factor", r.factor);
+      else s += " factor=max/original";
+      add("original", r.original_max), add("beta_fast", r.beta_fast), add("beta_slow", r.beta_slow);
       if (r.attention_factor > 0) add("attention_factor", r.attention_factor);
       if (r.mscale > 0) add("mscale", r.mscale), add("mscale_all_dim", r.mscale_all_dim);
       if (!r.truncate) s += " truncate=false";
@@ -218,7 +219,9 @@ std::string describe_rope(const RopeConfig& r) {
           add("original", r.original_max);
       break;
     case RopeType::longrope: {
-      add("factor", r.factor), add("original", r.original_max);
+      if (r.factor > 0) add("factor", r.factor);
+      else s += " factor=max/original";
+      add("original", r.original_max);
       if (r.factor == 0) add("max_position", r.max_position);
       if (r.attention_factor > 0) add("attention_factor", r.attention_factor);
       double hs = 0, hl = 0;  // a digest of the factor arrays
