@@ -150,6 +150,15 @@ class CudaForward {
   DecodeWorkspace graph_ws_;  // captured graphs
   std::size_t graph_ws_bytes_ = 0;
   int k_rope_offset_ = 0;
+  // RoPE variants (rope.hpp). Length-dependent ones (dynamic NTK, longrope) get per-row cos/sin
+  // staged with each call: rows [0, max_rows) for q at pos, [max_rows, 2 max_rows) for k at
+  // pos + offset, read through the identity index d_row_idx_. The sliding layers' own RoPE (Gemma 3)
+  // has its own position tables.
+  float *rope_cos_l_ = nullptr, *rope_sin_l_ = nullptr;
+  float *rope_row_cos_ = nullptr, *rope_row_sin_ = nullptr, *rope_row_host_ = nullptr;  // host: pinned
+  int* d_row_idx_ = nullptr;
+  int rot_ = 0, rot_l_ = 0;
+  void stage_rope_rows(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos);
   bool capture_kv_ = false;
   std::vector<float> cap_k_, cap_v_;
   struct Graph {
