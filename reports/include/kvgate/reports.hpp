@@ -1,4 +1,4 @@
-// Reports (issue 7): JSON Schema checks of every record kvgate writes (reports/schema/), Markdown per
+// Reports (reports/README.md): JSON Schema checks of every record kvgate writes (reports/schema/), Markdown per
 // format and an index, and a self-contained offline HTML page with Vega-Lite plots.
 #pragma once
 #include <string>

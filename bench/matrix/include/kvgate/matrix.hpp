@@ -46,7 +46,7 @@ std::vector<std::string> model_dirs(const std::string& source_dir);
 // "stories260K/stories260K.bin" -> the first existing candidate, or empty.
 std::string find_model(const std::string& rel, const std::string& source_dir);
 std::string default_source_dir();  // the git work tree around the cwd, else the configured source
-// The probe model of issue 8 (datasets/models/probe, a Hugging Face directory): $KVGATE_PROBE_MODEL,
+// The probe model (datasets/models/probe, a Hugging Face directory): $KVGATE_PROBE_MODEL,
 // else <source>/datasets/models/probe when its config.json exists; empty when neither is there.
 std::string find_probe_model(const std::string& source_dir);
 
