@@ -41,7 +41,8 @@ nlohmann::json provenance_brief(const nlohmann::json& full);
 nlohmann::json environment(const ProvenanceOptions& o);
 
 // --- models and corpora -------------------------------------------------------------------------
-// Where the shared models live: $KVGATE_MODELS, else <source>/../shared/models.
+// Where the shared models live: kvgate::model_dirs (kvgate/model_paths.hpp), the source tree
+// defaulting to default_source_dir().
 std::vector<std::string> model_dirs(const std::string& source_dir);
 // "stories260K/stories260K.bin" -> the first existing candidate, or empty.
 std::string find_model(const std::string& rel, const std::string& source_dir);
