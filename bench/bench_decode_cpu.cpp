@@ -2,7 +2,7 @@
 //   BM_Decode/<preset>/threads:<n>   decode tok/s over 511 steps after BOS (the model's 512 context),
 //                                    greedy tokens fed back, stop tokens ignored (run.c -n 512 does the same work)
 //   BM_Prefill512/<preset>/...       prefill tok/s of a 512-token prompt (batched)
-// Model: $KVGATE_MODELS/stories260K/stories260K.bin, else <source>/../shared/models/... .
+// Model: stories260K/stories260K.bin, found by kvgate::find_model (kvgate/model_paths.hpp).
 // The counters tok_s (and, for decode, ratio_vs_f32 printed at exit) are what reports quote.
 #include <benchmark/benchmark.h>
 
@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "kvgate/engine.hpp"
+#include "kvgate/model_paths.hpp"
 #include "kvgate/sampler.hpp"
 
 #ifndef KVGATE_SOURCE_DIR_DEFAULT
@@ -24,24 +25,16 @@
 
 namespace {
 
-std::string model_path() {
-  std::string base;
-  if (const char* e = std::getenv("KVGATE_MODELS"); e && *e) base = e;
-  else {
-    const char* src = std::getenv("KVGATE_SOURCE_DIR");
-    base = std::string(src && *src ? src : KVGATE_SOURCE_DIR_DEFAULT) + "/../shared/models";
-  }
-  return base + "/stories260K/stories260K.bin";
-}
-
 const kvgate::Model& model() {
   static std::unique_ptr<kvgate::Model> m = [] {
-    const std::string p = model_path();
-    if (!std::filesystem::exists(p)) {
-      std::fprintf(stderr, "bench_decode_cpu: model not found at %s (set KVGATE_MODELS)\n", p.c_str());
+    const char* src = std::getenv("KVGATE_SOURCE_DIR");
+    const kvgate::ModelLookup lk =
+        kvgate::find_model("stories260K/stories260K.bin", src && *src ? src : KVGATE_SOURCE_DIR_DEFAULT);
+    if (!lk.found()) {
+      std::fprintf(stderr, "bench_decode_cpu: %s\n", lk.message.c_str());
       std::exit(2);
     }
-    return std::make_unique<kvgate::Model>(kvgate::load_model(p));
+    return std::make_unique<kvgate::Model>(kvgate::load_model(lk.path));
   }();
   return *m;
 }

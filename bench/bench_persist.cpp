@@ -8,7 +8,7 @@
 // built once per benchmark (process start is not TTFT). Counters: ttft_ms, file_bytes,
 // hydrated_tokens (and ttft_cpu_ms: this thread's CPU time, robust on a loaded machine). At exit:
 // warm/cold per format (wall and CPU) and file size vs f32.
-// Model: $KVGATE_MODELS/stories260K/stories260K.bin, else <source>/../shared/models/... .
+// Model: stories260K/stories260K.bin, found by kvgate::find_model (kvgate/model_paths.hpp).
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -23,6 +23,7 @@
 
 #include "kvgate/engine.hpp"
 #include "kvgate/kv_file.hpp"
+#include "kvgate/model_paths.hpp"
 #include "kvgate/sampler.hpp"
 
 namespace {
@@ -37,27 +38,18 @@ double thread_cpu_s() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-std::string model_path() {
-  std::string base;
-  if (const char* e = std::getenv("KVGATE_MODELS"); e && *e) base = e;
-  else {
-    const char* src = std::getenv("KVGATE_SOURCE_DIR");
-    // The source tree: $KVGATE_SOURCE_DIR, else the folder above this file's.
-    const std::string root =
-        src && *src ? std::string(src) : std::filesystem::path(__FILE__).parent_path().parent_path().string();
-    base = root + "/../shared/models";
-  }
-  return base + "/stories260K/stories260K.bin";
-}
-
 const kvgate::Model& model() {
   static std::unique_ptr<kvgate::Model> m = [] {
-    const std::string p = model_path();
-    if (!std::filesystem::exists(p)) {
-      std::fprintf(stderr, "bench_persist: model not found at %s (set KVGATE_MODELS)\n", p.c_str());
+    // The source tree: $KVGATE_SOURCE_DIR, else the folder above this file's.
+    const char* src = std::getenv("KVGATE_SOURCE_DIR");
+    const std::string root =
+        src && *src ? std::string(src) : std::filesystem::path(__FILE__).parent_path().parent_path().string();
+    const kvgate::ModelLookup lk = kvgate::find_model("stories260K/stories260K.bin", root);
+    if (!lk.found()) {
+      std::fprintf(stderr, "bench_persist: %s\n", lk.message.c_str());
       std::exit(2);
     }
-    return std::make_unique<kvgate::Model>(kvgate::load_model(p));
+    return std::make_unique<kvgate::Model>(kvgate::load_model(lk.path));
   }();
   return *m;
 }

@@ -30,30 +30,14 @@ namespace kvgate::cli {
 
 namespace {
 
-struct ChatOpts {
-  std::string model, tokenizer, kv, system;
-  std::optional<float> k_scale, v_scale;
+struct ChatOpts : EngineFlags {  // the flags shared with `kvgate run` (kv_flags.hpp), and:
+  std::string system;
   int steps = 128;
-  float temperature = 0.0f;
-  int top_k = 0;
-  float top_p = 1.0f;
-  std::uint64_t seed = 42;
-  bool strict = false;
-  int threads = 0;
-  int block_size = 16;
-  std::size_t kv_cache_memory = 0;
-  KvCacheFlags cache;
 };
-
-bool printable(const std::string& p) {
-  if (p.size() != 1) return !p.empty();
-  const unsigned char c = static_cast<unsigned char>(p[0]);
-  return (c >= 32 && c != 127) || c == '\n' || c == '\t' || c == '\r' || c >= 128;
-}
 
 int run_chat(const ChatOpts& o) {
   if (o.steps < 1) throw std::invalid_argument("--steps must be >= 1");
-  if (o.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
+  check_engine_flags(o);
   std::optional<KvFormat> flag;
   if (!o.kv.empty()) {
     flag = parse_kv_format(o.kv);
@@ -65,15 +49,7 @@ int run_chat(const ChatOpts& o) {
   KvRequest req;
   req.flag = flag;
   req.strict = o.strict;
-  EngineOptions eo;
-  eo.kv = resolve_kv(req, model.config, o.block_size);
-  eo.block_size = o.block_size;
-  eo.kv_cache_memory = o.kv_cache_memory;
-  eo.threads = o.threads;
-  eo.kv_resident = o.cache.resident;
-  if (o.k_scale) eo.k_scale = {*o.k_scale};
-  if (o.v_scale) eo.v_scale = {*o.v_scale};
-  Engine engine(model, eo);
+  Engine engine(model, engine_options(o, resolve_kv(req, model.config, o.block_size)));
   std::optional<KvCacheDir> dir;
   if (!o.cache.conv_id.empty()) dir.emplace(open_kv_cache(o.cache));
 
@@ -122,16 +98,12 @@ int run_chat(const ChatOpts& o) {
       engine.reset();
     }
     first = false;
-    SamplerOptions so;
-    so.temperature = o.temperature;
-    so.top_k = o.top_k;
-    so.top_p = o.top_p;
-    so.seed = o.seed;
+    const SamplerOptions so = sampler_options(o);
     int prev = prompt.back();
     const GenerateResult r = engine.generate(std::span<const int>(prompt).subspan(start), o.steps, so, [&](int id) {
       const std::string p = tok->decode_piece(prev, id);
       prev = id;
-      if (printable(p)) {
+      if (printable_piece(p)) {
         std::fwrite(p.data(), 1, p.size(), stdout);
         std::fflush(stdout);
       }
@@ -157,21 +129,10 @@ int run_chat(const ChatOpts& o) {
 void register_chat(CLI::App& app) {
   auto o = std::make_shared<ChatOpts>();
   auto* sub = app.add_subcommand("chat", "Interactive conversation (one turn per line) with persistent, streamable KV");
-  sub->add_option("--model", o->model, "llama2.c .bin, .gguf, or a Hugging Face directory")->required();
-  sub->add_option("--tokenizer", o->tokenizer, "tokenizer (llama2.c tokenizer.bin or tokenizer.json)");
-  sub->add_option("--kv", o->kv, "KV preset or k=<K>,v=<V>");
-  sub->add_option("--k-scale", o->k_scale, "per-tensor K scale for fp8 halves");
-  sub->add_option("--v-scale", o->v_scale, "per-tensor V scale for fp8 halves");
+  add_model_flags(sub, *o);
   sub->add_option("--system", o->system, "text put before the first line of a new conversation");
   sub->add_option("--steps", o->steps, "most tokens per reply")->capture_default_str();
-  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  sub->add_option("--top-k", o->top_k, "0 = off")->capture_default_str();
-  sub->add_option("--top-p", o->top_p, "1 = off")->capture_default_str();
-  sub->add_option("--seed", o->seed, "sampler seed")->capture_default_str();
-  sub->add_flag("--strict-kv,--no-kv-fallback", o->strict, "fail instead of falling back to another KV format");
-  sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  sub->add_option("--block-size", o->block_size, "tokens per KV page")->capture_default_str();
-  sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
+  add_engine_flags(sub, *o);
   add_kv_cache_flags(sub, o->cache);
   on_run(sub, [o] { return run_chat(*o); });
 }

@@ -31,7 +31,7 @@ std::string default_model() {
 }
 
 // Writes the cases of a probe as JSONL (prompt + expected answer) without running a model: the
-// recipe's data for other implementations (issue 8's trainer). Token counts: the model's tokenizer
+// recipe's data for other implementations (the probe model's trainer). Token counts: the model's tokenizer
 // when --model is given, else bytes + BOS (a byte-level vocabulary).
 int emit_cases(const ProbeOpts& o, probes::ProbeKind kind, const Model* model) {
   probes::TokenCounter count = probes::byte_counter();

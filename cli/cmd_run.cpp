@@ -30,31 +30,14 @@ namespace kvgate::cli {
 
 namespace {
 
-struct RunOpts {
-  std::string model, tokenizer, kv, kv_k, kv_v, prompt;
-  std::optional<float> k_scale, v_scale;
+struct RunOpts : EngineFlags {  // the flags shared with `kvgate chat` (kv_flags.hpp), and:
+  std::string kv_k, kv_v, prompt;
   int steps = 256;
-  float temperature = 0.0f;
-  int top_k = 0;
-  float top_p = 1.0f;
-  std::uint64_t seed = 42;
-  bool strict = false;
-  int threads = 0;
-  int block_size = 16;
-  std::size_t kv_cache_memory = 0;
   bool json = false;
   bool no_bos = false;
   std::string device = "cpu";
   bool cuda_graphs = true;
-  KvCacheFlags cache;
 };
-
-// run.c's safe_printf: drop single non-printable bytes (raw byte tokens), keep whitespace.
-bool printable_piece(const std::string& p) {
-  if (p.size() != 1) return !p.empty();
-  const unsigned char c = static_cast<unsigned char>(p[0]);
-  return (c >= 32 && c != 127) || c == '\n' || c == '\t' || c == '\r' || c >= 128;
-}
 
 std::optional<KvFormat> requested_format(const RunOpts& o) {
   if (!o.kv.empty() && (!o.kv_k.empty() || !o.kv_v.empty()))
@@ -85,9 +68,7 @@ std::size_t tokens_in_kv(E& engine) {
 
 int run_run(const RunOpts& o) {
   if (o.steps < 0) throw std::invalid_argument("--steps must be >= 0");
-  if (o.temperature < 0) throw std::invalid_argument("--temperature must be >= 0");
-  if (o.k_scale && !(*o.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
-  if (o.v_scale && !(*o.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
+  check_engine_flags(o);
   if (o.device != "cpu" && o.device != "cuda")
     throw std::invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
   const bool cuda = o.device == "cuda";
@@ -112,18 +93,10 @@ int run_run(const RunOpts& o) {
   req.flag = flag;
   req.strict = o.strict;
   req.backend = o.device;
-  EngineOptions eo;
-  eo.kv = resolve_kv(req, model.config, o.block_size);
+  const EngineOptions eo = engine_options(o, resolve_kv(req, model.config, o.block_size));
   if (cuda && eo.kv.fell_back())  // allowed without --strict-kv, but never silent
     std::fprintf(stderr, "kvgate run: KV format %s cannot run on device cuda (%s); using %s (--strict-kv refuses)\n",
                  eo.kv.requested.name().c_str(), eo.kv.fallback_reason.c_str(), eo.kv.effective.name().c_str());
-  eo.block_size = o.block_size;
-  eo.kv_cache_memory = o.kv_cache_memory;
-  eo.threads = o.threads;
-  if (o.k_scale) eo.k_scale = {*o.k_scale};
-  if (o.v_scale) eo.v_scale = {*o.v_scale};
-  if (o.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
-  eo.kv_resident = o.cache.resident;
 #ifdef KVGATE_WITH_CUDA_MODEL
   if (cuda) {
     cuda::CudaEngineOptions co;
@@ -183,11 +156,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
     }
     std::fflush(stdout);
   }
-  SamplerOptions so;
-  so.temperature = o.temperature;
-  so.top_k = o.top_k;
-  so.top_p = o.top_p;
-  so.seed = o.seed;
+  const SamplerOptions so = sampler_options(o);
   const std::span<const int> to_prefill = std::span<const int>(prompt_ids).subspan(static_cast<std::size_t>(hydrated));
   const GenerateResult r = engine.generate(to_prefill, o.steps, so, [&](int id) {
     if (!tok) return;
@@ -287,23 +256,12 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
 void register_run(CLI::App& app) {
   auto o = std::make_shared<RunOpts>();
   auto* sub = app.add_subcommand("run", "Generate text with a model through a KV format (CPU, or CUDA with --device cuda)");
-  sub->add_option("--model", o->model, "llama2.c .bin, .gguf, or a Hugging Face directory")->required();
-  sub->add_option("--tokenizer", o->tokenizer, "tokenizer (llama2.c tokenizer.bin or tokenizer.json)");
-  sub->add_option("--kv", o->kv, "KV preset (f32 f16 bf16 int8 fp8 fp8_e5m2 q8_0 q4_0 k8v4) or k=<K>,v=<V>");
+  add_model_flags(sub, *o);
   sub->add_option("--kv-k", o->kv_k, "K half format (with --kv-v)");
   sub->add_option("--kv-v", o->kv_v, "V half format (with --kv-k)");
-  sub->add_option("--k-scale", o->k_scale, "per-tensor K scale for fp8 halves (all layers)");
-  sub->add_option("--v-scale", o->v_scale, "per-tensor V scale for fp8 halves (all layers)");
   sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)")->capture_default_str();
   sub->add_option("--steps", o->steps, "tokens to generate")->capture_default_str();
-  sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
-  sub->add_option("--top-k", o->top_k, "0 = off")->capture_default_str();
-  sub->add_option("--top-p", o->top_p, "1 = off")->capture_default_str();
-  sub->add_option("--seed", o->seed, "sampler seed")->capture_default_str();
-  sub->add_flag("--strict-kv,--no-kv-fallback", o->strict, "fail instead of falling back to another KV format");
-  sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  sub->add_option("--block-size", o->block_size, "tokens per KV page")->capture_default_str();
-  sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
+  add_engine_flags(sub, *o);
   sub->add_flag("--no-bos", o->no_bos, "do not prepend BOS to the prompt");
   sub->add_flag("--json", o->json, "print one JSON object (text, ids, stats)");
   sub->add_option("--device", o->device, "cpu, or cuda (the whole forward on the GPU; needs a CUDA build and device)")

@@ -1,12 +1,19 @@
-// Flags shared by `kvgate run` and `kvgate chat` for persistent conversations and streamed KV:
-// --conv-id, --kv-cache-dir, --kv-cache-budget, --kv-resident.
+// Flags shared by `kvgate run` and `kvgate chat`, registered and checked once here so the two
+// commands cannot drift: the model, KV pool and sampling flags (EngineFlags), and those of
+// persistent conversations and streamed KV (--conv-id, --kv-cache-dir, --kv-cache-budget,
+// --kv-resident).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
+#include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
 #include "kvgate/kv_cache_dir.hpp"
+#include "kvgate/sampler.hpp"
 
 namespace kvgate::cli {
 
@@ -43,6 +50,79 @@ inline void add_kv_cache_flags(CLI::App* sub, KvCacheFlags& f) {
 
 inline KvCacheDir open_kv_cache(const KvCacheFlags& f) {
   return KvCacheDir(f.cache_dir.empty() ? default_kv_cache_dir() : f.cache_dir, parse_byte_size(f.budget));
+}
+
+// What `run` and `chat` both take; each command's options struct derives from it.
+struct EngineFlags {
+  std::string model, tokenizer, kv;
+  std::optional<float> k_scale, v_scale;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  std::uint64_t seed = 42;
+  bool strict = false;
+  int threads = 0;
+  int block_size = 16;
+  std::size_t kv_cache_memory = 0;
+  KvCacheFlags cache;
+};
+
+// --model, --tokenizer, --kv (the presets and halves listed from the format table), --k-scale, --v-scale.
+inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
+  sub->add_option("--model", f.model, "llama2.c .bin, .gguf, or a Hugging Face directory")->required();
+  sub->add_option("--tokenizer", f.tokenizer, "tokenizer (llama2.c tokenizer.bin or tokenizer.json)");
+  sub->add_option("--kv", f.kv, "KV format, a preset or k=<K>,v=<V> (" + known_formats_text() + ")");
+  sub->add_option("--k-scale", f.k_scale, "per-tensor K scale for fp8 halves (all layers)");
+  sub->add_option("--v-scale", f.v_scale, "per-tensor V scale for fp8 halves (all layers)");
+}
+
+// --temperature, --top-k, --top-p, --seed, --strict-kv, --threads, --block-size, --kv-cache-memory.
+inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
+  sub->add_option("--temperature", f.temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", f.top_k, "0 = off")->capture_default_str();
+  sub->add_option("--top-p", f.top_p, "1 = off")->capture_default_str();
+  sub->add_option("--seed", f.seed, "sampler seed")->capture_default_str();
+  sub->add_flag("--strict-kv,--no-kv-fallback", f.strict, "fail instead of falling back to another KV format");
+  sub->add_option("--threads", f.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--block-size", f.block_size, "tokens per KV page")->capture_default_str();
+  sub->add_option("--kv-cache-memory", f.kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
+}
+
+// The checks both commands make before loading anything.
+inline void check_engine_flags(const EngineFlags& f) {
+  if (f.temperature < 0) throw std::invalid_argument("--temperature must be >= 0");
+  if (f.k_scale && !(*f.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
+  if (f.v_scale && !(*f.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
+  if (f.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
+}
+
+// The engine options of the flags, for the KV format resolved against the model.
+inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv) {
+  EngineOptions eo;
+  eo.kv = kv;
+  eo.block_size = f.block_size;
+  eo.kv_cache_memory = f.kv_cache_memory;
+  eo.threads = f.threads;
+  eo.kv_resident = f.cache.resident;
+  if (f.k_scale) eo.k_scale = {*f.k_scale};
+  if (f.v_scale) eo.v_scale = {*f.v_scale};
+  return eo;
+}
+
+inline SamplerOptions sampler_options(const EngineFlags& f) {
+  SamplerOptions so;
+  so.temperature = f.temperature;
+  so.top_k = f.top_k;
+  so.top_p = f.top_p;
+  so.seed = f.seed;
+  return so;
+}
+
+// run.c's safe_printf: drop single non-printable bytes (raw byte tokens), keep whitespace.
+inline bool printable_piece(const std::string& p) {
+  if (p.size() != 1) return !p.empty();
+  const unsigned char c = static_cast<unsigned char>(p[0]);
+  return (c >= 32 && c != 127) || c == '\n' || c == '\t' || c == '\r' || c >= 128;
 }
 
 }  // namespace kvgate::cli

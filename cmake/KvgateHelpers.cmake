@@ -79,7 +79,7 @@ function(kvgate_assert_not_linked target forbidden)
   _kvgate_link_closure(${target} closure)
   if(forbidden IN_LIST closure)
     message(FATAL_ERROR "kvgate: target '${target}' links '${forbidden}' (link closure: ${closure}). "
-      "oracle/ and runtime/ must stay independent (DESIGN.md): remove that link.")
+      "oracle/ and runtime/ must stay independent (docs/ARCHITECTURE.md): remove that link.")
   endif()
 endfunction()
 

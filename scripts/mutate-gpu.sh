@@ -14,7 +14,7 @@
 # /usr/include/xxhash.h and libxxhash.a; the runtime then uses xxHash inline, XXH_INLINE_ALL).
 #
 # What runs (and why it fits a 10-minute device call):
-#  1. kvgate-mutate: the driver alone (mutations/tools), a CPU-only build of ~10 TUs.
+#  1. kvgate-mutate: the driver alone (cli/kvgate_mutate.cpp), a CPU-only build of ~10 TUs.
 #  2. kvgate-mutate --only-requires cuda-device: the device is probed (nvidia-smi -L); the scratch
 #     copy (.scratch/mutants) is configured with -DKVGATE_CUDA=ON and only gate_cuda is built;
 #     --expected-gates-only runs, per mutant, only the gate IDs it names in expect_killed_by (the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Assess the issue-6 bars from one run's bench_decode_attn JSON and peer_sdpa JSON.
+"""Assess the performance bars (bench/results/README.md, "Bars") from one run's bench_decode_attn JSON and peer_sdpa JSON.
 
 Bars (at >= 32K context and batch >= 16):
   - bf16/f16/int8/fp8 decode attention >= 85% of the measured copy bandwidth; q4_0/k8v4 >= 75%

@@ -1,4 +1,4 @@
-// GPU decode-attention benchmark (issue 6): Llama-3-8B attention shape (32 query heads, 8 KV
+// GPU decode-attention benchmark (docs/CUDA.md): Llama-3-8B attention shape (32 query heads, 8 KV
 // heads, head_dim 128, pages of 16 tokens) for contexts x batches x KV formats, timed with CUDA
 // events over CUDA-graph replays, against the device-to-device copy bandwidth and a read-only
 // streaming probe measured in the same run. Also the store kernel: a 4K-token prefill and the

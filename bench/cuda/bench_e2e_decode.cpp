@@ -1,4 +1,4 @@
-// End-to-end decode throughput of the whole-model CUDA forward (issue 6): a Llama-3-8B-shaped
+// End-to-end decode throughput of the whole-model CUDA forward (docs/CUDA.md): a Llama-3-8B-shaped
 // random-weight model (dim 4096, 32 layers, 32 query / 8 KV heads, head_dim 128, FFN 14336, vocab
 // 128256; bf16 weights generated on the device, FP32 accumulate) decoding a batch of sequences at a
 // long context, per KV preset. The KV of every sequence is filled with random rows through the CUDA

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The issue-6 GPU run in one device call (docs/CUDA.md): every GPU gate, compute-sanitizer memcheck
+# The whole GPU run in one device call (docs/CUDA.md): every GPU gate, compute-sanitizer memcheck
 # over the streaming / model / tensor-core decode cases, the decode-attention benchmark with its
 # PyTorch peer and the bar assessment, the end-to-end decode benchmark, the A/B matrix's CUDA rows,
 # and `kvgate run --device cuda`. Run from the repository root on the GPU machine:

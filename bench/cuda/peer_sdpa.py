@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peer for bench_decode_attn (issue 6): PyTorch scaled_dot_product_attention on the same decode
+"""Peer for bench_decode_attn (docs/CUDA.md): PyTorch scaled_dot_product_attention on the same decode
 shapes (Llama-3-8B attention: 32 query heads, 8 KV heads, head_dim 128), in the same run.
 
   * bf16 SDPA, flash backend, two ways of expressing GQA, the faster one is the peer:

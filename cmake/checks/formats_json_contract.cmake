@@ -1,5 +1,6 @@
-# `kvgate formats --json` contract (issue 2): one object per preset with the contract keys, and the
-# DESIGN.md reference figures at D=128, H=8, B=16.
+# `kvgate formats --json` contract: one object per preset with the contract keys, and the reference
+# page figures at D=128, H=8, B=16 (int8 K+V page 33,280 B, f16 65,536 B: the byte layout of
+# docs/FORMATS.md, checked against the oracle in oracle/tests/oracle_selftest.cpp).
 execute_process(COMMAND ${KVGATE} formats --head-dim 128 --kv-heads 8 --block-size 16 --json
                 OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The probe recipe (datasets/probes/RECIPE.md, version 1) in Python, for data loaders such as the
-probe model's trainer (issue 8). It must reproduce datasets/probes/golden.json byte for byte:
+probe model's trainer (datasets/models/probe/). It must reproduce datasets/probes/golden.json byte for byte:
 
     python3 datasets/probes/recipe.py --check datasets/probes/golden.json
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The committed probe model (datasets/models/probe) passes a small slice of each probe at f32 KV
 # through kvgate on CPU: a regression here means the model, its files or the runtime's HF path broke.
-# The full acceptance grid (issue 8) is in datasets/models/probe/eval_kvgate_cpu.md.
+# The full acceptance grid is in datasets/models/probe/eval_kvgate_cpu.md.
 set -euo pipefail
 kvgate="$1"; model="$2"
 check() {  # probe args...: every case must pass

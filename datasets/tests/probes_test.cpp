@@ -1,5 +1,5 @@
 // The probe recipe (datasets/probes/RECIPE.md): determinism, the golden vectors a reimplementation
-// (issue 8's trainer) must reproduce, length/depth placement, and exact scoring.
+// (the probe model's trainer) must reproduce, length/depth placement, and exact scoring.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

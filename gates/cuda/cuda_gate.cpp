@@ -1,4 +1,4 @@
-// GPU gates for the CUDA backend (issue 6): [gate:ORA][cuda] and [gate:STO][cuda].
+// GPU gates for the CUDA backend (docs/CUDA.md): [gate:ORA][cuda] and [gate:STO][cuda].
 //
 //  ORA.cuda.store.<half>     GPU page bytes == CPU runtime page bytes == oracle page bytes, every
 //                            covering geometry and input pattern (plus special values vs oracle).

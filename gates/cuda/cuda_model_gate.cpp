@@ -1,4 +1,4 @@
-// GPU model gates (issue 6): the whole-model CUDA forward (kvgate::cuda::CudaEngine) on stories260K.
+// GPU model gates (docs/CUDA.md): the whole-model CUDA forward (kvgate::cuda::CudaEngine) on stories260K.
 //
 //  MOD.cuda.greedy.stories260K  GPU greedy (f32 KV; GPU argmax, graph and plain launches, and the
 //                               CPU argmax of downloaded logits) == the README's 64 verified ids ==

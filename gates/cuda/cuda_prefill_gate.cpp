@@ -1,4 +1,4 @@
-// GPU prefill attention gates (issue 6): [gate:ORA][cuda][prefill].
+// GPU prefill attention gates (docs/CUDA.md): [gate:ORA][cuda][prefill].
 //
 //  ORA.cuda.prefill.<fmt>  GPU causal prefill attention (kernels/prefill.cuh) of a chunk of n_new
 //                          query tokens at positions [n_past, n_past + n_new) vs the oracle's FP64

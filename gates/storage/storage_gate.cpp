@@ -84,7 +84,7 @@ STO_BYTES("q8_0", "q8_0")
 STO_BYTES("q4_0", "q4_0")
 STO_BYTES("k8v4", "k8v4")
 
-TEST_CASE("STO.bytes.reference DESIGN.md figures: int8 page 33,280 B, f16 page 65,536 B at B16 H8 D128",
+TEST_CASE("STO.bytes.reference figures of the reference page: int8 page 33,280 B, f16 page 65,536 B at B16 H8 D128",
           "[gate:STO][fmt:int8][fmt:f16]") {
   const PageGeometry g{16, 8, 128};
   CHECK(page_bytes(HalfFormat::int8, g) * 2 == 33280);

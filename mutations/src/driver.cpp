@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kvgate/model_paths.hpp"
 #include "kvgate_mutations/catch_xml.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
@@ -723,11 +724,12 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     if (base.has_relative_path()) e.build_env.emplace_back("CCACHE_BASEDIR", base.string());
   }
   e.gate_env = {{"KVGATE_SOURCE_DIR", e.scratch.string()}};
-  // Test data from outside the tree (DESIGN.md "Data and models") is found relative to the source
-  // tree; the scratch copy sits elsewhere, so point the gates at the source's models explicitly.
+  // The shared test models (stories260K) are not in the repository: gates look for them in
+  // $KVGATE_MODELS, else next to the source tree; the scratch copy sits elsewhere, so point the
+  // gates at the source's models explicitly.
   if (!std::getenv("KVGATE_MODELS")) {
-    const fs::path models = (o.source_dir / ".." / "shared" / "models").lexically_normal();
-    if (fs::is_directory(models)) e.gate_env.emplace_back("KVGATE_MODELS", models.string());
+    const std::string models = kvgate::existing_model_dir(o.source_dir.string());
+    if (!models.empty()) e.gate_env.emplace_back("KVGATE_MODELS", models);
   }
 
   const fs::path bl = e.out / "baseline";

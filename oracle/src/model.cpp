@@ -1,4 +1,4 @@
-// Full-model forward, written from DESIGN.md and the stories260K README (see model.hpp).
+// Full-model forward, written from the llama2.c model definition, never from runtime/ (see model.hpp).
 #include "kvgate_oracle/model.hpp"
 
 #include <Eigen/Dense>

@@ -245,7 +245,7 @@ TEST_CASE("f16_min_scale: smallest f16 with qmax*s >= amax", "[oracle][scalar]")
 
 TEST_CASE("page bytes, refusals, slot byte ranges partition the page", "[oracle][page]") {
     PageShape big{16, 8, 128};
-    // DESIGN.md's example counts the K page + the V page: 33,280 B int8 vs 65,536 B f16.
+    // The reference page (B=16, H=8, D=128) counts the K page + the V page: 33,280 B int8 vs 65,536 B f16.
     CHECK(2 * page_bytes(Half::int8, big) == 33280);
     CHECK(page_bytes(Half::int8, big) == 16 * 8 * 128 + 2 * 16 * 8);
     CHECK(2 * page_bytes(Half::f16, big) == 65536);

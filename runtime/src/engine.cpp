@@ -22,21 +22,23 @@ int resolve_threads(int t) {
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
-StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx) {
+}  // namespace
+
+StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx, const std::string& who) {
   const ModelConfig& c = m.config;
   StoreConfig sc;
   sc.format = o.kv.effective;
   sc.n_layers = c.n_layers;
   sc.n_kv_heads = c.n_kv_heads;
   sc.head_dim = c.head_dim;
-  if (o.block_size < 1) throw EngineError("engine: block_size must be >= 1, got " + std::to_string(o.block_size));
+  if (o.block_size < 1) throw EngineError(who + ": block_size must be >= 1, got " + std::to_string(o.block_size));
   sc.block_size = o.block_size;
   if (o.n_blocks > 0) {
     sc.n_blocks = o.n_blocks;
   } else if (o.kv_cache_memory > 0) {
     sc.n_blocks = blocks_for_budget(sc.format, sc.geometry(), c.n_layers, o.kv_cache_memory);
     if (sc.n_blocks < 1)
-      throw EngineError("engine: --kv-cache-memory " + std::to_string(o.kv_cache_memory) + " bytes buys no KV block of " +
+      throw EngineError(who + ": --kv-cache-memory " + std::to_string(o.kv_cache_memory) + " bytes buys no KV block of " +
                         sc.format.name() + " (one block of all layers needs " +
                         std::to_string(static_cast<std::size_t>(c.n_layers) *
                                        (page_bytes(sc.format.k, sc.geometry()) + page_bytes(sc.format.v, sc.geometry()))) +
@@ -49,7 +51,7 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
     if (s.empty()) return std::vector<float>{};
     if (s.size() == 1) return std::vector<float>(static_cast<std::size_t>(c.n_layers), s[0]);
     if (static_cast<int>(s.size()) != c.n_layers)
-      throw EngineError(std::string("engine: ") + which + " has " + std::to_string(s.size()) +
+      throw EngineError(who + ": " + which + " has " + std::to_string(s.size()) +
                         " entries; give one, or one per layer (" + std::to_string(c.n_layers) + ")");
     return s;
   };
@@ -57,8 +59,6 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
   sc.v_scale = scales(o.v_scale, c.v_scale, "v_scale");
   return sc;
 }
-
-}  // namespace
 
 EngineOptions engine_options_for(const KvFormat& fmt, int threads) {
   EngineOptions o;
@@ -87,7 +87,7 @@ struct Engine::Impl {
         opts(std::move(o)),
         max_ctx(opts.max_context > 0 ? opts.max_context : m.config.max_seq_len),
         pool(resolve_threads(opts.threads)),
-        store(make_store_config(m, opts, max_ctx)),
+        store(make_store_config(m, opts, max_ctx, "engine")),
         seq(store.create_sequence()),
         fwd(m, std::max(1, std::min(opts.prefill_chunk, max_ctx)), pool),
         logits(static_cast<std::size_t>(m.config.vocab_size)) {

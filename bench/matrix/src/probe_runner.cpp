@@ -51,7 +51,7 @@ std::string subject_note(const Model& m) {
     return "stories260K (260K parameters, TinyStories, 512-token context) cannot follow these instructions: it "
            "fails needle, counting and echo at f32 KV too. The probes run end to end on it, but their pass rates "
            "say nothing about a KV format; what does is whether a format changes the greedy output "
-           "(same_as_f32 in the matrix). The probe model of issue 8 is the subject that can pass them.";
+           "(same_as_f32 in the matrix). The probe model (datasets/models/probe) is the subject that can pass them.";
   return "Exact-match scores on held-out seeds; read a format's score against the f32 KV run of the same subject.";
 }
 

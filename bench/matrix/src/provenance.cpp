@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "kvgate/matrix.hpp"
+#include "kvgate/model_paths.hpp"
 
 #ifndef KVGATE_SOURCE_DIR_DEFAULT
 #define KVGATE_SOURCE_DIR_DEFAULT "."
@@ -150,20 +151,11 @@ std::string default_source_dir() {
 }
 
 std::vector<std::string> model_dirs(const std::string& source_dir) {
-  std::vector<std::string> d;
-  if (const char* m = std::getenv("KVGATE_MODELS"); m && *m) d.push_back(m);
-  const std::string src = source_dir.empty() ? default_source_dir() : source_dir;
-  d.push_back((std::filesystem::path(src) / ".." / "shared" / "models").lexically_normal().string());
-  d.push_back((std::filesystem::path(src) / ".models").string());
-  return d;
+  return kvgate::model_dirs(source_dir.empty() ? default_source_dir() : source_dir);
 }
 
 std::string find_model(const std::string& rel, const std::string& source_dir) {
-  for (const auto& d : model_dirs(source_dir)) {
-    const auto p = std::filesystem::path(d) / rel;
-    if (std::filesystem::exists(p)) return p.string();
-  }
-  return {};
+  return kvgate::find_model(rel, source_dir.empty() ? default_source_dir() : source_dir).path;
 }
 
 std::string find_probe_model(const std::string& source_dir) {

@@ -12,7 +12,7 @@
 
 namespace kvgate::mutate {
 
-// Exit codes (issue 4). When several apply after a run, the first in this order wins:
+// Exit codes (docs/MUTATIONS.md). When several apply after a run, the first in this order wins:
 // survived, timeout, unviable/noop, expectation mismatch.
 enum ExitCode : int {
   kExitOk = 0,

@@ -1,5 +1,5 @@
-// Full-model forward of a llama2.c-style transformer, written from DESIGN.md and the stories260K
-// README only (never from runtime/): its own reader of the legacy llama2.c `.bin`, RMSNorm
+// Full-model forward of a llama2.c-style transformer, written from the llama2.c model definition
+// only (never from runtime/): its own reader of the legacy llama2.c `.bin`, RMSNorm
 // (eps 1e-5), interleaved RoPE (theta 10000, adjacent pairs over each head), GQA causal attention,
 // SwiGLU FFN, shared or separate classifier. The KV is plain float/double arrays (no quantization);
 // a hook lets a caller perturb K and V (after RoPE, before attention) to model a KV format's error.

@@ -1,5 +1,5 @@
-// kvgate oracle: an independent FP32/FP64 reference written from docs/FORMATS.md and
-// DESIGN.md only. It never includes or links runtime/ (the top-level CMake asserts it).
+// kvgate oracle: an independent FP32/FP64 reference written from docs/FORMATS.md only. It never
+// includes or links runtime/ (the top-level CMake asserts it; docs/ARCHITECTURE.md).
 #pragma once
 #include "kvgate_oracle/attention.hpp"
 #include "kvgate_oracle/formats.hpp"

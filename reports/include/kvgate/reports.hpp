@@ -1,6 +1,7 @@
-// Reports (issue 7): JSON Schema checks of every record kvgate writes (reports/schema/), Markdown per
+// Reports (reports/README.md): JSON Schema checks of every record kvgate writes (reports/schema/), Markdown per
 // format and an index, and a self-contained offline HTML page with Vega-Lite plots.
 #pragma once
+#include <map>
 #include <string>
 #include <vector>
 
@@ -8,10 +9,10 @@
 
 namespace kvgate::reports {
 
-// --- JSON Schema (the subset reports/schema uses) -------------------------------------------------
-// Keywords: $ref (local "#/$defs/..", and "<file>#/$defs/.." beside the schema), type (string or
-// array), const, enum, required, properties, additionalProperties (bool or schema), items,
-// minItems, minimum, maximum, anyOf. Unknown keywords are ignored (annotations).
+// --- JSON Schema -----------------------------------------------------------------------------------
+// The schemas of one folder, checked with kvgate's one validator (kvgate/json_schema.hpp): $ref may
+// be local ("#/$defs/..") or name a file beside the schema ("<file>#/$defs/.."). A keyword the
+// validator does not implement is an error, never silently ignored.
 class SchemaSet {
  public:
   explicit SchemaSet(std::string dir);  // folder with *.schema.json
@@ -21,10 +22,8 @@ class SchemaSet {
 
  private:
   const nlohmann::json& load(const std::string& file) const;
-  void check(const nlohmann::json& doc, const nlohmann::json& schema, const std::string& file, const std::string& ptr,
-             std::vector<std::string>& errors, int depth) const;
   std::string dir_;
-  mutable std::vector<std::pair<std::string, nlohmann::json>> cache_;
+  mutable std::map<std::string, nlohmann::json> cache_;
 };
 
 // Which schema a record follows: by its "schema" field (kvgate.matrix/1 -> matrix.schema.json, ...),

@@ -21,41 +21,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// As the CPU engine's make_store_config (runtime/src/engine.cpp): pool from n_blocks, a byte
-// budget, or enough for the context; per-layer fp8 scales from the options, else the model's.
-StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx) {
-  const ModelConfig& c = m.config;
-  StoreConfig sc;
-  sc.format = o.kv.effective;
-  sc.n_layers = c.n_layers;
-  sc.n_kv_heads = c.n_kv_heads;
-  sc.head_dim = c.head_dim;
-  if (o.block_size < 1) throw EngineError("cuda engine: block_size must be >= 1, got " + std::to_string(o.block_size));
-  sc.block_size = o.block_size;
-  if (o.n_blocks > 0) {
-    sc.n_blocks = o.n_blocks;
-  } else if (o.kv_cache_memory > 0) {
-    sc.n_blocks = blocks_for_budget(sc.format, sc.geometry(), c.n_layers, o.kv_cache_memory);
-    if (sc.n_blocks < 1)
-      throw EngineError("cuda engine: --kv-cache-memory " + std::to_string(o.kv_cache_memory) +
-                        " bytes buys no KV block of " + sc.format.name());
-  } else {
-    sc.n_blocks = (max_ctx + o.block_size - 1) / o.block_size;
-  }
-  auto scales = [&](const std::vector<float>& opt, const std::vector<float>& model_s, const char* which) {
-    const std::vector<float>& s = !opt.empty() ? opt : model_s;
-    if (s.empty()) return std::vector<float>{};
-    if (s.size() == 1) return std::vector<float>(static_cast<std::size_t>(c.n_layers), s[0]);
-    if (static_cast<int>(s.size()) != c.n_layers)
-      throw EngineError(std::string("cuda engine: ") + which + " has " + std::to_string(s.size()) +
-                        " entries; give one, or one per layer (" + std::to_string(c.n_layers) + ")");
-    return s;
-  };
-  sc.k_scale = scales(o.k_scale, c.k_scale, "k_scale");
-  sc.v_scale = scales(o.v_scale, c.v_scale, "v_scale");
-  return sc;
-}
-
 const Model& checked(const Model& m) {
   if (m.weights.layers.empty()) throw EngineError("cuda engine: the model has no weights loaded");
   const DeviceStatus& d = device_status();
@@ -140,7 +105,7 @@ struct CudaEngine::Impl {
       : model(checked(m)),
         opts(std::move(o)),
         max_ctx(opts.engine.max_context > 0 ? opts.engine.max_context : m.config.max_seq_len),
-        sc(make_store_config(m, opts.engine, max_ctx)),
+        sc(make_store_config(m, opts.engine, max_ctx, "cuda engine")),
         weights(m, opts.weights),
         upload(opts.engine.kv_resident > 0),
         streamed(make_streamed(sc, opts.engine.kv_resident, upload.s)),

@@ -41,6 +41,13 @@ struct EngineOptions {
 // Default options for a format: requested = effective = `fmt`, backend cpu, no fallback.
 EngineOptions engine_options_for(const KvFormat& fmt, int threads = 1);
 
+// The KV store of an engine (CPU and CUDA alike): the pool from n_blocks, else from the byte budget
+// kv_cache_memory, else enough pages for max_ctx; per-layer fp8 scales from the options, else the
+// model's (one value is repeated per layer). Throws EngineError, its message starting with `who`
+// ("engine", "cuda engine"), for a block size < 1, a budget that buys no block, or a scale list
+// that is neither one value nor one per layer.
+StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx, const std::string& who);
+
 struct EngineStats {
   std::string requested_kv;
   std::string requested_source;

@@ -41,12 +41,13 @@ nlohmann::json provenance_brief(const nlohmann::json& full);
 nlohmann::json environment(const ProvenanceOptions& o);
 
 // --- models and corpora -------------------------------------------------------------------------
-// Where the shared models live: $KVGATE_MODELS, else <source>/../shared/models.
+// Where the shared models live: kvgate::model_dirs (kvgate/model_paths.hpp), the source tree
+// defaulting to default_source_dir().
 std::vector<std::string> model_dirs(const std::string& source_dir);
 // "stories260K/stories260K.bin" -> the first existing candidate, or empty.
 std::string find_model(const std::string& rel, const std::string& source_dir);
 std::string default_source_dir();  // the git work tree around the cwd, else the configured source
-// The probe model of issue 8 (datasets/models/probe, a Hugging Face directory): $KVGATE_PROBE_MODEL,
+// The probe model (datasets/models/probe, a Hugging Face directory): $KVGATE_PROBE_MODEL,
 // else <source>/datasets/models/probe when its config.json exists; empty when neither is there.
 std::string find_probe_model(const std::string& source_dir);
 

@@ -1,7 +1,7 @@
 // Probe generators and exact scoring (needle, counting, echo). Runtime-independent: the only
 // model-specific input is a token counter the caller passes in (the tokenizer of the subject, or
 // byte counting for a byte-level model). The recipe is normative in datasets/probes/RECIPE.md and
-// shared with the probe model's training data (issue 8): change both together.
+// shared with the probe model's training data (datasets/models/probe/): change both together.
 #pragma once
 #include <cstdint>
 #include <functional>

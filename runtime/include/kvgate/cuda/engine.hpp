@@ -1,4 +1,4 @@
-// The CUDA forward of the whole model and the CUDA engine (library kvgate::cuda_model, issue 6).
+// The CUDA forward of the whole model and the CUDA engine (library kvgate::cuda_model, docs/CUDA.md).
 //
 //  CudaModel    the weights on the device, uploaded once: f32 (cuBLAS SGEMM, pedantic math: no
 //               TF32) or bf16 (cublasGemmEx, FP32 accumulate; activations rounded to bf16 at the

@@ -1,8 +1,9 @@
-#include "kvgate_mutations/catch_xml.hpp"
+#include "kvgate_harness/catch_xml.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 
-namespace kvgate::mutate {
+namespace kvgate::harness {
 
 namespace {
 
@@ -98,6 +99,48 @@ std::size_t tag_end(std::string_view xml, std::size_t pos) {
   return std::string_view::npos;
 }
 
+std::string trimmed(std::string text) {
+  const std::size_t b = text.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  return text.substr(b, text.find_last_not_of(" \t\r\n") + 1 - b);
+}
+
+// Unescaped, trimmed text between the start tag of element `name` at `pos` and its end tag;
+// empty if the element is self-closing or not closed before `limit`.
+std::string element_text(std::string_view xml, std::string_view name, std::size_t pos, std::size_t limit) {
+  const std::size_t open_end = tag_end(xml, pos);
+  if (open_end == std::string_view::npos || open_end >= limit || xml[open_end - 1] == '/') return {};
+  const std::string close = "</" + std::string(name) + ">";
+  const std::size_t c = xml.find(close, open_end);
+  if (c == std::string_view::npos || c > limit) return {};
+  return trimmed(xml_unescape(xml.substr(open_end + 1, c - open_end - 1)));
+}
+
+// The first failure inside one test case [from, limit): a failing Expression's Original text,
+// else the text of the first Failure, Exception or FatalErrorCondition element.
+std::string first_failure(std::string_view xml, std::size_t from, std::size_t limit) {
+  for (std::size_t e = find_tag(xml, "Expression", from); e != std::string_view::npos && e < limit;
+       e = find_tag(xml, "Expression", e + 1)) {
+    const std::size_t e_end = tag_end(xml, e);
+    if (e_end == std::string_view::npos || e_end >= limit) break;
+    std::string ok;
+    if (!attribute(xml.substr(e, e_end - e), "success", ok) || ok != "false") continue;
+    const std::size_t o = find_tag(xml, "Original", e_end);
+    const std::size_t e_close = xml.find("</Expression>", e_end);
+    if (o != std::string_view::npos && o < std::min(e_close, limit)) return element_text(xml, "Original", o, limit);
+  }
+  std::size_t best = std::string_view::npos;
+  std::string_view best_name;
+  for (std::string_view name : {"Failure", "Exception", "FatalErrorCondition"}) {
+    const std::size_t f = find_tag(xml, name, from);
+    if (f < limit && f < best) {
+      best = f;
+      best_name = name;
+    }
+  }
+  return best == std::string_view::npos ? std::string{} : element_text(xml, best_name, best, limit);
+}
+
 }  // namespace
 
 std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
@@ -108,6 +151,7 @@ std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
     if (end == std::string_view::npos) break;
     CaseResult c;
     attribute(xml.substr(pos, end - pos), "name", c.name);
+    attribute(xml.substr(pos, end - pos), "tags", c.tags);
     const std::size_t next_case = find_tag(xml, "TestCase", end);
     const std::size_t close = xml.find("</TestCase>", end);
     const std::size_t limit = std::min(next_case, close);
@@ -132,16 +176,15 @@ std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
       const std::size_t w_end = tag_end(xml, w);
       const std::size_t w_close = xml.find("</Warning>", w);
       if (w_end == std::string_view::npos || w_close == std::string_view::npos || w_close < w_end) break;
-      std::string text = xml_unescape(xml.substr(w_end + 1, w_close - w_end - 1));
-      const std::size_t b = text.find_first_not_of(" \t\r\n");
-      if (b == std::string::npos) continue;
-      text = text.substr(b, text.find_last_not_of(" \t\r\n") + 1 - b);
+      const std::string text = trimmed(xml_unescape(xml.substr(w_end + 1, w_close - w_end - 1)));
+      if (text.empty()) continue;
       if (text.rfind("SKIPPED:", 0) == 0) {
         c.skip_reason = text.substr(8 + (text.size() > 8 && text[8] == ' ' ? 1 : 0));
         if (c.success) c.skipped = true;
         break;
       }
     }
+    if (c.has_result && !c.success) c.failure = first_failure(xml, end, limit);
     out.push_back(std::move(c));
     pos = end;
   }
@@ -165,4 +208,4 @@ std::string catch_spec_for_gate(std::string_view id) {
   return esc + " *," + esc;
 }
 
-}  // namespace kvgate::mutate
+}  // namespace kvgate::harness

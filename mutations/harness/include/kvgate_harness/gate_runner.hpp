@@ -1,5 +1,6 @@
 // Runs gate executables with Catch's XML reporter and collects one result per gate (test case).
-// Used by `kvgate gate` (and later by the sign-off); the gates themselves never link this.
+// Used by `kvgate gate`, `kvgate signoff` and `kvgate field-report`; the gates themselves never link
+// this. The XML is read by the harness's one Catch2 reader (catch_xml.hpp), as `kvgate mutate` does.
 #pragma once
 #include <map>
 #include <string>
@@ -28,7 +29,8 @@ struct GateRunOptions {
 
 // Lists gate executables (gate_* files that are executable) in a folder, sorted.
 std::vector<std::string> list_gate_executables(const std::string& dir);
-// Parses Catch2 XML reporter output (2.13 and 3.x share the elements used here).
+// Parses Catch2 XML reporter output (2.13 and 3.x) into gate results: ID, [gate:F] family,
+// [fmt:N] formats, status (a case without a result -- the program died in it -- is "failed").
 std::vector<GateResult> parse_catch_xml(const std::string& xml, const std::string& executable);
 std::vector<GateResult> run_gates(const GateRunOptions& opt, bool show_progress);
 

@@ -1,5 +1,5 @@
 // kvgate-mutate: `kvgate mutate` as a program of its own -- the driver library and the
-// subcommand's options (cli/cmd_mutate.cpp), without the rest of the CLI. A fresh machine builds it
+// subcommand's options (cmd_mutate.cpp), without the rest of the CLI. A fresh machine builds it
 // in a few TUs (scripts/mutate-gpu.sh: the device run spends its minutes on the mutants, not on
 // compiling every subcommand). `kvgate-mutate ARGS...` behaves exactly like `kvgate mutate ARGS...`.
 #include <CLI/CLI.hpp>

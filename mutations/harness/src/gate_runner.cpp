@@ -1,4 +1,4 @@
-#include "gate_runner.hpp"
+#include "kvgate_harness/gate_runner.hpp"
 
 #include <sys/stat.h>
 
@@ -7,8 +7,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <regex>
-#include <cstring>
 #include <stdexcept>
+
+#include "kvgate_harness/catch_xml.hpp"
 
 namespace kvgate::gates {
 
@@ -27,63 +28,30 @@ std::vector<std::string> list_gate_executables(const std::string& dir) {
   return out;
 }
 
-namespace {
-
-std::string unescape(std::string s) {
-  const std::pair<const char*, const char*> ents[] = {{"&quot;", "\""}, {"&apos;", "'"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&amp;", "&"}};
-  for (const auto& [from, to] : ents)
-    for (std::size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + 1)) s.replace(p, std::strlen(from), to);
-  return s;
-}
-
-std::string attr(const std::string& tag, const std::string& key) {
-  const std::regex re(key + "=\"([^\"]*)\"");
-  std::smatch m;
-  return std::regex_search(tag, m, re) ? unescape(m[1].str()) : std::string{};
-}
-
-}  // namespace
-
 std::vector<GateResult> parse_catch_xml(const std::string& xml, const std::string& executable) {
   std::vector<GateResult> out;
-  std::size_t pos = 0;
-  while ((pos = xml.find("<TestCase ", pos)) != std::string::npos) {
-    const std::size_t head_end = xml.find('>', pos);
-    const std::size_t end = xml.find("</TestCase>", pos);
-    if (head_end == std::string::npos || end == std::string::npos) break;
-    const std::string head = xml.substr(pos, head_end - pos);
-    const std::string body = xml.substr(head_end, end - head_end);
+  static const std::regex tag_re("\\[(gate|fmt):([^\\]]+)\\]");
+  for (const harness::CaseResult& c : harness::parse_catch_xml(xml)) {
     GateResult r;
-    r.name = attr(head, "name");
-    r.id = r.name.substr(0, r.name.find(' '));
+    r.name = c.name;
+    r.id = harness::gate_id_of(c.name);
     r.executable = fs::path(executable).filename().string();
-    const std::string tags = attr(head, "tags");
-    static const std::regex tag_re("\\[(gate|fmt):([^\\]]+)\\]");
-    for (auto it = std::sregex_iterator(tags.begin(), tags.end(), tag_re); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(c.tags.begin(), c.tags.end(), tag_re); it != std::sregex_iterator(); ++it) {
       if ((*it)[1] == "gate") r.family = (*it)[2];
       else r.formats.push_back((*it)[2]);
     }
-    const std::size_t res = body.find("<OverallResult ");
-    const std::string res_tag = res == std::string::npos ? "" : body.substr(res, body.find('>', res) - res);
-    const bool ok = attr(res_tag, "success") == "true";
-    const std::string dur = attr(res_tag, "durationInSeconds");
-    r.seconds = dur.empty() ? 0 : std::stod(dur);
-    // A gate that needs a device reports "SKIPPED: <reason>" as a warning and returns early.
-    const std::size_t skip = body.find("SKIPPED:");
-    if (ok && skip != std::string::npos) {
+    r.seconds = c.seconds;
+    if (!c.has_result) {
+      r.status = "failed";
+      r.message = "no result: the gate program died inside this test case";
+    } else if (c.skipped) {
       r.status = "skipped";
-      r.message = body.substr(skip, body.find('\n', skip) - skip);
+      r.message = c.skip_reason.empty() ? "SKIPPED" : "SKIPPED: " + c.skip_reason;
     } else {
-      r.status = ok ? "passed" : "failed";
-      if (!ok) {
-        const std::size_t f = body.find("<Original>");
-        if (f != std::string::npos) r.message = unescape(body.substr(f + 10, body.find("</Original>", f) - f - 10));
-        r.message.erase(0, r.message.find_first_not_of(" \n"));
-        r.message.erase(r.message.find_last_not_of(" \n") + 1);
-      }
+      r.status = c.success ? "passed" : "failed";
+      if (!c.success) r.message = c.failure;
     }
     out.push_back(std::move(r));
-    pos = end;
   }
   return out;
 }

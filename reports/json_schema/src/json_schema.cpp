@@ -1,11 +1,12 @@
-#include "kvgate_mutations/json_schema.hpp"
+#include "kvgate/json_schema.hpp"
 
 #include <cmath>
+#include <exception>
 #include <map>
 #include <regex>
 #include <set>
 
-namespace kvgate::mutate {
+namespace kvgate::json_schema {
 
 using nlohmann::json;
 
@@ -15,7 +16,7 @@ namespace {
 const std::set<std::string> kAnnotations{"$schema", "$id",      "$comment", "title",    "description", "examples",
                                          "default", "definitions", "$defs", "format",   "readOnly",    "writeOnly",
                                          "deprecated"};
-// Assertion keywords this validator implements.
+// Assertion keywords this validator implements. Any keyword in neither list is an error.
 const std::set<std::string> kSupported{"$ref",          "type",        "enum",        "const",
                                        "required",      "properties",  "additionalProperties",
                                        "patternProperties", "items",   "minItems",    "maxItems",
@@ -25,7 +26,8 @@ const std::set<std::string> kSupported{"$ref",          "type",        "enum",  
                                        "not",           "minProperties", "maxProperties"};
 
 struct Ctx {
-  const json& root;
+  const SchemaLoader& load;
+  std::set<const json*> checked;  // schema documents whose keywords were checked
   std::map<std::string, std::regex> regexes;
   const std::regex& re(const std::string& p) {
     auto it = regexes.find(p);
@@ -69,17 +71,46 @@ std::size_t utf8_length(const std::string& s) {
   return n;
 }
 
-void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, std::vector<SchemaError>& errs,
-                 int depth);
+// Every keyword of every subschema the validator can descend into must be one it knows: a schema
+// is refused as a whole, before any document is checked against it, so a typo in a branch the
+// document does not reach is caught too. `at` is the JSON pointer of `s` inside its schema file.
+void check_keywords(const json& s, const std::string& at, const std::string& file, std::vector<SchemaError>& errs) {
+  if (s.is_boolean()) return;
+  if (!s.is_object()) {
+    errs.push_back({"", "schema " + file + "#" + at + " is neither an object nor a boolean"});
+    return;
+  }
+  for (const auto& [k, sub] : s.items()) {
+    const std::string here = at + "/" + escape_pointer_token(k);
+    if (!kAnnotations.count(k) && !kSupported.count(k)) {
+      errs.push_back({"", "schema " + file + "#" + at + " uses keyword '" + k +
+                              "', which this validator does not implement (a typo? the supported keywords are "
+                              "listed in reports/json_schema/src/json_schema.cpp)"});
+      continue;
+    }
+    if (k == "properties" || k == "patternProperties" || k == "$defs" || k == "definitions") {
+      if (sub.is_object())
+        for (const auto& [name, ss] : sub.items()) check_keywords(ss, here + "/" + escape_pointer_token(name), file, errs);
+    } else if (k == "allOf" || k == "anyOf" || k == "oneOf" || (k == "items" && sub.is_array())) {
+      for (std::size_t i = 0; i < sub.size(); ++i) check_keywords(sub[i], here + "/" + std::to_string(i), file, errs);
+    } else if (k == "items" || k == "additionalProperties" || k == "not") {
+      check_keywords(sub, here, file, errs);
+    }
+  }
+}
 
-bool valid_under(const json& v, const json& s, const std::string& path, Ctx& c, int depth) {
+// `root` is the schema document that `s` belongs to: local $refs resolve in it.
+void validate_at(const json& v, const json& s, const json& root, const std::string& path, Ctx& c,
+                 std::vector<SchemaError>& errs, int depth);
+
+bool valid_under(const json& v, const json& s, const json& root, const std::string& path, Ctx& c, int depth) {
   std::vector<SchemaError> tmp;
-  validate_at(v, s, path, c, tmp, depth);
+  validate_at(v, s, root, path, c, tmp, depth);
   return tmp.empty();
 }
 
-void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, std::vector<SchemaError>& errs,
-                 int depth) {
+void validate_at(const json& v, const json& s, const json& root, const std::string& path, Ctx& c,
+                 std::vector<SchemaError>& errs, int depth) {
   if (depth > 64) {
     errs.push_back({path, "schema nesting deeper than 64 ($ref cycle?)"});
     return;
@@ -92,23 +123,44 @@ void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, 
     errs.push_back({path, "schema is neither an object nor a boolean"});
     return;
   }
-  for (const auto& [k, _] : s.items()) {
-    if (!kAnnotations.count(k) && !kSupported.count(k))
-      errs.push_back({path, "schema uses keyword '" + k + "', which this validator does not implement"});
-  }
   if (auto it = s.find("$ref"); it != s.end()) {
     const std::string ref = it->get<std::string>();
-    if (ref.empty() || ref[0] != '#') {
-      errs.push_back({path, "only local $ref (#/...) is supported, got '" + ref + "'"});
+    const std::size_t hash = ref.find('#');
+    const std::string file = ref.substr(0, hash);
+    const std::string pointer = hash == std::string::npos ? "" : ref.substr(hash + 1);
+    const json* doc = &root;
+    if (!file.empty()) {
+      if (!c.load) {
+        errs.push_back({path, "$ref '" + ref + "' names another schema file, and no loader was given"});
+        return;
+      }
+      try {
+        doc = &c.load(file);
+      } catch (const std::exception& e) {
+        errs.push_back({path, "$ref '" + ref + "': " + e.what()});
+        return;
+      }
+      if (c.checked.insert(doc).second) {
+        std::vector<SchemaError> kw;
+        check_keywords(*doc, "", file, kw);
+        if (!kw.empty()) {
+          errs.insert(errs.end(), kw.begin(), kw.end());
+          return;
+        }
+      }
+    }
+    json::json_pointer ptr;
+    try {
+      ptr = json::json_pointer(pointer);
+    } catch (const std::exception&) {
+      errs.push_back({path, "$ref '" + ref + "' is not a JSON pointer"});
       return;
     }
-    const json::json_pointer ptr(ref.substr(1));
-    if (!c.root.contains(ptr)) {
+    if (!doc->contains(ptr)) {
       errs.push_back({path, "$ref '" + ref + "' does not resolve"});
       return;
     }
-    validate_at(v, c.root.at(ptr), path, c, errs, depth + 1);
-    return;  // draft-07: siblings of $ref are ignored
+    validate_at(v, doc->at(ptr), *doc, path, c, errs, depth + 1);
   }
   if (auto it = s.find("type"); it != s.end()) {
     bool ok = false;
@@ -135,18 +187,18 @@ void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, 
   if (auto it = s.find("const"); it != s.end() && *it != v)
     errs.push_back({path, "value " + v.dump() + " must equal " + it->dump()});
   if (auto it = s.find("allOf"); it != s.end())
-    for (const auto& sub : *it) validate_at(v, sub, path, c, errs, depth + 1);
+    for (const auto& sub : *it) validate_at(v, sub, root, path, c, errs, depth + 1);
   if (auto it = s.find("anyOf"); it != s.end()) {
     bool any = false;
-    for (const auto& sub : *it) any = any || valid_under(v, sub, path, c, depth + 1);
+    for (const auto& sub : *it) any = any || valid_under(v, sub, root, path, c, depth + 1);
     if (!any) errs.push_back({path, "value matches none of the anyOf alternatives"});
   }
   if (auto it = s.find("oneOf"); it != s.end()) {
     int n = 0;
-    for (const auto& sub : *it) n += valid_under(v, sub, path, c, depth + 1) ? 1 : 0;
+    for (const auto& sub : *it) n += valid_under(v, sub, root, path, c, depth + 1) ? 1 : 0;
     if (n != 1) errs.push_back({path, "value matches " + std::to_string(n) + " of the oneOf alternatives (need 1)"});
   }
-  if (auto it = s.find("not"); it != s.end() && valid_under(v, *it, path, c, depth + 1))
+  if (auto it = s.find("not"); it != s.end() && valid_under(v, *it, root, path, c, depth + 1))
     errs.push_back({path, "value must not match the 'not' schema"});
 
   if (v.is_number()) {
@@ -183,10 +235,10 @@ void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, 
     if (auto it = s.find("items"); it != s.end()) {
       if (it->is_array()) {
         for (std::size_t i = 0; i < v.size() && i < it->size(); ++i)
-          validate_at(v[i], (*it)[i], path + "/" + std::to_string(i), c, errs, depth + 1);
+          validate_at(v[i], (*it)[i], root, path + "/" + std::to_string(i), c, errs, depth + 1);
       } else {
         for (std::size_t i = 0; i < v.size(); ++i)
-          validate_at(v[i], *it, path + "/" + std::to_string(i), c, errs, depth + 1);
+          validate_at(v[i], *it, root, path + "/" + std::to_string(i), c, errs, depth + 1);
       }
     }
   }
@@ -207,19 +259,19 @@ void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, 
       bool matched = false;
       if (props && props->contains(k)) {
         matched = true;
-        validate_at(val, props->at(k), sub, c, errs, depth + 1);
+        validate_at(val, props->at(k), root, sub, c, errs, depth + 1);
       }
       if (pprops)
         for (const auto& [pat, ps] : pprops->items())
           if (std::regex_search(k, c.re(pat))) {
             matched = true;
-            validate_at(val, ps, sub, c, errs, depth + 1);
+            validate_at(val, ps, root, sub, c, errs, depth + 1);
           }
       if (!matched && addl) {
         if (addl->is_boolean() && !addl->get<bool>())
           errs.push_back({path, "property '" + k + "' is not allowed (additionalProperties: false)"});
         else
-          validate_at(val, *addl, sub, c, errs, depth + 1);
+          validate_at(val, *addl, root, sub, c, errs, depth + 1);
       }
     }
   }
@@ -227,10 +279,13 @@ void validate_at(const json& v, const json& s, const std::string& path, Ctx& c, 
 
 }  // namespace
 
-std::vector<SchemaError> validate_json(const json& doc, const json& schema) {
-  Ctx c{schema, {}};
+std::vector<SchemaError> validate_json(const json& doc, const json& schema, const SchemaLoader& load) {
+  Ctx c{load, {}, {}};
   std::vector<SchemaError> errs;
-  validate_at(doc, schema, "", c, errs, 0);
+  check_keywords(schema, "", "", errs);
+  if (!errs.empty()) return errs;  // a schema this validator cannot fully check proves nothing
+  c.checked.insert(&schema);
+  validate_at(doc, schema, schema, "", c, errs, 0);
   return errs;
 }
 
@@ -243,4 +298,4 @@ std::string format_errors(const std::vector<SchemaError>& errs, std::size_t max_
   return s;
 }
 
-}  // namespace kvgate::mutate
+}  // namespace kvgate::json_schema
