@@ -167,6 +167,9 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
       throw ModelError("model '" + o.model + "' has no tokenizer; pass --tokenizer PATH to encode a prompt");
     if (!o.no_bos && !continuing) prompt_ids.push_back(model.config.bos_id);
   }
+  // Nothing to start from (an empty prompt on a tokenizer that adds no BOS, e.g. Qwen): start from
+  // the model's declared BOS, as transformers' generate() does for an empty input.
+  if (prompt_ids.empty() && !o.no_bos && model.config.bos_id >= 0) prompt_ids.push_back(model.config.bos_id);
   if (prompt_ids.empty()) throw std::invalid_argument("the prompt encodes to no tokens (use a BOS or a prompt)");
   int hydrated = 0;
   if constexpr (kCpu) hydrated = conv ? conv->hydrate(engine, prompt_ids) : 0;
@@ -181,7 +184,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
       const std::string p = tok->decode_piece(prompt_ids[i - 1], prompt_ids[i]);
       if (printable_piece(p)) std::fwrite(p.data(), 1, p.size(), stdout);
     }
-    if (prompt_ids.size() == 1 && prompt_ids[0] != model.config.bos_id) {
+    if (prompt_ids.size() == 1 && prompt_ids[0] != tok->bos_id() && prompt_ids[0] != model.config.bos_id) {
       const std::string p = tok->decode_piece(-1, prompt_ids[0]);
       if (printable_piece(p)) std::fwrite(p.data(), 1, p.size(), stdout);
     }
@@ -309,7 +312,7 @@ void register_run(CLI::App& app) {
   sub->add_option("--threads", o->threads, "CPU threads (0 = all cores)")->capture_default_str();
   sub->add_option("--block-size", o->block_size, "tokens per KV page")->capture_default_str();
   sub->add_option("--kv-cache-memory", o->kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
-  sub->add_flag("--no-bos", o->no_bos, "do not prepend BOS to the prompt");
+  sub->add_flag("--no-bos", o->no_bos, "do not add the tokenizer's special tokens (its BOS) to the prompt");
   sub->add_flag("--json", o->json, "print one JSON object (text, ids, stats)");
   sub->add_option("--device", o->device, "cpu, or cuda (the whole forward on the GPU; needs a CUDA build and device)")
       ->capture_default_str();
