@@ -438,7 +438,7 @@ std::string SpBpeTokenizer::decode(const std::vector<int>& ids) const {
 
 std::string SpBpeTokenizer::decode_piece(int prev, int token) const {
   if (token < 0 || token >= vocab_size()) return {};
-  const bool first = prev < 0 || (spec_.bos_id >= 0 && prev == spec_.bos_id);
+  const bool first = prev < 0;  // as decode(): only the text's first token loses its leading space
   std::string out;
   for (const auto& t : run_decoder({id_to_piece_[static_cast<std::size_t>(token)]}, true, first)) out += t;
   return out;

@@ -85,8 +85,9 @@ class Tokenizer {
   // `tokenizers` encode(text, add_special_tokens=True)); false: the text's tokens only (e.g. a
   // continuation of a conversation).
   virtual std::vector<int> encode(const std::string& text, bool add_special) const = 0;
-  // Piece for `token` following `prev` (prev < 0: the token starts the text; the leading space of
-  // a SentencePiece word is stripped at the start and after BOS).
+  // Piece for `token` following `prev` (prev < 0: the token starts the text). llama2.c's tokenizer
+  // strips the leading space after BOS; tokenizer.json ones apply their decoder (Strip / Metaspace)
+  // to the first token only, so the pieces concatenate to decode(ids).
   virtual std::string decode_piece(int prev, int token) const = 0;
   // A whole sequence; by default the pieces concatenated.
   virtual std::string decode(const std::vector<int>& ids) const {
