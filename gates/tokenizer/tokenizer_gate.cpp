@@ -1,5 +1,6 @@
 // Tokenizer gates against outside code:
 //   MOD.tok.bos_rule        BOS follows the tokenizer (post_processor), not config.json bos_token_id
+//   MOD.tok.hf_refs.model_bos  every models/<case>/: adds_bos == transformers' bos_added
 //   MOD.tok.hf_refs.<kind>  every datasets/models/hf_refs/tokenizers/<kind>/: ids, ids without
 //                           specials, decode, BOS/EOS rule and transformers' input_ids equal to what
 //                           the `tokenizers` library / transformers wrote (tok_ref.json); bound: exact
@@ -16,7 +17,10 @@
 
 #include "catch_compat.hpp"
 #include "../resolve/fixtures.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
 #include "kvgate/loaders.hpp"
+#include "kvgate/sampler.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
 #include "kvgate/tokenizer_json.hpp"
@@ -105,6 +109,17 @@ TEST_CASE("MOD.tok.bos_rule BOS follows the tokenizer's post_processor, not conf
   std::vector<int> want = {bos};
   for (int id : l.tokenizer->encode(text, false)) want.push_back(id);
   CHECK(l.tokenizer->encode(text, true) == want);
+  // The BOS-less prompt runs through the engine's generate loop (greedy; the stop rules keep the
+  // config's EOS/BOS ids): the tokens come back and stay in the vocabulary.
+  Engine e(q, engine_options_for(*parse_kv_format("f32")));
+  const std::vector<int> prompt = q.tokenizer->encode(text, true);
+  const GenerateResult g = e.generate(prompt, 6, SamplerOptions{});
+  CHECK((g.stop_reason == "steps" || g.stop_reason == "eos" || g.stop_reason == "bos"));
+  CHECK(g.tokens.size() <= 6u);
+  for (int id : g.tokens) CHECK((id >= 0 && id < q.config.vocab_size && id != q.config.eos_id));
+  CHECK(e.history().size() >= prompt.size());
+  CHECK(std::vector<int>(e.history().begin(), e.history().begin() + static_cast<std::ptrdiff_t>(prompt.size())) ==
+        prompt);
 }
 
 // ---- the tokenizers library's references -----------------------------------------------------------
@@ -233,6 +248,59 @@ TEST_CASE("MOD.tok.hf_refs.bytelevel_qwen byte-level BPE, no BOS: ids == the tok
   gate_kind("bytelevel_qwen", false);
   const RefCase c = load_ref("bytelevel_qwen");
   CHECK_FALSE(c.ref.at("bos_added").get<bool>());  // the case the Qwen BOS bug got wrong
+  // The same tokenizer in transformers' Qwen2 model directory, whose config.json declares
+  // bos_token_id: load_hf must still add none.
+  const fs::path qd = source_dir() / "datasets" / "models" / "hf_refs" / "models" / "qwen2";
+  REQUIRE(read_bytes(qd / "tokenizer.json") == read_bytes(refs_dir() / "bytelevel_qwen" / "tokenizer.json"));
+  const Model q = load_hf(qd.string());
+  REQUIRE(q.tokenizer);
+  REQUIRE(q.config.bos_id >= 0);  // the trap
+  CHECK_FALSE(q.tokenizer->adds_bos());
+  const auto texts = c.ref.at("texts").get<std::vector<std::string>>();
+  const auto ids = ids_of(c.ref, "ids");
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    INFO("text " << i << ": \"" << esc(texts[i]) << "\"");
+    CHECK(q.tokenizer->encode(texts[i], true) == ids[i]);
+  }
+}
+
+TEST_CASE("MOD.tok.hf_refs.model_bos every transformers model directory: the BOS rule == transformers' (ref.json)",
+          "[gate:MOD][fmt:none]") {
+  const fs::path md = source_dir() / "datasets" / "models" / "hf_refs" / "models";
+  REQUIRE(fs::is_directory(md));
+  auto id_of = [](const nlohmann::json& cfg, const char* key) {
+    if (!cfg.contains(key) || cfg[key].is_null()) return -1;
+    if (cfg[key].is_array()) return cfg[key].empty() ? -1 : cfg[key][0].get<int>();
+    return cfg[key].get<int>();
+  };
+  int n = 0, with_bos = 0, declared_but_none = 0;
+  for (const auto& e : fs::directory_iterator(md)) {
+    if (!e.is_directory()) continue;
+    const fs::path d = e.path();
+    INFO(d.string());
+    const nlohmann::json cfg = read_json_file(d / "config.json"), ref = read_json_file(d / "ref.json");
+    // The tokenizer as load_hf reads it (tokenizer.json + tokenizer_config.json, config.json's ids).
+    const auto tok = load_tokenizer_json((d / "tokenizer.json").string(), id_of(cfg, "bos_token_id"),
+                                         id_of(cfg, "eos_token_id"), (d / "tokenizer_config.json").string());
+    const bool bos_added = ref.at("bos_added").get<bool>();
+    CHECK(tok->adds_bos() == bos_added);
+    const std::vector<int> with = tok->encode("Hello world", true), plain = tok->encode("Hello world", false);
+    REQUIRE_FALSE(plain.empty());
+    CHECK(with.size() == plain.size() + (bos_added ? 1u : 0u));
+    CHECK(std::vector<int>(with.end() - static_cast<std::ptrdiff_t>(plain.size()), with.end()) == plain);
+    for (const auto& tf : ref.at("teacher_forced")) {
+      const auto tids = tf.at("ids").get<std::vector<int>>();
+      REQUIRE_FALSE(tids.empty());
+      if (bos_added) CHECK(tids.front() == tok->encode("", true).front());
+    }
+    ++n;
+    with_bos += bos_added;
+    declared_but_none += !bos_added && id_of(cfg, "bos_token_id") >= 0;
+  }
+  INFO(n << " cases, " << with_bos << " add BOS, " << declared_but_none << " declare bos_token_id and add none");
+  CHECK(n >= 10);
+  CHECK(with_bos >= 1);
+  CHECK(declared_but_none >= 1);  // the Qwen trap is in the set
 }
 
 TEST_CASE("MOD.tok.hf_refs.bytelevel_llama3 byte-level BPE + TemplateProcessing BOS: ids == the tokenizers library's",
@@ -255,7 +323,7 @@ TEST_CASE("MOD.tok.hf_refs.sp_gemma SentencePiece BPE (Replace only, add_bos_tok
   gate_kind("sp_gemma", true);
 }
 
-TEST_CASE("MOD.tok.hf_refs.all every reference directory is gated", "[gate:MOD][fmt:none]") {
+TEST_CASE("MOD.tok.hf_refs.model_bos the tokenizer kinds present are exactly the gated ones", "[gate:MOD][fmt:none]") {
   const fs::path d = refs_dir();
   INFO(d.string());
   REQUIRE(fs::is_directory(d));
