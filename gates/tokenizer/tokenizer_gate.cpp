@@ -404,3 +404,33 @@ TEST_CASE("MOD.tok.bad_input unknown types and missing byte tokens are refused n
     CHECK(has(msg, "add_bos_token"));
   }
 }
+
+// ---- added-token flags (no reference file carries them: checked by their definition) -------------------
+
+TEST_CASE("MOD.tok.added_strip lstrip/rstrip added tokens swallow the whitespace beside them",
+          "[gate:MOD][fmt:none]") {
+  // tokenizers' AddedVocabulary: a match of an lstrip (rstrip) token extends over the whitespace on
+  // its left (right), which then belongs to the token. So with the flag set, "a </s> b" must encode
+  // as "a</s> b" (lstrip) / "a </s>b" (rstrip) does without it.
+  TempDir t;
+  const fs::path src = refs_dir() / "sp_llama2" / "tokenizer.json";
+  REQUIRE(fs::is_regular_file(src));
+  const nlohmann::json good = read_json_file(src);
+  std::size_t k = 0;
+  while (k < good["added_tokens"].size() && good["added_tokens"][k]["content"] != "</s>") ++k;
+  REQUIRE(k < good["added_tokens"].size());
+  auto load_with = [&](const char* flag) {
+    nlohmann::json j = good;
+    if (flag) j["added_tokens"][k][flag] = true;
+    const fs::path p = t.path() / (std::string(flag ? flag : "plain") + ".json");
+    write_json_file(p, j);
+    return load_tokenizer_json(p.string(), -1, -1);
+  };
+  const auto plain = load_with(nullptr), l = load_with("lstrip"), r = load_with("rstrip");
+  const std::string text = "a  </s>  b";
+  // Anti-vacuity: the whitespace matters without the flags.
+  REQUIRE(plain->encode(text, false) != plain->encode("a</s>  b", false));
+  REQUIRE(plain->encode(text, false) != plain->encode("a  </s>b", false));
+  CHECK(l->encode(text, false) == plain->encode("a</s>  b", false));
+  CHECK(r->encode(text, false) == plain->encode("a  </s>b", false));
+}
