@@ -344,7 +344,7 @@ std::vector<int> SpBpeTokenizer::encode(const std::string& text, bool add_specia
     }
     // MergedWithNext: every replacement character opens a new word.
     std::size_t begin = 0;
-    for (std::size_t i = ms.replacement.size(); i <= t.size(); ++i) {
+    for (std::size_t i = 1; i <= t.size(); ++i) {  // a replacement at 0 opens the first word
       if (i == t.size() || t.compare(i, ms.replacement.size(), ms.replacement) == 0) {
         if (i > begin) bpe_word(t.substr(begin, i - begin), &ids);
         begin = i;
