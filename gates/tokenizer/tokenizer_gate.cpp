@@ -7,6 +7,8 @@
 //                           equality (token ids are integers, decoded text is bytes)
 //   MOD.tok.bad_input       unknown model / normalizer / pre_tokenizer / decoder / post_processor
 //                           types and missing byte tokens are refused naming the file and the field
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
