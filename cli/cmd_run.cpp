@@ -134,6 +134,9 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
       throw ModelError("model '" + o.model + "' has no tokenizer; pass --tokenizer PATH to encode a prompt");
     if (!o.no_bos && !continuing) prompt_ids.push_back(model.config.bos_id);
   }
+  // Nothing to start from (an empty prompt on a tokenizer that adds no BOS, e.g. Qwen): start from
+  // the model's declared BOS, as transformers' generate() does for an empty input.
+  if (prompt_ids.empty() && !o.no_bos && model.config.bos_id >= 0) prompt_ids.push_back(model.config.bos_id);
   if (prompt_ids.empty()) throw std::invalid_argument("the prompt encodes to no tokens (use a BOS or a prompt)");
   int hydrated = 0;
   if (conv)
@@ -150,7 +153,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
       const std::string p = tok->decode_piece(prompt_ids[i - 1], prompt_ids[i]);
       if (printable_piece(p)) std::fwrite(p.data(), 1, p.size(), stdout);
     }
-    if (prompt_ids.size() == 1 && prompt_ids[0] != model.config.bos_id) {
+    if (prompt_ids.size() == 1 && prompt_ids[0] != tok->bos_id() && prompt_ids[0] != model.config.bos_id) {
       const std::string p = tok->decode_piece(-1, prompt_ids[0]);
       if (printable_piece(p)) std::fwrite(p.data(), 1, p.size(), stdout);
     }
@@ -262,7 +265,7 @@ void register_run(CLI::App& app) {
   sub->add_option("--prompt", o->prompt, "prompt text (empty: start from BOS)")->capture_default_str();
   sub->add_option("--steps", o->steps, "tokens to generate")->capture_default_str();
   add_engine_flags(sub, *o);
-  sub->add_flag("--no-bos", o->no_bos, "do not prepend BOS to the prompt");
+  sub->add_flag("--no-bos", o->no_bos, "do not add the tokenizer's special tokens (its BOS) to the prompt");
   sub->add_flag("--json", o->json, "print one JSON object (text, ids, stats)");
   sub->add_option("--device", o->device, "cpu, or cuda (the whole forward on the GPU; needs a CUDA build and device)")
       ->capture_default_str();

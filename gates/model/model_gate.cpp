@@ -672,6 +672,7 @@ struct GgufWriter {
   void kv_str(const std::string& k, const std::string& v) { str(k), pod<std::uint32_t>(8), str(v); }
   void kv_u32(const std::string& k, std::uint32_t v) { str(k), pod<std::uint32_t>(4), pod(v); }
   void kv_f32(const std::string& k, float v) { str(k), pod<std::uint32_t>(6), pod(v); }
+  void kv_bool(const std::string& k, bool v) { str(k), pod<std::uint32_t>(7), pod<std::uint8_t>(v ? 1 : 0); }
   void kv_strs(const std::string& k, const std::vector<std::string>& v) {
     str(k), pod<std::uint32_t>(9), pod<std::uint32_t>(8), pod<std::uint64_t>(v.size());
     for (const auto& s : v) str(s);
@@ -765,7 +766,7 @@ TEST_CASE("MOD.loader.gguf_synthetic GGUF v2, alignment 64, F16/Q8_0/Q4_0 weight
   w.b.insert(w.b.end(), {'G', 'G', 'U', 'F'});
   w.pod<std::uint32_t>(2);
   w.pod<std::uint64_t>(ts.size());
-  w.pod<std::uint64_t>(16);
+  w.pod<std::uint64_t>(17);
   w.kv_str("general.architecture", "llama");
   w.kv_u32("general.alignment", kAlign);
   w.kv_u32("llama.embedding_length", dim);
@@ -782,6 +783,7 @@ TEST_CASE("MOD.loader.gguf_synthetic GGUF v2, alignment 64, F16/Q8_0/Q4_0 weight
   w.kv_i32s("tokenizer.ggml.token_type", types);
   w.kv_strs("tokenizer.ggml.merges", merges);
   w.kv_u32("tokenizer.ggml.bos_token_id", static_cast<std::uint32_t>(bos));
+  w.kv_bool("tokenizer.ggml.add_bos_token", true);  // flipped to false below
   std::uint64_t off = 0;
   for (const auto& t : ts) {
     w.str(t.name);
@@ -833,6 +835,20 @@ TEST_CASE("MOD.loader.gguf_synthetic GGUF v2, alignment 64, F16/Q8_0/Q4_0 weight
   Engine e(m, opts(*parse_kv_format("int8")));
   const auto& l = e.prefill(tok.encode("hello world", true));
   for (float x : l) REQUIRE(std::isfinite(x));
+  // tokenizer.ggml.add_bos_token = false: no BOS although bos_token_id is declared (llama.cpp's rule).
+  {
+    auto nobos = w.b;
+    const std::string k = "tokenizer.ggml.add_bos_token";
+    const std::size_t at = find_gguf_string(nobos, k) + 8 + k.size() + 4;  // the bool's byte
+    REQUIRE(nobos.at(at) == 1);
+    nobos[at] = 0;
+    const Model mn = load_model(td.write("nobos.gguf", nobos));
+    REQUIRE(mn.tokenizer);
+    CHECK(mn.config.bos_id == bos);
+    CHECK_FALSE(mn.tokenizer->adds_bos());
+    CHECK(mn.tokenizer->encode("hello world", true) == std::vector<int>{id_of("hello"), id_of(G + "world")});
+    CHECK(tok.adds_bos());
+  }
   // Version 3 of the same file loads identically; an alignment that is not a power of two is refused.
   auto v3 = w.b;
   put<std::uint32_t>(v3, 4, 3);

@@ -444,9 +444,30 @@ class Gguf {
   std::uint64_t data_start_ = 0;
 };
 
+// The BOS/EOS rule of a GGUF vocabulary, as llama.cpp's llama_vocab::load: tokenizer.ggml.add_bos_token /
+// add_eos_token when present; else add BOS for SentencePiece ("llama") vocabularies and for the gpt2
+// pre-tokenizers llama.cpp marks so (llama3 / llama-v3 / llama-bpe / falcon3 / falcon-h1 / pixtral /
+// midm-2.0 / lfm2 / tekken / chameleon), never EOS.
+std::pair<bool, bool> gguf_adds_specials(const Gguf& g, const std::string& model) {
+  bool add_bos = false;
+  if (model == "llama") {
+    add_bos = true;
+  } else if (model == "gpt2") {
+    const std::string pre = g.get_string("tokenizer.ggml.pre").value_or("");
+    for (const char* p : {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                          "tekken", "chameleon"})
+      if (pre == p) add_bos = true;
+  }
+  bool add_eos = false;
+  if (g.find("tokenizer.ggml.add_bos_token")) add_bos = g.get_bool("tokenizer.ggml.add_bos_token").value();
+  if (g.find("tokenizer.ggml.add_eos_token")) add_eos = g.get_bool("tokenizer.ggml.add_eos_token").value();
+  return {add_bos, add_eos};
+}
+
 std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int eos) {
   const auto model = g.get_string("tokenizer.ggml.model");
   if (!model) return nullptr;
+  const auto [add_bos, add_eos] = gguf_adds_specials(g, *model);
   const Value* tokens = g.get_array("tokenizer.ggml.tokens", T_STRING);
   if (!tokens) throw ModelError("model '" + g.path() + "': tokenizer.ggml.model is set but 'tokenizer.ggml.tokens' is missing");
   if (static_cast<int>(tokens->strs.size()) != vocab)
@@ -480,7 +501,9 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int
       p = std::move(o);
     }
     const int unk = static_cast<int>(g.get_int("tokenizer.ggml.unknown_token_id").value_or(0));
-    return std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos, eos, unk);
+    auto tok = std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos, eos, unk);
+    tok->set_adds(add_bos, add_eos);
+    return tok;
   }
   if (*model == "gpt2") {
     const Value* merges = g.get_array("tokenizer.ggml.merges", T_STRING);
@@ -493,6 +516,9 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int
                        "' is a pre-tokenizer kvgate does not implement (known: default, gpt2, llama3/llama-bpe, qwen2)");
     o.bos_id = bos;
     o.eos_id = eos;
+    if (add_bos && bos >= 0) o.specials.prefix = {bos};
+    if (add_eos && eos >= 0) o.specials.suffix = {eos};
+    o.specials.source = g.path() + " tokenizer.ggml.add_bos_token / add_eos_token (llama.cpp defaults when absent)";
     if (types)
       for (std::size_t i = 0; i < types->nums.size(); ++i) {
         const int t = static_cast<int>(types->nums[i]);

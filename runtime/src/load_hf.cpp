@@ -30,6 +30,7 @@
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
 #include "rope_json.hpp"
+#include "kvgate/tokenizer_json.hpp"
 
 namespace kvgate {
 
@@ -527,10 +528,11 @@ Model load_hf(const std::string& dir_str) {
   }
   validate_weights(dir_str, c, w);
 
-  // Tokenizer (optional).
+  // Tokenizer (optional). Its BOS/EOS rule comes from tokenizer.json's post_processor and
+  // tokenizer_config.json, never from config.json's bos_token_id (Qwen2/3 declare one and add none).
   const fs::path tok_path = dir / "tokenizer.json";
   if (fs::is_regular_file(tok_path)) {
-    auto tok = BpeTokenizer::from_tokenizer_json(tok_path.string(), c.bos_id, c.eos_id);
+    auto tok = load_tokenizer_json(tok_path.string(), c.bos_id, c.eos_id, (dir / "tokenizer_config.json").string());
     if (tok->vocab_size() > c.vocab_size)
       throw ModelError("'" + tok_path.string() + "': the tokenizer has " + std::to_string(tok->vocab_size()) +
                        " tokens but config.json vocab_size = " + std::to_string(c.vocab_size) +

@@ -8,6 +8,7 @@
 
 #include "kvgate/loaders.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
+#include "kvgate/tokenizer_json.hpp"
 #include "kvgate/tokenizer_sp.hpp"
 
 namespace kvgate {
@@ -130,8 +131,10 @@ Model load_model(const std::string& path, const std::string& tokenizer_path) {
     return load_llama2c(path, tokenizer_path);  // takes the tokenizer path itself
   }
   if (!tokenizer_path.empty()) {  // explicit tokenizer overrides the embedded one
-    if (lower_ext(tokenizer_path) == ".json")
-      m.tokenizer = BpeTokenizer::from_tokenizer_json(tokenizer_path, m.config.bos_id, m.config.eos_id);
+    if (lower_ext(tokenizer_path) == ".json")  // with the tokenizer_config.json beside it, if any
+      m.tokenizer = load_tokenizer_json(
+          tokenizer_path, m.config.bos_id, m.config.eos_id,
+          (std::filesystem::path(tokenizer_path).parent_path() / "tokenizer_config.json").string());
     else
       m.tokenizer = SpTokenizer::from_llama2c_file(tokenizer_path, m.config.vocab_size, m.config.bos_id,
                                                    m.config.eos_id);

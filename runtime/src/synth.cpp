@@ -436,7 +436,19 @@ std::string tokenizer_json(const SynthOptions& o) {
          {{{"type", "Split"}, {"pattern", {{"Regex", qwen ? kQwen2Regex : kLlama3Regex}}}, {"behavior", "Isolated"},
            {"invert", false}},
           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
-      {"post_processor", nullptr},
+      // As the families' own files: Llama 3 adds <|begin_of_text|>, Qwen2/3 add nothing (their
+      // config.json declares bos_token_id all the same).
+      {"post_processor", qwen ? json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+                                     {"use_regex", false}}
+                              : json{{"type", "TemplateProcessing"},
+                                     {"single", json::array({json{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                                                             json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                                     {"pair", json::array()},
+                                     {"special_tokens",
+                                      {{"<|begin_of_text|>",
+                                        {{"id", "<|begin_of_text|>"},
+                                         {"ids", json::array({o.vocab - 2})},
+                                         {"tokens", json::array({"<|begin_of_text|>"})}}}}}}},
       {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
       {"model",
        {{"type", "BPE"},

@@ -1,6 +1,8 @@
 // Byte-level BPE (see kvgate/tokenizer_bpe.hpp).
 #include "kvgate/tokenizer_bpe.hpp"
 
+#include "tokenizer_json_internal.hpp"
+
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -413,9 +415,9 @@ void BpeTokenizer::bpe_piece(const std::string& piece_bytes, std::vector<int>* o
   }
 }
 
-std::vector<int> BpeTokenizer::encode(const std::string& text, bool add_bos) const {
+std::vector<int> BpeTokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int> ids;
-  if (add_bos && opts_.bos_id >= 0) ids.push_back(opts_.bos_id);
+  if (add_special) ids = opts_.specials.prefix;
   auto encode_segment = [&](std::string_view seg, bool at_start) {
     if (seg.empty()) return;
     std::string buf;
@@ -447,6 +449,7 @@ std::vector<int> BpeTokenizer::encode(const std::string& text, bool add_bos) con
     seg_start = i;
   }
   encode_segment(std::string_view(text).substr(seg_start), at_start);
+  if (add_special) ids.insert(ids.end(), opts_.specials.suffix.begin(), opts_.specials.suffix.end());
   return ids;
 }
 
@@ -481,14 +484,23 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   }
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     throw ModelError(path + ": missing object field 'model'");
+  SpecialsRule rule = detail::rule_from_post_processor(j, path);
+  return detail::bpe_from_json(j, path, bos_id, eos_id, std::move(rule));
+}
+
+std::unique_ptr<BpeTokenizer> detail::bpe_from_json(const nlohmann::json& j, const std::string& path, int bos_id,
+                                                    int eos_id, SpecialsRule rule) {
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
+    throw ModelError(path + ": missing object field 'model'");
   const auto& m = j["model"];
   const std::string type = m.value("type", std::string("BPE"));
   if (type != "BPE")
     throw ModelError(path + ": model.type is \"" + type + "\"; kvgate reads byte-level BPE tokenizers only");
   if (m.contains("byte_fallback") && m["byte_fallback"].is_boolean() && m["byte_fallback"].get<bool>())
     throw ModelError(path +
-                     ": model.byte_fallback is true (a SentencePiece-style BPE, e.g. Llama 2/Mistral v0.x); kvgate "
-                     "reads byte-level BPE tokenizer.json only -- use the model's GGUF or llama2.c tokenizer");
+                     ": model.byte_fallback is true (a SentencePiece-style BPE, e.g. Llama 2/Mistral v0.x); this "
+                     "reader takes byte-level BPE only -- load it with load_tokenizer_json (the Hugging Face "
+                     "loader and --tokenizer do)");
   if (!m.contains("vocab") || !m["vocab"].is_object()) throw ModelError(path + ": missing object field model.vocab");
 
   std::vector<std::string> vocab;
@@ -521,9 +533,10 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
     throw ModelError(path + ": missing array field model.merges");
   }
 
-  Options o;
+  BpeTokenizer::Options o;
   o.bos_id = bos_id;
   o.eos_id = eos_id;
+  o.specials = std::move(rule);
   o.ignore_merges = m.value("ignore_merges", false);
   if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
     for (std::size_t k = 0; k < j["added_tokens"].size(); ++k) {
@@ -531,6 +544,11 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
           !a["content"].is_string())
         throw ModelError(path + ": added_tokens[" + std::to_string(k) + "] needs integer 'id' and string 'content'");
+      for (const char* flag : {"single_word", "lstrip", "rstrip"})
+        if (a.value(flag, false))
+          throw ModelError(path + ": added_tokens[" + std::to_string(k) + "]." + flag + " is true (\"" +
+                           a["content"].get<std::string>() +
+                           "\"); kvgate's byte-level BPE matches added tokens verbatim only");
       o.added.push_back({a["id"].get<int>(), a["content"].get<std::string>(), a.value("special", true)});
     }
   }
@@ -580,7 +598,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
     }
   }
   auto tok = std::make_unique<BpeTokenizer>(std::move(vocab), merges, std::move(o));
-  if (tok->byte_token_[static_cast<std::size_t>('a')] < 0 || tok->byte_token_[static_cast<std::size_t>(' ')] < 0)
+  if (tok->token_id(byte_to_unicode_utf8('a')) < 0 || tok->token_id(byte_to_unicode_utf8(' ')) < 0)
     throw ModelError(path + ": model.vocab lacks the byte-level base tokens (e.g. \"a\", \"\xC4\xA0\"); not a "
                             "byte-level BPE vocabulary");
   return tok;

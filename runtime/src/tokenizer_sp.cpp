@@ -89,10 +89,10 @@ int SpTokenizer::piece_id(const std::string& s) const {
   return it == lookup_.end() ? -1 : it->second;
 }
 
-std::vector<int> SpTokenizer::encode(const std::string& text, bool add_bos) const {
+std::vector<int> SpTokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int> out;
   out.reserve(text.size() + 2);
-  if (add_bos && bos_ >= 0) out.push_back(bos_);
+  if (add_special && adds_bos()) out.push_back(bos_);
   const std::size_t first = out.size();  // merges never involve BOS
   auto push_bytes = [&](const std::string& s) {
     for (unsigned char c : s) {
@@ -138,6 +138,7 @@ std::vector<int> SpTokenizer::encode(const std::string& text, bool add_bos) cons
     out[best_idx] = best_id;
     out.erase(out.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
   }
+  if (add_special && adds_eos()) out.push_back(eos_);
   return out;
 }
 

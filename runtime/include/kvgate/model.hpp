@@ -74,15 +74,42 @@ struct ModelWeights {
   const float* output_matrix() const { return classifier.empty() ? tok_embeddings.data() : classifier.data(); }
 };
 
+// The special tokens a tokenizer puts around a text (its BOS/EOS rule), as the tokenizer's own files
+// define it: tokenizer.json post_processor, tokenizer_config.json add_bos_token/add_eos_token, GGUF
+// tokenizer.ggml.add_bos_token/add_eos_token, llama2.c (always BOS). Never config.json's bos_token_id.
+struct SpecialsRule {
+  std::vector<int> prefix;  // e.g. {bos}
+  std::vector<int> suffix;  // e.g. {eos}
+  std::string source;       // where the rule came from, for messages
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::vector<int> encode(const std::string& text, bool add_bos) const = 0;
-  // Piece for `token` following `prev` (llama2.c strips the leading space after BOS).
+  // add_special: put the tokenizer's special tokens around the text (adds_bos()/adds_eos(), as
+  // `tokenizers` encode(text, add_special_tokens=True)); false: the text's tokens only (e.g. a
+  // continuation of a conversation).
+  virtual std::vector<int> encode(const std::string& text, bool add_special) const = 0;
+  // Piece for `token` following `prev` (prev < 0: the token starts the text). llama2.c's tokenizer
+  // strips the leading space after BOS; tokenizer.json ones apply their decoder (Strip / Metaspace)
+  // to the first token only, so the pieces concatenate to decode(ids).
   virtual std::string decode_piece(int prev, int token) const = 0;
+  // A whole sequence; by default the pieces concatenated.
+  virtual std::string decode(const std::vector<int>& ids) const {
+    std::string s;
+    int prev = -1;
+    for (int id : ids) {
+      s += decode_piece(prev, id);
+      prev = id;
+    }
+    return s;
+  }
   virtual int vocab_size() const = 0;
   virtual int bos_id() const = 0;
   virtual int eos_id() const = 0;
+  // Whether encode(text, true) starts with BOS / ends with EOS (the tokenizer's rule).
+  virtual bool adds_bos() const = 0;
+  virtual bool adds_eos() const = 0;
 };
 
 struct Model {

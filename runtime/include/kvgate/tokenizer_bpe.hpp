@@ -55,6 +55,7 @@ class BpeTokenizer : public Tokenizer {
     bool ignore_merges = false;     // tokenizer.json model.ignore_merges: a pre-token in the vocab is one token
     int bos_id = -1;
     int eos_id = -1;
+    SpecialsRule specials;          // what encode(text, true) puts around the text
     std::vector<AddedToken> added;  // specials / added tokens (ids may also appear in vocab)
   };
 
@@ -64,15 +65,19 @@ class BpeTokenizer : public Tokenizer {
   BpeTokenizer(std::vector<std::string> vocab, const std::vector<std::pair<std::string, std::string>>& merges,
                Options opts);
 
-  // Reads a Hugging Face tokenizer.json (model.type "BPE", byte-level). bos/eos override when >= 0.
+  // Reads a Hugging Face tokenizer.json (model.type "BPE", byte-level); the special-token rule from
+  // its post_processor (load_tokenizer_json in kvgate/tokenizer_json.hpp also reads
+  // tokenizer_config.json and the SentencePiece-style kind). bos/eos: bos_id()/eos_id().
   // Throws ModelError naming the file and field on anything it cannot use.
   static std::unique_ptr<BpeTokenizer> from_tokenizer_json(const std::string& path, int bos_id, int eos_id);
 
-  std::vector<int> encode(const std::string& text, bool add_bos) const override;
+  std::vector<int> encode(const std::string& text, bool add_special) const override;
   std::string decode_piece(int prev, int token) const override;
   int vocab_size() const override { return static_cast<int>(id_to_token_.size()); }
   int bos_id() const override { return opts_.bos_id; }
   int eos_id() const override { return opts_.eos_id; }
+  bool adds_bos() const override { return !opts_.specials.prefix.empty(); }
+  bool adds_eos() const override { return !opts_.specials.suffix.empty(); }
 
   // Token id for an exact byte-level string, or -1.
   int token_id(const std::string& byte_level) const;

@@ -26,11 +26,19 @@ class SpTokenizer : public Tokenizer {
   static std::unique_ptr<SpTokenizer> from_llama2c_file(const std::string& path, int vocab_size, int bos_id = 1,
                                                         int eos_id = 2);
 
-  std::vector<int> encode(const std::string& text, bool add_bos) const override;
+  // add_special: BOS first when adds_bos() (llama2.c always; GGUF tokenizer.ggml.add_bos_token), EOS
+  // last when adds_eos().
+  std::vector<int> encode(const std::string& text, bool add_special) const override;
   std::string decode_piece(int prev, int token) const override;
   int vocab_size() const override { return static_cast<int>(pieces_.size()); }
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
+  bool adds_bos() const override { return add_bos_ && bos_ >= 0; }
+  bool adds_eos() const override { return add_eos_ && eos_ >= 0; }
+  void set_adds(bool bos, bool eos) {
+    add_bos_ = bos;
+    add_eos_ = eos;
+  }
 
   const std::string& piece(int id) const { return pieces_.at(static_cast<std::size_t>(id)); }
   float score(int id) const { return scores_.at(static_cast<std::size_t>(id)); }
@@ -43,6 +51,7 @@ class SpTokenizer : public Tokenizer {
   std::unordered_map<std::string, int> lookup_;
   std::array<int, 256> byte_id_{};
   int bos_, eos_, unk_;
+  bool add_bos_ = true, add_eos_ = false;
 };
 
 }  // namespace kvgate
