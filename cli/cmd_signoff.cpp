@@ -76,9 +76,11 @@ std::optional<int> probe_regressions(const json& base, const json& fmt) {
   int n = 0, compared = 0;
   for (const auto& [pn, b] : bp.items()) {
     if (!fp.contains(pn)) return std::nullopt;
-    std::map<std::string, const json*> got;
-    for (const auto& c : fp[pn].value("cases_detail", json::array())) got[c.value("id", "")] = &c;
-    for (const auto& c : b.value("cases_detail", json::array())) {
+    const json got_cases = fp[pn].value("cases_detail", json::array());
+    const json base_cases = b.value("cases_detail", json::array());
+    std::map<std::string, const json*> got;  // points into got_cases
+    for (const auto& c : got_cases) got[c.value("id", "")] = &c;
+    for (const auto& c : base_cases) {
       if (c.value("status", "") != "ran" || !c.value("passed", false)) continue;
       const auto it = got.find(c.value("id", ""));
       if (it == got.end() || it->second->value("status", "") != "ran") return std::nullopt;
@@ -126,7 +128,12 @@ int run_signoff(const SignoffOpts& o) {
   // --- inputs, every one checked before anything is written --------------------------------------
   const std::string policy_path =
       o.policy.empty() ? (fs::path(src) / "reports" / "policy" / "default.json").string() : o.policy;
-  const so::Policy policy = so::load_policy_file(policy_path);
+  so::Policy policy = so::load_policy_file(policy_path);
+  {  // the record names a policy inside the source tree by its repository path
+    const std::string root = fs::weakly_canonical(src).string() + "/";
+    const std::string abs = fs::weakly_canonical(policy_path).string();
+    if (abs.rfind(root, 0) == 0) policy.path = abs.substr(root.size());
+  }
   const std::string baseline = so::resolve_baseline(o.baseline, policy.baseline, o.device);
   const std::string model_path = o.model.empty() ? matrix::find_model("stories260K/stories260K.bin", src) : o.model;
   std::optional<Model> model;
