@@ -1,6 +1,8 @@
-// `kvgate signoff --format F | --all`: gates for F (gate_runner, tag [fmt:F]), the mutation proof for
-// F's mutants (kvgate mutate --only ..., or an existing outcomes.json), the matrix against f32 ->
-// a verdict per format (PASS / FAIL / NOT-VALIDATED with reasons), the report folder, exit 1 on FAIL.
+// `kvgate signoff --format F | --all`: a thin front over the sign-off rules (reports/signoff,
+// kvgate::signoff). It gathers the gates for F (gate_runner, tag [fmt:F]), the mutation proof for F's
+// mutants (kvgate mutate --only ..., or an existing outcomes.json), the matrix (bytes, probes, timing)
+// and the teacher-forced quality against the baseline, turns them into typed records, and lets the
+// library decide: conformance, fit under the release policy, the roll-up and the exit code.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -19,6 +21,7 @@
 #include "kvgate/atomic_file.hpp"
 #include "kvgate/matrix.hpp"
 #include "kvgate/reports.hpp"
+#include "kvgate/signoff.hpp"
 
 namespace kvgate::cli {
 
@@ -31,6 +34,8 @@ struct SignoffOpts {
   std::vector<std::string> formats;
   bool all = false, quick = false, no_timing = false;
   std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, probe_model, catalog, scratch;
+  std::string policy, baseline, corpus;
+  bool no_project_corpus = false;
   int threads = 1;
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // kvgate mutate -j
 };
@@ -57,22 +62,52 @@ json read_json_file(const fs::path& p) {
   }
 }
 
-struct Verdict {
-  std::string format;
-  std::vector<std::string> fail, not_validated, notes;
-  json gates = {{"passed", 0}, {"failed", 0}, {"skipped", 0}, {"failing", json::array()}, {"skipped_ids", json::array()}};
-  json mutation = {{"status", "none"}, {"mutants", json::array()}, {"killed", json::array()}, {"survived", json::array()}, {"not_run", json::array()}};
-  json matrix = json::object();
-  std::string verdict() const { return !fail.empty() ? "FAIL" : !not_validated.empty() ? "NOT-VALIDATED" : "PASS"; }
-};
-
 std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
   std::string o;
   for (const auto& x : v) o += (o.empty() ? "" : sep) + x;
   return o;
 }
 
+// Probe cases the baseline passes and the format fails (nullopt: the probes did not run).
+std::optional<int> probe_regressions(const json& base, const json& fmt) {
+  if (!base.is_object() || !fmt.is_object()) return std::nullopt;
+  const json bp = base.value("probes", json::object()), fp = fmt.value("probes", json::object());
+  if (bp.empty() || fp.empty()) return std::nullopt;
+  int n = 0, compared = 0;
+  for (const auto& [pn, b] : bp.items()) {
+    if (!fp.contains(pn)) return std::nullopt;
+    const json got_cases = fp[pn].value("cases_detail", json::array());
+    const json base_cases = b.value("cases_detail", json::array());
+    std::map<std::string, const json*> got;  // points into got_cases
+    for (const auto& c : got_cases) got[c.value("id", "")] = &c;
+    for (const auto& c : base_cases) {
+      if (c.value("status", "") != "ran" || !c.value("passed", false)) continue;
+      const auto it = got.find(c.value("id", ""));
+      if (it == got.end() || it->second->value("status", "") != "ran") return std::nullopt;
+      ++compared;
+      if (!it->second->value("passed", false)) ++n;
+    }
+  }
+  (void)compared;
+  return n;
+}
+
+// decode tok/s of `f` over the baseline's at the largest context both ran on `device` (resident).
+std::optional<double> decode_speedup(const json& mj, const std::string& f, const std::string& base, const std::string& device) {
+  std::map<int, double> fr, br;
+  for (const auto& r : mj.value("rows", json::array())) {
+    if (r.value("device", "") != device || r.value("window", 0) != 0 || r.value("status", "") != "ok") continue;
+    if (!r["decode_tok_s"].is_number()) continue;
+    if (r.value("format", "") == f) fr[r.value("context", 0)] = r["decode_tok_s"].get<double>();
+    if (r.value("format", "") == base) br[r.value("context", 0)] = r["decode_tok_s"].get<double>();
+  }
+  for (auto it = fr.rbegin(); it != fr.rend(); ++it)
+    if (br.count(it->first) && br[it->first] > 0) return it->second / br[it->first];
+  return std::nullopt;
+}
+
 int run_signoff(const SignoffOpts& o) {
+  namespace so = kvgate::signoff;
   const std::string src = matrix::default_source_dir();
   std::vector<std::string> formats = o.formats;
   if (o.all)
@@ -89,14 +124,46 @@ int run_signoff(const SignoffOpts& o) {
   }
   if (formats.empty()) throw std::invalid_argument("give --format F (repeatable) or --all");
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
-  fs::create_directories(o.out);
-  std::map<std::string, Verdict> V;
-  for (const auto& f : formats) V[f].format = f;
 
-  // Model and provenance.
+  // --- inputs, every one checked before anything is written --------------------------------------
+  const std::string policy_path =
+      o.policy.empty() ? (fs::path(src) / "reports" / "policy" / "default.json").string() : o.policy;
+  so::Policy policy = so::load_policy_file(policy_path);
+  {  // the record names a policy inside the source tree by its repository path
+    const std::string root = fs::weakly_canonical(src).string() + "/";
+    const std::string abs = fs::weakly_canonical(policy_path).string();
+    if (abs.rfind(root, 0) == 0) policy.path = abs.substr(root.size());
+  }
+  const std::string baseline = so::resolve_baseline(o.baseline, policy.baseline, o.device);
   const std::string model_path = o.model.empty() ? matrix::find_model("stories260K/stories260K.bin", src) : o.model;
   std::optional<Model> model;
   if (!model_path.empty()) model.emplace(load_model(model_path));
+  std::vector<std::vector<int>> corpus;
+  std::vector<std::string> corpus_sources;
+  std::optional<matrix::MatrixOptions> mo_base;
+  if (model) {
+    mo_base = bench_options_from(*model, o.quick, src);
+    if (!mo_base->corpus_path.empty() && !o.no_project_corpus) {
+      const auto c = matrix::load_corpus(mo_base->corpus_path);
+      for (const auto& s : c.sequences) corpus.push_back(s);
+      corpus_sources.push_back(fs::path(mo_base->corpus_path).filename().string() + " (project corpus, " +
+                               std::to_string(c.sequences.size()) + " sequences)");
+    }
+    if (!o.corpus.empty()) {
+      const auto extra = so::load_corpus_file(o.corpus, *model, std::max(2, model->config.max_seq_len));
+      corpus.insert(corpus.end(), extra.begin(), extra.end());
+      corpus_sources.push_back(o.corpus + " (--corpus, " + std::to_string(extra.size()) + " sequences)");
+    }
+  } else if (!o.corpus.empty()) {
+    throw std::invalid_argument("--corpus " + o.corpus + ": no model to check it against (stories260K not found; set KVGATE_MODELS or --model)");
+  }
+
+  fs::create_directories(o.out);
+  std::map<std::string, so::ConformanceInput> C;
+  std::map<std::string, std::vector<std::string>> notes;
+  for (const auto& f : formats) C[f] = {};
+
+  // Provenance.
   matrix::ProvenanceOptions po;
   po.model = model ? &*model : nullptr;
   po.threads = o.threads;
@@ -105,8 +172,8 @@ int run_signoff(const SignoffOpts& o) {
   const json prov = matrix::provenance(po);
   const bool cuda_present = prov.value("cuda_build", false) && !prov.value("gpus", json::array()).empty();
   if (o.device == "cuda" && !cuda_present)
-    for (auto& [f, v] : V)
-      v.not_validated.push_back(std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (and this build has no CUDA backend)") +
+    for (auto& [f, c] : C)
+      c.not_validated.push_back(std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (and this build has no CUDA backend)") +
                                 ": the CUDA gates and matrix columns did not run");
 
   // 1. Gates (one run; results attributed by their [fmt:] tags).
@@ -129,27 +196,20 @@ int run_signoff(const SignoffOpts& o) {
   write_file_atomic((fs::path(o.out) / "gates.json").string(), gsum.dump(2) + "\n");
   std::map<std::string, std::set<std::string>> gate_ids;  // format -> gate IDs tagged with it
   for (const auto& r : results) {
-    for (auto& [f, v] : V) {
+    for (auto& [f, c] : C) {
       const bool tagged = std::find(r.formats.begin(), r.formats.end(), f) != r.formats.end();
       // A gate program that crashed outside any test case hides its gates: it counts for every format.
       const bool untagged_fail = r.formats.empty() && r.status == "failed" && r.name.ends_with("(process)");
       if (!tagged && !untagged_fail) continue;
       if (tagged) gate_ids[f].insert(r.id);
-      v.gates[r.status] = v.gates[r.status].get<int>() + 1;
-      if (r.status == "failed") v.gates["failing"].push_back(r.id);
-      if (r.status == "skipped") v.gates["skipped_ids"].push_back(r.id);
+      if (r.status == "passed") ++c.gates.passed;
+      if (r.status == "failed") ++c.gates.failed, c.gates.failing.push_back(r.id);
+      if (r.status == "skipped") ++c.gates.skipped, c.gates.skipped_ids.push_back(r.id);
     }
   }
-  for (auto& [f, v] : V) {
-    if (!gate_error.empty()) v.not_validated.push_back("gates not run: " + gate_error);
-    const int failed = v.gates["failed"].get<int>(), passed = v.gates["passed"].get<int>(), skipped = v.gates["skipped"].get<int>();
-    if (failed > 0) {
-      std::vector<std::string> ids;
-      for (const auto& x : v.gates["failing"]) ids.push_back(x.get<std::string>());
-      v.fail.push_back("failing gates: " + join(ids));
-    }
-    if (gate_error.empty() && passed + failed == 0) v.not_validated.push_back("no gate tagged [fmt:" + f + "] ran");
-    if (skipped > 0) v.notes.push_back(std::to_string(skipped) + " gates skipped (e.g. [cuda] without a device)");
+  for (auto& [f, c] : C) {
+    c.gate_error = gate_error;
+    if (c.gates.skipped > 0) notes[f].push_back(std::to_string(c.gates.skipped) + " gates skipped (e.g. [cuda] without a device)");
   }
 
   // 2. Mutation proof: the catalog's mutants whose expected killers are gates of F.
@@ -165,22 +225,16 @@ int run_signoff(const SignoffOpts& o) {
       if (m.value("category", "") == "canary") continue;
       bool needs_device = false;
       for (const auto& r : m.value("requires", json::array())) needs_device = needs_device || r == "cuda-device";
-      if (needs_device && o.device != "cuda") {
-        for (auto& [f, v] : V)
-          for (const auto& g : m.value("expect_killed_by", json::array()))
-            if (gate_ids[f].count(g.get<std::string>())) {
-              ++gpu_only_left_out[f];
-              break;
-            }
-        continue;
-      }
-      for (auto& [f, v] : V) {
+      for (auto& [f, c] : C) {
         bool mine = false;
         for (const auto& g : m.value("expect_killed_by", json::array())) mine = mine || gate_ids[f].count(g.get<std::string>());
-        if (mine) {
-          mutants_of[f].push_back(m.value("id", ""));
-          all_ids.insert(m.value("id", ""));
+        if (!mine) continue;
+        if (needs_device && o.device != "cuda") {
+          ++gpu_only_left_out[f];
+          continue;
         }
+        mutants_of[f].push_back(m.value("id", ""));
+        all_ids.insert(m.value("id", ""));
       }
     }
   json outcomes = nullptr;
@@ -223,47 +277,49 @@ int run_signoff(const SignoffOpts& o) {
       baseline_msg = "the canary left gates green";
     }
   }
-  for (auto& [f, v] : V) {
-    const auto& ids = mutants_of[f];
-    for (const auto& id : ids) v.mutation["mutants"].push_back(id);
+  for (auto& [f, c] : C) {
+    auto& mo = c.mutation;
+    mo.mutants = mutants_of[f];
     if (gpu_only_left_out[f] > 0)
-      v.notes.push_back(std::to_string(gpu_only_left_out[f]) +
-                        " GPU mutant(s) (requires: cuda-device) are not part of a CPU sign-off; --device cuda runs them");
-    if (ids.empty()) {
-      v.mutation["status"] = "none";
-      v.not_validated.push_back(cat.is_object() ? "no catalog mutant targets a gate of " + f : "mutation catalog not found at " + catalog.string());
+      notes[f].push_back(std::to_string(gpu_only_left_out[f]) +
+                         " GPU mutant(s) (requires: cuda-device) are not part of a CPU sign-off; --device cuda runs them");
+    if (mo.mutants.empty()) {
+      mo.status = "none";
+      mo.not_run_reason = cat.is_object() ? "no catalog mutant targets a gate of " + f : "mutation catalog not found at " + catalog.string();
       continue;
     }
     if (outcomes.is_null()) {
-      v.mutation["status"] = "not_run";
-      for (const auto& id : ids) v.mutation["not_run"].push_back(id);
-      v.not_validated.push_back(o.quick && o.mutants.empty() ? "mutation proof not run" : "mutation proof: " + mutation_source);
+      mo.status = "not_run";
+      mo.not_run = mo.mutants;
+      mo.not_run_reason = o.quick && o.mutants.empty() ? "mutation proof not run (--quick)" : "mutation proof: " + mutation_source;
       continue;
     }
-    v.mutation["status"] = o.mutants.empty() ? "run" : "read";
-    std::vector<std::string> survived, other, missing;
-    for (const auto& id : ids) {
+    mo.status = o.mutants.empty() ? "run" : "read";
+    mo.baseline_green = baseline_ok;
+    mo.baseline_message = baseline_msg;
+    for (const auto& id : mo.mutants) {
       const auto it = mstatus.find(id);
       const std::string st = it == mstatus.end() ? "" : it->second;
       if (expect_miss.count(id))
-        v.notes.push_back("catalog expectation: " + id + " was not killed by " + join(expect_miss[id]) + " (killed by other gates)");
-      if (st == "killed") v.mutation["killed"].push_back(id);
-      else if (st == "survived") v.mutation["survived"].push_back(id), survived.push_back(id);
-      else if (st.empty()) v.mutation["not_run"].push_back(id), missing.push_back(id);
-      else v.mutation["not_run"].push_back(id), other.push_back(id + " (" + st + ")");
+        notes[f].push_back("catalog expectation: " + id + " was not killed by " + join(expect_miss[id]) + " (killed by other gates)");
+      if (st == "killed") mo.killed.push_back(id);
+      else if (st == "survived") mo.survived.push_back(id);
+      else if (st.empty()) mo.missing.push_back(id);
+      else mo.undecided.push_back(id + " (" + st + ")");
     }
-    if (!survived.empty()) v.fail.push_back("survived mutants: " + join(survived));
-    if (!missing.empty()) v.not_validated.push_back("mutants not in the outcomes: " + join(missing));
-    if (!other.empty()) v.not_validated.push_back("mutants not decided: " + join(other));
-    if (!baseline_ok) v.not_validated.push_back(baseline_msg);
   }
 
-  // 3. Matrix against f32 (CPU rows; CUDA columns are reported not_run).
+  // 3. Matrix (bytes, probes, timing) with the baseline among its formats, and the quality of every
+  //    format against the baseline, teacher-forced on the decode path, bucketed by depth.
   json mj = nullptr;
+  std::optional<so::QualityRun> qrun;
+  std::string quality_missing;
+  const auto buckets = so::default_buckets();
   if (!model) {
-    for (auto& [f, v] : V) v.not_validated.push_back("matrix not run: stories260K not found (set KVGATE_MODELS or --model)");
+    quality_missing = "quality not measured: stories260K not found (set KVGATE_MODELS or --model)";
+    for (auto& [f, c] : C) c.not_validated.push_back("matrix not run: stories260K not found (set KVGATE_MODELS or --model)");
   } else {
-    matrix::MatrixOptions mo = bench_options_from(*model, o.quick, src);
+    matrix::MatrixOptions mo = *mo_base;
     std::optional<Model> probe_subject;
     load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
     if (probe_subject && !o.quick) {
@@ -280,6 +336,7 @@ int run_signoff(const SignoffOpts& o) {
       if (ec.seeds.size() > 50) ec.seeds.resize(50);
     }
     mo.formats = formats;
+    if (std::find(mo.formats.begin(), mo.formats.end(), baseline) == mo.formats.end()) mo.formats.push_back(baseline);
     mo.threads = o.threads;
     mo.timing = !o.no_timing;
     mo.devices = {"cpu"};
@@ -290,91 +347,127 @@ int run_signoff(const SignoffOpts& o) {
     std::error_code ec;
     fs::remove_all(mo.cache_dir, ec);
     matrix::write_matrix(mj, o.out);
-    for (auto& [f, v] : V) {
-      for (const auto& fe : mj["formats"]) {
-        if (fe.value("format", "") != f) continue;
-        json s;
-        s["effective"] = fe["effective"];
-        s["kv_bytes_per_token"] = fe["kv_bytes_per_token"];
-        s["kl_mean"] = fe["kl_mean"];
-        s["kl_p99"] = fe["kl_p99"];
-        s["top1"] = fe["top1"];
-        for (const auto& [pn, p] : fe["probes"].items()) {
-          s[pn + "_exact"] = p["exact"];
-          s[pn + "_same_as_f32"] = p["same_as_f32"];
-        }
-        int ctx = -1, cuda_ctx = -1;
-        std::string cuda_why;
-        for (const auto& r : mj["rows"]) {
-          if (r.value("format", "") != f || r.value("window", 0) != 0) continue;
-          const bool ok = r.value("status", "") == "ok";
-          if (r.value("device", "") == "cpu" && ok && r.value("context", 0) > ctx) {
-            ctx = r.value("context", 0);
-            s["kv_bytes_vs_f32"] = r.value("kv_bytes_vs_f32", json(nullptr));
-            s["decode_vs_f32"] = r.value("decode_vs_f32", json(nullptr));
-            s["decode_context"] = ctx;
-          } else if (r.value("device", "") == "cuda") {
-            if (ok && r.value("context", 0) > cuda_ctx) {
-              cuda_ctx = r.value("context", 0);
-              s["cuda_decode_vs_f32"] = r.value("decode_vs_f32", json(nullptr));
-              s["cuda_decode_tok_s"] = r.value("decode_tok_s", json(nullptr));
-              s["cuda_decode_context"] = cuda_ctx;
-            } else if (!ok && cuda_why.empty()) {
-              cuda_why = r.value("reason", "");
-            }
-          }
-        }
-        if (o.device == "cuda" && cuda_ctx < 0)
-          v.notes.push_back("no CUDA timing row ran" + (cuda_why.empty() ? std::string() : ": " + cuda_why));
-        v.matrix = s;
-        if (!fe.value("fallback_reason", "").empty())
-          v.not_validated.push_back("falls back to " + fe.value("effective", "") + " on this model (" + fe.value("fallback_reason", "") +
-                                    "): the format itself was not measured");
-      }
+    if (corpus.empty()) {
+      quality_missing = "quality not measured: no corpus fits the model's vocabulary (give --corpus FILE)";
+    } else {
+      qrun = so::measure_quality(*model, formats, baseline, corpus, o.threads, buckets, progress_printer("signoff "));
+      progress_done();
     }
   }
 
-  // Record, report, verdicts.
-  json so;
-  so["schema"] = "kvgate.signoff/1";
-  so["kind"] = "signoff";
-  so["device"] = o.device;
-  so["quick"] = o.quick;
-  so["provenance"] = prov;
-  so["mutation_source"] = mutation_source;
-  json verdicts = json::array();
-  int exit_code = 0;
+  // 4. Verdicts.
+  auto fentry = [&](const std::string& f) -> const json* {
+    if (!mj.is_object()) return nullptr;
+    for (const auto& fe : mj["formats"])
+      if (fe.value("format", "") == f) return &fe;
+    return nullptr;
+  };
+  std::vector<so::FormatVerdict> verdicts;
+  json vjs = json::array();
+  std::vector<so::Overall> overall;
   for (const auto& f : formats) {
-    const auto& v = V[f];
-    std::vector<std::string> reasons = v.fail;
-    reasons.insert(reasons.end(), v.not_validated.begin(), v.not_validated.end());
-    json notes = v.notes;
-    verdicts.push_back({{"format", f}, {"verdict", v.verdict()}, {"reasons", reasons}, {"notes", notes},
-                        {"gates", v.gates}, {"mutation", v.mutation}, {"matrix", v.matrix}});
-    if (v.verdict() == "FAIL") exit_code = 1;
+    so::ConformanceInput& c = C[f];
+    so::FitInput fi;
+    fi.format = f;
+    fi.device = o.device;
+    fi.not_measured_reason = quality_missing;
+    json s = json::object();
+    if (const json* fe = fentry(f)) {
+      if (!fe->value("fallback_reason", "").empty()) {
+        c.fallback_reason = fe->value("fallback_reason", "");
+        c.fallback_effective = fe->value("effective", "");
+      }
+      fi.probe_regressions = probe_regressions(fentry(baseline) ? *fentry(baseline) : json(nullptr), *fe);
+      const json* be = fentry(baseline);
+      if (be && (*be)["kv_bytes_per_token"].is_number() && (*be)["kv_bytes_per_token"].get<double>() > 0)
+        fi.kv_saving = 1.0 - (*fe)["kv_bytes_per_token"].get<double>() / (*be)["kv_bytes_per_token"].get<double>();
+      fi.decode_speedup = decode_speedup(mj, f, baseline, o.device);
+      s["effective"] = fe->value("effective", "");
+      s["kv_bytes_per_token"] = (*fe)["kv_bytes_per_token"];
+      s["kv_saving_vs_baseline"] = fi.kv_saving ? json(*fi.kv_saving) : json(nullptr);
+      s["probe_regressions"] = fi.probe_regressions ? json(*fi.probe_regressions) : json(nullptr);
+      s["decode_vs_baseline"] = fi.decode_speedup ? json(*fi.decode_speedup) : json(nullptr);
+      if (o.device == "cpu") s["cpu_decode_vs_baseline"] = s["decode_vs_baseline"];
+      const json probes = fe->value("probes", json::object());
+      for (const auto& [pn, p] : probes.items()) {
+        s[pn + "_exact"] = p["exact"];
+        s[pn + "_same_as_f32"] = p["same_as_f32"];
+      }
+      std::string cuda_why;
+      bool cuda_ran = false;
+      for (const auto& r : mj["rows"])
+        if (r.value("format", "") == f && r.value("device", "") == "cuda") {
+          if (r.value("status", "") == "ok") cuda_ran = true;
+          else if (cuda_why.empty()) cuda_why = r.value("reason", "");
+        }
+      if (o.device == "cuda" && !cuda_ran) notes[f].push_back("no CUDA timing row ran" + (cuda_why.empty() ? std::string() : ": " + cuda_why));
+    }
+    if (qrun) {
+      fi.quality = qrun->by_format.at(f);
+      fi.noise = qrun->noise;
+      if (o.device == "cuda")
+        notes[f].push_back("quality columns computed on the CPU engine (the CUDA engine's teacher-forced quality is not wired in)");
+    }
+    so::FormatVerdict v = so::decide(f, c, policy, fi);
+    v.notes = notes[f];
+    overall.push_back(v.overall);
+    json vj = so::to_json(v);
+    std::vector<std::string> reasons = v.conformance.reasons;
+    reasons.insert(reasons.end(), v.fit.reasons.begin(), v.fit.reasons.end());
+    vj["reasons"] = reasons;
+    vj["gates"] = so::to_json(c.gates);
+    vj["mutation"] = so::to_json(c.mutation);
+    vj["matrix"] = s;
+    vj["quality"] = fi.quality ? so::to_json(*fi.quality) : json(nullptr);
+    vjs.push_back(vj);
+    verdicts.push_back(std::move(v));
   }
-  so["verdicts"] = verdicts;
-  so["exit_code"] = exit_code;
-  so["files"] = {{"signoff", "signoff.json"}, {"gates", "gates.json"}, {"index", "index.md"}, {"html", "report.html"}};
-  if (!mj.is_null()) so["files"]["matrix"] = "matrix.json";
-  write_file_atomic((fs::path(o.out) / "signoff.json").string(), so.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+  const int exit_code = so::exit_code(overall);
+
+  // 5. Record and report.
+  json rec;
+  rec["schema"] = "kvgate.signoff/2";
+  rec["kind"] = "signoff";
+  rec["device"] = o.device;
+  rec["quick"] = o.quick;
+  rec["provenance"] = prov;
+  rec["mutation_source"] = mutation_source;
+  rec["baseline"] = baseline;
+  rec["policy"] = so::to_json(policy);
+  rec["noise_floor"] = qrun ? so::to_json(qrun->noise) : json(nullptr);
+  json bnames = json::array();
+  for (const auto& b : buckets) bnames.push_back(b.name);
+  rec["quality_method"] = {
+      {"path", "teacher-forced through Engine::forward_all_logits: chunked prefill (128 tokens) whose chunks write K/V into "
+               "the paged store in the format before attending over it"},
+      {"corpus", corpus_sources},
+      {"sequences", qrun ? json(qrun->sequences) : json(0)},
+      {"positions", qrun ? json(qrun->positions) : json(0)},
+      {"buckets", bnames},
+      {"missing", quality_missing}};
+  rec["verdicts"] = vjs;
+  rec["exit_code"] = exit_code;
+  rec["exit_codes"] = so::exit_codes_help();
+  rec["files"] = {{"signoff", "signoff.json"}, {"gates", "gates.json"}, {"index", "index.md"}, {"html", "report.html"}};
+  if (!mj.is_null()) rec["files"]["matrix"] = "matrix.json";
+  write_file_atomic((fs::path(o.out) / "signoff.json").string(), rec.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
   reports::ReportInputs in;
   in.matrix = mj;
   in.gates = gsum;
   in.mutants = outcomes;
-  in.signoff = so;
+  in.signoff = rec;
   in.title = "kvgate sign-off (" + o.device + (o.quick ? ", quick" : "") + ")";
   std::string warning;
   reports::write_report(in, o.out, reports::default_web_dir(), &warning);
   if (!warning.empty()) std::fprintf(stderr, "signoff: %s\n", warning.c_str());
 
-  std::printf("\n%-16s %-14s %s\n", "format", "verdict", "reasons");
-  for (const auto& vj : verdicts) {
-    std::string reasons;
-    for (const auto& r : vj["reasons"]) reasons += (reasons.empty() ? "" : "; ") + r.get<std::string>();
-    std::printf("%-16s %-14s %s\n", vj["format"].get<std::string>().c_str(), vj["verdict"].get<std::string>().c_str(), reasons.c_str());
-  }
-  std::printf("\nreport: %s/index.md, %s/report.html (signoff.json, gates.json, matrix.json)\n", o.out.c_str(), o.out.c_str());
+  std::printf("\nbaseline %s, policy %s\n", baseline.c_str(), policy.path.c_str());
+  std::printf("%-16s %-16s %-16s %-12s %s\n", "format", "verdict", "conformance", "fit", "deciding policy line");
+  for (const auto& v : verdicts)
+    std::printf("%-16s %-16s %-16s %-12s %s\n", v.format.c_str(), so::to_string(v.overall).c_str(),
+                so::to_string(v.conformance.verdict).c_str(), so::to_string(v.fit.verdict).c_str(), so::deciding_line(v).c_str());
+  std::printf("\nreport: %s/index.md, %s/report.html (signoff.json, gates.json, matrix.json); exit %d\n", o.out.c_str(), o.out.c_str(),
+              exit_code);
   return exit_code;
 }
 
@@ -382,7 +475,11 @@ int run_signoff(const SignoffOpts& o) {
 
 void register_signoff(CLI::App& app) {
   auto o = std::make_shared<SignoffOpts>();
-  auto* sub = app.add_subcommand("signoff", "Per-format verdict from the gates, the mutation proof and the matrix vs f32; exit 1 on FAIL");
+  auto* sub = app.add_subcommand(
+      "signoff",
+      "Two verdicts per format -- conformance (gates + mutation proof) and fit (quality against the baseline under a "
+      "release policy) -- rolled up to PASS only when both hold");
+  sub->footer(kvgate::signoff::exit_codes_help());
   sub->add_option("--format", o->formats, "format to sign off (repeatable)");
   sub->add_flag("--all", o->all, "every preset");
   sub->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
@@ -398,6 +495,13 @@ void register_signoff(CLI::App& app) {
   sub->add_option("--threads", o->threads, "CPU threads for the matrix")->capture_default_str();
   sub->add_option("--jobs,-j", o->jobs, "parallel jobs for kvgate mutate")->capture_default_str();
   sub->add_flag("--no-timing", o->no_timing, "matrix without timing (reads no clock; for tests)");
+  sub->add_option("--policy", o->policy, "release policy JSON (default reports/policy/default.json; schema reports/schema/policy.schema.json)");
+  sub->add_option("--baseline", o->baseline,
+                  "baseline KV the formats are judged against: f16 | bf16 | f32 (default: the policy's, else f16 on cpu, bf16 on cuda)");
+  sub->add_option("--corpus", o->corpus,
+                  "extra quality corpus: a text file (the model's tokenizer), a token-id file (ids separated by spaces/commas; a "
+                  "blank line starts a sequence) or a corpus JSON");
+  sub->add_flag("--no-project-corpus", o->no_project_corpus, "judge quality on --corpus only (not the project's corpus)");
   on_run(sub, [o] { return run_signoff(*o); });
 }
 

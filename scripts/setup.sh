@@ -75,6 +75,7 @@ cmake --build "$here/build" -j"$(nproc)"
 
 if [ "$mode" = "--run" ]; then
   export KVGATE_MODELS="$models"
-  # The main job: gates + mutation proof + matrix vs f32 -> a verdict per format and the report.
+  # The main job: gates + mutation proof + matrix + quality vs the baseline under the release policy
+  # -> conformance and fit per format and the report; its exit code (README) is the script's.
   "$here/build/kvgate" signoff --all --out "$here/kvgate.out/signoff"
 fi

@@ -210,7 +210,7 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
   o << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << html_escape(in.title) << "</title>\n"
     << "<style>body{font-family:sans-serif;margin:24px;max-width:1400px}table{border-collapse:collapse;margin:8px 0 20px}"
        "td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px;text-align:left}th{background:#f3f3f3}"
-       ".PASS{background:#d9f2d9}.FAIL{background:#f7c6c6}.NOT-VALIDATED{background:#fff0c2}.plot{margin:16px 0}"
+       ".PASS{background:#d9f2d9}.FAIL{background:#f7c6c6}.NOT-VALIDATED{background:#fff0c2}.NOT-MEASURED{background:#fff0c2}.OVER-BUDGET{background:#f7c6c6}.DOES-NOT-CONFORM{background:#f7c6c6}.plot{margin:16px 0}"
        "#kvgate-errors{color:#b00;white-space:pre}</style>\n";
   // Error capture first, so that a failure while loading the bundles is recorded too.
   o << "<script>window.kvgateErrors=[];window.addEventListener('error',function(e){window.kvgateErrors.push(String(e.message))});"
@@ -232,7 +232,33 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
     o << "</p>\n";
   }
   if (in.signoff.is_object()) {
-    o << "<h2>Verdicts</h2>\n<table><tr><th>format</th><th>verdict</th><th>gates p/f/s</th><th>mutants killed/survived/not run</th><th>reasons</th></tr>\n";
+    if (in.signoff.contains("policy")) {
+      o << "<h2>Verdicts</h2>\n<p>Baseline <b>" << html_escape(in.signoff.value("baseline", "?")) << "</b>, policy <code>"
+        << html_escape(in.signoff["policy"].value("path", "")) << "</code>, exit code " << in.signoff.value("exit_code", 0) << ". "
+        << html_escape(in.signoff.value("exit_codes", "")) << "</p>\n";
+      o << "<table><tr><th>format</th><th>verdict</th><th>conformance</th><th>fit</th><th>deciding policy line</th><th>KL mean</th>"
+           "<th>top-1</th><th>1-TV</th><th>ppl delta</th></tr>\n";
+      for (const auto& v : in.signoff.value("verdicts", json::array())) {
+        const json q = v.value("quality", json(nullptr));
+        const json a = q.is_object() ? q["all"] : json(nullptr);
+        auto qv = [&](const char* k) { return a.is_object() ? cell(a.value(k, json(nullptr))) : std::string("–"); };
+        o << "<tr><td>" << html_escape(v.value("format", "")) << "</td><td class=\"" << v.value("verdict", "") << "\">"
+          << v.value("verdict", "") << "</td><td>" << html_escape(v.contains("conformance") ? v["conformance"].value("verdict", "") : "")
+          << "</td><td>" << html_escape(v.contains("fit") ? v["fit"].value("verdict", "") : "") << "</td><td>"
+          << html_escape(v.value("deciding_line", "")) << "</td><td>" << qv("kl_mean") << "</td><td>" << qv("top1") << "</td><td>"
+          << qv("one_minus_tv") << "</td><td>" << qv("ppl_delta") << "</td></tr>\n";
+      }
+      const json nf = in.signoff.value("noise_floor", json(nullptr));
+      if (nf.is_object()) {
+        const json w = nf.value("worst", json::object());
+        o << "<tr><td>noise floor</td><td></td><td></td><td></td><td>worst of the float runs that should agree</td><td>"
+          << cell(w.value("kl_mean", json(nullptr))) << "</td><td>" << cell(w.value("top1", json(nullptr))) << "</td><td>"
+          << cell(w.value("one_minus_tv", json(nullptr))) << "</td><td>" << cell(w.value("ppl_delta", json(nullptr))) << "</td></tr>\n";
+      }
+      o << "</table>\n<h2>Gates and mutation proof</h2>\n";
+    }
+    if (!in.signoff.contains("policy")) o << "<h2>Verdicts</h2>\n";
+    o << "<table><tr><th>format</th><th>verdict</th><th>gates p/f/s</th><th>mutants killed/survived/not run</th><th>reasons</th></tr>\n";
     for (const auto& v : in.signoff.value("verdicts", json::array())) {
       std::string reasons;
       for (const auto& r : v.value("reasons", json::array())) reasons += (reasons.empty() ? "" : "; ") + r.get<std::string>();

@@ -89,6 +89,75 @@ json decode_ratio(const json& matrix, const std::string& f) {
   return best;
 }
 
+
+// The sign-off's first table: per format both verdicts and the policy line that decided it, with the
+// quality over all positions and the noise floor beside it.
+void verdict_table(std::ostringstream& o, const ReportInputs& in) {
+  const json& so = in.signoff;
+  if (!so.is_object() || !so.contains("policy")) return;
+  const json nf = so.value("noise_floor", json(nullptr));
+  const json worst = nf.is_object() ? nf.value("worst", json::object()) : json::object();
+  o << "Baseline: **" << so.value("baseline", "?") << "**. Policy: `" << so["policy"].value("path", "") << "`. Exit code "
+    << so.value("exit_code", 0) << ".\n\n";
+  o << "| format | verdict | conformance | fit | deciding policy line | KL mean | KL p99 | top-1 | 1-TV | ppl delta | KV saving |\n";
+  o << "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n";
+  for (const auto& v : so.value("verdicts", json::array())) {
+    const json q = v.value("quality", json(nullptr));
+    const json a = q.is_object() ? q["all"] : json(nullptr);
+    auto qv = [&](const char* k) { return a.is_object() ? num(a.value(k, json(nullptr))) : std::string("–"); };
+    const std::string f = v.value("format", "");
+    o << "| [" << f << "](" << file_name_for(f) << ".md) | **" << v.value("verdict", "?") << "** | "
+      << (v.contains("conformance") ? v["conformance"].value("verdict", "?") : "–") << " | "
+      << (v.contains("fit") ? v["fit"].value("verdict", "?") : "–") << " | " << v.value("deciding_line", "–") << " | " << qv("kl_mean")
+      << " | " << qv("kl_p99") << " | " << (a.is_object() ? pct(a["top1"]) : "–") << " | " << qv("one_minus_tv") << " | "
+      << qv("ppl_delta") << " | " << num(v.value("matrix", json::object()).value("kv_saving_vs_baseline", json(nullptr))) << " |\n";
+  }
+  o << "| noise floor (worst of " << (nf.is_object() ? nf["runs"].size() : 0) << " float runs) | | | | | " << num(worst.value("kl_mean", json(nullptr)))
+    << " | " << num(worst.value("kl_p99", json(nullptr))) << " | " << pct(worst.value("top1", json(nullptr))) << " | "
+    << num(worst.value("one_minus_tv", json(nullptr))) << " | " << num(worst.value("ppl_delta", json(nullptr))) << " | |\n\n";
+  if (nf.is_object())
+    for (const auto& r : nf["runs"]) o << "- noise run: " << r.value("name", "") << "\n";
+  const json qm = so.value("quality_method", json::object());
+  if (!qm.empty())
+    o << "- quality: " << qm.value("path", "") << "; corpus " << join(qm.value("corpus", json::array()), " + ") << " ("
+      << qm.value("positions", 0) << " positions); depth buckets " << join(qm.value("buckets", json::array())) << "\n";
+  o << "- " << so.value("exit_codes", "") << "\n\n";
+}
+
+// Per format: the fit lines (every budget, per depth bucket) and the bucket table.
+void fit_section(std::ostringstream& o, const json& v) {
+  if (!v.contains("fit")) return;
+  const json& fit = v["fit"];
+  o << "## Fit: " << fit.value("verdict", "?") << " (conformance: " << v["conformance"].value("verdict", "?") << ")\n\n";
+  o << "Deciding line: " << v.value("deciding_line", "–") << "\n\n";
+  const json q = v.value("quality", json(nullptr));
+  if (q.is_object()) {
+    o << "| depth | positions | KL mean | KL p99 | top-1 | 1-TV | ppl baseline | ppl format | ppl delta |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    auto row = [&](const std::string& name, const json& s) {
+      if (s.value("empty", false)) {
+        o << "| " << name << " | 0 (empty) | | | | | | | |\n";
+        return;
+      }
+      o << "| " << name << " | " << s.value("positions", 0) << " | " << num(s["kl_mean"]) << " | " << num(s["kl_p99"]) << " | "
+        << pct(s["top1"]) << " | " << num(s["one_minus_tv"]) << " | " << num(s["ppl_base"]) << " | " << num(s["ppl_format"])
+        << " | " << num(s["ppl_delta"]) << " |\n";
+    };
+    row("all", q["all"]);
+    for (const auto& b : q["buckets"]) row(b.value("bucket", ""), b);
+    o << "\n";
+  }
+  o << "| policy line | scope | value | noise floor | status | source |\n|---|---|---:|---:|---|---|\n";
+  for (const auto& l : fit.value("lines", json::array())) {
+    std::string src = l.value("source", "");
+    for (auto& c : src)
+      if (c == '|' || c == '\n') c = ' ';
+    o << "| " << l.value("line", "") << " | " << l.value("scope", "") << " | " << num(l["value"]) << " | " << num(l["noise_floor"])
+      << " | " << l.value("status", "") << (l.value("status", "") == "within" ? "" : " (" + l.value("reason", "") + ")") << " | "
+      << src.substr(0, 120) << (src.size() > 120 ? "…" : "") << " |\n";
+  }
+  o << "\n";
+}
+
 }  // namespace
 
 std::string file_name_for(const std::string& format) {
@@ -105,6 +174,7 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     const auto& reasons = v->value("reasons", json::array());
     if (!reasons.empty()) o << " — " << join(reasons, "; ");
     o << "\n\n";
+    fit_section(o, *v);
   }
   const json* fe = format_entry(in.matrix, f);
   if (fe) {
@@ -180,6 +250,8 @@ std::string index_markdown(const ReportInputs& in) {
   if (in.signoff.is_object())
     o << "Device: " << in.signoff.value("device", "cpu") << (in.signoff.value("quick", false) ? " (quick)" : "")
       << ". Mutation proof: " << in.signoff.value("mutation_source", "") << ".\n\n";
+  verdict_table(o, in);
+  if (in.signoff.is_object() && in.signoff.contains("policy")) o << "## Gates, mutation proof and the matrix (against f32)\n\n";
   o << "| format | verdict | gates passed/failed/skipped | mutants killed/survived/not run | B/token | vs f32 | KL mean | top-1 | decode vs f32 | reasons |\n";
   o << "|---|---|---|---|---:|---:|---:|---:|---:|---|\n";
   double f32_bytes = 0;

@@ -42,7 +42,8 @@ std::string schema_file_for(const nlohmann::json& doc) {
   const std::string s = doc.value("schema", "");
   if (s == "kvgate.matrix/1") return "matrix.schema.json";
   if (s == "kvgate.run/1") return "run.schema.json";
-  if (s == "kvgate.signoff/1") return "signoff.schema.json";
+  if (s == "kvgate.signoff/2") return "signoff.schema.json";
+  if (s == "kvgate.policy/1") return "policy.schema.json";
   if (s == "kvgate.field-report/1") return "field-report.schema.json";
   if (doc.contains("totals") && doc.contains("per_format") && doc.contains("gates")) return "gate.schema.json";
   return {};

@@ -16,7 +16,21 @@ files=("$out"/probe-*.json "$out/bench/matrix.json" "$out/gates-int8.json")
 if "$kvgate" --help | grep -q signoff; then
   "$kvgate" signoff --format int8 --quick --no-timing --probe-model none --mutants "$src/reports/tests/fixtures" --out "$out/signoff" > /dev/null || true
   files+=("$out/signoff/signoff.json" "$out/signoff/matrix.json" "$out/signoff/gates.json")
+  # Bad input (a policy with a wrong unit, a corpus out of the vocabulary, a quantized baseline) is
+  # refused with exit 1 before anything is written: the report folder is not even created.
+  printf '{"schema": "kvgate.policy/1", "budgets": {"kl_mean": {"max": 0.05, "unit": "bits", "source": "x"}}}' > "$out/bad-policy.json"
+  printf '1 2 3 999999\n' > "$out/bad-corpus.txt"
+  for bad in "--policy $out/bad-policy.json" "--corpus $out/bad-corpus.txt" "--baseline int8"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$kvgate" signoff --format int8 --quick --no-timing $bad --out "$out/refused" > /dev/null 2> "$out/refused.err" || rc=$?
+    if [ "$rc" != 1 ] || [ -e "$out/refused" ]; then
+      echo "signoff $bad: exit $rc (want 1) or $out/refused was written"; cat "$out/refused.err"; exit 1
+    fi
+    grep -q "fix:" "$out/refused.err" || { echo "signoff $bad: no fix in the message"; cat "$out/refused.err"; exit 1; }
+  done
 fi
+files+=("$src/reports/policy/default.json")
 if "$kvgate" --help | grep -q field-report; then
   "$kvgate" field-report --quick --no-timing --no-gates --probe-model none --formats int8 --out "$out/field" > /dev/null
   files+=("$out/field/field-report.json" "$out/field/matrix.json")

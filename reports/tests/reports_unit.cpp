@@ -31,7 +31,7 @@ TEST_CASE("every published schema is valid JSON and names itself") {
     CHECK(j.value("$id", "") == e.path().filename().string());
     ++n;
   }
-  CHECK(n == 6);
+  CHECK(n == 7);
 }
 
 TEST_CASE("the committed fixtures validate against their schemas") {
@@ -92,4 +92,62 @@ TEST_CASE("renderers: index, per-format pages, every plot") {
   CHECK_THAT(html, kvgate_catch::contains("id=\"plot-kills\""));
   CHECK_THAT(html, kvgate_catch::contains("</html>"));
   CHECK(file_name_for("k=q8_0,v=q4_0") == "k-q8_0_v-q4_0");
+}
+
+TEST_CASE("the shipped release policy validates; a sign-off record's first table shows both verdicts and the deciding line") {
+  const auto s = schemas();
+  std::ifstream pf(std::filesystem::path(src()) / "reports" / "policy" / "default.json");
+  REQUIRE(pf.good());
+  const json policy = json::parse(pf);
+  CHECK(schema_file_for(policy) == "policy.schema.json");
+  CHECK(s.validate(policy, "policy.schema.json").empty());
+  json bad = policy;
+  bad["budgets"]["kl_mean"]["unit"] = "bits";
+  CHECK_FALSE(s.validate(bad, "policy.schema.json").empty());
+  json bad2 = policy;
+  bad2["budgets"]["top1"] = {{"max", 0.9}, {"unit", "fraction"}, {"source", "x"}};
+  CHECK_FALSE(s.validate(bad2, "policy.schema.json").empty());
+
+  const json line = {{"metric", "kl_mean"}, {"origin", "budgets.kl_mean"}, {"line", "budgets.kl_mean: kl_mean <= 0.05 nats"},
+                     {"direction", "at_most"}, {"bound", 0.05}, {"unit", "nats"}, {"source", "llama.cpp PR #12557"},
+                     {"scope", "all"}, {"value", 1.1}, {"noise_floor", 1e-6}, {"status", "over"}, {"reason", "misses"}, {"margin", -21.0}};
+  const json stats = {{"positions", 2048}, {"empty", false}, {"kl_mean", 1.1}, {"kl_p99", 8.0}, {"top1", 0.54},
+                      {"one_minus_tv", 0.57}, {"ppl_base", 3.0}, {"ppl_format", 10.0}, {"ppl_delta", 2.3}};
+  json empty_bucket = {{"positions", 0}, {"empty", true}, {"bucket", "16K+"}};
+  json b0 = stats;
+  b0["bucket"] = "0-1K";
+  json so = {{"schema", "kvgate.signoff/2"}, {"kind", "signoff"}, {"device", "cpu"}, {"quick", true},
+             {"provenance", fixture("matrix.json")["provenance"]}, {"baseline", "f16"},
+             {"policy", {{"path", "reports/policy/default.json"}, {"baseline", "auto"}, {"budgets", json::object()}, {"formats", json::object()}}},
+             {"noise_floor", {{"runs", json::array({{{"name", "f32 vs f16"}, {"quality", {{"all", stats}, {"buckets", {b0}}}}}})},
+                              {"worst", {{"kl_mean", 1e-6}}}}},
+             {"quality_method", {{"path", "decode path"}, {"corpus", {"c.json"}}, {"sequences", 8}, {"positions", 2048}, {"buckets", {"0-1K", "16K+"}}}},
+             {"exit_code", 3}, {"files", json::object()},
+             {"verdicts", json::array({{{"format", "q4_0"}, {"verdict", "OVER-BUDGET"},
+                                        {"conformance", {{"verdict", "CONFORMS"}, {"reasons", json::array()}}},
+                                        {"fit", {{"verdict", "OVER-BUDGET"}, {"reasons", {"misses"}}, {"deciding", 0}, {"lines", {line}}}},
+                                        {"deciding_line", "budgets.kl_mean: kl_mean <= 0.05 nats [all]: 1.1 nats (misses)"},
+                                        {"reasons", {"misses"}}, {"notes", json::array()},
+                                        {"gates", {{"passed", 3}, {"failed", 0}, {"skipped", 0}, {"failing", json::array()}, {"skipped_ids", json::array()}}},
+                                        {"mutation", {{"status", "run"}, {"mutants", {"M"}}, {"killed", {"M"}}, {"survived", json::array()}, {"not_run", json::array()}}},
+                                        {"matrix", json::object()},
+                                        {"quality", {{"all", stats}, {"buckets", {b0, empty_bucket}}}}}})}};
+  const auto errs = s.validate(so, "signoff.schema.json");
+  for (const auto& e : errs) UNSCOPED_INFO(e);
+  CHECK(errs.empty());
+  ReportInputs in;
+  in.signoff = so;
+  const std::string idx = index_markdown(in);
+  const auto first = idx.find("| format | verdict | conformance | fit | deciding policy line");
+  REQUIRE(first != std::string::npos);
+  CHECK(first < idx.find("| format | verdict | gates passed"));
+  CHECK(idx.find("**OVER-BUDGET** | CONFORMS | OVER-BUDGET | budgets.kl_mean: kl_mean <= 0.05 nats") != std::string::npos);
+  CHECK(idx.find("noise floor") != std::string::npos);
+  const std::string page = format_markdown(in, "q4_0");
+  CHECK(page.find("## Fit: OVER-BUDGET (conformance: CONFORMS)") != std::string::npos);
+  CHECK(page.find("| 16K+ | 0 (empty) |") != std::string::npos);
+  CHECK(page.find("llama.cpp PR #12557") != std::string::npos);
+  const std::string html = html_page(in, "/nonexistent");
+  CHECK(html.find("<th>conformance</th><th>fit</th><th>deciding policy line</th>") != std::string::npos);
+  CHECK(html.find("budgets.kl_mean: kl_mean &lt;= 0.05 nats") != std::string::npos);
 }

@@ -1,0 +1,569 @@
+// SGN gates: the sign-off rules (reports/signoff, kvgate::signoff) that turn gate results, mutation
+// outcomes and measured quality into the two verdicts per format, their roll-up and the exit code.
+// Table-driven: every rule has rows whose expected verdict is written out by hand from the rule's
+// statement (README "Sign-off"), never from a run. No model, no clock, no file but the shipped
+// default policy. Tagged with every preset: each format's sign-off runs them (its verdict is only as
+// good as these rules).
+//
+// Bounds: the verdicts are discrete, compared exactly. The quality fixtures are built from
+// distributions whose KL / TV / perplexity have closed forms (derivations beside each row); they are
+// compared within 1e-9 relative, far above double rounding over a vocabulary of 4 (~1e-15) and far
+// below the differences between rows.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/signoff.hpp"
+
+using namespace kvgate::signoff;
+using nlohmann::json;
+
+#define SGN_TAGS "[gate:SGN][fmt:f32][fmt:f16][fmt:bf16][fmt:int8][fmt:fp8][fmt:fp8_e5m2][fmt:q8_0][fmt:q4_0][fmt:k8v4]"
+
+namespace {
+
+bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+template <class F>
+std::string refusal(F&& f) {
+  try {
+    f();
+  } catch (const PolicyError& e) {
+    return e.what();
+  }
+  return "<accepted>";
+}
+
+json budget(const char* bound_key, double bound, const char* unit) {
+  return {{bound_key, bound}, {"unit", unit}, {"source", "gate fixture"}};
+}
+
+// A complete policy with round numbers (each row below overrides what it tests).
+json base_policy() {
+  return {{"schema", "kvgate.policy/1"},
+          {"baseline", "auto"},
+          {"budgets",
+           {{"kl_mean", budget("max", 0.05, "nats")},
+            {"kl_p99", budget("max", 0.5, "nats")},
+            {"top1", budget("min", 0.9, "fraction")},
+            {"one_minus_tv", budget("min", 0.9, "fraction")},
+            {"ppl_delta", budget("max", 0.02, "fraction")},
+            {"probe_parity", budget("max", 0, "cases")},
+            {"kv_saving", budget("min", 0.25, "fraction")},
+            {"decode_speedup", {{"min", 1.0}, {"unit", "ratio"}, {"devices", {"cuda"}}, {"source", "gate fixture"}}}}}};
+}
+
+Policy policy(const json& j) { return parse_policy(j, "fixture.json"); }
+
+// A QualityReport whose every bucket and the whole equal `s` (buckets all non-empty).
+QualityReport flat_quality(const QualityStats& s) {
+  QualityReport q;
+  q.all = s;
+  for (const auto& b : default_buckets()) q.buckets.push_back({b, s});
+  return q;
+}
+
+QualityStats stats(double kl_mean, double kl_p99, double top1, double omtv, double ppl_delta) {
+  QualityStats s;
+  s.positions = s.ppl_positions = 1000;
+  s.kl_mean = kl_mean;
+  s.kl_p99 = s.kl_max = kl_p99;
+  s.top1 = top1;
+  s.one_minus_tv = omtv;
+  s.ppl_base = 10;
+  s.ppl_fmt = 10 * (1 + ppl_delta);
+  s.ppl_delta = ppl_delta;
+  return s;
+}
+
+FitInput good_input(const std::string& fmt) {
+  FitInput in;
+  in.format = fmt;
+  in.device = "cpu";
+  in.quality = flat_quality(stats(0.001, 0.01, 0.99, 0.99, 0.001));
+  in.probe_regressions = 0;
+  in.kv_saving = 0.5;
+  in.decode_speedup = std::nullopt;  // CPU: the cuda-only line does not apply
+  return in;
+}
+
+ConformanceInput conforming() {
+  ConformanceInput c;
+  c.gates.passed = 10;
+  c.mutation.status = "run";
+  c.mutation.mutants = {"M1", "M2"};
+  c.mutation.killed = {"M1", "M2"};
+  return c;
+}
+
+const LineResult* line_for(const FitVerdict& v, const std::string& metric, const std::string& scope) {
+  for (const auto& l : v.lines)
+    if (info(l.budget.budget.metric).key == metric && l.scope == scope) return &l;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("SGN.rollup PASS only when the format conforms and fits; the exit code is the most severe verdict", SGN_TAGS) {
+  struct Row {
+    Conformance c;
+    Fit f;
+    Overall want;
+    int exit;
+  };
+  const Row rows[] = {
+      {Conformance::conforms, Fit::fits, Overall::pass, 0},
+      {Conformance::conforms, Fit::over_budget, Overall::over_budget, 3},
+      {Conformance::conforms, Fit::not_measured, Overall::not_measured, 4},
+      {Conformance::does_not_conform, Fit::fits, Overall::does_not_conform, 2},
+      {Conformance::does_not_conform, Fit::over_budget, Overall::does_not_conform, 2},
+      {Conformance::does_not_conform, Fit::not_measured, Overall::does_not_conform, 2},
+      {Conformance::not_validated, Fit::fits, Overall::not_validated, 4},
+      {Conformance::not_validated, Fit::over_budget, Overall::over_budget, 3},  // a measured miss is decisive
+      {Conformance::not_validated, Fit::not_measured, Overall::not_validated, 4},
+  };
+  for (const auto& r : rows) {
+    INFO(to_string(r.c) << " + " << to_string(r.f));
+    CHECK(roll_up(r.c, r.f) == r.want);
+    CHECK(exit_code(roll_up(r.c, r.f)) == r.exit);
+  }
+  CHECK(to_string(Overall::pass) == "PASS");
+  CHECK(to_string(Overall::over_budget) == "OVER-BUDGET");
+  // Distinct codes per class, and the most severe verdict over the formats decides.
+  CHECK(kExitPass == 0);
+  CHECK(kExitError == 1);
+  CHECK(kExitDoesNotConform != kExitOverBudget);
+  CHECK(kExitOverBudget != kExitNotDecided);
+  CHECK(exit_code(std::vector<Overall>{}) == 0);
+  CHECK(exit_code({Overall::pass, Overall::pass}) == 0);
+  CHECK(exit_code({Overall::pass, Overall::over_budget, Overall::not_validated}) == kExitOverBudget);
+  CHECK(exit_code({Overall::not_measured, Overall::pass}) == kExitNotDecided);
+  CHECK(exit_code({Overall::over_budget, Overall::does_not_conform, Overall::pass}) == kExitDoesNotConform);
+  CHECK(exit_code({Overall::not_validated, Overall::over_budget}) == kExitOverBudget);
+}
+
+TEST_CASE("SGN.conformance failing gates or surviving mutants do not conform; anything not run is not validated", SGN_TAGS) {
+  CHECK(conformance_verdict(conforming()).verdict == Conformance::conforms);
+  CHECK(conformance_verdict(conforming()).reasons.empty());
+  {
+    auto c = conforming();
+    c.gates.failed = 1;
+    c.gates.failing = {"ENV.int8"};
+    const auto v = conformance_verdict(c);
+    CHECK(v.verdict == Conformance::does_not_conform);
+    REQUIRE_FALSE(v.reasons.empty());
+    CHECK(has(v.reasons.front(), "ENV.int8"));
+  }
+  {
+    auto c = conforming();
+    c.mutation.killed = {"M1"};
+    c.mutation.survived = {"M2"};
+    const auto v = conformance_verdict(c);
+    CHECK(v.verdict == Conformance::does_not_conform);
+    REQUIRE_FALSE(v.reasons.empty());
+    CHECK(has(v.reasons.front(), "M2"));
+  }
+  {  // a survivor is decisive even when something else was not validated
+    auto c = conforming();
+    c.mutation.survived = {"M2"};
+    c.fallback_reason = "head_dim";
+    CHECK(conformance_verdict(c).verdict == Conformance::does_not_conform);
+  }
+  struct Row {
+    const char* what;
+    void (*edit)(ConformanceInput&);
+  };
+  const Row nv[] = {
+      {"mutation proof not run", [](ConformanceInput& c) { c.mutation.status = "not_run"; c.mutation.killed.clear(); }},
+      {"no mutant", [](ConformanceInput& c) { c.mutation.mutants.clear(); c.mutation.killed.clear(); }},
+      {"no gate ran", [](ConformanceInput& c) { c.gates.passed = 0; }},
+      {"gates not run", [](ConformanceInput& c) { c.gate_error = "no gate programs"; }},
+      {"mutant missing", [](ConformanceInput& c) { c.mutation.missing = {"M3"}; }},
+      {"mutant undecided", [](ConformanceInput& c) { c.mutation.undecided = {"M3 (timeout)"}; }},
+      {"baseline red", [](ConformanceInput& c) { c.mutation.baseline_green = false; }},
+      {"fallback", [](ConformanceInput& c) { c.fallback_reason = "head_dim 8"; c.fallback_effective = "f16"; }},
+      {"no device", [](ConformanceInput& c) { c.not_validated.push_back("no CUDA device"); }},
+  };
+  for (const auto& r : nv) {
+    INFO(r.what);
+    auto c = conforming();
+    r.edit(c);
+    const auto v = conformance_verdict(c);
+    CHECK(v.verdict == Conformance::not_validated);
+    CHECK_FALSE(v.reasons.empty());
+  }
+}
+
+TEST_CASE("SGN.fit.direction each metric is compared the way its budget says (<= max, >= min), bound included", SGN_TAGS) {
+  const Policy p = policy(base_policy());
+  struct Row {
+    const char* metric;
+    double value;
+    LineStatus want;
+  };
+  const Row rows[] = {
+      {"kl_mean", 0.04, LineStatus::within},       {"kl_mean", 0.05, LineStatus::within},
+      {"kl_mean", 0.06, LineStatus::over},         {"kl_p99", 0.6, LineStatus::over},
+      {"kl_p99", 0.4, LineStatus::within},         {"top1", 0.95, LineStatus::within},
+      {"top1", 0.90, LineStatus::within},          {"top1", 0.54, LineStatus::over},
+      {"one_minus_tv", 0.89, LineStatus::over},    {"one_minus_tv", 0.91, LineStatus::within},
+      {"ppl_delta", 0.03, LineStatus::over},       {"ppl_delta", -0.01, LineStatus::within},
+      {"probe_parity", 0, LineStatus::within},     {"probe_parity", 1, LineStatus::over},
+      {"kv_saving", 0.1, LineStatus::over},        {"kv_saving", 0.5, LineStatus::within},
+  };
+  const auto bs = budgets_for(p, "int8");
+  for (const auto& r : rows) {
+    INFO(r.metric << " = " << r.value);
+    const EffectiveBudget* b = nullptr;
+    for (const auto& x : bs)
+      if (info(x.budget.metric).key == std::string(r.metric)) b = &x;
+    REQUIRE(b != nullptr);
+    const auto l = judge_line(*b, r.value, std::nullopt, "cpu", "all");
+    CHECK(l.status == r.want);
+    CHECK((l.margin < 0) == (r.want == LineStatus::over));
+  }
+  // decode speed-up: budgeted on cuda only; on cpu the line does not apply (never a miss).
+  const EffectiveBudget* sp = nullptr;
+  for (const auto& x : bs)
+    if (x.budget.metric == Metric::decode_speedup) sp = &x;
+  REQUIRE(sp != nullptr);
+  CHECK(judge_line(*sp, 0.5, std::nullopt, "cuda", "").status == LineStatus::over);
+  CHECK(judge_line(*sp, 1.5, std::nullopt, "cuda", "").status == LineStatus::within);
+  CHECK(judge_line(*sp, 0.5, std::nullopt, "cpu", "").status == LineStatus::not_applicable);
+  CHECK(judge_line(*sp, std::nullopt, std::nullopt, "cuda", "").status == LineStatus::not_measured);
+}
+
+TEST_CASE("SGN.fit.verdict a miss is OVER-BUDGET, else anything unmeasured is NOT-MEASURED; the deciding line is named", SGN_TAGS) {
+  const Policy p = policy(base_policy());
+  {
+    const auto v = fit_verdict(p, good_input("int8"));
+    CHECK(v.verdict == Fit::fits);
+    REQUIRE(v.deciding >= 0);
+    CHECK(v.lines[static_cast<std::size_t>(v.deciding)].status == LineStatus::within);
+    // 4 buckets + all for each of the 5 quality metrics, plus 3 unbucketed lines.
+    CHECK(v.lines.size() == 5 * 5 + 3);
+  }
+  {  // q4_0-like quality: top-1 54%, KL 1.11 -> OVER-BUDGET, decided by the worst miss
+    auto in = good_input("q4_0");
+    // Relative misses: kl_mean (0.05-1.11)/0.05 = -21.2, kl_p99 (0.5-5)/0.5 = -9, top1 -0.4, 1-TV -0.33.
+    in.quality = flat_quality(stats(1.11, 5.0, 0.54, 0.6, 0.01));
+    const auto v = fit_verdict(p, in);
+    CHECK(v.verdict == Fit::over_budget);
+    REQUIRE(v.deciding >= 0);
+    CHECK(v.lines[static_cast<std::size_t>(v.deciding)].status == LineStatus::over);
+    CHECK(info(v.lines[static_cast<std::size_t>(v.deciding)].budget.budget.metric).key == std::string("kl_mean"));
+    CHECK_FALSE(v.reasons.empty());
+    FormatVerdict fv = decide("q4_0", conforming(), p, in);
+    CHECK(fv.overall == Overall::over_budget);
+    CHECK(fv.conformance.verdict == Conformance::conforms);
+    CHECK(has(deciding_line(fv), "budgets.kl_mean"));
+  }
+  {  // over beats not measured
+    auto in = good_input("q4_0");
+    in.quality = flat_quality(stats(0.001, 0.01, 0.5, 0.99, 0.001));
+    in.probe_regressions = std::nullopt;
+    CHECK(fit_verdict(p, in).verdict == Fit::over_budget);
+  }
+  {  // nothing over, probes not measured -> NOT-MEASURED, deciding line is that one
+    auto in = good_input("int8");
+    in.probe_regressions = std::nullopt;
+    const auto v = fit_verdict(p, in);
+    CHECK(v.verdict == Fit::not_measured);
+    REQUIRE(v.deciding >= 0);
+    CHECK(v.lines[static_cast<std::size_t>(v.deciding)].budget.budget.metric == Metric::probe_parity);
+  }
+  {  // quality not measured at all
+    auto in = good_input("int8");
+    in.quality = std::nullopt;
+    in.not_measured_reason = "no corpus";
+    const auto v = fit_verdict(p, in);
+    CHECK(v.verdict == Fit::not_measured);
+    CHECK(has(v.reasons.front(), "no corpus"));
+  }
+  {  // a miss in one depth bucket only is a miss
+    auto in = good_input("int8");
+    in.quality->buckets[2].stats = stats(0.2, 0.3, 0.95, 0.95, 0.001);
+    const auto v = fit_verdict(p, in);
+    CHECK(v.verdict == Fit::over_budget);
+    CHECK(v.lines[static_cast<std::size_t>(v.deciding)].scope == "4K-16K");
+  }
+  {  // the same quality on cuda needs the decode speed-up
+    auto in = good_input("int8");
+    in.device = "cuda";
+    CHECK(fit_verdict(p, in).verdict == Fit::not_measured);
+    in.decode_speedup = 0.8;
+    CHECK(fit_verdict(p, in).verdict == Fit::over_budget);
+    in.decode_speedup = 1.7;
+    CHECK(fit_verdict(p, in).verdict == Fit::fits);
+  }
+}
+
+TEST_CASE("SGN.noise a budget tighter than the measured noise floor is refused with that reason, not judged", SGN_TAGS) {
+  json j = base_policy();
+  j["budgets"]["kl_mean"] = budget("max", 1e-4, "nats");
+  j["budgets"]["top1"] = budget("min", 0.999, "fraction");
+  const Policy p = policy(j);
+  auto in = good_input("int8");
+  in.quality = flat_quality(stats(1e-5, 0.01, 0.9995, 0.99, 0.001));
+  {  // no noise floor measured: judged as written
+    const auto v = fit_verdict(p, in);
+    CHECK(v.verdict == Fit::fits);
+  }
+  NoiseRun run;
+  run.name = "f32 vs f16";
+  run.quality = flat_quality(stats(3e-4, 0.002, 0.998, 0.999, -0.0005));
+  in.noise.runs.push_back(run);
+  REQUIRE(in.noise.worst(Metric::kl_mean).has_value());
+  CHECK(*in.noise.worst(Metric::kl_mean) == 3e-4);
+  CHECK(*in.noise.worst(Metric::top1) == 0.998);
+  CHECK(*in.noise.worst(Metric::ppl_delta) == 0.0005);  // by magnitude
+  // A second run: the worst over the runs (largest KL, smallest top-1).
+  NoiseRun run2 = run;
+  run2.name = "f16 chunk 1 vs 128";
+  run2.quality = flat_quality(stats(1e-4, 0.004, 0.997, 0.9995, 0.0));
+  in.noise.runs.push_back(run2);
+  CHECK(*in.noise.worst(Metric::kl_mean) == 3e-4);
+  CHECK(*in.noise.worst(Metric::kl_p99) == 0.004);
+  CHECK(*in.noise.worst(Metric::top1) == 0.997);
+  const auto v = fit_verdict(p, in);
+  CHECK(v.verdict == Fit::not_measured);
+  const auto* kl = line_for(v, "kl_mean", "all");
+  REQUIRE(kl != nullptr);
+  CHECK(kl->status == LineStatus::refused);
+  CHECK(has(kl->reason, "noise floor"));
+  const auto* t1 = line_for(v, "top1", "0-1K");
+  REQUIRE(t1 != nullptr);
+  CHECK(t1->status == LineStatus::refused);
+  // Budgets at or above the floor are judged (the floor is reported beside the value).
+  const auto* p99 = line_for(v, "kl_p99", "all");
+  REQUIRE(p99 != nullptr);
+  CHECK(p99->status == LineStatus::within);
+  REQUIRE(p99->noise.has_value());
+  CHECK(*p99->noise == 0.004);
+  // Even a format that would miss the refused budget is not called OVER-BUDGET on it.
+  auto bad = in;
+  bad.quality = flat_quality(stats(0.01, 0.01, 0.99, 0.99, 0.001));
+  CHECK(fit_verdict(p, bad).verdict == Fit::not_measured);
+}
+
+TEST_CASE("SGN.buckets every depth bucket is reported, empty ones as empty; positions land by depth", SGN_TAGS) {
+  const auto b = default_buckets();
+  REQUIRE(b.size() == 4);
+  CHECK(b[0].name == "0-1K");
+  CHECK(b[3].name == "16K+");
+  CHECK(b[0].contains(0));
+  CHECK(b[0].contains(1023));
+  CHECK_FALSE(b[0].contains(1024));
+  CHECK(b[1].contains(1024));
+  CHECK(b[2].contains(16383));
+  CHECK(b[3].contains(16384));
+  CHECK(b[3].contains(1 << 30));
+  // Positions at depths 0, 5, 2000, 2001: KL 0.1, 0.3, 1.0, 3.0; top-1 agree on the first three.
+  std::vector<PositionMetrics> pm(4);
+  const std::int64_t depth[] = {0, 5, 2000, 2001};
+  const double kl[] = {0.1, 0.3, 1.0, 3.0};
+  for (int i = 0; i < 4; ++i) {
+    pm[static_cast<std::size_t>(i)].depth = depth[i];
+    pm[static_cast<std::size_t>(i)].kl = kl[i];
+    pm[static_cast<std::size_t>(i)].tv = 0.1 * (i + 1);
+    pm[static_cast<std::size_t>(i)].top1_agree = i < 3;
+  }
+  const auto q = bucket_quality(pm, b);
+  REQUIRE(q.buckets.size() == 4);
+  CHECK(q.all.positions == 4);
+  CHECK(std::abs(q.all.kl_mean - 1.1) < 1e-12);
+  CHECK(q.buckets[0].bucket.name == "0-1K");
+  CHECK(q.buckets[0].stats.positions == 2);
+  CHECK(std::abs(q.buckets[0].stats.kl_mean - 0.2) < 1e-12);
+  CHECK(q.buckets[0].stats.top1 == 1.0);
+  CHECK(q.buckets[1].stats.positions == 2);
+  CHECK(std::abs(q.buckets[1].stats.kl_mean - 2.0) < 1e-12);
+  CHECK(q.buckets[1].stats.top1 == 0.5);
+  CHECK(std::abs(q.buckets[1].stats.one_minus_tv - 0.65) < 1e-12);
+  CHECK(q.buckets[2].stats.empty());
+  CHECK(q.buckets[3].bucket.name == "16K+");
+  CHECK(q.buckets[3].stats.empty());
+  // The record keeps the empty buckets, marked empty.
+  const json jq = to_json(q);
+  REQUIRE(jq["buckets"].size() == 4);
+  CHECK(jq["buckets"][2]["empty"] == true);
+  CHECK(jq["buckets"][3]["bucket"] == "16K+");
+  // The fit lines of an empty bucket say so and do not decide.
+  const Policy p = policy(base_policy());
+  FitInput in = good_input("int8");
+  in.quality = bucket_quality(std::vector<PositionMetrics>(pm.begin(), pm.begin() + 2), b);
+  const auto v = fit_verdict(p, in);
+  const auto* e = line_for(v, "kl_mean", "4K-16K");
+  REQUIRE(e != nullptr);
+  CHECK(e->status == LineStatus::not_applicable);
+  CHECK(has(e->reason, "empty"));
+  CHECK(line_for(v, "kl_mean", "16K+") != nullptr);
+}
+
+TEST_CASE("SGN.buckets per-position KL, TV, top-1 and perplexity have their closed forms", SGN_TAGS) {
+  // p = softmax(log[0.5, 0.25, 0.125, 0.125]), q = uniform: KL(p||q) = sum p log(p/q) =
+  // 0.5 ln 2 + 0 + 2 * 0.125 ln 0.5 = 0.25 ln 2; TV = 0.5 (0.25 + 0 + 0.125 + 0.125) = 0.25.
+  const float base[4] = {std::log(0.5f), std::log(0.25f), std::log(0.125f), std::log(0.125f)};
+  const float got[4] = {0, 0, 0, 0};
+  const auto m = compare_position(base, got, 4, 1, 7);
+  CHECK(m.depth == 7);
+  CHECK(std::abs(m.kl - 0.25 * std::log(2.0)) < 1e-6);
+  CHECK(std::abs(m.tv - 0.25) < 1e-6);
+  CHECK(m.top1_agree);  // argmax 0 vs the uniform row's argmax, the lowest id on ties: 0
+  CHECK(m.has_target);
+  CHECK(std::abs(m.nll_base - std::log(4.0)) < 1e-6);  // -ln 0.25
+  CHECK(std::abs(m.nll_fmt - std::log(4.0)) < 1e-6);   // uniform
+  const auto same = compare_position(base, base, 4, -1, 0);
+  CHECK(same.kl == 0);
+  CHECK(same.tv < 1e-12);
+  CHECK(same.top1_agree);
+  CHECK_FALSE(same.has_target);
+  // Two sequences of 3 and 2 positions: depths restart per sequence, the last position has no target.
+  std::vector<std::vector<float>> L = {std::vector<float>(12, 0.f), std::vector<float>(8, 0.f)};
+  const auto pm = compare_sequences(L, L, {{1, 2, 3}, {0, 1}}, 4);
+  REQUIRE(pm.size() == 5);
+  CHECK(pm[2].depth == 2);
+  CHECK_FALSE(pm[2].has_target);
+  CHECK(pm[3].depth == 0);
+  const auto s = summarize(pm);
+  CHECK(s.ppl_positions == 3);
+  CHECK(std::abs(s.ppl_base - 4.0) < 1e-9);
+  CHECK(std::abs(s.ppl_delta) < 1e-12);
+}
+
+TEST_CASE("SGN.policy.override a per-format override replaces the default for that format only", SGN_TAGS) {
+  json j = base_policy();
+  j["formats"] = {{"q8_0", {{"kl_mean", budget("max", 0.01, "nats")}}},
+                  {"f16", {{"kv_saving", {{"not_budgeted", "float reference"}}}}}};
+  const Policy p = policy(j);
+  auto kl_of = [&](const std::string& f) {
+    for (const auto& b : budgets_for(p, f))
+      if (b.budget.metric == Metric::kl_mean) return b;
+    return EffectiveBudget{};
+  };
+  CHECK(kl_of("q8_0").budget.bound == 0.01);
+  CHECK(kl_of("q8_0").origin == "formats.q8_0.kl_mean");
+  CHECK(kl_of("int8").budget.bound == 0.05);
+  CHECK(kl_of("int8").origin == "budgets.kl_mean");
+  CHECK(budgets_for(p, "q8_0").size() == metrics().size());
+  // q8_0 at KL 0.02: within the default, over its override.
+  auto in = good_input("q8_0");
+  in.quality = flat_quality(stats(0.02, 0.1, 0.98, 0.98, 0.001));
+  const auto v = fit_verdict(p, in);
+  CHECK(v.verdict == Fit::over_budget);
+  CHECK(v.lines[static_cast<std::size_t>(v.deciding)].budget.origin == "formats.q8_0.kl_mean");
+  in.format = "int8";
+  CHECK(fit_verdict(p, in).verdict == Fit::fits);
+  // f16 saves nothing against an f16 baseline: not budgeted there, a miss for a quantized format.
+  auto f16 = good_input("f16");
+  f16.kv_saving = 0.0;
+  CHECK(fit_verdict(p, f16).verdict == Fit::fits);
+  f16.format = "int8";
+  CHECK(fit_verdict(p, f16).verdict == Fit::over_budget);
+}
+
+TEST_CASE("SGN.policy.refusals a policy with an unknown metric, a wrong sign, unit or direction, or a bad baseline is refused naming the field", SGN_TAGS) {
+  CHECK(refusal([] { policy(base_policy()); }) == "<accepted>");
+  struct Row {
+    const char* what;
+    void (*edit)(json&);
+    const char* field;
+  };
+  const Row rows[] = {
+      {"unknown metric", [](json& j) { j["budgets"]["bleu"] = budget("min", 0.5, "fraction"); }, "budgets.bleu"},
+      {"unknown metric in an override", [](json& j) { j["formats"] = {{"int8", {{"klmean", budget("max", 0.1, "nats")}}}}; },
+       "formats.int8.klmean"},
+      {"unknown format", [](json& j) { j["formats"] = {{"int7", {{"kl_mean", budget("max", 0.1, "nats")}}}}; }, "formats.int7"},
+      {"missing metric", [](json& j) { j["budgets"].erase("kl_p99"); }, "budgets.kl_p99"},
+      {"negative KL", [](json& j) { j["budgets"]["kl_mean"] = budget("max", -0.1, "nats"); }, "budgets.kl_mean.max"},
+      {"top-1 in percent", [](json& j) { j["budgets"]["top1"] = budget("min", 90, "fraction"); }, "budgets.top1.min"},
+      {"wrong unit", [](json& j) { j["budgets"]["kl_mean"] = budget("max", 0.05, "bits"); }, "budgets.kl_mean.unit"},
+      {"percent unit", [](json& j) { j["budgets"]["top1"] = budget("min", 90, "percent"); }, "budgets.top1"},
+      {"missing unit", [](json& j) { j["budgets"]["kl_mean"].erase("unit"); }, "budgets.kl_mean.unit"},
+      {"wrong direction", [](json& j) { j["budgets"]["top1"] = budget("max", 0.9, "fraction"); }, "budgets.top1.max"},
+      {"wrong direction KL", [](json& j) { j["budgets"]["kl_mean"] = budget("min", 0.05, "nats"); }, "budgets.kl_mean.min"},
+      {"missing source", [](json& j) { j["budgets"]["kl_mean"].erase("source"); }, "budgets.kl_mean.source"},
+      {"baseline not a preset", [](json& j) { j["baseline"] = "fp16"; }, "baseline"},
+      {"quantized baseline", [](json& j) { j["baseline"] = "int8"; }, "baseline"},
+      {"unknown top-level field", [](json& j) { j["budget"] = json::object(); }, "budget"},
+      {"wrong schema", [](json& j) { j["schema"] = "kvgate.policy/0"; }, "schema"},
+      {"bad device", [](json& j) { j["budgets"]["decode_speedup"]["devices"] = {"tpu"}; }, "budgets.decode_speedup.devices"},
+      {"zero speed-up", [](json& j) { j["budgets"]["decode_speedup"]["min"] = 0.0; }, "budgets.decode_speedup.min"},
+  };
+  for (const auto& r : rows) {
+    INFO(r.what);
+    json j = base_policy();
+    r.edit(j);
+    const std::string e = refusal([&] { policy(j); });
+    CHECK(e != "<accepted>");
+    CHECK(has(e, "fixture.json"));
+    CHECK(has(e, std::string("field '") + r.field));
+    CHECK(has(e, "fix:"));
+  }
+  // --baseline: f16 / bf16 / f32 only; auto is the 16-bit KV the engine would run.
+  CHECK(resolve_baseline("", "auto", "cpu") == "f16");
+  CHECK(resolve_baseline("", "auto", "cuda") == "bf16");
+  CHECK(resolve_baseline("", "f32", "cuda") == "f32");
+  CHECK(resolve_baseline("bf16", "f32", "cpu") == "bf16");
+  CHECK(has(refusal([] { resolve_baseline("fp16", "auto", "cpu"); }), "not a preset"));
+  CHECK(has(refusal([] { resolve_baseline("q4_0", "auto", "cpu"); }), "fix:"));
+}
+
+TEST_CASE("SGN.policy.refusals the shipped default policy parses and says where every number comes from", SGN_TAGS) {
+  const char* env = std::getenv("KVGATE_SOURCE_DIR");
+  const std::filesystem::path src = env ? env : KVGATE_SOURCE_DIR_DEFAULT;
+  const Policy p = load_policy_file((src / "reports" / "policy" / "default.json").string());
+  CHECK(p.defaults.size() == metrics().size());
+  for (const auto& b : p.defaults) {
+    INFO(info(b.metric).key);
+    CHECK(b.source.size() > 20);
+  }
+  for (const auto& [f, set] : p.overrides)
+    for (const auto& b : set) CHECK_FALSE(b.source.empty());
+  CHECK(has(refusal([] { load_policy_file("/nonexistent/policy.json"); }), "/nonexistent/policy.json"));
+}
+
+TEST_CASE("SGN.corpus an empty corpus or one outside the model's vocabulary is refused naming the file and the field", SGN_TAGS) {
+  kvgate::Model m;
+  m.path = "fixture-model.bin";
+  m.config.vocab_size = 512;
+  const auto dir = std::filesystem::temp_directory_path() / ("kvgate_sgn_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& body) {
+    const auto p = (dir / name).string();
+    FILE* f = std::fopen(p.c_str(), "wb");
+    REQUIRE(f != nullptr);
+    std::fwrite(body.data(), 1, body.size(), f);
+    std::fclose(f);
+    return p;
+  };
+  const auto ids = write("ids.txt", "1 20 30\n40,50\n\n1 7 8 9\n");
+  const auto seqs = load_corpus_file(ids, m, 3);
+  // Two sequences (blank line), the first (5 ids) split at max_context 3, the second (4) too.
+  REQUIRE(seqs.size() == 4);
+  CHECK(seqs[0] == std::vector<int>{1, 20, 30});
+  CHECK(seqs[1] == std::vector<int>{40, 50});
+  CHECK(seqs[2] == std::vector<int>{1, 7, 8});
+  const auto oov = write("oov.txt", "1 2 3 512 4\n");
+  const std::string e1 = refusal([&] { load_corpus_file(oov, m, 100); });
+  CHECK(has(e1, oov));
+  CHECK(has(e1, "token 3"));
+  CHECK(has(e1, "512"));
+  CHECK(has(e1, "fix:"));
+  const auto empty = write("empty.json", "{\"sequences\": []}");
+  CHECK(has(refusal([&] { load_corpus_file(empty, m, 100); }), "no token"));
+  const auto js = write("bad.json", "{\"sequences\": [{\"tokens\": [1, 2, 900]}]}");
+  CHECK(has(refusal([&] { load_corpus_file(js, m, 100); }), "900"));
+  const auto txt = write("text.txt", "Once upon a time");
+  CHECK(has(refusal([&] { load_corpus_file(txt, m, 100); }), "no tokenizer"));
+  CHECK(has(refusal([&] { load_corpus_file((dir / "missing.txt").string(), m, 100); }), "cannot be read"));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
