@@ -167,9 +167,12 @@ struct CrossCheck {
 };
 
 // `a` (the writer's continuation) vs `b` (the reader's), positions cut .. cut + turn - 1, compared
-// up to the first new token whose codes differ between the two engines' stores.
+// up to the first new token whose codes differ between the two engines' stores. With f32 K and V the
+// codes are the binary32 rows themselves, so they differ by the very forward roundings the bound
+// already covers (measured on the H200: at the first new token of every cut): compared throughout.
 CrossCheck cross_check(const std::vector<float>& a, const std::vector<float>& b, Engine& cpu, kc::CudaEngine& gpu,
-                       int cut, int turn) {
+                       int cut, int turn, const KvFormat& f) {
+  const bool codes_are_rows = f.k == HalfFormat::f32 && f.v == HalfFormat::f32;
   const ModelConfig& c = subject().m.config;
   const int V = c.vocab_size;
   CrossCheck r;
@@ -178,8 +181,8 @@ CrossCheck cross_check(const std::vector<float>& a, const std::vector<float>& b,
   for (int i = 0; i < turn; ++i) {
     const int pos = cut + i;
     if (!token_codes_equal(cpu, gpu, pos)) {
-      r.first_code_diff = pos;
-      break;
+      if (r.first_code_diff < 0) r.first_code_diff = pos;
+      if (!codes_are_rows) break;
     }
     const float* x = a.data() + static_cast<std::size_t>(i) * V;
     const float* y = b.data() + static_cast<std::size_t>(i) * V;
@@ -237,7 +240,7 @@ CrossRun cross_direction(const KvFormat& f, bool cpu_writes, int cut, int turn, 
     out.reader_prefill = cpu.stats().prefill_tokens;
   }
   out.round_trip_equal = file_bytes(rfile) == file_bytes(wfile);
-  out.check = cross_check(wnext, rnext, cpu, gpu, cut, turn);
+  out.check = cross_check(wnext, rnext, cpu, gpu, cut, turn, f);
   return out;
 }
 
