@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   }
   const kc::DeviceStatus& dev = kc::device_status();
   if (!dev.available) {
-    std::fprintf(stderr, "bench_prefill_attn: no CUDA device: %s\n", dev.reason.c_str());
+    std::fprintf(stderr, "bench_prefill_attn: %s\n", dev.reason.c_str());
     return 2;
   }
   std::printf("device: %s (sm_%d%d, %d SMs), driver %s, runtime %s\n", dev.name.c_str(), dev.cc_major, dev.cc_minor,
