@@ -69,6 +69,45 @@ inline double attn_f32_max_abs(int head_dim, int n_ctx, double max_l1_score, dou
   return 4 * (4 * score_err + (n_ctx + 8) * kU32) * vmax + 1e-30;
 }
 
+// Tensor-core prefill (runtime/cuda/kernels/prefill_mma.cuh). Its declared arithmetic: the query
+// is scaled in binary32 (and rotated for a rotated K), then rounded ONCE to the K operand type; K and
+// V are dequantized to the operand type (f16: code x scale in binary32, exact, then one RNE to f16;
+// f16/bf16 halves and fp8 codes are exact); P is rounded to the V operand type; products are exact
+// and every sum is FP32. Two parts, each a bound of its own:
+//
+// (1) The operand rounding, derived from the formats: with relative roundings u_q (query), u_k (K
+//     element), u_v (V element) a product q~ k~ = q k (1 + d), |d| <= (1 + u_q)(1 + u_k) - 1, so the
+//     score moves by <= ((1+u_q)(1+u_k)-1) * L1 (L1 = scale * sum |q_i k_i|); a score error e moves
+//     each softmax weight by a factor exp(+-2e), the output by <= 4 e vmax (x4 margin as
+//     attn_f32_max_abs); a V element rounding moves the output by <= u_v vmax (x2). u = 2^-11 for an
+//     f16 operand (11-bit significand, RNE), 2^-8 for bf16, 0 where the stored value is the operand;
+//     u_q adds 8u (binary32 scaling) to the operand rounding. For bf16 (u_q = 2^-8), L1 ~ 15 and
+//     vmax ~ 0.2 this is ~0.2 (!), i.e. above the output's RMS: it is what a 16-bit MMA costs against
+//     FP64 attention over the *stored* values, checked (oracle vs oracle) but not used to judge the
+//     kernel, because at that size it could not see a wrong page or scale.
+inline double attn_operand_rounding_bound(double u_q, double u_k, double u_v, double max_l1_score, double vmax) {
+  const double score_err = ((1 + u_q) * (1 + u_k) - 1) * max_l1_score;
+  return 4 * 4 * score_err * vmax + 2 * u_v * vmax + 1e-30;
+}
+// (2) The kernel against FP64 attention over ITS operands (q~, K~, V~ reproduced bit for bit by the
+//     gate: the same binary32 scaling, rotation order and RNE), per output element (row r, dim d):
+//     - the scores: D exact products summed in FP32 by D/16 chained MMA steps; a step adds 16
+//       exact products to the accumulator with at most 2 roundings that may truncate (2u each):
+//       depth 4 * D/16 = D/4, +8 for the exp2 argument's subtraction and slack, i.e.
+//       attn_f32_max_abs(head_dim = D/4 + 8) (its own "+2" on top); P.V and l: n_ctx/16 MMA steps
+//       (4u each) plus one rescale per tile and the per-thread sums of l, all within the CUDA-core
+//       kernel's n_ctx + ceil(n_ctx/32) + 4 terms, which are kept;
+//     - P rounded to the V operand type after the FP32 exp2: |p~ - p| <= u_p p + 2^-25 (f16
+//       subnormals below 2^-14; bf16 is normal far below), while l sums the unrounded p, so the
+//       output moves by <= u_p * sum_j w_j |v_jd| + n_ctx 2^-25 vmax (l >= 1: the running max's own
+//       key contributes 1); x2 margin. sum_j w_j |v_jd| = b_rd is computed by the reference;
+//     - the epilogue's binary32 division and V-scale product: 4u |o_rd|.
+inline double attn_mma_elem_bound(double f32_part, double u_p, double b_rd, int n_ctx, double vmax, double o_rd) {
+  return f32_part + 2 * (u_p * b_rd + n_ctx * 0x1p-25 * vmax) + 4 * kU32 * std::fabs(o_rd) + 1e-30;
+}
+inline constexpr double kF16OperandU = 0x1p-11;
+inline constexpr double kBf16OperandU = 0x1p-8;
+
 // ORA attention sensitivity: the derived FP32 bound must stay below this fraction of the output's
 // RMS, so any read-side error of that size (a wrong scale, page or head is O(1)) goes red.
 inline constexpr double kOraSensitivity = 0.10;

@@ -34,6 +34,7 @@
 #include "kvgate_oracle/metrics.hpp"
 #include "cuda_gate_common.hpp"
 #include "store_harness.hpp"
+#include "kvgate/numeric.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates;
@@ -75,11 +76,109 @@ std::vector<PrefillCase> prefill_cases(std::uint64_t s) {
       {16, 2, 256, 2, 33, 64, 0},
       {1, 1, 256, 8, 0, 20, 0},
       {3, 2, 128, 4, 300, 9, 2},   // short chunk after a long prefix
+      // Tensor-core kernel (64-key tiles; 32 at D = 256): chunks starting mid-page, contexts not a
+      // multiple of the tile, the causal diagonal inside a tile, GQA 1/4/8, head_dim 64/128/256.
+      {16, 2, 128, 4, 37, 100, 3},  // mid-page start, 137 keys: 2 full tiles + a partial one
+      {16, 1, 256, 1, 70, 33, 0},   // D = 256 (32-key tiles), MHA, mid-page start
+      {16, 2, 64, 8, 0, 64, 1},     // exactly one tile: the diagonal crosses it
+      {16, 8, 128, 4, 555, 1, 0},   // decode-like chunk (n_new = 1), Llama-3-8B head shape
+      {16, 2, 128, 8, 611, 150, 2}, // long prefix: 12 tiles, online-softmax rescales, GQA 8
   };
   std::vector<PrefillCase> out;
   std::uint64_t i = 0;
   for (const auto& x : c) out.push_back({x[0], x[1], x[2], x[3], x[4], x[5], x[6], s + i++});
   return out;
+}
+
+// ---- tensor-core kernel (path "prefill(mma,D=...)"): its declared operands, reproduced exactly ----
+bool bf16_operand(HalfFormat h) { return h == HalfFormat::bf16; }
+float round_operand(HalfFormat h, float x) {
+  return bf16_operand(h) ? bf16_to_f32(f32_to_bf16_rne(x)) : f16_to_f32(f32_to_f16_rne(x));
+}
+// Relative rounding of a stored element into the operand type: 0 where the stored value is the operand.
+double operand_u(HalfFormat h) {
+  return (h == HalfFormat::f16 || h == HalfFormat::bf16 || h == HalfFormat::fp8_e4m3 || h == HalfFormat::fp8_e5m2)
+             ? 0.0
+             : kF16OperandU;
+}
+// One half's operand values of n tokens of a page: fp8 codes without the tensor scale (folded into
+// q_mul / the epilogue), q4_0_rot in the rotated domain, the rest dequantized; then RNE to the operand.
+std::vector<float> operand_values(HalfFormat h, const ko::PageShape& shape, const std::uint8_t* page, int n) {
+  const ko::Half oh = h == HalfFormat::q4_0_rot ? ko::Half::q4_0 : oracle_half(h);
+  std::vector<float> x = ko::dequantize_page(oh, shape, page, n, 1.0f);
+  for (float& e : x) e = round_operand(h, e);
+  return x;
+}
+// The kernel's query operand: binary32 q * q_mul (q_mul as prefill_mma.cu computes it), the
+// binary32 Walsh-Hadamard of prefill_fwht_rows (same butterfly order, then x had_c) for a rotated
+// K, then one RNE to the K operand type.
+std::vector<float> query_operands(const KvFormat& fmt, const std::vector<float>& q, int D, float k_scale) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const bool fp8k = fmt.k == HalfFormat::fp8_e4m3 || fmt.k == HalfFormat::fp8_e5m2;
+  const float q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * (fp8k ? k_scale : 1.0f));
+  const float had_c = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  std::vector<float> out(q.size());
+  for (std::size_t i = 0; i < q.size(); ++i) out[i] = q[i] * q_mul;
+  if (fmt.k == HalfFormat::q4_0_rot)
+    for (std::size_t r = 0; r < q.size() / D; ++r) {
+      float* x = out.data() + r * D;
+      for (int len = 1; len < D; len <<= 1)
+        for (int k = 0; k < D / 2; ++k) {
+          const int i = (k / len) * 2 * len + (k % len);
+          const float a = x[i], b = x[i + len];
+          x[i] = a + b;
+          x[i + len] = a - b;
+        }
+      for (int d = 0; d < D; ++d) x[d] *= had_c;
+    }
+  for (float& e : out) e = round_operand(fmt.k, e);
+  return out;
+}
+// FP64 causal attention over the operands in base-2 score units (score = ln 2 * q~.k~): o and
+// b = sum_j w_j |v_jd| per output element, the max L1 score (natural units) over visible keys.
+// extra = 1: the window one key too wide (anti-vacuity).
+struct OperandRef {
+  std::vector<double> o, b;
+  double max_l1 = 0;
+};
+OperandRef operand_attention(const std::vector<float>& qo, const std::vector<float>& ko_, const std::vector<float>& vo,
+                             int n_new, int Hq, int H, int D, int n_past, int n_ctx, int extra) {
+  OperandRef R;
+  R.o.assign(static_cast<std::size_t>(n_new) * Hq * D, 0.0);
+  R.b.assign(R.o.size(), 0.0);
+  const int group = Hq / H;
+  const double ln2 = std::log(2.0);
+  std::vector<double> s(static_cast<std::size_t>(n_ctx));
+  for (int i = 0; i < n_new; ++i)
+    for (int hq = 0; hq < Hq; ++hq) {
+      const float* qv = qo.data() + (static_cast<std::size_t>(i) * Hq + hq) * D;
+      const int last = std::min(n_ctx - 1, n_past + i + extra);
+      double m = -INFINITY;
+      for (int t = 0; t <= last; ++t) {
+        const float* kv = ko_.data() + (static_cast<std::size_t>(t) * H + hq / group) * D;
+        double dot = 0, l1 = 0;
+        for (int d = 0; d < D; ++d) {
+          dot += double(qv[d]) * kv[d];
+          l1 += std::fabs(double(qv[d]) * kv[d]);
+        }
+        s[static_cast<std::size_t>(t)] = ln2 * dot;
+        R.max_l1 = std::max(R.max_l1, ln2 * l1);
+        m = std::max(m, s[static_cast<std::size_t>(t)]);
+      }
+      double l = 0;
+      for (int t = 0; t <= last; ++t) l += std::exp(s[static_cast<std::size_t>(t)] - m);
+      double* o = R.o.data() + (static_cast<std::size_t>(i) * Hq + hq) * D;
+      double* b = R.b.data() + (static_cast<std::size_t>(i) * Hq + hq) * D;
+      for (int t = 0; t <= last; ++t) {
+        const double w = std::exp(s[static_cast<std::size_t>(t)] - m) / l;
+        const float* vv = vo.data() + (static_cast<std::size_t>(t) * H + hq / group) * D;
+        for (int d = 0; d < D; ++d) {
+          o[d] += w * vv[d];
+          b[d] += w * std::fabs(double(vv[d]));
+        }
+      }
+    }
+  return R;
 }
 
 // Per-row error statistics of one comparison.
@@ -228,6 +327,107 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
         }
       }
     for (float x : (rot_v ? vy : vd)) vmax = std::max(vmax, double(std::fabs(x)));
+    if (sup.path.rfind("prefill(mma", 0) == 0) {
+      // Tensor-core kernel: (1) the operand rounding against the FP64 attention over the stored
+      // values, oracle vs oracle, under the format-derived bound; (2) the kernel against the FP64
+      // attention over its own operands under the tight bound (bounds.hpp attn_mma_elem_bound).
+      std::vector<float> ko_(kd.size()), vo(kd.size());
+      for (int p = 0; p * pc.block_size < n_ctx; ++p) {
+        const int t0 = p * pc.block_size, m = std::min(pc.block_size, n_ctx - t0);
+        const auto kp = gpu.download_page(0, KvHalf::K, table[static_cast<std::size_t>(p)]);
+        const auto vp = gpu.download_page(0, KvHalf::V, table[static_cast<std::size_t>(p)]);
+        const auto kx = operand_values(fmt.k, shape, kp.data(), m), vx = operand_values(fmt.v, shape, vp.data(), m);
+        std::copy(kx.begin(), kx.end(), ko_.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
+        std::copy(vx.begin(), vx.end(), vo.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
+      }
+      const std::vector<float> qo = query_operands(fmt, q, D, kGateKScale);
+      const double vm = (fmt.v == HalfFormat::fp8_e4m3 || fmt.v == HalfFormat::fp8_e5m2) ? double(kGateVScale) : 1.0;
+      OperandRef R = operand_attention(qo, ko_, vo, pc.n_new, Hq, H, D, pc.n_past, n_ctx, 0);
+      OperandRef W = operand_attention(qo, ko_, vo, pc.n_new, Hq, H, D, pc.n_past, n_ctx, 1);
+      double vmax_o = 0;
+      for (float x : vo) vmax_o = std::max(vmax_o, double(std::fabs(x)));
+      for (auto* x : {&R.o, &R.b, &W.o})
+        for (double& e : *x) e *= vm;
+      vmax_o *= vm;
+      // The kernel's output in the domain of R (a rotated V: H applied in binary64).
+      std::vector<double> gd(got.begin(), got.end());
+      double o2 = 0;
+      if (rot_v)
+        for (std::size_t row = 0; row < gd.size() / D; ++row) {
+          ko::hadamard_f64(gd.data() + row * D, D);
+          double h2 = 0;
+          for (int d = 0; d < D; ++d) h2 += R.o[row * D + d] * R.o[row * D + d];
+          o2 = std::max(o2, h2);
+        }
+      const int pv_terms_m = n_ctx + (n_ctx + 31) / 32 + 4;
+      const double f32_part = attn_f32_max_abs(D / 4 + 8, pv_terms_m, R.max_l1, vmax_o) + (rot_v ? wht_slack(D, std::sqrt(o2)) : 0.0);
+      const double u_p = bf16_operand(fmt.v) ? kBf16OperandU : kF16OperandU;
+      double err_max = 0, worst = -1, bound_max = 0, bound_sq = 0, ref_sq = 0, err_sq = 0, wide_max = 0, wide_worst = 0;
+      for (std::size_t e = 0; e < gd.size(); ++e) {
+        const double b = attn_mma_elem_bound(f32_part, u_p, R.b[e], n_ctx, vmax_o, R.o[e]);
+        const double err = std::fabs(gd[e] - R.o[e]);
+        err_max = std::max(err_max, err);
+        worst = std::max(worst, err / b);
+        bound_max = std::max(bound_max, b);
+        bound_sq += b * b;
+        ref_sq += R.o[e] * R.o[e];
+        err_sq += err * err;
+        wide_max = std::max(wide_max, std::fabs(gd[e] - W.o[e]));
+        wide_worst = std::max(wide_worst, std::fabs(gd[e] - W.o[e]) / b);
+      }
+      const double rms = std::sqrt(ref_sq / double(gd.size())), nmse = err_sq / ref_sq;
+      const double bound_rms = std::sqrt(bound_sq / double(gd.size()));
+      INFO("path " << sup.path << ": max-abs " << err_max << ", max err/bound " << worst << ", bound max " << bound_max
+                   << ", nmse " << nmse << ", bound rms/rms " << bound_rms / rms << (rot_v ? " [rotated domain]" : ""));
+      CHECK(worst <= 1.0);
+      CHECK(nmse <= bound_max * bound_max / (rms * rms));
+      // (1) The operand rounding stays within the format-derived bound (the reference's own check).
+      const double u_q = (bf16_operand(fmt.k) ? kBf16OperandU : kF16OperandU) + 8 * kU32;
+      // Both references are FP64; besides the operand rounding they differ by the oracle's binary32
+      // dequantization products (fp8 code x tensor scale: 2u, in u_k / u_v), its binary32 rotation of a
+      // rotated half (q_rot_err as above; a rotated V: wht_slack with |y|_2 <= sqrt(D) max|y|).
+      const double vmx = std::max(vmax, vmax_o);
+      const double op_bound = attn_operand_rounding_bound(u_q, operand_u(fmt.k) + 2 * kU32, operand_u(fmt.v) + 2 * kU32,
+                                                          std::max(max_l1, R.max_l1), vmx) +
+                              16 * q_rot_err * vmx + (rot_v ? wht_slack(D, std::sqrt(double(D)) * vmx) : 0.0);
+      const std::vector<double> ref_c = [&] {
+        std::vector<double> y = ref;
+        if (rot_v)
+          for (std::size_t row = 0; row < y.size() / D; ++row) ko::hadamard_f64(y.data() + row * D, D);
+        return y;
+      }();
+      double op_err = 0;
+      for (std::size_t e = 0; e < ref_c.size(); ++e) op_err = std::max(op_err, std::fabs(ref_c[e] - R.o[e]));
+      INFO("operand rounding: max |ref(stored) - ref(operands)| " << op_err << " (format bound " << op_bound << ")");
+      CHECK(op_err <= op_bound);
+      // Anti-vacuity (the tight bound is the one that judges the kernel). The bound is per element
+      // (it scales with sum_j w_j |v_jd|): its RMS stays below kOraSensitivity of the output's RMS,
+      // so an O(1) read-side error (a wrong page, head or scale) cannot hide.
+      CHECK(bound_rms <= kOraSensitivity * rms);
+      double wide_ratio = 0;
+      if (pc.n_new > 1) {
+        double spread = 0;
+        for (int i = 1; i < pc.n_new; ++i)
+          for (std::size_t e = 0; e < static_cast<std::size_t>(Hq) * D; ++e)
+            spread = std::max(spread, std::fabs(R.o[static_cast<std::size_t>(i) * Hq * D + e] - R.o[e]));
+        INFO("max |out(token i) - out(token 0)| = " << spread << ", wide-window max-abs " << wide_max);
+        CHECK(spread > 4 * bound_max);
+        CHECK(wide_worst > 1.0);  // some element of the one-key-too-wide window exceeds its own bound
+        wide_ratio = wide_worst;
+      }
+      {
+        std::vector<double> exact(q.size());
+        ko::sdpa_f64(as, q.data(), k.data(), v.data(), exact.data());
+        double qerr = 0;
+        for (std::size_t i = 0; i < exact.size(); ++i) qerr = std::max(qerr, std::fabs(exact[i] - ref[i]));
+        CHECK(qerr > 0);  // every format the kernel reads is lossy against the f32 rows
+      }
+      std::printf("ORA.cuda.prefill %s %s [%s]: max-abs %.3g (bound %.3g, max err/bound %.3g) nmse %.3g bound-rms/rms %.3g "
+                  "wide-window err/bound %.3g operand-rounding %.3g (format bound %.3g)\n",
+                  fmt.name().c_str(), pc.describe().c_str(), sup.path.c_str(), err_max, bound_max, worst, nmse,
+                  bound_rms / rms, wide_ratio, op_err, op_bound);
+      continue;
+    }
     const int pv_terms = n_ctx + (n_ctx + 31) / 32 + 4;
     double bound = attn_f32_max_abs(D, pv_terms, max_l1, vmax) + 16 * q_rot_err * vmax;
 
@@ -336,7 +536,8 @@ TEST_CASE("STO.cuda.prefill.capability supports_op(Op::prefill) refuses with sta
     refused(kc::supports_op(kc::Op::prefill, i8, {16, 8, 128}, 32), "arch_unsupported");
     return;
   }
-  // Every K/V pair is accepted at every head_dim <= 256 its formats allow, on the one tiled kernel.
+  // Every K/V pair is accepted at every head_dim <= 256 its formats allow: the tensor-core kernel for
+  // pairs without an f32 half at head_dim 64/128/256, the CUDA-core kernel for the rest.
   for (HalfFormat kf : all_half_formats())
     for (HalfFormat vf : all_half_formats())
       for (int d : {8, 64, 96, 128, 256}) {
@@ -345,7 +546,9 @@ TEST_CASE("STO.cuda.prefill.capability supports_op(Op::prefill) refuses with sta
         const auto s = kc::supports_op(kc::Op::prefill, KvFormat{kf, vf}, g, 16);
         INFO((KvFormat{kf, vf}.name()) << " D=" << d << ": " << s.reason);
         CHECK(s.ok);
-        CHECK(s.path == "prefill(fp32)");
+        const bool mma = kf != HalfFormat::f32 && vf != HalfFormat::f32 && (d == 64 || d == 128 || d == 256);
+        CHECK(s.path == (mma ? "prefill(mma,D=" + std::to_string(d) + ")" : std::string("prefill(fp32)")));
+        CHECK(kc::prefill_mma_applies(KvFormat{kf, vf}, g) == mma);
       }
   // The prefill op also refuses without pretending (n_new < 1) at the API.
   if (dev.available) {

@@ -65,7 +65,7 @@ OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_hea
               {}};
     // Prefill: one tiled CUDA-core kernel per (K, V) pair, head_dim a runtime value (kernels/prefill.cuh).
     if (op == Op::prefill) {
-      s.path = "prefill(fp32)";
+      s.path = prefill_mma_applies(f, g) ? "prefill(mma,D=" + std::to_string(g.head_dim) + ")" : "prefill(fp32)";
     } else {
       // Tensor cores when both halves are narrow (kernels/decode_params.cuh mma_half); CUDA cores otherwise.
       const std::string d = std::to_string(g.head_dim);

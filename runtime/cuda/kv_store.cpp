@@ -284,8 +284,8 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
   return decode_attention(a, ws, stream);
 }
 
-void CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
-                          float softmax_scale, cudaStream_t stream) {
+std::string CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
+                                 float softmax_scale, cudaStream_t stream) {
   const Sequence& q = seq(s);
   if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || n_new < 1 || pos0 + n_new > q.length)
     throw KvStoreError("cuda kv store: prefill of positions [" + std::to_string(pos0) + ", " +
@@ -313,6 +313,7 @@ void CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, 
   a.v_scale = tensor_scale(layer, KvHalf::V);
   a.softmax_scale = softmax_scale;
   prefill_attention(a, stream);
+  return supports_op(Op::prefill, a.format, a.geometry, n_heads).path;  // the kernel that ran
 }
 
 }  // namespace kvgate::cuda

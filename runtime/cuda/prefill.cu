@@ -31,6 +31,7 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   if (!sup.ok) throw std::invalid_argument("kvgate::cuda::prefill_attention: " + sup.reason + ": " + sup.detail);
   if (a.n_new < 1 || a.n_past < 0)
     throw std::invalid_argument("kvgate::cuda::prefill_attention: n_new must be >= 1 and n_past >= 0");
+  if (prefill_attention_mma(a, stream)) return;  // tensor cores where they apply (prefill_mma.cu)
   const int H = a.geometry.n_kv_heads, D = a.geometry.head_dim;
   detail::PrefillLaunch L;
   L.k_pool = a.k_pool;

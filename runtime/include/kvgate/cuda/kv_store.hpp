@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvgate/cuda/ops.hpp"
@@ -80,9 +81,10 @@ class CudaKvStore {
                     cudaStream_t stream = nullptr);
 
   // Causal prefill attention of the chunk at positions [pos0, pos0 + n_new) of sequence s over
-  // `layer` (the chunk's K/V rows must already be written): d_q/d_out [n_new][n_heads][D].
-  void prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
-               float softmax_scale = 0.0f, cudaStream_t stream = nullptr);
+  // `layer` (the chunk's K/V rows must already be written): d_q/d_out [n_new][n_heads][D]. Returns
+  // the kernel that ran (supports_op's path: "prefill(mma,D=128)" or "prefill(fp32)").
+  std::string prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
+                      float softmax_scale = 0.0f, cudaStream_t stream = nullptr);
 
  private:
   struct Sequence {

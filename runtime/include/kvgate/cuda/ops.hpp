@@ -117,5 +117,11 @@ struct PrefillArgs {
 };
 // Throws on an unsupported combination (supports_op(Op::prefill, ...)'s reason) or a CUDA error.
 void prefill_attention(const PrefillArgs& a, cudaStream_t stream = nullptr);
+// The tensor-core prefill kernel (runtime/cuda/prefill_mma.cu, kernels/prefill_mma.cuh) serves
+// every pair without an f32 half at head_dim 64, 128, 256; prefill_attention runs it for those and
+// the CUDA-core kernel for the rest (supports_op(Op::prefill).path names which: "prefill(mma,D=N)"
+// or "prefill(fp32)"). prefill_attention_mma returns false, launching nothing, where it does not apply.
+bool prefill_mma_applies(const KvFormat& f, const PageGeometry& g);
+bool prefill_attention_mma(const PrefillArgs& a, cudaStream_t stream = nullptr);
 
 }  // namespace kvgate::cuda
