@@ -1,5 +1,6 @@
 // CPU forward pass (private to the runtime): llama2.c forward() generalised to a chunk of tokens,
-// GQA over the paged KV store in any format, RoPE styles, qkv bias, QK-norm, SwiGLU.
+// GQA over the paged KV store in any format, RoPE styles, qkv bias, QK-norm, SwiGLU / GeGLU,
+// sliding windows, Gemma's sandwich norms and soft-caps.
 #pragma once
 #include <vector>
 
@@ -29,6 +30,7 @@ class CpuForward {
  private:
   void rope(float* v, int T, int n_heads, int pos0) const;
   void attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0);
+  void add_normed(const float* norm_w, int T);
 
   const Model& m_;
   const ModelConfig& c_;
