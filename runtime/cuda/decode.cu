@@ -118,7 +118,8 @@ DecodePlan plan_decode(const DecodeArgs& a) {
   p.resident_ctas = std::max(1, per_sm) * std::max(1, dev.sm_count);
   const long head_ctas = p.path != "generic" ? (H + detail::kDecodeWarps - 1) / detail::kDecodeWarps : H;
   const long base = static_cast<long>(a.batch) * head_ctas * p.head_chunks;
-  const int max_len = std::max(1, a.max_seq_len);
+  // A sliding window bounds the keys any query reads (kernels start at seq_len - window).
+  const int max_len = std::max(1, a.window > 0 ? std::min(a.max_seq_len, a.window) : a.max_seq_len);
   if (a.num_splits > 0) {
     p.splits = a.num_splits;
   } else {
@@ -184,6 +185,8 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   L.n_hchunks = p.head_chunks;
   L.splits = p.splits;
   L.tokens_per_split = p.tokens_per_split;
+  L.window = a.window;
+  if (a.window < 0) throw std::invalid_argument("kvgate::cuda::decode_attention: window must be >= 0");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
   const float v_ts = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;

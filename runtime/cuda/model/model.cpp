@@ -21,8 +21,15 @@ std::string forward_unsupported_reason(const ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads != 0)
     return "n_heads (" + std::to_string(c.n_heads) + ") is not a multiple of n_kv_heads (" +
            std::to_string(c.n_kv_heads) + ")";
-  if (c.arch != "llama" && c.arch != "mistral" && c.arch != "qwen2" && c.arch != "qwen3")
-    return "architecture '" + c.arch + "' is not one the forward implements (llama, mistral, qwen2, qwen3)";
+  if (c.arch != "llama" && c.arch != "mistral" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" &&
+      c.arch != "gemma3" && c.arch != "phi3")
+    return "architecture '" + c.arch +
+           "' is not one the forward implements (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3)";
+  // Capability switch: what the CUDA attention kernels do not implement is refused, never
+  // approximated.
+  if (c.attn_softcap > 0)
+    return "attention-logit soft-capping (attn_logit_softcapping = " + std::to_string(c.attn_softcap) +
+           ", Gemma 2) is not implemented by the CUDA attention kernels; run this model with --device cpu";
   return {};
 }
 
@@ -99,6 +106,12 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
         d.bq = static_cast<const float*>(upload(L.bq, false));
         d.bk = static_cast<const float*>(upload(L.bk, false));
         d.bv = static_cast<const float*>(upload(L.bv, false));
+      }
+      if (c.post_norms) {
+        need(L.post_attn_norm, dim, "post_attn_norm");
+        need(L.post_ffn_norm, dim, "post_ffn_norm");
+        d.post_attn_norm = static_cast<const float*>(upload(L.post_attn_norm, false));
+        d.post_ffn_norm = static_cast<const float*>(upload(L.post_ffn_norm, false));
       }
       if (c.qk_norm) {
         need(L.q_norm, hd, "q_norm");
