@@ -106,8 +106,8 @@ void make_phi3(const std::string& dir, int layers, bool gate_up_swapped = false)
   });
 }
 
-std::vector<float> logits_of(const Model& m, const std::vector<int>& ids) {
-  Engine e(m, engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1));
+std::vector<float> logits_of(const Model& m, const std::vector<int>& ids, int threads = 1) {
+  Engine e(m, engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, threads));
   return e.forward_all_logits(ids);
 }
 
@@ -222,6 +222,12 @@ TEST_CASE("STO.loader.window_runs a window shorter than the run: generation goes
   INFO("largest logit change from the window " << d);
   CHECK(d > 1e-3);
   // Generation runs past the window (the context is max_position_embeddings, not the window).
+  // The prefill splits a windowed chunk's queries across threads by their windowed work: the
+  // logits do not depend on the thread count.
+  for (int threads : {2, 3, 4}) {
+    INFO("threads " << threads);
+    CHECK(logits_of(m5, ids, threads) == l5);
+  }
   // Greedy decoding 60 steps from a 3-token prompt: 63 positions, 12 windows of 5.
   Engine e(m5, engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1));
   const std::vector<int> prompt(ids.begin(), ids.begin() + 3);

@@ -237,12 +237,19 @@ void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int T, in
   }
   int bounds[65];
   const int P = std::min(parts, 64);
-  const double total = static_cast<double>(T) * pos0 + 0.5 * static_cast<double>(T) * (T + 1);
+  // Keys read by queries [0, i): sum of (pos0 + j + 1), each capped at the window on a sliding layer.
+  const double W = aa.window > 0 ? static_cast<double>(aa.window) : 0.0;
+  auto work = [&](int i) {
+    // The first c queries see all their keys (pos0 + j + 1 <= W), the rest W each.
+    const double c = W == 0 ? i : std::clamp(W - pos0, 0.0, static_cast<double>(i));
+    return c * pos0 + 0.5 * c * (c + 1) + (i - c) * W;
+  };
+  const double total = work(T);
   bounds[0] = 0;
   for (int k = 1; k < P; ++k) {
     const double target = total * k / P;
     int i = bounds[k - 1];
-    while (i < T && static_cast<double>(i) * pos0 + 0.5 * static_cast<double>(i) * (i + 1) < target) ++i;
+    while (i < T && work(i) < target) ++i;
     bounds[k] = i;
   }
   bounds[P] = T;
