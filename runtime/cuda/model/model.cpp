@@ -174,6 +174,10 @@ std::unique_ptr<CudaModel> CudaModel::random(const ModelConfig& c, WeightType wt
       d.q_norm = gains(c.head_dim);
       d.k_norm = gains(c.head_dim);
     }
+    if (c.post_norms) {  // Gemma-shaped: the two sandwich norms (stored as 1 + w: unit gains)
+      d.post_attn_norm = gains(dim);
+      d.post_ffn_norm = gains(dim);
+    }
     m->layers_.push_back(d);
   }
   KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
