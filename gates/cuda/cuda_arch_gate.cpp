@@ -61,7 +61,9 @@ void run_cuda_case(const std::string& name) {
     const int T = tf.at("T").get<int>();
     const float* z = ref.logits.data() + tf.at("offset").get<std::size_t>();
     CHECK(T > 2 * max_window);
-    for (int chunk : {128, 7}) {  // the prefill kernel over one chunk; chunks straddling window edges
+    // The prefill kernel over one chunk, chunks straddling the window edges, and token by token
+    // (chunk 1: the decode kernel, the generic one that serves windows, planned per call).
+    for (int chunk : {128, 7, 1}) {
       kc::CudaEngine e(m, gpu_opts(chunk, true));
       const std::vector<float> got = e.forward_all_logits(ids);
       REQUIRE(got.size() == static_cast<std::size_t>(T) * V);
