@@ -77,11 +77,10 @@ std::optional<KvFormat> requested_format(const RunOpts& o) {
 template <class E>
 int generate_and_print(const RunOpts& o, const Model& model, E& engine);
 
-// Tokens whose K/V rows the engine holds (conversations are a CPU-engine feature).
+// Tokens whose K/V rows the engine holds (both engines keep the history for conversations).
 template <class E>
 std::size_t tokens_in_kv(E& engine) {
-  if constexpr (std::is_same_v<E, Engine>) return engine.history().size();
-  else return static_cast<std::size_t>(engine.position());
+  return engine.history().size();
 }
 
 int run_run(const RunOpts& o) {
@@ -104,10 +103,6 @@ int run_run(const RunOpts& o) {
       throw std::runtime_error("--device cuda: " + ds.reason +
                                "; run on a machine with an NVIDIA GPU (sm_90, e.g. H100/H200) and a working driver, "
                                "or run with --device cpu");
-    if (!o.cache.conv_id.empty())
-      throw std::invalid_argument("--device cuda does not save conversations (--conv-id); use --device cpu");
-    if (o.cache.resident != 0)
-      throw std::invalid_argument("--device cuda holds the whole KV on the device; drop --kv-resident");
     cuda::register_capability();  // backend "cuda" refuses what the CUDA ops cannot run
 #endif
   }
@@ -144,13 +139,12 @@ int run_run(const RunOpts& o) {
 
 template <class E>
 int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
-  constexpr bool kCpu = std::is_same_v<E, Engine>;
   // Conversation (--conv-id): lock it, read and verify its file; the turn continues its transcript.
   using SteadyClock = std::chrono::steady_clock;
   const auto t_load = SteadyClock::now();
   std::optional<KvCacheDir> cache_dir;
   std::optional<Conversation> conv;
-  if (kCpu && !o.cache.conv_id.empty()) {
+  if (!o.cache.conv_id.empty()) {
     cache_dir.emplace(open_kv_cache(o.cache));
     conv.emplace(*cache_dir, o.cache.conv_id);
   }
@@ -169,7 +163,9 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
   }
   if (prompt_ids.empty()) throw std::invalid_argument("the prompt encodes to no tokens (use a BOS or a prompt)");
   int hydrated = 0;
-  if constexpr (kCpu) hydrated = conv ? conv->hydrate(engine, prompt_ids) : 0;
+  if (conv)
+    hydrated = conv->hydrate([&engine](const KvFile& f, std::span<const int> p) { return engine.hydrate(f, p); },
+                             prompt_ids);
   const double kv_load_ms = conv ? std::chrono::duration<double, std::milli>(SteadyClock::now() - t_load).count() : 0.0;
 
   std::string text;
@@ -205,14 +201,13 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
   });
   // Save the turn: every K/V row, plus the ids sampled but not yet in the KV (the last one).
   KvBudgetReport budget;
-  if constexpr (kCpu) {
-    if (conv) {
-      std::vector<int> full = prompt_ids;
-      full.insert(full.end(), r.tokens.begin(), r.tokens.end());
-      const std::size_t in_kv = engine.history().size();
-      budget = conv->save(engine, std::span<const int>(full).subspan(std::min(in_kv, full.size())));
-      if (!budget.message.empty()) std::fputs(budget.message.c_str(), stderr);
-    }
+  if (conv) {
+    std::vector<int> full = prompt_ids;
+    full.insert(full.end(), r.tokens.begin(), r.tokens.end());
+    const std::size_t in_kv = engine.history().size();
+    const std::span<const int> pending = std::span<const int>(full).subspan(std::min(in_kv, full.size()));
+    budget = conv->save([&engine, pending](const std::string& path) { engine.save_kv(path, pending); });
+    if (!budget.message.empty()) std::fputs(budget.message.c_str(), stderr);
   }
   const EngineStats& st = engine.stats();
   if (o.json) {

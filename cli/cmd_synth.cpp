@@ -29,6 +29,8 @@ void register_synth(CLI::App& app) {
   sub->add_option("--kv-scale", o->kv_scale, "write per-layer self_attn.k_scale/v_scale = S (0: none)");
   sub->add_flag("--tie", o->tie_embeddings, "tie_word_embeddings (no lm_head.weight)");
   sub->add_option("--rope-theta", o->rope_theta, "rope_theta (0: 1e4 for llama/mistral, 1e6 for qwen)");
+  sub->add_option("--rope", o->rope,
+                  "RoPE scaling: llama3 (Llama 3.1: factor 8, low/high 1/4, original 8192); default: plain");
   sub->add_option("--shards", o->shards, "split the weights into N safetensors shards + index")->capture_default_str();
   sub->add_option("--out", o->out, "output directory")->required();
   on_run(sub, [o] {

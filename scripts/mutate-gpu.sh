@@ -54,7 +54,7 @@ fi
 echo "driver built in $(( $(date +%s) - t0 ))s"
 
 # Which device mutants can run: a STALE anchor (a kernel file changed under the catalog) would stop
-# the whole run (exit 5), and the MOD.cuda gates need stories260K; leave those out, saying why.
+# the whole run (exit 5), and the MOD.cuda and engine PAR.cuda gates need stories260K; leave those out, saying why.
 # Extra arguments (e.g. --only) replace this selection.
 if [ $# -eq 0 ]; then
   models="${KVGATE_MODELS:-$root/../shared/models}"
@@ -65,9 +65,9 @@ if [ $# -eq 0 ]; then
       echo "not run: $id (anchor $status: its file changed; refresh the catalog record)"
       continue
     fi
-    case "$rest" in MOD.*|*,MOD.*)
+    case "$rest" in MOD.*|*,MOD.*|PAR.cuda.persist.*|*,PAR.cuda.persist.*|PAR.cuda.engine_stream.*|*,PAR.cuda.engine_stream.*)
       if [ ! -f "$models/stories260K/stories260K.bin" ]; then
-        echo "not run: $id (its MOD.cuda gates need stories260K: set KVGATE_MODELS to a folder holding stories260K/)"
+        echo "not run: $id (its MOD.cuda / PAR.cuda engine gates need stories260K: set KVGATE_MODELS to a folder holding stories260K/)"
         continue
       fi ;;
     esac

@@ -9,7 +9,10 @@
 // the batch and batch 1). Writes one JSON document (schema "kvgate.bench.cuda_e2e_decode/1").
 //
 //   bench_e2e_decode [--out FILE] [--context 32768] [--batch 16] [--steps 8] [--warmup 2]
-//                    [--formats f32,f16,...] [--layers 32]
+//                    [--formats f32,f16,...] [--layers 32] [--rope plain|llama3|dynamic]
+//   --rope: the model's RoPE (rope.hpp): llama3 = Llama 3.1's rope_parameters (factor 8, low/high
+//   1/4, original 8192; a static table like plain), dynamic = dynamic NTK factor 4 over 8192
+//   (per-call rows staged on the host).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -66,7 +69,7 @@ kvgate::SynthOptions llama3_8b_synth(int layers) {
   return s;
 }
 
-kvgate::ModelConfig to_config(const kvgate::SynthOptions& s, int max_seq_len) {
+kvgate::ModelConfig to_config(const kvgate::SynthOptions& s, int max_seq_len, const std::string& rope) {
   kvgate::ModelConfig c;
   c.arch = s.arch;
   c.dim = s.hidden;
@@ -80,6 +83,20 @@ kvgate::ModelConfig to_config(const kvgate::SynthOptions& s, int max_seq_len) {
   c.rope_theta = static_cast<float>(s.rope_theta);
   c.rope_style = kvgate::RopeStyle::half;  // Hugging Face checkpoints
   c.tied_embeddings = s.tie_embeddings;
+  if (rope == "llama3") {  // as load_hf reads `kvgate synth --rope llama3`
+    c.rope.type = kvgate::RopeType::llama3;
+    c.rope.factor = 8;
+    c.rope.low_freq_factor = 1;
+    c.rope.high_freq_factor = 4;
+    c.rope.original_max = 8192;
+  } else if (rope == "dynamic") {
+    c.rope.type = kvgate::RopeType::dynamic;
+    c.rope.factor = 4;
+    c.rope.max_position = 8192;
+  } else if (rope != "plain") {
+    std::fprintf(stderr, "bench_e2e_decode: --rope must be plain, llama3 or dynamic\n");
+    std::exit(2);
+  }
   return c;
 }
 
@@ -149,6 +166,7 @@ StepTimes time_steps(kc::CudaForward& fwd, const std::vector<kvgate::SeqId>& seq
 int main(int argc, char** argv) {
   std::string out_path = "bench_e2e_decode.json";
   int context = 32768, batch = 16, steps = 8, warmup = 2, layers = 32;
+  std::string rope = "plain";
   std::vector<std::string> formats;
   for (const auto& p : kvgate::presets()) formats.emplace_back(p.name);
   for (int i = 1; i < argc; ++i) {
@@ -166,6 +184,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(val());
     else if (a == "--warmup") warmup = std::stoi(val());
     else if (a == "--layers") layers = std::stoi(val());
+    else if (a == "--rope") rope = val();
     else if (a == "--formats") {
       formats.clear();
       std::stringstream ss(val());
@@ -174,7 +193,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_e2e_decode [--out FILE] [--context N] [--batch B] [--steps N] [--warmup N] "
-                   "[--formats a,b] [--layers N]\n");
+                   "[--formats a,b] [--layers N] [--rope plain|llama3|dynamic]\n");
       return 2;
     }
   }
@@ -187,9 +206,9 @@ int main(int argc, char** argv) {
   const int extra = 4 * (warmup + steps) + 8;
   const int max_ctx = context + extra;
   const kvgate::SynthOptions synth = llama3_8b_synth(layers);
-  const kvgate::ModelConfig cfg = to_config(synth, max_ctx);
-  std::printf("model: Llama-3-8B shape, %d layers, bf16 random weights on the device; context %d, batch %d, %d steps (+%d warmup)\n",
-              layers, context, batch, steps, warmup);
+  const kvgate::ModelConfig cfg = to_config(synth, max_ctx, rope);
+  std::printf("model: Llama-3-8B shape, %d layers, bf16 random weights on the device, RoPE %s; context %d, batch %d, %d steps (+%d warmup)\n",
+              layers, rope.c_str(), context, batch, steps, warmup);
   std::fflush(stdout);
   const auto tw = Clock::now();
   const auto model = kc::CudaModel::random(cfg, kc::WeightType::bf16, 8);
@@ -224,7 +243,7 @@ int main(int argc, char** argv) {
   j["model"] = {{"shape", "Llama-3-8B"},
                 {"synth", {{"arch", synth.arch}, {"layers", synth.layers}, {"hidden", synth.hidden}, {"ffn", synth.ffn},
                            {"heads", synth.heads}, {"kv_heads", synth.kv_heads}, {"head_dim", synth.head_dim},
-                           {"vocab", synth.vocab}, {"dtype", synth.dtype}, {"rope_theta", synth.rope_theta},
+                           {"vocab", synth.vocab}, {"dtype", synth.dtype}, {"rope_theta", synth.rope_theta}, {"rope", rope},
                            {"tie_embeddings", synth.tie_embeddings}}},
                 {"weights", "bf16 (cublasGemmEx, FP32 accumulate), random, generated on the device"},
                 {"weight_bytes", model->weight_bytes()}};

@@ -38,5 +38,12 @@ grep -E "^\| (f32|f16|bf16|int8|fp8|q8_0|q4_0|k8v4) " $R/matrix_probe/matrix.md 
 timeout 150 $A/kvgate bench --model $A/models/stories260K/stories260K.bin --probe-model none --no-probes --lengths 128,480 --windows 0 --devices cpu,cuda --repeats 3 --threads 16 --out $R/matrix_stories > $R/matrix_stories.log 2>&1; echo "matrix stories rc=$?"
 echo "== kvgate run --device cuda $(el)"
 timeout 30 $A/kvgate run --model $A/models/stories260K/stories260K.bin --device cuda --kv k8v4 --steps 128 > $R/run_cuda.txt 2> $R/run_cuda.err; echo "run rc=$?"; head -c 300 $R/run_cuda.txt; echo; cat $R/run_cuda.err | tail -3
+echo "== kvgate run --device cuda: a conversation (two turns, --conv-id) and a streamed run (--kv-resident) $(el)"
+for t in 1 2; do
+  timeout 30 $A/kvgate run --model $A/models/stories260K/stories260K.bin --device cuda --kv q8_0 --steps 24 --conv-id gpu-conv --kv-cache-dir $R/kvcache --json > $R/conv_turn$t.json 2> $R/conv_turn$t.err; echo "turn $t rc=$?"
+  grep -E '"(hydrated_tokens|prefill_tokens|saved_tokens|ttft_ms)"' $R/conv_turn$t.json; tail -2 $R/conv_turn$t.err
+done
+timeout 30 $A/kvgate run --model $A/models/stories260K/stories260K.bin --device cuda --kv int8 --steps 64 --kv-resident 128 --json > $R/run_resident.json 2> $R/run_resident.err; echo "kv-resident rc=$?"
+grep -E '"(kv_resident_tokens|kv_device_bytes|kv_pool_bytes|kv_block_lookups|kv_block_misses|kv_bytes_moved)"' $R/run_resident.json; tail -2 $R/run_resident.err
 echo "== done $(el)"
 cd $OUT && tar czf results.tgz r && rm -rf r && ls -la $OUT

@@ -86,9 +86,17 @@ namespace kvgate::gates {
 // (head_dim + 1), softmax (exp 2, a sum over n_ctx = pos+1 keys, a division: n_ctx+3), P*V (n_ctx),
 // Wo (q_dim) and the residual add (1), the FFN RMSNorm (dim+3), W1/W3 (dim), SiLU and the gate
 // product (4), W2 (hidden) and its add (1); then the final RMSNorm (dim+3) and the classifier (dim).
-inline double forward_rounding_chain(int n_layers, int dim, int hidden, int head_dim, int q_dim, int pos) {
+// RoPE variants (rope.hpp) compute each inverse frequency with more binary32 operations than the
+// plain 1/theta^(2i/d): `rope_freq_ops` roundings of relative size u each (plain 1; linear 2: the
+// division by the factor; longrope 3: factor product and division; dynamic 4: the grown base;
+// yarn 6: both frequencies, the ramp weights and the blend; llama3 8: the wavelength, the smooth
+// factor and the blend), so the angle pos*freq carries <= (rope_freq_ops + 1)*pos*u, and an attention
+// scaling on cos/sin (yarn, longrope) adds one rounding to the rotation (`rope_scaled`).
+inline double forward_rounding_chain(int n_layers, int dim, int hidden, int head_dim, int q_dim, int pos,
+                                     int rope_freq_ops = 1, bool rope_scaled = false) {
   const double n_ctx = pos + 1.0;
-  const double per_layer = (dim + 3.0) + dim + (2.0 * pos + 2) + (head_dim + 1.0) + (n_ctx + 3) + n_ctx +
+  const double rope = (rope_freq_ops + 1.0) * pos + (rope_scaled ? 3 : 2);
+  const double per_layer = (dim + 3.0) + dim + rope + (head_dim + 1.0) + (n_ctx + 3) + n_ctx +
                            (q_dim + 1.0) + (dim + 3.0) + dim + 4 + (hidden + 1.0);
   return n_layers * per_layer + (dim + 3.0) + dim;
 }

@@ -20,14 +20,14 @@
 
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"
-#include "hf_ref.hpp"
+#include "hf_arch_ref.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/sampler.hpp"
 
 using namespace kvgate;
-using namespace kvgate::gates::hf_ref;
+using namespace kvgate::gates::hf_arch;
 namespace kc = kvgate::cuda;
 
 namespace {

@@ -22,7 +22,7 @@
 
 #include "bounds.hpp"
 #include "catch_compat.hpp"
-#include "hf_ref.hpp"
+#include "hf_arch_ref.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/model.hpp"
@@ -31,7 +31,7 @@
 using namespace kvgate;
 namespace fs = std::filesystem;
 
-using namespace kvgate::gates::hf_ref;
+using namespace kvgate::gates::hf_arch;
 
 namespace {
 

@@ -894,3 +894,106 @@ TEST_CASE("ORA.attn_read attention over a quantized store == attention over f32 
       }
     }
 }
+
+// ---- GGUF RoPE metadata: rope.scaling.*, rope.dimension_count, the rope_freqs tensor ----------
+
+namespace {
+
+// A tiny F32 llama GGUF (dim 32, 4 heads of 8, 2 KV heads, 1 layer, a 16-token byte-less vocab);
+// `kv` adds metadata (count given), `extra` tensors.
+std::vector<std::uint8_t> rope_gguf(int n_extra_kv, const std::function<void(GgufWriter&)>& kv,
+                                    std::vector<SynthTensor> extra = {}) {
+  std::mt19937 rng(5);
+  std::vector<SynthTensor> ts;
+  ts.push_back(make_tensor("token_embd.weight", {32, 16}, 0, rng, 0.5f));
+  ts.push_back(make_tensor("output_norm.weight", {32}, 0, rng, 1.0f));
+  const std::string p = "blk.0.";
+  for (const auto& [n, a, b] : std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>>{
+           {"attn_q.weight", 32, 32}, {"attn_k.weight", 32, 16}, {"attn_v.weight", 32, 16}, {"attn_output.weight", 32, 32},
+           {"ffn_gate.weight", 32, 64}, {"ffn_up.weight", 32, 64}, {"ffn_down.weight", 64, 32}})
+    ts.push_back(make_tensor(p + n, {a, b}, 0, rng, 0.2f));
+  ts.push_back(make_tensor(p + "attn_norm.weight", {32}, 0, rng, 1.0f));
+  ts.push_back(make_tensor(p + "ffn_norm.weight", {32}, 0, rng, 1.0f));
+  for (auto& t : extra) ts.push_back(std::move(t));
+  GgufWriter w;
+  w.b.insert(w.b.end(), {'G', 'G', 'U', 'F'});
+  w.pod<std::uint32_t>(3);
+  w.pod<std::uint64_t>(ts.size());
+  w.pod<std::uint64_t>(8 + static_cast<std::uint64_t>(n_extra_kv));
+  w.kv_str("general.architecture", "llama");
+  w.kv_u32("llama.embedding_length", 32);
+  w.kv_u32("llama.feed_forward_length", 64);
+  w.kv_u32("llama.block_count", 1);
+  w.kv_u32("llama.attention.head_count", 4);
+  w.kv_u32("llama.attention.head_count_kv", 2);
+  w.kv_u32("llama.context_length", 64);
+  w.kv_f32("llama.rope.freq_base", 10000.0f);
+  kv(w);
+  std::uint64_t off = 0;
+  for (const auto& t : ts) {
+    w.str(t.name);
+    w.pod<std::uint32_t>(static_cast<std::uint32_t>(t.ne.size()));
+    for (auto e : t.ne) w.pod(e);
+    w.pod(t.type);
+    w.pod(off);
+    off += (t.data.size() + 31) / 32 * 32;
+  }
+  w.pad(32);
+  for (const auto& t : ts) {
+    w.b.insert(w.b.end(), t.data.begin(), t.data.end());
+    w.pad(32);
+  }
+  return w.b;
+}
+
+}  // namespace
+
+TEST_CASE("MOD.loader.gguf_rope rope.scaling linear/yarn, partial rotary and rope_freqs read from GGUF", "[gate:MOD][loader]") {
+  TempDir td;
+  const Model plain = load_model(td.write("plain.gguf", rope_gguf(0, [](GgufWriter&) {})));
+  CHECK(plain.config.rope.is_plain());
+  const Model lin = load_model(td.write("linear.gguf", rope_gguf(2, [](GgufWriter& w) {
+    w.kv_str("llama.rope.scaling.type", "linear");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+  })));
+  CHECK(lin.config.rope.type == RopeType::linear);
+  CHECK(lin.config.rope.factor == 4.0);
+  CHECK(lin.fingerprint != plain.fingerprint);
+  const Model yarn = load_model(td.write("yarn.gguf", rope_gguf(3, [](GgufWriter& w) {
+    w.kv_str("llama.rope.scaling.type", "yarn");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+    w.kv_u32("llama.rope.scaling.original_context_length", 16);
+  })));
+  CHECK(yarn.config.rope.type == RopeType::yarn);
+  CHECK(yarn.config.rope.original_max == 16);
+  CHECK(std::fabs(yarn.config.rope.attention_factor - (0.1 * std::log(4.0) + 1)) < 1e-6);  // llama.cpp's mscale
+  const Model part = load_model(td.write("partial.gguf", rope_gguf(1, [](GgufWriter& w) {
+    w.kv_u32("llama.rope.dimension_count", 4);
+  })));
+  CHECK(part.config.rope.rotary_dim == 4);
+  // llama3 scaling as llama.cpp's converter writes it: rope_freqs.weight, one divisor per pair.
+  SynthTensor ff{"rope_freqs.weight", {4}, 0, {}, {1.0f, 1.0f, 3.0f, 8.0f}};
+  ff.data.resize(16);
+  std::memcpy(ff.data.data(), ff.expect.data(), 16);
+  const Model l3 = load_model(td.write("l3.gguf", rope_gguf(0, [](GgufWriter&) {}, {ff})));
+  CHECK(l3.config.rope.freq_divisors == ff.expect);
+  const RopeFrequencies f3 = rope_frequencies(l3.config.rope, 1e4f, 8, 1), fp = rope_frequencies(plain.config.rope, 1e4f, 8, 1);
+  REQUIRE(f3.inv_freq.size() == 4);
+  CHECK(f3.inv_freq[0] == fp.inv_freq[0]);
+  CHECK(f3.inv_freq[3] == fp.inv_freq[3] / 8.0f);
+  // Refusals name the key: an unsupported type, a missing factor, a missing original length.
+  const auto bad_type = td.write("bad_type.gguf", rope_gguf(2, [](GgufWriter& w) {
+    w.kv_str("llama.rope.scaling.type", "longrope");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+  }));
+  check_message(load_error(bad_type), bad_type, "rope.scaling.type");
+  const auto no_factor = td.write("no_factor.gguf", rope_gguf(1, [](GgufWriter& w) {
+    w.kv_str("llama.rope.scaling.type", "linear");
+  }));
+  check_message(load_error(no_factor), no_factor, "rope.scaling.factor");
+  const auto no_orig = td.write("no_orig.gguf", rope_gguf(2, [](GgufWriter& w) {
+    w.kv_str("llama.rope.scaling.type", "yarn");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+  }));
+  check_message(load_error(no_orig), no_orig, "original_context_length");
+}

@@ -176,9 +176,11 @@ struct RuntimeRun {
   EngineStats stats;
 };
 
-inline RuntimeRun runtime_logits(const Model& m, const KvFormat& f, std::span<const int> tokens, int threads = 1) {
+inline RuntimeRun runtime_logits(const Model& m, const KvFormat& f, std::span<const int> tokens, int threads = 1,
+                                 int prefill_chunk = 128) {
   EngineOptions o = engine_options_for(f, threads);
   o.max_context = static_cast<int>(tokens.size());
+  o.prefill_chunk = prefill_chunk;
   Engine e(m, o);
   RuntimeRun r;
   r.logits = e.forward_all_logits(tokens);

@@ -98,14 +98,22 @@ struct OraInputs {
   const ko::Transformer* ora;
   std::vector<int> tokens;
   std::vector<int> expected_next;  // ground-truth greedy ids for the first positions (may be empty)
+  int rope_freq_ops = 1;           // bounds.hpp forward_rounding_chain: RoPE variant's frequency roundings
+  bool rope_scaled = false;        // ... and its attention scaling on cos/sin
+  int prefill_chunk = 128;         // the runtime's chunk (one chunk: as the oracle's single forward)
 };
 
-void run_ora_model(const std::string& id, const OraInputs& in) {
+struct OraResult {
+  std::vector<double> o64;  // the oracle's binary64 logits
+  double nmse_bound = 0;    // the NMSE bound over all positions
+};
+
+OraResult run_ora_model(const std::string& id, const OraInputs& in) {
   const auto& c = in.ora->config;
   const int V = c.vocab_size, n = static_cast<int>(in.tokens.size());
   auto o64_f = std::async(std::launch::async, [&] { return ko::forward_all_f64(*in.ora, in.tokens); });
   auto o32_f = std::async(std::launch::async, [&] { return ko::forward_all(*in.ora, in.tokens); });
-  const RuntimeRun rt = runtime_logits(*in.rt, KvFormat{HalfFormat::f32, HalfFormat::f32}, in.tokens);
+  const RuntimeRun rt = runtime_logits(*in.rt, KvFormat{HalfFormat::f32, HalfFormat::f32}, in.tokens, 1, in.prefill_chunk);
   const std::vector<double> o64 = o64_f.get();
   const std::vector<float> o32 = o32_f.get();
   INFO(id << ": " << n << " positions, vocab " << V);
@@ -125,7 +133,8 @@ void run_ora_model(const std::string& id, const OraInputs& in) {
     const std::size_t o = static_cast<std::size_t>(p) * V;
     double zmax = 0;
     for (int v = 0; v < V; ++v) zmax = std::max(zmax, std::fabs(o64[o + v]));
-    const double chain = forward_rounding_chain(c.n_layers, c.dim, c.hidden_dim, c.head_dim(), c.dim, p);
+    const double chain =
+        forward_rounding_chain(c.n_layers, c.dim, c.hidden_dim, c.head_dim(), c.dim, p, in.rope_freq_ops, in.rope_scaled);
     const double b = forward_f32_logit_bound(chain, zmax);
     max_bound = std::max(max_bound, b);
     double e_rt = 0, e_ora = 0, e_pair = 0;
@@ -181,6 +190,71 @@ void run_ora_model(const std::string& id, const OraInputs& in) {
   // The oracle is validated against ground truth where there is one (README greedy ids).
   CHECK(expected_ok_ora == static_cast<int>(in.expected_next.size()));
   CHECK(expected_ok_rt == static_cast<int>(in.expected_next.size()));
+  return {std::move(o64), b_nmse};
+}
+
+// ---- ORA.model.rope: the RoPE variants (rope.hpp) vs the oracle's own formulas ---------------------
+
+// The runtime's RopeConfig for an oracle RopeSpec (field by field; the parsers are not involved).
+RopeConfig runtime_rope_from(const ko::RopeSpec& o) {
+  RopeConfig r;
+  switch (o.kind) {
+    case ko::RopeKind::standard: r.type = RopeType::plain; break;
+    case ko::RopeKind::linear: r.type = RopeType::linear; break;
+    case ko::RopeKind::ntk_dynamic: r.type = RopeType::dynamic; break;
+    case ko::RopeKind::yarn: r.type = RopeType::yarn; break;
+    case ko::RopeKind::llama3: r.type = RopeType::llama3; break;
+    case ko::RopeKind::longrope: r.type = RopeType::longrope; break;
+  }
+  r.factor = o.factor;
+  r.original_max = o.original_len;
+  r.max_position = o.reference_len;
+  r.attention_factor = o.attention_factor;
+  r.beta_fast = o.beta_fast;
+  r.beta_slow = o.beta_slow;
+  r.truncate = o.round_ramp;
+  r.low_freq_factor = o.low_freq_factor;
+  r.high_freq_factor = o.high_freq_factor;
+  for (double x : o.short_factor) r.short_factor.push_back(static_cast<float>(x));
+  for (double x : o.long_factor) r.long_factor.push_back(static_cast<float>(x));
+  r.rotary_dim = o.rotary_dim;
+  return r;
+}
+
+// The original (pre-training) length of every case: the 256-token run goes 4x past it, so the
+// length-dependent variants (dynamic, longrope) switch and yarn/llama3 rotate positions they were
+// not trained on.
+constexpr int kRopeOriginal = 64;
+
+void ora_rope(const std::string& id, ko::RopeSpec spec, int freq_ops, bool scaled) {
+  RandomModelSpec ms = tf_spec();
+  ms.seq_len = 256;
+  ko::Transformer ora = random_oracle_model(ms);
+  ora.config.rope = spec;
+  ko::validate(ora);
+  Model rt = runtime_model_from(ora, "random-weight model, RoPE " + id);
+  rt.config.rope = runtime_rope_from(spec);
+  rt.config.rope_style = spec.rotate_half ? RopeStyle::half : RopeStyle::interleaved;
+  validate_rope(rt.config.rope, rt.config.head_dim, "ORA.model.rope", "rope");
+  OraInputs in{&rt, &ora, random_tokens(256, ms.vocab, kTfTokenSeed), {}};
+  in.rope_freq_ops = freq_ops;
+  in.rope_scaled = scaled;
+  in.prefill_chunk = 256;  // one forward over all tokens, as the oracle's (dynamic/longrope see L = 256)
+  std::cout << id << ": " << describe_rope(rt.config.rope) << ", head_dim " << rt.config.head_dim << ", "
+            << in.tokens.size() << " positions (original length " << kRopeOriginal << ")\n";
+  const OraResult res = run_ora_model(id, in);
+  // Anti-vacuity: the variant is observable. The same runtime with the plain RoPE (all dims, plain
+  // style as declared) must miss the variant's oracle logits by more than the NMSE bound.
+  Model plain = runtime_model_from(ora, "random-weight model, plain RoPE");
+  plain.config.rope_style = rt.config.rope_style;
+  const RuntimeRun pr = runtime_logits(plain, KvFormat{HalfFormat::f32, HalfFormat::f32}, in.tokens, 1, 256);
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < res.o64.size(); ++i) {
+    num += (pr.logits[i] - res.o64[i]) * (pr.logits[i] - res.o64[i]);
+    den += res.o64[i] * res.o64[i];
+  }
+  INFO(id << ": plain RoPE on the same weights: NMSE " << num / den << " vs the bound " << res.nmse_bound);
+  CHECK(num / den > res.nmse_bound);  // a runtime that ignored the variant fails this gate
 }
 
 // The 64 greedy ids of the stories260K README (temperature 0, after BOS).
@@ -421,6 +495,58 @@ TEST_CASE("ORA.model.random runtime logits at f32 KV == oracle on the MOD random
   const Model rt = runtime_model_from(ora, "random-weight model");
   OraInputs in{&rt, &ora, random_tokens(256, spec.vocab, kTfTokenSeed), {}};
   run_ora_model("ORA.model.random", in);
+}
+
+TEST_CASE("ORA.model.rope.linear linear (position interpolation) RoPE == oracle, 256 positions", "[gate:ORA][fmt:f32]") {
+  ko::RopeSpec r;
+  r.kind = ko::RopeKind::linear;
+  r.factor = 4;
+  ora_rope("ORA.model.rope.linear", r, 2, false);
+}
+
+TEST_CASE("ORA.model.rope.dynamic dynamic NTK RoPE == oracle, 256 positions past a reference of 64", "[gate:ORA][fmt:f32]") {
+  ko::RopeSpec r;
+  r.kind = ko::RopeKind::ntk_dynamic;
+  r.factor = 2;
+  r.reference_len = kRopeOriginal;
+  ora_rope("ORA.model.rope.dynamic", r, 4, false);
+}
+
+TEST_CASE("ORA.model.rope.yarn YaRN RoPE (ramp, attention factor) == oracle, 256 positions past 64", "[gate:ORA][fmt:f32]") {
+  ko::RopeSpec r;
+  r.kind = ko::RopeKind::yarn;
+  r.factor = 4;
+  r.original_len = kRopeOriginal;
+  ora_rope("ORA.model.rope.yarn", r, 6, true);
+}
+
+TEST_CASE("ORA.model.rope.llama3 Llama 3.1 banded RoPE == oracle, 256 positions past 64", "[gate:ORA][fmt:f32]") {
+  ko::RopeSpec r;
+  r.kind = ko::RopeKind::llama3;
+  r.factor = 8;
+  r.low_freq_factor = 1;
+  r.high_freq_factor = 4;
+  r.original_len = kRopeOriginal;  // head_dim 64, theta 1e4: pairs 0-3 high, 4-8 smooth, 9-31 low band
+  ora_rope("ORA.model.rope.llama3", r, 8, false);
+}
+
+TEST_CASE("ORA.model.rope.longrope LongRoPE (long factors past 64) == oracle, 256 positions", "[gate:ORA][fmt:f32]") {
+  ko::RopeSpec r;
+  r.kind = ko::RopeKind::longrope;
+  r.factor = 4;
+  r.original_len = kRopeOriginal;
+  for (int j = 0; j < 32; ++j) {
+    r.short_factor.push_back(1.0 + 0.03 * j);
+    r.long_factor.push_back(1.0 + 0.5 * j);
+  }
+  ora_rope("ORA.model.rope.longrope", r, 3, true);
+}
+
+TEST_CASE("ORA.model.rope.partial partial rotary (32 of 64 dims, rotate-half) == oracle, 256 positions", "[gate:ORA][fmt:f32]") {
+  ko::RopeSpec r;
+  r.rotary_dim = 32;
+  r.rotate_half = true;
+  ora_rope("ORA.model.rope.partial", r, 1, false);
 }
 
 // ---- MOD.tf2048 / MOD.kl, every preset + one mixed pair -----------------------------------------

@@ -237,12 +237,12 @@ TEST_CASE("STO.loader.rope_parameters transformers 5 RoPE settings are read, not
   write_json_file(fs::path(dir2) / "config.json", cj2);
   CHECK(load_hf(dir2).config.rope_theta == 500000.0f);
   // A RoPE type kvgate does not implement is refused with the field named.
-  cj["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 500000.0}, {"factor", 4.0}};
+  cj["rope_parameters"] = {{"rope_type", "proportional"}, {"rope_theta", 500000.0}, {"factor", 4.0}};
   write_json_file(fs::path(dir) / "config.json", cj);
   const std::string msg = model_error([&] { load_hf(dir); });
   INFO(msg);
   CHECK(has(msg, "rope_parameters"));
-  CHECK(has(msg, "yarn"));
+  CHECK(has(msg, "proportional"));
 }
 
 TEST_CASE("STO.loader.config bad config.json fields are named", "[gate:STO][fmt:none]") {
@@ -258,7 +258,7 @@ TEST_CASE("STO.loader.config bad config.json fields are named", "[gate:STO][fmt:
       {"num_key_value_heads", 3, "'num_key_value_heads'"},
       {"architectures", nlohmann::json::array({"GPT2LMHeadModel"}), "GPT2LMHeadModel"},
       {"hidden_act", "gelu", "'hidden_act'"},
-      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}, "'rope_scaling'"},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}, "'rope_scaling.low_freq_factor' is missing"},
       {"vocab_size", "many", "'vocab_size' is not an integer"},
   };
   const char* const names[] = {"m0", "m1", "m2", "m3", "m4", "m5", "m6"};

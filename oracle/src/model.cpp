@@ -36,6 +36,19 @@ void validate(const Transformer& t) {
     need(c.n_heads % c.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads");
     need(c.head_dim() % 2 == 0, "head_dim must be even (RoPE rotates pairs)");
     need(c.rms_eps > 0 && c.rope_theta > 0, "rms_eps and rope_theta must be positive");
+    {
+        const RopeSpec& r = c.rope;
+        const int R = r.rotary_dim > 0 ? r.rotary_dim : c.head_dim();
+        need(R >= 2 && R <= c.head_dim() && R % 2 == 0, "rope.rotary_dim must be even and within head_dim");
+        if (r.kind != RopeKind::standard) need(r.factor > 0, "rope.factor must be positive");
+        if (r.kind == RopeKind::ntk_dynamic) need(r.reference_len > 0, "rope.reference_len must be positive");
+        if (r.kind == RopeKind::yarn || r.kind == RopeKind::llama3 || r.kind == RopeKind::longrope)
+            need(r.original_len > 0, "rope.original_len must be positive");
+        if (r.kind == RopeKind::llama3) need(r.high_freq_factor > r.low_freq_factor, "rope: high_freq_factor <= low_freq_factor");
+        if (r.kind == RopeKind::longrope)
+            need(r.short_factor.size() == size_t(R / 2) && r.long_factor.size() == size_t(R / 2),
+                 "rope: short/long factors need rotary_dim/2 entries");
+    }
     const size_t D = size_t(c.dim), F = size_t(c.hidden_dim), KV = size_t(c.kv_dim()), V = size_t(c.vocab_size);
     const Weights& w = t.weights;
     check_size(w.token_embedding, V * D, "token_embedding");
@@ -55,6 +68,76 @@ void validate(const Transformer& t) {
     }
     check_size(w.rms_final, D, "rms_final");
     if (!w.wcls.empty()) check_size(w.wcls, V * D, "wcls");
+}
+
+RopeAngles rope_angles(const RopeSpec& r, double theta, int head_dim, int seq_len) {
+    const int R = r.rotary_dim > 0 ? r.rotary_dim : head_dim;
+    const int pairs = R / 2;
+    const double pi = std::acos(-1.0);
+    RopeAngles a;
+    a.freq.resize(size_t(pairs));
+    // The standard frequencies theta^(-2j/R).
+    auto standard = [&](double base, int j) { return std::pow(base, -2.0 * j / R); };
+    for (int j = 0; j < pairs; ++j) a.freq[size_t(j)] = standard(theta, j);
+    switch (r.kind) {
+        case RopeKind::standard:
+            break;
+        case RopeKind::linear:  // position interpolation: every position divided by s
+            for (double& f : a.freq) f /= r.factor;
+            break;
+        case RopeKind::ntk_dynamic:
+            // NTK-aware: past the reference length L_r the base becomes
+            // theta * (s * L / L_r - (s - 1))^(R / (R - 2)), L the current length.
+            if (seq_len > r.reference_len) {
+                const double g = r.factor * double(seq_len) / r.reference_len - (r.factor - 1);
+                const double base = theta * std::pow(g, double(R) / (R - 2));
+                for (int j = 0; j < pairs; ++j) a.freq[size_t(j)] = standard(base, j);
+            }
+            break;
+        case RopeKind::yarn: {
+            // YaRN: pair j interpolates (freq / s) below the ramp, keeps freq above it; the ramp runs
+            // between the pairs that complete beta_fast and beta_slow turns over L0.
+            auto pair_of = [&](double turns) {
+                return R * std::log(r.original_len / (turns * 2 * pi)) / (2 * std::log(theta));
+            };
+            double lo = pair_of(r.beta_fast), hi = pair_of(r.beta_slow);
+            if (r.round_ramp) lo = std::floor(lo), hi = std::ceil(hi);
+            lo = std::max(lo, 0.0);
+            hi = std::min(hi, double(R - 1));
+            if (hi == lo) hi += 0.001;
+            for (int j = 0; j < pairs; ++j) {
+                const double t = std::clamp((j - lo) / (hi - lo), 0.0, 1.0);  // 0: keep, 1: interpolate
+                const double f = a.freq[size_t(j)];
+                a.freq[size_t(j)] = (1 - t) * f + t * f / r.factor;
+            }
+            a.cs_scale = r.attention_factor > 0 ? r.attention_factor : (r.factor > 1 ? 0.1 * std::log(r.factor) + 1 : 1.0);
+            break;
+        }
+        case RopeKind::llama3: {
+            // Llama 3.1: wavelengths beyond L0/low are divided by s, below L0/high kept, and in between
+            // a linear blend in L0/wavelength from low (all scaled) to high (none scaled).
+            const double lo_wl = r.original_len / r.low_freq_factor, hi_wl = r.original_len / r.high_freq_factor;
+            for (double& f : a.freq) {
+                const double wl = 2 * pi / f;
+                if (wl > lo_wl) f /= r.factor;
+                else if (wl >= hi_wl) {
+                    const double t = (r.original_len / wl - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+                    f = (1 - t) * f / r.factor + t * f;
+                }
+            }
+            break;
+        }
+        case RopeKind::longrope: {
+            // LongRoPE: per-pair rescale factors, the long set once the sequence exceeds L0.
+            const auto& ext = seq_len > r.original_len ? r.long_factor : r.short_factor;
+            for (int j = 0; j < pairs; ++j) a.freq[size_t(j)] /= ext[size_t(j)];
+            const double s = r.factor;
+            a.cs_scale = r.attention_factor > 0 ? r.attention_factor
+                                                : (s > 1 ? std::sqrt(1 + std::log(s) / std::log(double(r.original_len))) : 1.0);
+            break;
+        }
+    }
+    return a;
 }
 
 Transformer make_transformer(ModelConfig config, Weights weights) {
@@ -148,21 +231,23 @@ Mat<T> rmsnorm(const Mat<T>& x, const std::vector<float>& g, float eps) {
     return y;
 }
 
-// Interleaved RoPE: in every head, pair (2i, 2i+1) of position p turns by p·theta^(-2i/head_dim).
-// The angle and its cos/sin are computed in binary64 and rounded once to T.
+// RoPE: in every head, pair j (adjacent dims (2j, 2j+1), or (j, j + R/2) with rotate_half) of
+// position p turns by p * freq_j; dims past the rotated R stay. The angle and its cos/sin are
+// computed in binary64, scaled, and rounded once to T.
 template <typename T>
-void rope(Mat<T>& m, int n_heads, int head_dim, float theta) {
+void rope(Mat<T>& m, int n_heads, int head_dim, const RopeAngles& a, const RopeSpec& r) {
+    const int pairs = int(a.freq.size());
     for (Eigen::Index p = 0; p < m.rows(); ++p)
-        for (int i = 0; i < head_dim; i += 2) {
-            const double freq = std::pow(double(theta), -double(i) / double(head_dim));
-            const double ang = double(p) * freq;
-            const T c = T(std::cos(ang)), s = T(std::sin(ang));
+        for (int j = 0; j < pairs; ++j) {
+            const double ang = double(p) * a.freq[size_t(j)];
+            const T c = T(std::cos(ang) * a.cs_scale), s = T(std::sin(ang) * a.cs_scale);
+            const int i0 = r.rotate_half ? j : 2 * j, i1 = r.rotate_half ? j + pairs : 2 * j + 1;
             for (int h = 0; h < n_heads; ++h) {
-                T& a = m(p, h * head_dim + i);
-                T& b = m(p, h * head_dim + i + 1);
-                const T a0 = a, b0 = b;
-                a = a0 * c - b0 * s;
-                b = a0 * s + b0 * c;
+                T& x0 = m(p, h * head_dim + i0);
+                T& x1 = m(p, h * head_dim + i1);
+                const T a0 = x0, b0 = x1;
+                x0 = a0 * c - b0 * s;
+                x1 = a0 * s + b0 * c;
             }
         }
 }
@@ -201,6 +286,7 @@ Mat<T> forward_impl(const Transformer& t, std::span<const int> tokens, const KvH
     const Eigen::Index n = Eigen::Index(tokens.size());
     need(n <= c.seq_len, std::to_string(n) + " tokens exceed seq_len " + std::to_string(c.seq_len));
     const int D = c.dim, F = c.hidden_dim, KV = c.kv_dim(), hd = c.head_dim(), Vc = c.vocab_size;
+    const RopeAngles angles = rope_angles(c.rope, c.rope_theta, hd, int(n));
     Mat<T> x(n, D);
     for (Eigen::Index i = 0; i < n; ++i) {
         const int tok = tokens[size_t(i)];
@@ -214,8 +300,8 @@ Mat<T> forward_impl(const Transformer& t, std::span<const int> tokens, const KvH
         Mat<T> Q = xn * weight<T>(L.wq, D, D).transpose();
         Mat<T> K = xn * weight<T>(L.wk, KV, D).transpose();
         Mat<T> V = xn * weight<T>(L.wv, KV, D).transpose();
-        rope<T>(Q, c.n_heads, hd, c.rope_theta);
-        rope<T>(K, c.n_kv_heads, hd, c.rope_theta);
+        rope<T>(Q, c.n_heads, hd, angles, c.rope);
+        rope<T>(K, c.n_kv_heads, hd, angles, c.rope);
         if constexpr (std::is_same_v<T, float>) {
             if (hook && *hook) (*hook)(l, int(n), K.data(), V.data());
         }
@@ -275,6 +361,7 @@ std::vector<float> forward_all_naive(const Transformer& t, std::span<const int> 
     need(n <= c.seq_len, "too many tokens");
     const int D = c.dim, F = c.hidden_dim, KV = c.kv_dim(), hd = c.head_dim(), V = c.vocab_size;
     const int group = c.n_heads / c.n_kv_heads;
+    const RopeAngles angles = rope_angles(c.rope, c.rope_theta, hd, n);
     std::vector<float> kc(size_t(c.n_layers) * n * KV), vc(kc.size());
     std::vector<float> x(D), xb(D), xb2(D), q(D), hb(F), hb2(F), att(n), logits(size_t(n) * V);
     for (int pos = 0; pos < n; ++pos) {
@@ -289,17 +376,19 @@ std::vector<float> forward_all_naive(const Transformer& t, std::span<const int> 
             matvec(L.wq.data(), xb.data(), q.data(), D, D);
             matvec(L.wk.data(), xb.data(), k, KV, D);
             matvec(L.wv.data(), xb.data(), v, KV, D);
-            for (int i = 0; i < D; i += 2) {
-                const int hi = i % hd;
-                const double ang = double(pos) * std::pow(double(c.rope_theta), -double(hi) / double(hd));
-                const float fc = float(std::cos(ang)), fs = float(std::sin(ang));
-                for (int which = 0; which < (i < KV ? 2 : 1); ++which) {
-                    float* vec = which == 0 ? q.data() : k;
-                    const float a = vec[i], b = vec[i + 1];
-                    vec[i] = a * fc - b * fs;
-                    vec[i + 1] = a * fs + b * fc;
+            for (int h0 = 0; h0 < D; h0 += hd)
+                for (int j = 0; j < int(angles.freq.size()); ++j) {
+                    const double ang = double(pos) * angles.freq[size_t(j)];
+                    const float fc = float(std::cos(ang) * angles.cs_scale), fs = float(std::sin(ang) * angles.cs_scale);
+                    const int i0 = h0 + (c.rope.rotate_half ? j : 2 * j);
+                    const int i1 = h0 + (c.rope.rotate_half ? j + int(angles.freq.size()) : 2 * j + 1);
+                    for (int which = 0; which < (h0 < KV ? 2 : 1); ++which) {
+                        float* vec = which == 0 ? q.data() : k;
+                        const float a = vec[i0], b = vec[i1];
+                        vec[i0] = a * fc - b * fs;
+                        vec[i1] = a * fs + b * fc;
+                    }
                 }
-            }
             std::fill(xb.begin(), xb.end(), 0.0f);
             for (int h = 0; h < c.n_heads; ++h) {
                 const float* qh = q.data() + h * hd;

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
 
 #include "kernels/common.cuh"
 
@@ -48,9 +51,37 @@ CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
   for (int b = cfg_.n_blocks - 1; b >= 0; --b) free_list_.push_back(b);  // hands out 0, 1, 2, ... like the CPU store
 }
 
+CudaKvStore::CudaKvStore(StoreConfig cfg, External ext) : cfg_(std::move(cfg)), external_(true) {
+  const PageGeometry g = cfg_.geometry();
+  const OpSupport sup = supports_op(Op::store, cfg_.format, g);
+  if (!sup.ok)
+    throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
+                       "): " + sup.detail);
+  if (cfg_.n_layers < 1) throw KvStoreError("cuda kv store: n_layers must be >= 1");
+  for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
+    if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
+    if (static_cast<int>(sc->size()) != cfg_.n_layers)
+      throw KvStoreError("cuda kv store: k_scale/v_scale must have one entry per layer");
+  }
+  if (ext.pools.size() != static_cast<std::size_t>(cfg_.n_layers) * 2 || ext.n_pages < 1 || ext.stride % kPageAlign != 0)
+    throw KvStoreError("cuda kv store view: needs one K and one V base per layer, >= 1 page and a stride that is a "
+                       "multiple of 256 bytes");
+  for (int h = 0; h < 2; ++h) {
+    page_bytes_[h] = kvgate::page_bytes(h == 0 ? cfg_.format.k : cfg_.format.v, g);
+    if (page_bytes_[h] > ext.stride) throw KvStoreError("cuda kv store view: the stride is smaller than a page");
+    stride_[h] = ext.stride;
+  }
+  for (auto* p : ext.pools)
+    if (!p || reinterpret_cast<std::uintptr_t>(p) % kPageAlign != 0)
+      throw KvStoreError("cuda kv store view: page bases must be non-null and 256-byte aligned");
+  cfg_.n_blocks = ext.n_pages;
+  pools_ = std::move(ext.pools);  // not owned; the free list stays empty
+}
+
 CudaKvStore::~CudaKvStore() {
-  for (auto* p : pools_)
-    if (p) cudaFree(p);
+  if (!external_)
+    for (auto* p : pools_)
+      if (p) cudaFree(p);
   for (auto* p : scratch_)
     if (p) cudaFree(p);
 }
@@ -73,6 +104,10 @@ SeqId CudaKvStore::create_sequence() {
 
 void CudaKvStore::free_sequence(SeqId s) {
   Sequence& q = seq(s);
+  if (external_) {  // the view's pages belong to the window; nothing to zero or give back
+    seqs_.erase(s);
+    return;
+  }
   for (int b : q.blocks) {
     for (int l = 0; l < cfg_.n_layers; ++l)
       for (int h = 0; h < 2; ++h)
@@ -85,6 +120,42 @@ void CudaKvStore::free_sequence(SeqId s) {
 
 int CudaKvStore::length(SeqId s) const { return seq(s).length; }
 std::span<const int> CudaKvStore::block_table(SeqId s) const { return seq(s).blocks; }
+
+void CudaKvStore::set_sequence(SeqId s, std::vector<int> blocks, int length) {
+  if (!external_) throw KvStoreError("cuda kv store: set_sequence is for views (the store allocates its own pages)");
+  Sequence& q = seq(s);
+  const int B = cfg_.block_size;
+  if (length < 0 || static_cast<long long>(blocks.size()) * B < length)
+    throw KvStoreError("cuda kv store view: a table of " + std::to_string(blocks.size()) + " pages cannot hold " +
+                       std::to_string(length) + " tokens");
+  for (int b : blocks)
+    if (b < 0 || b >= cfg_.n_blocks)
+      throw KvStoreError("cuda kv store view: page " + std::to_string(b) + " is outside the view's " +
+                         std::to_string(cfg_.n_blocks) + " pages");
+  q.blocks = std::move(blocks);
+  q.length = length;
+}
+
+void CudaKvStore::upload_page(int layer, KvHalf h, int block, const std::uint8_t* src, cudaStream_t stream) {
+  if (layer < 0 || layer >= cfg_.n_layers || block < 0 || block >= cfg_.n_blocks)
+    throw KvStoreError("cuda kv store: upload of page " + std::to_string(block) + " layer " + std::to_string(layer) +
+                       " is outside the pool");
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(pool(layer, h) + static_cast<std::size_t>(block) * page_stride(h), src, page_bytes(h),
+                                    cudaMemcpyHostToDevice, stream));
+}
+
+void CudaKvStore::download_runs(int layer, KvHalf h, int block, std::span<const ByteRun> runs, std::uint8_t* dst,
+                                cudaStream_t stream) const {
+  if (layer < 0 || layer >= cfg_.n_layers || block < 0 || block >= cfg_.n_blocks)
+    throw KvStoreError("cuda kv store: download of page " + std::to_string(block) + " layer " + std::to_string(layer) +
+                       " is outside the pool");
+  const std::uint8_t* page = pool(layer, h) + static_cast<std::size_t>(block) * page_stride(h);
+  for (const ByteRun& r : runs) {
+    if (r.offset + r.bytes > page_bytes(h)) throw KvStoreError("cuda kv store: run '" + r.name + "' ends past the page");
+    KVGATE_CUDA_CHECK(
+        cudaMemcpyAsync(dst + r.offset, page + r.offset, r.bytes, cudaMemcpyDeviceToHost, stream));
+  }
+}
 
 int CudaKvStore::extend(SeqId s, int n) {
   Sequence& q = seq(s);

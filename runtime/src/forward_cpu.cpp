@@ -174,10 +174,18 @@ void rmsnorm(float* o, const float* x, const float* w, int n, float eps) { rmsno
 CpuForward::CpuForward(const Model& model, int max_chunk, ThreadPool& pool)
     : m_(model), c_(model.config), max_chunk_(std::max(1, max_chunk)), pool_(pool) {
   const int half = c_.head_dim / 2;
-  freq_.resize(static_cast<std::size_t>(half));
-  for (int i = 0; i < half; ++i)  // as run.c: 1 / theta^(2i / head_dim), in binary32
-    freq_[static_cast<std::size_t>(i)] =
-        1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c_.head_dim));
+  {  // plain RoPE: as run.c, 1 / theta^(2i / head_dim) in binary32 (rope.cpp); variants: rope.hpp
+    RopeFrequencies f = rope_frequencies(c_.rope, c_.rope_theta, c_.head_dim, 0);
+    freq_ = std::move(f.inv_freq);
+    rope_scale_ = f.attention_scaling;
+    rot_ = rope_rotary_dim(c_.rope, c_.head_dim);
+    if (c_.has_rope_local) {
+      RopeFrequencies fl = rope_frequencies(c_.rope_local, c_.rope_theta, c_.head_dim, 0);
+      freq_l_ = std::move(fl.inv_freq);
+      rope_scale_l_ = fl.attention_scaling;
+      rot_l_ = rope_rotary_dim(c_.rope_local, c_.head_dim);
+    }
+  }
   const std::size_t C = static_cast<std::size_t>(max_chunk_);
   x_.resize(C * c_.dim);
   xb_.resize(C * std::max(c_.dim, c_.q_dim()));
@@ -190,27 +198,57 @@ CpuForward::CpuForward(const Model& model, int max_chunk, ThreadPool& pool)
   hb2_.resize(C * c_.hidden_dim);
   cos_.resize(C * half);
   sin_.resize(C * half);
+  if (c_.has_rope_local) {
+    cos_l_.resize(C * half);
+    sin_l_.resize(C * half);
+  }
 }
 
-void CpuForward::rope(float* v, int T, int n_heads, int pos0) const {
-  (void)pos0;
+// Dynamic NTK and longrope depend on the sequence length: as transformers' cached generation,
+// the length is the longest position reached + 1, i.e. this chunk's last position + 1. A prompt
+// prefilled in one chunk of T tokens therefore rotates every position with the scaling for T (as
+// transformers' single forward over T tokens); a chunked prefill rotates each chunk with the
+// scaling for its own end, and the K rows already stored keep the rotation they were written with
+// (as transformers' KV cache keeps them when the length grows).
+void CpuForward::rope_angles(const RopeConfig& r, std::vector<float>& freq, float& scaling, int pos0, int T, float* cs,
+                             float* sn) const {
+  if (r.length_dependent()) {
+    RopeFrequencies f = rope_frequencies(r, c_.rope_theta, c_.head_dim, pos0 + T);
+    freq = std::move(f.inv_freq);
+    scaling = f.attention_scaling;
+  }
+  const int half = c_.head_dim / 2, n = static_cast<int>(freq.size());
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < n; ++i) {
+      const float val = static_cast<float>(pos0 + t) * freq[static_cast<std::size_t>(i)];
+      float fc = std::cos(val), fs = std::sin(val);
+      if (scaling != 1.0f) fc *= scaling, fs *= scaling;  // yarn / longrope attention factor
+      cs[static_cast<std::size_t>(t) * half + i] = fc;
+      sn[static_cast<std::size_t>(t) * half + i] = fs;
+    }
+}
+
+void CpuForward::rope(float* v, int T, int n_heads, bool local) const {
   const int D = c_.head_dim, half = D / 2;
+  const int rh = (local ? rot_l_ : rot_) / 2;  // rotated pairs; dims past rotary_dim pass through
+  const float* cs = local ? cos_l_.data() : cos_.data();
+  const float* sn = local ? sin_l_.data() : sin_.data();
   for (int t = 0; t < T; ++t) {
-    const float* fc = cos_.data() + static_cast<std::size_t>(t) * half;
-    const float* fs = sin_.data() + static_cast<std::size_t>(t) * half;
+    const float* fc = cs + static_cast<std::size_t>(t) * half;
+    const float* fs = sn + static_cast<std::size_t>(t) * half;
     for (int h = 0; h < n_heads; ++h) {
       float* x = v + (static_cast<std::size_t>(t) * n_heads + h) * D;
       if (c_.rope_style == RopeStyle::interleaved) {
-        for (int i = 0; i < half; ++i) {  // adjacent pairs (x[2i], x[2i+1])
+        for (int i = 0; i < rh; ++i) {  // adjacent pairs (x[2i], x[2i+1])
           const float v0 = x[2 * i], v1 = x[2 * i + 1];
           x[2 * i] = v0 * fc[i] - v1 * fs[i];
           x[2 * i + 1] = v0 * fs[i] + v1 * fc[i];
         }
       } else {
-        for (int i = 0; i < half; ++i) {  // rotate-half pairs (x[i], x[i + D/2])
-          const float v0 = x[i], v1 = x[i + half];
+        for (int i = 0; i < rh; ++i) {  // rotate-half pairs (x[i], x[i + rotary_dim/2])
+          const float v0 = x[i], v1 = x[i + rh];
           x[i] = v0 * fc[i] - v1 * fs[i];
-          x[i + half] = v1 * fc[i] + v0 * fs[i];
+          x[i + rh] = v1 * fc[i] + v0 * fs[i];
         }
       }
     }
@@ -271,7 +309,7 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
                                                  std::to_string(max_chunk_) + ")");
   const ModelConfig& c = c_;
   const ModelWeights& w = m_.weights;
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim, half = hd / 2;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
   for (int t = 0; t < T; ++t)
     if (tokens[t] < 0 || tokens[t] >= c.vocab_size)
       throw EngineError("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
@@ -284,13 +322,9 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
                 w.tok_embeddings.data() + static_cast<std::size_t>(tokens[t]) * dim, sizeof(float) * dim);
   if (c.embed_scale > 0)
     for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] *= c.embed_scale;
-  // RoPE angles for the chunk's positions, shared by every layer.
-  for (int t = 0; t < T; ++t)
-    for (int i = 0; i < half; ++i) {
-      const float val = static_cast<float>(pos0 + t) * freq_[static_cast<std::size_t>(i)];
-      cos_[static_cast<std::size_t>(t) * half + i] = std::cos(val);
-      sin_[static_cast<std::size_t>(t) * half + i] = std::sin(val);
-    }
+  // RoPE angles for the chunk's positions, shared by every layer (and the sliding layers' own).
+  rope_angles(c.rope, freq_, rope_scale_, pos0, T, cos_.data(), sin_.data());
+  if (c.has_rope_local) rope_angles(c.rope_local, freq_l_, rope_scale_l_, pos0, T, cos_l_.data(), sin_l_.data());
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
@@ -309,8 +343,9 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
         rmsnorm(k_.data() + static_cast<std::size_t>(i) * hd, k_.data() + static_cast<std::size_t>(i) * hd,
                 L.k_norm.data(), hd, c.rms_eps);
     }
-    rope(q_.data(), T, c.n_heads, pos0);
-    rope(k_.data(), T, c.n_kv_heads, pos0);
+    const bool local_rope = layer_uses_local_rope(c, l);
+    rope(q_.data(), T, c.n_heads, local_rope);
+    rope(k_.data(), T, c.n_kv_heads, local_rope);
     // K/V rows go through the KV format; attention reads them back from the store.
     store.write(s, l, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
     attend(store, s, l, T, pos0);

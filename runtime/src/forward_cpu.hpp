@@ -28,7 +28,12 @@ class CpuForward {
   int max_chunk() const { return max_chunk_; }
 
  private:
-  void rope(float* v, int T, int n_heads, int pos0) const;
+  // Rotates the first rotary_dim dims of every head with the chunk's angles (cos_/sin_, or the
+  // sliding layers' cos_l_/sin_l_ when `local`).
+  void rope(float* v, int T, int n_heads, bool local) const;
+  // cos/sin of the chunk's positions pos0..pos0+T-1 for `r` into cs/sn [T][half].
+  void rope_angles(const RopeConfig& r, std::vector<float>& freq, float& scaling, int pos0, int T, float* cs,
+                   float* sn) const;
   void attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0);
   void add_normed(const float* norm_w, int T);
 
@@ -36,8 +41,11 @@ class CpuForward {
   const ModelConfig& c_;
   int max_chunk_;
   ThreadPool& pool_;
-  std::vector<float> freq_;  // [head_dim/2] inverse frequencies
-  std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_, cos_, sin_;
+  std::vector<float> freq_;  // [rotary_dim/2] inverse frequencies (re-made per chunk when length dependent)
+  std::vector<float> freq_l_;  // the sliding layers' (Gemma 3 local RoPE), when the model has one
+  float rope_scale_ = 1.0f, rope_scale_l_ = 1.0f;  // attention scaling on cos/sin (yarn, longrope)
+  int rot_ = 0, rot_l_ = 0;  // rotated dims per head
+  std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_, cos_, sin_, cos_l_, sin_l_;
 };
 
 }  // namespace kvgate::detail

@@ -227,14 +227,23 @@ Conversation::Conversation(const KvCacheDir& dir, std::string conv_id, bool wait
 std::vector<int> Conversation::transcript() const { return file_ ? file_->tokens : std::vector<int>{}; }
 
 int Conversation::hydrate(Engine& engine, std::span<const int> prompt) {
+  return hydrate([&engine](const KvFile& f, std::span<const int> p) { return engine.hydrate(f, p); }, prompt);
+}
+
+KvBudgetReport Conversation::save(const Engine& engine, std::span<const int> pending) {
+  return save([&engine, pending](const std::string& path) { engine.save_kv(path, pending); });
+}
+
+int Conversation::hydrate(const std::function<int(const KvFile&, std::span<const int>)>& restore,
+                          std::span<const int> prompt) {
   if (!file_) return 0;
-  const int n = engine.hydrate(*file_, prompt);
+  const int n = restore(*file_, prompt);
   dir_.touch(path_);
   return n;
 }
 
-KvBudgetReport Conversation::save(const Engine& engine, std::span<const int> pending) {
-  engine.save_kv(path_, pending);
+KvBudgetReport Conversation::save(const std::function<void(const std::string&)>& write) {
+  write(path_);
   dir_.touch(path_);
   return dir_.enforce_budget(id_);
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -539,12 +540,39 @@ Model load_gguf(const std::string& path) {
     c.head_dim = c.dim / c.n_heads;
   }
   if (c.head_dim % 2 != 0) throw ModelError("model '" + path + "': head_dim " + std::to_string(c.head_dim) + " is odd");
-  if (const auto rd = g.get_int(p + "rope.dimension_count"); rd && *rd != c.head_dim)
-    throw ModelError("model '" + path + "': '" + p + "rope.dimension_count' = " + std::to_string(*rd) +
-                     " differs from head_dim " + std::to_string(c.head_dim) + ": partial rotary is not supported");
+  // RoPE: partial rotary (rope.dimension_count < head_dim) and llama.cpp's scaling metadata
+  // (rope.scaling.type none | linear | yarn, .factor, .original_context_length, .attn_factor).
+  if (const auto rd = g.get_int(p + "rope.dimension_count"); rd && *rd != c.head_dim) {
+    if (*rd < 2 || *rd > c.head_dim || *rd % 2 != 0)
+      throw ModelError("model '" + path + "': '" + p + "rope.dimension_count' = " + std::to_string(*rd) +
+                       " must be an even count in [2, head_dim " + std::to_string(c.head_dim) + "]");
+    c.rope.rotary_dim = static_cast<int>(*rd);
+  }
   if (const auto st = g.find(p + "rope.scaling.type") ? g.get_string(p + "rope.scaling.type") : std::nullopt;
-      st && *st != "none")
-    throw ModelError("model '" + path + "': '" + p + "rope.scaling.type' = '" + *st + "' is not supported");
+      st && *st != "none") {
+    const std::string k = p + "rope.scaling.";
+    const double factor = g.get_float(k + "factor").value_or(0.0);
+    if (!(factor > 0))
+      throw ModelError("model '" + path + "': '" + k + "factor' is missing or <= 0; rope.scaling.type '" + *st +
+                       "' needs the scaling factor");
+    c.rope.factor = factor;
+    if (*st == "linear") {
+      c.rope.type = RopeType::linear;
+    } else if (*st == "yarn") {
+      c.rope.type = RopeType::yarn;
+      const auto orig = g.get_int(k + "original_context_length");
+      if (!orig || *orig < 1)
+        throw ModelError("model '" + path + "': '" + k + "original_context_length' is missing; yarn needs the "
+                         "pre-training context length");
+      c.rope.original_max = static_cast<int>(*orig);
+      // llama.cpp: mscale = attn_factor * (1 + 0.1 ln(factor)).
+      const double af = g.get_float(k + "attn_factor").value_or(1.0);
+      c.rope.attention_factor = af * (factor > 1 ? 0.1 * std::log(factor) + 1.0 : 1.0);
+    } else {
+      throw ModelError("model '" + path + "': '" + k + "type' = '" + *st +
+                       "' is not supported (none, linear, yarn; llama3 scaling comes as the rope_freqs tensor)");
+    }
+  }
   c.max_seq_len = g.get_int(p + "context_length") ? static_cast<int>(g.require_int(p + "context_length", 1, 1 << 24)) : 2048;
   c.rms_eps = static_cast<float>(g.get_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_theta = static_cast<float>(g.get_float(p + "rope.freq_base").value_or(10000.0));
@@ -572,6 +600,12 @@ Model load_gguf(const std::string& path) {
   w.tok_embeddings = g.load("token_embd.weight", {D, V}, true, origin);
   w.final_norm = g.load("output_norm.weight", {D}, true, origin);
   w.classifier = g.load("output.weight", {D, V}, false, origin);
+  // Llama 3.1 RoPE scaling as llama.cpp's converter stores it: per-frequency divisors.
+  {
+    const U pairs = static_cast<U>(rope_rotary_dim(c.rope, c.head_dim) / 2);
+    c.rope.freq_divisors = g.load("rope_freqs.weight", {pairs}, false, "rope.dimension_count / 2");
+  }
+  validate_rope(c.rope, c.head_dim, path, p + "rope");
   c.tied_embeddings = w.classifier.empty();
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {

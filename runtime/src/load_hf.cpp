@@ -29,6 +29,7 @@
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
+#include "rope_json.hpp"
 
 namespace kvgate {
 
@@ -456,14 +457,6 @@ Model load_hf(const std::string& dir_str) {
   } else if (cf.has("hidden_act") && (!cj["hidden_act"].is_string() || cj["hidden_act"].get<std::string>() != "silu")) {
     cf.bad("hidden_act", "must be \"silu\" (SwiGLU); got " + cj["hidden_act"].dump());
   }
-  if (cf.has("rope_scaling")) {
-    const json& rs = cj["rope_scaling"];
-    std::string t = rs.is_object() ? rs.value("rope_type", rs.value("type", std::string())) : std::string();
-    if (t != "default")
-      cf.bad("rope_scaling", "= " + rs.dump() +
-                                 " is not supported (kvgate's forward implements plain RoPE); remove it only if the "
-                                 "model was trained without it");
-  }
 
   c.dim = cf.int_req("hidden_size", 1, 1 << 17);
   c.hidden_dim = cf.int_req("intermediate_size", 1, 1 << 20);
@@ -486,23 +479,9 @@ Model load_hf(const std::string& dir_str) {
   c.max_seq_len = cf.int_opt("max_position_embeddings", 2048, 1, 1 << 24);
   c.layer_window = layer_windows(cf, c.arch, c.n_layers);
   c.rms_eps = static_cast<float>(cf.num_opt("rms_norm_eps", 1e-6));
-  // transformers >= 5 writes RoPE settings under rope_parameters (rope_theta, rope_type) instead
-  // of top-level keys; read either, never silently default when only the new form is present.
-  if (!cf.has("rope_theta") && cf.has("rope_parameters") && cf.j["rope_parameters"].is_object()) {
-    const Cfg rp{cf.j["rope_parameters"], cf.path + "' field 'rope_parameters"};
-    c.rope_theta = static_cast<float>(rp.num_opt("rope_theta", 10000.0));
-    const std::string rt = rp.has("rope_type") && rp.j["rope_type"].is_string() ? rp.j["rope_type"].get<std::string>() : "default";
-    if (rt != "default")
-      cf.bad("rope_parameters", ".rope_type = \"" + rt + "\" is not supported (only the default RoPE)");
-  } else {
-    c.rope_theta = static_cast<float>(cf.num_opt("rope_theta", 10000.0));
-  }
+  // RoPE: rope_parameters (transformers 5) or legacy rope_scaling + rope_theta (rope_json.hpp).
+  read_hf_rope(cj, cfg_path.string(), c);
   c.rope_style = RopeStyle::half;
-  // Phi-3 checkpoints rotate part of each head (partial_rotary_factor); until the forward does
-  // that, any value but 1 is refused rather than run with full-head RoPE.
-  if (c.arch == "phi3" && cf.has("partial_rotary_factor") && cf.num_opt("partial_rotary_factor", 1.0) != 1.0)
-    cf.bad("partial_rotary_factor", "= " + cj["partial_rotary_factor"].dump() +
-                                        " is not supported (kvgate's RoPE rotates the whole head)");
   c.qkv_bias = c.arch == "qwen2";
   if (cf.bool_opt("attention_bias", false) && c.arch != "qwen2")
     cf.bad("attention_bias", "is true: biases on q/k/v/o projections are supported for Qwen2 (q/k/v) only");

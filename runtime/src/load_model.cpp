@@ -120,6 +120,15 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
     arch += f;
     XXH64_update(st, arch.data(), arch.size());
   }
+  // RoPE variants (absent for the plain RoPE, so plain fingerprints are unchanged).
+  for (const auto& [tag, r] : {std::pair<const char*, const RopeConfig*>{"rope_cfg=", &c.rope},
+                               std::pair<const char*, const RopeConfig*>{"rope_local=", c.has_rope_local ? &c.rope_local : nullptr}}) {
+    if (!r) continue;
+    const std::string d = describe_rope(*r);
+    if (d.empty() && r == &c.rope) continue;
+    const std::string s = std::string(tag) + d + ";";
+    XXH64_update(st, s.data(), s.size());
+  }
   auto add = [&](const std::vector<float>& v) {
     const std::uint64_t sz = v.size();
     XXH64_update(st, &sz, sizeof sz);

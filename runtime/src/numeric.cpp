@@ -147,6 +147,17 @@ std::uint16_t f16_scale_round_up(float amax, int levels) {
   return s;
 }
 
-int round_half_even(float x) { return static_cast<int>(std::nearbyint(x)); }
+// Saturates before the cast: a float-to-int conversion of a value out of int's range (±inf from
+// an infinite element over a finite scale, or a huge quotient) is undefined behaviour, and on x86 it
+// gives INT_MIN whatever the sign (+inf would become code -127). ±2^30 keeps headroom for the
+// callers' "+ 8" before they clamp to the code range. NaN maps to 0 (callers give NaN elements
+// their zero code before this is reached).
+int round_half_even(float x) {
+  const float r = std::nearbyint(x);  // default rounding mode: ties to even
+  if (std::isnan(r)) return 0;
+  if (r >= 0x1p30f) return 1 << 30;
+  if (r <= -0x1p30f) return -(1 << 30);
+  return static_cast<int>(r);
+}
 
 }  // namespace kvgate

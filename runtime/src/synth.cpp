@@ -479,6 +479,15 @@ std::string config_json(const SynthOptions& o, int head_dim) {
             {"torch_dtype", o.dtype == "f32" ? "float32" : o.dtype == "f16" ? "float16" : "bfloat16"},
             {"kvgate_synth", {{"seed", o.seed}, {"generator", "kvgate synth v1"}}}};
   if (o.arch == "mistral") j["sliding_window"] = nullptr;
+  if (o.rope == "llama3") {  // Llama 3.1 / 3.2 / 3.3, in transformers 5's spelling
+    j.erase("rope_theta");
+    j["rope_parameters"] = {{"rope_type", "llama3"},
+                            {"rope_theta", theta},
+                            {"factor", 8.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 8192}};
+  }
   if (!o.kv_algo.empty() && o.kv_algo_file == "config")
     j["quantization_config"] = {{"kv_cache_quant_algo", o.kv_algo}};
   return j.dump(2) + "\n";
@@ -503,6 +512,7 @@ void check_options(const SynthOptions& o) {
     bad("--kv-algo-file must be config or hf_quant_config");
   if (!(o.kv_scale >= 0) || !std::isfinite(o.kv_scale)) bad("--kv-scale must be a finite value >= 0");
   if (o.shards < 1 || o.shards > 999) bad("--shards must be in 1..999");
+  if (!o.rope.empty() && o.rope != "llama3") bad("--rope must be empty (plain RoPE) or llama3 (got '" + o.rope + "')");
   if (o.out.empty()) bad("--out is required");
 }
 

@@ -14,6 +14,8 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -27,17 +29,30 @@
 
 namespace kvgate::detail {
 
+// A worker thread could not be started; the message says how many were and what to lower.
+class ThreadStartError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class ThreadPool {
  public:
+  // When a start fails (the OS refuses another thread: a pids or process limit), the workers
+  // already started are stopped and joined before the error leaves the constructor: they wait on
+  // members that unwinding would otherwise destroy under them (a hang with no message).
   explicit ThreadPool(int n_threads) : n_(n_threads < 1 ? 1 : n_threads) {
-    for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { loop(); });
+    try {
+      for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { loop(); });
+    } catch (const std::exception& e) {
+      const std::size_t started = workers_.size();
+      shutdown();
+      throw ThreadStartError("cannot start CPU worker thread " + std::to_string(started + 1) + " of " +
+                             std::to_string(n_ - 1) + " (" + e.what() + "): the machine or a process limit " +
+                             "refuses more threads; lower --threads (at most " + std::to_string(started + 1) +
+                             " ran here)");
+    }
   }
-  ~ThreadPool() {
-    begin_publish();
-    stop_ = true;
-    end_publish();
-    for (auto& t : workers_) t.join();
-  }
+  ~ThreadPool() { shutdown(); }
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
@@ -70,6 +85,13 @@ class ThreadPool {
   }
 
  private:
+  void shutdown() {
+    begin_publish();
+    stop_ = true;
+    end_publish();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
   void begin_publish() {
     gen_.fetch_add(1, std::memory_order_seq_cst);  // odd: fields are being rewritten
     for (int spins = 0; readers_.load(std::memory_order_seq_cst) != 0; ++spins) {

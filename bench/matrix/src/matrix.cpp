@@ -52,6 +52,45 @@ nlohmann::json stream_counters(const S& st) {
   }
 }
 
+// Warm TTFT of a second turn: the first L tokens restored from a KV file, `turn` new tokens prefilled.
+template <class E, class O>
+std::optional<double> warm_ttft_ms(const Model& model, const O& eo, std::span<const int> prompt, int prefix,
+                                   const std::string& file, std::string& reason) {
+#if KVGATE_MATRIX_HAVE_KV_FILE
+  if constexpr (requires(E& e, const KvFile& f, std::span<const int> p, const std::string& s) {
+                  e.hydrate(f, p);
+                  e.save_kv(s);
+                }) {
+    {
+      E first(model, eo);
+      first.prefill(prompt.first(static_cast<std::size_t>(prefix)));
+      first.save_kv(file);
+    }
+    E second(model, eo);
+    SamplerOptions so;
+    const auto t0 = Clock::now();
+    const KvFile f = read_kv_file(file);
+    const int restored = second.hydrate(f, prompt);
+    second.generate(prompt.subspan(static_cast<std::size_t>(restored)), 1, so);
+    const double ms = ms_since(t0);
+    std::error_code ec;
+    std::filesystem::remove(file, ec);
+    if (restored != prefix) {
+      reason = "hydrate restored " + std::to_string(restored) + " of " + std::to_string(prefix) + " tokens";
+      return std::nullopt;
+    }
+    return ms;
+  } else {
+    reason = "the engine has no conversation API";
+    return std::nullopt;
+  }
+#else
+  (void)model; (void)eo; (void)prompt; (void)prefix; (void)file;
+  reason = "no conversation cache (kv_file.hpp) in this build";
+  return std::nullopt;
+#endif
+}
+
 // Timing of one CUDA row (device "cuda"): the same protocol as the CPU rows (generate one token from
 // the prompt: TTFT and prefill tok/s; then decode_steps single-token steps with host argmax) on
 // kvgate::cuda::CudaEngine. Returns an empty string when the row ran, else why it did not.
@@ -59,13 +98,17 @@ struct CudaTiming {
   double ttft_ms = 0, prefill_tok_s = 0, decode_tok_s = 0;
   std::size_t kv_bytes = 0, pool_bytes = 0;
   std::string effective;
+  nlohmann::json counters = nlohmann::json::object();  // streaming: the window's lookups / misses
+  std::optional<double> warm_ms;                       // warm TTFT (second turn hydrated from a KV file)
+  std::string warm_reason;                             // why there is none
 };
+// warm_prompt: the second turn's prompt (empty: no warm TTFT, warm_reason says why); its first
+// warm_prefix tokens are saved by a first engine and hydrated by a second, through `warm_file`.
 std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<const int> prompt, int decode_steps,
-                     CudaTiming& out) {
+                     std::span<const int> warm_prompt, int warm_prefix, const std::string& warm_file, CudaTiming& out) {
 #if KVGATE_CUDA_BUILD
   const auto& st = kvgate::cuda::device_status();
   if (!st.available) return st.reason;
-  if (eo.kv_resident > 0) return "streaming windows (--kv-resident) are not wired into the CUDA engine";
   // The CUDA backend's own capability: resolve_kv(backend "cuda") refuses what its kernels cannot run.
   kvgate::cuda::register_capability();
   kvgate::cuda::CudaEngineOptions co;
@@ -100,52 +143,18 @@ std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<cons
     out.decode_tok_s = decode_steps / (ms_since(t0) / 1000.0);
     out.kv_bytes = e.stats().kv_bytes;
     out.effective = e.stats().effective_kv;
+    out.counters = stream_counters(e.stats());  // as the CPU rows: zeros when resident
+    out.warm_ms.reset();
+    if (!warm_prompt.empty())
+      out.warm_ms = warm_ttft_ms<kvgate::cuda::CudaEngine>(model, co, warm_prompt, warm_prefix, warm_file, out.warm_reason);
   } catch (const std::exception& ex) {
     return std::string("CUDA engine refused or failed: ") + ex.what();
   }
   return {};
 #else
-  (void)model, (void)eo, (void)prompt, (void)decode_steps, (void)out;
+  (void)model, (void)eo, (void)prompt, (void)decode_steps, (void)warm_prompt, (void)warm_prefix, (void)warm_file,
+      (void)out;
   return "this build has no CUDA backend (configure with -DKVGATE_CUDA=ON where nvcc is installed)";
-#endif
-}
-
-// Warm TTFT of a second turn: the first L tokens restored from a KV file, `turn` new tokens prefilled.
-template <class E>
-std::optional<double> warm_ttft_ms(const Model& model, const EngineOptions& eo, std::span<const int> prompt, int prefix,
-                                   const std::string& file, std::string& reason) {
-#if KVGATE_MATRIX_HAVE_KV_FILE
-  if constexpr (requires(E& e, const KvFile& f, std::span<const int> p, const std::string& s) {
-                  e.hydrate(f, p);
-                  e.save_kv(s);
-                }) {
-    {
-      E first(model, eo);
-      first.prefill(prompt.first(static_cast<std::size_t>(prefix)));
-      first.save_kv(file);
-    }
-    E second(model, eo);
-    SamplerOptions so;
-    const auto t0 = Clock::now();
-    const KvFile f = read_kv_file(file);
-    const int restored = second.hydrate(f, prompt);
-    second.generate(prompt.subspan(static_cast<std::size_t>(restored)), 1, so);
-    const double ms = ms_since(t0);
-    std::error_code ec;
-    std::filesystem::remove(file, ec);
-    if (restored != prefix) {
-      reason = "hydrate restored " + std::to_string(restored) + " of " + std::to_string(prefix) + " tokens";
-      return std::nullopt;
-    }
-    return ms;
-  } else {
-    reason = "the engine has no conversation API";
-    return std::nullopt;
-  }
-#else
-  (void)model; (void)eo; (void)prompt; (void)prefix; (void)file;
-  reason = "no conversation cache (kv_file.hpp) in this build";
-  return std::nullopt;
 #endif
 }
 
@@ -504,15 +513,27 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
             continue;
           }
           if (device == "cuda") {
-            std::vector<double> ttft, prefill, decode;
+            std::vector<double> ttft, prefill, decode, warm;
             CudaTiming ct;
-            std::string why;
+            std::string why, warm_reason;
             const std::span<const int> prompt(perf_ids.data(), static_cast<std::size_t>(L));
+            // The second turn of the warm TTFT, as the CPU rows: L tokens hydrated, warm_turn prefilled.
+            std::span<const int> p2;
+            std::string warm_file;
+            if (o.timing && L + o.warm_turn + 1 <= cfg.max_seq_len && !o.cache_dir.empty()) {
+              std::filesystem::create_directories(o.cache_dir);
+              p2 = std::span<const int>(perf_ids.data(), static_cast<std::size_t>(L + o.warm_turn));
+              warm_file = (std::filesystem::path(o.cache_dir) / "warm_cuda.kv").string();
+            } else {
+              warm_reason = !o.timing ? "timing off" : o.cache_dir.empty() ? "no cache folder" : "no room for the second turn";
+            }
             for (int rep = 0; rep < std::max(1, o.repeats) && why.empty(); ++rep) {
-              why = cuda_row(model, eo_for(F.kv, w), prompt, o.decode_steps, ct);
+              why = cuda_row(model, eo_for(F.kv, w), prompt, o.decode_steps, p2, L, warm_file, ct);
               ttft.push_back(ct.ttft_ms);
               prefill.push_back(ct.prefill_tok_s);
               decode.push_back(ct.decode_tok_s);
+              if (ct.warm_ms) warm.push_back(*ct.warm_ms);
+              else if (!p2.empty()) warm_reason = ct.warm_reason;
             }
             if (!why.empty()) {
               r["status"] = "not_run";
@@ -527,8 +548,12 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
                 r["ttft_cold_ms"] = median(ttft);
                 r["prefill_tok_s"] = median(prefill);
                 r["decode_tok_s"] = median(decode);
+                r["ttft_warm_ms"] = warm.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(warm));
               }
-              r["ttft_warm_reason"] = "KV files (conversations) are not wired into the CUDA engine";
+              r["warm_prefix_tokens"] = L;
+              r["warm_new_tokens"] = o.warm_turn;
+              if (warm.empty()) r["ttft_warm_reason"] = warm_reason;
+              r.update(ct.counters);
             }
             rows.push_back(r);
             continue;

@@ -11,6 +11,25 @@
 
 namespace kvgate_oracle {
 
+// Rotary position embedding variants, from their published formulas (RoPE; position
+// interpolation "linear"; NTK-aware "dynamic" scaling; YaRN; Llama 3.1's banded scaling; LongRoPE),
+// evaluated in binary64. `seq_len` below is the length of the forward (the number of tokens).
+enum class RopeKind { standard, linear, ntk_dynamic, yarn, llama3, longrope };
+
+struct RopeSpec {
+    RopeKind kind = RopeKind::standard;
+    double factor = 1;        // scaling factor s
+    int original_len = 0;     // pre-training context L0 (yarn, llama3, longrope)
+    int reference_len = 0;    // ntk_dynamic: the length beyond which the base grows
+    double attention_factor = 0;  // yarn/longrope: multiplies cos and sin; 0: the paper's default
+    double beta_fast = 32, beta_slow = 1;  // yarn: rotation counts bounding the ramp
+    bool round_ramp = true;   // yarn: floor/ceil the ramp ends
+    double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+    std::vector<double> short_factor, long_factor;     // longrope, one per rotated pair
+    int rotary_dim = 0;       // rotated dims per head (0: all); the rest pass through unchanged
+    bool rotate_half = false; // pairs (i, i + rotary_dim/2) instead of adjacent (2i, 2i+1)
+};
+
 struct ModelConfig {
     int dim = 0;         // model width
     int hidden_dim = 0;  // FFN width
@@ -21,6 +40,7 @@ struct ModelConfig {
     int seq_len = 0;     // the longest sequence forward_all accepts
     float rms_eps = 1e-5f;
     float rope_theta = 10000.0f;
+    RopeSpec rope;
     int head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
     int kv_dim() const { return n_kv_heads * head_dim(); }
 };
@@ -52,6 +72,14 @@ struct Transformer {
         return weights.wcls.empty() ? weights.token_embedding.data() : weights.wcls.data();
     }
 };
+
+// Per rotated pair i < rotary_dim/2: the angular frequency (radians per position) and the factor on
+// cos/sin, for a forward over seq_len tokens.
+struct RopeAngles {
+    std::vector<double> freq;
+    double cs_scale = 1;
+};
+RopeAngles rope_angles(const RopeSpec& r, double theta, int head_dim, int seq_len);
 
 // Throws std::invalid_argument naming the first inconsistent field or tensor.
 void validate(const Transformer& t);

@@ -1,11 +1,18 @@
 // CudaEngine: one sequence over a CudaKvStore, the CPU Engine's API subset the CLI needs.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "kernels/common.cuh"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
+#include "kvgate/cuda/stream_pool.hpp"
 #include "kvgate/generate_loop.hpp"
+#include "kvgate/kv_file.hpp"
 
 namespace kvgate::cuda {
 
@@ -58,40 +65,101 @@ const Model& checked(const Model& m) {
   return m;
 }
 
+int pages_for(int tokens, int block_size) { return (tokens + block_size - 1) / block_size; }
+
+// The window's upload stream (streaming only). Non-blocking: nothing orders it implicitly with the
+// forward's stream or the legacy stream; the engine orders them explicitly (stream_in / stream_out).
+struct OwnedStream {
+  cudaStream_t s = nullptr;
+  explicit OwnedStream(bool make) {
+    if (make) KVGATE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  ~OwnedStream() {
+    if (s) cudaStreamDestroy(s);
+  }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+};
+
+// --kv-resident N: the host mirror (a PagedKvStore holding every page, its pools page-locked in
+// place) whose window of N tokens' pages per layer lives in a CudaDevicePool (stream_pool.hpp).
+struct Streamed {
+  std::unique_ptr<PagedKvStore> host;
+  CudaDevicePool* pool = nullptr;  // owned by *host (its window)
+};
+
+Streamed make_streamed(const StoreConfig& sc, int resident, cudaStream_t upload_stream) {
+  Streamed st;
+  if (resident < 0) throw EngineError("cuda engine: --kv-resident must be >= 0 tokens (0 = off), got " + std::to_string(resident));
+  if (resident == 0) return st;
+  st.host = std::make_unique<PagedKvStore>(sc);
+  st.pool = &stream_on_device(*st.host, resident, upload_stream);
+  return st;
+}
+
+// The device store the forward runs on: its own pools (resident), or a view over the window's slots
+// (streaming: layer l's K pages at slot base + l * window_blocks * slot_bytes, V pages kv_slot_v_offset
+// further, slot_bytes apart; the view's page indices are the layer's window slots 0..window_blocks-1).
+CudaKvStore make_device_store(const StoreConfig& sc, const Streamed& st) {
+  if (!st.host) return CudaKvStore(sc);
+  const KvWindow& w = *st.host->window();
+  const int W = w.window_blocks();
+  CudaKvStore::External ext;
+  ext.stride = st.pool->slot_bytes();
+  ext.n_pages = W;
+  for (int l = 0; l < sc.n_layers; ++l) {
+    // The forward's store kernel writes these slots (quantize-on-append); stream_out then copies the
+    // written pages back to the host mirror. The pool hands out const pointers because the window
+    // logic itself only uploads into them.
+    auto* base = const_cast<std::uint8_t*>(st.pool->base()) + static_cast<std::size_t>(l) * W * ext.stride;
+    ext.pools.push_back(base);
+    ext.pools.push_back(base + w.v_offset());
+  }
+  return CudaKvStore(sc, std::move(ext));
+}
+
 }  // namespace
 
 struct CudaEngine::Impl {
   const Model& model;
   CudaEngineOptions opts;
   int max_ctx;
+  StoreConfig sc;
   CudaModel weights;
-  CudaKvStore store;
+  OwnedStream upload;  // streaming: the window's stream (declared before `streamed`: destroyed after it)
+  Streamed streamed;   // streaming: host mirror + device window; else empty
+  CudaKvStore store;   // resident: the whole KV; streaming: the view over the window's slots
   SeqId seq;
+  SeqId hseq = 0;      // streaming: the sequence in the host mirror (same tokens as `seq`)
   CudaForward fwd;
   std::vector<float> logits;
   EngineStats stats;
+  std::vector<int> history;  // token ids whose K/V rows the sequence holds (conversations save them)
 
   Impl(const Model& m, CudaEngineOptions o)
       : model(checked(m)),
         opts(std::move(o)),
         max_ctx(opts.engine.max_context > 0 ? opts.engine.max_context : m.config.max_seq_len),
+        sc(make_store_config(m, opts.engine, max_ctx)),
         weights(m, opts.weights),
-        store(make_store_config(m, opts.engine, max_ctx)),
+        upload(opts.engine.kv_resident > 0),
+        streamed(make_streamed(sc, opts.engine.kv_resident, upload.s)),
+        store(make_device_store(sc, streamed)),
         seq(store.create_sequence()),
         fwd(weights, store,
             CudaForwardOptions{std::max(1, std::min(opts.engine.prefill_chunk, max_ctx)), max_ctx, opts.cuda_graphs}),
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
-    if (opts.engine.kv_resident > 0)
-      throw EngineError("cuda engine: --kv-resident (KV streaming) is a CPU-engine feature; drop it with --device cuda");
+    if (streamed.host) hseq = streamed.host->create_sequence();
     stats.requested_kv = opts.engine.kv.requested.name();
     stats.requested_source = opts.engine.kv.requested_source;
     stats.effective_kv = opts.engine.kv.effective.name();
     stats.backend = "cuda";
     stats.fallback_reason = opts.engine.kv.fallback_reason;
-    stats.block_size = store.config().block_size;
-    stats.n_blocks = store.config().n_blocks;
-    stats.kv_pool_bytes = store.pool_bytes();
-    stats.kv_device_bytes = store.pool_bytes();
+    stats.block_size = sc.block_size;
+    stats.n_blocks = sc.n_blocks;
+    stats.kv_pool_bytes = streamed.host ? streamed.host->pool_bytes() : store.pool_bytes();
+    stats.kv_device_bytes = streamed.host ? streamed.host->window()->device_bytes() : store.pool_bytes();
+    stats.kv_resident_tokens = std::max(0, opts.engine.kv_resident);
     stats.threads = 1;
   }
 
@@ -101,23 +169,122 @@ struct CudaEngine::Impl {
       throw EngineError("cuda engine: " + std::to_string(n) + " more tokens at position " + std::to_string(pos) +
                         " exceed the context of " + std::to_string(max_ctx) + " tokens");
   }
+  // Streaming: one attention launch (prefill chunk or decode step) reads every page of the context
+  // through the window at once (the kernels' partial softmax states are internal), so the layer's
+  // window must hold the pages the sequence will have after `n` more tokens. Checked before any
+  // state changes; the message names the smallest --kv-resident that works.
+  void check_window(std::size_t n) const {
+    if (!streamed.host) return;
+    const int B = sc.block_size;
+    const int W = streamed.host->window()->window_blocks();
+    const long long len = static_cast<long long>(store.length(seq)) + static_cast<long long>(n);
+    const long long need = (len + B - 1) / B;
+    if (need > W)
+      throw EngineError("cuda engine: --kv-resident " + std::to_string(opts.engine.kv_resident) + " keeps " +
+                        std::to_string(W) + " pages of " + std::to_string(B) + " tokens per layer on the device (" +
+                        std::to_string(static_cast<long long>(W) * B) + " tokens), but this step reads " +
+                        std::to_string(need) + " pages (" + std::to_string(len) +
+                        " tokens) in one attention launch: the CUDA kernels read a step's whole context through the "
+                        "window at once. Use --kv-resident " + std::to_string(need * B) + " or more (" +
+                        std::to_string(static_cast<long long>(pages_for(max_ctx, B)) * B) + " covers the whole context of " +
+                        std::to_string(max_ctx) + " tokens), or drop --kv-resident");
+  }
+  // Streaming, before a forward call that extends the sequence by n tokens: the host mirror gets the
+  // new tokens' pages; every page the call reads (pages [0, ceil((len + n) / B)) of every layer, K
+  // then V, layer by layer) is looked up in the window -- a miss uploads the block from the host
+  // mirror on the window's stream; the view's table is pointed at the window slots; the forward's
+  // stream waits (event) for the uploads queued so far.
+  // Every layer sees the same lookups in the same order from the same state, so the LRU puts a block
+  // in the same slot of every layer's window and one table serves all layers (checked). Within the
+  // pass no page evicts another: there are no more pages than slots (check_window) and each miss
+  // evicts the layer's least recently used slot (checked: every page resident afterwards).
+  void stream_in(int n) {
+    PagedKvStore& host = *streamed.host;
+    const PagedKvStore& chost = host;  // page() const is the window lookup (the non-const one drops the device copy)
+    const CudaDevicePool& pool = *streamed.pool;
+    const KvWindow& w = *host.window();
+    const int len = host.length(hseq);
+    host.extend(hseq, n);
+    const int pages = pages_for(len + n, sc.block_size);
+    const int W = w.window_blocks();
+    const std::size_t sb = pool.slot_bytes(), voff = w.v_offset();
+    const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(pool.base());
+    const auto table = host.block_table(hseq);
+    std::vector<int> tab(static_cast<std::size_t>(pages), -1);
+    for (int l = 0; l < sc.n_layers; ++l)
+      for (int p = 0; p < pages; ++p) {
+        const int b = table[static_cast<std::size_t>(p)];
+        const auto k = reinterpret_cast<std::uintptr_t>(chost.page(l, KvHalf::K, b));
+        const auto v = reinterpret_cast<std::uintptr_t>(chost.page(l, KvHalf::V, b));
+        if (k < base || (k - base) % sb != 0 || v != k + voff)
+          throw std::logic_error("cuda engine: the store's window is not backed by the engine's device pool");
+        const long long local = static_cast<long long>((k - base) / sb) - static_cast<long long>(l) * W;
+        if (local < 0 || local >= W)
+          throw std::logic_error("cuda engine: layer " + std::to_string(l) + "'s page landed outside its window");
+        int& t = tab[static_cast<std::size_t>(p)];
+        if (l == 0) t = static_cast<int>(local);
+        else if (t != local)
+          throw std::logic_error("cuda engine: the window put page " + std::to_string(p) +
+                                 " in different slots of layers 0 and " + std::to_string(l));
+      }
+    for (int l = 0; l < sc.n_layers; ++l)
+      for (int p = 0; p < pages; ++p)
+        if (!w.resident(l, table[static_cast<std::size_t>(p)]))
+          throw std::logic_error("cuda engine: a page of the step was evicted by another page of the same step");
+    store.set_sequence(seq, std::move(tab), len);  // the forward extends the view to len + n
+    pool.make_wait(fwd.stream());
+  }
+  // Streaming, after the forward call wrote rows [pos0, pos0 + n) into the window's slots (store
+  // kernel on the forward's stream): the touched pages go back to the host mirror, queued on the
+  // forward's stream after the kernels (device == mirror for every other byte of those pages), then
+  // the host waits for that stream. After it the mirror holds every page, and no kernel still reads
+  // a slot that the next call's uploads (window stream, issued later by this thread) may recycle.
+  void stream_out(int pos0, int n) {
+    PagedKvStore& host = *streamed.host;
+    const int B = sc.block_size;
+    const auto table = host.block_table(hseq);
+    const auto slots = store.block_table(seq);
+    for (int l = 0; l < sc.n_layers; ++l)
+      for (KvHalf h : {KvHalf::K, KvHalf::V})
+        for (int p = pos0 / B; p <= (pos0 + n - 1) / B; ++p) {
+          // Written in place, not through page() (non-const), which would drop the device copy that is
+          // the source of these bytes; the pages are the store's own (host_page is its const view).
+          auto* dst = const_cast<std::uint8_t*>(host.host_page(l, h, table[static_cast<std::size_t>(p)]));
+          KVGATE_CUDA_CHECK(cudaMemcpyAsync(
+              dst, store.pool(l, h) + static_cast<std::size_t>(slots[static_cast<std::size_t>(p)]) * store.page_stride(h),
+              store.page_bytes(h), cudaMemcpyDeviceToHost, fwd.stream()));
+        }
+    KVGATE_CUDA_CHECK(cudaStreamSynchronize(fwd.stream()));
+  }
   void refresh() {
     stats.position = store.length(seq);
     stats.kv_bytes = store.block_table(seq).size() * static_cast<std::size_t>(store.config().n_layers) *
                      (store.page_bytes(KvHalf::K) + store.page_bytes(KvHalf::V));
+    if (streamed.host) {
+      const StreamCounters c = streamed.host->stream_counters();
+      stats.kv_block_lookups = c.lookups;
+      stats.kv_block_misses = c.misses;
+      stats.kv_bytes_moved = c.bytes_moved;
+    }
   }
   // Chunked prefill; `all` receives [n][vocab] when non-null; `argmax` the last token's greedy id.
   void run(std::span<const int> toks, float* all, int* argmax) {
     check_room(toks.size());
+    check_window(toks.size());
     const auto t0 = Clock::now();
     const int C = fwd.options().max_rows;
     const std::size_t V = logits.size();
     for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(C)) {
       const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(C), toks.size() - i));
       const bool last = i + static_cast<std::size_t>(n) == toks.size();
+      const int pos0 = store.length(seq);
+      if (streamed.host) stream_in(n);
       if (all) fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), all + i * V, true);
       else fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), last && !argmax ? logits.data() : nullptr,
                              false, last ? argmax : nullptr);
+      if (streamed.host) stream_out(pos0, n);
+      history.insert(history.end(), toks.begin() + static_cast<std::ptrdiff_t>(i),
+                     toks.begin() + static_cast<std::ptrdiff_t>(i) + n);
     }
     stats.prefill_seconds += seconds_since(t0);
     stats.prefill_tokens += static_cast<long long>(toks.size());
@@ -126,12 +293,23 @@ struct CudaEngine::Impl {
   // One decode step: logits downloaded, or only the greedy id when `argmax`.
   void step(int token, int* argmax) {
     check_room(1);
+    check_window(1);
     const auto t0 = Clock::now();
     const SeqId s = seq;
+    const int pos0 = store.length(seq);
+    if (streamed.host) stream_in(1);
     fwd.forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1), argmax ? nullptr : logits.data(),
                        argmax);
+    if (streamed.host) stream_out(pos0, 1);
+    history.push_back(token);
     stats.decode_seconds += seconds_since(t0);
     stats.decode_tokens += 1;
+  }
+  // A host store of this engine's format, shape and scales with room for `tokens` (persistence staging).
+  PagedKvStore staging(int tokens) const {
+    StoreConfig c = sc;
+    c.n_blocks = std::max(1, pages_for(tokens, sc.block_size));
+    return PagedKvStore(c);
   }
 };
 
@@ -179,11 +357,104 @@ void CudaEngine::reset() {
   Impl& d = *impl_;
   d.store.free_sequence(d.seq);
   d.seq = d.store.create_sequence();
+  if (d.streamed.host) {
+    d.streamed.host->free_sequence(d.hseq);  // zeroes the mirror pages and drops their device copies
+    d.hseq = d.streamed.host->create_sequence();
+  }
+  d.history.clear();
   d.stats.ttft_ms = 0;
   d.stats.prefill_tokens = d.stats.decode_tokens = 0;
   d.stats.prefill_seconds = d.stats.decode_seconds = 0;
+  d.stats.hydrated_tokens = 0;
+  d.stats.hydrate_ms = 0;
   d.refresh();
 }
+
+std::span<const int> CudaEngine::history() const { return impl_->history; }
+
+// The KV file's pages are the CPU store's page bytes, and the CUDA store holds the same bytes
+// (ORA.cuda.store), so a file moves between the backends as a byte copy: compatibility is checked
+// against a host store of this engine's config, the matched prefix is restored into it by the CPU
+// restore writer, and its pages are copied to the device.
+int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
+  Impl& d = *impl_;
+  const std::string& fp = d.model.fingerprint;
+  const int most = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(0, file.header.used_tokens)),
+                                                          prompt.size()));
+  int n = 0;
+  if (d.streamed.host) {
+    // Streaming: the host mirror is a PagedKvStore; restore into it as the CPU engine does (the
+    // restore writer writes the mirror; its blocks are fresh, so no device copy exists yet and the
+    // first lookups load them).
+    check_kv_file_compatible(file, *d.streamed.host, fp);  // refuse before touching the sequence
+    n = hydratable_prefix(file, prompt);
+    if (n > d.max_ctx) throw EngineError("cuda engine: the KV file holds more tokens than the context");
+    reset();
+    const auto t0 = Clock::now();
+    restore_kv_file(file, *d.streamed.host, d.hseq, n, fp);
+    // The view's table is set by stream_in before any kernel reads it; until then it only carries the length.
+    d.store.set_sequence(d.seq, std::vector<int>(static_cast<std::size_t>(pages_for(n, d.sc.block_size)), 0), n);
+    d.stats.hydrate_ms = seconds_since(t0) * 1e3;
+  } else {
+    PagedKvStore host = d.staging(most);
+    check_kv_file_compatible(file, host, fp);  // refuse before touching the sequence
+    n = hydratable_prefix(file, prompt);
+    if (n > d.max_ctx) throw EngineError("cuda engine: the KV file holds more tokens than the context");
+    reset();
+    const auto t0 = Clock::now();
+    const SeqId hs = host.create_sequence();
+    restore_kv_file(file, host, hs, n, fp);
+    d.store.extend(d.seq, n);
+    // Stream ordering: reset() zeroed the freed device pages with cudaMemset (legacy stream) and
+    // earlier calls queued kernels on the forward's stream: wait for the device before the uploads,
+    // queue them on the forward's stream (later forward calls run after them), and wait for that
+    // stream before the staging pages (pageable host memory) go out of scope.
+    KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto src = host.block_table(hs);
+    const auto dst = d.store.block_table(d.seq);
+    const int pages = pages_for(n, d.sc.block_size);  // the last page may be partial: its other slots are zero in both
+    for (int l = 0; l < d.sc.n_layers; ++l)
+      for (KvHalf h : {KvHalf::K, KvHalf::V})
+        for (int p = 0; p < pages; ++p)
+          d.store.upload_page(l, h, dst[static_cast<std::size_t>(p)], host.host_page(l, h, src[static_cast<std::size_t>(p)]),
+                              d.fwd.stream());
+    KVGATE_CUDA_CHECK(cudaStreamSynchronize(d.fwd.stream()));
+    d.stats.hydrate_ms = seconds_since(t0) * 1e3;
+  }
+  d.history.assign(prompt.begin(), prompt.begin() + n);
+  d.stats.hydrated_tokens = n;
+  d.refresh();
+  return n;
+}
+
+void CudaEngine::save_kv(const std::string& path, std::span<const int> pending) const {
+  Impl& d = *impl_;
+  std::vector<int> transcript(d.history);
+  transcript.insert(transcript.end(), pending.begin(), pending.end());
+  const int n = d.store.length(d.seq);
+  const std::string& fp = d.model.fingerprint;
+  if (d.streamed.host) {  // the mirror holds every page (stream_out after every call)
+    save_kv_file(path, *d.streamed.host, d.hseq, n, transcript, fp);
+    return;
+  }
+  // Resident: the device pages' used runs are downloaded into a host store of this engine's config
+  // (the CPU import writer lays them out), which the CPU encoder writes. Stream ordering: the store
+  // kernels of every forward call ran on the forward's stream; the downloads are queued on it after
+  // them, and the host waits for the stream before the encoder reads the staging pages.
+  PagedKvStore host = d.staging(n);
+  const SeqId hs = host.create_sequence();
+  const auto dev = d.store.block_table(d.seq);
+  host.import_pages(hs, n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
+    d.store.download_runs(p.layer, p.half, dev[static_cast<std::size_t>(p.page)], p.runs, page, d.fwd.stream());
+  });
+  KVGATE_CUDA_CHECK(cudaStreamSynchronize(d.fwd.stream()));
+  save_kv_file(path, host, hs, n, transcript, fp);
+}
+
+std::string CudaEngine::check_stream_coherent() const {
+  return impl_->streamed.host ? impl_->streamed.host->check_stream_coherent() : std::string();
+}
+const PagedKvStore* CudaEngine::host_mirror() const { return impl_->streamed.host.get(); }
 
 int CudaEngine::position() const { return impl_->store.length(impl_->seq); }
 int CudaEngine::max_context() const { return impl_->max_ctx; }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "kernels.hpp"
 #include "kernels/common.cuh"
@@ -91,24 +92,79 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
   d_lens_ = meta_ + 3 * R;
   d_tables_ = meta_ + 4 * R;
 
-  // RoPE tables: the CPU's angles, pos * freq_i in binary32 with freq_i = 1 / theta^(2i/head_dim)
-  // (run.c), and the CPU's std::cos/std::sin of them; a few spare positions for the offset knob.
+  // RoPE tables: the CPU's angles, pos * freq_i in binary32 (rope.hpp: freq_i = 1 / theta^(2i/d) as
+  // run.c for the plain RoPE, the variant's frequencies otherwise), and the CPU's std::cos/std::sin
+  // of them times the attention scaling (yarn, longrope); a few spare positions for the offset knob.
   const int half = c_.head_dim / 2;
   const std::size_t n_pos = static_cast<std::size_t>(max_ctx_) + 8;
-  std::vector<float> freq(static_cast<std::size_t>(half)), cs(n_pos * half), sn(n_pos * half);
-  for (int i = 0; i < half; ++i)
-    freq[static_cast<std::size_t>(i)] =
-        1.0f / std::pow(c_.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c_.head_dim));
-  for (std::size_t p = 0; p < n_pos; ++p)
-    for (int i = 0; i < half; ++i) {
-      const float val = static_cast<float>(p) * freq[static_cast<std::size_t>(i)];
-      cs[p * half + i] = std::cos(val);
-      sn[p * half + i] = std::sin(val);
+  rot_ = rope_rotary_dim(c_.rope, c_.head_dim);
+  rot_l_ = c_.has_rope_local ? rope_rotary_dim(c_.rope_local, c_.head_dim) : rot_;
+  auto table = [&](const RopeConfig& r, float** d_cos, float** d_sin) {
+    const RopeFrequencies f = rope_frequencies(r, c_.rope_theta, c_.head_dim, 0);
+    std::vector<float> cs(n_pos * half), sn(n_pos * half);
+    for (std::size_t p = 0; p < n_pos; ++p)
+      for (std::size_t i = 0; i < f.inv_freq.size(); ++i) {
+        const float val = static_cast<float>(p) * f.inv_freq[i];
+        float fc = std::cos(val), fs = std::sin(val);
+        if (f.attention_scaling != 1.0f) fc *= f.attention_scaling, fs *= f.attention_scaling;
+        cs[p * half + i] = fc;
+        sn[p * half + i] = fs;
+      }
+    *d_cos = dmalloc<float>(cs.size());
+    *d_sin = dmalloc<float>(sn.size());
+    KVGATE_CUDA_CHECK(cudaMemcpy(*d_cos, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+    KVGATE_CUDA_CHECK(cudaMemcpy(*d_sin, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  };
+  if (c_.rope.length_dependent()) {  // per-row tables, staged with each call
+    const std::size_t n = 2 * R * static_cast<std::size_t>(half);
+    rope_row_cos_ = dmalloc<float>(n);
+    rope_row_sin_ = dmalloc<float>(n);
+    KVGATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&rope_row_host_), 2 * n * sizeof(float)));
+    std::fill(rope_row_host_, rope_row_host_ + 2 * n, 0.0f);
+    std::vector<int> idx(R);
+    for (std::size_t r = 0; r < R; ++r) idx[r] = static_cast<int>(r);
+    d_row_idx_ = dmalloc<int>(R);
+    KVGATE_CUDA_CHECK(cudaMemcpy(d_row_idx_, idx.data(), R * sizeof(int), cudaMemcpyHostToDevice));
+  } else {
+    table(c_.rope, &rope_cos_, &rope_sin_);
+  }
+  if (c_.has_rope_local) {
+    if (c_.rope_local.length_dependent())
+      throw EngineError("cuda forward: a length-dependent RoPE (dynamic/longrope) on the sliding layers is not supported");
+    table(c_.rope_local, &rope_cos_l_, &rope_sin_l_);
+  }
+}
+
+// Length-dependent RoPE (dynamic NTK, longrope): each row's frequencies for its sequence's length
+// after this call (the longest position reached + 1, as the CPU forward and transformers' cached
+// generation: a chunk uses its last position + 1; a decode row its own position + 1).
+void CudaForward::stage_rope_rows(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos) {
+  const std::size_t R = row_seq.size(), maxR = static_cast<std::size_t>(opts_.max_rows);
+  const int half = c_.head_dim / 2;
+  std::map<SeqId, int> len;
+  for (std::size_t r = 0; r < R; ++r) len[row_seq[r]] = std::max(len[row_seq[r]], row_pos[r] + 1);
+  float* hc = rope_row_host_;
+  float* hs = rope_row_host_ + 2 * maxR * half;
+  int have_len = -1;
+  RopeFrequencies f;
+  for (std::size_t r = 0; r < R; ++r) {
+    const int L = len[row_seq[r]];
+    if (L != have_len) f = rope_frequencies(c_.rope, c_.rope_theta, c_.head_dim, L), have_len = L;
+    for (int which = 0; which < 2; ++which) {  // q at pos, k at pos + offset
+      const float p = static_cast<float>(row_pos[r] + (which ? k_rope_offset_ : 0));
+      const std::size_t row = which ? maxR + r : r;
+      for (std::size_t i = 0; i < f.inv_freq.size(); ++i) {
+        const float val = p * f.inv_freq[i];
+        float fc = std::cos(val), fs = std::sin(val);
+        if (f.attention_scaling != 1.0f) fc *= f.attention_scaling, fs *= f.attention_scaling;
+        hc[row * half + i] = fc;
+        hs[row * half + i] = fs;
+      }
     }
-  rope_cos_ = dmalloc<float>(cs.size());
-  rope_sin_ = dmalloc<float>(sn.size());
-  KVGATE_CUDA_CHECK(cudaMemcpy(rope_cos_, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
-  KVGATE_CUDA_CHECK(cudaMemcpy(rope_sin_, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  }
+  const std::size_t bytes = 2 * maxR * half * sizeof(float);
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(rope_row_cos_, hc, bytes, cudaMemcpyHostToDevice, stream_));
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(rope_row_sin_, hs, bytes, cudaMemcpyHostToDevice, stream_));
 }
 
 CudaForward::~CudaForward() {
@@ -118,9 +174,12 @@ CudaForward::~CudaForward() {
   for (void* p : {static_cast<void*>(x_), static_cast<void*>(xb_), static_cast<void*>(q_), static_cast<void*>(k_),
                   static_cast<void*>(v_), static_cast<void*>(att_), static_cast<void*>(hb_), static_cast<void*>(hb2_),
                   static_cast<void*>(logits_), static_cast<void*>(post_), static_cast<void*>(rope_cos_), static_cast<void*>(rope_sin_), act16_,
+                  static_cast<void*>(rope_cos_l_), static_cast<void*>(rope_sin_l_), static_cast<void*>(rope_row_cos_),
+                  static_cast<void*>(rope_row_sin_), static_cast<void*>(d_row_idx_),
                   static_cast<void*>(meta_), static_cast<void*>(d_argmax_), cublas_ws_})
     if (p) cudaFree(p);
   if (meta_host_) cudaFreeHost(meta_host_);
+  if (rope_row_host_) cudaFreeHost(rope_row_host_);
   if (h_argmax_) cudaFreeHost(h_argmax_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -161,6 +220,7 @@ void CudaForward::stage(const std::vector<SeqId>& row_seq, const std::vector<int
   }
   KVGATE_CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_, (4 * maxR + R * static_cast<std::size_t>(table_stride)) * sizeof(int),
                                     cudaMemcpyHostToDevice, stream_));
+  if (rope_row_cos_) stage_rope_rows(row_seq, row_pos);
 }
 
 // Every layer over R staged rows. plan: a fixed decode plan (graph capture), else planned per call
@@ -193,8 +253,17 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       mk::rmsnorm(q_, q_, L.q_norm, R * c.n_heads, hd, c.rms_eps, stream_);
       mk::rmsnorm(k_, k_, L.k_norm, R * c.n_kv_heads, hd, c.rms_eps, stream_);
     }
-    mk::rope(q_, d_pos_, 0, R, c.n_heads, hd, interleaved, rope_cos_, rope_sin_, stream_);
-    mk::rope(k_, d_pos_, k_rope_offset_, R, c.n_kv_heads, hd, interleaved, rope_cos_, rope_sin_, stream_);
+    if (layer_uses_local_rope(c, l)) {  // Gemma 3 sliding layers: their own base
+      mk::rope(q_, d_pos_, 0, R, c.n_heads, hd, rot_l_, interleaved, rope_cos_l_, rope_sin_l_, stream_);
+      mk::rope(k_, d_pos_, k_rope_offset_, R, c.n_kv_heads, hd, rot_l_, interleaved, rope_cos_l_, rope_sin_l_, stream_);
+    } else if (rope_row_cos_) {  // length-dependent RoPE: the rows staged with this call
+      const int maxR = opts_.max_rows;
+      mk::rope(q_, d_row_idx_, 0, R, c.n_heads, hd, rot_, interleaved, rope_row_cos_, rope_row_sin_, stream_);
+      mk::rope(k_, d_row_idx_, maxR, R, c.n_kv_heads, hd, rot_, interleaved, rope_row_cos_, rope_row_sin_, stream_);
+    } else {
+      mk::rope(q_, d_pos_, 0, R, c.n_heads, hd, rot_, interleaved, rope_cos_, rope_sin_, stream_);
+      mk::rope(k_, d_pos_, k_rope_offset_, R, c.n_kv_heads, hd, rot_, interleaved, rope_cos_, rope_sin_, stream_);
+    }
     if (capture_kv_) {
       const std::size_t off = static_cast<std::size_t>(l) * R * kvd;
       KVGATE_CUDA_CHECK(cudaMemcpyAsync(cap_k_.data() + off, k_, static_cast<std::size_t>(R) * kvd * 4,

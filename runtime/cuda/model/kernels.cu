@@ -67,14 +67,14 @@ __global__ void add_bias_kernel(float* y, const float* b, std::size_t total, int
     y[i] = y[i] + b[i % n];
 }
 
-__global__ void rope_kernel(float* v, const int* pos, int offset, int rows, int n_heads, int D, bool interleaved,
-                            const float* cos_tab, const float* sin_tab) {
-  const int half = D / 2;
-  const std::size_t total = static_cast<std::size_t>(rows) * n_heads * half;
+__global__ void rope_kernel(float* v, const int* pos, int offset, int rows, int n_heads, int D, int rot_half,
+                            bool interleaved, const float* cos_tab, const float* sin_tab) {
+  const int half = D / 2;  // table row stride; the first rot_half pairs turn, the rest pass through
+  const std::size_t total = static_cast<std::size_t>(rows) * n_heads * rot_half;
   for (std::size_t idx = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const int i = static_cast<int>(idx % half);
-    const std::size_t rh = idx / half;  // row * n_heads + head
+    const int i = static_cast<int>(idx % rot_half);
+    const std::size_t rh = idx / rot_half;  // row * n_heads + head
     const int r = static_cast<int>(rh / n_heads);
     const std::size_t t = static_cast<std::size_t>(pos[r] + offset) * half + i;
     const float fc = cos_tab[t], fs = sin_tab[t];
@@ -83,10 +83,10 @@ __global__ void rope_kernel(float* v, const int* pos, int offset, int rows, int 
       const float v0 = x[2 * i], v1 = x[2 * i + 1];
       x[2 * i] = v0 * fc - v1 * fs;
       x[2 * i + 1] = v0 * fs + v1 * fc;
-    } else {  // rotate-half pairs (x[i], x[i + D/2])
-      const float v0 = x[i], v1 = x[i + half];
+    } else {  // rotate-half pairs (x[i], x[i + rotary_dim/2])
+      const float v0 = x[i], v1 = x[i + rot_half];
       x[i] = v0 * fc - v1 * fs;
-      x[i + half] = v1 * fc + v0 * fs;
+      x[i + rot_half] = v1 * fc + v0 * fs;
     }
   }
 }
@@ -211,10 +211,12 @@ void add_bias(float* y, const float* b, int rows, int n, cudaStream_t st) {
   KVGATE_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, bool interleaved, const float* cos_tab,
-          const float* sin_tab, cudaStream_t st) {
-  const std::size_t total = static_cast<std::size_t>(rows) * n_heads * (D / 2);
-  rope_kernel<<<grid_for(total), kThreads, 0, st>>>(v, d_pos, offset, rows, n_heads, D, interleaved, cos_tab, sin_tab);
+void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, int rotary_dim, bool interleaved,
+          const float* cos_tab, const float* sin_tab, cudaStream_t st) {
+  const int rot_half = rotary_dim / 2;
+  const std::size_t total = static_cast<std::size_t>(rows) * n_heads * rot_half;
+  rope_kernel<<<grid_for(total), kThreads, 0, st>>>(v, d_pos, offset, rows, n_heads, D, rot_half, interleaved, cos_tab,
+                                                    sin_tab);
   KVGATE_CUDA_CHECK(cudaGetLastError());
 }
 

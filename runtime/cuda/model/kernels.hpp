@@ -16,10 +16,11 @@ void embed(const void* emb, bool bf16, const int* d_tokens, float* x, int rows, 
 void rmsnorm(float* o, const float* x, const float* w, int rows, int n, float eps, cudaStream_t st);
 // y[r][i] += b[i]
 void add_bias(float* y, const float* b, int rows, int n, cudaStream_t st);
-// RoPE of rows [rows][n_heads][D] at positions d_pos[r] + offset, angles from the host tables
-// cos/sin [position][D/2]; interleaved pairs (2i, 2i+1) or rotate-half pairs (i, i + D/2).
-void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, bool interleaved, const float* cos_tab,
-          const float* sin_tab, cudaStream_t st);
+// RoPE of rows [rows][n_heads][D] at table rows d_pos[r] + offset, angles from the host tables
+// cos/sin [table row][D/2]; the first rotary_dim dims of each head turn (interleaved pairs
+// (2i, 2i+1) or rotate-half pairs (i, i + rotary_dim/2)), the rest pass through.
+void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, int rotary_dim, bool interleaved,
+          const float* cos_tab, const float* sin_tab, cudaStream_t st);
 // h = silu(h) * up, n elements.
 void swiglu(float* h, const float* up, std::size_t n, cudaStream_t st);
 // h = gelu_tanh(h) * up (Gemma's GeGLU), n elements.

@@ -14,6 +14,7 @@
 // systems with coarse timestamps.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -114,6 +115,10 @@ class Conversation {
   int hydrate(Engine& engine, std::span<const int> prompt);
   // engine.save_kv() to this conversation's file, stamps it, then enforces the folder's budget.
   KvBudgetReport save(const Engine& engine, std::span<const int> pending);
+  // The same for any engine (the CUDA engine): `restore(file, prompt)` hydrates and returns the
+  // tokens restored; `write(path)` writes the KV file atomically.
+  int hydrate(const std::function<int(const KvFile&, std::span<const int>)>& restore, std::span<const int> prompt);
+  KvBudgetReport save(const std::function<void(const std::string&)>& write);
 
  private:
   const KvCacheDir& dir_;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/rope.hpp"
+
 namespace kvgate {
 
 // Any problem with a model/tokenizer file: the message names the file, the field and the fix.
@@ -39,6 +41,9 @@ struct ModelConfig {
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
   RopeStyle rope_style = RopeStyle::interleaved;
+  RopeConfig rope;              // RoPE variant (rope.hpp): plain unless the checkpoint declares one
+  RopeConfig rope_local;        // the sliding-window layers' RoPE (Gemma 3), when has_rope_local
+  bool has_rope_local = false;
   bool qkv_bias = false;       // qwen2
   bool qk_norm = false;        // qwen3: RMSNorm over each head of q and k before RoPE
   bool tied_embeddings = true;

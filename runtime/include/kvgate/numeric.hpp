@@ -19,7 +19,8 @@ float fp8_e5m2_to_f32(std::uint8_t c);
 // amax must be > 0. This is the "scale rounded upward" rule of int8 / q8_0 / q4_0.
 std::uint16_t f16_scale_round_up(float amax, int levels);
 
-// Round to nearest integer, ties to even (the rint() of docs/FORMATS.md).
+// Round to nearest integer, ties to even (the rint() of docs/FORMATS.md), saturating at ±2^30
+// (so ±inf and huge quotients give a defined result that the callers clamp to their code range).
 int round_half_even(float x);
 
 }  // namespace kvgate

@@ -30,6 +30,8 @@ struct SynthOptions {
   float kv_scale = 0.0f;      // > 0: write per-layer self_attn.k_scale / v_scale tensors with this value
   bool tie_embeddings = false;
   double rope_theta = 0.0;    // 0: 10000 (llama, mistral) or 1000000 (qwen2, qwen3)
+  std::string rope;           // empty: plain RoPE; "llama3": Llama 3.1's rope_parameters (factor 8,
+                              // low/high_freq_factor 1/4, original_max_position_embeddings 8192)
   int shards = 1;             // > 1: model-0000i-of-0000n.safetensors + model.safetensors.index.json
   std::string out;            // output directory (created if missing)
 };

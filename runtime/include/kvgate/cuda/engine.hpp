@@ -13,7 +13,10 @@
 //               A decode batch can replay a captured CUDA graph (inputs staged in fixed buffers).
 //  CudaEngine   the subset of kvgate::Engine's API the CLI needs (prefill, decode,
 //               forward_all_logits, generate with the CPU's seeded Sampler on downloaded logits,
-//               or a GPU argmax when greedy) and EngineStats with backend "cuda".
+//               or a GPU argmax when greedy, conversations: hydrate / save_kv of KV files) and
+//               EngineStats with backend "cuda". With kv_resident > 0 the KV is streamed: every
+//               page in a page-locked host mirror, a window of kv_resident tokens' pages per layer
+//               on the device (stream_pool.hpp), the forward unchanged over a view of the window.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -149,6 +152,15 @@ class CudaForward {
   DecodeWorkspace graph_ws_;  // captured graphs
   std::size_t graph_ws_bytes_ = 0;
   int k_rope_offset_ = 0;
+  // RoPE variants (rope.hpp). Length-dependent ones (dynamic NTK, longrope) get per-row cos/sin
+  // staged with each call: rows [0, max_rows) for q at pos, [max_rows, 2 max_rows) for k at
+  // pos + offset, read through the identity index d_row_idx_. The sliding layers' own RoPE (Gemma 3)
+  // has its own position tables.
+  float *rope_cos_l_ = nullptr, *rope_sin_l_ = nullptr;
+  float *rope_row_cos_ = nullptr, *rope_row_sin_ = nullptr, *rope_row_host_ = nullptr;  // host: pinned
+  int* d_row_idx_ = nullptr;
+  int rot_ = 0, rot_l_ = 0;
+  void stage_rope_rows(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos);
   bool capture_kv_ = false;
   std::vector<float> cap_k_, cap_v_;
   struct Graph {
@@ -161,7 +173,8 @@ class CudaForward {
 
 struct CudaEngineOptions {
   EngineOptions engine;          // kv (resolved with backend "cuda"), block_size, n_blocks,
-                                 // kv_cache_memory, k/v scales, max_context, prefill_chunk
+                                 // kv_cache_memory, k/v scales, max_context, prefill_chunk,
+                                 // kv_resident (streaming window in tokens; 0: all resident)
   WeightType weights = WeightType::f32;
   bool cuda_graphs = true;       // batch-1 decode replays a captured CUDA graph
 };
@@ -180,12 +193,29 @@ class CudaEngine {
   GenerateResult generate(std::span<const int> prompt, int steps, const SamplerOptions& sampler,
                           const std::function<void(int)>& on_token = {});
 
+  // --- conversations (kv_file.hpp), as kvgate::Engine ----------------------------------------
+  // Token ids whose K/V rows the sequence holds, in order.
+  std::span<const int> history() const;
+  // Empties the sequence, then restores from `file` the longest prefix of `prompt` it holds (at least
+  // one prompt token is left to prefill): a byte copy of the file's pages into the device store
+  // (streaming: into the host mirror). Refused (KvFileError) when the file does not match this engine
+  // (model, format, rotation, shape, scales). A file the CPU engine wrote hydrates here and vice versa.
+  int hydrate(const KvFile& file, std::span<const int> prompt);
+  // Every K/V row of the sequence (the device pages read back) and the transcript history() +
+  // pending as a KV file, atomically.
+  void save_kv(const std::string& path, std::span<const int> pending = {}) const;
+
   void reset();
   int position() const;
   int max_context() const;
   int vocab_size() const;
   const EngineStats& stats() const;
   const Model& model() const;
+  // Streaming (--kv-resident): the forward runs on a view over the device window's slots (store());
+  // every page lives in the host mirror. Empty when every resident device copy equals its mirror
+  // page (or when not streaming).
+  std::string check_stream_coherent() const;
+  const PagedKvStore* host_mirror() const;  // null when not streaming
   CudaKvStore& store();
   CudaForward& forward();
   SeqId sequence() const;

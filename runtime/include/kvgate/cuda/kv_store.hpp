@@ -20,6 +20,17 @@ class CudaKvStore {
   // Allocates and zeroes every page; throws KvStoreError (unsupported format/geometry) or
   // std::runtime_error (CUDA error, e.g. out of device memory).
   explicit CudaKvStore(StoreConfig cfg);
+  // A view over device pages another owner holds (the streamed window of a CudaDevicePool):
+  // pools[layer * 2 + half] is the base of that layer's K (half 0) / V (half 1) pages, `stride`
+  // bytes apart (a multiple of 256, >= the page bytes), `n_pages` of them per layer. Nothing is
+  // allocated, zeroed or freed; the view has no free list, so a sequence's pages come from
+  // set_sequence() only (extend() past its table throws). The forward runs on a view unchanged.
+  struct External {
+    std::vector<std::uint8_t*> pools;
+    std::size_t stride = 0;
+    int n_pages = 0;
+  };
+  CudaKvStore(StoreConfig cfg, External ext);
   ~CudaKvStore();
   CudaKvStore(const CudaKvStore&) = delete;
   CudaKvStore& operator=(const CudaKvStore&) = delete;
@@ -34,6 +45,16 @@ class CudaKvStore {
   int length(SeqId s) const;
   int extend(SeqId s, int n);  // returns the first new position
   std::span<const int> block_table(SeqId s) const;
+  bool external() const { return external_; }
+  // View only: the sequence's table (page indices of the view) and length; `blocks` must cover it.
+  void set_sequence(SeqId s, std::vector<int> blocks, int length);
+
+  // Byte copies of one page (persistence), queued on `stream`; the caller synchronizes `stream`
+  // before it reads `dst` / reuses `src` (or frees it) and orders `stream` after the kernels that
+  // write / read the page (the forward's stream: pass it).
+  void upload_page(int layer, KvHalf h, int block, const std::uint8_t* src, cudaStream_t stream);
+  void download_runs(int layer, KvHalf h, int block, std::span<const ByteRun> runs, std::uint8_t* dst,
+                     cudaStream_t stream) const;
 
   // Quantize rows for positions [pos0, pos0+n) of `layer`: device rows, k + t*k_stride floats.
   void write(SeqId s, int layer, int pos0, int n, const float* d_k, std::size_t k_stride, const float* d_v,
@@ -79,6 +100,7 @@ class CudaKvStore {
   std::vector<int> free_list_;
   std::map<SeqId, Sequence> seqs_;
   SeqId next_id_ = 0;
+  bool external_ = false;
   void* scratch_[4]{};
   std::size_t scratch_bytes_[4]{};
 };

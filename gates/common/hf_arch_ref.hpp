@@ -21,7 +21,7 @@
 #include "catch_compat.hpp"
 #include "kvgate/model.hpp"
 
-namespace kvgate::gates::hf_ref {
+namespace kvgate::gates::hf_arch {
 
 namespace fs = std::filesystem;
 
@@ -116,4 +116,4 @@ inline TfResult compare(const ModelConfig& c, const std::vector<float>& got, con
   return r;
 }
 
-}  // namespace kvgate::gates::hf_ref
+}  // namespace kvgate::gates::hf_arch

@@ -1,0 +1,82 @@
+// MOD.cuda.hf.<case>: the [cuda] twin of gates/hf_reference (MOD.hf.<case>): the same transformers
+// reference directories and checks (gates/hf_reference/hf_ref_harness.hpp) on the CUDA engine, f32
+// weights and f32 KV. The bound adds the CUDA forward's own rounding chain to transformers'
+// (hf_ref_harness.hpp pair_bound). Decode runs with CUDA graphs (the default), so the greedy check
+// also covers the per-call RoPE rows of length-dependent variants under graph replay.
+// Without a device every case prints "SKIPPED: no CUDA device: <reason>" and passes.
+#include <map>
+#include <memory>
+
+#include "../hf_reference/hf_ref_harness.hpp"
+#include "catch_compat.hpp"
+#include "cuda_gate_common.hpp"
+#include "kvgate/cuda/engine.hpp"
+
+using namespace kvgate;
+using namespace kvgate::gates::hf_ref;
+namespace kc = kvgate::cuda;
+
+namespace {
+
+struct Loaded {
+  RefCase rc;
+  Model m;
+};
+
+const Loaded& loaded(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Loaded>> cache;
+  auto it = cache.find(name);
+  if (it != cache.end()) return *it->second;
+  auto l = std::make_unique<Loaded>();
+  try {
+    l->rc = load_case(name);
+  } catch (const std::exception& e) {
+    FAIL("MOD.cuda.hf." << name << ": " << e.what());
+  }
+  l->m = load_case_model(l->rc);
+  print_case(l->rc, l->m, "cuda");
+  return *cache.emplace(name, std::move(l)).first->second;
+}
+
+auto cuda_engine(const Model& m) {
+  return [&m](int n_tokens) {
+    kc::CudaEngineOptions o;
+    o.engine = engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1);
+    o.engine.kv.backend = "cuda";
+    o.engine.max_context = n_tokens;
+    o.engine.prefill_chunk = n_tokens;  // one forward over all given ids
+    return std::make_unique<kc::CudaEngine>(m, o);
+  };
+}
+
+}  // namespace
+
+#define CUDA_HF_CASE(c)                                                                                 \
+  TEST_CASE("MOD.cuda.hf." c ".logits transformers' teacher-forced logits, CUDA engine f32 KV",          \
+            "[gate:MOD][cuda][fmt:f32]") {                                                              \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                    \
+    const Loaded& l = loaded(c);                                                                        \
+    check_logits(l.rc, l.m, cuda_engine(l.m), true);                                                    \
+  }                                                                                                     \
+  TEST_CASE("MOD.cuda.hf." c ".greedy transformers' greedy ids, CUDA engine f32 KV", "[gate:MOD][cuda][fmt:f32]") { \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                    \
+    const Loaded& l = loaded(c);                                                                        \
+    check_greedy(l.rc, l.m, cuda_engine(l.m), true);                                                    \
+  }
+
+CUDA_HF_CASE("llama_default")
+CUDA_HF_CASE("llama3_rope")
+CUDA_HF_CASE("llama3_legacy")
+CUDA_HF_CASE("llama_linear")
+CUDA_HF_CASE("llama_dynamic")
+CUDA_HF_CASE("llama_sp")
+CUDA_HF_CASE("qwen2")
+CUDA_HF_CASE("qwen2_swa")
+CUDA_HF_CASE("qwen3")
+CUDA_HF_CASE("qwen3_yarn")
+CUDA_HF_CASE("mistral_swa")
+CUDA_HF_CASE("phi3")
+CUDA_HF_CASE("phi3_longrope")
+// gemma2: the CUDA forward refuses attention-logit soft-capping (its kernels do not apply it), so it
+// runs on the CPU only: STO.cuda.arch_refusal (cuda_arch_gate.cpp) gates the refusal.
+CUDA_HF_CASE("gemma3")
