@@ -225,12 +225,22 @@ std::vector<DecodeCase> decode_cases(std::uint64_t seed0) {
 //    rotated domain (H applied to both outputs in binary64) with vmax over the rotated values.
 int gpu_dot_depth(const std::string& path, int D) { return path.rfind("mma", 0) == 0 ? D / 4 + 24 : 16; }
 
-void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
-  long cases = 0;
+// Sliding windows of the windowed twin (ORA.cuda.decode_window): at page boundaries +-1, across
+// two pages, a prime, and a window of one key.
+int case_window(int i, int block_size) {
+  const int w[] = {block_size - 1, block_size, block_size + 1, 2 * block_size + 1, 37, 1};
+  return std::max(1, w[i % 6]);
+}
+
+void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false) {
+  long cases = 0, windows_cut = 0;
+  int case_index = 0;
   kc::DecodeWorkspace ws;
   for (const DecodeCase& dc : decode_cases(seed0)) {
+    const int window = windowed ? case_window(case_index++, dc.block_size) : 0;
     const PageGeometry g{dc.block_size, dc.n_kv_heads, dc.head_dim};
     if (!supports(fmt.k, g).ok || !supports(fmt.v, g).ok) continue;
+    INFO("window " << window);
     const int H = dc.n_kv_heads, D = dc.head_dim, Hq = H * dc.group, HD = H * D;
     const int batch = static_cast<int>(dc.lens.size());
     const int max_len = *std::max_element(dc.lens.begin(), dc.lens.end());
@@ -281,7 +291,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
     REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
     std::vector<float> poison(q.size(), std::nanf(""));
     REQUIRE(cudaMemcpy(dout.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    const kc::DecodePlan plan = gpu.decode(seqs, 0, Hq, dq.p, dout.p, ws, 0.0f, dc.num_splits);
+    const kc::DecodePlan plan = gpu.decode(seqs, 0, Hq, dq.p, dout.p, ws, 0.0f, dc.num_splits, nullptr, window);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<float> got(q.size());
     REQUIRE(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -312,7 +322,8 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
         if (rot_v) put(vy, ko::dequantize_page(ko::Half::q4_0, shape, vp.data(), m, 1.0f));
       }
       const float* qs = q.data() + static_cast<std::size_t>(s) * Hq * D;
-      const ko::AttnShape as{1, Hq, n, H, D, n - 1, 0.0f};
+      ko::AttnShape as{1, Hq, n, H, D, n - 1, 0.0f};
+      as.window = window;
       std::vector<double> ref(static_cast<std::size_t>(Hq) * D);
       ko::sdpa_f64(as, qs, kd.data(), vd.data(), ref.data());
       std::vector<float> mine(got.begin() + static_cast<std::ptrdiff_t>(s) * Hq * D,
@@ -376,6 +387,17 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
       const double rms = std::sqrt(ref_sq / double(cmp_ref.size()));
       INFO("bound / rms(ref) = " << bound / rms);
       CHECK(bound <= kOraSensitivity * rms);
+      if (window > 0 && window < n) {  // the window cuts: one key more is farther than the bound
+        ko::AttnShape wider = as;
+        wider.window = window + 1;
+        std::vector<double> alt(ref.size());
+        ko::sdpa_f64(wider, qs, kd.data(), vd.data(), alt.data());
+        double d = 0;
+        for (std::size_t i = 0; i < alt.size(); ++i) d = std::max(d, std::fabs(alt[i] - ref[i]));
+        INFO("window " << window << " vs " << window + 1 << ": " << d);
+        CHECK(d > 4 * bound);
+        ++windows_cut;
+      }
       if (n > 1 && (fmt.k != HalfFormat::f32 || fmt.v != HalfFormat::f32)) {
         std::vector<float> kf(kd.size()), vf(vd.size());
         std::copy_n(ks[static_cast<std::size_t>(s)].begin(), kf.size(), kf.begin());
@@ -389,6 +411,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0) {
     }
   }
   CHECK(cases >= 24);
+  if (windowed) CHECK(windows_cut >= 16);
 }
 
 }  // namespace
@@ -422,6 +445,13 @@ ORA_CUDA_STORE("q4_0_rot", 6900)
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
     run_decode_gate(*f, seed);                                                                              \
+  }                                                                                                         \
+  TEST_CASE("ORA.cuda.decode_window." id " GPU sliding-window decode == oracle FP64 windowed SDPA",         \
+            "[gate:ORA][fmt:" fmtname "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(fmtname);                                                                \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, seed + 50, true);                                                                   \
   }
 
 ORA_CUDA_DECODE("f32", "f32", 7100)

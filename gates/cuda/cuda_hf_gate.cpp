@@ -77,5 +77,6 @@ CUDA_HF_CASE("qwen3_yarn")
 CUDA_HF_CASE("mistral_swa")
 CUDA_HF_CASE("phi3")
 CUDA_HF_CASE("phi3_longrope")
-CUDA_HF_CASE("gemma2")
+// gemma2: the CUDA forward refuses attention-logit soft-capping (its kernels do not apply it), so it
+// runs on the CPU only: STO.cuda.arch_refusal (cuda_arch_gate.cpp) gates the refusal.
 CUDA_HF_CASE("gemma3")

@@ -208,9 +208,19 @@ Cmp compare(const std::vector<double>& ref, const std::vector<double>& got) {
 //    the query's binary32 rotation adds sc (log2 D + 2) u |q|_2 |y|_2 to the score error, and a
 //    rotated V is compared in the rotated domain with vmax over the rotated values, plus
 //    wht_slack(D, |o|_2) for the output's binary32 rotation.
-void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
-  long cases = 0;
+// Windows of the windowed twin (ORA.cuda.prefill_window): page boundaries +-1, a 32-key tile
+// boundary +1, a prime, and one key.
+int case_window(int i, int block_size) {
+  const int w[] = {block_size - 1, block_size, block_size + 1, 33, 17, 1};
+  return std::max(1, w[i % 6]);
+}
+
+void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false) {
+  long cases = 0, windows_cut = 0;
+  int case_index = 0;
   for (const PrefillCase& pc : prefill_cases(seed0)) {
+    const int window = windowed ? case_window(case_index++, pc.block_size) : 0;
+    INFO("window " << window);
     const PageGeometry g{pc.block_size, pc.n_kv_heads, pc.head_dim};
     if (!supports(fmt.k, g).ok || !supports(fmt.v, g).ok) {
       WARN("format " << fmt.name() << " case " << pc.describe() << ": geometry refused by the format, skipped");
@@ -271,7 +281,7 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
     REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
     const std::vector<float> poison(q.size(), std::nanf(""));
     REQUIRE(cudaMemcpy(dout.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    gpu.prefill(s, 0, Hq, pc.n_past, pc.n_new, dq.p, dout.p);
+    gpu.prefill(s, 0, Hq, pc.n_past, pc.n_new, dq.p, dout.p, 0.0f, nullptr, window);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<float> got(q.size());
     REQUIRE(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -298,7 +308,8 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
       if (rot_k) put(ky, ko::dequantize_page(ko::Half::q4_0, shape, kp.data(), m, 1.0f));
       if (rot_v) put(vy, ko::dequantize_page(ko::Half::q4_0, shape, vp.data(), m, 1.0f));
     }
-    const ko::AttnShape as{pc.n_new, Hq, n_ctx, H, D, pc.n_past, 0.0f};
+    ko::AttnShape as{pc.n_new, Hq, n_ctx, H, D, pc.n_past, 0.0f};
+    as.window = window;
     std::vector<double> ref(q.size());
     ko::sdpa_f64(as, q.data(), kd.data(), vd.data(), ref.data());
 
@@ -478,6 +489,16 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
       CHECK(cw.err_max > bound);
       wide_ratio = cw.err_max / bound;
     }
+    if (window > 0 && window < n_ctx) {  // the window cuts: one key more is farther than the bound
+      ko::AttnShape wider = as;
+      wider.window = window + 1;
+      std::vector<double> alt(q.size());
+      ko::sdpa_f64(wider, q.data(), kd.data(), vd.data(), alt.data());
+      const Cmp cw = compare(to_cmp(alt), cmp_got);
+      INFO("window " << window + 1 << " oracle: max-abs " << cw.err_max << " vs bound " << bound);
+      CHECK(cw.err_max > bound);
+      ++windows_cut;
+    }
     if (fmt.k != HalfFormat::f32 || fmt.v != HalfFormat::f32) {
       // The store really quantized: attention over the unquantized rows differs.
       std::vector<double> exact(q.size());
@@ -491,6 +512,7 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
                 fmt.name().c_str(), pc.describe().c_str(), c.err_max, bound, c.nmse, bound / c.ref_rms, wide_ratio);
   }
   CHECK(cases >= 10);
+  if (windowed) CHECK(windows_cut >= 8);
 }
 
 }  // namespace
@@ -502,6 +524,13 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0) {
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
     run_prefill_gate(*f, seed);                                                                          \
+  }                                                                                                      \
+  TEST_CASE("ORA.cuda.prefill_window." id " GPU sliding-window prefill == oracle FP64 windowed SDPA",      \
+            "[gate:ORA][fmt:" fmtname "][cuda][prefill]") {                                              \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
+    const auto f = parse_kv_format(fmtname);                                                             \
+    REQUIRE(f.has_value());                                                                              \
+    run_prefill_gate(*f, seed + 50, true);                                                               \
   }
 
 ORA_CUDA_PREFILL("f32", "f32", 9100)

@@ -83,10 +83,13 @@ void run_bytes_gate(const KvFormat& fmt, std::uint64_t seed0) {
 struct AttnCase {
   int block_size, n_kv_heads, head_dim, group, n_ctx, n_q;
   std::uint64_t seed;
+  int window = 0;      // sliding window (0: full causal)
+  float softcap = 0;   // attention-logit soft-cap (0: none)
   std::string describe() const {
     return "block_size=" + std::to_string(block_size) + " kv_heads=" + std::to_string(n_kv_heads) +
            " head_dim=" + std::to_string(head_dim) + " gqa_group=" + std::to_string(group) +
-           " n_ctx=" + std::to_string(n_ctx) + " n_q=" + std::to_string(n_q) + " seed=" + std::to_string(seed);
+           " n_ctx=" + std::to_string(n_ctx) + " n_q=" + std::to_string(n_q) + " seed=" + std::to_string(seed) +
+           " window=" + std::to_string(window) + " softcap=" + std::to_string(softcap);
   }
 };
 
@@ -107,9 +110,58 @@ std::vector<AttnCase> attn_cases(std::uint64_t seed0) {
   return out;
 }
 
-void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0) {
-  long cases_run = 0;
-  for (const AttnCase& ac : attn_cases(seed0)) {
+// Sliding-window cases: windows at page boundaries (block_size - 1, block_size, block_size + 1,
+// 2 block_size +- 1), a window of one key, a window longer than the context (= full attention);
+// contexts several windows long; decode, a short prefill chunk and a chunk longer than the window.
+std::vector<AttnCase> window_cases(std::uint64_t seed0) {
+  std::vector<AttnCase> out;
+  const int shapes[][2] = {{4, 8}, {8, 8}, {1, 64}, {2, 64}, {8, 128}, {1, 128}, {2, 256}, {4, 256}};  // {H, D}
+  const int groups[] = {1, 2, 4, 8};
+  const int blocks[] = {1, 3, 7, 16};
+  int i = 0;
+  for (const auto& sh : shapes)
+    for (int g : groups) {
+      const int b = blocks[i % 4];
+      const int choices[] = {b - 1, b, b + 1, 2 * b - 1, 2 * b, 2 * b + 1, 1, -1};
+      for (int k = 0; k < 2; ++k) {
+        const int pick = choices[(i + 3 * k) % 8];
+        const int w0 = std::max(1, pick);
+        const int n_ctx = 3 * std::max(w0, b) + 5 + (i % 3);
+        const int w = pick < 0 ? n_ctx + 4 : w0;  // -1: longer than the context
+        const std::uint64_t sd = seed0 + 100 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(k);
+        out.push_back({b, sh[0], sh[1], g, n_ctx, 1, sd, w});
+        out.push_back({b, sh[0], sh[1], g, n_ctx, std::min(5, n_ctx), sd + 50, w});
+        if (k == 0) out.push_back({b, sh[0], sh[1], g, n_ctx, std::min(n_ctx, std::min(w, n_ctx) + 2), sd + 70, w});
+      }
+      ++i;
+    }
+  return out;
+}
+
+// Soft-capped cases (Gemma 2's attn_logit_softcapping): a cap of 2 puts the larger scores (|s| up
+// to ~5 with these queries) well into tanh's bend; every third case with a window too (>= 2 keys,
+// so that the cap still changes the softmax). head_dim <= 128: the cap flattens the softmax, which
+// lowers the output's RMS, and at head_dim 256 the worst-case bound (which grows with D * L1) then
+// no longer stays under kOraSensitivity of it; the cap is applied per score, whatever D is, and
+// D = 256 is covered by ORA.attn / ORA.attn_window.
+std::vector<AttnCase> softcap_cases(std::uint64_t seed0) {
+  std::vector<AttnCase> out;
+  for (AttnCase c : attn_cases(seed0)) {
+    if (c.head_dim > 128) continue;
+    c.softcap = 2.0f;
+    if (out.size() % 3 == 0) c.window = std::max(2, c.block_size + static_cast<int>(out.size() % 2));
+    out.push_back(c);
+  }
+  return out;
+}
+
+enum class Check { plain, window, softcap };
+
+void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0, Check what = Check::plain) {
+  long cases_run = 0, windows_cut = 0;
+  const std::vector<AttnCase> cases =
+      what == Check::window ? window_cases(seed0) : what == Check::softcap ? softcap_cases(seed0) : attn_cases(seed0);
+  for (const AttnCase& ac : cases) {
     const StoreCase c{ac.block_size, ac.n_kv_heads, ac.head_dim, ac.n_ctx, Pattern::gaussian, ac.seed, 0};
     if (!case_supported(fmt, c)) continue;
     ++cases_run;
@@ -123,6 +175,8 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0) {
     std::vector<float> q(static_cast<std::size_t>(ac.n_q) * Hq * D);
     for (auto& x : q) x = r.normal() * 1.5f;  // sharp enough that softmax is far from uniform
     AttentionArgs args{ac.n_q, Hq, ac.n_ctx - ac.n_q, 0};
+    args.window = ac.window;
+    args.softcap = ac.softcap;
     std::vector<float> got(q.size());
     attention(store, s, 0, args, q.data(), got.data());
 
@@ -138,7 +192,9 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0) {
       std::copy(kp.begin(), kp.end(), kd.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
       std::copy(vp.begin(), vp.end(), vd.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
     }
-    const ko::AttnShape as{ac.n_q, Hq, ac.n_ctx, ac.n_kv_heads, D, ac.n_ctx - ac.n_q, 0.0f};
+    ko::AttnShape as{ac.n_q, Hq, ac.n_ctx, ac.n_kv_heads, D, ac.n_ctx - ac.n_q, 0.0f};
+    as.window = ac.window;
+    as.softcap = ac.softcap;
     std::vector<double> ref(q.size());
     ko::sdpa_f64(as, q.data(), kd.data(), vd.data(), ref.data());
 
@@ -154,6 +210,10 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0) {
           max_l1 = std::max(max_l1, l1 * sc);
         }
     for (float x : vd) vmax = std::max(vmax, double(std::fabs(x)));
+    // Soft-capping adds per score: the division by cap (u |s| / cap, carried through tanh' <= 1), tanh's
+    // own rounding (2u of |tanh| <= 1) and the multiply (u): (u |s| / cap + 3u) cap = u |s| + 3u cap,
+    // counted as an L1 increase of (|s| + 3 cap) / (D + 2) in attn_f32_max_abs's (D + 2) u L1.
+    if (ac.softcap > 0) max_l1 += (max_l1 + 3.0 * ac.softcap) / (D + 2);
     const double bound = attn_f32_max_abs(D, ac.n_ctx, max_l1, vmax);
     double ref_sq = 0;
     for (double x : ref) ref_sq += x * x;
@@ -172,6 +232,30 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0) {
     const double rms = std::sqrt(ref_sq / double(ref.size()));
     INFO("bound / rms(ref) = " << bound / rms);
     CHECK(bound <= kOraSensitivity * rms);
+    // (c) the window / the cap really changes the output: the same oracle with the window one key
+    // longer (an off-by-one) or without the cap is farther from the reference than the bound.
+    auto dist = [&](const ko::AttnShape& other) {
+      std::vector<double> alt(q.size());
+      ko::sdpa_f64(other, q.data(), kd.data(), vd.data(), alt.data());
+      double d = 0;
+      for (std::size_t i = 0; i < alt.size(); ++i) d = std::max(d, std::fabs(alt[i] - ref[i]));
+      return d;
+    };
+    if (ac.window > 0 && ac.window < ac.n_ctx) {
+      ko::AttnShape wider = as;
+      wider.window = ac.window + 1;
+      const double d = dist(wider);
+      INFO("window " << ac.window << " vs " << ac.window + 1 << ": outputs differ by " << d);
+      CHECK(d > 4 * bound);
+      ++windows_cut;
+    }
+    if (ac.softcap > 0) {
+      ko::AttnShape uncapped = as;
+      uncapped.softcap = 0;
+      const double d = dist(uncapped);
+      INFO("with vs without the soft-cap: outputs differ by " << d);
+      CHECK(d > 4 * bound);
+    }
     if (fmt.k != HalfFormat::f32 || fmt.v != HalfFormat::f32) {
       const auto kf = rows(c, k, 0, ac.n_ctx), vf = rows(c, v, 0, ac.n_ctx);
       std::vector<double> exact(q.size());
@@ -182,7 +266,8 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0) {
       CHECK(qerr > 0);
     }
   }
-  CHECK(cases_run >= 32);
+  CHECK(cases_run >= (what == Check::softcap ? 24 : 32));
+  if (what == Check::window) CHECK(windows_cut >= 32);
 }
 
 }  // namespace
@@ -198,6 +283,18 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0) {
     const auto f = parse_kv_format(preset);                                                            \
     REQUIRE(f.has_value());                                                                            \
     run_attention_gate(*f, seed + 7);                                                                  \
+  }                                                                                                    \
+  TEST_CASE("ORA.attn_window." id " sliding-window attention == oracle FP64 windowed SDPA, same bytes",  \
+            "[gate:ORA][fmt:" preset "]") {                                                            \
+    const auto f = parse_kv_format(preset);                                                            \
+    REQUIRE(f.has_value());                                                                            \
+    run_attention_gate(*f, seed + 11, Check::window);                                                  \
+  }                                                                                                    \
+  TEST_CASE("ORA.attn_softcap." id " soft-capped attention == oracle FP64 soft-capped SDPA, same bytes", \
+            "[gate:ORA][fmt:" preset "]") {                                                            \
+    const auto f = parse_kv_format(preset);                                                            \
+    REQUIRE(f.has_value());                                                                            \
+    run_attention_gate(*f, seed + 13, Check::softcap);                                                 \
   }
 
 ORA_PRESET("f32", "f32", 1100)

@@ -20,17 +20,29 @@ static void sdpa(const AttnShape& a, const float* q, const float* k, const float
         throw std::invalid_argument("sdpa: bad AttnShape");
     const int D = a.head_dim, group = a.n_q_heads / a.n_kv_heads;
     const T scale = a.softmax_scale > 0 ? T(a.softmax_scale) : T(1) / std::sqrt(T(D));
+    if (a.window < 0 || !(a.softcap >= 0)) throw std::invalid_argument("sdpa: bad window or softcap");
     for (int i = 0; i < a.n_q; ++i) {
-        const int n_vis = std::min(a.n_kv, a.q_pos0 + i + 1);  // causal window, existing keys only
+        const int qpos = a.q_pos0 + i;
+        const int n_vis = std::min(a.n_kv, qpos + 1);  // causal, existing keys only
+        // Sliding window: the first visible key is the smallest t with qpos - t < window.
+        int t_begin = 0;
+        if (a.window > 0)
+            while (t_begin < n_vis && qpos - t_begin >= a.window) ++t_begin;
+        const int n_win = n_vis - t_begin;
         for (int j = 0; j < a.n_q_heads; ++j) {
             const int g = j / group;
             Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, 1>> o(out + (size_t(i) * a.n_q_heads + j) * D, D);
-            if (n_vis <= 0) { o.setZero(); continue; }
+            if (n_win <= 0) { o.setZero(); continue; }
             Vec qv = Eigen::Map<const Eigen::VectorXf>(q + (size_t(i) * a.n_q_heads + j) * D, D).template cast<T>();
-            // K_g, V_g: [n_vis][D] views with row stride n_kv_heads·D.
-            RowMat K = Strided(k + size_t(g) * D, n_vis, D, Eigen::OuterStride<>(a.n_kv_heads * D)).template cast<T>();
-            RowMat V = Strided(v + size_t(g) * D, n_vis, D, Eigen::OuterStride<>(a.n_kv_heads * D)).template cast<T>();
+            // K_g, V_g: [n_win][D] views (rows t_begin..n_vis-1) with row stride n_kv_heads·D.
+            const size_t row0 = size_t(t_begin) * a.n_kv_heads * D + size_t(g) * D;
+            RowMat K = Strided(k + row0, n_win, D, Eigen::OuterStride<>(a.n_kv_heads * D)).template cast<T>();
+            RowMat V = Strided(v + row0, n_win, D, Eigen::OuterStride<>(a.n_kv_heads * D)).template cast<T>();
             Vec s = (K * qv) * scale;
+            if (a.softcap > 0) {
+                const T cap = T(a.softcap);
+                s = (s.array() / cap).tanh().matrix() * cap;
+            }
             Vec p = (s.array() - s.maxCoeff()).exp().matrix();
             o = (V.transpose() * p) / p.sum();
         }

@@ -105,12 +105,15 @@ DecodePlan plan_decode(const DecodeArgs& a) {
   const OpSupport sup = supports_op(Op::decode, a.format, a.geometry, a.n_heads);
   if (!sup.ok) throw std::invalid_argument("kvgate::cuda::decode_attention: " + sup.reason + ": " + sup.detail);
   DecodePlan p;
-  p.path = sup.path;
+  // Sliding windows run on the generic kernel (the only one that reads a window start), so the
+  // fast and tensor-core kernels of full attention keep their registers and speed; a window
+  // bounds the keys read, which is where the generic kernel's lower throughput stops mattering.
+  p.path = a.window > 0 ? "generic" : sup.path;
   const int H = a.geometry.n_kv_heads, D = a.geometry.head_dim;
   const int group = a.n_heads / H;
   p.head_chunks = (group + detail::kHeadsPerCta - 1) / detail::kHeadsPerCta;
   int per_sm = 1;
-  dispatch_decode(a.format, D, [&](auto kf, auto vf, auto d) {
+  dispatch_decode(a.format, a.window > 0 ? 0 : D, [&](auto kf, auto vf, auto d) {
     p.smem_bytes = detail::decode_smem_bytes<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(D);
     per_sm = detail::decode_max_active<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(p.smem_bytes);
   });
@@ -118,7 +121,8 @@ DecodePlan plan_decode(const DecodeArgs& a) {
   p.resident_ctas = std::max(1, per_sm) * std::max(1, dev.sm_count);
   const long head_ctas = p.path != "generic" ? (H + detail::kDecodeWarps - 1) / detail::kDecodeWarps : H;
   const long base = static_cast<long>(a.batch) * head_ctas * p.head_chunks;
-  const int max_len = std::max(1, a.max_seq_len);
+  // A sliding window bounds the keys any query reads (the kernel starts at seq_len - window).
+  const int max_len = std::max(1, a.window > 0 ? std::min(a.max_seq_len, a.window) : a.max_seq_len);
   if (a.num_splits > 0) {
     p.splits = a.num_splits;
   } else {
@@ -184,13 +188,19 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   L.n_hchunks = p.head_chunks;
   L.splits = p.splits;
   L.tokens_per_split = p.tokens_per_split;
+  L.window = a.window;
+  if (a.window < 0) throw std::invalid_argument("kvgate::cuda::decode_attention: window must be >= 0");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
   const float v_ts = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;
   L.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
   L.had_c = detail::hadamard_scale(D);
-  dispatch_decode(a.format, D, [&](auto kf, auto vf, auto d) {
-    detail::launch_decode<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(L, p.smem_bytes, stream);
+  // A windowed call runs the generic kernel even under a plan made for full attention (a CUDA
+  // graph's one plan for every layer): the split ranges carry over, the shared memory is its own.
+  const bool generic = a.window > 0 || p.path == "generic";
+  const int smem = generic && p.path != "generic" ? detail::generic_smem_bytes(D) : p.smem_bytes;
+  dispatch_decode(a.format, generic ? 0 : D, [&](auto kf, auto vf, auto d) {
+    detail::launch_decode<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(L, smem, stream);
   });
   detail::CombineLaunch c;
   c.part_o = L.part_o;

@@ -53,6 +53,8 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   L.tokens_per_cta = detail::kPrefillRows / L.heads_per_cta;
   L.n_past = a.n_past;
   L.n_new = a.n_new;
+  if (a.window < 0) throw std::invalid_argument("kvgate::cuda::prefill_attention: window must be >= 0");
+  L.window = a.window;
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
   L.v_mul = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;

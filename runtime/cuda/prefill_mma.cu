@@ -15,7 +15,9 @@ bool prefill_mma_applies(const KvFormat& f, const PageGeometry& g) {
 }
 
 bool prefill_attention_mma(const PrefillArgs& a, cudaStream_t stream) {
-  if (!prefill_mma_applies(a.format, a.geometry)) return false;
+  // Sliding-window calls run on the CUDA-core kernel (it skips the tiles before the window); the
+  // tensor-core kernel attends to every key up to the causal diagonal.
+  if (a.window > 0 || !prefill_mma_applies(a.format, a.geometry)) return false;
   const int H = a.geometry.n_kv_heads, D = a.geometry.head_dim;
   detail::PmmaLaunch L;
   detail::PrefillLaunch& p = L.p;

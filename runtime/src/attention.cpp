@@ -473,14 +473,19 @@ __attribute__((always_inline)) inline void attend_page_t(const AttentionArgs& a,
     const int last = a.pos0 + i;  // causal: keys [0, last]
     if (t0 > last) continue;
     const int ntq = std::min(nt, last - t0 + 1);
+    // Sliding window: keys [last - window + 1, last]; lo = the first visible slot of this page.
+    const int lo = a.window > 0 ? std::max(0, last - a.window + 1 - t0) : 0;
+    if (lo >= ntq) continue;
+    const int c_first = lo / kW * kW;  // chunks stay aligned to the tile; lanes before lo are masked
     for (int hq = 0; hq < a.n_heads; ++hq) {
       const int hk = hq / group;
       const float* qv = q + (static_cast<std::size_t>(i) * a.n_heads + hq) * D;
       const std::size_t st = static_cast<std::size_t>(i) * a.n_heads + hq;
       const float* kh = kt + static_cast<std::size_t>(hk) * D * ks;
       float* ac = acc + st * D;
-      for (int c0 = 0; c0 < ntq; c0 += kW) {
+      for (int c0 = c_first; c0 < ntq; c0 += kW) {
         const int cn = std::min(kW, ntq - c0);
+        const int cl = lo - c0;  // lanes below cl lie before the window (<= 0 past the first chunk)
         // s[t] = (sum_d q[d] k[t][d]) * scale, summed in d order; lanes past the causal end are -inf.
         v8f s0 = {}, s1 = {};
         for (int d = 0; d < D; ++d) {
@@ -489,8 +494,16 @@ __attribute__((always_inline)) inline void attend_page_t(const AttentionArgs& a,
           s0 += qd * load8(kd);
           s1 += qd * load8(kd + 8);
         }
-        s0 = lane0 < cn ? s0 * scale : splat8(kNegInf);
-        s1 = lane1 < cn ? s1 * scale : splat8(kNegInf);
+        s0 = s0 * scale;
+        s1 = s1 * scale;
+        if (a.softcap > 0) {  // Gemma 2: tanh(s / cap) * cap, before the mask
+          for (int t = 0; t < 8; ++t) {
+            s0[t] = std::tanh(s0[t] / a.softcap) * a.softcap;
+            s1[t] = std::tanh(s1[t] / a.softcap) * a.softcap;
+          }
+        }
+        s0 = ((lane0 < cn) & (lane0 >= cl)) ? s0 : splat8(kNegInf);
+        s1 = ((lane1 < cn) & (lane1 >= cl)) ? s1 : splat8(kNegInf);
         const float cmax = hmax8(vmax(s0, s1));
         const float mx = m[st] > cmax ? m[st] : cmax;
         const float corr = softmax_exp(m[st] - mx);  // 0 on the first chunk (m = -inf)
@@ -698,9 +711,11 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
   float* kt = Scratch::grow(sc.kt, static_cast<std::size_t>(kstride) * HD);
   float* vtile = Scratch::grow(sc.vtile, static_cast<std::size_t>(B) * HD);
 
-  // Pages no query can see (a chunk that starts late still attends from position 0) are all read.
+  // Pages no query can see are skipped: with a window, those wholly before the first query's
+  // window (without one, a chunk that starts late still attends from position 0).
   const int n_pages = (n_ctx + B - 1) / B;
-  for (int p = 0; p < n_pages; ++p) {
+  const int first_key = a.window > 0 ? std::max(0, a.pos0 - a.window + 1) : 0;
+  for (int p = first_key / B; p < n_pages; ++p) {
     const int t0 = p * B;
     const int nt = std::min(B, n_ctx - t0);
     const std::uint8_t* kp = store.page(layer, KvHalf::K, table[static_cast<std::size_t>(p)]);

@@ -144,6 +144,18 @@ void swiglu(float* __restrict h, const float* __restrict up, std::size_t n) {
   }
 }
 
+// GeGLU (Gemma): gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+// as PyTorch's gelu(approximate="tanh").
+KVGATE_MULTIVERSION
+void geglu(float* __restrict h, const float* __restrict up, std::size_t n) {
+  const float k0 = 0.7978845608028654f, k1 = 0.044715f;  // sqrt(2/pi)
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = h[i];
+    const float inner = k0 * (x + k1 * x * x * x);
+    h[i] = 0.5f * x * (1.0f + std::tanh(inner)) * up[i];
+  }
+}
+
 }  // namespace
 
 void matmul(ThreadPool& pool, float* out, const float* x, const float* W, const float* bias, int T, int n_in, int n_out,
@@ -251,6 +263,9 @@ void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int T, in
   const int qd = c_.q_dim();
   AttentionArgs aa;
   aa.n_heads = c_.n_heads;
+  aa.window = c_.window(layer);        // sliding layers read only their window
+  aa.softcap = c_.attn_softcap;        // Gemma 2 attention-logit soft-cap
+  aa.softmax_scale = c_.attn_scale;    // Gemma: query_pre_attn_scalar^-0.5 (0: 1/sqrt(head_dim))
   const int parts = std::min(pool_.size(), T / 8);
   if (parts <= 1 || store.streaming()) {
     aa.n_q = T;
@@ -260,12 +275,19 @@ void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int T, in
   }
   int bounds[65];
   const int P = std::min(parts, 64);
-  const double total = static_cast<double>(T) * pos0 + 0.5 * static_cast<double>(T) * (T + 1);
+  // Keys read by queries [0, i): sum of (pos0 + j + 1), each capped at the window on a sliding layer.
+  const double W = aa.window > 0 ? static_cast<double>(aa.window) : 0.0;
+  auto work = [&](int i) {
+    // The first c queries see all their keys (pos0 + j + 1 <= W), the rest W each.
+    const double c = W == 0 ? i : std::clamp(W - pos0, 0.0, static_cast<double>(i));
+    return c * pos0 + 0.5 * c * (c + 1) + (i - c) * W;
+  };
+  const double total = work(T);
   bounds[0] = 0;
   for (int k = 1; k < P; ++k) {
     const double target = total * k / P;
     int i = bounds[k - 1];
-    while (i < T && static_cast<double>(i) * pos0 + 0.5 * static_cast<double>(i) * (i + 1) < target) ++i;
+    while (i < T && work(i) < target) ++i;
     bounds[k] = i;
   }
   bounds[P] = T;
@@ -294,10 +316,12 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
                         std::to_string(c.vocab_size) + ")");
   const int pos0 = store.extend(s, T);
 
-  // Token embeddings -> residual stream x[T][dim].
+  // Token embeddings -> residual stream x[T][dim] (Gemma: times sqrt(hidden)).
   for (int t = 0; t < T; ++t)
     std::memcpy(x_.data() + static_cast<std::size_t>(t) * dim,
                 w.tok_embeddings.data() + static_cast<std::size_t>(tokens[t]) * dim, sizeof(float) * dim);
+  if (c.embed_scale > 0)
+    for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] *= c.embed_scale;
   // RoPE angles for the chunk's positions, shared by every layer (and the sliding layers' own).
   rope_angles(c.rope, freq_, rope_scale_, pos0, T, cos_.data(), sin_.data());
   if (c.has_rope_local) rope_angles(c.rope_local, freq_l_, rope_scale_l_, pos0, T, cos_l_.data(), sin_l_.data());
@@ -325,17 +349,28 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     // K/V rows go through the KV format; attention reads them back from the store.
     store.write(s, l, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
     attend(store, s, l, T, pos0);
-    // x += att Wo
-    matmul(pool_, x_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, true);
+    // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
+    if (c.post_norms) {
+      matmul(pool_, xb2_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, false);
+      add_normed(L.post_attn_norm.data(), T);
+    } else {
+      matmul(pool_, x_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, true);
+    }
 
-    // FFN block: x += W2 (silu(xb W1) * (xb W3)), xb = rmsnorm(x).
+    // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
     for (int t = 0; t < T; ++t)
       rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
               L.ffn_norm.data(), dim, c.rms_eps);
     matmul(pool_, hb_.data(), xb_.data(), L.w1.data(), nullptr, T, dim, hid, false);
     matmul(pool_, hb2_.data(), xb_.data(), L.w3.data(), nullptr, T, dim, hid, false);
-    swiglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
-    matmul(pool_, x_.data(), hb_.data(), L.w2.data(), nullptr, T, hid, dim, true);
+    if (c.ffn_act == FfnAct::gelu_tanh) geglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
+    else swiglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
+    if (c.post_norms) {
+      matmul(pool_, xb2_.data(), hb_.data(), L.w2.data(), nullptr, T, hid, dim, false);
+      add_normed(L.post_ffn_norm.data(), T);
+    } else {
+      matmul(pool_, x_.data(), hb_.data(), L.w2.data(), nullptr, T, hid, dim, true);
+    }
   }
 
   // Final norm and classifier: every row, or the last one only.
@@ -345,6 +380,22 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     rmsnorm(xb_.data() + static_cast<std::size_t>(t - first) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
             w.final_norm.data(), dim, c.rms_eps);
   matmul(pool_, logits, xb_.data(), w.output_matrix(), nullptr, n_rows, dim, c.vocab_size, false);
+  if (c.final_softcap > 0) {  // Gemma 2: logits -> tanh(z / cap) * cap
+    const float cap = c.final_softcap;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n_rows) * c.vocab_size; ++i)
+      logits[i] = std::tanh(logits[i] / cap) * cap;
+  }
+}
+
+// x[t] += rmsnorm(xb2[t]) * w for the chunk (Gemma's post-attention / post-FFN norms).
+void CpuForward::add_normed(const float* norm_w, int T) {
+  const int dim = c_.dim;
+  for (int t = 0; t < T; ++t) {
+    float* o = xb2_.data() + static_cast<std::size_t>(t) * dim;
+    rmsnorm(o, o, norm_w, dim, c_.rms_eps);
+    float* x = x_.data() + static_cast<std::size_t>(t) * dim;
+    for (int i = 0; i < dim; ++i) x[i] += o[i];
+  }
 }
 
 }  // namespace kvgate::detail

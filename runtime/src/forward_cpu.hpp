@@ -1,5 +1,6 @@
 // CPU forward pass (private to the runtime): llama2.c forward() generalised to a chunk of tokens,
-// GQA over the paged KV store in any format, RoPE styles, qkv bias, QK-norm, SwiGLU.
+// GQA over the paged KV store in any format, RoPE styles, qkv bias, QK-norm, SwiGLU / GeGLU,
+// sliding windows, Gemma's sandwich norms and soft-caps.
 #pragma once
 #include <vector>
 
@@ -34,6 +35,7 @@ class CpuForward {
   void rope_angles(const RopeConfig& r, std::vector<float>& freq, float& scaling, int pos0, int T, float* cs,
                    float* sn) const;
   void attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0);
+  void add_normed(const float* norm_w, int T);
 
   const Model& m_;
   const ModelConfig& c_;

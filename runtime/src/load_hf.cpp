@@ -337,6 +337,63 @@ bool kv_decl_from(const json& obj, const char* outer, const std::string& file, s
 
 std::string layer_name(int i, const char* rest) { return "model.layers." + std::to_string(i) + "." + rest; }
 
+// Per-layer attention windows (0 = full), as transformers decides which layers slide:
+//  - `layer_types` (transformers >= 4.53 writes it): "sliding_attention" / "full_attention" per layer;
+//  - else Mistral / Phi-3: every layer when sliding_window is set; Qwen2 / Qwen3: layers
+//    i >= max_window_layers when use_sliding_window; Gemma 2: even layers ((i + 1) % 2 != 0);
+//    Gemma 3: every layer but each sliding_window_pattern-th ((i + 1) % pattern != 0, pattern 6).
+// Qwen's sliding_window counts only with use_sliding_window (the config drops it otherwise).
+// A window longer than the context is full attention; <= 0 or a non-integer is refused.
+std::vector<int> layer_windows(const Cfg& cf, const std::string& arch, int n_layers) {
+  const json& j = cf.j;
+  const bool qwen = arch == "qwen2" || arch == "qwen3";
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const bool declares = arch == "mistral" || arch == "phi3" || qwen || gemma;
+  if (!declares) return {};  // Llama has no sliding window in transformers
+  int window = 0;
+  if (qwen && !cf.bool_opt("use_sliding_window", false)) {
+    window = 0;
+  } else if (cf.has("sliding_window")) {
+    if (!j["sliding_window"].is_number_integer())
+      cf.bad("sliding_window", "= " + j["sliding_window"].dump() +
+                                   " is not an integer (the window in tokens; null for full attention)");
+    const long long w = j["sliding_window"].get<long long>();
+    if (w <= 0)
+      cf.bad("sliding_window", "= " + std::to_string(w) +
+                                   " must be > 0 (a query sees the window's last keys; null for full attention)");
+    window = static_cast<int>(std::min<long long>(w, 1 << 30));
+  } else if (gemma) {
+    window = 4096;  // Gemma2Config / Gemma3TextConfig default
+  }
+  std::vector<bool> slides(static_cast<std::size_t>(n_layers), false);
+  if (cf.has("layer_types")) {
+    const json& lt = j["layer_types"];
+    if (!lt.is_array() || lt.size() != static_cast<std::size_t>(n_layers))
+      cf.bad("layer_types", "must be a list of num_hidden_layers = " + std::to_string(n_layers) + " strings");
+    for (std::size_t l = 0; l < lt.size(); ++l) {
+      const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : lt[l].dump();
+      if (t == "sliding_attention") slides[l] = true;
+      else if (t != "full_attention")
+        cf.bad("layer_types", "[" + std::to_string(l) + "] = \"" + t +
+                                  "\" is not supported (kvgate runs \"full_attention\" and \"sliding_attention\")");
+    }
+  } else {
+    int pattern = 1;  // every layer
+    if (arch == "gemma2") pattern = 2;
+    if (arch == "gemma3") pattern = cf.int_opt("sliding_window_pattern", 6, 1, 1 << 20);
+    const int first_sliding = qwen ? cf.int_opt("max_window_layers", 28, 0, 1 << 20) : 0;
+    for (int l = 0; l < n_layers; ++l)
+      slides[static_cast<std::size_t>(l)] = l >= first_sliding && (pattern == 1 || (l + 1) % pattern != 0);
+  }
+  if (window == 0) return {};
+  std::vector<int> out(static_cast<std::size_t>(n_layers), 0);
+  bool any = false;
+  for (int l = 0; l < n_layers; ++l)
+    if (slides[static_cast<std::size_t>(l)]) out[static_cast<std::size_t>(l)] = window, any = true;
+  if (!any) return {};
+  return out;
+}
+
 }  // namespace
 
 Model load_hf(const std::string& dir_str) {
@@ -372,13 +429,36 @@ Model load_hf(const std::string& dir_str) {
     c.arch = "qwen2";
   } else if (arch_name == "Qwen3ForCausalLM" || arch_name == "qwen3") {
     c.arch = "qwen3";
+  } else if (arch_name == "Gemma2ForCausalLM" || arch_name == "gemma2") {
+    c.arch = "gemma2";
+  } else if (arch_name == "Gemma3ForCausalLM" || arch_name == "gemma3_text") {
+    c.arch = "gemma3";
+  } else if (arch_name == "Phi3ForCausalLM" || arch_name == "phi3") {
+    c.arch = "phi3";
+  } else if (arch_name == "Gemma3ForConditionalGeneration" || arch_name == "gemma3") {
+    cf.bad("architectures", "= \"" + arch_name +
+                                "\" is the multimodal Gemma 3 checkpoint (text_config + vision tower, weights under "
+                                "model.language_model); kvgate loads the text-only Gemma3ForCausalLM: export the "
+                                "language model with transformers (Gemma3ForCausalLM) and load that directory");
   } else {
     cf.bad("architectures", "= \"" + arch_name +
                                 "\" is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                "Qwen3ForCausalLM)");
+                                "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)");
   }
-  if (cf.has("hidden_act") && (!cj["hidden_act"].is_string() || cj["hidden_act"].get<std::string>() != "silu"))
+  const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
+  if (gemma) {
+    // transformers' Gemma 2/3 MLP reads hidden_activation only (hidden_act is a legacy key it ignores).
+    if (cf.has("hidden_activation") &&
+        (!cj["hidden_activation"].is_string() || cj["hidden_activation"].get<std::string>() != "gelu_pytorch_tanh"))
+      cf.bad("hidden_activation", "must be \"gelu_pytorch_tanh\" (GeGLU with the tanh GELU, the only Gemma "
+                                  "activation kvgate implements); got " + cj["hidden_activation"].dump());
+    c.ffn_act = FfnAct::gelu_tanh;
+    if (cf.bool_opt("use_bidirectional_attention", false))
+      cf.bad("use_bidirectional_attention", "is true (an encoder-style Gemma): kvgate runs causal decoders only");
+  } else if (cf.has("hidden_act") && (!cj["hidden_act"].is_string() || cj["hidden_act"].get<std::string>() != "silu")) {
     cf.bad("hidden_act", "must be \"silu\" (SwiGLU); got " + cj["hidden_act"].dump());
+  }
+
   c.dim = cf.int_req("hidden_size", 1, 1 << 17);
   c.hidden_dim = cf.int_req("intermediate_size", 1, 1 << 20);
   c.n_layers = cf.int_req("num_hidden_layers", 1, 1024);
@@ -398,12 +478,7 @@ Model load_hf(const std::string& dir_str) {
   if (c.head_dim % 2 != 0) cf.bad("head_dim", "= " + std::to_string(c.head_dim) + " is odd; RoPE needs pairs");
   c.vocab_size = cf.int_req("vocab_size", 1, 1 << 22);
   c.max_seq_len = cf.int_opt("max_position_embeddings", 2048, 1, 1 << 24);
-  // Sliding-window attention (Mistral, Qwen2 with use_sliding_window) equals full attention for
-  // positions inside the window, so the usable context is capped there instead of silently
-  // computing something else beyond it.
-  const bool sliding =
-      (c.arch == "mistral" && cf.has("sliding_window")) || (cf.bool_opt("use_sliding_window", false) && cf.has("sliding_window"));
-  if (sliding) c.max_seq_len = std::min(c.max_seq_len, cf.int_checked("sliding_window", 1, 1 << 24));
+  c.layer_window = layer_windows(cf, c.arch, c.n_layers);
   c.rms_eps = static_cast<float>(cf.num_opt("rms_norm_eps", 1e-6));
   // RoPE: rope_parameters (transformers 5) or legacy rope_scaling + rope_theta (rope_json.hpp).
   read_hf_rope(cj, cfg_path.string(), c);
@@ -411,8 +486,29 @@ Model load_hf(const std::string& dir_str) {
   c.qkv_bias = c.arch == "qwen2";
   if (cf.bool_opt("attention_bias", false) && c.arch != "qwen2")
     cf.bad("attention_bias", "is true: biases on q/k/v/o projections are supported for Qwen2 (q/k/v) only");
-  c.qk_norm = c.arch == "qwen3";
-  c.tied_embeddings = cf.bool_opt("tie_word_embeddings", false);
+  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
+  // transformers writes tie_word_embeddings only where it differs from PretrainedConfig's default
+  // (true): Gemma checkpoints, tied, usually omit it.
+  c.tied_embeddings = cf.bool_opt("tie_word_embeddings", gemma);
+  if (gemma) {
+    c.post_norms = true;
+    // query_pre_attn_scalar: the softmax scale is its inverse square root (not head_dim's).
+    c.attn_scale = static_cast<float>(1.0 / std::sqrt(cf.num_opt("query_pre_attn_scalar", 256.0)));
+    // Soft-caps: null (or absent) = none. Gemma 2's defaults are 50 / 30, Gemma 3's none; every
+    // transformers-written config spells them out.
+    const double def_attn = c.arch == "gemma2" ? 50.0 : 0.0, def_final = c.arch == "gemma2" ? 30.0 : 0.0;
+    auto cap = [&](const char* k, double def) {
+      if (!cj.contains(k)) return def;
+      if (cj[k].is_null()) return 0.0;
+      return cf.num_opt(k, def);
+    };
+    c.attn_softcap = static_cast<float>(cap("attn_logit_softcapping", def_attn));
+    c.final_softcap = static_cast<float>(cap("final_logit_softcapping", def_final));
+  } else {
+    for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"})
+      if (cf.has(k))
+        cf.bad(k, "is set, but kvgate applies it to Gemma 2/3 only (" + c.arch + " does not use it in transformers)");
+  }
   c.bos_id = cf.token_id("bos_token_id", -1);
   c.eos_id = cf.token_id("eos_token_id", -1);
 
@@ -476,12 +572,44 @@ Model load_hf(const std::string& dir_str) {
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
   int n_k_scales = 0, n_v_scales = 0;
   std::vector<float> ks(static_cast<std::size_t>(c.n_layers), 1.0f), vs(static_cast<std::size_t>(c.n_layers), 1.0f);
+  // Phi-3 stores q/k/v as one qkv_proj [q_dim + 2 kv_dim, dim] (rows q, then k, then v) and the
+  // gate/up pair as gate_up_proj [2 intermediate, dim] (gate rows first): split here.
+  auto load_fused = [&](const std::string& name, const std::vector<std::int64_t>& parts, std::int64_t cols,
+                        const char* layout, std::initializer_list<std::vector<float>*> outs) {
+    std::int64_t rows = 0;
+    for (auto r : parts) rows += r;
+    std::string where;
+    auto f = src.find(name, &where);
+    if (!f)
+      throw ModelError("'" + where + "': missing tensor '" + name + "' (" + arch_label +
+                       " stores it fused: " + layout + ")");
+    if (f->t->shape != std::vector<std::int64_t>{rows, cols})
+      throw ModelError("'" + f->file->path() + "': tensor '" + name + "' field 'shape' = " +
+                       SafetensorsFile::shape_str(f->t->shape) + ", but config.json implies " +
+                       SafetensorsFile::shape_str({rows, cols}) + " (" + layout +
+                       "); fix config.json (hidden_size, num_attention_heads, num_key_value_heads, head_dim, "
+                       "intermediate_size) or re-export the checkpoint");
+    std::vector<float> all;
+    to_f32(*f->file, name, *f->t, &all);
+    std::size_t r0 = 0, k = 0;
+    for (std::vector<float>* o : outs) {
+      const std::size_t n = static_cast<std::size_t>(parts[k++] * cols);
+      o->assign(all.begin() + static_cast<std::ptrdiff_t>(r0), all.begin() + static_cast<std::ptrdiff_t>(r0 + n));
+      r0 += n;
+    }
+  };
+  const bool phi3 = c.arch == "phi3";
   for (int i = 0; i < c.n_layers; ++i) {
     LayerWeights& L = w.layers[static_cast<std::size_t>(i)];
     load(layer_name(i, "input_layernorm.weight"), {D}, &L.attn_norm);
-    load(layer_name(i, "self_attn.q_proj.weight"), {Q, D}, &L.wq);
-    load(layer_name(i, "self_attn.k_proj.weight"), {KV, D}, &L.wk);
-    load(layer_name(i, "self_attn.v_proj.weight"), {KV, D}, &L.wv);
+    if (phi3) {
+      load_fused(layer_name(i, "self_attn.qkv_proj.weight"), {Q, KV, KV}, D,
+                 "rows [q_dim | kv_dim | kv_dim] = q_proj, k_proj, v_proj", {&L.wq, &L.wk, &L.wv});
+    } else {
+      load(layer_name(i, "self_attn.q_proj.weight"), {Q, D}, &L.wq);
+      load(layer_name(i, "self_attn.k_proj.weight"), {KV, D}, &L.wk);
+      load(layer_name(i, "self_attn.v_proj.weight"), {KV, D}, &L.wv);
+    }
     load(layer_name(i, "self_attn.o_proj.weight"), {D, Q}, &L.wo);
     if (c.qkv_bias) {
       load(layer_name(i, "self_attn.q_proj.bias"), {Q}, &L.bq);
@@ -492,10 +620,21 @@ Model load_hf(const std::string& dir_str) {
       load(layer_name(i, "self_attn.q_norm.weight"), {HD}, &L.q_norm);
       load(layer_name(i, "self_attn.k_norm.weight"), {HD}, &L.k_norm);
     }
-    load(layer_name(i, "post_attention_layernorm.weight"), {D}, &L.ffn_norm);
-    load(layer_name(i, "mlp.gate_proj.weight"), {F, D}, &L.w1);
+    if (gemma) {  // sandwich norms: post_attention_layernorm is the attention OUTPUT's norm
+      load(layer_name(i, "post_attention_layernorm.weight"), {D}, &L.post_attn_norm);
+      load(layer_name(i, "pre_feedforward_layernorm.weight"), {D}, &L.ffn_norm);
+      load(layer_name(i, "post_feedforward_layernorm.weight"), {D}, &L.post_ffn_norm);
+    } else {
+      load(layer_name(i, "post_attention_layernorm.weight"), {D}, &L.ffn_norm);
+    }
+    if (phi3) {
+      load_fused(layer_name(i, "mlp.gate_up_proj.weight"), {F, F}, D,
+                 "rows [intermediate | intermediate] = gate_proj, up_proj", {&L.w1, &L.w3});
+    } else {
+      load(layer_name(i, "mlp.gate_proj.weight"), {F, D}, &L.w1);
+      load(layer_name(i, "mlp.up_proj.weight"), {F, D}, &L.w3);
+    }
     load(layer_name(i, "mlp.down_proj.weight"), {D, F}, &L.w2);
-    load(layer_name(i, "mlp.up_proj.weight"), {F, D}, &L.w3);
     // Per-layer FP8 KV scales under the names checkpoints use for them.
     float s = 0;
     const auto ui = static_cast<std::size_t>(i);
@@ -519,6 +658,25 @@ Model load_hf(const std::string& dir_str) {
     c.v_scale = std::move(vs);
   }
   load("model.norm.weight", {D}, &w.final_norm);
+  if (gemma) {
+    // Gemma's RMSNorm multiplies by (1 + w), computed in f32 (transformers: 1.0 + weight.float()):
+    // stored as such so both backends run the plain norm.
+    auto plus_one = [](std::vector<float>& v) {
+      for (float& x : v) x = 1.0f + x;
+    };
+    for (LayerWeights& L : w.layers)
+      for (auto* v : {&L.attn_norm, &L.post_attn_norm, &L.ffn_norm, &L.post_ffn_norm, &L.q_norm, &L.k_norm})
+        plus_one(*v);
+    plus_one(w.final_norm);
+    // Embedding scale sqrt(hidden_size), rounded to the embedding's dtype as transformers does
+    // (normalizer = torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)).
+    std::string where;
+    const auto emb = src.find("model.embed_tokens.weight", &where);
+    const float e = static_cast<float>(std::sqrt(static_cast<double>(c.dim)));
+    c.embed_scale = emb->t->dtype == "BF16"  ? bf16_to_f32(f32_to_bf16_rne(e))
+                    : emb->t->dtype == "F16" ? f16_to_f32(f32_to_f16_rne(e))
+                                             : e;
+  }
   if (!c.tied_embeddings) {
     std::string where;
     if (!src.find("lm_head.weight", &where))

@@ -1,6 +1,8 @@
 // kvgate::load_model: picks the loader from the path; model fingerprint; weight-shape validation.
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -74,7 +76,23 @@ void validate_weights(const std::string& path, const ModelConfig& c, const Model
       check_size(path, p + "q_norm", L.q_norm, HD);
       check_size(path, p + "k_norm", L.k_norm, HD);
     }
+    if (c.post_norms) {
+      check_size(path, p + "post_attn_norm", L.post_attn_norm, D);
+      check_size(path, p + "post_ffn_norm", L.post_ffn_norm, D);
+    }
   }
+  if (!c.layer_window.empty()) {
+    if (c.layer_window.size() != static_cast<std::size_t>(c.n_layers))
+      throw ModelError("model '" + path + "': " + std::to_string(c.layer_window.size()) +
+                       " per-layer attention windows for " + std::to_string(c.n_layers) + " layers");
+    for (std::size_t l = 0; l < c.layer_window.size(); ++l)
+      if (c.layer_window[l] < 0)
+        throw ModelError("model '" + path + "': layer " + std::to_string(l) + " has attention window " +
+                         std::to_string(c.layer_window[l]) + " (0 = full attention, else > 0)");
+  }
+  for (const float v : {c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap})
+    if (!(v >= 0.0f) || !std::isfinite(v))
+      throw ModelError("model '" + path + "': embedding scale, attention scale and soft-caps must be finite and >= 0");
 }
 
 std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
@@ -89,6 +107,20 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
                               c.rope_style == RopeStyle::interleaved ? "interleaved" : "half", c.qkv_bias ? 1 : 0,
                               c.qk_norm ? 1 : 0, w.classifier.empty() ? 1 : 0, c.bos_id, c.eos_id);
   XXH64_update(st, cfg, static_cast<std::size_t>(n));
+  // Architecture switches past the Llama family, hashed only when set (older fingerprints stay).
+  const bool has_window = std::any_of(c.layer_window.begin(), c.layer_window.end(), [](int x) { return x > 0; });
+  if (has_window || c.ffn_act != FfnAct::silu || c.post_norms || c.embed_scale > 0 || c.attn_scale > 0 ||
+      c.attn_softcap > 0 || c.final_softcap > 0) {
+    std::string arch = "arch-v2;act=" + std::to_string(static_cast<int>(c.ffn_act)) +
+                       ";post_norms=" + std::to_string(c.post_norms ? 1 : 0) + ";windows=";
+    for (int x : c.layer_window) arch += std::to_string(x) + ",";
+    char f[160];
+    std::snprintf(f, sizeof f, ";embed=%a;attn_scale=%a;attn_cap=%a;final_cap=%a;", static_cast<double>(c.embed_scale),
+                  static_cast<double>(c.attn_scale), static_cast<double>(c.attn_softcap),
+                  static_cast<double>(c.final_softcap));
+    arch += f;
+    XXH64_update(st, arch.data(), arch.size());
+  }
   // RoPE variants (absent for the plain RoPE, so plain fingerprints are unchanged).
   for (const auto& [tag, r] : {std::pair<const char*, const RopeConfig*>{"rope_cfg=", &c.rope},
                                std::pair<const char*, const RopeConfig*>{"rope_local=", c.has_rope_local ? &c.rope_local : nullptr}}) {
@@ -108,6 +140,11 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
     for (const auto* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
                           &L.ffn_norm, &L.w1, &L.w2, &L.w3})
       add(*t);
+  for (const LayerWeights& L : w.layers)
+    if (!L.post_attn_norm.empty() || !L.post_ffn_norm.empty()) {
+      add(L.post_attn_norm);
+      add(L.post_ffn_norm);
+    }
   add(w.final_norm);
   add(w.classifier);
   const XXH64_hash_t h = XXH64_digest(st);

@@ -1,4 +1,5 @@
-// Scaled dot-product attention over dequantized K/V (GQA, causal), FP32 and FP64.
+// Scaled dot-product attention over dequantized K/V (GQA, causal, optional sliding window and
+// logit soft-capping), FP32 and FP64.
 #pragma once
 
 namespace kvgate_oracle {
@@ -11,6 +12,9 @@ struct AttnShape {
     int head_dim;      // D
     int q_pos0;        // absolute position of query 0; query i attends keys 0..q_pos0+i
     float softmax_scale;  // <= 0: 1/sqrt(D)
+    int window = 0;       // > 0: sliding window — key t is visible to the query at absolute position p
+                          // iff t <= p and p - t < window (transformers: kv_idx > q_idx - window)
+    float softcap = 0;    // > 0: logit soft-capping, s -> cap * tanh(s / cap) (after the scale)
 };
 
 // q[n_q][n_q_heads][D], k,v[n_kv][n_kv_heads][D] -> out[n_q][n_q_heads][D].

@@ -479,7 +479,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_generic_kernel(Decod
   const int hq0 = kvh * a.group + hc * kHeadsPerCta;
   const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
   const int seq_len = a.seq_lens[b];
-  const int t_begin = split * a.tokens_per_split;
+  // Sliding window (this kernel only: decode_attention routes every windowed call here, so the
+  // fast and tensor-core kernels of the plain path are untouched): the splits cover keys
+  // [seq_len - window, seq_len) (transformers' mask: the query at seq_len - 1 sees q - window + 1 .. q).
+  const int t_lo = a.window > 0 ? max(0, seq_len - a.window) : 0;
+  const int t_begin = t_lo + split * a.tokens_per_split;
   const int t_end = min(t_begin + a.tokens_per_split, seq_len);
   const int H = a.n_kv_heads, B = a.block_size;
   const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;

@@ -21,6 +21,7 @@ struct DecodeLaunch {
   int group = 1, n_hchunks = 1, splits = 1, tokens_per_split = 0;
   float q_mul = 1.0f;  // softmax_scale * log2(e) * k_tensor_scale
   float had_c = 1.0f;  // float(1/sqrt(double(D)))
+  int window = 0;      // > 0: sliding window (keys seq_len - window .. seq_len - 1)
 };
 
 struct CombineLaunch {

@@ -44,6 +44,7 @@ struct PrefillLaunch {
   float q_mul = 1.0f;  // softmax_scale * log2(e) * k_tensor_scale
   float v_mul = 1.0f;  // v tensor scale
   float had_c = 1.0f;  // float(1/sqrt(double(D)))
+  int window = 0;      // > 0: sliding window, query i sees keys n_past + i - window + 1 .. n_past + i
 };
 
 // Shared memory: Q/O [64][DP], K [32][DP], V [32][DP], P [64][33] floats; DP = D | 1 (odd row
@@ -120,11 +121,15 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(PrefillLaunch 
 
   const int rg = threadIdx.x >> 4, cg = threadIdx.x & 15;  // row group (4 rows), lane in the row group
   int lim[4];  // last visible key of each of the thread's rows (padding rows: see every loaded key)
+  int lo[4];   // first visible key (sliding window; 0 without one)
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int r = rg * 4 + i;
     lim[i] = row_valid(r) ? a.n_past + i0 + r / GC : t_end - 1;
+    lo[i] = a.window > 0 ? max(0, lim[i] - a.window + 1) : 0;
   }
+  // With a window, tiles wholly before the CTA's first query's window are never visited.
+  const int t_first = a.window > 0 ? max(0, a.n_past + i0 - a.window + 1) / kPrefillKvTile * kPrefillKvTile : 0;
   float m[4], l[4], acc[4][kPrefillDimsPerLane];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -134,7 +139,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(PrefillLaunch 
     for (int k = 0; k < kPrefillDimsPerLane; ++k) acc[i][k] = 0.0f;
   }
 
-  for (int t0 = 0; t0 < t_end; t0 += kPrefillKvTile) {
+  for (int t0 = t_first; t0 < t_end; t0 += kPrefillKvTile) {
     prefill_load_tile<KF>(a.k_pool, a.k_page_stride, a.block_table, B, H, D, DP, kvh, t0, t_end, k_s);
     prefill_load_tile<VF>(a.v_pool, a.v_page_stride, a.block_table, B, H, D, DP, kvh, t0, t_end, v_s);
     __syncthreads();
@@ -162,13 +167,14 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(PrefillLaunch 
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int t = t0 + cg + 16 * c;
-        if (t > lim[i] || t >= t_end) s[i][c] = -INFINITY;
+        if (t > lim[i] || t < lo[i] || t >= t_end) s[i][c] = -INFINITY;
       }
       float mx = fmaxf(s[i][0], s[i][1]);
 #pragma unroll
       for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
       const float m_new = fmaxf(m[i], mx);
-      // Every row sees key 0 (lim >= 0), so m_new is finite from the first tile on.
+      // Without a window every row sees key 0, so m_new is finite from the first tile on; with one,
+      // a row may see none of a tile's keys (m_new = -inf): the guards below keep that exact.
       const float corr = m[i] == -INFINITY ? 0.0f : exp2f(m[i] - m_new);
       const float p0 = s[i][0] == -INFINITY ? 0.0f : exp2f(s[i][0] - m_new);
       const float p1 = s[i][1] == -INFINITY ? 0.0f : exp2f(s[i][1] - m_new);

@@ -77,6 +77,7 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
   att_ = dmalloc<float>(R * qd);
   hb_ = dmalloc<float>(R * hid);
   hb2_ = dmalloc<float>(R * hid);
+  if (c_.post_norms) post_ = dmalloc<float>(R * dim);
   logits_ = dmalloc<float>(R * static_cast<std::size_t>(c_.vocab_size));
   if (m_.weight_type() == WeightType::bf16) act16_ = dmalloc<std::uint16_t>(R * std::max({dim, qd, hid}));
   d_argmax_ = dmalloc<int>(R);
@@ -172,7 +173,7 @@ CudaForward::~CudaForward() {
   if (cublas_) cublasDestroy(static_cast<cublasHandle_t>(cublas_));
   for (void* p : {static_cast<void*>(x_), static_cast<void*>(xb_), static_cast<void*>(q_), static_cast<void*>(k_),
                   static_cast<void*>(v_), static_cast<void*>(att_), static_cast<void*>(hb_), static_cast<void*>(hb2_),
-                  static_cast<void*>(logits_), static_cast<void*>(rope_cos_), static_cast<void*>(rope_sin_), act16_,
+                  static_cast<void*>(logits_), static_cast<void*>(post_), static_cast<void*>(rope_cos_), static_cast<void*>(rope_sin_), act16_,
                   static_cast<void*>(rope_cos_l_), static_cast<void*>(rope_sin_l_), static_cast<void*>(rope_row_cos_),
                   static_cast<void*>(rope_row_sin_), static_cast<void*>(d_row_idx_),
                   static_cast<void*>(meta_), static_cast<void*>(d_argmax_), cublas_ws_})
@@ -231,6 +232,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
   const StoreConfig& sc = store_.config();
   const PageGeometry g = sc.geometry();
   mk::embed(m_.tok_embeddings(), m_.weight_type() == WeightType::bf16, d_tokens_, x_, R, dim, stream_);
+  if (c.embed_scale > 0) mk::scale(x_, static_cast<std::size_t>(R) * dim, c.embed_scale, stream_);  // Gemma
   if (capture_kv_) {
     cap_k_.assign(static_cast<std::size_t>(c.n_layers) * R * kvd, 0.0f);
     cap_v_.assign(cap_k_.size(), 0.0f);
@@ -297,6 +299,8 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       pa.out = att_;
       pa.k_scale = store_.tensor_scale(l, KvHalf::K);
       pa.v_scale = store_.tensor_scale(l, KvHalf::V);
+      pa.softmax_scale = c.attn_scale;  // Gemma: query_pre_attn_scalar^-0.5 (0: 1/sqrt(head_dim))
+      pa.window = c.window(l);          // sliding layers read only their window
       prefill_attention(pa, stream_);
     } else {  // one query row per "sequence" (decode batch, or a chunk's rows with lengths pos+1)
     DecodeArgs da;
@@ -316,17 +320,33 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     da.out = att_;
     da.k_scale = store_.tensor_scale(l, KvHalf::K);
     da.v_scale = store_.tensor_scale(l, KvHalf::V);
+    da.softmax_scale = c.attn_scale;
+    da.window = c.window(l);
     if (plan) decode_attention(da, *plan, ws, stream_);
     else decode_attention(da, ws, stream_);
     }
-    // x += att Wo
-    gemm(L.wo, att_, x_, R, qd, dim, true);
-    // FFN block: x += W2 (silu(xb W1) * (xb W3)), xb = rmsnorm(x).
+    // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
+    const std::size_t n_x = static_cast<std::size_t>(R) * dim;
+    if (c.post_norms) {
+      gemm(L.wo, att_, post_, R, qd, dim, false);
+      mk::rmsnorm(post_, post_, L.post_attn_norm, R, dim, c.rms_eps, stream_);
+      mk::add(x_, post_, n_x, stream_);
+    } else {
+      gemm(L.wo, att_, x_, R, qd, dim, true);
+    }
+    // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
     mk::rmsnorm(xb_, x_, L.ffn_norm, R, dim, c.rms_eps, stream_);
     gemm(L.w1, xb_, hb_, R, dim, hid, false);
     gemm(L.w3, xb_, hb2_, R, dim, hid, false);
-    mk::swiglu(hb_, hb2_, static_cast<std::size_t>(R) * hid, stream_);
-    gemm(L.w2, hb_, x_, R, hid, dim, true);
+    if (c.ffn_act == FfnAct::gelu_tanh) mk::geglu(hb_, hb2_, static_cast<std::size_t>(R) * hid, stream_);
+    else mk::swiglu(hb_, hb2_, static_cast<std::size_t>(R) * hid, stream_);
+    if (c.post_norms) {
+      gemm(L.w2, hb_, post_, R, hid, dim, false);
+      mk::rmsnorm(post_, post_, L.post_ffn_norm, R, dim, c.rms_eps, stream_);
+      mk::add(x_, post_, n_x, stream_);
+    } else {
+      gemm(L.w2, hb_, x_, R, hid, dim, true);
+    }
   }
 }
 
@@ -335,6 +355,8 @@ void CudaForward::head(int first, int n) {
   const int dim = c_.dim;
   mk::rmsnorm(xb_, x_ + static_cast<std::size_t>(first) * dim, m_.final_norm(), n, dim, c_.rms_eps, stream_);
   gemm(m_.classifier(), xb_, logits_, n, dim, c_.vocab_size, false);
+  if (c_.final_softcap > 0)  // Gemma 2 (refused today with its attention soft-cap; kept for the switch)
+    mk::softcap(logits_, static_cast<std::size_t>(n) * c_.vocab_size, c_.final_softcap, stream_);
   mk::argmax_rows(logits_, n, c_.vocab_size, d_argmax_, stream_);
 }
 

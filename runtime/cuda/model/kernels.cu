@@ -100,6 +100,31 @@ __global__ void swiglu_kernel(float* h, const float* up, std::size_t n) {
   }
 }
 
+// GeGLU (Gemma): gelu_tanh(gate) * up, the CPU's geglu() operation by operation.
+__global__ void geglu_kernel(float* h, const float* up, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float x = h[i];
+    const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    h[i] = 0.5f * x * (1.0f + tanhf(inner)) * up[i];
+  }
+}
+
+__global__ void scale_kernel(float* x, std::size_t n, float s) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) x[i] *= s;
+}
+
+__global__ void softcap_kernel(float* x, std::size_t n, float cap) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+__global__ void add_kernel(float* x, const float* y, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) x[i] += y[i];
+}
+
 __global__ void to_bf16_kernel(const float* x, __nv_bfloat16* y, std::size_t n) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
@@ -197,6 +222,26 @@ void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, 
 
 void swiglu(float* h, const float* up, std::size_t n, cudaStream_t st) {
   swiglu_kernel<<<grid_for(n), kThreads, 0, st>>>(h, up, n);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void geglu(float* h, const float* up, std::size_t n, cudaStream_t st) {
+  geglu_kernel<<<grid_for(n), kThreads, 0, st>>>(h, up, n);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale(float* x, std::size_t n, float s, cudaStream_t st) {
+  scale_kernel<<<grid_for(n), kThreads, 0, st>>>(x, n, s);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void softcap(float* x, std::size_t n, float cap, cudaStream_t st) {
+  softcap_kernel<<<grid_for(n), kThreads, 0, st>>>(x, n, cap);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void add(float* x, const float* y, std::size_t n, cudaStream_t st) {
+  add_kernel<<<grid_for(n), kThreads, 0, st>>>(x, y, n);
   KVGATE_CUDA_CHECK(cudaGetLastError());
 }
 

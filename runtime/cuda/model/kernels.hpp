@@ -23,6 +23,14 @@ void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, 
           const float* cos_tab, const float* sin_tab, cudaStream_t st);
 // h = silu(h) * up, n elements.
 void swiglu(float* h, const float* up, std::size_t n, cudaStream_t st);
+// h = gelu_tanh(h) * up (Gemma's GeGLU), n elements.
+void geglu(float* h, const float* up, std::size_t n, cudaStream_t st);
+// x *= s (Gemma's embedding scale), n elements.
+void scale(float* x, std::size_t n, float s, cudaStream_t st);
+// x = tanh(x / cap) * cap (Gemma 2's final-logit soft-cap), n elements.
+void softcap(float* x, std::size_t n, float cap, cudaStream_t st);
+// x += y, n elements.
+void add(float* x, const float* y, std::size_t n, cudaStream_t st);
 // y = bf16(x) round-to-nearest-even, n elements.
 void to_bf16(const float* x, void* y, std::size_t n, cudaStream_t st);
 // out[r] = the lowest index of the largest value of row r (CPU kvgate::argmax), one block per row.

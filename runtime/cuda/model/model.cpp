@@ -21,8 +21,15 @@ std::string forward_unsupported_reason(const ModelConfig& c) {
   if (c.n_heads % c.n_kv_heads != 0)
     return "n_heads (" + std::to_string(c.n_heads) + ") is not a multiple of n_kv_heads (" +
            std::to_string(c.n_kv_heads) + ")";
-  if (c.arch != "llama" && c.arch != "mistral" && c.arch != "qwen2" && c.arch != "qwen3")
-    return "architecture '" + c.arch + "' is not one the forward implements (llama, mistral, qwen2, qwen3)";
+  if (c.arch != "llama" && c.arch != "mistral" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" &&
+      c.arch != "gemma3" && c.arch != "phi3")
+    return "architecture '" + c.arch +
+           "' is not one the forward implements (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3)";
+  // Capability switch: what the CUDA attention kernels do not implement is refused, never
+  // approximated.
+  if (c.attn_softcap > 0)
+    return "attention-logit soft-capping (attn_logit_softcapping = " + std::to_string(c.attn_softcap) +
+           ", Gemma 2) is not implemented by the CUDA attention kernels; run this model with --device cpu";
   return {};
 }
 
@@ -100,6 +107,12 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
         d.bk = static_cast<const float*>(upload(L.bk, false));
         d.bv = static_cast<const float*>(upload(L.bv, false));
       }
+      if (c.post_norms) {
+        need(L.post_attn_norm, dim, "post_attn_norm");
+        need(L.post_ffn_norm, dim, "post_ffn_norm");
+        d.post_attn_norm = static_cast<const float*>(upload(L.post_attn_norm, false));
+        d.post_ffn_norm = static_cast<const float*>(upload(L.post_ffn_norm, false));
+      }
       if (c.qk_norm) {
         need(L.q_norm, hd, "q_norm");
         need(L.k_norm, hd, "k_norm");
@@ -160,6 +173,10 @@ std::unique_ptr<CudaModel> CudaModel::random(const ModelConfig& c, WeightType wt
     if (c.qk_norm) {
       d.q_norm = gains(c.head_dim);
       d.k_norm = gains(c.head_dim);
+    }
+    if (c.post_norms) {  // Gemma-shaped: the two sandwich norms (stored as 1 + w: unit gains)
+      d.post_attn_norm = gains(dim);
+      d.post_ffn_norm = gains(dim);
     }
     m->layers_.push_back(d);
   }

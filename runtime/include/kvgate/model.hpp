@@ -22,6 +22,12 @@ enum class RopeStyle : std::uint8_t {
   half          // rotate-half: pairs (x[i], x[i + d/2]) -- Hugging Face transformers
 };
 
+// Feed-forward activation of the gated MLP: act(x W1) * (x W3).
+enum class FfnAct : std::uint8_t {
+  silu,       // SwiGLU (Llama, Mistral, Qwen, Phi-3)
+  gelu_tanh   // GeGLU with the tanh GELU (Gemma 2/3: hidden_activation = gelu_pytorch_tanh)
+};
+
 struct ModelConfig {
   std::string arch = "llama";  // llama | mistral | qwen2 | qwen3
   int dim = 0;                 // model width
@@ -48,6 +54,19 @@ struct ModelConfig {
   std::string declared_kv;
   std::string declared_kv_source;  // which file/field declared it
   std::vector<float> k_scale, v_scale;
+  // Per-layer attention windows and the Gemma 2/3 architecture switches.
+  std::vector<int> layer_window;   // per layer: 0 = full attention, w > 0 = a query at position i sees keys
+                                   // i-w+1 .. i (transformers' sliding mask); empty = every layer full
+  FfnAct ffn_act = FfnAct::silu;
+  bool post_norms = false;         // Gemma: RMSNorm of the attention and FFN outputs before the residual add
+                                   // (LayerWeights::post_attn_norm / post_ffn_norm)
+  float embed_scale = 0.0f;        // > 0: embeddings multiplied by it (Gemma: sqrt(hidden) in the weights' dtype)
+  float attn_scale = 0.0f;         // > 0: softmax scale (Gemma: query_pre_attn_scalar^-0.5); 0: 1/sqrt(head_dim)
+  float attn_softcap = 0.0f;       // > 0: scores s -> tanh(s / cap) * cap before the mask (Gemma 2)
+  float final_softcap = 0.0f;      // > 0: logits z -> tanh(z / cap) * cap (Gemma 2)
+  int window(int layer) const {
+    return layer_window.empty() ? 0 : layer_window[static_cast<std::size_t>(layer)];
+  }
   int kv_dim() const { return n_kv_heads * head_dim; }
   int q_dim() const { return n_heads * head_dim; }
 };
@@ -64,6 +83,9 @@ struct LayerWeights {
   std::vector<float> w1;         // [hidden][dim]  gate
   std::vector<float> w2;         // [dim][hidden]  down
   std::vector<float> w3;         // [hidden][dim]  up
+  // Gemma (ModelConfig::post_norms): norms of the attention output and of the FFN output. Every
+  // Gemma norm weight is stored as (1 + w) in f32 (the loader adds the 1), like the others.
+  std::vector<float> post_attn_norm, post_ffn_norm;  // [dim]
 };
 
 struct ModelWeights {

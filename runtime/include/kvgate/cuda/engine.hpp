@@ -59,6 +59,7 @@ class CudaModel {
     const float *attn_norm = nullptr, *ffn_norm = nullptr;
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // qwen2, else null
     const float *q_norm = nullptr, *k_norm = nullptr;         // qwen3, else null
+    const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;  // Gemma (post_norms), else null
   };
   const ModelConfig& config() const { return c_; }
   WeightType weight_type() const { return wt_; }
@@ -138,6 +139,7 @@ class CudaForward {
   // device activations
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr;
   float *hb_ = nullptr, *hb2_ = nullptr, *logits_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+  float* post_ = nullptr;  // [rows][dim]: an attention / FFN output before its Gemma post-norm
   void* act16_ = nullptr;  // bf16 copy of a GEMM input (bf16 weights)
   // device metadata (one block, staged from pinned host memory in one copy)
   int* meta_ = nullptr;

@@ -62,6 +62,7 @@ struct DecodeArgs {
   float k_scale = 1.0f, v_scale = 1.0f;  // per-tensor scales (fp8 halves)
   float softmax_scale = 0.0f;            // <= 0: 1/sqrt(D)
   int num_splits = 0;                    // 0: chosen from the device's occupancy
+  int window = 0;                        // > 0: sliding window, the query sees the last `window` keys
 };
 
 struct DecodePlan {
@@ -114,6 +115,7 @@ struct PrefillArgs {
   float* out = nullptr;                   // device [n_new][n_heads][D]
   float k_scale = 1.0f, v_scale = 1.0f;   // per-tensor scales (fp8 halves)
   float softmax_scale = 0.0f;             // <= 0: 1/sqrt(D)
+  int window = 0;                         // > 0: sliding window, query i sees keys n_past+i-window+1 .. n_past+i
 };
 // Throws on an unsupported combination (supports_op(Op::prefill, ...)'s reason) or a CUDA error.
 void prefill_attention(const PrefillArgs& a, cudaStream_t stream = nullptr);
