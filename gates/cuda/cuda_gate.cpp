@@ -233,7 +233,7 @@ int case_window(int i, int block_size) {
 }
 
 void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false) {
-  long cases = 0, windows_cut = 0;
+  long cases = 0, windows_cut = 0, windowed_seqs = 0;
   int case_index = 0;
   kc::DecodeWorkspace ws;
   for (const DecodeCase& dc : decode_cases(seed0)) {
@@ -394,11 +394,17 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
         ko::sdpa_f64(wider, qs, kd.data(), vd.data(), alt.data());
         double d = 0;
         for (std::size_t i = 0; i < alt.size(); ++i) d = std::max(d, std::fabs(alt[i] - ref[i]));
+        // Counted, not required per case: the one extra key can carry a softmax weight too small to
+        // move the output past 4 bounds (seen on the H200 for 2 of ~800 windowed sequences); the
+        // gate requires that most windowed sequences could see an off-by-one window.
         INFO("window " << window << " vs " << window + 1 << ": " << d);
-        CHECK(d > 4 * bound);
-        ++windows_cut;
+        ++windowed_seqs;
+        if (d > 4 * bound) ++windows_cut;
       }
-      if (n > 1 && (fmt.k != HalfFormat::f32 || fmt.v != HalfFormat::f32)) {
+      // With a one-key window the softmax weight is exactly 1 whatever K holds, so only a lossy V
+      // can move the output.
+      const bool k_matters = !(window == 1);
+      if (n > 1 && ((k_matters && fmt.k != HalfFormat::f32) || fmt.v != HalfFormat::f32)) {
         std::vector<float> kf(kd.size()), vf(vd.size());
         std::copy_n(ks[static_cast<std::size_t>(s)].begin(), kf.size(), kf.begin());
         std::copy_n(vs[static_cast<std::size_t>(s)].begin(), vf.size(), vf.begin());
@@ -411,7 +417,11 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     }
   }
   CHECK(cases >= 24);
-  if (windowed) CHECK(windows_cut >= 16);
+  if (windowed) {
+    INFO("windowed sequences " << windowed_seqs << ", off-by-one visible in " << windows_cut);
+    CHECK(windows_cut >= 16);
+    CHECK(windows_cut * 10 >= windowed_seqs * 9);
+  }
 }
 
 }  // namespace
