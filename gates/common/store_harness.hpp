@@ -1,6 +1,7 @@
 // Shared plumbing of the store gates: build a one-layer store for a case, write K and V rows,
 // read them back through the runtime's dequantized view.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,16 @@
 #include "populations.hpp"
 
 namespace kvgate::gates {
+
+// "first differing byte at page offset i: runtime 0x.. oracle 0x.." (or "none") for page diffs.
+inline std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
+  static const char* hex = "0123456789abcdef";
+  for (std::size_t i = 0; i < n; ++i)
+    if (a[i] != b[i])
+      return "first differing byte at page offset " + std::to_string(i) + ": runtime 0x" + hex[a[i] >> 4] +
+             hex[a[i] & 15] + " oracle 0x" + hex[b[i] >> 4] + hex[b[i] & 15];
+  return "none";
+}
 
 // Per-tensor fp8 scales used by the gates: non-unit, unequal, not powers of two (anti-vacuity).
 inline constexpr float kGateKScale = 0.37f;

@@ -116,16 +116,6 @@ ko::Half to_oracle(HalfFormat f) {
   return *h;
 }
 
-std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i)
-    if (a[i] != b[i]) {
-      std::ostringstream o;
-      o << "first differing byte at page offset " << i << ": runtime 0x" << std::hex << int(a[i]) << " oracle 0x"
-        << int(b[i]);
-      return o.str();
-    }
-  return "none";
-}
 
 int count_if_value(const std::vector<float>& x, bool (*pred)(float)) {
   return static_cast<int>(std::count_if(x.begin(), x.end(), pred));

@@ -35,16 +35,6 @@ std::vector<float> rows(const StoreCase& c, const std::vector<float>& x, int t0,
   return out;
 }
 
-std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i)
-    if (a[i] != b[i]) {
-      std::ostringstream o;
-      o << "first differing byte at page offset " << i << ": runtime 0x" << std::hex << int(a[i]) << " oracle 0x"
-        << int(b[i]);
-      return o.str();
-    }
-  return {};
-}
 
 void run_bytes_gate(const KvFormat& fmt, std::uint64_t seed0) {
   long pages_compared = 0, cases_run = 0;
