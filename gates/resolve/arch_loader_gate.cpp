@@ -21,16 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-template <class F>
-std::string model_error(F&& f) {
-  try {
-    f();
-  } catch (const ModelError& e) {
-    return e.what();
-  }
-  return "<no ModelError>";
-}
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 std::string synth_arch(const TempDir& t, const std::string& name, const std::string& arch, int layers = 6,
                        const std::string& dtype = "f32", bool tied = false) {

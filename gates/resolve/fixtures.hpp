@@ -13,9 +13,22 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/model.hpp"
 #include "kvgate/synth.hpp"
 
 namespace kvgate::gates {
+
+// The message of the ModelError f() throws ("<no ModelError>" when it throws none).
+template <class F>
+std::string model_error(F&& f) {
+  try {
+    f();
+  } catch (const ModelError& e) {
+    return e.what();
+  }
+  return "<no ModelError>";
+}
+inline bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 class TempDir {
  public:

@@ -17,16 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-template <class F>
-std::string model_error(F&& f) {
-  try {
-    f();
-  } catch (const ModelError& e) {
-    return e.what();
-  }
-  return "<no ModelError>";
-}
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 std::string synth_tiny(const TempDir& t, const std::string& name, std::uint64_t seed = 7) {
   synth_hf(tiny_options(t.sub(name), seed));

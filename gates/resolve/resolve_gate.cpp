@@ -28,7 +28,6 @@ std::string error_of(F&& f) {
   return "<no exception>";
 }
 
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 KvFormat fmt(const char* s) {
   auto f = parse_kv_format(s);

@@ -19,16 +19,6 @@ using json = nlohmann::json;
 
 namespace {
 
-template <class F>
-std::string model_error(F&& f) {
-  try {
-    f();
-  } catch (const ModelError& e) {
-    return e.what();
-  }
-  return "<no ModelError>";
-}
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 // A tiny synth model (head_dim 16, max_position_embeddings 128) whose config.json is edited.
 template <class F>
