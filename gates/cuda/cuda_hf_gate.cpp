@@ -18,25 +18,7 @@ namespace kc = kvgate::cuda;
 
 namespace {
 
-struct Loaded {
-  RefCase rc;
-  Model m;
-};
-
-const Loaded& loaded(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Loaded>> cache;
-  auto it = cache.find(name);
-  if (it != cache.end()) return *it->second;
-  auto l = std::make_unique<Loaded>();
-  try {
-    l->rc = load_case(name);
-  } catch (const std::exception& e) {
-    FAIL("MOD.cuda.hf." << name << ": " << e.what());
-  }
-  l->m = load_case_model(l->rc);
-  print_case(l->rc, l->m, "cuda");
-  return *cache.emplace(name, std::move(l)).first->second;
-}
+const Loaded& loaded(const std::string& name) { return gates::hf_ref::loaded(name, "MOD.cuda.hf", "cuda"); }
 
 auto cuda_engine(const Model& m) {
   return [&m](int n_tokens) {

@@ -24,6 +24,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -213,6 +215,28 @@ inline Model load_case_model(const RefCase& rc) {
     FAIL("MOD.hf." << rc.name << ": kvgate's loader refuses '" << rc.dir << "': " << e.what());
   }
   return {};
+}
+
+// A case and its model, loaded once per program (the CPU and CUDA gates each run several test cases
+// over one directory). `id` prefixes a refusal ("MOD.hf", "MOD.cuda.hf"); `device` is printed.
+struct Loaded {
+  RefCase rc;
+  Model m;
+};
+
+inline const Loaded& loaded(const std::string& name, const char* id, const char* device) {
+  static std::map<std::string, std::unique_ptr<Loaded>> cache;
+  auto it = cache.find(name);
+  if (it != cache.end()) return *it->second;
+  auto l = std::make_unique<Loaded>();
+  try {
+    l->rc = load_case(name);
+  } catch (const std::exception& e) {
+    FAIL(id << "." << name << ": " << e.what());
+  }
+  l->m = load_case_model(l->rc);
+  print_case(l->rc, l->m, device);
+  return *cache.emplace(name, std::move(l)).first->second;
 }
 
 inline int argmax_row(const float* z, int V) {

@@ -21,25 +21,7 @@ using namespace kvgate::gates::hf_ref;
 
 namespace {
 
-struct Loaded {
-  RefCase rc;
-  Model m;
-};
-
-const Loaded& loaded(const std::string& name) {
-  static std::map<std::string, std::unique_ptr<Loaded>> cache;
-  auto it = cache.find(name);
-  if (it != cache.end()) return *it->second;
-  auto l = std::make_unique<Loaded>();
-  try {
-    l->rc = load_case(name);
-  } catch (const std::exception& e) {
-    FAIL("MOD.hf." << name << ": " << e.what());
-  }
-  l->m = load_case_model(l->rc);
-  print_case(l->rc, l->m, "cpu");
-  return *cache.emplace(name, std::move(l)).first->second;
-}
+const Loaded& loaded(const std::string& name) { return gates::hf_ref::loaded(name, "MOD.hf", "cpu"); }
 
 // The reference folder holds exactly the cases of this table (checked inside
 // MOD.hf.llama_default.logits, so a new reference directory cannot go untested unnoticed).
