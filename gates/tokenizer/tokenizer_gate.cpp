@@ -42,16 +42,6 @@ fs::path source_dir() {
 
 fs::path refs_dir() { return source_dir() / "datasets" / "models" / "hf_refs" / "tokenizers"; }
 
-std::string model_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ModelError& e) {
-    return e.what();
-  }
-  return "(no ModelError thrown)";
-}
-
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 // Printable ASCII for the report (Catch2 2.x's console wrapper can loop on raw tabs/UTF-8).
 std::string esc(const std::string& s) {
