@@ -305,6 +305,32 @@ def cases(toks):
               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
          "linear+local"),
+        # Mixture of experts. Layer 0 of qwen3_moe is dense (mlp_only_layers); the others route each token
+        # to 2 of 4 experts.
+        ("qwen3_moe", "qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", "bytelevel_qwen",
+         base(VQ, BQ, EQ, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), "default"),
+        ("mixtral", "mixtral", "MixtralConfig", "MixtralForCausalLM", "sp_metaspace",
+         base(VM, BM, EM, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), "default"),
+        # Multi-head latent attention with DeepSeek-V3 routing: layer 0 dense (first_k_dense_replace), the
+        # others 8 routed experts in 2 groups (sigmoid scores, selection bias) plus one shared expert.
+        ("deepseek_v3", "deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM", "bytelevel_llama3",
+         base(V3, B3, E3, num_hidden_layers=3, num_key_value_heads=4, head_dim=None, kv_lora_rank=32,
+              q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+              n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+              moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), "default"),
+        ("deepseek_v3_qlora", "deepseek_v3", "DeepseekV3Config", "DeepseekV3ForCausalLM", "bytelevel_llama3",
+         base(V3, B3, E3, num_hidden_layers=3, num_key_value_heads=4, head_dim=None, kv_lora_rank=32,
+              q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+              n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+              moe_intermediate_size=32, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+              max_position_embeddings=128,
+              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 32, "beta_fast": 32.0, "beta_slow": 1.0,
+                               "mscale": 1.0, "mscale_all_dim": 1.0}), "yarn"),
     ]
 
 
@@ -322,9 +348,13 @@ LEGACY_KW = {
 }
 
 
+KEEP_NONE = {"q_lora_rank"}
+
+
 def make_config(cls_name, kw):
     cls = getattr(transformers, cls_name)
-    kw = {k: v for k, v in kw.items() if v is not None}
+    # None means "leave the class default", except where None is itself the setting (no query LoRA).
+    kw = {k: v for k, v in kw.items() if v is not None or k in KEEP_NONE}
     try:
         return cls(**kw)
     except Exception as e:
@@ -341,7 +371,9 @@ def init_weights(model, family, seed):
     gemma = family.startswith("gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() == 3:  # experts fused as [expert, out, in] (transformers 5 MoE layout)
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+            elif p.dim() == 2:
                 std = 1.0 / math.sqrt(p.shape[1])
                 if "embed_tokens" in name or "lm_head" in name:
                     std = 3.0 / math.sqrt(p.shape[1])
@@ -353,6 +385,15 @@ def init_weights(model, family, seed):
             else:  # norm weights
                 w = torch.randn(p.shape, generator=g) * 0.1
                 p.copy_(w if gemma else 1.0 + w)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3: shifts expert selection only
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+
+
+def safe_shape(d, name):
+    from safetensors import safe_open
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+        return tuple(f.get_slice(name).get_shape())
 
 
 def load_eager(d):
@@ -413,6 +454,13 @@ def make_model_case(root, case, family, cfg_cls, model_cls, kind, kw, rope_type,
     init_weights(model, family, seed)
     model.save_pretrained(d)
     write_tokenizer(d, tok, tok_cfg)
+    if family in ("qwen3_moe", "mixtral", "deepseek_v3"):
+        from safetensors import safe_open
+        with safe_open(os.path.join(d, "model.safetensors"), "pt") as f:
+            names = sorted(f.keys())
+        print("  %s: %d tensors, layer 1: %s" % (case, len(names),
+              ", ".join("%s%s" % (n, list(f_shape)) for n, f_shape in
+                        ((n, safe_shape(d, n)) for n in names if ".layers.1." in n))))
     model = load_eager(d)
     model.eval()
     bos_adds = len(tok.encode("x").ids) > len(tok.encode("x", add_special_tokens=False).ids)
