@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "kvgate/format.hpp"
 #include "kvgate/json_schema.hpp"
 #include "kvgate/reports.hpp"
 
@@ -78,9 +79,19 @@ ReportInputs fixture() {
   return in;
 }
 
+// The fixtures name real presets of the runtime's format table (the reports render the formats the
+// runtime ships; this also links the format table, so the mutation driver's canary reaches the gate).
+void require_presets(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    INFO("fixture format " << n);
+    REQUIRE(kvgate::parse_kv_format(n).has_value());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("RPT.index.columns every index column shows its own record value", RPT_TAGS) {
+  require_presets({"int8", "f32"});
   const std::string md = index_markdown(fixture());
   INFO(md);
   const auto c = split_cells(row_of(md, "| [int8]("));
@@ -105,6 +116,7 @@ TEST_CASE("RPT.index.columns every index column shows its own record value", RPT
 }
 
 TEST_CASE("RPT.html.gate_cells a family with any failure is FAIL, all passes PASS, none NOT-VALIDATED", RPT_TAGS) {
+  require_presets({"int8"});
   ReportInputs in;
   in.gates = json{{"per_format",
                    {{"int8",
@@ -122,6 +134,7 @@ TEST_CASE("RPT.html.gate_cells a family with any failure is FAIL, all passes PAS
 }
 
 TEST_CASE("RPT.schema.bounds minimum and maximum are inclusive, the exclusive ones are not", RPT_TAGS) {
+  require_presets({"f32"});  // (links the runtime's format table: see require_presets)
   using kvgate::json_schema::validate_json;
   const json s = json::parse(R"({"type":"object","properties":{
       "n":{"type":"integer","minimum":0,"maximum":10},
