@@ -99,4 +99,62 @@ inline std::vector<float> make_rows(const StoreCase& c, float magnitude, std::ui
   return x;
 }
 
+
+// --- directed populations --------------------------------------------------------------------------
+// Inputs placed on the edges the random covering set reaches only by chance: the largest head
+// dimensions and KV-head counts the runtime serves (head_dim up to 512, 16 KV heads), contexts one
+// short of, at and one past a page (k*B - 1, k*B, k*B + 1) and past a CUDA decode split
+// (kDirectedSplit, the split-K chunk), truncation to 0, to a page boundary and to the middle of a
+// page. K and V always get different values (different salts and magnitudes) and, where a format
+// has per-tensor scales, different non-unit power-of-two scales per layer.
+inline constexpr int kDirectedSplit = 256;
+
+struct DirectedGeometry {
+  int n_kv_heads, head_dim;
+};
+inline constexpr DirectedGeometry kDirectedGeometries[] = {{16, 64}, {8, 128}, {4, 256}, {1, 512}, {16, 512}};
+inline constexpr int kDirectedBlocks[] = {16, 32};
+
+// Token counts for page size B: 1, B - 1, B, B + 1, 2B, 2B + 1.
+inline std::vector<int> directed_token_counts(int B) { return {1, B - 1, B, B + 1, 2 * B, 2 * B + 1}; }
+// Contexts at a decode split: k*split - 1, k*split, k*split + 1 for k = 1, 2.
+inline std::vector<int> directed_split_contexts() {
+  return {kDirectedSplit - 1, kDirectedSplit, kDirectedSplit + 1, 2 * kDirectedSplit - 1, 2 * kDirectedSplit,
+          2 * kDirectedSplit + 1};
+}
+// Truncation points of a sequence of n tokens at page size B: 0, a page boundary, mid-page, and
+// one either side of a boundary (only those < n).
+inline std::vector<int> directed_truncations(int n, int B) {
+  std::vector<int> out;
+  for (int t : {2 * B + 1, 2 * B, 2 * B - 1, B + B / 2, B, 1, 0})
+    if (t < n) out.push_back(t);
+  return out;
+}
+
+// Per-layer power-of-two scales, non-unit, distinct per layer and between K and V (fp8 fixtures on
+// more than one layer): a scale read from the wrong layer or the wrong half changes the codes.
+inline std::vector<float> directed_k_scales(int n_layers) {
+  const float s[] = {0.25f, 4.0f, 0.0625f, 2.0f};
+  std::vector<float> out;
+  for (int l = 0; l < n_layers; ++l) out.push_back(s[l % 4] * (l >= 4 ? 16.0f : 1.0f));
+  return out;
+}
+inline std::vector<float> directed_v_scales(int n_layers) {
+  const float s[] = {2.0f, 0.125f, 8.0f, 0.5f};
+  std::vector<float> out;
+  for (int l = 0; l < n_layers; ++l) out.push_back(s[l % 4] * (l >= 4 ? 16.0f : 1.0f));
+  return out;
+}
+
+// The directed store cases: every directed geometry x block size x token count, gaussian data with a
+// seed per case (K and V then differ by their salts, see make_rows).
+inline std::vector<StoreCase> directed_cases(std::uint64_t seed0) {
+  std::vector<StoreCase> out;
+  std::uint64_t i = 0;
+  for (const DirectedGeometry& g : kDirectedGeometries)
+    for (int B : kDirectedBlocks)
+      for (int n : directed_token_counts(B)) out.push_back({B, g.n_kv_heads, g.head_dim, n, Pattern::gaussian, seed0 + i++, 0});
+  return out;
+}
+
 }  // namespace kvgate::gates

@@ -1,0 +1,262 @@
+// CLI gates: the flags of the shipped `kvgate run` / `kvgate chat` reach the engine. Each gate runs
+// the built kvgate binary (a child process, the command line a user types) and compares what it
+// reports with the runtime library called directly with the options the flag means. The class it
+// closes: a flag parsed but not passed on, passed into the wrong field, or a JSON field wired to
+// the wrong counter (cli/ was compiled into no gate, so such bugs were "noop" to the mutation proof).
+//
+// Bounds: token ids and counters are exact (the same deterministic engine, --threads 1 on both
+// sides). Anti-vacuity: for every flag, the library run *without* the flag (or with the value in the
+// wrong field) gives a different result, so a dropped or misrouted flag cannot pass by accident.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "catch_compat.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/resolve.hpp"
+#include "kvgate/synth.hpp"
+#include "models.hpp"
+
+using namespace kvgate;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+#ifndef KVGATE_CLI_BIN
+#error "KVGATE_CLI_BIN (the kvgate binary under test) must be defined by the build"
+#endif
+
+namespace {
+
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    std::string t = (fs::temp_directory_path() / "kvgate-cli-gate-XXXXXX").string();
+    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed under " + fs::temp_directory_path().string());
+    dir = t;
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+std::string q(const std::string& s) {  // single-quoted for /bin/sh
+  std::string o = "'";
+  for (char c : s) o += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return o + "'";
+}
+
+struct Run {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Run kvgate_cli(const std::string& args, const std::string& stdin_text = "") {
+  static int n = 0;
+  static Scratch io;
+  const fs::path in = io.dir / ("in" + std::to_string(n)), out = io.dir / ("out" + std::to_string(n)),
+                 err = io.dir / ("err" + std::to_string(n));
+  ++n;
+  std::ofstream(in) << stdin_text;
+  const std::string cmd = q(KVGATE_CLI_BIN) + " " + args + " <" + q(in.string()) + " >" + q(out.string()) + " 2>" + q(err.string());
+  const int st = std::system(cmd.c_str());
+  Run r;
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+json run_json(const std::string& args) {
+  const Run r = kvgate_cli("run " + args + " --threads 1 --json");
+  INFO("kvgate run " << args << "\nstderr: " << r.err);
+  REQUIRE(r.rc == 0);
+  return json::parse(r.out);
+}
+
+struct Stories {
+  std::string bin, tok;
+  Model model;
+};
+const Stories& stories() {
+  static const Stories s = [] {
+    Stories x;
+    const auto b = gates::find_model("stories260K/stories260K.bin");
+    const auto t = gates::find_model("stories260K/tok512.bin");
+    if (!b.found()) FAIL(b.message);
+    if (!t.found()) FAIL(t.message);
+    x.bin = b.path;
+    x.tok = t.path;
+    x.model = load_model(x.bin, x.tok);
+    return x;
+  }();
+  return s;
+}
+std::string model_args() { return "--model " + q(stories().bin) + " --tokenizer " + q(stories().tok); }
+
+EngineOptions lib_options(const std::string& preset) {
+  KvRequest req;
+  req.flag = parse_kv_format(preset);
+  EngineOptions eo;
+  eo.kv = resolve_kv(req, stories().model.config, 16);
+  eo.threads = 1;
+  return eo;
+}
+
+std::vector<int> lib_generate(const EngineOptions& eo, const SamplerOptions& so, const std::vector<int>& prompt, int steps,
+                              EngineStats* st = nullptr) {
+  Engine e(stories().model, eo);
+  const GenerateResult r = e.generate(prompt, steps, so);
+  if (st) *st = e.stats();
+  return r.tokens;
+}
+
+}  // namespace
+
+TEST_CASE("CLI.run.sampler --temperature/--top-k/--top-p/--seed reach the sampler", "[gate:CLI][fmt:f32]") {
+  const json j = run_json(model_args() + " --kv f32 --steps 48 --temperature 1.6 --top-k 8 --top-p 0.85 --seed 7");
+  const std::vector<int> prompt = j["prompt_ids"], got = j["generated_ids"];
+  SamplerOptions so;
+  so.temperature = 1.6f;
+  so.top_k = 8;
+  so.top_p = 0.85f;
+  so.seed = 7;
+  const EngineOptions eo = lib_options("f32");
+  CHECK(got == lib_generate(eo, so, prompt, 48));
+  // Anti-vacuity: each flag changes the ids, so dropping any one of them shows.
+  SamplerOptions no_p = so, no_k = so, no_seed = so, t1 = so;
+  no_p.top_p = 1.0f;
+  no_k.top_k = 0;
+  no_seed.seed = 42;
+  t1.temperature = 1.0f;
+  CHECK(lib_generate(eo, no_p, prompt, 48) != got);
+  CHECK(lib_generate(eo, no_k, prompt, 48) != got);
+  CHECK(lib_generate(eo, no_seed, prompt, 48) != got);
+  CHECK(lib_generate(eo, t1, prompt, 48) != got);
+}
+
+TEST_CASE("CLI.run.scales --k-scale and --v-scale reach their own half", "[gate:CLI][fmt:fp8]") {
+  // Power-of-two scales far from 1 (2^-8 for K: K/s saturates at 448; 2^6 for V: most V/s fall into
+  // the subnormal range). A power-of-two scale inside the normal range would change no rounding, so
+  // each half is pushed past an edge of the e4m3 grid.
+  const json j = run_json(model_args() + " --kv fp8 --steps 40 --k-scale 0.00390625 --v-scale 64");
+  const std::vector<int> prompt = j["prompt_ids"], got = j["generated_ids"];
+  EngineOptions eo = lib_options("fp8");
+  eo.k_scale = {0.00390625f};
+  eo.v_scale = {64.0f};
+  CHECK(got == lib_generate(eo, SamplerOptions{}, prompt, 40));
+  // Anti-vacuity: V's scale in K's field (and K at 1), or either scale dropped, gives other ids.
+  EngineOptions swapped = lib_options("fp8"), no_v = lib_options("fp8"), no_k = lib_options("fp8");
+  swapped.k_scale = {64.0f};
+  no_v.k_scale = {0.00390625f};
+  no_k.v_scale = {64.0f};
+  CHECK(lib_generate(swapped, SamplerOptions{}, prompt, 40) != got);
+  CHECK(lib_generate(no_v, SamplerOptions{}, prompt, 40) != got);
+  CHECK(lib_generate(no_k, SamplerOptions{}, prompt, 40) != got);
+}
+
+TEST_CASE("CLI.run.pool --kv-cache-memory and --block-size size the pool", "[gate:CLI][fmt:int8]") {
+  // 96 KiB for int8 at block 8: the engine's own arithmetic decides the page count; the CLI must
+  // report the same pool as the library given the same bytes, and not the default (context-sized) pool.
+  const json j = run_json(model_args() + " --kv int8 --steps 4 --block-size 8 --kv-cache-memory 98304");
+  EngineOptions eo = lib_options("int8");
+  eo.block_size = 8;
+  eo.kv_cache_memory = 98304;
+  EngineStats st, def;
+  lib_generate(eo, SamplerOptions{}, j["prompt_ids"].get<std::vector<int>>(), 4, &st);
+  EngineOptions d = lib_options("int8");
+  d.block_size = 8;
+  lib_generate(d, SamplerOptions{}, j["prompt_ids"].get<std::vector<int>>(), 4, &def);
+  CHECK(j["stats"]["n_blocks"].get<int>() == st.n_blocks);
+  CHECK(j["stats"]["kv_pool_bytes"].get<std::size_t>() == st.kv_pool_bytes);
+  CHECK(j["stats"]["block_size"].get<int>() == 8);
+  CHECK(st.n_blocks != def.n_blocks);  // anti-vacuity: the budget changes the pool
+  CHECK(st.kv_pool_bytes <= 98304u);
+}
+
+TEST_CASE("CLI.run.stream --kv-resident streams and --json reports the window's own counters", "[gate:CLI][fmt:f16]") {
+  const json j = run_json(model_args() + " --kv f16 --steps 60 --kv-resident 32");
+  EngineOptions eo = lib_options("f16");
+  eo.kv_resident = 32;
+  EngineStats st;
+  const std::vector<int> ids = lib_generate(eo, SamplerOptions{}, j["prompt_ids"].get<std::vector<int>>(), 60, &st);
+  const json& s = j["stats"];
+  CHECK(j["generated_ids"].get<std::vector<int>>() == ids);
+  CHECK(s["kv_resident_tokens"].get<int>() == 32);
+  CHECK(s["kv_block_lookups"].get<long long>() == st.kv_block_lookups);
+  CHECK(s["kv_block_misses"].get<long long>() == st.kv_block_misses);
+  CHECK(s["kv_bytes_moved"].get<long long>() == st.kv_bytes_moved);
+  CHECK(s["kv_device_bytes"].get<std::size_t>() == st.kv_device_bytes);
+  // Anti-vacuity: 62 tokens through a 32-token window miss, but far fewer times than they look up,
+  // so every counter has its own value.
+  CHECK(st.kv_block_misses > 0);
+  CHECK(st.kv_block_misses < st.kv_block_lookups);
+  CHECK(st.kv_bytes_moved != st.kv_block_lookups);
+}
+
+TEST_CASE("CLI.chat.stream kvgate chat --kv-resident streams the conversation's KV", "[gate:CLI][fmt:f16]") {
+  const Run r = kvgate_cli("chat " + model_args() + " --kv f16 --steps 40 --threads 1 --kv-resident 32",
+                           "Once upon\n/stats\n/quit\n");
+  INFO("stderr: " << r.err);
+  REQUIRE(r.rc == 0);
+  // /stats prints "block lookups L, misses M, bytes moved B": a streaming engine looks pages up and
+  // misses some (43 tokens through a 32-token window); a resident one reports 0 lookups.
+  const auto at = r.err.find("block lookups ");
+  REQUIRE(at != std::string::npos);
+  long long lookups = -1, misses = -1;
+  REQUIRE(std::sscanf(r.err.c_str() + at, "block lookups %lld, misses %lld", &lookups, &misses) == 2);
+  CHECK(lookups > 0);
+  CHECK(misses > 0);
+  // Anti-vacuity: without the flag the same chat looks nothing up.
+  const Run plain = kvgate_cli("chat " + model_args() + " --kv f16 --steps 40 --threads 1", "Once upon\n/stats\n/quit\n");
+  REQUIRE(plain.rc == 0);
+  CHECK(plain.err.find("block lookups 0, misses 0") != std::string::npos);
+}
+
+TEST_CASE("CLI.run.strict --strict-kv refuses a fallback that the plain run takes", "[gate:CLI][fmt:q8_0][fmt:k8v4]") {
+  // A model whose rows (2 KV heads x head_dim 12 = 24) are no multiple of 32 and whose head_dim is
+  // no power of two: q8_0 and k8v4 fall back on it (docs/FORMATS.md, capability rules).
+  Scratch s;
+  SynthOptions so;
+  so.hidden = 48;
+  so.heads = 4;
+  so.kv_heads = 2;
+  so.head_dim = 12;
+  so.ffn = 64;
+  so.vocab = 300;
+  so.layers = 1;
+  so.max_seq_len = 64;
+  so.out = (s.dir / "m").string();
+  synth_hf(so);
+  for (const char* f : {"q8_0", "k8v4"}) {
+    INFO("format " << f);
+    const Run plain = kvgate_cli("run --model " + q(so.out) + " --kv " + f + " --steps 2 --threads 1 --json");
+    INFO("plain stderr: " << plain.err);
+    REQUIRE(plain.rc == 0);
+    const json j = json::parse(plain.out);
+    CHECK(j["stats"]["effective_kv"] != f);  // anti-vacuity: it really falls back
+    CHECK_FALSE(j["stats"]["fallback_reason"].get<std::string>().empty());
+    const Run strict = kvgate_cli("run --model " + q(so.out) + " --kv " + f + " --steps 2 --threads 1 --json --strict-kv");
+    INFO("strict stderr: " << strict.err);
+    CHECK(strict.rc != 0);
+    CHECK(strict.out.find("generated_ids") == std::string::npos);
+    CHECK(strict.err.find(f) != std::string::npos);  // the refusal names the format
+  }
+}

@@ -1,0 +1,151 @@
+// RPT gates: the report layer the sign-off publishes (reports/: the Markdown index, the HTML gate
+// table, the JSON Schema checker every record passes). The class they close: a report that renders
+// a number or a verdict other than the record's (columns swapped, a ratio inverted, a fraction
+// printed as a percentage, a streamed row taken for a resident one, a mixed gate family shown as
+// PASS, a schema bound moved by one). Each fixture is written by hand with distinct values in every
+// column, so a swap or a wrong pick changes the text; the expected text is derived beside each row.
+//
+// Bounds: rendered text is compared exactly (the renderers print with fixed printf formats:
+// "%.3f" ratios, "%.0f%%" percentages, "%.2f" decode ratios); every fixture value is chosen so
+// that the exact decimal is representable or rounds away from a tie.
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "kvgate/format.hpp"
+#include "kvgate/json_schema.hpp"
+#include "kvgate/reports.hpp"
+
+using nlohmann::json;
+using namespace kvgate::reports;
+
+#define RPT_TAGS "[gate:RPT][fmt:f32][fmt:f16][fmt:bf16][fmt:int8][fmt:fp8][fmt:fp8_e5m2][fmt:q8_0][fmt:q4_0][fmt:k8v4]"
+
+namespace {
+
+std::vector<std::string> split_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  // "| a | b | c |" -> {"a", "b", "c"}
+  std::size_t i = 0;
+  while (i < line.size()) {
+    const std::size_t j = line.find(" | ", i);
+    if (j == std::string::npos) break;
+    cells.push_back(line.substr(i, j - i));
+    i = j + 3;
+  }
+  if (i < line.size()) cells.push_back(line.substr(i, line.size() - i - (line.back() == '|' ? 2 : 0)));
+  if (!cells.empty() && cells.front().rfind("| ", 0) == 0) cells.front() = cells.front().substr(2);
+  return cells;
+}
+
+std::string row_of(const std::string& md, const std::string& prefix) {
+  std::istringstream in(md);
+  std::string line, found;
+  int n = 0;
+  while (std::getline(in, line))
+    if (line.rfind(prefix, 0) == 0) found = line, ++n;
+  INFO("rows starting with '" << prefix << "': " << n);
+  REQUIRE(n == 1);
+  return found;
+}
+
+ReportInputs fixture() {
+  ReportInputs in;
+  // Two formats, every count distinct so that a column swap shows.
+  // (provenance: the renderers read it from every record they are given, as the CLI always writes it)
+  in.signoff = json{{"provenance", {{"kvgate_version", "test"}}},
+                    {"verdicts",
+                     json::array({json{{"format", "int8"},
+                                       {"verdict", "FAIL"},
+                                       {"gates", {{"passed", 7}, {"failed", 2}, {"skipped", 1}}},
+                                       {"mutation", {{"killed", {"a", "b", "c"}}, {"survived", {"d"}}, {"not_run", json::array()}}},
+                                       {"reasons", {"failing gates: ENV.int8"}}},
+                                  json{{"format", "f32"},
+                                       {"verdict", "PASS"},
+                                       {"gates", {{"passed", 11}, {"failed", 0}, {"skipped", 3}}},
+                                       {"mutation", {{"killed", {"a"}}, {"survived", json::array()}, {"not_run", json::array()}}},
+                                       {"reasons", json::array()}}})}};
+  in.matrix = json{{"provenance", {{"kvgate_version", "test"}}},
+                   {"formats", json::array({json{{"format", "f32"}, {"kv_bytes_per_token", 256}, {"kl_mean", 0}, {"top1", 1.0}},
+                                            json{{"format", "int8"}, {"kv_bytes_per_token", 64}, {"kl_mean", 0.0123}, {"top1", 0.97}}})},
+                   {"rows", json::array({
+                                // resident rows at 512 and 1024 tokens, and a streamed (window 256) row at 4096:
+                                // the index shows the resident row with the largest context (1024 -> 0.80).
+                                json{{"format", "int8"}, {"window", 0}, {"status", "ok"}, {"context", 512}, {"decode_vs_f32", 0.9}},
+                                json{{"format", "int8"}, {"window", 0}, {"status", "ok"}, {"context", 1024}, {"decode_vs_f32", 0.8}},
+                                json{{"format", "int8"}, {"window", 256}, {"status", "ok"}, {"context", 4096}, {"decode_vs_f32", 0.3}},
+                            })}};
+  return in;
+}
+
+// The fixtures name real presets of the runtime's format table (the reports render the formats the
+// runtime ships; this also links the format table, so the mutation driver's canary reaches the gate).
+void require_presets(std::initializer_list<const char*> names) {
+  for (const char* n : names) {
+    INFO("fixture format " << n);
+    REQUIRE(kvgate::parse_kv_format(n).has_value());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("RPT.index.columns every index column shows its own record value", RPT_TAGS) {
+  require_presets({"int8", "f32"});
+  const std::string md = index_markdown(fixture());
+  INFO(md);
+  const auto c = split_cells(row_of(md, "| [int8]("));
+  REQUIRE(c.size() == 10);
+  CHECK(c[1] == "**FAIL**");
+  CHECK(c[2] == "7/2/1");  // gates passed/failed/skipped, in the header's order
+  CHECK(c[3] == "3/1/0");  // mutants killed/survived/not run
+  CHECK(c[4] == "64");
+  CHECK(c[5] == "0.250");  // B/token vs f32 = 64 / 256 (format over f32: < 1 for a smaller format)
+  CHECK(c[6] == "0.0123");
+  CHECK(c[7] == "97%");    // top-1 0.97 as a percentage
+  CHECK(c[8] == "0.80");   // decode vs f32 at the largest resident context (1024), not the streamed 4096 row
+  CHECK(c[9] == "failing gates: ENV.int8");
+  const auto f = split_cells(row_of(md, "| [f32]("));
+  REQUIRE(f.size() == 10);
+  CHECK(f[2] == "11/0/3");
+  CHECK(f[5] == "1.000");
+  CHECK(f[7] == "100%");
+  // Anti-vacuity: the header states the order the cells are checked in.
+  CHECK(md.find("| format | verdict | gates passed/failed/skipped | mutants killed/survived/not run | B/token | vs f32 |") !=
+        std::string::npos);
+}
+
+TEST_CASE("RPT.html.gate_cells a family with any failure is FAIL, all passes PASS, none NOT-VALIDATED", RPT_TAGS) {
+  require_presets({"int8"});
+  ReportInputs in;
+  in.gates = json{{"per_format",
+                   {{"int8",
+                     {{"ENV", {{"passed", 5}, {"failed", 1}, {"skipped", 0}}},   // mixed -> FAIL 1/6
+                      {"ORA", {{"passed", 4}, {"failed", 0}, {"skipped", 0}}},   // -> ok 4
+                      {"PAR", {{"passed", 0}, {"failed", 0}, {"skipped", 2}}}}}}}, // -> skip 2
+                  {"gates", json::array()},
+                  {"totals", {{"passed", 9}, {"failed", 1}, {"skipped", 2}}}};
+  std::string warning;
+  const std::string html = html_page(in, "/nonexistent-web-dir", &warning);
+  CHECK(html.find("<td class=\"FAIL\">FAIL 1/6</td>") != std::string::npos);
+  CHECK(html.find("<td class=\"PASS\">ok 4</td>") != std::string::npos);
+  CHECK(html.find("<td class=\"NOT-VALIDATED\">skip 2</td>") != std::string::npos);
+  CHECK(html.find("<td class=\"PASS\">FAIL") == std::string::npos);  // a failing cell is never coloured PASS
+}
+
+TEST_CASE("RPT.schema.bounds minimum and maximum are inclusive, the exclusive ones are not", RPT_TAGS) {
+  require_presets({"f32"});  // (links the runtime's format table: see require_presets)
+  using kvgate::json_schema::validate_json;
+  const json s = json::parse(R"({"type":"object","properties":{
+      "n":{"type":"integer","minimum":0,"maximum":10},
+      "x":{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1}}})");
+  // Values on the inclusive bounds pass; one past them fails (JSON Schema 2020-12, 6.2.2-6.2.5).
+  CHECK(validate_json(json{{"n", 0}}, s).empty());
+  CHECK(validate_json(json{{"n", 10}}, s).empty());
+  CHECK(validate_json(json{{"n", -1}}, s).size() == 1);
+  CHECK(validate_json(json{{"n", 11}}, s).size() == 1);
+  // Exclusive bounds refuse the bound itself and accept the inside.
+  CHECK(validate_json(json{{"x", 0}}, s).size() == 1);
+  CHECK(validate_json(json{{"x", 1}}, s).size() == 1);
+  CHECK(validate_json(json{{"x", 0.5}}, s).empty());
+}
