@@ -80,4 +80,6 @@ HF_CASE("phi3")
 HF_CASE("phi3_longrope")
 HF_CASE("gemma2")
 HF_CASE("gemma3")
+HF_CASE("qwen3_moe")
+HF_CASE("mixtral")
 

@@ -198,6 +198,19 @@ CpuForward::CpuForward(const Model& model, int max_chunk, ThreadPool& pool)
   hb2_.resize(C * c_.hidden_dim);
   cos_.resize(C * half);
   sin_.resize(C * half);
+  if (c_.moe.any()) {
+    const std::size_t E = static_cast<std::size_t>(c_.moe.n_experts), K = static_cast<std::size_t>(c_.moe.top_k),
+                      I = static_cast<std::size_t>(c_.moe.expert_dim);
+    rl_.resize(C * E);
+    rw_.resize(C * K);
+    rsel_.resize(C * K);
+    grow_.resize(C);
+    xg_.resize(C * c_.dim);
+    hg_.resize(C * I);
+    hg2_.resize(C * I);
+    yg_.resize(C * c_.dim);
+    moe_.resize(C * c_.dim);
+  }
   if (c_.has_rope_local) {
     cos_l_.resize(C * half);
     sin_l_.resize(C * half);
@@ -361,6 +374,11 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     for (int t = 0; t < T; ++t)
       rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
               L.ffn_norm.data(), dim, c.rms_eps);
+    if (c.moe.is_moe(l)) {  // routed experts: x += sum_e p_e expert_e(xb)
+      moe_ffn(L, T);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] += moe_[i];
+      continue;
+    }
     matmul(pool_, hb_.data(), xb_.data(), L.w1.data(), nullptr, T, dim, hid, false);
     matmul(pool_, hb2_.data(), xb_.data(), L.w3.data(), nullptr, T, dim, hid, false);
     if (c.ffn_act == FfnAct::gelu_tanh) geglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
@@ -384,6 +402,75 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     const float cap = c.final_softcap;
     for (std::size_t i = 0; i < static_cast<std::size_t>(n_rows) * c.vocab_size; ++i)
       logits[i] = std::tanh(logits[i] / cap) * cap;
+  }
+}
+
+// Router of one token, as transformers' Qwen3-MoE / Mixtral routers: probabilities = softmax of the
+// logits in f32 (max subtracted), the top_k largest (torch.topk: descending; equal values: the lower
+// expert index first), divided by their sum when norm_topk (Mixtral always).
+void CpuForward::route(const float* logits, int* sel, float* weight) const {
+  const MoeConfig& m = c_.moe;
+  const int E = m.n_experts, K = m.top_k;
+  float mx = logits[0];
+  for (int e = 1; e < E; ++e) mx = std::max(mx, logits[e]);
+  float p[1024];
+  std::vector<float> big;
+  float* pr = p;
+  if (E > 1024) big.resize(static_cast<std::size_t>(E)), pr = big.data();
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += (pr[e] = std::exp(logits[e] - mx));
+  for (int e = 0; e < E; ++e) pr[e] /= sum;
+  for (int k = 0; k < K; ++k) {  // selection: K passes (K is small)
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int j = 0; j < k; ++j) taken |= sel[j] == e;
+      if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+    }
+    sel[k] = best;
+    weight[k] = pr[best];
+  }
+  if (m.norm_topk) {
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += weight[k];
+    for (int k = 0; k < K; ++k) weight[k] /= s;
+  }
+}
+
+// Every token routed, then expert by expert in increasing index (transformers' loop over the hit
+// experts): the expert's tokens gathered, act(x W1_e) * (x W3_e) W2_e, times the token's weight,
+// added into moe_ (zero first). Each token's sum therefore runs over its experts in index order.
+void CpuForward::moe_ffn(const LayerWeights& L, int T) {
+  const MoeConfig& m = c_.moe;
+  const int dim = c_.dim, E = m.n_experts, K = m.top_k, I = m.expert_dim;
+  matmul(pool_, rl_.data(), xb_.data(), L.router.data(), nullptr, T, dim, E, false);
+  for (int t = 0; t < T; ++t)
+    route(rl_.data() + static_cast<std::size_t>(t) * E, rsel_.data() + static_cast<std::size_t>(t) * K,
+          rw_.data() + static_cast<std::size_t>(t) * K);
+  std::fill(moe_.begin(), moe_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(T) * dim), 0.0f);
+  const std::size_t blk = static_cast<std::size_t>(I) * dim;
+  for (int e = 0; e < E; ++e) {
+    int n = 0;
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k)
+        if (rsel_[static_cast<std::size_t>(t) * K + k] == e) {
+          grow_[static_cast<std::size_t>(n)] = t * K + k;
+          std::memcpy(xg_.data() + static_cast<std::size_t>(n) * dim, xb_.data() + static_cast<std::size_t>(t) * dim,
+                      sizeof(float) * dim);
+          ++n;
+        }
+    if (n == 0) continue;
+    matmul(pool_, hg_.data(), xg_.data(), L.ew1.data() + e * blk, nullptr, n, dim, I, false);
+    matmul(pool_, hg2_.data(), xg_.data(), L.ew3.data() + e * blk, nullptr, n, dim, I, false);
+    swiglu(hg_.data(), hg2_.data(), static_cast<std::size_t>(n) * I);
+    matmul(pool_, yg_.data(), hg_.data(), L.ew2.data() + e * blk, nullptr, n, I, dim, false);
+    for (int j = 0; j < n; ++j) {
+      const int tk = grow_[static_cast<std::size_t>(j)];
+      const float w = rw_[static_cast<std::size_t>(tk)];
+      float* o = moe_.data() + static_cast<std::size_t>(tk / K) * dim;
+      const float* y = yg_.data() + static_cast<std::size_t>(j) * dim;
+      for (int i = 0; i < dim; ++i) o[i] += y[i] * w;
+    }
   }
 }
 

@@ -36,6 +36,11 @@ class CpuForward {
                    float* sn) const;
   void attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0);
   void add_normed(const float* norm_w, int T);
+  // Mixture-of-experts FFN of layer L over the chunk: xb_ (normed) -> moe_ (the weighted expert sum).
+  void moe_ffn(const LayerWeights& L, int T);
+  // Routing of one token: probabilities p[E] (softmax of the router logits) -> the selected experts
+  // (descending probability, ties to the lower index) and their weights.
+  void route(const float* logits, int* sel, float* weight) const;
 
   const Model& m_;
   const ModelConfig& c_;
@@ -46,6 +51,9 @@ class CpuForward {
   float rope_scale_ = 1.0f, rope_scale_l_ = 1.0f;  // attention scaling on cos/sin (yarn, longrope)
   int rot_ = 0, rot_l_ = 0;  // rotated dims per head
   std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_, cos_, sin_, cos_l_, sin_l_;
+  // MoE scratch: router logits [C][E], selections [C][top_k], gathered rows and their expert output.
+  std::vector<float> rl_, rw_, xg_, hg_, hg2_, yg_, moe_;
+  std::vector<int> rsel_, grow_;
 };
 
 }  // namespace kvgate::detail

@@ -1,5 +1,6 @@
 // Hugging Face directories: config.json + model.safetensors (or model.safetensors.index.json with
-// shards) + tokenizer.json. Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (QK-norm).
+// shards) + tokenizer.json. Llama, Mistral, Qwen2 (qkv bias), Qwen3 (QK-norm), Gemma 2/3, Phi-3, and
+// the mixture-of-experts Qwen3-MoE and Mixtral (read_moe_config / load_moe_layer).
 //
 // HF checkpoints keep q/k in the layout of transformers' rotate_half RoPE, so the model is loaded
 // as-is with RopeStyle::half (no permutation).
@@ -346,9 +347,9 @@ std::string layer_name(int i, const char* rest) { return "model.layers." + std::
 // A window longer than the context is full attention; <= 0 or a non-integer is refused.
 std::vector<int> layer_windows(const Cfg& cf, const std::string& arch, int n_layers) {
   const json& j = cf.j;
-  const bool qwen = arch == "qwen2" || arch == "qwen3";
+  const bool qwen = arch == "qwen2" || arch == "qwen3" || arch == "qwen3_moe";
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  const bool declares = arch == "mistral" || arch == "phi3" || qwen || gemma;
+  const bool declares = arch == "mistral" || arch == "mixtral" || arch == "phi3" || qwen || gemma;
   if (!declares) return {};  // Llama has no sliding window in transformers
   int window = 0;
   if (qwen && !cf.bool_opt("use_sliding_window", false)) {
@@ -394,6 +395,185 @@ std::vector<int> layer_windows(const Cfg& cf, const std::string& arch, int n_lay
   return out;
 }
 
+
+// ---- mixture of experts --------------------------------------------------------------------------------
+
+
+// Converts `count` elements of tensor t starting at element `first` to f32 into dst (no staging copy).
+void to_f32_into(const SafetensorsFile& f, const std::string& name, const StTensor& t, std::uint64_t first,
+                 std::uint64_t count, float* dst) {
+  const std::uint8_t* p = f.bytes(t);
+  if (t.dtype == "F32") {
+    std::memcpy(dst, p + 4 * first, count * 4);
+  } else if (t.dtype == "F16" || t.dtype == "BF16") {
+    const bool bf = t.dtype == "BF16";
+    for (std::uint64_t i = 0; i < count; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * (first + i), 2);
+      dst[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  } else {
+    throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'dtype' = " + t.dtype +
+                     " is not supported for weights (kvgate reads F32, F16 and BF16)");
+  }
+}
+
+// The MoE fields of config.json (Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size,
+// norm_topk_prob, decoder_sparse_step, mlp_only_layers; Mixtral: num_local_experts,
+// num_experts_per_tok, intermediate_size for every expert, always renormalised), as transformers'
+// decoder layers decide which layers are sparse.
+void read_moe_config(const Cfg& cf, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  const json& j = cf.j;
+  m.layer_moe.assign(static_cast<std::size_t>(c.n_layers), 0);
+  if (c.arch == "mixtral") {
+    m.n_experts = cf.int_opt("num_local_experts", 8, 1, 1 << 16);
+    m.top_k = cf.int_opt("num_experts_per_tok", 2, 1, 1 << 16);
+    if (m.top_k > m.n_experts)
+      cf.bad("num_experts_per_tok", "= " + std::to_string(m.top_k) + " exceeds num_local_experts = " +
+                                        std::to_string(m.n_experts) + " (each token picks that many distinct experts)");
+    m.expert_dim = c.hidden_dim;  // MixtralConfig: intermediate_size is each expert's width
+    m.norm_topk = true;           // MixtralTopKRouter always divides the top-k by their sum
+    std::fill(m.layer_moe.begin(), m.layer_moe.end(), 1);
+    return;
+  }
+  // qwen3_moe
+  // transformers 5 writes the count as num_local_experts (Qwen3MoeConfig's attribute_map); hub
+  // configs as num_experts. Both present and different is refused.
+  if (cf.has("num_experts") && cf.has("num_local_experts") &&
+      cf.int_checked("num_experts", 0, 1 << 16) != cf.int_checked("num_local_experts", 0, 1 << 16))
+    cf.bad("num_local_experts", "= " + j["num_local_experts"].dump() + " disagrees with num_experts = " +
+                                    j["num_experts"].dump() + " (the same count under two names); keep one");
+  m.n_experts = cf.has("num_experts") ? cf.int_checked("num_experts", 0, 1 << 16)
+                                      : cf.int_opt("num_local_experts", 128, 0, 1 << 16);
+  m.top_k = cf.int_opt("num_experts_per_tok", 8, 1, 1 << 16);
+  m.expert_dim = cf.int_opt("moe_intermediate_size", 768, 1, 1 << 20);
+  m.norm_topk = cf.bool_opt("norm_topk_prob", false);
+  const int step = cf.int_opt("decoder_sparse_step", 1, 1, 1 << 20);
+  if (m.n_experts > 0 && m.top_k > m.n_experts)
+    cf.bad("num_experts_per_tok", "= " + std::to_string(m.top_k) + " exceeds num_experts = " +
+                                      std::to_string(m.n_experts) + " (each token picks that many distinct experts)");
+  std::vector<bool> dense_only(static_cast<std::size_t>(c.n_layers), false);
+  if (cf.has("mlp_only_layers")) {
+    if (!j["mlp_only_layers"].is_array()) cf.bad("mlp_only_layers", "is not a list of layer indices");
+    for (const auto& v : j["mlp_only_layers"]) {
+      if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() >= c.n_layers)
+        cf.bad("mlp_only_layers", "holds " + v.dump() + ", not a layer index in [0, num_hidden_layers = " +
+                                      std::to_string(c.n_layers) + ")");
+      dense_only[static_cast<std::size_t>(v.get<long long>())] = true;
+    }
+  }
+  // Qwen3MoeDecoderLayer: sparse when not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0.
+  for (int l = 0; l < c.n_layers; ++l)
+    m.layer_moe[static_cast<std::size_t>(l)] =
+        !dense_only[static_cast<std::size_t>(l)] && m.n_experts > 0 && (l + 1) % step == 0;
+}
+
+// One MoE layer's router and experts. Accepted layouts, looked up in this order:
+//  - fused (transformers 5 in-memory names): {p}.experts.gate_up_proj [E, 2 I, H] (gate rows first)
+//    and {p}.experts.down_proj [E, H, I];
+//  - per expert (hub checkpoints): {p}.experts.{e}.gate_proj / up_proj / down_proj.weight (Qwen3-MoE,
+//    transformers-5 Mixtral) or {p}.experts.{e}.w1 / w3 / w2.weight (hub Mixtral);
+// with p = model.layers.{i}.mlp, or model.layers.{i}.block_sparse_moe (hub Mixtral). The router is
+// {p}.gate.weight [E, H]. An expert count that disagrees with config.json is refused naming the
+// tensor and the field.
+void load_moe_layer(TensorSource& src, const std::string& cfg_path, const std::string& arch_label,
+                    const char* count_field, const ModelConfig& c, int layer, LayerWeights& L) {
+  const MoeConfig& m = c.moe;
+  const std::int64_t E = m.n_experts, I = m.expert_dim, H = c.dim;
+  const char* width_field = c.arch == "mixtral" ? "intermediate_size" : "moe_intermediate_size";
+  std::string where;
+  std::string prefix;
+  for (const char* p : {"mlp", "block_sparse_moe"}) {
+    const std::string cand = layer_name(layer, p);
+    if (src.find(cand + ".gate.weight", &where)) {
+      prefix = cand;
+      break;
+    }
+  }
+  if (prefix.empty()) {
+    src.find(layer_name(layer, "mlp.gate.weight"), &where);
+    throw ModelError("'" + where + "': missing tensor '" + layer_name(layer, "mlp.gate.weight") +
+                     "' (or block_sparse_moe.gate.weight): the router of MoE layer " + std::to_string(layer) + " (" +
+                     arch_label + "; config.json '" + cfg_path + "' makes this layer sparse through " + count_field +
+                     (c.arch == "mixtral" ? "" : ", decoder_sparse_step and mlp_only_layers") + ")");
+  }
+  auto shape_err = [&](const SafetensorsFile& f, const std::string& name, const StTensor& t,
+                       const std::vector<std::int64_t>& want, const std::string& fix) {
+    throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'shape' = " + SafetensorsFile::shape_str(t.shape) +
+                     ", but config.json implies " + SafetensorsFile::shape_str(want) + "; " + fix);
+  };
+  const std::string count_fix = std::string("fix config.json '") + cfg_path + "' field '" + count_field +
+                                "' (= " + std::to_string(E) + ") to the checkpoint's expert count, or re-export it";
+  {
+    const std::string name = prefix + ".gate.weight";
+    auto f = src.find(name, &where);
+    if (f->t->shape.size() == 2 && f->t->shape[1] == H && f->t->shape[0] != E)
+      shape_err(*f->file, name, *f->t, {E, H}, "the router scores " + std::to_string(f->t->shape[0]) +
+                                                   " experts; " + count_fix);
+    if (f->t->shape != std::vector<std::int64_t>{E, H})
+      shape_err(*f->file, name, *f->t, {E, H}, "fix config.json hidden_size / " + std::string(count_field));
+    to_f32(*f->file, name, *f->t, &L.router);
+  }
+  const std::size_t blk = static_cast<std::size_t>(I * H);
+  L.ew1.assign(static_cast<std::size_t>(E) * blk, 0.0f);
+  L.ew3.assign(static_cast<std::size_t>(E) * blk, 0.0f);
+  L.ew2.assign(static_cast<std::size_t>(E) * blk, 0.0f);
+  const std::string fused_gu = prefix + ".experts.gate_up_proj", fused_dn = prefix + ".experts.down_proj";
+  if (auto gu = src.find(fused_gu, &where)) {
+    auto dn = src.find(fused_dn, &where);
+    if (!dn)
+      throw ModelError("'" + where + "': missing tensor '" + fused_dn + "' (" + fused_gu +
+                       " is fused, so the down projections must be too: [" + std::to_string(E) + ", " +
+                       std::to_string(H) + ", " + std::to_string(I) + "])");
+    for (const auto& [name, f, want] :
+         {std::tuple<std::string, TensorSource::Found, std::vector<std::int64_t>>{fused_gu, *gu, {E, 2 * I, H}},
+          std::tuple<std::string, TensorSource::Found, std::vector<std::int64_t>>{fused_dn, *dn, {E, H, I}}}) {
+      if (f.t->shape.size() == 3 && f.t->shape[0] != E && f.t->shape[1] == want[1] && f.t->shape[2] == want[2])
+        shape_err(*f.file, name, *f.t, want,
+                  "it stacks " + std::to_string(f.t->shape[0]) + " experts; " + count_fix);
+      if (f.t->shape != want)
+        shape_err(*f.file, name, *f.t, want,
+                  std::string("fix config.json hidden_size / ") + width_field + " (rows [gate | up] per expert)");
+    }
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::uint64_t base = static_cast<std::uint64_t>(e) * 2 * blk;
+      to_f32_into(*gu->file, fused_gu, *gu->t, base, blk, L.ew1.data() + e * blk);
+      to_f32_into(*gu->file, fused_gu, *gu->t, base + blk, blk, L.ew3.data() + e * blk);
+    }
+    to_f32_into(*dn->file, fused_dn, *dn->t, 0, static_cast<std::uint64_t>(E) * blk, L.ew2.data());
+    return;
+  }
+  // Per-expert tensors: which naming, then every expert, then no expert beyond the count.
+  const std::string e0 = prefix + ".experts.0.";
+  const bool w_names = !src.find(e0 + "gate_proj.weight", &where) && src.find(e0 + "w1.weight", &where);
+  const char* gate_n = w_names ? "w1.weight" : "gate_proj.weight";
+  const char* up_n = w_names ? "w3.weight" : "up_proj.weight";
+  const char* down_n = w_names ? "w2.weight" : "down_proj.weight";
+  auto expert = [&](std::int64_t e, const char* leaf) { return prefix + ".experts." + std::to_string(e) + "." + leaf; };
+  for (std::int64_t e = 0; e < E; ++e) {
+    for (const auto& [leaf, dst, want] :
+         {std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{gate_n, &L.ew1, {I, H}},
+          std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{up_n, &L.ew3, {I, H}},
+          std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{down_n, &L.ew2, {H, I}}}) {
+      const std::string name = expert(e, leaf);
+      auto f = src.find(name, &where);
+      if (!f)
+        throw ModelError("'" + where + "': missing tensor '" + name + "' (nor the fused " + fused_gu +
+                         "): config.json '" + cfg_path + "' field '" + count_field + "' = " + std::to_string(E) +
+                         " needs experts 0.." + std::to_string(E - 1) + "; if the checkpoint has fewer, " + count_fix);
+      if (f->t->shape != want)
+        shape_err(*f->file, name, *f->t, want, std::string("fix config.json hidden_size / ") + width_field);
+      to_f32_into(*f->file, name, *f->t, 0, blk, dst->data() + e * blk);
+    }
+  }
+  const std::string extra = expert(E, gate_n);
+  if (src.find(extra, &where))
+    throw ModelError("'" + where + "': tensor '" + extra + "' exists, but config.json '" + cfg_path + "' field '" +
+                     count_field + "' = " + std::to_string(E) + " (experts 0.." + std::to_string(E - 1) +
+                     "): the checkpoint has more experts than the config; " + count_fix);
+}
+
 }  // namespace
 
 Model load_hf(const std::string& dir_str) {
@@ -429,6 +609,10 @@ Model load_hf(const std::string& dir_str) {
     c.arch = "qwen2";
   } else if (arch_name == "Qwen3ForCausalLM" || arch_name == "qwen3") {
     c.arch = "qwen3";
+  } else if (arch_name == "Qwen3MoeForCausalLM" || arch_name == "qwen3_moe") {
+    c.arch = "qwen3_moe";
+  } else if (arch_name == "MixtralForCausalLM" || arch_name == "mixtral") {
+    c.arch = "mixtral";
   } else if (arch_name == "Gemma2ForCausalLM" || arch_name == "gemma2") {
     c.arch = "gemma2";
   } else if (arch_name == "Gemma3ForCausalLM" || arch_name == "gemma3_text") {
@@ -443,7 +627,8 @@ Model load_hf(const std::string& dir_str) {
   } else {
     cf.bad("architectures", "= \"" + arch_name +
                                 "\" is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)");
+                                "Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                                "Phi3ForCausalLM)");
   }
   const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
   if (gemma) {
@@ -486,7 +671,8 @@ Model load_hf(const std::string& dir_str) {
   c.qkv_bias = c.arch == "qwen2";
   if (cf.bool_opt("attention_bias", false) && c.arch != "qwen2")
     cf.bad("attention_bias", "is true: biases on q/k/v/o projections are supported for Qwen2 (q/k/v) only");
-  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
+  c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3_moe" || c.arch == "gemma3";
+  if (c.arch == "qwen3_moe" || c.arch == "mixtral") read_moe_config(cf, c);
   // transformers writes tie_word_embeddings only where it differs from PretrainedConfig's default
   // (true): Gemma checkpoints, tied, usually omit it.
   c.tied_embeddings = cf.bool_opt("tie_word_embeddings", gemma);
@@ -627,14 +813,17 @@ Model load_hf(const std::string& dir_str) {
     } else {
       load(layer_name(i, "post_attention_layernorm.weight"), {D}, &L.ffn_norm);
     }
-    if (phi3) {
+    if (c.moe.is_moe(i)) {
+      load_moe_layer(src, cfg_path.string(), arch_label,
+                     c.arch == "mixtral" || !cf.has("num_experts") ? "num_local_experts" : "num_experts", c, i, L);
+    } else if (phi3) {
       load_fused(layer_name(i, "mlp.gate_up_proj.weight"), {F, F}, D,
                  "rows [intermediate | intermediate] = gate_proj, up_proj", {&L.w1, &L.w3});
     } else {
       load(layer_name(i, "mlp.gate_proj.weight"), {F, D}, &L.w1);
       load(layer_name(i, "mlp.up_proj.weight"), {F, D}, &L.w3);
     }
-    load(layer_name(i, "mlp.down_proj.weight"), {D, F}, &L.w2);
+    if (!c.moe.is_moe(i)) load(layer_name(i, "mlp.down_proj.weight"), {D, F}, &L.w2);
     // Per-layer FP8 KV scales under the names checkpoints use for them.
     float s = 0;
     const auto ui = static_cast<std::size_t>(i);

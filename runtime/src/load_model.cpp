@@ -64,9 +64,17 @@ void validate_weights(const std::string& path, const ModelConfig& c, const Model
     check_size(path, p + "wv", L.wv, KV * D);
     check_size(path, p + "wo", L.wo, D * Q);
     check_size(path, p + "ffn_norm", L.ffn_norm, D);
-    check_size(path, p + "w1", L.w1, F * D);
-    check_size(path, p + "w2", L.w2, D * F);
-    check_size(path, p + "w3", L.w3, F * D);
+    if (c.moe.is_moe(static_cast<int>(l))) {  // routed experts instead of the dense MLP
+      const std::size_t E = static_cast<std::size_t>(c.moe.n_experts), I = static_cast<std::size_t>(c.moe.expert_dim);
+      check_size(path, p + "router", L.router, E * D);
+      check_size(path, p + "experts w1", L.ew1, E * I * D);
+      check_size(path, p + "experts w2", L.ew2, E * D * I);
+      check_size(path, p + "experts w3", L.ew3, E * I * D);
+    } else {
+      check_size(path, p + "w1", L.w1, F * D);
+      check_size(path, p + "w2", L.w2, D * F);
+      check_size(path, p + "w3", L.w3, F * D);
+    }
     if (c.qkv_bias) {
       check_size(path, p + "bq", L.bq, Q);
       check_size(path, p + "bk", L.bk, KV);
@@ -89,6 +97,15 @@ void validate_weights(const std::string& path, const ModelConfig& c, const Model
       if (c.layer_window[l] < 0)
         throw ModelError("model '" + path + "': layer " + std::to_string(l) + " has attention window " +
                          std::to_string(c.layer_window[l]) + " (0 = full attention, else > 0)");
+  }
+  if (c.moe.any()) {
+    const MoeConfig& m = c.moe;
+    if (m.layer_moe.size() != static_cast<std::size_t>(c.n_layers) || m.expert_dim <= 0 || m.top_k < 1 ||
+        m.top_k > m.n_experts)
+      throw ModelError("model '" + path + "': mixture-of-experts config is inconsistent (" + std::to_string(m.n_experts) +
+                       " experts, top-k " + std::to_string(m.top_k) + ", expert width " + std::to_string(m.expert_dim) +
+                       ", " + std::to_string(m.layer_moe.size()) + " per-layer flags for " + std::to_string(c.n_layers) +
+                       " layers)");
   }
   for (const float v : {c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap})
     if (!(v >= 0.0f) || !std::isfinite(v))
@@ -145,6 +162,16 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
       add(L.post_attn_norm);
       add(L.post_ffn_norm);
     }
+  // Mixture of experts (absent for dense models, so their fingerprints are unchanged).
+  if (c.moe.any()) {
+    std::string moe = "moe-v1;experts=" + std::to_string(c.moe.n_experts) + ";top_k=" + std::to_string(c.moe.top_k) +
+                      ";expert_dim=" + std::to_string(c.moe.expert_dim) + ";norm_topk=" +
+                      std::to_string(c.moe.norm_topk ? 1 : 0) + ";layers=";
+    for (auto v : c.moe.layer_moe) moe += v ? '1' : '0';
+    XXH64_update(st, moe.data(), moe.size());
+    for (const LayerWeights& L : w.layers)
+      for (const auto* t : {&L.router, &L.ew1, &L.ew2, &L.ew3}) add(*t);
+  }
   add(w.final_norm);
   add(w.classifier);
   const XXH64_hash_t h = XXH64_digest(st);

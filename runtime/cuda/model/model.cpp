@@ -25,6 +25,9 @@ std::string forward_unsupported_reason(const ModelConfig& c) {
       c.arch != "gemma3" && c.arch != "phi3")
     return "architecture '" + c.arch +
            "' is not one the forward implements (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3)";
+  if (c.moe.any())
+    return "mixture-of-experts FFN layers (" + c.arch + ", " + std::to_string(c.moe.n_experts) +
+           " experts) are not implemented by the CUDA forward; run this model with --device cpu";
   // Capability switch: what the CUDA attention kernels do not implement is refused, never
   // approximated.
   if (c.attn_softcap > 0)

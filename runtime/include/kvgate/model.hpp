@@ -28,6 +28,27 @@ enum class FfnAct : std::uint8_t {
   gelu_tanh   // GeGLU with the tanh GELU (Gemma 2/3: hidden_activation = gelu_pytorch_tanh)
 };
 
+// Mixture-of-experts feed-forward (Qwen3-MoE, Mixtral; DeepSeek-V3 routing fields are read by the
+// loader only where it supports them). A layer with layer_moe[l] != 0 replaces the dense gated MLP
+// by: router logits r = W_router x; probabilities p = softmax(r) in f32; the top_k largest p (ties:
+// the lower expert index first); when norm_topk, divided by their sum; out = sum over the selected
+// experts, in increasing expert index, of p_e * W2_e (act(W1_e x) * (W3_e x)), then the residual add.
+struct MoeConfig {
+  int n_experts = 0;       // routed experts of an MoE layer (0: the model is dense)
+  int top_k = 0;           // experts per token (num_experts_per_tok)
+  int expert_dim = 0;      // intermediate width of one routed expert
+  bool norm_topk = false;  // renormalise the top-k probabilities to sum 1 (Mixtral always; Qwen3-MoE norm_topk_prob)
+  std::vector<std::uint8_t> layer_moe;  // per layer: 1 = MoE FFN, 0 = dense FFN (hidden_dim); empty: all dense
+  bool is_moe(int layer) const {
+    return n_experts > 0 && !layer_moe.empty() && layer_moe[static_cast<std::size_t>(layer)] != 0;
+  }
+  bool any() const {
+    for (auto v : layer_moe)
+      if (v) return n_experts > 0;
+    return false;
+  }
+};
+
 struct ModelConfig {
   std::string arch = "llama";  // llama | mistral | qwen2 | qwen3
   int dim = 0;                 // model width
@@ -64,6 +85,7 @@ struct ModelConfig {
   float attn_scale = 0.0f;         // > 0: softmax scale (Gemma: query_pre_attn_scalar^-0.5); 0: 1/sqrt(head_dim)
   float attn_softcap = 0.0f;       // > 0: scores s -> tanh(s / cap) * cap before the mask (Gemma 2)
   float final_softcap = 0.0f;      // > 0: logits z -> tanh(z / cap) * cap (Gemma 2)
+  MoeConfig moe;                   // mixture-of-experts FFN layers (n_experts == 0: dense model)
   int window(int layer) const {
     return layer_window.empty() ? 0 : layer_window[static_cast<std::size_t>(layer)];
   }
@@ -86,6 +108,13 @@ struct LayerWeights {
   // Gemma (ModelConfig::post_norms): norms of the attention output and of the FFN output. Every
   // Gemma norm weight is stored as (1 + w) in f32 (the loader adds the 1), like the others.
   std::vector<float> post_attn_norm, post_ffn_norm;  // [dim]
+  // MoE layers (ModelConfig::moe.is_moe): w1/w2/w3 are empty; the router and every routed expert's
+  // matrices, experts stacked along the first axis (expert e's [expert_dim][dim] block at
+  // e * expert_dim * dim), each loaded once from the checkpoint (per-expert or fused tensors).
+  std::vector<float> router;  // [n_experts][dim]
+  std::vector<float> ew1;     // [n_experts][expert_dim][dim]  gate
+  std::vector<float> ew2;     // [n_experts][dim][expert_dim]  down
+  std::vector<float> ew3;     // [n_experts][expert_dim][dim]  up
 };
 
 struct ModelWeights {
