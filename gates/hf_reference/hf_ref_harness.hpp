@@ -50,7 +50,7 @@ inline const std::vector<std::string>& case_names() {
       "llama_default", "llama3_rope", "llama3_legacy", "llama_linear", "llama_dynamic",
       "llama_sp",      "qwen2",       "qwen2_swa",     "qwen3",        "qwen3_yarn",
       "mistral_swa",   "phi3",        "phi3_longrope", "gemma2",       "gemma3",
-      "qwen3_moe",     "mixtral"};
+      "qwen3_moe",     "mixtral",     "deepseek_v3",   "deepseek_v3_qlora"};
   return n;
 }
 
@@ -184,10 +184,18 @@ inline int rope_freq_ops(const RopeConfig& r) {
 // decision itself is not a rounding: a token whose k-th and (k+1)-th probabilities tie within
 // rounding would pick another expert, which this bound does not cover (the cases print no such
 // position; a failure there would show as a large local difference).
+// Latent attention (MLA) adds its low-rank chain before the attention: q_a (dim + 1), its norm
+// (q_lora + 3), q_b (q_lora + 1); kv_a (dim + 1), its norm (kv_lora + 3), kv_b (kv_lora + 1); and the
+// shared expert its own gated MLP (shared_dim + 1 past the routed sum).
 inline int ffn_chain_width(const ModelConfig& c) {
-  if (!c.moe.any()) return c.hidden_dim;
-  const MoeConfig& m = c.moe;
-  return std::max(c.hidden_dim, m.expert_dim) + c.dim + m.n_experts + 3 * m.top_k + 8;
+  int w = c.hidden_dim;
+  if (c.moe.any()) {
+    const MoeConfig& m = c.moe;
+    w = std::max({c.hidden_dim, m.expert_dim, m.shared_dim}) + c.dim + m.n_experts + 3 * m.top_k + 8 +
+        (m.shared_dim > 0 ? 2 : 0) + (m.router == MoeConfig::Router::sigmoid_groups ? m.n_experts / m.n_group + 4 : 0);
+  }
+  if (c.mla.any()) w += 2 * c.dim + 2 * c.mla.q_lora_rank + 2 * c.mla.kv_lora_rank + 10;
+  return w;
 }
 
 inline double chain_at(const ModelConfig& c, int pos) {

@@ -26,6 +26,8 @@ class CpuForward {
   void forward(PagedKvStore& store, SeqId s, const int* tokens, int T, float* logits, bool all_logits);
 
   int max_chunk() const { return max_chunk_; }
+  // Width the RoPE turns: head_dim, or MLA's qk_rope_head_dim.
+  int rope_width() const { return c_.mla.any() ? c_.mla.rope_dim : c_.head_dim; }
 
  private:
   // Rotates the first rotary_dim dims of every head with the chunk's angles (cos_/sin_, or the
@@ -41,6 +43,11 @@ class CpuForward {
   // Routing of one token: probabilities p[E] (softmax of the router logits) -> the selected experts
   // (descending probability, ties to the lower index) and their weights.
   void route(const float* logits, int* sel, float* weight) const;
+  // DeepSeek-V3's router (MoeConfig::Router::sigmoid_groups) for one token.
+  void route_groups(const float* logits, const float* bias, int* sel, float* weight) const;
+  // Latent attention (MLA) of layer l: projections, RoPE on the rope parts, the expanded K/V rows into
+  // the store, attention, and x += o_proj(heads' v outputs).
+  void mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int T, int pos0);
 
   const Model& m_;
   const ModelConfig& c_;
@@ -54,6 +61,7 @@ class CpuForward {
   // MoE scratch: router logits [C][E], selections [C][top_k], gathered rows and their expert output.
   std::vector<float> rl_, rw_, xg_, hg_, hg2_, yg_, moe_;
   std::vector<int> rsel_, grow_;
+  std::vector<float> qa_, ckv_, lat_, kvb_, attc_;  // MLA scratch
 };
 
 }  // namespace kvgate::detail

@@ -478,10 +478,11 @@ void read_moe_config(const Cfg& cf, ModelConfig& c) {
 // {p}.gate.weight [E, H]. An expert count that disagrees with config.json is refused naming the
 // tensor and the field.
 void load_moe_layer(TensorSource& src, const std::string& cfg_path, const std::string& arch_label,
-                    const char* count_field, const ModelConfig& c, int layer, LayerWeights& L) {
+                    const char* count_field, const ModelConfig& c, int layer, LayerWeights& L) {  // NOLINT
   const MoeConfig& m = c.moe;
   const std::int64_t E = m.n_experts, I = m.expert_dim, H = c.dim;
   const char* width_field = c.arch == "mixtral" ? "intermediate_size" : "moe_intermediate_size";
+  if (c.arch == "deepseek_v3") count_field = "n_routed_experts";
   std::string where;
   std::string prefix;
   for (const char* p : {"mlp", "block_sparse_moe"}) {
@@ -574,6 +575,99 @@ void load_moe_layer(TensorSource& src, const std::string& cfg_path, const std::s
                      "): the checkpoint has more experts than the config; " + count_fix);
 }
 
+
+// DeepSeek-V3 (DeepseekV3Config): MLA dimensions, and the V3 router (sigmoid scores, correction
+// bias for the choice, n_group / topk_group, routed_scaling_factor), first_k_dense_replace dense
+// layers, n_shared_experts shared experts of moe_intermediate_size each. config.json's head_dim is
+// the RoPE dimension (transformers sets head_dim = qk_rope_head_dim); the model's head_dim becomes
+// qk_nope_head_dim + qk_rope_head_dim, one KV head per query head.
+void read_deepseek_config(const Cfg& cf, ModelConfig& c) {
+  MlaConfig& a = c.mla;
+  a.kv_lora_rank = cf.int_req("kv_lora_rank", 1, 1 << 16);
+  a.q_lora_rank = cf.has("q_lora_rank") ? cf.int_checked("q_lora_rank", 1, 1 << 16) : 0;
+  a.nope_dim = cf.int_req("qk_nope_head_dim", 1, 1 << 14);
+  a.rope_dim = cf.int_req("qk_rope_head_dim", 2, 512);
+  a.v_dim = cf.int_req("v_head_dim", 1, 1 << 14);
+  if (a.rope_dim % 2 != 0) cf.bad("qk_rope_head_dim", "= " + std::to_string(a.rope_dim) + " is odd; RoPE needs pairs");
+  if (c.head_dim != a.rope_dim)
+    cf.bad("head_dim", "= " + std::to_string(c.head_dim) + " differs from qk_rope_head_dim = " +
+                           std::to_string(a.rope_dim) + " (transformers sets head_dim to the RoPE width); fix one of them");
+  if (cf.has("qk_head_dim") && cf.int_checked("qk_head_dim", 1, 1 << 15) != a.nope_dim + a.rope_dim)
+    cf.bad("qk_head_dim", "= " + cf.j["qk_head_dim"].dump() + " is not qk_nope_head_dim + qk_rope_head_dim = " +
+                              std::to_string(a.nope_dim + a.rope_dim));
+  if (a.v_dim > a.nope_dim + a.rope_dim)
+    cf.bad("v_head_dim", "= " + std::to_string(a.v_dim) + " is wider than qk_nope_head_dim + qk_rope_head_dim = " +
+                             std::to_string(a.nope_dim + a.rope_dim) +
+                             " (kvgate stores V zero-padded to the key width)");
+  a.rope_interleave = cf.bool_opt("rope_interleave", true);
+  c.head_dim = a.nope_dim + a.rope_dim;
+  c.n_kv_heads = c.n_heads;  // the expanded cache holds one K/V head per query head
+  // Softmax scale: qk_head_dim^-0.5, times mscale^2 when the RoPE is scaled and mscale_all_dim is set.
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  if (c.rope.type != RopeType::plain && c.rope.mscale_all_dim > 0 && c.rope.factor > 0) {
+    const double m = 0.1 * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.0;
+    scale = scale * m * m;
+  }
+  c.attn_scale = static_cast<float>(scale);
+
+  MoeConfig& m = c.moe;
+  m.router = MoeConfig::Router::sigmoid_groups;
+  m.n_experts = cf.int_req("n_routed_experts", 1, 1 << 16);
+  m.top_k = cf.int_req("num_experts_per_tok", 1, 1 << 16);
+  m.expert_dim = cf.int_req("moe_intermediate_size", 1, 1 << 20);
+  m.norm_topk = cf.bool_opt("norm_topk_prob", true);
+  m.n_group = cf.int_opt("n_group", 1, 1, 1 << 16);
+  m.topk_group = cf.int_opt("topk_group", 1, 1, 1 << 16);
+  m.routed_scale = static_cast<float>(cf.num_opt("routed_scaling_factor", 1.0));
+  const int n_shared = cf.int_opt("n_shared_experts", 0, 0, 1 << 10);
+  m.shared_dim = n_shared * m.expert_dim;
+  if (m.n_experts % m.n_group != 0)
+    cf.bad("n_group", "= " + std::to_string(m.n_group) + " does not divide n_routed_experts = " +
+                          std::to_string(m.n_experts));
+  if (m.topk_group > m.n_group)
+    cf.bad("topk_group", "= " + std::to_string(m.topk_group) + " exceeds n_group = " + std::to_string(m.n_group));
+  if (m.n_experts / m.n_group < 2)
+    cf.bad("n_group", "= " + std::to_string(m.n_group) + " leaves fewer than 2 experts per group (a group is scored "
+                          "by its two best experts)");
+  if (m.top_k > m.topk_group * (m.n_experts / m.n_group))
+    cf.bad("num_experts_per_tok", "= " + std::to_string(m.top_k) + " exceeds the experts of topk_group = " +
+                                      std::to_string(m.topk_group) + " groups of " +
+                                      std::to_string(m.n_experts / m.n_group));
+  const int first_dense = cf.int_opt("first_k_dense_replace", 0, 0, 1 << 20);
+  m.layer_moe.assign(static_cast<std::size_t>(c.n_layers), 0);
+  for (int l = first_dense; l < c.n_layers; ++l) m.layer_moe[static_cast<std::size_t>(l)] = 1;
+}
+
+// One MLA layer's projections (self_attn.*): q_proj, or q_a_proj + q_a_layernorm + q_b_proj;
+// kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj.
+template <class Load>
+void load_mla_layer(Load& load, const ModelConfig& c, int i, LayerWeights& L) {
+  const MlaConfig& a = c.mla;
+  const std::int64_t D = c.dim, H = c.n_heads, QK = a.nope_dim + a.rope_dim;
+  if (a.q_lora_rank > 0) {
+    load(layer_name(i, "self_attn.q_a_proj.weight"), {a.q_lora_rank, D}, &L.wq_a);
+    load(layer_name(i, "self_attn.q_a_layernorm.weight"), {a.q_lora_rank}, &L.q_a_norm);
+    load(layer_name(i, "self_attn.q_b_proj.weight"), {H * QK, a.q_lora_rank}, &L.wq);
+  } else {
+    load(layer_name(i, "self_attn.q_proj.weight"), {H * QK, D}, &L.wq);
+  }
+  load(layer_name(i, "self_attn.kv_a_proj_with_mqa.weight"), {a.kv_lora_rank + a.rope_dim, D}, &L.wkv_a);
+  load(layer_name(i, "self_attn.kv_a_layernorm.weight"), {a.kv_lora_rank}, &L.kv_a_norm);
+  load(layer_name(i, "self_attn.kv_b_proj.weight"), {H * (a.nope_dim + a.v_dim), a.kv_lora_rank}, &L.wkv_b);
+}
+
+// DeepSeek MoE layer extras: the router's correction bias and the shared expert.
+template <class Load>
+void load_deepseek_moe_extras(Load& load, const ModelConfig& c, int i, LayerWeights& L) {
+  const std::int64_t D = c.dim, E = c.moe.n_experts, S = c.moe.shared_dim;
+  load(layer_name(i, "mlp.gate.e_score_correction_bias"), {E}, &L.router_bias);
+  if (S > 0) {
+    load(layer_name(i, "mlp.shared_experts.gate_proj.weight"), {S, D}, &L.sw1);
+    load(layer_name(i, "mlp.shared_experts.up_proj.weight"), {S, D}, &L.sw3);
+    load(layer_name(i, "mlp.shared_experts.down_proj.weight"), {D, S}, &L.sw2);
+  }
+}
+
 }  // namespace
 
 Model load_hf(const std::string& dir_str) {
@@ -613,6 +707,8 @@ Model load_hf(const std::string& dir_str) {
     c.arch = "qwen3_moe";
   } else if (arch_name == "MixtralForCausalLM" || arch_name == "mixtral") {
     c.arch = "mixtral";
+  } else if (arch_name == "DeepseekV3ForCausalLM" || arch_name == "deepseek_v3") {
+    c.arch = "deepseek_v3";
   } else if (arch_name == "Gemma2ForCausalLM" || arch_name == "gemma2") {
     c.arch = "gemma2";
   } else if (arch_name == "Gemma3ForCausalLM" || arch_name == "gemma3_text") {
@@ -627,8 +723,8 @@ Model load_hf(const std::string& dir_str) {
   } else {
     cf.bad("architectures", "= \"" + arch_name +
                                 "\" is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                "Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                                "Phi3ForCausalLM)");
+                                "Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, "
+                                "Gemma3ForCausalLM, Phi3ForCausalLM)");
   }
   const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
   if (gemma) {
@@ -673,6 +769,7 @@ Model load_hf(const std::string& dir_str) {
     cf.bad("attention_bias", "is true: biases on q/k/v/o projections are supported for Qwen2 (q/k/v) only");
   c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3_moe" || c.arch == "gemma3";
   if (c.arch == "qwen3_moe" || c.arch == "mixtral") read_moe_config(cf, c);
+  if (c.arch == "deepseek_v3") read_deepseek_config(cf, c);
   // transformers writes tie_word_embeddings only where it differs from PretrainedConfig's default
   // (true): Gemma checkpoints, tied, usually omit it.
   c.tied_embeddings = cf.bool_opt("tie_word_embeddings", gemma);
@@ -788,7 +885,9 @@ Model load_hf(const std::string& dir_str) {
   for (int i = 0; i < c.n_layers; ++i) {
     LayerWeights& L = w.layers[static_cast<std::size_t>(i)];
     load(layer_name(i, "input_layernorm.weight"), {D}, &L.attn_norm);
-    if (phi3) {
+    if (c.mla.any()) {
+      load_mla_layer(load, c, i, L);
+    } else if (phi3) {
       load_fused(layer_name(i, "self_attn.qkv_proj.weight"), {Q, KV, KV}, D,
                  "rows [q_dim | kv_dim | kv_dim] = q_proj, k_proj, v_proj", {&L.wq, &L.wk, &L.wv});
     } else {
@@ -796,7 +895,7 @@ Model load_hf(const std::string& dir_str) {
       load(layer_name(i, "self_attn.k_proj.weight"), {KV, D}, &L.wk);
       load(layer_name(i, "self_attn.v_proj.weight"), {KV, D}, &L.wv);
     }
-    load(layer_name(i, "self_attn.o_proj.weight"), {D, Q}, &L.wo);
+    load(layer_name(i, "self_attn.o_proj.weight"), {D, c.attn_out_dim()}, &L.wo);
     if (c.qkv_bias) {
       load(layer_name(i, "self_attn.q_proj.bias"), {Q}, &L.bq);
       load(layer_name(i, "self_attn.k_proj.bias"), {KV}, &L.bk);
@@ -813,7 +912,10 @@ Model load_hf(const std::string& dir_str) {
     } else {
       load(layer_name(i, "post_attention_layernorm.weight"), {D}, &L.ffn_norm);
     }
-    if (c.moe.is_moe(i)) {
+    if (c.moe.is_moe(i) && c.arch == "deepseek_v3") {
+      load_moe_layer(src, cfg_path.string(), arch_label, "n_routed_experts", c, i, L);
+      load_deepseek_moe_extras(load, c, i, L);
+    } else if (c.moe.is_moe(i)) {
       load_moe_layer(src, cfg_path.string(), arch_label,
                      c.arch == "mixtral" || !cf.has("num_experts") ? "num_local_experts" : "num_experts", c, i, L);
     } else if (phi3) {
