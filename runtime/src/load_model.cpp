@@ -225,6 +225,15 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
   return hex;
 }
 
+std::string kv_cache_layout(const ModelConfig& c) {
+  if (!c.mla.any()) return "kv_heads";
+  return "mla_expanded: per head K = [k_nope " + std::to_string(c.mla.nope_dim) + " | k_rope " +
+         std::to_string(c.mla.rope_dim) + "], V = [v " + std::to_string(c.mla.v_dim) + " | zero pad " +
+         std::to_string(c.head_dim - c.mla.v_dim) + "], " + std::to_string(c.n_kv_heads) +
+         " heads; the latent c_kv (kv_lora_rank " + std::to_string(c.mla.kv_lora_rank) +
+         ") is not cached, the K/V format applies to the expanded rows";
+}
+
 Model load_model(const std::string& path, const std::string& tokenizer_path) {
   std::error_code ec;
   if (path.empty()) throw ModelError("model: no path given (--model PATH)");

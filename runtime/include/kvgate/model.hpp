@@ -208,6 +208,11 @@ struct Model {
   std::unique_ptr<Tokenizer> tokenizer;  // may be null when no tokenizer was found
 };
 
+// What one token's KV cache rows hold for this model, for format-resolution output: the K/V heads
+// the KV format is applied to. "kv_heads" for every non-MLA model; for MLA (DeepSeek) the expanded
+// per-head rows (the latent is not cached), never the latent.
+std::string kv_cache_layout(const ModelConfig& c);
+
 // Picks the loader from the path: a directory (Hugging Face), *.gguf, or a llama2.c .bin
 // (tokenizer from `tokenizer_path`, or tok<vocab>.bin / tokenizer.bin beside it).
 Model load_model(const std::string& path, const std::string& tokenizer_path = {});
