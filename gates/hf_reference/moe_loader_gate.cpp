@@ -8,12 +8,17 @@
 //  STO.loader.moe_count  an expert count in config.json that disagrees with the tensors (more, fewer,
 //                        a fused stack of another size, top-k above the count, the count under two
 //                        names with two values) is refused naming the file, the field and the fix.
+//  STO.loader.mla_config DeepSeek-V3 MLA / routing dimensions that disagree refused; the engine
+//                        reports the cache layout (expanded K/V, not the latent).
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "../resolve/fixtures.hpp"
 #include "catch_compat.hpp"
 #include "hf_ref_harness.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
 #include "kvgate/loaders.hpp"
 
 using namespace kvgate;
@@ -218,5 +223,57 @@ TEST_CASE("STO.loader.moe_count an expert count disagreeing with the tensors is 
     const std::string d3 = copy_case(t, "mixtral", "m_topk");
     edit_config(d3, [&](json& cj) { cj["num_experts_per_tok"] = 9; });
     CHECK(has(refused(d3), "field 'num_experts_per_tok' = 9 exceeds num_local_experts = 4"));
+  }
+}
+
+// STO.loader.mla_config: DeepSeek-V3 configs whose MLA or V3-routing dimensions are inconsistent are
+// refused naming the file and the field; a tensor of another shape than the dimensions imply names
+// the tensor. The engine's resolution output says what the cache rows hold (expanded per-head K/V,
+// not the latent), so a K/V format is never reported as applied to a latent it does not touch.
+TEST_CASE("STO.loader.mla_config inconsistent MLA / V3-routing dimensions refused with the file and the field; "
+          "the cache layout is reported",
+          "[gate:STO][fmt:none]") {
+  TempDir t;
+  const std::string ok = copy_case(t, "deepseek_v3", "ds_ok");
+  const Model m = load_model(ok);
+  REQUIRE(m.config.mla.any());
+  CHECK(m.config.head_dim == m.config.mla.nope_dim + m.config.mla.rope_dim);
+  {
+    EngineOptions o = engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1);
+    o.max_context = 8;
+    Engine e(m, o);
+    const std::string layout = e.stats().kv_layout;
+    INFO(layout);
+    CHECK(has(layout, "mla_expanded"));
+    CHECK(has(layout, "latent c_kv (kv_lora_rank 32) is not cached"));
+    // A dense model reports plain K/V heads.
+    const Model q = load_model(copy_case(t, "qwen3_moe", "q_layout"));
+    Engine eq(q, o);
+    CHECK(eq.stats().kv_layout == "kv_heads");
+  }
+  struct Bad {
+    const char* name;
+    std::function<void(json&)> edit;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Bad> bads = {
+      {"head_dim", [](json& cj) { cj["head_dim"] = 16; }, {"field 'head_dim' = 16 differs from qk_rope_head_dim = 8"}},
+      {"qk_head_dim", [](json& cj) { cj["qk_head_dim"] = 30; }, {"field 'qk_head_dim' = 30 is not qk_nope_head_dim + qk_rope_head_dim = 24"}},
+      {"v_head_dim", [](json& cj) { cj["v_head_dim"] = 40; }, {"field 'v_head_dim' = 40 is wider than"}},
+      {"rope_odd", [](json& cj) { cj["qk_rope_head_dim"] = 7; }, {"field 'qk_rope_head_dim' = 7 is odd"}},
+      {"n_group", [](json& cj) { cj["n_group"] = 3; }, {"field 'n_group' = 3 does not divide n_routed_experts = 8"}},
+      {"topk_group", [](json& cj) { cj["topk_group"] = 3; }, {"field 'topk_group' = 3 exceeds n_group = 2"}},
+      {"top_k", [](json& cj) { cj["num_experts_per_tok"] = 5; }, {"field 'num_experts_per_tok' = 5 exceeds the experts of topk_group = 1 groups of 4"}},
+      {"kv_lora", [](json& cj) { cj["kv_lora_rank"] = 30; }, {"kv_a_proj_with_mqa.weight' field 'shape' = [40, 64]", "[38, 64]"}},
+      {"experts", [](json& cj) { cj["n_routed_experts"] = 6; cj["n_group"] = 2; }, {"mlp.gate.weight' field 'shape' = [8, 64]", "field 'n_routed_experts' (= 6)"}},
+      {"missing", [](json& cj) { cj.erase("kv_lora_rank"); }, {"field 'kv_lora_rank' is missing"}},
+  };
+  for (const Bad& b : bads) {
+    const std::string d = copy_case(t, "deepseek_v3", std::string("ds_bad_") + b.name);
+    edit_config(d, b.edit);
+    const std::string msg = model_error([&] { load_model(d); });
+    INFO("bad input " << b.name << ": " << msg);
+    CHECK(has(msg, d));  // the file (config.json or model.safetensors of that directory)
+    for (const auto& e : b.expect) CHECK(has(msg, e));
   }
 }
