@@ -98,7 +98,9 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
     mla_att_ = dmalloc<float>(R * H * static_cast<std::size_t>(a.v_dim));
   }
   logits_ = dmalloc<float>(R * static_cast<std::size_t>(c_.vocab_size));
-  if (m_.weight_type() == WeightType::bf16) act16_ = dmalloc<std::uint16_t>(R * std::max({dim, qd, hid}));
+  if (m_.weight_type() == WeightType::bf16)  // every GEMM input: also MLA's q_lora and kv_lora rows
+    act16_ = dmalloc<std::uint16_t>(R * std::max({dim, qd, hid, static_cast<std::size_t>(c_.mla.q_lora_rank),
+                                                  static_cast<std::size_t>(c_.mla.kv_lora_rank)}));
   d_argmax_ = dmalloc<int>(R);
   KVGATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_argmax_), R * sizeof(int)));
   // Metadata block: tokens, positions, slots, lengths [R] each, then block tables [R][table_stride].
