@@ -204,6 +204,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                   {"effective_kv", st.effective_kv},
                   {"backend", st.backend},
                   {"fallback_reason", st.fallback_reason},
+                  {"kv_layout", st.kv_layout},
                   {"kv_bytes", st.kv_bytes},
                   {"kv_pool_bytes", st.kv_pool_bytes},
                   {"block_size", st.block_size},
@@ -243,6 +244,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                  st.effective_kv.c_str(), st.requested_kv.c_str(), st.fallback_reason.empty() ? "" : ", fallback: ",
                  st.fallback_reason.c_str(), st.backend.c_str(), st.kv_bytes, st.ttft_ms, st.prefill_tok_s(),
                  st.decode_tok_s(), r.stop_reason.c_str());
+    if (st.kv_layout != "kv_heads") std::fprintf(stderr, "kv layout: %s\n", st.kv_layout.c_str());
     if (conv)
       std::fprintf(stderr, "conversation %s: hydrated %d of %zu prompt tokens (kv load %.3f ms), prefilled %lld, saved %zu to %s\n",
                    conv->conv_id().c_str(), st.hydrated_tokens, prompt_ids.size(), kv_load_ms, st.prefill_tokens,

@@ -62,3 +62,10 @@ CUDA_HF_CASE("phi3_longrope")
 // gemma2: the CUDA forward refuses attention-logit soft-capping (its kernels do not apply it), so it
 // runs on the CPU only: STO.cuda.arch_refusal (cuda_arch_gate.cpp) gates the refusal.
 CUDA_HF_CASE("gemma3")
+// Mixture of experts: the router kernel and every expert over every row (runtime/cuda/model/forward.cpp).
+CUDA_HF_CASE("qwen3_moe")
+CUDA_HF_CASE("mixtral")
+// DeepSeek-V3: MLA expanded into per-head K/V rows (the assemble kernel), the V3 group router and the
+// shared expert.
+CUDA_HF_CASE("deepseek_v3")
+CUDA_HF_CASE("deepseek_v3_qlora")

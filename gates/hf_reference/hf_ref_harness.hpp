@@ -49,7 +49,8 @@ inline const std::vector<std::string>& case_names() {
   static const std::vector<std::string> n = {
       "llama_default", "llama3_rope", "llama3_legacy", "llama_linear", "llama_dynamic",
       "llama_sp",      "qwen2",       "qwen2_swa",     "qwen3",        "qwen3_yarn",
-      "mistral_swa",   "phi3",        "phi3_longrope", "gemma2",       "gemma3"};
+      "mistral_swa",   "phi3",        "phi3_longrope", "gemma2",       "gemma3",
+      "qwen3_moe",     "mixtral",     "deepseek_v3",   "deepseek_v3_qlora"};
   return n;
 }
 
@@ -177,10 +178,30 @@ inline int rope_freq_ops(const RopeConfig& r) {
   return 8;
 }
 
+// The FFN's share of the chain: the dense MLP's width, or for a mixture of experts the widest of the
+// dense and expert widths plus the routing path's roundings (router dot product dim + 1, softmax
+// E + 3, top-k renormalisation K + 2, the weighted sum over the K experts 2K + 2). The routing
+// decision itself is not a rounding: a token whose k-th and (k+1)-th probabilities tie within
+// rounding would pick another expert, which this bound does not cover (the cases print no such
+// position; a failure there would show as a large local difference).
+// Latent attention (MLA) adds its low-rank chain before the attention: q_a (dim + 1), its norm
+// (q_lora + 3), q_b (q_lora + 1); kv_a (dim + 1), its norm (kv_lora + 3), kv_b (kv_lora + 1); and the
+// shared expert its own gated MLP (shared_dim + 1 past the routed sum).
+inline int ffn_chain_width(const ModelConfig& c) {
+  int w = c.hidden_dim;
+  if (c.moe.any()) {
+    const MoeConfig& m = c.moe;
+    w = std::max({c.hidden_dim, m.expert_dim, m.shared_dim}) + c.dim + m.n_experts + 3 * m.top_k + 8 +
+        (m.shared_dim > 0 ? 2 : 0) + (m.router == MoeConfig::Router::sigmoid_groups ? m.n_experts / m.n_group + 4 : 0);
+  }
+  if (c.mla.any()) w += 2 * c.dim + 2 * c.mla.q_lora_rank + 2 * c.mla.kv_lora_rank + 10;
+  return w;
+}
+
 inline double chain_at(const ModelConfig& c, int pos) {
   const bool scaled = c.rope.type == RopeType::yarn || c.rope.type == RopeType::longrope;
-  return forward_rounding_chain(c.n_layers, c.dim, c.hidden_dim, c.head_dim, c.q_dim(), pos, rope_freq_ops(c.rope),
-                                scaled);
+  return forward_rounding_chain(c.n_layers, c.dim, ffn_chain_width(c), c.head_dim, c.q_dim(), pos,
+                                rope_freq_ops(c.rope), scaled);
 }
 
 // The combined bound at position p for logits of magnitude zmax: transformers' B(p) plus the

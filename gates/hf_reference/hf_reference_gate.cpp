@@ -80,4 +80,8 @@ HF_CASE("phi3")
 HF_CASE("phi3_longrope")
 HF_CASE("gemma2")
 HF_CASE("gemma3")
+HF_CASE("qwen3_moe")
+HF_CASE("mixtral")
+HF_CASE("deepseek_v3")
+HF_CASE("deepseek_v3_qlora")
 

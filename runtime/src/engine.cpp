@@ -96,6 +96,7 @@ struct Engine::Impl {
     stats.effective_kv = opts.kv.effective.name();
     stats.backend = opts.kv.backend.empty() ? "cpu" : opts.kv.backend;
     stats.fallback_reason = opts.kv.fallback_reason;
+    stats.kv_layout = kv_cache_layout(m.config);
     stats.block_size = store.config().block_size;
     stats.n_blocks = store.config().n_blocks;
     stats.kv_pool_bytes = store.pool_bytes();
@@ -194,6 +195,7 @@ void Engine::reset() {
   d.stats.effective_kv = keep.effective_kv;
   d.stats.backend = keep.backend;
   d.stats.fallback_reason = keep.fallback_reason;
+  d.stats.kv_layout = keep.kv_layout;
   d.stats.block_size = keep.block_size;
   d.stats.n_blocks = keep.n_blocks;
   d.stats.kv_pool_bytes = keep.kv_pool_bytes;

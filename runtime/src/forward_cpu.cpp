@@ -175,10 +175,10 @@ CpuForward::CpuForward(const Model& model, int max_chunk, ThreadPool& pool)
     : m_(model), c_(model.config), max_chunk_(std::max(1, max_chunk)), pool_(pool) {
   const int half = c_.head_dim / 2;
   {  // plain RoPE: as run.c, 1 / theta^(2i / head_dim) in binary32 (rope.cpp); variants: rope.hpp
-    RopeFrequencies f = rope_frequencies(c_.rope, c_.rope_theta, c_.head_dim, 0);
+    RopeFrequencies f = rope_frequencies(c_.rope, c_.rope_theta, rope_width(), 0);
     freq_ = std::move(f.inv_freq);
     rope_scale_ = f.attention_scaling;
-    rot_ = rope_rotary_dim(c_.rope, c_.head_dim);
+    rot_ = rope_rotary_dim(c_.rope, rope_width());
     if (c_.has_rope_local) {
       RopeFrequencies fl = rope_frequencies(c_.rope_local, c_.rope_theta, c_.head_dim, 0);
       freq_l_ = std::move(fl.inv_freq);
@@ -198,6 +198,28 @@ CpuForward::CpuForward(const Model& model, int max_chunk, ThreadPool& pool)
   hb2_.resize(C * c_.hidden_dim);
   cos_.resize(C * half);
   sin_.resize(C * half);
+  if (c_.mla.any()) {
+    const MlaConfig& a = c_.mla;
+    const std::size_t H = static_cast<std::size_t>(c_.n_heads);
+    qa_.resize(C * static_cast<std::size_t>(std::max(1, a.q_lora_rank)));
+    ckv_.resize(C * static_cast<std::size_t>(a.kv_lora_rank + a.rope_dim));
+    lat_.resize(C * static_cast<std::size_t>(a.kv_lora_rank));
+    kvb_.resize(C * H * static_cast<std::size_t>(a.nope_dim + a.v_dim));
+    attc_.resize(C * H * static_cast<std::size_t>(a.v_dim));
+  }
+  if (c_.moe.any()) {
+    const std::size_t E = static_cast<std::size_t>(c_.moe.n_experts), K = static_cast<std::size_t>(c_.moe.top_k),
+                      I = static_cast<std::size_t>(std::max(c_.moe.expert_dim, c_.moe.shared_dim));
+    rl_.resize(C * E);
+    rw_.resize(C * K);
+    rsel_.resize(C * K);
+    grow_.resize(C);
+    xg_.resize(C * c_.dim);
+    hg_.resize(C * I);
+    hg2_.resize(C * I);
+    yg_.resize(C * c_.dim);
+    moe_.resize(C * c_.dim);
+  }
   if (c_.has_rope_local) {
     cos_l_.resize(C * half);
     sin_l_.resize(C * half);
@@ -213,7 +235,7 @@ CpuForward::CpuForward(const Model& model, int max_chunk, ThreadPool& pool)
 void CpuForward::rope_angles(const RopeConfig& r, std::vector<float>& freq, float& scaling, int pos0, int T, float* cs,
                              float* sn) const {
   if (r.length_dependent()) {
-    RopeFrequencies f = rope_frequencies(r, c_.rope_theta, c_.head_dim, pos0 + T);
+    RopeFrequencies f = rope_frequencies(r, c_.rope_theta, rope_width(), pos0 + T);
     freq = std::move(f.inv_freq);
     scaling = f.attention_scaling;
   }
@@ -332,35 +354,43 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     for (int t = 0; t < T; ++t)
       rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
               L.attn_norm.data(), dim, c.rms_eps);
-    matmul(pool_, q_.data(), xb_.data(), L.wq.data(), c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
-    matmul(pool_, k_.data(), xb_.data(), L.wk.data(), c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
-    matmul(pool_, v_.data(), xb_.data(), L.wv.data(), c.qkv_bias ? L.bv.data() : nullptr, T, dim, kvd, false);
-    if (c.qk_norm) {  // qwen3: RMSNorm over each head of q and k, before RoPE
-      for (int i = 0; i < T * c.n_heads; ++i)
-        rmsnorm(q_.data() + static_cast<std::size_t>(i) * hd, q_.data() + static_cast<std::size_t>(i) * hd,
-                L.q_norm.data(), hd, c.rms_eps);
-      for (int i = 0; i < T * c.n_kv_heads; ++i)
-        rmsnorm(k_.data() + static_cast<std::size_t>(i) * hd, k_.data() + static_cast<std::size_t>(i) * hd,
-                L.k_norm.data(), hd, c.rms_eps);
-    }
-    const bool local_rope = layer_uses_local_rope(c, l);
-    rope(q_.data(), T, c.n_heads, local_rope);
-    rope(k_.data(), T, c.n_kv_heads, local_rope);
-    // K/V rows go through the KV format; attention reads them back from the store.
-    store.write(s, l, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
-    attend(store, s, l, T, pos0);
-    // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
-    if (c.post_norms) {
-      matmul(pool_, xb2_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, false);
-      add_normed(L.post_attn_norm.data(), T);
+    if (c.mla.any()) {
+      mla_attention(store, s, L, l, T, pos0);
     } else {
-      matmul(pool_, x_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, true);
+      matmul(pool_, q_.data(), xb_.data(), L.wq.data(), c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
+      matmul(pool_, k_.data(), xb_.data(), L.wk.data(), c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
+      matmul(pool_, v_.data(), xb_.data(), L.wv.data(), c.qkv_bias ? L.bv.data() : nullptr, T, dim, kvd, false);
+      if (c.qk_norm) {  // qwen3: RMSNorm over each head of q and k, before RoPE
+        for (int i = 0; i < T * c.n_heads; ++i)
+          rmsnorm(q_.data() + static_cast<std::size_t>(i) * hd, q_.data() + static_cast<std::size_t>(i) * hd,
+                  L.q_norm.data(), hd, c.rms_eps);
+        for (int i = 0; i < T * c.n_kv_heads; ++i)
+          rmsnorm(k_.data() + static_cast<std::size_t>(i) * hd, k_.data() + static_cast<std::size_t>(i) * hd,
+                  L.k_norm.data(), hd, c.rms_eps);
+      }
+      const bool local_rope = layer_uses_local_rope(c, l);
+      rope(q_.data(), T, c.n_heads, local_rope);
+      rope(k_.data(), T, c.n_kv_heads, local_rope);
+      // K/V rows go through the KV format; attention reads them back from the store.
+      store.write(s, l, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
+      attend(store, s, l, T, pos0);
+      // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
+      if (c.post_norms) {
+        matmul(pool_, xb2_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, false);
+        add_normed(L.post_attn_norm.data(), T);
+      } else {
+        matmul(pool_, x_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, true);
+      }
     }
-
     // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
     for (int t = 0; t < T; ++t)
       rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
               L.ffn_norm.data(), dim, c.rms_eps);
+    if (c.moe.is_moe(l)) {  // routed experts: x += sum_e p_e expert_e(xb)
+      moe_ffn(L, T);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] += moe_[i];
+      continue;
+    }
     matmul(pool_, hb_.data(), xb_.data(), L.w1.data(), nullptr, T, dim, hid, false);
     matmul(pool_, hb2_.data(), xb_.data(), L.w3.data(), nullptr, T, dim, hid, false);
     if (c.ffn_act == FfnAct::gelu_tanh) geglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
@@ -385,6 +415,207 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     for (std::size_t i = 0; i < static_cast<std::size_t>(n_rows) * c.vocab_size; ++i)
       logits[i] = std::tanh(logits[i] / cap) * cap;
   }
+}
+
+// Router of one token, as transformers' Qwen3-MoE / Mixtral routers: probabilities = softmax of the
+// logits in f32 (max subtracted), the top_k largest (torch.topk: descending; equal values: the lower
+// expert index first), divided by their sum when norm_topk (Mixtral always).
+void CpuForward::route(const float* logits, int* sel, float* weight) const {
+  const MoeConfig& m = c_.moe;
+  const int E = m.n_experts, K = m.top_k;
+  float mx = logits[0];
+  for (int e = 1; e < E; ++e) mx = std::max(mx, logits[e]);
+  float p[1024];
+  std::vector<float> big;
+  float* pr = p;
+  if (E > 1024) big.resize(static_cast<std::size_t>(E)), pr = big.data();
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += (pr[e] = std::exp(logits[e] - mx));
+  for (int e = 0; e < E; ++e) pr[e] /= sum;
+  for (int k = 0; k < K; ++k) {  // selection: K passes (K is small)
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int j = 0; j < k; ++j) taken |= sel[j] == e;
+      if (!taken && (best < 0 || pr[e] > pr[best])) best = e;
+    }
+    sel[k] = best;
+    weight[k] = pr[best];
+  }
+  if (m.norm_topk) {
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += weight[k];
+    for (int k = 0; k < K; ++k) weight[k] /= s;
+  }
+}
+
+// Every token routed, then expert by expert in increasing index (transformers' loop over the hit
+// experts): the expert's tokens gathered, act(x W1_e) * (x W3_e) W2_e, times the token's weight,
+// added into moe_ (zero first). Each token's sum therefore runs over its experts in index order.
+void CpuForward::moe_ffn(const LayerWeights& L, int T) {
+  const MoeConfig& m = c_.moe;
+  const int dim = c_.dim, E = m.n_experts, K = m.top_k, I = m.expert_dim;
+  matmul(pool_, rl_.data(), xb_.data(), L.router.data(), nullptr, T, dim, E, false);
+  for (int t = 0; t < T; ++t) {
+    const float* lg = rl_.data() + static_cast<std::size_t>(t) * E;
+    int* sel = rsel_.data() + static_cast<std::size_t>(t) * K;
+    float* wt = rw_.data() + static_cast<std::size_t>(t) * K;
+    if (m.router == MoeConfig::Router::sigmoid_groups) route_groups(lg, L.router_bias.data(), sel, wt);
+    else route(lg, sel, wt);
+  }
+  std::fill(moe_.begin(), moe_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(T) * dim), 0.0f);
+  const std::size_t blk = static_cast<std::size_t>(I) * dim;
+  for (int e = 0; e < E; ++e) {
+    int n = 0;
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k)
+        if (rsel_[static_cast<std::size_t>(t) * K + k] == e) {
+          grow_[static_cast<std::size_t>(n)] = t * K + k;
+          std::memcpy(xg_.data() + static_cast<std::size_t>(n) * dim, xb_.data() + static_cast<std::size_t>(t) * dim,
+                      sizeof(float) * dim);
+          ++n;
+        }
+    if (n == 0) continue;
+    matmul(pool_, hg_.data(), xg_.data(), L.ew1.data() + e * blk, nullptr, n, dim, I, false);
+    matmul(pool_, hg2_.data(), xg_.data(), L.ew3.data() + e * blk, nullptr, n, dim, I, false);
+    swiglu(hg_.data(), hg2_.data(), static_cast<std::size_t>(n) * I);
+    matmul(pool_, yg_.data(), hg_.data(), L.ew2.data() + e * blk, nullptr, n, I, dim, false);
+    for (int j = 0; j < n; ++j) {
+      const int tk = grow_[static_cast<std::size_t>(j)];
+      const float w = rw_[static_cast<std::size_t>(tk)];
+      float* o = moe_.data() + static_cast<std::size_t>(tk / K) * dim;
+      const float* y = yg_.data() + static_cast<std::size_t>(j) * dim;
+      for (int i = 0; i < dim; ++i) o[i] += y[i] * w;
+    }
+  }
+  // Shared expert (DeepSeek): a dense gated MLP on every token, added to the routed sum.
+  if (m.shared_dim > 0) {
+    const int S = m.shared_dim;
+    matmul(pool_, hg_.data(), xb_.data(), L.sw1.data(), nullptr, T, dim, S, false);
+    matmul(pool_, hg2_.data(), xb_.data(), L.sw3.data(), nullptr, T, dim, S, false);
+    swiglu(hg_.data(), hg2_.data(), static_cast<std::size_t>(T) * S);
+    matmul(pool_, yg_.data(), hg_.data(), L.sw2.data(), nullptr, T, S, dim, false);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) moe_[i] += yg_[i];
+  }
+}
+
+// DeepSeek-V3 (transformers' DeepseekV3MoE.route_tokens_to_experts): s = sigmoid(logits) in f32;
+// the choice uses s + bias; each group of E / n_group experts is scored by the sum of its two best
+// biased scores; the topk_group best groups (ties: lower index) stay, the other groups' experts are
+// out of the choice; the top_k best biased scores among those (ties: lower index) are selected;
+// weights = the selected unbiased s, divided by (their sum + 1e-20) when norm_topk, times
+// routed_scaling_factor.
+void CpuForward::route_groups(const float* logits, const float* bias, int* sel, float* weight) const {
+  const MoeConfig& m = c_.moe;
+  const int E = m.n_experts, K = m.top_k, G = m.n_group, per = E / G;
+  std::vector<float> sc(static_cast<std::size_t>(E)), ch(static_cast<std::size_t>(E));
+  for (int e = 0; e < E; ++e) {
+    sc[static_cast<std::size_t>(e)] = 1.0f / (1.0f + std::exp(-logits[e]));
+    ch[static_cast<std::size_t>(e)] = sc[static_cast<std::size_t>(e)] + bias[e];
+  }
+  std::vector<float> gs(static_cast<std::size_t>(G));
+  for (int g = 0; g < G; ++g) {  // the two largest biased scores of the group, larger first
+    float b1 = -INFINITY, b2 = -INFINITY;
+    for (int j = 0; j < per; ++j) {
+      const float v = ch[static_cast<std::size_t>(g * per + j)];
+      if (v > b1) b2 = b1, b1 = v;
+      else if (v > b2) b2 = v;
+    }
+    gs[static_cast<std::size_t>(g)] = b1 + b2;
+  }
+  std::vector<char> keep(static_cast<std::size_t>(G), 0);
+  for (int k = 0; k < m.topk_group; ++k) {
+    int best = -1;
+    for (int g = 0; g < G; ++g)
+      if (!keep[static_cast<std::size_t>(g)] && (best < 0 || gs[static_cast<std::size_t>(g)] > gs[static_cast<std::size_t>(best)]))
+        best = g;
+    keep[static_cast<std::size_t>(best)] = 1;
+  }
+  for (int k = 0; k < K; ++k) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      if (!keep[static_cast<std::size_t>(e / per)]) continue;
+      bool taken = false;
+      for (int j = 0; j < k; ++j) taken |= sel[j] == e;
+      if (!taken && (best < 0 || ch[static_cast<std::size_t>(e)] > ch[static_cast<std::size_t>(best)])) best = e;
+    }
+    sel[k] = best;
+    weight[k] = sc[static_cast<std::size_t>(best)];
+  }
+  if (m.norm_topk) {
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += weight[k];
+    s += 1e-20f;
+    for (int k = 0; k < K; ++k) weight[k] /= s;
+  }
+  for (int k = 0; k < K; ++k) weight[k] *= m.routed_scale;
+}
+
+// MLA, expanded (transformers' DeepseekV3Attention, non-absorbed): per token the latent
+// c = rmsnorm(kv_a(x)[:kv_lora]) and the shared k_rope = kv_a(x)[kv_lora:]; per head
+// [k_nope | v] = kv_b(c); q = q_proj(x) or q_b(rmsnorm(q_a(x))). The rope parts of q and k turn by
+// the RoPE of width qk_rope_head_dim (rope_interleave: pairs (2i, 2i+1) written de-interleaved, as
+// transformers' apply_rotary_pos_emb_interleave; else rotate-half). Each head's key [k_nope | k_rope]
+// and value [v | 0 ... 0] (zero-padded to the key width) go to the store as an ordinary K/V head, so
+// the KV format applies to those expanded rows (not to a latent); attention's v outputs feed o_proj.
+void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int T, int pos0) {
+  const ModelConfig& c = c_;
+  const MlaConfig& a = c.mla;
+  const int dim = c.dim, H = c.n_heads, N = a.nope_dim, R = a.rope_dim, VD = a.v_dim, QK = N + R,
+            KL = a.kv_lora_rank, QL = a.q_lora_rank;
+  if (QL > 0) {
+    matmul(pool_, qa_.data(), xb_.data(), L.wq_a.data(), nullptr, T, dim, QL, false);
+    for (int t = 0; t < T; ++t)
+      rmsnorm(qa_.data() + static_cast<std::size_t>(t) * QL, qa_.data() + static_cast<std::size_t>(t) * QL,
+              L.q_a_norm.data(), QL, c.rms_eps);
+    matmul(pool_, q_.data(), qa_.data(), L.wq.data(), nullptr, T, QL, H * QK, false);
+  } else {
+    matmul(pool_, q_.data(), xb_.data(), L.wq.data(), nullptr, T, dim, H * QK, false);
+  }
+  matmul(pool_, ckv_.data(), xb_.data(), L.wkv_a.data(), nullptr, T, dim, KL + R, false);
+  for (int t = 0; t < T; ++t)
+    rmsnorm(lat_.data() + static_cast<std::size_t>(t) * KL, ckv_.data() + static_cast<std::size_t>(t) * (KL + R),
+            L.kv_a_norm.data(), KL, c.rms_eps);
+  matmul(pool_, kvb_.data(), lat_.data(), L.wkv_b.data(), nullptr, T, KL, H * (N + VD), false);
+  const int half = c.head_dim / 2, rh = R / 2;
+  auto turn = [&](float* x, int t) {  // the rope part of one head (or the shared key) at token t
+    const float* fc = cos_.data() + static_cast<std::size_t>(t) * half;
+    const float* fs = sin_.data() + static_cast<std::size_t>(t) * half;
+    float tmp[512];
+    if (a.rope_interleave) {  // de-interleave: [x0, x2, ..., x1, x3, ...]
+      for (int i = 0; i < rh; ++i) tmp[i] = x[2 * i], tmp[rh + i] = x[2 * i + 1];
+    } else {
+      for (int i = 0; i < R; ++i) tmp[i] = x[i];
+    }
+    for (int i = 0; i < rh; ++i) {
+      const float v0 = tmp[i], v1 = tmp[i + rh];
+      x[i] = v0 * fc[i] - v1 * fs[i];
+      x[i + rh] = v1 * fc[i] + v0 * fs[i];
+    }
+  };
+  for (int t = 0; t < T; ++t) {
+    float* kr = ckv_.data() + static_cast<std::size_t>(t) * (KL + R) + KL;
+    turn(kr, t);
+    for (int h = 0; h < H; ++h) {
+      float* qh = q_.data() + (static_cast<std::size_t>(t) * H + h) * QK;
+      turn(qh + N, t);
+      const float* kv = kvb_.data() + (static_cast<std::size_t>(t) * H + h) * (N + VD);
+      float* kh = k_.data() + (static_cast<std::size_t>(t) * H + h) * QK;
+      float* vh = v_.data() + (static_cast<std::size_t>(t) * H + h) * QK;
+      std::memcpy(kh, kv, sizeof(float) * N);
+      std::memcpy(kh + N, kr, sizeof(float) * R);
+      std::memcpy(vh, kv + N, sizeof(float) * VD);
+      std::fill(vh + VD, vh + QK, 0.0f);
+    }
+  }
+  const std::size_t kvd = static_cast<std::size_t>(c.kv_dim());
+  store.write(s, l, pos0, T, k_.data(), kvd, v_.data(), kvd);
+  attend(store, s, l, T, pos0);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      std::memcpy(attc_.data() + (static_cast<std::size_t>(t) * H + h) * VD,
+                  att_.data() + (static_cast<std::size_t>(t) * H + h) * QK, sizeof(float) * VD);
+  matmul(pool_, x_.data(), attc_.data(), L.wo.data(), nullptr, T, H * VD, dim, true);
 }
 
 // x[t] += rmsnorm(xb2[t]) * w for the chunk (Gemma's post-attention / post-FFN norms).

@@ -26,6 +26,8 @@ class CpuForward {
   void forward(PagedKvStore& store, SeqId s, const int* tokens, int T, float* logits, bool all_logits);
 
   int max_chunk() const { return max_chunk_; }
+  // Width the RoPE turns: head_dim, or MLA's qk_rope_head_dim.
+  int rope_width() const { return c_.mla.any() ? c_.mla.rope_dim : c_.head_dim; }
 
  private:
   // Rotates the first rotary_dim dims of every head with the chunk's angles (cos_/sin_, or the
@@ -36,6 +38,16 @@ class CpuForward {
                    float* sn) const;
   void attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0);
   void add_normed(const float* norm_w, int T);
+  // Mixture-of-experts FFN of layer L over the chunk: xb_ (normed) -> moe_ (the weighted expert sum).
+  void moe_ffn(const LayerWeights& L, int T);
+  // Routing of one token: probabilities p[E] (softmax of the router logits) -> the selected experts
+  // (descending probability, ties to the lower index) and their weights.
+  void route(const float* logits, int* sel, float* weight) const;
+  // DeepSeek-V3's router (MoeConfig::Router::sigmoid_groups) for one token.
+  void route_groups(const float* logits, const float* bias, int* sel, float* weight) const;
+  // Latent attention (MLA) of layer l: projections, RoPE on the rope parts, the expanded K/V rows into
+  // the store, attention, and x += o_proj(heads' v outputs).
+  void mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int T, int pos0);
 
   const Model& m_;
   const ModelConfig& c_;
@@ -46,6 +58,10 @@ class CpuForward {
   float rope_scale_ = 1.0f, rope_scale_l_ = 1.0f;  // attention scaling on cos/sin (yarn, longrope)
   int rot_ = 0, rot_l_ = 0;  // rotated dims per head
   std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_, cos_, sin_, cos_l_, sin_l_;
+  // MoE scratch: router logits [C][E], selections [C][top_k], gathered rows and their expert output.
+  std::vector<float> rl_, rw_, xg_, hg_, hg2_, yg_, moe_;
+  std::vector<int> rsel_, grow_;
+  std::vector<float> qa_, ckv_, lat_, kvb_, attc_;  // MLA scratch
 };
 
 }  // namespace kvgate::detail

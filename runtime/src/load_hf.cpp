@@ -1,5 +1,6 @@
 // Hugging Face directories: config.json + model.safetensors (or model.safetensors.index.json with
-// shards) + tokenizer.json. Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (QK-norm).
+// shards) + tokenizer.json. Llama, Mistral, Qwen2 (qkv bias), Qwen3 (QK-norm), Gemma 2/3, Phi-3, and
+// the mixture-of-experts Qwen3-MoE and Mixtral (read_moe_config / load_moe_layer).
 //
 // HF checkpoints keep q/k in the layout of transformers' rotate_half RoPE, so the model is loaded
 // as-is with RopeStyle::half (no permutation).
@@ -346,9 +347,9 @@ std::string layer_name(int i, const char* rest) { return "model.layers." + std::
 // A window longer than the context is full attention; <= 0 or a non-integer is refused.
 std::vector<int> layer_windows(const Cfg& cf, const std::string& arch, int n_layers) {
   const json& j = cf.j;
-  const bool qwen = arch == "qwen2" || arch == "qwen3";
+  const bool qwen = arch == "qwen2" || arch == "qwen3" || arch == "qwen3_moe";
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  const bool declares = arch == "mistral" || arch == "phi3" || qwen || gemma;
+  const bool declares = arch == "mistral" || arch == "mixtral" || arch == "phi3" || qwen || gemma;
   if (!declares) return {};  // Llama has no sliding window in transformers
   int window = 0;
   if (qwen && !cf.bool_opt("use_sliding_window", false)) {
@@ -394,6 +395,279 @@ std::vector<int> layer_windows(const Cfg& cf, const std::string& arch, int n_lay
   return out;
 }
 
+
+// ---- mixture of experts --------------------------------------------------------------------------------
+
+
+// Converts `count` elements of tensor t starting at element `first` to f32 into dst (no staging copy).
+void to_f32_into(const SafetensorsFile& f, const std::string& name, const StTensor& t, std::uint64_t first,
+                 std::uint64_t count, float* dst) {
+  const std::uint8_t* p = f.bytes(t);
+  if (t.dtype == "F32") {
+    std::memcpy(dst, p + 4 * first, count * 4);
+  } else if (t.dtype == "F16" || t.dtype == "BF16") {
+    const bool bf = t.dtype == "BF16";
+    for (std::uint64_t i = 0; i < count; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * (first + i), 2);
+      dst[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  } else {
+    throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'dtype' = " + t.dtype +
+                     " is not supported for weights (kvgate reads F32, F16 and BF16)");
+  }
+}
+
+// The MoE fields of config.json (Qwen3-MoE: num_experts, num_experts_per_tok, moe_intermediate_size,
+// norm_topk_prob, decoder_sparse_step, mlp_only_layers; Mixtral: num_local_experts,
+// num_experts_per_tok, intermediate_size for every expert, always renormalised), as transformers'
+// decoder layers decide which layers are sparse.
+void read_moe_config(const Cfg& cf, ModelConfig& c) {
+  MoeConfig& m = c.moe;
+  const json& j = cf.j;
+  m.layer_moe.assign(static_cast<std::size_t>(c.n_layers), 0);
+  if (c.arch == "mixtral") {
+    m.n_experts = cf.int_opt("num_local_experts", 8, 1, 1 << 16);
+    m.top_k = cf.int_opt("num_experts_per_tok", 2, 1, 1 << 16);
+    if (m.top_k > m.n_experts)
+      cf.bad("num_experts_per_tok", "= " + std::to_string(m.top_k) + " exceeds num_local_experts = " +
+                                        std::to_string(m.n_experts) + " (each token picks that many distinct experts)");
+    m.expert_dim = c.hidden_dim;  // MixtralConfig: intermediate_size is each expert's width
+    m.norm_topk = true;           // MixtralTopKRouter always divides the top-k by their sum
+    std::fill(m.layer_moe.begin(), m.layer_moe.end(), 1);
+    return;
+  }
+  // qwen3_moe
+  // transformers 5 writes the count as num_local_experts (Qwen3MoeConfig's attribute_map); hub
+  // configs as num_experts. Both present and different is refused.
+  if (cf.has("num_experts") && cf.has("num_local_experts") &&
+      cf.int_checked("num_experts", 0, 1 << 16) != cf.int_checked("num_local_experts", 0, 1 << 16))
+    cf.bad("num_local_experts", "= " + j["num_local_experts"].dump() + " disagrees with num_experts = " +
+                                    j["num_experts"].dump() + " (the same count under two names); keep one");
+  m.n_experts = cf.has("num_experts") ? cf.int_checked("num_experts", 0, 1 << 16)
+                                      : cf.int_opt("num_local_experts", 128, 0, 1 << 16);
+  m.top_k = cf.int_opt("num_experts_per_tok", 8, 1, 1 << 16);
+  m.expert_dim = cf.int_opt("moe_intermediate_size", 768, 1, 1 << 20);
+  m.norm_topk = cf.bool_opt("norm_topk_prob", false);
+  const int step = cf.int_opt("decoder_sparse_step", 1, 1, 1 << 20);
+  if (m.n_experts > 0 && m.top_k > m.n_experts)
+    cf.bad("num_experts_per_tok", "= " + std::to_string(m.top_k) + " exceeds num_experts = " +
+                                      std::to_string(m.n_experts) + " (each token picks that many distinct experts)");
+  std::vector<bool> dense_only(static_cast<std::size_t>(c.n_layers), false);
+  if (cf.has("mlp_only_layers")) {
+    if (!j["mlp_only_layers"].is_array()) cf.bad("mlp_only_layers", "is not a list of layer indices");
+    for (const auto& v : j["mlp_only_layers"]) {
+      if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() >= c.n_layers)
+        cf.bad("mlp_only_layers", "holds " + v.dump() + ", not a layer index in [0, num_hidden_layers = " +
+                                      std::to_string(c.n_layers) + ")");
+      dense_only[static_cast<std::size_t>(v.get<long long>())] = true;
+    }
+  }
+  // Qwen3MoeDecoderLayer: sparse when not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0.
+  for (int l = 0; l < c.n_layers; ++l)
+    m.layer_moe[static_cast<std::size_t>(l)] =
+        !dense_only[static_cast<std::size_t>(l)] && m.n_experts > 0 && (l + 1) % step == 0;
+}
+
+// One MoE layer's router and experts. Accepted layouts, looked up in this order:
+//  - fused (transformers 5 in-memory names): {p}.experts.gate_up_proj [E, 2 I, H] (gate rows first)
+//    and {p}.experts.down_proj [E, H, I];
+//  - per expert (hub checkpoints): {p}.experts.{e}.gate_proj / up_proj / down_proj.weight (Qwen3-MoE,
+//    transformers-5 Mixtral) or {p}.experts.{e}.w1 / w3 / w2.weight (hub Mixtral);
+// with p = model.layers.{i}.mlp, or model.layers.{i}.block_sparse_moe (hub Mixtral). The router is
+// {p}.gate.weight [E, H]. An expert count that disagrees with config.json is refused naming the
+// tensor and the field.
+void load_moe_layer(TensorSource& src, const std::string& cfg_path, const std::string& arch_label,
+                    const char* count_field, const ModelConfig& c, int layer, LayerWeights& L) {  // NOLINT
+  const MoeConfig& m = c.moe;
+  const std::int64_t E = m.n_experts, I = m.expert_dim, H = c.dim;
+  const char* width_field = c.arch == "mixtral" ? "intermediate_size" : "moe_intermediate_size";
+  if (c.arch == "deepseek_v3") count_field = "n_routed_experts";
+  std::string where;
+  std::string prefix;
+  for (const char* p : {"mlp", "block_sparse_moe"}) {
+    const std::string cand = layer_name(layer, p);
+    if (src.find(cand + ".gate.weight", &where)) {
+      prefix = cand;
+      break;
+    }
+  }
+  if (prefix.empty()) {
+    src.find(layer_name(layer, "mlp.gate.weight"), &where);
+    throw ModelError("'" + where + "': missing tensor '" + layer_name(layer, "mlp.gate.weight") +
+                     "' (or block_sparse_moe.gate.weight): the router of MoE layer " + std::to_string(layer) + " (" +
+                     arch_label + "; config.json '" + cfg_path + "' makes this layer sparse through " + count_field +
+                     (c.arch == "mixtral" ? "" : ", decoder_sparse_step and mlp_only_layers") + ")");
+  }
+  auto shape_err = [&](const SafetensorsFile& f, const std::string& name, const StTensor& t,
+                       const std::vector<std::int64_t>& want, const std::string& fix) {
+    throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'shape' = " + SafetensorsFile::shape_str(t.shape) +
+                     ", but config.json implies " + SafetensorsFile::shape_str(want) + "; " + fix);
+  };
+  const std::string count_fix = std::string("fix config.json '") + cfg_path + "' field '" + count_field +
+                                "' (= " + std::to_string(E) + ") to the checkpoint's expert count, or re-export it";
+  {
+    const std::string name = prefix + ".gate.weight";
+    auto f = src.find(name, &where);
+    if (f->t->shape.size() == 2 && f->t->shape[1] == H && f->t->shape[0] != E)
+      shape_err(*f->file, name, *f->t, {E, H}, "the router scores " + std::to_string(f->t->shape[0]) +
+                                                   " experts; " + count_fix);
+    if (f->t->shape != std::vector<std::int64_t>{E, H})
+      shape_err(*f->file, name, *f->t, {E, H}, "fix config.json hidden_size / " + std::string(count_field));
+    to_f32(*f->file, name, *f->t, &L.router);
+  }
+  const std::size_t blk = static_cast<std::size_t>(I * H);
+  L.ew1.assign(static_cast<std::size_t>(E) * blk, 0.0f);
+  L.ew3.assign(static_cast<std::size_t>(E) * blk, 0.0f);
+  L.ew2.assign(static_cast<std::size_t>(E) * blk, 0.0f);
+  const std::string fused_gu = prefix + ".experts.gate_up_proj", fused_dn = prefix + ".experts.down_proj";
+  if (auto gu = src.find(fused_gu, &where)) {
+    auto dn = src.find(fused_dn, &where);
+    if (!dn)
+      throw ModelError("'" + where + "': missing tensor '" + fused_dn + "' (" + fused_gu +
+                       " is fused, so the down projections must be too: [" + std::to_string(E) + ", " +
+                       std::to_string(H) + ", " + std::to_string(I) + "])");
+    for (const auto& [name, f, want] :
+         {std::tuple<std::string, TensorSource::Found, std::vector<std::int64_t>>{fused_gu, *gu, {E, 2 * I, H}},
+          std::tuple<std::string, TensorSource::Found, std::vector<std::int64_t>>{fused_dn, *dn, {E, H, I}}}) {
+      if (f.t->shape.size() == 3 && f.t->shape[0] != E && f.t->shape[1] == want[1] && f.t->shape[2] == want[2])
+        shape_err(*f.file, name, *f.t, want,
+                  "it stacks " + std::to_string(f.t->shape[0]) + " experts; " + count_fix);
+      if (f.t->shape != want)
+        shape_err(*f.file, name, *f.t, want,
+                  std::string("fix config.json hidden_size / ") + width_field + " (rows [gate | up] per expert)");
+    }
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::uint64_t base = static_cast<std::uint64_t>(e) * 2 * blk;
+      to_f32_into(*gu->file, fused_gu, *gu->t, base, blk, L.ew1.data() + e * blk);
+      to_f32_into(*gu->file, fused_gu, *gu->t, base + blk, blk, L.ew3.data() + e * blk);
+    }
+    to_f32_into(*dn->file, fused_dn, *dn->t, 0, static_cast<std::uint64_t>(E) * blk, L.ew2.data());
+    return;
+  }
+  // Per-expert tensors: which naming, then every expert, then no expert beyond the count.
+  const std::string e0 = prefix + ".experts.0.";
+  const bool w_names = !src.find(e0 + "gate_proj.weight", &where) && src.find(e0 + "w1.weight", &where);
+  const char* gate_n = w_names ? "w1.weight" : "gate_proj.weight";
+  const char* up_n = w_names ? "w3.weight" : "up_proj.weight";
+  const char* down_n = w_names ? "w2.weight" : "down_proj.weight";
+  auto expert = [&](std::int64_t e, const char* leaf) { return prefix + ".experts." + std::to_string(e) + "." + leaf; };
+  for (std::int64_t e = 0; e < E; ++e) {
+    for (const auto& [leaf, dst, want] :
+         {std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{gate_n, &L.ew1, {I, H}},
+          std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{up_n, &L.ew3, {I, H}},
+          std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{down_n, &L.ew2, {H, I}}}) {
+      const std::string name = expert(e, leaf);
+      auto f = src.find(name, &where);
+      if (!f)
+        throw ModelError("'" + where + "': missing tensor '" + name + "' (nor the fused " + fused_gu +
+                         "): config.json '" + cfg_path + "' field '" + count_field + "' = " + std::to_string(E) +
+                         " needs experts 0.." + std::to_string(E - 1) + "; if the checkpoint has fewer, " + count_fix);
+      if (f->t->shape != want)
+        shape_err(*f->file, name, *f->t, want, std::string("fix config.json hidden_size / ") + width_field);
+      to_f32_into(*f->file, name, *f->t, 0, blk, dst->data() + e * blk);
+    }
+  }
+  const std::string extra = expert(E, gate_n);
+  if (src.find(extra, &where))
+    throw ModelError("'" + where + "': tensor '" + extra + "' exists, but config.json '" + cfg_path + "' field '" +
+                     count_field + "' = " + std::to_string(E) + " (experts 0.." + std::to_string(E - 1) +
+                     "): the checkpoint has more experts than the config; " + count_fix);
+}
+
+
+// DeepSeek-V3 (DeepseekV3Config): MLA dimensions, and the V3 router (sigmoid scores, correction
+// bias for the choice, n_group / topk_group, routed_scaling_factor), first_k_dense_replace dense
+// layers, n_shared_experts shared experts of moe_intermediate_size each. config.json's head_dim is
+// the RoPE dimension (transformers sets head_dim = qk_rope_head_dim); the model's head_dim becomes
+// qk_nope_head_dim + qk_rope_head_dim, one KV head per query head.
+void read_deepseek_config(const Cfg& cf, ModelConfig& c) {
+  MlaConfig& a = c.mla;
+  a.kv_lora_rank = cf.int_req("kv_lora_rank", 1, 1 << 16);
+  a.q_lora_rank = cf.has("q_lora_rank") ? cf.int_checked("q_lora_rank", 1, 1 << 16) : 0;
+  a.nope_dim = cf.int_req("qk_nope_head_dim", 1, 1 << 14);
+  a.rope_dim = cf.int_req("qk_rope_head_dim", 2, 512);
+  a.v_dim = cf.int_req("v_head_dim", 1, 1 << 14);
+  if (a.rope_dim % 2 != 0) cf.bad("qk_rope_head_dim", "= " + std::to_string(a.rope_dim) + " is odd; RoPE needs pairs");
+  if (c.head_dim != a.rope_dim)
+    cf.bad("head_dim", "= " + std::to_string(c.head_dim) + " differs from qk_rope_head_dim = " +
+                           std::to_string(a.rope_dim) + " (transformers sets head_dim to the RoPE width); fix one of them");
+  if (cf.has("qk_head_dim") && cf.int_checked("qk_head_dim", 1, 1 << 15) != a.nope_dim + a.rope_dim)
+    cf.bad("qk_head_dim", "= " + cf.j["qk_head_dim"].dump() + " is not qk_nope_head_dim + qk_rope_head_dim = " +
+                              std::to_string(a.nope_dim + a.rope_dim));
+  if (a.v_dim > a.nope_dim + a.rope_dim)
+    cf.bad("v_head_dim", "= " + std::to_string(a.v_dim) + " is wider than qk_nope_head_dim + qk_rope_head_dim = " +
+                             std::to_string(a.nope_dim + a.rope_dim) +
+                             " (kvgate stores V zero-padded to the key width)");
+  a.rope_interleave = cf.bool_opt("rope_interleave", true);
+  c.head_dim = a.nope_dim + a.rope_dim;
+  c.n_kv_heads = c.n_heads;  // the expanded cache holds one K/V head per query head
+  // Softmax scale: qk_head_dim^-0.5, times mscale^2 when the RoPE is scaled and mscale_all_dim is set.
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  if (c.rope.type != RopeType::plain && c.rope.mscale_all_dim > 0 && c.rope.factor > 0) {
+    const double m = 0.1 * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.0;
+    scale = scale * m * m;
+  }
+  c.attn_scale = static_cast<float>(scale);
+
+  MoeConfig& m = c.moe;
+  m.router = MoeConfig::Router::sigmoid_groups;
+  m.n_experts = cf.int_req("n_routed_experts", 1, 1 << 16);
+  m.top_k = cf.int_req("num_experts_per_tok", 1, 1 << 16);
+  m.expert_dim = cf.int_req("moe_intermediate_size", 1, 1 << 20);
+  m.norm_topk = cf.bool_opt("norm_topk_prob", true);
+  m.n_group = cf.int_opt("n_group", 1, 1, 1 << 16);
+  m.topk_group = cf.int_opt("topk_group", 1, 1, 1 << 16);
+  m.routed_scale = static_cast<float>(cf.num_opt("routed_scaling_factor", 1.0));
+  const int n_shared = cf.int_opt("n_shared_experts", 0, 0, 1 << 10);
+  m.shared_dim = n_shared * m.expert_dim;
+  if (m.n_experts % m.n_group != 0)
+    cf.bad("n_group", "= " + std::to_string(m.n_group) + " does not divide n_routed_experts = " +
+                          std::to_string(m.n_experts));
+  if (m.topk_group > m.n_group)
+    cf.bad("topk_group", "= " + std::to_string(m.topk_group) + " exceeds n_group = " + std::to_string(m.n_group));
+  if (m.n_experts / m.n_group < 2)
+    cf.bad("n_group", "= " + std::to_string(m.n_group) + " leaves fewer than 2 experts per group (a group is scored "
+                          "by its two best experts)");
+  if (m.top_k > m.topk_group * (m.n_experts / m.n_group))
+    cf.bad("num_experts_per_tok", "= " + std::to_string(m.top_k) + " exceeds the experts of topk_group = " +
+                                      std::to_string(m.topk_group) + " groups of " +
+                                      std::to_string(m.n_experts / m.n_group));
+  const int first_dense = cf.int_opt("first_k_dense_replace", 0, 0, 1 << 20);
+  m.layer_moe.assign(static_cast<std::size_t>(c.n_layers), 0);
+  for (int l = first_dense; l < c.n_layers; ++l) m.layer_moe[static_cast<std::size_t>(l)] = 1;
+}
+
+// One MLA layer's projections (self_attn.*): q_proj, or q_a_proj + q_a_layernorm + q_b_proj;
+// kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj.
+template <class Load>
+void load_mla_layer(Load& load, const ModelConfig& c, int i, LayerWeights& L) {
+  const MlaConfig& a = c.mla;
+  const std::int64_t D = c.dim, H = c.n_heads, QK = a.nope_dim + a.rope_dim;
+  if (a.q_lora_rank > 0) {
+    load(layer_name(i, "self_attn.q_a_proj.weight"), {a.q_lora_rank, D}, &L.wq_a);
+    load(layer_name(i, "self_attn.q_a_layernorm.weight"), {a.q_lora_rank}, &L.q_a_norm);
+    load(layer_name(i, "self_attn.q_b_proj.weight"), {H * QK, a.q_lora_rank}, &L.wq);
+  } else {
+    load(layer_name(i, "self_attn.q_proj.weight"), {H * QK, D}, &L.wq);
+  }
+  load(layer_name(i, "self_attn.kv_a_proj_with_mqa.weight"), {a.kv_lora_rank + a.rope_dim, D}, &L.wkv_a);
+  load(layer_name(i, "self_attn.kv_a_layernorm.weight"), {a.kv_lora_rank}, &L.kv_a_norm);
+  load(layer_name(i, "self_attn.kv_b_proj.weight"), {H * (a.nope_dim + a.v_dim), a.kv_lora_rank}, &L.wkv_b);
+}
+
+// DeepSeek MoE layer extras: the router's correction bias and the shared expert.
+template <class Load>
+void load_deepseek_moe_extras(Load& load, const ModelConfig& c, int i, LayerWeights& L) {
+  const std::int64_t D = c.dim, E = c.moe.n_experts, S = c.moe.shared_dim;
+  load(layer_name(i, "mlp.gate.e_score_correction_bias"), {E}, &L.router_bias);
+  if (S > 0) {
+    load(layer_name(i, "mlp.shared_experts.gate_proj.weight"), {S, D}, &L.sw1);
+    load(layer_name(i, "mlp.shared_experts.up_proj.weight"), {S, D}, &L.sw3);
+    load(layer_name(i, "mlp.shared_experts.down_proj.weight"), {D, S}, &L.sw2);
+  }
+}
+
 }  // namespace
 
 Model load_hf(const std::string& dir_str) {
@@ -429,6 +703,12 @@ Model load_hf(const std::string& dir_str) {
     c.arch = "qwen2";
   } else if (arch_name == "Qwen3ForCausalLM" || arch_name == "qwen3") {
     c.arch = "qwen3";
+  } else if (arch_name == "Qwen3MoeForCausalLM" || arch_name == "qwen3_moe") {
+    c.arch = "qwen3_moe";
+  } else if (arch_name == "MixtralForCausalLM" || arch_name == "mixtral") {
+    c.arch = "mixtral";
+  } else if (arch_name == "DeepseekV3ForCausalLM" || arch_name == "deepseek_v3") {
+    c.arch = "deepseek_v3";
   } else if (arch_name == "Gemma2ForCausalLM" || arch_name == "gemma2") {
     c.arch = "gemma2";
   } else if (arch_name == "Gemma3ForCausalLM" || arch_name == "gemma3_text") {
@@ -443,7 +723,8 @@ Model load_hf(const std::string& dir_str) {
   } else {
     cf.bad("architectures", "= \"" + arch_name +
                                 "\" is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM)");
+                                "Qwen3ForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, "
+                                "Gemma3ForCausalLM, Phi3ForCausalLM)");
   }
   const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
   if (gemma) {
@@ -486,7 +767,9 @@ Model load_hf(const std::string& dir_str) {
   c.qkv_bias = c.arch == "qwen2";
   if (cf.bool_opt("attention_bias", false) && c.arch != "qwen2")
     cf.bad("attention_bias", "is true: biases on q/k/v/o projections are supported for Qwen2 (q/k/v) only");
-  c.qk_norm = c.arch == "qwen3" || c.arch == "gemma3";
+  c.qk_norm = c.arch == "qwen3" || c.arch == "qwen3_moe" || c.arch == "gemma3";
+  if (c.arch == "qwen3_moe" || c.arch == "mixtral") read_moe_config(cf, c);
+  if (c.arch == "deepseek_v3") read_deepseek_config(cf, c);
   // transformers writes tie_word_embeddings only where it differs from PretrainedConfig's default
   // (true): Gemma checkpoints, tied, usually omit it.
   c.tied_embeddings = cf.bool_opt("tie_word_embeddings", gemma);
@@ -602,7 +885,9 @@ Model load_hf(const std::string& dir_str) {
   for (int i = 0; i < c.n_layers; ++i) {
     LayerWeights& L = w.layers[static_cast<std::size_t>(i)];
     load(layer_name(i, "input_layernorm.weight"), {D}, &L.attn_norm);
-    if (phi3) {
+    if (c.mla.any()) {
+      load_mla_layer(load, c, i, L);
+    } else if (phi3) {
       load_fused(layer_name(i, "self_attn.qkv_proj.weight"), {Q, KV, KV}, D,
                  "rows [q_dim | kv_dim | kv_dim] = q_proj, k_proj, v_proj", {&L.wq, &L.wk, &L.wv});
     } else {
@@ -610,7 +895,7 @@ Model load_hf(const std::string& dir_str) {
       load(layer_name(i, "self_attn.k_proj.weight"), {KV, D}, &L.wk);
       load(layer_name(i, "self_attn.v_proj.weight"), {KV, D}, &L.wv);
     }
-    load(layer_name(i, "self_attn.o_proj.weight"), {D, Q}, &L.wo);
+    load(layer_name(i, "self_attn.o_proj.weight"), {D, c.attn_out_dim()}, &L.wo);
     if (c.qkv_bias) {
       load(layer_name(i, "self_attn.q_proj.bias"), {Q}, &L.bq);
       load(layer_name(i, "self_attn.k_proj.bias"), {KV}, &L.bk);
@@ -627,14 +912,20 @@ Model load_hf(const std::string& dir_str) {
     } else {
       load(layer_name(i, "post_attention_layernorm.weight"), {D}, &L.ffn_norm);
     }
-    if (phi3) {
+    if (c.moe.is_moe(i) && c.arch == "deepseek_v3") {
+      load_moe_layer(src, cfg_path.string(), arch_label, "n_routed_experts", c, i, L);
+      load_deepseek_moe_extras(load, c, i, L);
+    } else if (c.moe.is_moe(i)) {
+      load_moe_layer(src, cfg_path.string(), arch_label,
+                     c.arch == "mixtral" || !cf.has("num_experts") ? "num_local_experts" : "num_experts", c, i, L);
+    } else if (phi3) {
       load_fused(layer_name(i, "mlp.gate_up_proj.weight"), {F, F}, D,
                  "rows [intermediate | intermediate] = gate_proj, up_proj", {&L.w1, &L.w3});
     } else {
       load(layer_name(i, "mlp.gate_proj.weight"), {F, D}, &L.w1);
       load(layer_name(i, "mlp.up_proj.weight"), {F, D}, &L.w3);
     }
-    load(layer_name(i, "mlp.down_proj.weight"), {D, F}, &L.w2);
+    if (!c.moe.is_moe(i)) load(layer_name(i, "mlp.down_proj.weight"), {D, F}, &L.w2);
     // Per-layer FP8 KV scales under the names checkpoints use for them.
     float s = 0;
     const auto ui = static_cast<std::size_t>(i);

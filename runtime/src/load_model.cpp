@@ -59,14 +59,50 @@ void validate_weights(const std::string& path, const ModelConfig& c, const Model
     const LayerWeights& L = w.layers[l];
     const std::string p = "layer " + std::to_string(l) + " ";
     check_size(path, p + "attn_norm", L.attn_norm, D);
-    check_size(path, p + "wq", L.wq, Q * D);
-    check_size(path, p + "wk", L.wk, KV * D);
-    check_size(path, p + "wv", L.wv, KV * D);
-    check_size(path, p + "wo", L.wo, D * Q);
+    if (c.mla.any()) {  // latent attention projections
+      const MlaConfig& a = c.mla;
+      const std::size_t H = static_cast<std::size_t>(c.n_heads), QL = static_cast<std::size_t>(a.q_lora_rank),
+                        KL = static_cast<std::size_t>(a.kv_lora_rank), R = static_cast<std::size_t>(a.rope_dim),
+                        N = static_cast<std::size_t>(a.nope_dim), VD = static_cast<std::size_t>(a.v_dim);
+      if (QL > 0) {
+        check_size(path, p + "q_a_proj", L.wq_a, QL * D);
+        check_size(path, p + "q_a_layernorm", L.q_a_norm, QL);
+        check_size(path, p + "q_b_proj", L.wq, H * (N + R) * QL);
+      } else {
+        check_size(path, p + "q_proj", L.wq, H * (N + R) * D);
+      }
+      check_size(path, p + "kv_a_proj_with_mqa", L.wkv_a, (KL + R) * D);
+      check_size(path, p + "kv_a_layernorm", L.kv_a_norm, KL);
+      check_size(path, p + "kv_b_proj", L.wkv_b, H * (N + VD) * KL);
+      check_size(path, p + "wo", L.wo, D * H * VD);
+      if (HD != N + R || c.n_kv_heads != c.n_heads || VD > HD)
+        throw ModelError("model '" + path + "': latent attention needs head_dim = nope + rope, one KV head per head "
+                         "and v_head_dim <= head_dim");
+    } else {
+      check_size(path, p + "wq", L.wq, Q * D);
+      check_size(path, p + "wk", L.wk, KV * D);
+      check_size(path, p + "wv", L.wv, KV * D);
+      check_size(path, p + "wo", L.wo, D * Q);
+    }
     check_size(path, p + "ffn_norm", L.ffn_norm, D);
-    check_size(path, p + "w1", L.w1, F * D);
-    check_size(path, p + "w2", L.w2, D * F);
-    check_size(path, p + "w3", L.w3, F * D);
+    if (c.moe.is_moe(static_cast<int>(l))) {  // routed experts instead of the dense MLP
+      const std::size_t E = static_cast<std::size_t>(c.moe.n_experts), I = static_cast<std::size_t>(c.moe.expert_dim);
+      check_size(path, p + "router", L.router, E * D);
+      check_size(path, p + "experts w1", L.ew1, E * I * D);
+      check_size(path, p + "experts w2", L.ew2, E * D * I);
+      check_size(path, p + "experts w3", L.ew3, E * I * D);
+      if (c.moe.router == MoeConfig::Router::sigmoid_groups) check_size(path, p + "router bias", L.router_bias, E);
+      if (c.moe.shared_dim > 0) {
+        const std::size_t S = static_cast<std::size_t>(c.moe.shared_dim);
+        check_size(path, p + "shared w1", L.sw1, S * D);
+        check_size(path, p + "shared w2", L.sw2, D * S);
+        check_size(path, p + "shared w3", L.sw3, S * D);
+      }
+    } else {
+      check_size(path, p + "w1", L.w1, F * D);
+      check_size(path, p + "w2", L.w2, D * F);
+      check_size(path, p + "w3", L.w3, F * D);
+    }
     if (c.qkv_bias) {
       check_size(path, p + "bq", L.bq, Q);
       check_size(path, p + "bk", L.bk, KV);
@@ -89,6 +125,15 @@ void validate_weights(const std::string& path, const ModelConfig& c, const Model
       if (c.layer_window[l] < 0)
         throw ModelError("model '" + path + "': layer " + std::to_string(l) + " has attention window " +
                          std::to_string(c.layer_window[l]) + " (0 = full attention, else > 0)");
+  }
+  if (c.moe.any()) {
+    const MoeConfig& m = c.moe;
+    if (m.layer_moe.size() != static_cast<std::size_t>(c.n_layers) || m.expert_dim <= 0 || m.top_k < 1 ||
+        m.top_k > m.n_experts)
+      throw ModelError("model '" + path + "': mixture-of-experts config is inconsistent (" + std::to_string(m.n_experts) +
+                       " experts, top-k " + std::to_string(m.top_k) + ", expert width " + std::to_string(m.expert_dim) +
+                       ", " + std::to_string(m.layer_moe.size()) + " per-layer flags for " + std::to_string(c.n_layers) +
+                       " layers)");
   }
   for (const float v : {c.embed_scale, c.attn_scale, c.attn_softcap, c.final_softcap})
     if (!(v >= 0.0f) || !std::isfinite(v))
@@ -145,6 +190,32 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
       add(L.post_attn_norm);
       add(L.post_ffn_norm);
     }
+  // Mixture of experts (absent for dense models, so their fingerprints are unchanged).
+  if (c.moe.any()) {
+    std::string moe = "moe-v1;experts=" + std::to_string(c.moe.n_experts) + ";top_k=" + std::to_string(c.moe.top_k) +
+                      ";expert_dim=" + std::to_string(c.moe.expert_dim) + ";norm_topk=" +
+                      std::to_string(c.moe.norm_topk ? 1 : 0) + ";layers=";
+    for (auto v : c.moe.layer_moe) moe += v ? '1' : '0';
+    XXH64_update(st, moe.data(), moe.size());
+    for (const LayerWeights& L : w.layers)
+      for (const auto* t : {&L.router, &L.ew1, &L.ew2, &L.ew3}) add(*t);
+    if (c.moe.router != MoeConfig::Router::softmax_topk || c.moe.shared_dim > 0) {
+      char f[160];
+      std::snprintf(f, sizeof f, "moe-v3;router=%d;groups=%d/%d;scale=%a;shared=%d;", static_cast<int>(c.moe.router),
+                    c.moe.topk_group, c.moe.n_group, static_cast<double>(c.moe.routed_scale), c.moe.shared_dim);
+      XXH64_update(st, f, std::strlen(f));
+      for (const LayerWeights& L : w.layers)
+        for (const auto* t : {&L.router_bias, &L.sw1, &L.sw2, &L.sw3}) add(*t);
+    }
+  }
+  if (c.mla.any()) {
+    char f[160];
+    std::snprintf(f, sizeof f, "mla-v1;q_lora=%d;kv_lora=%d;nope=%d;rope=%d;v=%d;interleave=%d;", c.mla.q_lora_rank,
+                  c.mla.kv_lora_rank, c.mla.nope_dim, c.mla.rope_dim, c.mla.v_dim, c.mla.rope_interleave ? 1 : 0);
+    XXH64_update(st, f, std::strlen(f));
+    for (const LayerWeights& L : w.layers)
+      for (const auto* t : {&L.wq_a, &L.q_a_norm, &L.wkv_a, &L.kv_a_norm, &L.wkv_b}) add(*t);
+  }
   add(w.final_norm);
   add(w.classifier);
   const XXH64_hash_t h = XXH64_digest(st);
@@ -152,6 +223,15 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return hex;
+}
+
+std::string kv_cache_layout(const ModelConfig& c) {
+  if (!c.mla.any()) return "kv_heads";
+  return "mla_expanded: per head K = [k_nope " + std::to_string(c.mla.nope_dim) + " | k_rope " +
+         std::to_string(c.mla.rope_dim) + "], V = [v " + std::to_string(c.mla.v_dim) + " | zero pad " +
+         std::to_string(c.head_dim - c.mla.v_dim) + "], " + std::to_string(c.n_kv_heads) +
+         " heads; the latent c_kv (kv_lora_rank " + std::to_string(c.mla.kv_lora_rank) +
+         ") is not cached, the K/V format applies to the expanded rows";
 }
 
 Model load_model(const std::string& path, const std::string& tokenizer_path) {

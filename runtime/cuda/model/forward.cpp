@@ -68,7 +68,10 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
   cublas_check(cublasSetWorkspace(h, cublas_ws_, kCublasWorkspace), "cublasSetWorkspace");
 
   const std::size_t R = static_cast<std::size_t>(opts_.max_rows);
-  const std::size_t dim = c_.dim, qd = c_.q_dim(), kvd = c_.kv_dim(), hid = c_.hidden_dim;
+  const std::size_t dim = c_.dim, qd = c_.q_dim(), kvd = c_.kv_dim(),
+                    hid = std::max<std::size_t>({static_cast<std::size_t>(c_.hidden_dim),
+                                                 c_.moe.any() ? static_cast<std::size_t>(c_.moe.expert_dim) : 0u,
+                                                 static_cast<std::size_t>(c_.moe.shared_dim)});
   x_ = dmalloc<float>(R * dim);
   xb_ = dmalloc<float>(R * std::max(dim, qd));
   q_ = dmalloc<float>(R * qd);
@@ -78,8 +81,26 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
   hb_ = dmalloc<float>(R * hid);
   hb2_ = dmalloc<float>(R * hid);
   if (c_.post_norms) post_ = dmalloc<float>(R * dim);
+  if (c_.moe.any()) {
+    const std::size_t E = static_cast<std::size_t>(c_.moe.n_experts);
+    moe_logits_ = dmalloc<float>(R * E);
+    moe_gate_ = dmalloc<float>(R * E);
+    moe_acc_ = dmalloc<float>(R * dim);
+    moe_y_ = dmalloc<float>(R * dim);
+  }
+  if (c_.mla.any()) {
+    const MlaConfig& a = c_.mla;
+    const std::size_t H = static_cast<std::size_t>(c_.n_heads);
+    mla_qa_ = dmalloc<float>(R * static_cast<std::size_t>(std::max(1, a.q_lora_rank)));
+    mla_ckv_ = dmalloc<float>(R * static_cast<std::size_t>(a.kv_lora_rank + a.rope_dim));
+    mla_lat_ = dmalloc<float>(R * static_cast<std::size_t>(a.kv_lora_rank));
+    mla_kvb_ = dmalloc<float>(R * H * static_cast<std::size_t>(a.nope_dim + a.v_dim));
+    mla_att_ = dmalloc<float>(R * H * static_cast<std::size_t>(a.v_dim));
+  }
   logits_ = dmalloc<float>(R * static_cast<std::size_t>(c_.vocab_size));
-  if (m_.weight_type() == WeightType::bf16) act16_ = dmalloc<std::uint16_t>(R * std::max({dim, qd, hid}));
+  if (m_.weight_type() == WeightType::bf16)  // every GEMM input: also MLA's q_lora and kv_lora rows
+    act16_ = dmalloc<std::uint16_t>(R * std::max({dim, qd, hid, static_cast<std::size_t>(c_.mla.q_lora_rank),
+                                                  static_cast<std::size_t>(c_.mla.kv_lora_rank)}));
   d_argmax_ = dmalloc<int>(R);
   KVGATE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_argmax_), R * sizeof(int)));
   // Metadata block: tokens, positions, slots, lengths [R] each, then block tables [R][table_stride].
@@ -99,8 +120,10 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
   const std::size_t n_pos = static_cast<std::size_t>(max_ctx_) + 8;
   rot_ = rope_rotary_dim(c_.rope, c_.head_dim);
   rot_l_ = c_.has_rope_local ? rope_rotary_dim(c_.rope_local, c_.head_dim) : rot_;
+  // The RoPE turns head_dim dims, or MLA's qk_rope_head_dim (tables keep the head_dim / 2 stride).
+  const int rope_w = c_.mla.any() ? c_.mla.rope_dim : c_.head_dim;
   auto table = [&](const RopeConfig& r, float** d_cos, float** d_sin) {
-    const RopeFrequencies f = rope_frequencies(r, c_.rope_theta, c_.head_dim, 0);
+    const RopeFrequencies f = rope_frequencies(r, c_.rope_theta, rope_w, 0);
     std::vector<float> cs(n_pos * half), sn(n_pos * half);
     for (std::size_t p = 0; p < n_pos; ++p)
       for (std::size_t i = 0; i < f.inv_freq.size(); ++i) {
@@ -149,7 +172,8 @@ void CudaForward::stage_rope_rows(const std::vector<SeqId>& row_seq, const std::
   RopeFrequencies f;
   for (std::size_t r = 0; r < R; ++r) {
     const int L = len[row_seq[r]];
-    if (L != have_len) f = rope_frequencies(c_.rope, c_.rope_theta, c_.head_dim, L), have_len = L;
+    if (L != have_len)
+      f = rope_frequencies(c_.rope, c_.rope_theta, c_.mla.any() ? c_.mla.rope_dim : c_.head_dim, L), have_len = L;
     for (int which = 0; which < 2; ++which) {  // q at pos, k at pos + offset
       const float p = static_cast<float>(row_pos[r] + (which ? k_rope_offset_ : 0));
       const std::size_t row = which ? maxR + r : r;
@@ -176,7 +200,10 @@ CudaForward::~CudaForward() {
                   static_cast<void*>(logits_), static_cast<void*>(post_), static_cast<void*>(rope_cos_), static_cast<void*>(rope_sin_), act16_,
                   static_cast<void*>(rope_cos_l_), static_cast<void*>(rope_sin_l_), static_cast<void*>(rope_row_cos_),
                   static_cast<void*>(rope_row_sin_), static_cast<void*>(d_row_idx_),
-                  static_cast<void*>(meta_), static_cast<void*>(d_argmax_), cublas_ws_})
+                  static_cast<void*>(meta_), static_cast<void*>(d_argmax_), cublas_ws_,
+                  static_cast<void*>(moe_logits_), static_cast<void*>(moe_gate_), static_cast<void*>(moe_acc_),
+                  static_cast<void*>(moe_y_), static_cast<void*>(mla_qa_), static_cast<void*>(mla_ckv_),
+                  static_cast<void*>(mla_lat_), static_cast<void*>(mla_kvb_), static_cast<void*>(mla_att_)})
     if (p) cudaFree(p);
   if (meta_host_) cudaFreeHost(meta_host_);
   if (rope_row_host_) cudaFreeHost(rope_row_host_);
@@ -241,6 +268,9 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     const CudaModel::Layer& L = m_.layer(l);
     // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
     mk::rmsnorm(xb_, x_, L.attn_norm, R, dim, c.rms_eps, stream_);
+    if (c.mla.any()) {
+      mla_qkv(L, R);
+    } else {
     gemm(L.wq, xb_, q_, R, dim, qd, false);
     gemm(L.wk, xb_, k_, R, dim, kvd, false);
     gemm(L.wv, xb_, v_, R, dim, kvd, false);
@@ -264,6 +294,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       mk::rope(q_, d_pos_, 0, R, c.n_heads, hd, rot_, interleaved, rope_cos_, rope_sin_, stream_);
       mk::rope(k_, d_pos_, k_rope_offset_, R, c.n_kv_heads, hd, rot_, interleaved, rope_cos_, rope_sin_, stream_);
     }
+    }  // not MLA
     if (capture_kv_) {
       const std::size_t off = static_cast<std::size_t>(l) * R * kvd;
       KVGATE_CUDA_CHECK(cudaMemcpyAsync(cap_k_.data() + off, k_, static_cast<std::size_t>(R) * kvd * 4,
@@ -327,7 +358,13 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     }
     // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
     const std::size_t n_x = static_cast<std::size_t>(R) * dim;
-    if (c.post_norms) {
+    if (c.mla.any()) {  // the heads' v outputs (the first v_head_dim of each padded head) feed o_proj
+      const std::size_t VD = static_cast<std::size_t>(c.mla.v_dim);
+      KVGATE_CUDA_CHECK(cudaMemcpy2DAsync(mla_att_, VD * sizeof(float), att_, static_cast<std::size_t>(hd) * sizeof(float),
+                                          VD * sizeof(float), static_cast<std::size_t>(R) * c.n_heads,
+                                          cudaMemcpyDeviceToDevice, stream_));
+      gemm(L.wo, mla_att_, x_, R, c.n_heads * c.mla.v_dim, dim, true);
+    } else if (c.post_norms) {
       gemm(L.wo, att_, post_, R, qd, dim, false);
       mk::rmsnorm(post_, post_, L.post_attn_norm, R, dim, c.rms_eps, stream_);
       mk::add(x_, post_, n_x, stream_);
@@ -336,6 +373,11 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     }
     // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
     mk::rmsnorm(xb_, x_, L.ffn_norm, R, dim, c.rms_eps, stream_);
+    if (c.moe.is_moe(l)) {  // routed experts: x += sum_e gate_e expert_e(xb)
+      moe_ffn(L, R);
+      mk::add(x_, moe_acc_, static_cast<std::size_t>(R) * dim, stream_);
+      continue;
+    }
     gemm(L.w1, xb_, hb_, R, dim, hid, false);
     gemm(L.w3, xb_, hb2_, R, dim, hid, false);
     if (c.ffn_act == FfnAct::gelu_tanh) mk::geglu(hb_, hb2_, static_cast<std::size_t>(R) * hid, stream_);
@@ -348,6 +390,65 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       gemm(L.w2, hb_, x_, R, hid, dim, true);
     }
   }
+}
+
+// Mixture-of-experts FFN of the R rows (xb_ normed): router GEMM, the route kernel (dense gate
+// weights, 0 for experts a row did not pick), then every expert in increasing index over all rows
+// and its output added with the row's weight where the row picked it. Every expert runs on every row
+// (no host round trip, so decode graphs capture it); the sum per row runs over its experts in index
+// order, as the CPU's. Simple, not fast: compute grows with the expert count.
+void CudaForward::moe_ffn(const CudaModel::Layer& L, int R) {
+  const MoeConfig& m = c_.moe;
+  const int dim = c_.dim, E = m.n_experts, I = m.expert_dim;
+  gemm(L.router, xb_, moe_logits_, R, dim, E, false);
+  if (m.router == MoeConfig::Router::sigmoid_groups)
+    mk::moe_route_groups(moe_logits_, L.router_bias, moe_gate_, R, E, m.top_k, m.n_group, m.topk_group, m.norm_topk,
+                         m.routed_scale, stream_);
+  else
+    mk::moe_route(moe_logits_, moe_gate_, R, E, m.top_k, m.norm_topk, stream_);
+  KVGATE_CUDA_CHECK(cudaMemsetAsync(moe_acc_, 0, static_cast<std::size_t>(R) * dim * sizeof(float), stream_));
+  for (int e = 0; e < E; ++e) {
+    const auto ue = static_cast<std::size_t>(e);
+    gemm(L.ew1[ue], xb_, hb_, R, dim, I, false);
+    gemm(L.ew3[ue], xb_, hb2_, R, dim, I, false);
+    mk::swiglu(hb_, hb2_, static_cast<std::size_t>(R) * I, stream_);
+    gemm(L.ew2[ue], hb_, moe_y_, R, I, dim, false);
+    mk::moe_accumulate(moe_acc_, moe_y_, moe_gate_, e, E, R, dim, stream_);
+  }
+  if (m.shared_dim > 0) {  // DeepSeek's shared expert, added to the routed sum
+    const int S = m.shared_dim;
+    gemm(L.sw1, xb_, hb_, R, dim, S, false);
+    gemm(L.sw3, xb_, hb2_, R, dim, S, false);
+    mk::swiglu(hb_, hb2_, static_cast<std::size_t>(R) * S, stream_);
+    gemm(L.sw2, hb_, moe_y_, R, S, dim, false);
+    mk::add(moe_acc_, moe_y_, static_cast<std::size_t>(R) * dim, stream_);
+  }
+}
+
+// MLA projections of the R rows (xb_ normed) into q_, k_, v_ as the CPU forward's mla_attention:
+// q (q_proj, or q_b(rmsnorm(q_a))), the latent rmsnorm(kv_a[:kv_lora]) through kv_b, and the
+// assemble kernel (RoPE of the rope parts, expanded K [k_nope | k_rope] and V [v | 0] per head).
+void CudaForward::mla_qkv(const CudaModel::Layer& L, int R) {
+  const MlaConfig& a = c_.mla;
+  const int dim = c_.dim, H = c_.n_heads, QK = a.nope_dim + a.rope_dim, KL = a.kv_lora_rank;
+  if (a.q_lora_rank > 0) {
+    gemm(L.wq_a, xb_, mla_qa_, R, dim, a.q_lora_rank, false);
+    mk::rmsnorm(mla_qa_, mla_qa_, L.q_a_norm, R, a.q_lora_rank, c_.rms_eps, stream_);
+    gemm(L.wq, mla_qa_, q_, R, a.q_lora_rank, H * QK, false);
+  } else {
+    gemm(L.wq, xb_, q_, R, dim, H * QK, false);
+  }
+  gemm(L.wkv_a, xb_, mla_ckv_, R, dim, KL + a.rope_dim, false);
+  KVGATE_CUDA_CHECK(cudaMemcpy2DAsync(mla_lat_, static_cast<std::size_t>(KL) * sizeof(float), mla_ckv_,
+                                      static_cast<std::size_t>(KL + a.rope_dim) * sizeof(float),
+                                      static_cast<std::size_t>(KL) * sizeof(float), static_cast<std::size_t>(R),
+                                      cudaMemcpyDeviceToDevice, stream_));
+  mk::rmsnorm(mla_lat_, mla_lat_, L.kv_a_norm, R, KL, c_.rms_eps, stream_);
+  gemm(L.wkv_b, mla_lat_, mla_kvb_, R, KL, H * (a.nope_dim + a.v_dim), false);
+  const float* cs = rope_row_cos_ ? rope_row_cos_ : rope_cos_;
+  const float* sn = rope_row_sin_ ? rope_row_sin_ : rope_sin_;
+  mk::mla_assemble(q_, mla_ckv_, mla_kvb_, k_, v_, rope_row_cos_ ? d_row_idx_ : d_pos_, R, H, a.nope_dim, a.rope_dim,
+                   a.v_dim, KL, a.rope_interleave, cs, sn, c_.head_dim / 2, stream_);
 }
 
 // Final norm and classifier of rows [first, first + n): logits_[0..n), greedy ids d_argmax_[0..n).

@@ -5,6 +5,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <stdexcept>
 
 #include "kernels.hpp"
 #include "kernels/common.cuh"
@@ -88,6 +89,141 @@ __global__ void rope_kernel(float* v, const int* pos, int offset, int rows, int 
       x[i] = v0 * fc - v1 * fs;
       x[i + rot_half] = v1 * fc + v0 * fs;
     }
+  }
+}
+
+// One row per thread: E is small (tens to a few hundred), the selection is K passes as the CPU's.
+__global__ void moe_route_kernel(const float* logits, float* gate, int rows, int E, int K, bool norm_topk) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* z = logits + static_cast<std::size_t>(r) * E;
+  float* g = gate + static_cast<std::size_t>(r) * E;
+  float mx = z[0];
+  for (int e = 1; e < E; ++e) mx = fmaxf(mx, z[e]);
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) {
+    const float p = expf(z[e] - mx);
+    g[e] = p;
+    sum += p;
+  }
+  for (int e = 0; e < E; ++e) g[e] /= sum;
+  // Selected experts get a negative mark -(1 + k) in a second pass; the weights are kept in order.
+  constexpr int kMaxK = 64;
+  int sel[kMaxK];
+  float w[kMaxK];
+  for (int k = 0; k < K && k < kMaxK; ++k) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int j = 0; j < k; ++j) taken |= sel[j] == e;
+      if (!taken && (best < 0 || g[e] > g[best])) best = e;
+    }
+    sel[k] = best;
+    w[k] = g[best];
+  }
+  if (norm_topk) {
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += w[k];
+    for (int k = 0; k < K; ++k) w[k] /= s;
+  }
+  for (int e = 0; e < E; ++e) g[e] = 0.0f;
+  for (int k = 0; k < K; ++k) g[sel[k]] = w[k];
+}
+
+__global__ void moe_route_groups_kernel(const float* logits, const float* bias, float* gate, int rows, int E, int K,
+                                        int G, int topk_group, bool norm_topk, float routed_scale) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* z = logits + static_cast<std::size_t>(r) * E;
+  float* g = gate + static_cast<std::size_t>(r) * E;  // holds the unbiased scores until the end
+  const int per = E / G;
+  for (int e = 0; e < E; ++e) g[e] = 1.0f / (1.0f + expf(-z[e]));
+  constexpr int kMaxG = 64, kMaxK = 64;
+  float gs[kMaxG];
+  bool keep[kMaxG];
+  for (int q = 0; q < G && q < kMaxG; ++q) {
+    float b1 = -INFINITY, b2 = -INFINITY;
+    for (int j = 0; j < per; ++j) {
+      const float v = g[q * per + j] + bias[q * per + j];
+      if (v > b1) b2 = b1, b1 = v;
+      else if (v > b2) b2 = v;
+    }
+    gs[q] = b1 + b2;
+    keep[q] = false;
+  }
+  for (int k = 0; k < topk_group; ++k) {
+    int best = -1;
+    for (int q = 0; q < G; ++q)
+      if (!keep[q] && (best < 0 || gs[q] > gs[best])) best = q;
+    keep[best] = true;
+  }
+  int sel[kMaxK];
+  float w[kMaxK];
+  for (int k = 0; k < K && k < kMaxK; ++k) {
+    int best = -1;
+    float bv = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      if (!keep[e / per]) continue;
+      bool taken = false;
+      for (int j = 0; j < k; ++j) taken |= sel[j] == e;
+      const float v = g[e] + bias[e];
+      if (!taken && (best < 0 || v > bv)) best = e, bv = v;
+    }
+    sel[k] = best;
+    w[k] = g[best];
+  }
+  if (norm_topk) {
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += w[k];
+    s += 1e-20f;
+    for (int k = 0; k < K; ++k) w[k] /= s;
+  }
+  for (int k = 0; k < K; ++k) w[k] *= routed_scale;
+  for (int e = 0; e < E; ++e) g[e] = 0.0f;
+  for (int k = 0; k < K; ++k) g[sel[k]] = w[k];
+}
+
+// One block per row, one thread per head (heads <= blockDim).
+__global__ void mla_assemble_kernel(float* q, const float* ckv, const float* kvb, float* k, float* v, const int* d_pos,
+                                    int H, int N, int Rd, int VD, int KL, bool interleave, const float* cos_tab,
+                                    const float* sin_tab, int half_stride) {
+  const int r = blockIdx.x;
+  const int QK = N + Rd, rh = Rd / 2;
+  const float* fc = cos_tab + static_cast<std::size_t>(d_pos[r]) * half_stride;
+  const float* fs = sin_tab + static_cast<std::size_t>(d_pos[r]) * half_stride;
+  auto turn = [&](const float* x, float* out) {
+    float tmp[512];
+    for (int i = 0; i < rh; ++i) {
+      tmp[i] = interleave ? x[2 * i] : x[i];
+      tmp[rh + i] = interleave ? x[2 * i + 1] : x[rh + i];
+    }
+    for (int i = 0; i < rh; ++i) {
+      const float v0 = tmp[i], v1 = tmp[i + rh];
+      out[i] = v0 * fc[i] - v1 * fs[i];
+      out[i + rh] = v1 * fc[i] + v0 * fs[i];
+    }
+  };
+  for (int h = threadIdx.x; h < H; h += blockDim.x) {
+    float* qh = q + (static_cast<std::size_t>(r) * H + h) * QK;
+    turn(qh + N, qh + N);
+    const float* kv = kvb + (static_cast<std::size_t>(r) * H + h) * (N + VD);
+    float* kh = k + (static_cast<std::size_t>(r) * H + h) * QK;
+    float* vh = v + (static_cast<std::size_t>(r) * H + h) * QK;
+    for (int i = 0; i < N; ++i) kh[i] = kv[i];
+    turn(ckv + static_cast<std::size_t>(r) * (KL + Rd) + KL, kh + N);
+    for (int i = 0; i < VD; ++i) vh[i] = kv[N + i];
+    for (int i = VD; i < QK; ++i) vh[i] = 0.0f;
+  }
+}
+
+__global__ void moe_accumulate_kernel(float* acc, const float* y, const float* gate, int expert, int E, int rows,
+                                      int dim) {
+  const std::size_t n = static_cast<std::size_t>(rows) * dim;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t r = i / static_cast<std::size_t>(dim);
+    const float w = gate[r * E + expert];
+    if (w != 0.0f) acc[i] += y[i] * w;
   }
 }
 
@@ -217,6 +353,41 @@ void rope(float* v, const int* d_pos, int offset, int rows, int n_heads, int D, 
   const std::size_t total = static_cast<std::size_t>(rows) * n_heads * rot_half;
   rope_kernel<<<grid_for(total), kThreads, 0, st>>>(v, d_pos, offset, rows, n_heads, D, rot_half, interleaved, cos_tab,
                                                     sin_tab);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_route(const float* logits, float* gate, int rows, int n_experts, int top_k, bool norm_topk, cudaStream_t st) {
+  if (rows <= 0) return;
+  if (top_k > 64) throw std::runtime_error("cuda forward: num_experts_per_tok > 64 is not supported by the router kernel");
+  moe_route_kernel<<<(rows + 63) / 64, 64, 0, st>>>(logits, gate, rows, n_experts, top_k, norm_topk);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_route_groups(const float* logits, const float* bias, float* gate, int rows, int n_experts, int top_k,
+                      int n_group, int topk_group, bool norm_topk, float routed_scale, cudaStream_t st) {
+  if (rows <= 0) return;
+  if (top_k > 64 || n_group > 64)
+    throw std::runtime_error("cuda forward: num_experts_per_tok or n_group > 64 is not supported by the router kernel");
+  moe_route_groups_kernel<<<(rows + 63) / 64, 64, 0, st>>>(logits, bias, gate, rows, n_experts, top_k, n_group,
+                                                           topk_group, norm_topk, routed_scale);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_assemble(float* q, const float* ckv, const float* kvb, float* k, float* v, const int* d_pos, int rows,
+                  int n_heads, int nope, int rope, int vdim, int kv_lora, bool interleave, const float* cos_tab,
+                  const float* sin_tab, int half_stride, cudaStream_t st) {
+  if (rows <= 0) return;
+  if (rope > 512) throw std::runtime_error("cuda forward: qk_rope_head_dim > 512 is not supported");
+  mla_assemble_kernel<<<rows, 64, 0, st>>>(q, ckv, kvb, k, v, d_pos, n_heads, nope, rope, vdim, kv_lora, interleave,
+                                           cos_tab, sin_tab, half_stride);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_accumulate(float* acc, const float* y, const float* gate, int expert, int n_experts, int rows, int dim,
+                    cudaStream_t st) {
+  const std::size_t n = static_cast<std::size_t>(rows) * dim;
+  if (n == 0) return;
+  moe_accumulate_kernel<<<grid_for(n), kThreads, 0, st>>>(acc, y, gate, expert, n_experts, rows, dim);
   KVGATE_CUDA_CHECK(cudaGetLastError());
 }
 

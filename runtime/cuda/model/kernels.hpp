@@ -39,5 +39,23 @@ void argmax_rows(const float* x, int rows, int n, int* out, cudaStream_t st);
 // stddev == 0 with `value`: every element = value.
 void fill_uniform(void* p, bool bf16, std::size_t n, std::uint64_t seed, float stddev, cudaStream_t st);
 void fill_const(float* p, std::size_t n, float value, cudaStream_t st);
+// Mixture-of-experts router, one row per thread, as the CPU forward's route(): p = softmax(logits[r])
+// (max subtracted), the top_k largest (ties: the lower expert index), divided by their sum when
+// norm_topk; gate[r][e] = the weight of expert e for row r, 0 for the experts not selected.
+void moe_route(const float* logits, float* gate, int rows, int n_experts, int top_k, bool norm_topk, cudaStream_t st);
+// DeepSeek-V3's router (the CPU forward's route_groups), one row per thread: sigmoid scores, the
+// correction bias for the choice, n_group / topk_group, top_k, norm, routed_scale; dense gate as above.
+void moe_route_groups(const float* logits, const float* bias, float* gate, int rows, int n_experts, int top_k,
+                      int n_group, int topk_group, bool norm_topk, float routed_scale, cudaStream_t st);
+// MLA, expanded (the CPU forward's mla_attention): per row r (position d_pos[r]) and head h, turns
+// q's rope part in place and writes the head's K row [k_nope | k_rope] and V row [v | 0] (width
+// nope + rope) from kvb [rows][H][nope + v] and the shared k_rope (ckv[r][kv_lora ..], turned).
+// cos/sin tables [position][half_stride]; interleave: de-interleaved pairs (2i, 2i+1).
+void mla_assemble(float* q, const float* ckv, const float* kvb, float* k, float* v, const int* d_pos, int rows,
+                  int n_heads, int nope, int rope, int vdim, int kv_lora, bool interleave, const float* cos_tab,
+                  const float* sin_tab, int half_stride, cudaStream_t st);
+// acc[r][:] += y[r][:] * gate[r * n_experts + expert] for the rows that selected the expert.
+void moe_accumulate(float* acc, const float* y, const float* gate, int expert, int n_experts, int rows, int dim,
+                    cudaStream_t st);
 
 }  // namespace kvgate::cuda::model_kernels

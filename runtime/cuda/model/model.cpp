@@ -22,9 +22,15 @@ std::string forward_unsupported_reason(const ModelConfig& c) {
     return "n_heads (" + std::to_string(c.n_heads) + ") is not a multiple of n_kv_heads (" +
            std::to_string(c.n_kv_heads) + ")";
   if (c.arch != "llama" && c.arch != "mistral" && c.arch != "qwen2" && c.arch != "qwen3" && c.arch != "gemma2" &&
-      c.arch != "gemma3" && c.arch != "phi3")
+      c.arch != "gemma3" && c.arch != "phi3" && c.arch != "qwen3_moe" && c.arch != "mixtral" &&
+      c.arch != "deepseek_v3")
     return "architecture '" + c.arch +
-           "' is not one the forward implements (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3)";
+           "' is not one the forward implements (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3, qwen3_moe, "
+           "mixtral, deepseek_v3)";
+  if (c.mla.any() && c.n_heads > 64)
+    return "latent attention with more than 64 heads is not supported by the CUDA assemble kernel";
+  if (c.moe.any() && c.moe.top_k > 64)
+    return "num_experts_per_tok = " + std::to_string(c.moe.top_k) + " is above the CUDA router kernel's 64";
   // Capability switch: what the CUDA attention kernels do not implement is refused, never
   // approximated.
   if (c.attn_softcap > 0)
@@ -55,13 +61,17 @@ void* CudaModel::alloc(std::size_t n, bool matrix) {
 
 void* CudaModel::upload(const std::vector<float>& v, bool matrix) {
   if (v.empty()) return nullptr;
-  void* p = alloc(v.size(), matrix);
+  return upload(v.data(), v.size(), matrix);
+}
+
+void* CudaModel::upload(const float* v, std::size_t n, bool matrix) {
+  void* p = alloc(n, matrix);
   if (matrix && wt_ == WeightType::bf16) {
-    std::vector<__nv_bfloat16> h(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16_rn(v[i]);
+    std::vector<__nv_bfloat16> h(n);
+    for (std::size_t i = 0; i < n; ++i) h[i] = __float2bfloat16_rn(v[i]);
     KVGATE_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
   } else {
-    KVGATE_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    KVGATE_CUDA_CHECK(cudaMemcpy(p, v, n * 4, cudaMemcpyHostToDevice));
   }
   return p;
 }
@@ -81,24 +91,68 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
     emb_ = upload(w.tok_embeddings, true);
     cls_ = w.classifier.empty() ? emb_ : upload(w.classifier, true);
     final_norm_ = static_cast<const float*>(upload(w.final_norm, false));
-    for (const LayerWeights& L : w.layers) {
-      need(L.wq, qd * dim, "wq");
-      need(L.wk, kvd * dim, "wk");
-      need(L.wv, kvd * dim, "wv");
-      need(L.wo, dim * qd, "wo");
-      need(L.w1, hid * dim, "w1");
-      need(L.w2, dim * hid, "w2");
-      need(L.w3, hid * dim, "w3");
+    for (std::size_t li = 0; li < w.layers.size(); ++li) {
+      const LayerWeights& L = w.layers[li];
       Layer d;
+      if (c.mla.any()) {  // latent attention projections (validate_weights checked their sizes)
+        const MlaConfig& a = c.mla;
+        const std::size_t H = static_cast<std::size_t>(c.n_heads), QK = static_cast<std::size_t>(a.nope_dim + a.rope_dim);
+        need(L.wkv_a, static_cast<std::size_t>(a.kv_lora_rank + a.rope_dim) * dim, "kv_a_proj_with_mqa");
+        need(L.wkv_b, H * static_cast<std::size_t>(a.nope_dim + a.v_dim) * a.kv_lora_rank, "kv_b_proj");
+        need(L.wq, H * QK * (a.q_lora_rank > 0 ? static_cast<std::size_t>(a.q_lora_rank) : dim), "q_proj / q_b_proj");
+        need(L.wo, dim * H * a.v_dim, "wo");
+        if (a.q_lora_rank > 0) {
+          d.wq_a = upload(L.wq_a, true);
+          d.q_a_norm = static_cast<const float*>(upload(L.q_a_norm, false));
+        }
+        d.wkv_a = upload(L.wkv_a, true);
+        d.kv_a_norm = static_cast<const float*>(upload(L.kv_a_norm, false));
+        d.wkv_b = upload(L.wkv_b, true);
+      } else {
+        need(L.wq, qd * dim, "wq");
+        need(L.wk, kvd * dim, "wk");
+        need(L.wv, kvd * dim, "wv");
+        need(L.wo, dim * qd, "wo");
+      }
+      if (c.moe.is_moe(static_cast<int>(li))) {  // router + every expert, one allocation per matrix
+        const std::size_t E = static_cast<std::size_t>(c.moe.n_experts), I = static_cast<std::size_t>(c.moe.expert_dim);
+        need(L.router, E * dim, "router");
+        need(L.ew1, E * I * dim, "experts w1");
+        need(L.ew2, E * dim * I, "experts w2");
+        need(L.ew3, E * I * dim, "experts w3");
+        d.router = upload(L.router, true);
+        for (std::size_t e = 0; e < E; ++e) {
+          d.ew1.push_back(upload(L.ew1.data() + e * I * dim, I * dim, true));
+          d.ew2.push_back(upload(L.ew2.data() + e * I * dim, I * dim, true));
+          d.ew3.push_back(upload(L.ew3.data() + e * I * dim, I * dim, true));
+        }
+        if (c.moe.router == MoeConfig::Router::sigmoid_groups) {
+          need(L.router_bias, E, "router bias");
+          d.router_bias = static_cast<const float*>(upload(L.router_bias, false));
+        }
+        if (c.moe.shared_dim > 0) {
+          const std::size_t S = static_cast<std::size_t>(c.moe.shared_dim);
+          need(L.sw1, S * dim, "shared w1");
+          need(L.sw2, dim * S, "shared w2");
+          need(L.sw3, S * dim, "shared w3");
+          d.sw1 = upload(L.sw1, true);
+          d.sw2 = upload(L.sw2, true);
+          d.sw3 = upload(L.sw3, true);
+        }
+      } else {
+        need(L.w1, hid * dim, "w1");
+        need(L.w2, dim * hid, "w2");
+        need(L.w3, hid * dim, "w3");
+        d.w1 = upload(L.w1, true);
+        d.w2 = upload(L.w2, true);
+        d.w3 = upload(L.w3, true);
+      }
       d.attn_norm = static_cast<const float*>(upload(L.attn_norm, false));
       d.ffn_norm = static_cast<const float*>(upload(L.ffn_norm, false));
       d.wq = upload(L.wq, true);
       d.wk = upload(L.wk, true);
       d.wv = upload(L.wv, true);
       d.wo = upload(L.wo, true);
-      d.w1 = upload(L.w1, true);
-      d.w2 = upload(L.w2, true);
-      d.w3 = upload(L.w3, true);
       if (c.qkv_bias) {
         need(L.bq, qd, "bq");
         need(L.bk, kvd, "bk");
@@ -129,6 +183,9 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
 }
 
 std::unique_ptr<CudaModel> CudaModel::random(const ModelConfig& c, WeightType wt, std::uint64_t seed) {
+  if (c.moe.any() || c.mla.any())
+    throw ModelError("cuda forward: random weights are generated for dense models only (this config has "
+                     "mixture-of-experts or latent-attention layers); load a checkpoint instead");
   std::unique_ptr<CudaModel> m(new CudaModel(c, wt));
   const bool bf = wt == WeightType::bf16;
   std::uint64_t stream_id = 0;

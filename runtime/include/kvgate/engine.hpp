@@ -54,6 +54,7 @@ struct EngineStats {
   std::string effective_kv;
   std::string backend = "cpu";
   std::string fallback_reason;
+  std::string kv_layout = "kv_heads";  // what the cache rows hold (kv_cache_layout): MLA says it is not the latent
   std::size_t kv_bytes = 0;        // bytes of the KV pages the sequence holds now (all layers, K+V)
   std::size_t kv_pool_bytes = 0;   // bytes of the whole pool
   int block_size = 0;

@@ -28,6 +28,53 @@ enum class FfnAct : std::uint8_t {
   gelu_tanh   // GeGLU with the tanh GELU (Gemma 2/3: hidden_activation = gelu_pytorch_tanh)
 };
 
+// Mixture-of-experts feed-forward (Qwen3-MoE, Mixtral; DeepSeek-V3 routing fields are read by the
+// loader only where it supports them). A layer with layer_moe[l] != 0 replaces the dense gated MLP
+// by: router logits r = W_router x; probabilities p = softmax(r) in f32; the top_k largest p (ties:
+// the lower expert index first); when norm_topk, divided by their sum; out = sum over the selected
+// experts, in increasing expert index, of p_e * W2_e (act(W1_e x) * (W3_e x)), then the residual add.
+struct MoeConfig {
+  int n_experts = 0;       // routed experts of an MoE layer (0: the model is dense)
+  int top_k = 0;           // experts per token (num_experts_per_tok)
+  int expert_dim = 0;      // intermediate width of one routed expert
+  bool norm_topk = false;  // renormalise the top-k probabilities to sum 1 (Mixtral always; Qwen3-MoE norm_topk_prob)
+  std::vector<std::uint8_t> layer_moe;  // per layer: 1 = MoE FFN, 0 = dense FFN (hidden_dim); empty: all dense
+  // DeepSeek-V3 routing (sigmoid_groups): scores s = sigmoid(r) in f32; the choice adds the
+  // per-expert correction bias (selection only); experts are split into n_group groups, each group
+  // scored by the sum of its two best biased scores, the topk_group best groups kept (the others'
+  // experts masked to 0), the top_k of the masked biased scores selected; weights = the unbiased s
+  // of the selected, divided by (their sum + 1e-20) when norm_topk, times routed_scale.
+  enum class Router : std::uint8_t { softmax_topk, sigmoid_groups } router = Router::softmax_topk;
+  int n_group = 1, topk_group = 1;
+  float routed_scale = 1.0f;
+  // Shared expert (DeepSeek n_shared_experts): a dense gated MLP of width shared_dim run on every
+  // token of an MoE layer and added to the routed sum; 0: none.
+  int shared_dim = 0;
+  bool is_moe(int layer) const {
+    return n_experts > 0 && !layer_moe.empty() && layer_moe[static_cast<std::size_t>(layer)] != 0;
+  }
+  bool any() const {
+    for (auto v : layer_moe)
+      if (v) return n_experts > 0;
+    return false;
+  }
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3). Per token: the latent c_kv = rmsnorm(W_kv_a x)[:kv_lora]
+// and one shared RoPE key k_rope = W_kv_a x [kv_lora:] (rotated, interleaved pairs); per head
+// [k_nope | v] = W_kv_b c_kv; q = W_q x (q_lora 0) or W_q_b rmsnorm(W_q_a x); query [q_nope | q_rope].
+// The forward expands K = [k_nope | k_rope] and V (zero-padded to head_dim = nope + rope) per head
+// into the KV store: the store holds expanded K/V, NOT the latent (no latent cache yet).
+struct MlaConfig {
+  int q_lora_rank = 0;   // 0: q_proj directly
+  int kv_lora_rank = 0;  // 0: not an MLA model
+  int nope_dim = 0;      // qk_nope_head_dim
+  int rope_dim = 0;      // qk_rope_head_dim
+  int v_dim = 0;         // v_head_dim
+  bool rope_interleave = true;  // rope_interleave: rotate pairs (2i, 2i+1) (else rotate-half pairs)
+  bool any() const { return kv_lora_rank > 0; }
+};
+
 struct ModelConfig {
   std::string arch = "llama";  // llama | mistral | qwen2 | qwen3
   int dim = 0;                 // model width
@@ -64,10 +111,14 @@ struct ModelConfig {
   float attn_scale = 0.0f;         // > 0: softmax scale (Gemma: query_pre_attn_scalar^-0.5); 0: 1/sqrt(head_dim)
   float attn_softcap = 0.0f;       // > 0: scores s -> tanh(s / cap) * cap before the mask (Gemma 2)
   float final_softcap = 0.0f;      // > 0: logits z -> tanh(z / cap) * cap (Gemma 2)
+  MoeConfig moe;                   // mixture-of-experts FFN layers (n_experts == 0: dense model)
+  MlaConfig mla;                   // latent attention (DeepSeek); then head_dim = nope + rope, n_kv_heads = n_heads
   int window(int layer) const {
     return layer_window.empty() ? 0 : layer_window[static_cast<std::size_t>(layer)];
   }
   int kv_dim() const { return n_kv_heads * head_dim; }
+  // Width of the attention output that o_proj reads (MLA: heads * v_head_dim).
+  int attn_out_dim() const { return mla.any() ? n_heads * mla.v_dim : q_dim(); }
   int q_dim() const { return n_heads * head_dim; }
 };
 
@@ -86,6 +137,20 @@ struct LayerWeights {
   // Gemma (ModelConfig::post_norms): norms of the attention output and of the FFN output. Every
   // Gemma norm weight is stored as (1 + w) in f32 (the loader adds the 1), like the others.
   std::vector<float> post_attn_norm, post_ffn_norm;  // [dim]
+  // MoE layers (ModelConfig::moe.is_moe): w1/w2/w3 are empty; the router and every routed expert's
+  // matrices, experts stacked along the first axis (expert e's [expert_dim][dim] block at
+  // e * expert_dim * dim), each loaded once from the checkpoint (per-expert or fused tensors).
+  std::vector<float> router;  // [n_experts][dim]
+  std::vector<float> ew1;     // [n_experts][expert_dim][dim]  gate
+  std::vector<float> ew2;     // [n_experts][dim][expert_dim]  down
+  std::vector<float> ew3;     // [n_experts][expert_dim][dim]  up
+  std::vector<float> router_bias;  // [n_experts] DeepSeek e_score_correction_bias (selection only); else empty
+  std::vector<float> sw1, sw2, sw3;  // shared expert [shared_dim][dim], [dim][shared_dim], [shared_dim][dim]
+  // MLA (ModelConfig::mla): wq is q_proj [H*(nope+rope)][dim] or q_b_proj [H*(nope+rope)][q_lora];
+  // wk/wv are empty; wo is [dim][H*v_dim].
+  std::vector<float> wq_a, q_a_norm;     // [q_lora][dim], [q_lora] (q_lora_rank > 0)
+  std::vector<float> wkv_a, kv_a_norm;   // [kv_lora + rope][dim], [kv_lora]
+  std::vector<float> wkv_b;              // [H*(nope + v)][kv_lora]
 };
 
 struct ModelWeights {
@@ -142,6 +207,11 @@ struct Model {
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;  // may be null when no tokenizer was found
 };
+
+// What one token's KV cache rows hold for this model, for format-resolution output: the K/V heads
+// the KV format is applied to. "kv_heads" for every non-MLA model; for MLA (DeepSeek) the expanded
+// per-head rows (the latent is not cached), never the latent.
+std::string kv_cache_layout(const ModelConfig& c);
 
 // Picks the loader from the path: a directory (Hugging Face), *.gguf, or a llama2.c .bin
 // (tokenizer from `tokenizer_path`, or tok<vocab>.bin / tokenizer.bin beside it).

@@ -60,6 +60,15 @@ class CudaModel {
     const float *bq = nullptr, *bk = nullptr, *bv = nullptr;  // qwen2, else null
     const float *q_norm = nullptr, *k_norm = nullptr;         // qwen3, else null
     const float *post_attn_norm = nullptr, *post_ffn_norm = nullptr;  // Gemma (post_norms), else null
+    // Mixture-of-experts layer (ModelConfig::moe.is_moe): the router [E][dim] and each expert's
+    // matrices, in the weight type; w1/w2/w3 are null then.
+    const void* router = nullptr;
+    std::vector<const void*> ew1, ew2, ew3;  // [E]: [expert_dim][dim], [dim][expert_dim], [expert_dim][dim]
+    const float* router_bias = nullptr;      // DeepSeek e_score_correction_bias [E] (f32)
+    const void *sw1 = nullptr, *sw2 = nullptr, *sw3 = nullptr;  // shared expert
+    // MLA (ModelConfig::mla): wq = q_proj or q_b_proj; wk/wv null.
+    const void *wq_a = nullptr, *wkv_a = nullptr, *wkv_b = nullptr;
+    const float *q_a_norm = nullptr, *kv_a_norm = nullptr;
   };
   const ModelConfig& config() const { return c_; }
   WeightType weight_type() const { return wt_; }
@@ -73,6 +82,7 @@ class CudaModel {
   CudaModel(const ModelConfig& c, WeightType wt);
   void* alloc(std::size_t n_elems, bool matrix);  // matrix: weight type, else f32
   void* upload(const std::vector<float>& v, bool matrix);
+  void* upload(const float* v, std::size_t n, bool matrix);
 
   ModelConfig c_;
   WeightType wt_;
@@ -140,6 +150,14 @@ class CudaForward {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr;
   float *hb_ = nullptr, *hb2_ = nullptr, *logits_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr;
   float* post_ = nullptr;  // [rows][dim]: an attention / FFN output before its Gemma post-norm
+  // Mixture of experts: router logits and dense gate weights [rows][E], the weighted expert sum and
+  // one expert's output [rows][dim].
+  float *moe_logits_ = nullptr, *moe_gate_ = nullptr, *moe_acc_ = nullptr, *moe_y_ = nullptr;
+  // MLA scratch: q_a [rows][q_lora], kv_a output [rows][kv_lora + rope], latent [rows][kv_lora],
+  // kv_b output [rows][H][nope + v], the heads' v outputs [rows][H * v].
+  float *mla_qa_ = nullptr, *mla_ckv_ = nullptr, *mla_lat_ = nullptr, *mla_kvb_ = nullptr, *mla_att_ = nullptr;
+  void mla_qkv(const CudaModel::Layer& L, int R);
+  void moe_ffn(const CudaModel::Layer& L, int R);
   void* act16_ = nullptr;  // bf16 copy of a GEMM input (bf16 weights)
   // device metadata (one block, staged from pinned host memory in one copy)
   int* meta_ = nullptr;
