@@ -25,11 +25,6 @@ std::string forward_unsupported_reason(const ModelConfig& c) {
       c.arch != "gemma3" && c.arch != "phi3")
     return "architecture '" + c.arch +
            "' is not one the forward implements (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3)";
-  // Capability switch: what the CUDA attention kernels do not implement is refused, never
-  // approximated.
-  if (c.attn_softcap > 0)
-    return "attention-logit soft-capping (attn_logit_softcapping = " + std::to_string(c.attn_softcap) +
-           ", Gemma 2) is not implemented by the CUDA attention kernels; run this model with --device cpu";
   return {};
 }
 
