@@ -239,8 +239,12 @@ int case_window(int i, int block_size) {
 // flattens over hundreds of keys and the output's RMS falls towards the worst-case bound.
 // Softcap rounding (division, tanhf <= 2 ulp, multiply; tanh' <= 1): u |s| + 3u cap per score,
 // counted as an L1 increase of (|s| + 3 cap) / depth in attn_f32_max_abs's depth x u x L1.
-void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false, bool capped = false) {
-  long cases = 0, windows_cut = 0, windowed_seqs = 0, cap_seqs = 0, cap_visible = 0;
+// Slow-pool twin (PAR.cuda.decode.slow_pool): every case again over the same pages in mapped host
+// memory (cuda_gate::MappedPages), outputs bit for bit equal: a stage of WarpKvPipe read before its
+// cp.async.wait_group shows there.
+void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false, bool capped = false,
+                     bool slow_pool = false) {
+  long cases = 0, windows_cut = 0, windowed_seqs = 0, cap_seqs = 0, cap_visible = 0, slow_pipelined = 0;
   int case_index = 0;
   kc::DecodeWorkspace ws;
   for (const DecodeCase& dc : decode_cases(seed0)) {
@@ -313,6 +317,28 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
 
     // NaN/Inf first (the output was poisoned with NaN: an unwritten element shows here).
     REQUIRE(ko::count_nonfinite(std::span<const float>(got)) == 0);
+
+    if (slow_pool) {
+      cuda_gate::MappedPages mp;
+      mp.map(gpu, seqs);
+      DevBuf dslow(q.size());
+      REQUIRE(cudaMemcpy(dslow.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      kc::DecodeWorkspace ws2;
+      const kc::DecodePlan p2 =
+          mp.view->decode(mp.seqs, 0, Hq, dq.p, dslow.p, ws2, 0.0f, dc.num_splits, nullptr, window, softcap);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      std::vector<float> slow(q.size());
+      REQUIRE(cudaMemcpy(slow.data(), dslow.p, slow.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(p2.path == plan.path);
+      CHECK(p2.splits == plan.splits);
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &slow[i], 4) != 0;
+      INFO(differ << " of " << got.size() << " outputs differ in their bits");
+      CHECK(differ == 0);
+      // A pipelined kernel (fast, mma) whose splits wrap the 3-stage ring (> 2 stages of <= 16 tokens).
+      if (plan.path != "generic" && plan.tokens_per_split > 32) ++slow_pipelined;
+      continue;
+    }
 
     const ko::PageShape shape{dc.block_size, H, D};
     const bool rot_k = fmt.k == HalfFormat::q4_0_rot, rot_v = fmt.v == HalfFormat::q4_0_rot;
@@ -444,6 +470,10 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     }
   }
   CHECK(cases >= (capped ? 16 : 24));
+  if (slow_pool) {
+    INFO("cases on a pipelined kernel whose splits wrap the stage ring: " << slow_pipelined);
+    CHECK(slow_pipelined >= 4);
+  }
   if (capped) {
     INFO("soft-capped sequences " << cap_seqs << ", cap visible in " << cap_visible);
     CHECK(cap_visible >= 16);
@@ -501,6 +531,13 @@ ORA_CUDA_STORE("q4_0_rot", 6900)
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
     run_decode_gate(*f, seed + 70, false, true);                                                            \
+  }                                                                                                         \
+  TEST_CASE("PAR.cuda.decode.slow_pool." id " GPU decode over pages in mapped host memory == over device pages, bit for bit", \
+            "[gate:PAR][fmt:" fmtname "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(fmtname);                                                                \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, seed + 90, false, false, true);                                                     \
   }
 
 ORA_CUDA_DECODE("f32", "f32", 7100)

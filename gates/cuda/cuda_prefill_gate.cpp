@@ -62,52 +62,9 @@ namespace kc = kvgate::cuda;
 namespace {
 
 using cuda_gate::DevFloats;
+using cuda_gate::MappedPages;
 using cuda_gate::oracle_half;
 
-// The pages of a device store copied into page-locked host memory mapped into the device's address
-// space, and a CudaKvStore view over them (CudaKvStore::External): the kernels read the same bytes,
-// each cp.async crossing PCIe.
-struct MappedPages {
-  std::uint8_t* host[2] = {nullptr, nullptr};
-  std::unique_ptr<kc::CudaKvStore> view;
-  SeqId seq = 0;
-  MappedPages() = default;
-  MappedPages(const MappedPages&) = delete;
-  MappedPages& operator=(const MappedPages&) = delete;
-  ~MappedPages() {
-    view.reset();
-    for (std::uint8_t* p : host)
-      if (p) cudaFreeHost(p);
-  }
-};
-void map_pages(const kc::CudaKvStore& gpu, SeqId s, int length, MappedPages& mp) {
-  const StoreConfig& cfg = gpu.config();
-  const std::size_t stride =
-      (std::max(gpu.page_bytes(KvHalf::K), gpu.page_bytes(KvHalf::V)) + 255) / 256 * 256;
-  const std::size_t bytes = stride * static_cast<std::size_t>(cfg.n_blocks);
-  kc::CudaKvStore::External ext;
-  ext.stride = stride;
-  ext.n_pages = cfg.n_blocks;
-  for (int h = 0; h < 2; ++h) {
-    REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&mp.host[h]), bytes, cudaHostAllocMapped) == cudaSuccess);
-    std::memset(mp.host[h], 0, bytes);
-    const KvHalf half = h == 0 ? KvHalf::K : KvHalf::V;
-    for (int b : gpu.block_table(s)) {
-      const auto page = gpu.download_page(0, half, b);
-      std::memcpy(mp.host[h] + static_cast<std::size_t>(b) * stride, page.data(), page.size());
-    }
-    void* d = nullptr;
-    REQUIRE(cudaHostGetDevicePointer(&d, mp.host[h], 0) == cudaSuccess);
-    cudaPointerAttributes attr{};
-    REQUIRE(cudaPointerGetAttributes(&attr, d) == cudaSuccess);
-    REQUIRE(attr.type == cudaMemoryTypeHost);  // anti-vacuity: the view's pages really live in host memory
-    ext.pools.push_back(static_cast<std::uint8_t*>(d));
-  }
-  mp.view = std::make_unique<kc::CudaKvStore>(cfg, std::move(ext));
-  mp.seq = mp.view->create_sequence();
-  const auto t = gpu.block_table(s);
-  mp.view->set_sequence(mp.seq, std::vector<int>(t.begin(), t.end()), length);
-}
 
 struct PrefillCase {
   int block_size, n_kv_heads, head_dim, group;
@@ -374,11 +331,11 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
 
     if (slow_pool) {  // PAR.cuda.prefill.slow_pool: the same bytes read from mapped host memory
       MappedPages mp;
-      map_pages(gpu, s, n_all, mp);
+      mp.map(gpu, {s});
       DevFloats dslow(q.size());
       REQUIRE(cudaMemcpy(dslow.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
       const std::string slow_path =
-          mp.view->prefill(mp.seq, 0, Hq, pc.n_past, pc.n_new, dq.p, dslow.p, 0.0f, nullptr, window, softcap);
+          mp.view->prefill(mp.seqs[0], 0, Hq, pc.n_past, pc.n_new, dq.p, dslow.p, 0.0f, nullptr, window, softcap);
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
       std::vector<float> slow(q.size());
       REQUIRE(cudaMemcpy(slow.data(), dslow.p, slow.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
