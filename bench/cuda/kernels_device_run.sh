@@ -5,8 +5,12 @@
 # output), every GPU gate (in the background), and the GPU mutants given in MUTANTS, each patched
 # by hand from mutations/catalog.json, rebuilt incrementally and run against its expected killers.
 #   bench/cuda/kernels_device_run.sh ASSETS OUT   (ASSETS: xxhash/, models/, base.tgz)
+# Environment: MUTANTS ("ID|killer,killer[|objects to force-rebuild] ..."), MUT_DEADLINE (s after
+# which no mutant starts), GATE_FILTER / GATE_T (the background gate run), RACECHECK=1 (also the
+# opt-in STO.cuda.prefill_mma.racecheck), JOBS / BASE_JOBS (build parallelism).
 set -u
 A=${1:?assets folder}; OUT=${2:?output folder}; R=$OUT/r; mkdir -p "$R"
+exec > >(tee "$R/run.log") 2>&1
 export KVGATE_MODELS=$A/models KVGATE_SOURCE_DIR=$PWD PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 FL=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DKVGATE_CUDA=ON "-DCMAKE_CXX_FLAGS=-I$A/xxhash/include -DXXH_INLINE_ALL"
@@ -29,6 +33,10 @@ timeout 400 cmake --build build-gpu -j${JOBS:-12} --target gate_cuda kernel_dige
 grep -E "error|FAILED" "$R/build.log" | head -20
 echo "== digest $(el)"
 build-gpu/bench/kernel_digest --out "$R/digest_new.txt"; echo "digest rc=$?"
+if [ -n "${RACECHECK:-}" ]; then
+  timeout 300 build-gpu/gates/gate_cuda "STO.cuda.prefill_mma.racecheck*" > "$R/racecheck.log" 2>&1
+  echo "racecheck rc=$? $(el)"; grep -E "test cases|All tests passed|RACECHECK SUMMARY" "$R/racecheck.log" | head -3
+fi
 echo "== gate_cuda (all, background) $(el)"
 cp build-gpu/gates/gate_cuda /tmp/gate_cuda_all
 ( cd "$PWD" && timeout ${GATE_T:-300} /tmp/gate_cuda_all ${GATE_FILTER:-} --durations yes > "$R/gate_cuda.log" 2>&1; echo "gate rc=$?" > "$R/gate_rc.txt" ) &
