@@ -232,12 +232,26 @@ int case_window(int i, int block_size) {
   return std::max(1, w[i % 6]);
 }
 
-void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false) {
-  long cases = 0, windows_cut = 0, windowed_seqs = 0;
+// Soft-capped twin (ORA.cuda.decode_softcap, Gemma 2's attn_logit_softcapping): cap = 3 x the
+// query scale (4.5 at q_scale 1.5), so the largest scores (|s| up to ~3 q_scale) are bent hard
+// (cap tanh(1) = 0.76 cap) while the softmax stays peaked; every other case also runs a sliding window (the generic kernel, as
+// Gemma 2's local layers). The long-context cases are left out: under the cap their softmax
+// flattens over hundreds of keys and the output's RMS falls towards the worst-case bound.
+// Softcap rounding (division, tanhf <= 2 ulp, multiply; tanh' <= 1): u |s| + 3u cap per score,
+// counted as an L1 increase of (|s| + 3 cap) / depth in attn_f32_max_abs's depth x u x L1.
+// Slow-pool twin (PAR.cuda.decode.slow_pool): every case again over the same pages in mapped host
+// memory (cuda_gate::MappedPages), outputs bit for bit equal: a stage of WarpKvPipe read before its
+// cp.async.wait_group shows there.
+void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false, bool capped = false,
+                     bool slow_pool = false) {
+  long cases = 0, windows_cut = 0, windowed_seqs = 0, cap_seqs = 0, cap_visible = 0, slow_pipelined = 0;
   int case_index = 0;
   kc::DecodeWorkspace ws;
   for (const DecodeCase& dc : decode_cases(seed0)) {
-    const int window = windowed ? case_window(case_index++, dc.block_size) : 0;
+    const int max_len0 = *std::max_element(dc.lens.begin(), dc.lens.end());
+    if (capped && max_len0 > 1000) continue;
+    const int ci = case_index++;
+    const int window = windowed || (capped && ci % 2 == 1) ? case_window(ci, dc.block_size) : 0;
     const PageGeometry g{dc.block_size, dc.n_kv_heads, dc.head_dim};
     if (!supports(fmt.k, g).ok || !supports(fmt.v, g).ok) continue;
     INFO("window " << window);
@@ -285,13 +299,16 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     // with averaging) stays put, and the bound would exceed kOraSensitivity of the output's RMS.
     Rng r(dc.seed ^ 0xABCDEF);
     const double q_scale = std::max(1.5, std::sqrt(std::log(std::max(1, max_len) / 2.0)));
+    const float softcap = capped ? static_cast<float>(3.0 * q_scale) : 0.0f;
+    INFO("softcap " << softcap);
     std::vector<float> q(static_cast<std::size_t>(batch) * Hq * D);
     for (auto& x : q) x = r.normal() * static_cast<float>(q_scale);
     DevBuf dq(q.size()), dout(q.size());
     REQUIRE(cudaMemcpy(dq.p, q.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
     std::vector<float> poison(q.size(), std::nanf(""));
     REQUIRE(cudaMemcpy(dout.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-    const kc::DecodePlan plan = gpu.decode(seqs, 0, Hq, dq.p, dout.p, ws, 0.0f, dc.num_splits, nullptr, window);
+    const kc::DecodePlan plan =
+        gpu.decode(seqs, 0, Hq, dq.p, dout.p, ws, 0.0f, dc.num_splits, nullptr, window, softcap);
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
     std::vector<float> got(q.size());
     REQUIRE(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -300,6 +317,28 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
 
     // NaN/Inf first (the output was poisoned with NaN: an unwritten element shows here).
     REQUIRE(ko::count_nonfinite(std::span<const float>(got)) == 0);
+
+    if (slow_pool) {
+      cuda_gate::MappedPages mp;
+      mp.map(gpu, seqs);
+      DevBuf dslow(q.size());
+      REQUIRE(cudaMemcpy(dslow.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      kc::DecodeWorkspace ws2;
+      const kc::DecodePlan p2 =
+          mp.view->decode(mp.seqs, 0, Hq, dq.p, dslow.p, ws2, 0.0f, dc.num_splits, nullptr, window, softcap);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      std::vector<float> slow(q.size());
+      REQUIRE(cudaMemcpy(slow.data(), dslow.p, slow.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(p2.path == plan.path);
+      CHECK(p2.splits == plan.splits);
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &slow[i], 4) != 0;
+      INFO(differ << " of " << got.size() << " outputs differ in their bits");
+      CHECK(differ == 0);
+      // A pipelined kernel (fast, mma) whose splits wrap the 3-stage ring (> 2 stages of <= 16 tokens).
+      if (plan.path != "generic" && plan.tokens_per_split > 32) ++slow_pipelined;
+      continue;
+    }
 
     const ko::PageShape shape{dc.block_size, H, D};
     const bool rot_k = fmt.k == HalfFormat::q4_0_rot, rot_v = fmt.v == HalfFormat::q4_0_rot;
@@ -324,6 +363,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
       const float* qs = q.data() + static_cast<std::size_t>(s) * Hq * D;
       ko::AttnShape as{1, Hq, n, H, D, n - 1, 0.0f};
       as.window = window;
+      as.softcap = softcap;
       std::vector<double> ref(static_cast<std::size_t>(Hq) * D);
       ko::sdpa_f64(as, qs, kd.data(), vd.data(), ref.data());
       std::vector<float> mine(got.begin() + static_cast<std::ptrdiff_t>(s) * Hq * D,
@@ -353,10 +393,12 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
         }
       }
       for (float x : (rot_v ? vy : vd)) vmax = std::max(vmax, double(std::fabs(x)));
+      const int depth = gpu_dot_depth(plan.path, D);
+      if (softcap > 0) max_l1 += (max_l1 + 3.0 * softcap) / depth;
       // attn_f32_max_abs with the query-rotation error folded into the score error (4*4 factor of
       // bounds.hpp: score error e moves the output by <= 4e vmax, x4 margin).
       // P is split hi + lo too on the tensor-core path (<= 2^-22 relative): 4 more terms of n.
-      double bound = attn_f32_max_abs(gpu_dot_depth(plan.path, D) - 2, n + 4, max_l1, vmax) + 16 * q_rot_err * vmax;
+      double bound = attn_f32_max_abs(depth - 2, n + 4, max_l1, vmax) + 16 * q_rot_err * vmax;
       std::vector<double> cmp_ref = ref, cmp_got(mine.begin(), mine.end());
       if (rot_v) {
         double o2 = 0;
@@ -401,6 +443,17 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
         ++windowed_seqs;
         if (d > 4 * bound) ++windows_cut;
       }
+      if (softcap > 0 && n > 1 && window != 1) {  // the cap bends the scores: without it, farther than the bound
+        ko::AttnShape uncapped = as;
+        uncapped.softcap = 0;
+        std::vector<double> alt(ref.size());
+        ko::sdpa_f64(uncapped, qs, kd.data(), vd.data(), alt.data());
+        double d = 0;
+        for (std::size_t i = 0; i < alt.size(); ++i) d = std::max(d, std::fabs(alt[i] - ref[i]));
+        INFO("with vs without the soft-cap: " << d);
+        ++cap_seqs;
+        if (d > 4 * bound) ++cap_visible;
+      }
       // With a one-key window the softmax weight is exactly 1 whatever K holds, so only a lossy V
       // can move the output.
       const bool k_matters = !(window == 1);
@@ -416,7 +469,16 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
       }
     }
   }
-  CHECK(cases >= 24);
+  CHECK(cases >= (capped ? 16 : 24));
+  if (slow_pool) {
+    INFO("cases on a pipelined kernel whose splits wrap the stage ring: " << slow_pipelined);
+    CHECK(slow_pipelined >= 4);
+  }
+  if (capped) {
+    INFO("soft-capped sequences " << cap_seqs << ", cap visible in " << cap_visible);
+    CHECK(cap_visible >= 16);
+    CHECK(cap_visible * 10 >= cap_seqs * 9);
+  }
   if (windowed) {
     INFO("windowed sequences " << windowed_seqs << ", off-by-one visible in " << windows_cut);
     CHECK(windows_cut >= 16);
@@ -462,6 +524,20 @@ ORA_CUDA_STORE("q4_0_rot", 6900)
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
     run_decode_gate(*f, seed + 50, true);                                                                   \
+  }                                                                                                         \
+  TEST_CASE("ORA.cuda.decode_softcap." id " GPU soft-capped decode == oracle FP64 soft-capped SDPA",        \
+            "[gate:ORA][fmt:" fmtname "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(fmtname);                                                                \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, seed + 70, false, true);                                                            \
+  }                                                                                                         \
+  TEST_CASE("PAR.cuda.decode.slow_pool." id " GPU decode over pages in mapped host memory == over device pages, bit for bit", \
+            "[gate:PAR][fmt:" fmtname "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(fmtname);                                                                \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, seed + 90, false, false, true);                                                     \
   }
 
 ORA_CUDA_DECODE("f32", "f32", 7100)

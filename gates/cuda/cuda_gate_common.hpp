@@ -10,8 +10,12 @@
 #include <string>
 #include <vector>
 
+#include <cstring>
+#include <memory>
+
 #include "catch_compat.hpp"
 #include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate_oracle/formats.hpp"
 
@@ -67,6 +71,56 @@ struct DevFloats {
     std::vector<float> h(n);
     REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
     return h;
+  }
+};
+
+// The pages of some sequences of a device store (layer 0) copied into page-locked host memory
+// mapped into the device's address space, and a CudaKvStore view over them (CudaKvStore::External)
+// with the same tables and lengths: the kernels read the same bytes, each cp.async crossing PCIe
+// (microseconds instead of HBM's ~0.5 us), so a stage read before its copies landed shows
+// (PAR.cuda.decode.slow_pool, PAR.cuda.prefill.slow_pool).
+struct MappedPages {
+  std::uint8_t* host[2] = {nullptr, nullptr};
+  std::unique_ptr<kvgate::cuda::CudaKvStore> view;
+  std::vector<SeqId> seqs;  // the view's ids, in the order given to map()
+  MappedPages() = default;
+  MappedPages(const MappedPages&) = delete;
+  MappedPages& operator=(const MappedPages&) = delete;
+  ~MappedPages() {
+    view.reset();
+    for (std::uint8_t* p : host)
+      if (p) cudaFreeHost(p);
+  }
+  void map(const kvgate::cuda::CudaKvStore& gpu, const std::vector<SeqId>& from) {
+    const StoreConfig& cfg = gpu.config();
+    const std::size_t stride = (std::max(gpu.page_bytes(KvHalf::K), gpu.page_bytes(KvHalf::V)) + 255) / 256 * 256;
+    const std::size_t bytes = stride * static_cast<std::size_t>(cfg.n_blocks);
+    kvgate::cuda::CudaKvStore::External ext;
+    ext.stride = stride;
+    ext.n_pages = cfg.n_blocks;
+    for (int h = 0; h < 2; ++h) {
+      REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&host[h]), bytes, cudaHostAllocMapped) == cudaSuccess);
+      std::memset(host[h], 0, bytes);
+      const KvHalf half = h == 0 ? KvHalf::K : KvHalf::V;
+      for (SeqId s : from)
+        for (int b : gpu.block_table(s)) {
+          const auto page = gpu.download_page(0, half, b);
+          std::memcpy(host[h] + static_cast<std::size_t>(b) * stride, page.data(), page.size());
+        }
+      void* d = nullptr;
+      REQUIRE(cudaHostGetDevicePointer(&d, host[h], 0) == cudaSuccess);
+      cudaPointerAttributes attr{};
+      REQUIRE(cudaPointerGetAttributes(&attr, d) == cudaSuccess);
+      REQUIRE(attr.type == cudaMemoryTypeHost);  // anti-vacuity: the view's pages really live in host memory
+      ext.pools.push_back(static_cast<std::uint8_t*>(d));
+    }
+    view = std::make_unique<kvgate::cuda::CudaKvStore>(cfg, std::move(ext));
+    for (SeqId s : from) {
+      const SeqId v = view->create_sequence();
+      const auto t = gpu.block_table(s);
+      view->set_sequence(v, std::vector<int>(t.begin(), t.end()), gpu.length(s));
+      seqs.push_back(v);
+    }
   }
 };
 

@@ -59,8 +59,7 @@ CUDA_HF_CASE("qwen3_yarn")
 CUDA_HF_CASE("mistral_swa")
 CUDA_HF_CASE("phi3")
 CUDA_HF_CASE("phi3_longrope")
-// gemma2: the CUDA forward refuses attention-logit soft-capping (its kernels do not apply it), so it
-// runs on the CPU only: STO.cuda.arch_refusal (cuda_arch_gate.cpp) gates the refusal.
+CUDA_HF_CASE("gemma2")  // attention-logit and final-logit soft-caps in the CUDA kernels and forward
 CUDA_HF_CASE("gemma3")
 // Mixture of experts: the router kernel and every expert over every row (runtime/cuda/model/forward.cpp).
 CUDA_HF_CASE("qwen3_moe")

@@ -190,6 +190,7 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   L.tokens_per_split = p.tokens_per_split;
   L.window = a.window;
   if (a.window < 0) throw std::invalid_argument("kvgate::cuda::decode_attention: window must be >= 0");
+  L.softcap2 = detail::softcap_base2(a.softcap, "decode_attention");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
   const float v_ts = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;

@@ -53,6 +53,12 @@ const DeviceStatus& device_status() {
 
 namespace detail {
 float hadamard_scale(int n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); }
+float softcap_base2(float cap, const char* op) {
+  if (!(cap >= 0.0f) || !std::isfinite(cap))
+    throw std::invalid_argument(std::string("kvgate::cuda::") + op + ": softcap must be finite and >= 0 (got " +
+                                std::to_string(cap) + "; 0 means none)");
+  return cap > 0.0f ? static_cast<float>(static_cast<double>(cap) * 1.4426950408889634) : 0.0f;
+}
 }  // namespace detail
 
 }  // namespace kvgate::cuda

@@ -244,7 +244,7 @@ std::size_t CudaKvStore::pool_bytes() const {
 
 DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_heads, const float* d_q, float* d_out,
                                DecodeWorkspace& ws, float softmax_scale, int num_splits, cudaStream_t stream,
-                               int window) {
+                               int window, float softcap) {
   const int batch = static_cast<int>(seqs.size());
   int max_pages = 1, max_len = 1;
   for (SeqId s : seqs) {
@@ -283,11 +283,12 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
   a.softmax_scale = softmax_scale;
   a.num_splits = num_splits;
   a.window = window;
+  a.softcap = softcap;
   return decode_attention(a, ws, stream);
 }
 
 std::string CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
-                                 float softmax_scale, cudaStream_t stream, int window) {
+                                 float softmax_scale, cudaStream_t stream, int window, float softcap) {
   const Sequence& q = seq(s);
   if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || n_new < 1 || pos0 + n_new > q.length)
     throw KvStoreError("cuda kv store: prefill of positions [" + std::to_string(pos0) + ", " +
@@ -315,6 +316,7 @@ std::string CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int 
   a.v_scale = tensor_scale(layer, KvHalf::V);
   a.softmax_scale = softmax_scale;
   a.window = window;
+  a.softcap = softcap;
   prefill_attention(a, stream);
   if (window > 0) return "prefill(fp32)";  // windowed calls stay on the CUDA-core kernel (prefill_mma.cu)
   return supports_op(Op::prefill, a.format, a.geometry, n_heads).path;  // the kernel that ran

@@ -55,6 +55,7 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   L.n_new = a.n_new;
   if (a.window < 0) throw std::invalid_argument("kvgate::cuda::prefill_attention: window must be >= 0");
   L.window = a.window;
+  L.softcap2 = detail::softcap_base2(a.softcap, "prefill_attention");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
   L.v_mul = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;

@@ -40,6 +40,7 @@ bool prefill_attention_mma(const PrefillArgs& a, cudaStream_t stream) {
   p.tokens_per_cta = detail::kPmmaRows / p.heads_per_cta;
   p.n_past = a.n_past;
   p.n_new = a.n_new;
+  p.softcap2 = detail::softcap_base2(a.softcap, "prefill_attention");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
   p.v_mul = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;

@@ -62,4 +62,8 @@ decltype(auto) dispatch_half(HF f, Fn&& fn) {
 // 1/sqrt(n) exactly as FORMATS.md computes it: binary64 then RNE to binary32 (host side).
 float hadamard_scale(int n);
 
+// The attention-logit soft-cap in the kernels' base-2 score units: cap * log2(e) (0: none). A
+// negative or non-finite cap is refused naming the op (host side, util.cu).
+float softcap_base2(float cap, const char* op);
+
 }  // namespace kvgate::cuda::detail

@@ -38,6 +38,11 @@ __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ float h2f(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+// Attention-logit soft-cap (Gemma 2's attn_logit_softcapping: s -> cap tanh(s / cap), after the
+// scale, before the mask) in the kernels' base-2 score units: with c2 = cap log2(e) the base-2
+// score s2 = log2(e) s becomes c2 tanh(s2 / c2). IEEE division, tanhf (<= 2 ulp), one multiply.
+__device__ __forceinline__ float softcap2(float s2, float c2) { return c2 * tanhf(s2 / c2); }
+
 // int8 code in byte k of w (two's complement) -> exact float, without I2F: bias to unsigned, place
 // under the exponent of 2^23, subtract 2^23 + 128.
 __device__ __forceinline__ float i8_at(std::uint32_t w_biased, int k) {
@@ -251,6 +256,102 @@ __device__ inline void write_partials(const DecodeLaunch& a, int b, int split, i
   }
 }
 
+// ---- the per-warp staging pipeline of the fast and tensor-core kernels ---------------------------
+// Warp w of a CTA streams the cells of its own KV head through a private STAGES-deep cp.async ring
+// (no CTA-wide barrier in the main loop). A stage holds TOK tokens: K cells (stride SK), V cells
+// (stride SV), the int8 scale words (8 B per token: the aligned 4-byte word holding the cell's K
+// scale, then V's) and one parity byte per token saying which 16-bit half of that word is the
+// cell's. LPT lanes copy one token; the page lookup of a step is prefetched one step ahead.
+// Cfg provides TOK, STAGES, LPT, SK, SV, CBK, CBV, CGK, CGV, STAGE_AL.
+template <HF KF, HF VF, int D, class Cfg>
+struct WarpKvPipe {
+  const DecodeLaunch& a;
+  const int* table;
+  std::uint8_t* wpipe;  // this warp's STAGES * STAGE_AL bytes
+  int kvh, t_begin, t_end, n_steps, ctau, csub;
+  int nxt_page, nxt_slot;  // lookup of the next step to issue
+
+  __device__ WarpKvPipe(const DecodeLaunch& a_, const int* table_, std::uint8_t* wpipe_, int kvh_, int t_begin_,
+                        int t_end_, int lane)
+      : a(a_), table(table_), wpipe(wpipe_), kvh(kvh_), t_begin(t_begin_), t_end(t_end_) {
+    const int n_tok = max(0, t_end - t_begin);
+    n_steps = (n_tok + Cfg::TOK - 1) / Cfg::TOK;
+    ctau = lane / Cfg::LPT;  // copy role of this lane: token ctau of the stage, sub-lane csub
+    csub = lane % Cfg::LPT;
+  }
+  // Page and slot of this lane's copy token of step st (page -1: past the range, zero-filled).
+  __device__ __forceinline__ void lookup(int st, int& page, int& slot) const {
+    const int tk = t_begin + st * Cfg::TOK + ctau;
+    if (st < n_steps && tk < t_end) {
+      page = __ldg(table + tk / a.block_size);
+      slot = tk % a.block_size;
+    } else {
+      page = -1;
+      slot = 0;
+    }
+  }
+  __device__ __forceinline__ void issue(int st, int page, int slot) const {
+    const int H = a.n_kv_heads, B = a.block_size;
+    std::uint8_t* sb = wpipe + (st % Cfg::STAGES) * Cfg::STAGE_AL;
+    const bool valid = page >= 0;
+    const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
+    const std::uint8_t* kc = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + cell * Cfg::CBK : 0);
+    const std::uint8_t* vc = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + cell * Cfg::CBV : 0);
+    std::uint8_t* kd = sb + ctau * Cfg::SK;
+    std::uint8_t* vd = sb + Cfg::TOK * Cfg::SK + ctau * Cfg::SV;
+#pragma unroll
+    for (int u = csub; u < Cfg::CBK / Cfg::CGK; u += Cfg::LPT) cp_async<Cfg::CGK>(kd + u * Cfg::CGK, kc + u * Cfg::CGK, valid);
+#pragma unroll
+    for (int u = csub; u < Cfg::CBV / Cfg::CGV; u += Cfg::LPT) cp_async<Cfg::CGV>(vd + u * Cfg::CGV, vc + u * Cfg::CGV, valid);
+    if (csub == 0) {
+      std::uint8_t* scw = sb + Cfg::TOK * (Cfg::SK + Cfg::SV);
+      std::uint8_t* par = scw + Cfg::TOK * 8;
+      const std::size_t codes = static_cast<std::size_t>(B) * H * D;
+      if constexpr (KF == HF::int8) {
+        const std::uint8_t* src = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
+        cp_async<4>(scw + ctau * 8, src, valid);
+      }
+      if constexpr (VF == HF::int8) {
+        const std::uint8_t* src = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
+        cp_async<4>(scw + ctau * 8 + 4, src, valid);
+      }
+      par[ctau] = static_cast<std::uint8_t>(cell & 1);
+    }
+  }
+  // Steps 0 .. STAGES-2 in flight, the lookup of step STAGES-1 done.
+  __device__ __forceinline__ void prologue() {
+#pragma unroll
+    for (int s = 0; s < Cfg::STAGES - 1; ++s) {
+      int pg, sl;
+      lookup(s, pg, sl);
+      issue(s, pg, sl);
+      cp_async_commit();
+    }
+    lookup(Cfg::STAGES - 1, nxt_page, nxt_slot);
+  }
+  // Issues step st + STAGES - 1, waits for step st's copies and returns its stage.
+  __device__ __forceinline__ const std::uint8_t* acquire(int st) {
+    issue(st + Cfg::STAGES - 1, nxt_page, nxt_slot);
+    cp_async_commit();
+    lookup(st + Cfg::STAGES, nxt_page, nxt_slot);
+    cp_async_wait<Cfg::STAGES - 1>();
+    __syncwarp();
+    return wpipe + (st % Cfg::STAGES) * Cfg::STAGE_AL;
+  }
+  // After the step's last read of its stage (the stage is refilled STAGES - 1 steps later).
+  __device__ __forceinline__ void release() const { __syncwarp(); }
+  __device__ __forceinline__ void drain() const { cp_async_wait<0>(); }
+  // Views of a stage.
+  __device__ static const std::uint8_t* k_cells(const std::uint8_t* sb) { return sb; }
+  __device__ static const std::uint8_t* v_cells(const std::uint8_t* sb) { return sb + Cfg::TOK * Cfg::SK; }
+  __device__ static const std::uint8_t* scale_words(const std::uint8_t* sb) { return sb + Cfg::TOK * (Cfg::SK + Cfg::SV); }
+  __device__ static const std::uint8_t* parity(const std::uint8_t* sb) { return scale_words(sb) + Cfg::TOK * 8; }
+};
+// The int8 cell scale of token u of a stage (h = 0: K, 1: V).
+__device__ __forceinline__ float stage_int8_scale(const std::uint8_t* scw, const std::uint8_t* par, int u, int h) {
+  return h2f(reinterpret_cast<const std::uint16_t*>(scw + u * 8 + 4 * h)[par[u]]);
+}
+
 // ---- fast path ----------------------------------------------------------------------------------
 
 template <HF KF, HF VF, int D>
@@ -258,7 +359,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
   using Cfg = FastCfg<KF, VF, D>;
   using KS = Slice<KF, D>;
   using VS = Slice<VF, D>;
-  constexpr int E = Cfg::E, L = Cfg::L, TG = Cfg::TG, C = Cfg::C, TGC = Cfg::TGC, LPT = Cfg::LPT;
+  constexpr int E = Cfg::E, L = Cfg::L, TG = Cfg::TG, C = Cfg::C, TGC = Cfg::TGC;
   extern __shared__ __align__(16) std::uint8_t smem[];
   float* q_s = reinterpret_cast<float*>(smem);
   std::uint8_t* pipe = smem + Cfg::Q_SMEM;
@@ -269,7 +370,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
   const int j = lane % L, r = lane / L;
   const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
   const int split = blockIdx.y, b = blockIdx.z;
-  const int H = a.n_kv_heads, B = a.block_size;
+  const int H = a.n_kv_heads;
   if (kvh >= H) return;  // no CTA-wide barrier below
   const int hq0 = kvh * a.group + hc * kHeadsPerCta;
   const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
@@ -296,70 +397,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
     for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
   }
 
-  std::uint8_t* wpipe = pipe + warp * Cfg::WARP_SMEM;
-  const int n_tok = max(0, t_end - t_begin);
-  const int n_steps = (n_tok + TGC - 1) / TGC;
-  const int ctau = lane / LPT, csub = lane % LPT;  // copy role of this lane
-
-  // Page lookup for this lane's copy token of step st (prefetched one step ahead).
-  auto lookup = [&](int st, int& page, int& slot) {
-    const int t = t_begin + st * TGC + ctau;
-    if (st < n_steps && t < t_end) {
-      page = __ldg(table + t / B);
-      slot = t % B;
-    } else {
-      page = -1;
-      slot = 0;
-    }
-  };
-  auto issue = [&](int st, int page, int slot) {
-    std::uint8_t* sb = wpipe + (st % kStages) * Cfg::STAGE_AL;
-    const bool valid = page >= 0;
-    const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
-    const std::uint8_t* kc = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + cell * Cfg::CBK : 0);
-    const std::uint8_t* vc = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + cell * Cfg::CBV : 0);
-    std::uint8_t* kd = sb + ctau * Cfg::SK;
-    std::uint8_t* vd = sb + TGC * Cfg::SK + ctau * Cfg::SV;
-#pragma unroll
-    for (int u = csub; u < Cfg::CBK / Cfg::CGK; u += LPT) cp_async<Cfg::CGK>(kd + u * Cfg::CGK, kc + u * Cfg::CGK, valid);
-#pragma unroll
-    for (int u = csub; u < Cfg::CBV / Cfg::CGV; u += LPT) cp_async<Cfg::CGV>(vd + u * Cfg::CGV, vc + u * Cfg::CGV, valid);
-    if (csub == 0) {
-      std::uint8_t* scw = sb + TGC * (Cfg::SK + Cfg::SV);
-      std::uint8_t* par = scw + TGC * 8;
-      const std::size_t codes = static_cast<std::size_t>(B) * H * D;
-      if constexpr (KF == HF::int8) {
-        const std::uint8_t* src = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
-        cp_async<4>(scw + ctau * 8, src, valid);
-      }
-      if constexpr (VF == HF::int8) {
-        const std::uint8_t* src = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
-        cp_async<4>(scw + ctau * 8 + 4, src, valid);
-      }
-      par[ctau] = static_cast<std::uint8_t>(cell & 1);
-    }
-  };
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    int pg, sl;
-    lookup(s, pg, sl);
-    issue(s, pg, sl);
-    cp_async_commit();
-  }
-  int nxt_page, nxt_slot;
-  lookup(kStages - 1, nxt_page, nxt_slot);
-
-  for (int st = 0; st < n_steps; ++st) {
-    issue(st + kStages - 1, nxt_page, nxt_slot);
-    cp_async_commit();
-    lookup(st + kStages, nxt_page, nxt_slot);
-    cp_async_wait<kStages - 1>();
-    __syncwarp();
-
-    const std::uint8_t* sb = wpipe + (st % kStages) * Cfg::STAGE_AL;
-    const std::uint8_t* scw = sb + TGC * (Cfg::SK + Cfg::SV);
-    const std::uint8_t* par = scw + TGC * 8;
+  WarpKvPipe<KF, VF, D, Cfg> kv(a, table, pipe + warp * Cfg::WARP_SMEM, kvh, t_begin, t_end, lane);
+  kv.prologue();
+  for (int st = 0; st < kv.n_steps; ++st) {
+    const std::uint8_t* sb = kv.acquire(st);
+    const std::uint8_t* scw = kv.scale_words(sb);
+    const std::uint8_t* par = kv.parity(sb);
     const int tbase = t_begin + st * TGC;
 
     float s[C][kHeadsPerCta];
@@ -368,7 +411,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
       const int tau = c * TG + r;
       float x[E], sc;
       KS::load(sb + tau * Cfg::SK, j, x, sc);
-      if constexpr (KF == HF::int8) sc = h2f(reinterpret_cast<const std::uint16_t*>(scw + tau * 8)[par[tau]]);
+      if constexpr (KF == HF::int8) sc = stage_int8_scale(scw, par, tau, 0);
       float part[kHeadsPerCta];
 #pragma unroll
       for (int g = 0; g < kHeadsPerCta; ++g) {
@@ -384,6 +427,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
       for (int off = L / 2; off > 0; off >>= 1)
 #pragma unroll
         for (int g = 0; g < kHeadsPerCta; ++g) part[g] += __shfl_xor_sync(0xffffffffu, part[g], off);
+      if (a.softcap2 > 0.0f) {
+#pragma unroll
+        for (int g = 0; g < kHeadsPerCta; ++g) part[g] = softcap2(part[g], a.softcap2);
+      }
       const bool valid = tbase + tau < t_end;
 #pragma unroll
       for (int g = 0; g < kHeadsPerCta; ++g) s[c][g] = valid ? part[g] : -INFINITY;
@@ -415,8 +462,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
     for (int c = 0; c < C; ++c) {
       const int tau = c * TG + r;
       float x[E], sc;
-      VS::load(sb + TGC * Cfg::SK + tau * Cfg::SV, j, x, sc);
-      if constexpr (VF == HF::int8) sc = h2f(reinterpret_cast<const std::uint16_t*>(scw + tau * 8 + 4)[par[tau]]);
+      VS::load(kv.v_cells(sb) + tau * Cfg::SV, j, x, sc);
+      if constexpr (VF == HF::int8) sc = stage_int8_scale(scw, par, tau, 1);
 #pragma unroll
       for (int g = 0; g < kHeadsPerCta; ++g) {
         const float pv = p[c][g] * sc;
@@ -424,9 +471,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
         for (int e = 0; e < E; ++e) acc[g][e] = fmaf(pv, x[e], acc[g][e]);
       }
     }
-    __syncwarp();
+    kv.release();
   }
-  cp_async_wait<0>();
+  kv.drain();
 
   // Merge the token groups of the warp (lanes that differ above the slice bits).
 #pragma unroll
@@ -518,6 +565,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_generic_kernel(Decod
     for (int off = 16; off > 0; off >>= 1)
 #pragma unroll
       for (int g = 0; g < kHeadsPerCta; ++g) part[g] += __shfl_xor_sync(0xffffffffu, part[g], off);
+    if (a.softcap2 > 0.0f) {
+#pragma unroll
+      for (int g = 0; g < kHeadsPerCta; ++g) part[g] = softcap2(part[g], a.softcap2);
+    }
     float p[kHeadsPerCta];
 #pragma unroll
     for (int g = 0; g < kHeadsPerCta; ++g) {

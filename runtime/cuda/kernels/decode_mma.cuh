@@ -268,80 +268,74 @@ __device__ __forceinline__ void v_frag32_ldsm(const std::uint8_t* tile, int stri
 template <HF F>
 KVGATE_HD constexpr bool byte_half() { return F == HF::int8 || F == HF::fp8_e4m3 || F == HF::fp8_e5m2; }
 
+// ---- the kernel, assembled from named steps ----------------------------------------------------
+// decode_mma_kernel = load_q_warp + mma_q_fragments, then per pipeline stage (WarpKvPipe):
+//   mma_compute_qk          S^T = K Q^T of the stage's 16-token tile (dequant in registers, K
+//                           scales, the length mask);
+//   mma_update_local_state  online softmax of heads 2t, 2t+1 (running max, P = exp2(S - m), the
+//                           rescale of l and O);
+//   mma_p_fragments         P^T B fragments (shuffles from the S C-fragment layout);
+//   mma_compute_pv          O^T += V^T P^T (V dequant in registers, V scales folded into P against a
+//                           running power-of-two reference);
+// and mma_write_partials (l summed across lanes, hi + lo columns merged, the split's partials).
+
+// Compile-time choices of one (K, V, D) instantiation.
 template <HF KF, HF VF, int D>
-__global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(DecodeLaunch a) {
+struct MmaTraits {
   using Cfg = MmaCfg<KF, VF, D>;
-  constexpr int NT = Cfg::NT, TOK = Cfg::TOK, LPT = Cfg::LPT, NBLK = Cfg::NBLK, MT = Cfg::MTILES, S = Cfg::STAGES;
-  constexpr bool k_blockscaled = is_block32(KF), v_blockscaled = is_block32(VF);
-  constexpr bool v_scaled = v_blockscaled || VF == HF::int8;
-  extern __shared__ __align__(16) std::uint8_t smem[];
-  float* q_s = reinterpret_cast<float*>(smem);
-  std::uint8_t* pipe = smem + Cfg::Q_SMEM;
-
-  // Warp w serves KV head kvh0 + w over the CTA's whole token range: the four warps read the
-  // adjacent cells of the same tokens, so DRAM sees 4 cells (512 B of int8 at D=128) contiguous
-  // per token instead of one 72-128 B cell strided by n_kv_heads cells.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
-  const int split = blockIdx.y, b = blockIdx.z;
-  const int H = a.n_kv_heads, B = a.block_size;
-  if (kvh >= H) return;  // no CTA-wide barrier below: idle warps may leave
-  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
-  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
-  const int seq_len = a.seq_lens[b];
-  const int t_begin = split * a.tokens_per_split;
-  const int t_end = min(t_begin + a.tokens_per_split, seq_len);
-  const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
-
-  q_s += warp * kHeadsPerCta * D;
-  load_q_warp<is_rot(KF)>(a, b, hq0, nh, q_s, lane);
-
-  // Q^T fragments (column n = head g; zero for the padding columns 4..7), split into NQ terms of
-  // K's MMA operand type. k-slot mapping: natural for 16-bit K (ldmatrix), 16j + 4t + r otherwise.
-  constexpr int NQ = split_terms<KF>(), NP = split_terms<VF>();
+  static constexpr int NT = Cfg::NT, MT = Cfg::MTILES, NBLK = Cfg::NBLK, KSTEPS = Cfg::KSTEPS;
+  // Q^T and P^T are split into NQ / NP terms of K's / V's MMA operand type.
+  static constexpr int NQ = split_terms<KF>(), NP = split_terms<VF>();
   // Column packing (see the top of the file): both halves narrow, i.e. two f16 terms each.
-  constexpr bool kPack = !wide16_half<KF>() && !wide16_half<VF>();
+  static constexpr bool kPack = !wide16_half<KF>() && !wide16_half<VF>();
   static_assert(!kPack || (NQ == 2 && NP == 2 && kHeadsPerCta == 4), "column packing needs 2 terms and 4 heads");
-  const int col_head = kPack ? (g & 3) : g;  // the head of this lane's B column g
-  const int col_term = kPack ? (g >> 2) : 0;  // 0: hi term, 1: lo term
-  std::uint32_t qf[NQ][Cfg::KSTEPS][2];
-#pragma unroll
-  for (int j = 0; j < Cfg::KSTEPS; ++j)
-#pragma unroll
-    for (int pr = 0; pr < 2; ++pr) {
-      const int d0 = wide16_half<KF>() ? 16 * j + 2 * t + 8 * pr : 16 * j + 4 * t + 2 * pr;
-      const float x0 = col_head < kHeadsPerCta ? q_s[col_head * D + d0] : 0.0f;
-      const float x1 = col_head < kHeadsPerCta ? q_s[col_head * D + d0 + 1] : 0.0f;
-      std::uint32_t tmp[NQ];
-      split_terms_h2<KF>(x0, x1, tmp);
-      if constexpr (kPack) {
-        qf[0][j][pr] = col_term == 0 ? tmp[0] : tmp[1];
-      } else {
-#pragma unroll
-        for (int q = 0; q < NQ; ++q) qf[q][j][pr] = tmp[q];
-      }
-    }
+  static constexpr bool k_blockscaled = is_block32(KF), v_blockscaled = is_block32(VF);
+  static constexpr bool v_scaled = v_blockscaled || VF == HF::int8;
+  static constexpr int NVREF = v_blockscaled ? NBLK : 1;  // V scale references (per 32-dim block or one)
+  using Pipe = WarpKvPipe<KF, VF, D, Cfg>;
+  using QFrag = std::uint32_t[NQ][KSTEPS][2];
+};
 
-  float o[MT][4];
+// Where a lane sits in the m16n8k16 fragments: g = lane / 4, t = lane % 4; the B column g carries
+// head col_head, term col_term (0: hi, 1: lo) when columns are packed.
+struct MmaLane {
+  int lane, g, t, col_head, col_term;
+};
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ MmaLane mma_lane(int lane) {
+  constexpr bool kPack = MmaTraits<KF, VF, D>::kPack;
+  const int g = lane >> 2, t = lane & 3;
+  return {lane, g, t, kPack ? (g & 3) : g, kPack ? (g >> 2) : 0};
+}
+
+// The running state of one warp: O^T accumulators (m-tile i, rows g / g + 8, heads 2t, 2t+1), the
+// softmax max and sum of heads 2t, 2t+1, and the running power-of-two reference of the V scales
+// (int8: one; q8_0/q4_0: one per 32-dim block): O accumulates sum p * (scale / vref) * code,
+// rescaled exactly when vref grows, like the softmax max; the epilogue multiplies by vref.
+template <HF KF, HF VF, int D>
+struct MmaState {
+  using T = MmaTraits<KF, VF, D>;
+  float o[T::MT][4];
+  float m[2], l[2];  // heads 2t, 2t+1
+  float vref[T::NVREF];
+
+  __device__ __forceinline__ void init() {
 #pragma unroll
-  for (int i = 0; i < MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2t, 2t+1
-  // Running power-of-two reference of the V scales (int8: one; q8_0/q4_0: one per 32-dim block):
-  // O accumulates sum p * (scale / vref) * code, rescaled exactly when vref grows, like the
-  // softmax max; the epilogue multiplies by vref.
-  constexpr int NVREF = v_blockscaled ? NBLK : 1;
-  float vref[NVREF];
+    for (int i = 0; i < T::MT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
 #pragma unroll
-  for (int k = 0; k < NVREF; ++k) vref[k] = 0.0f;
-  auto raise_vref = [&](int k, float mx, float& inv) {  // warp-uniform
+    for (int k = 0; k < T::NVREF; ++k) vref[k] = 0.0f;
+  }
+  // Warp-uniform: raises reference k to cover mx (rescaling its O rows exactly), inv = 1 / vref[k].
+  __device__ __forceinline__ void raise_vref(int k, float mx, float& inv) {
     if (mx > vref[k]) {
       float sc, iv;
       pow2_norm(mx, sc, iv);
       const float f = vref[k] * iv;  // exact: powers of two (0 on the first raise)
 #pragma unroll
-      for (int i = 0; i < MT; ++i)
-        if (!v_blockscaled || i / 2 == k) {
+      for (int i = 0; i < T::MT; ++i)
+        if (!T::v_blockscaled || i / 2 == k) {
           o[i][0] *= f;
           o[i][1] *= f;
           o[i][2] *= f;
@@ -350,101 +344,72 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
       vref[k] = sc;
     }
     inv = vref[k] > 0.0f ? 1.0f / vref[k] : 0.0f;  // exact: a power of two
-  };
-
-  std::uint8_t* wpipe = pipe + warp * Cfg::WARP_SMEM;
-  const int n_tok = max(0, t_end - t_begin);
-  const int n_steps = (n_tok + TOK - 1) / TOK;
-  const int ctau = lane / LPT, csub = lane % LPT;
-
-  auto lookup = [&](int st, int& page, int& slot) {
-    const int tk = t_begin + st * TOK + ctau;
-    if (st < n_steps && tk < t_end) {
-      page = __ldg(table + tk / B);
-      slot = tk % B;
-    } else {
-      page = -1;
-      slot = 0;
-    }
-  };
-  auto issue = [&](int st, int page, int slot) {
-    std::uint8_t* sb = wpipe + (st % S) * Cfg::STAGE_AL;
-    const bool valid = page >= 0;
-    const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
-    const std::uint8_t* kc = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + cell * Cfg::CBK : 0);
-    const std::uint8_t* vc = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + cell * Cfg::CBV : 0);
-    std::uint8_t* kd = sb + ctau * Cfg::SK;
-    std::uint8_t* vd = sb + TOK * Cfg::SK + ctau * Cfg::SV;
-#pragma unroll
-    for (int u = csub; u < Cfg::CBK / Cfg::CGK; u += LPT) cp_async<Cfg::CGK>(kd + u * Cfg::CGK, kc + u * Cfg::CGK, valid);
-#pragma unroll
-    for (int u = csub; u < Cfg::CBV / Cfg::CGV; u += LPT) cp_async<Cfg::CGV>(vd + u * Cfg::CGV, vc + u * Cfg::CGV, valid);
-    if (csub == 0) {
-      std::uint8_t* scw = sb + TOK * (Cfg::SK + Cfg::SV);
-      std::uint8_t* par = scw + TOK * 8;
-      const std::size_t codes = static_cast<std::size_t>(B) * H * D;
-      if constexpr (KF == HF::int8) {
-        const std::uint8_t* src = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
-        cp_async<4>(scw + ctau * 8, src, valid);
-      }
-      if constexpr (VF == HF::int8) {
-        const std::uint8_t* src = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
-        cp_async<4>(scw + ctau * 8 + 4, src, valid);
-      }
-      par[ctau] = static_cast<std::uint8_t>(cell & 1);
-    }
-  };
-
-#pragma unroll
-  for (int st0 = 0; st0 < S - 1; ++st0) {
-    int pg, sl;
-    lookup(st0, pg, sl);
-    issue(st0, pg, sl);
-    cp_async_commit();
   }
-  int nxt_page, nxt_slot;
-  lookup(S - 1, nxt_page, nxt_slot);
+};
 
-  for (int st = 0; st < n_steps; ++st) {
-    issue(st + S - 1, nxt_page, nxt_slot);
-    cp_async_commit();
-    lookup(st + S, nxt_page, nxt_slot);
-    cp_async_wait<S - 1>();
-    __syncwarp();
-
-    const std::uint8_t* sb = wpipe + (st % S) * Cfg::STAGE_AL;
-    const std::uint8_t* kcell = sb;
-    const std::uint8_t* vcell = sb + TOK * Cfg::SK;
-    const std::uint8_t* scw = sb + TOK * (Cfg::SK + Cfg::SV);
-    const std::uint8_t* par = scw + TOK * 8;
-    const int tbase = t_begin + st * TOK;
-
-    // ---- S^T = K Q^T, one 16-token tile at a time (independent accumulator chains) -------------
-    float s[NT][4];
+// Q^T fragments (column n = head g; zero for the padding columns 4..7), split into NQ terms of
+// K's MMA operand type. k-slot mapping: natural for 16-bit K (ldmatrix), 16j + 4t + r otherwise.
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void mma_q_fragments(const float* q_s, const MmaLane& ln,
+                                                typename MmaTraits<KF, VF, D>::QFrag& qf) {
+  using T = MmaTraits<KF, VF, D>;
+  constexpr int NQ = T::NQ;
 #pragma unroll
-    for (int tl = 0; tl < NT; ++tl) {
-      const std::uint8_t* r0 = kcell + (16 * tl + g) * Cfg::SK;
-      const std::uint8_t* r1 = kcell + (16 * tl + g + 8) * Cfg::SK;
-      float sh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if constexpr (wide16_half<KF>()) {
-        float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int j = 0; j < T::KSTEPS; ++j)
 #pragma unroll
-        for (int j = 0; j < Cfg::KSTEPS; ++j) {
-          std::uint32_t A[4];
-          ldsm_x4(ldsm_row(kcell + 16 * tl * Cfg::SK, Cfg::SK, j, lane), A);
-          mma_as<KF>(sh, A, qf[0][j][0], qf[0][j][1]);
-          mma_as<KF>(sl, A, qf[NQ - 1][j][0], qf[NQ - 1][j][1]);
-          if constexpr (NQ == 3) mma_as<KF>(sm, A, qf[1][j][0], qf[1][j][1]);
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) sl[k] += sm[k];
+    for (int pr = 0; pr < 2; ++pr) {
+      const int d0 = wide16_half<KF>() ? 16 * j + 2 * ln.t + 8 * pr : 16 * j + 4 * ln.t + 2 * pr;
+      const float x0 = ln.col_head < kHeadsPerCta ? q_s[ln.col_head * D + d0] : 0.0f;
+      const float x1 = ln.col_head < kHeadsPerCta ? q_s[ln.col_head * D + d0 + 1] : 0.0f;
+      std::uint32_t tmp[NQ];
+      split_terms_h2<KF>(x0, x1, tmp);
+      if constexpr (T::kPack) {
+        qf[0][j][pr] = ln.col_term == 0 ? tmp[0] : tmp[1];
       } else {
 #pragma unroll
-      for (int blk = 0; blk < NBLK; ++blk) {
+        for (int q = 0; q < NQ; ++q) qf[q][j][pr] = tmp[q];
+      }
+    }
+}
+
+// S^T = K Q^T, one 16-token tile at a time (independent accumulator chains), times the K scales,
+// soft-capped when c2 > 0 (decode.cuh softcap2); tokens at or past t_end get -inf.
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void mma_compute_qk(const std::uint8_t* sb, const typename MmaTraits<KF, VF, D>::QFrag& qf,
+                                               const MmaLane& ln, int tbase, int t_end, float c2,
+                                               float (&s)[MmaTraits<KF, VF, D>::NT][4]) {
+  using T = MmaTraits<KF, VF, D>;
+  using Cfg = typename T::Cfg;
+  constexpr int NQ = T::NQ;
+  constexpr bool kPack = T::kPack;
+  const int lane = ln.lane, g = ln.g, t = ln.t;
+  const std::uint8_t* kcell = T::Pipe::k_cells(sb);
+  const std::uint8_t* scw = T::Pipe::scale_words(sb);
+  const std::uint8_t* par = T::Pipe::parity(sb);
+#pragma unroll
+  for (int tl = 0; tl < T::NT; ++tl) {
+    const std::uint8_t* r0 = kcell + (16 * tl + g) * Cfg::SK;
+    const std::uint8_t* r1 = kcell + (16 * tl + g + 8) * Cfg::SK;
+    float sh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (wide16_half<KF>()) {
+      float sm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int j = 0; j < Cfg::KSTEPS; ++j) {
+        std::uint32_t A[4];
+        ldsm_x4(ldsm_row(kcell + 16 * tl * Cfg::SK, Cfg::SK, j, lane), A);
+        mma_as<KF>(sh, A, qf[0][j][0], qf[0][j][1]);
+        mma_as<KF>(sl, A, qf[NQ - 1][j][0], qf[NQ - 1][j][1]);
+        if constexpr (NQ == 3) mma_as<KF>(sm, A, qf[1][j][0], qf[1][j][1]);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) sl[k] += sm[k];
+    } else {
+#pragma unroll
+      for (int blk = 0; blk < T::NBLK; ++blk) {
         std::uint32_t A0[4], A1[4];
         if constexpr (byte_half<KF>()) k_frag32_ldsm<KF>(kcell + 16 * tl * Cfg::SK, Cfg::SK, blk, lane, A0, A1);
         else k_frag32<KF>(r0, r1, blk, t, A0, A1);
-        if constexpr (k_blockscaled) {
+        if constexpr (T::k_blockscaled) {
           float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           if constexpr (kPack) {  // hi or lo column per lane; two independent chains (the two 16-dim halves)
             mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
@@ -471,126 +436,153 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
           mma16816(sl, A1, qf[1][2 * blk + 1][0], qf[1][2 * blk + 1][1]);
         }
       }
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) s[tl][k] = sh[k] + sl[k];
-      if constexpr (kPack) {  // hi column (lane t < 2) + lo column (lane t + 2) of the same head
-#pragma unroll
-        for (int k = 0; k < 4; ++k) s[tl][k] += __shfl_xor_sync(0xffffffffu, s[tl][k], 2);
-      }
-      if constexpr (KF == HF::int8) {
-        const int u0 = 16 * tl + g, u1 = u0 + 8;
-        const float k0 = h2f(reinterpret_cast<const std::uint16_t*>(scw + u0 * 8)[par[u0]]);
-        const float k1 = h2f(reinterpret_cast<const std::uint16_t*>(scw + u1 * 8)[par[u1]]);
-        s[tl][0] *= k0;
-        s[tl][1] *= k0;
-        s[tl][2] *= k1;
-        s[tl][3] *= k1;
-      }
-      if (tbase + 16 * tl + g >= t_end) s[tl][0] = s[tl][1] = -INFINITY;
-      if (tbase + 16 * tl + g + 8 >= t_end) s[tl][2] = s[tl][3] = -INFINITY;
     }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s[tl][k] = sh[k] + sl[k];
+    if constexpr (kPack) {  // hi column (lane t < 2) + lo column (lane t + 2) of the same head
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s[tl][k] += __shfl_xor_sync(0xffffffffu, s[tl][k], 2);
+    }
+    if constexpr (KF == HF::int8) {
+      const int u0 = 16 * tl + g, u1 = u0 + 8;
+      const float k0 = stage_int8_scale(scw, par, u0, 0);
+      const float k1 = stage_int8_scale(scw, par, u1, 0);
+      s[tl][0] *= k0;
+      s[tl][1] *= k0;
+      s[tl][2] *= k1;
+      s[tl][3] *= k1;
+    }
+    if (c2 > 0.0f) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) s[tl][k] = softcap2(s[tl][k], c2);
+    }
+    if (tbase + 16 * tl + g >= t_end) s[tl][0] = s[tl][1] = -INFINITY;
+    if (tbase + 16 * tl + g + 8 >= t_end) s[tl][2] = s[tl][3] = -INFINITY;
+  }
+}
 
-    // ---- online softmax over the stage (heads 2t, 2t+1) ---------------------------------------
-    float p[NT][4];
+// Online softmax over the stage (heads 2t, 2t+1): the running max grows (l and O rescaled by
+// exp2(m_old - m_new)), p = exp2(s - m), l += the lane's p.
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void mma_update_local_state(const float (&s)[MmaTraits<KF, VF, D>::NT][4],
+                                                       MmaState<KF, VF, D>& st,
+                                                       float (&p)[MmaTraits<KF, VF, D>::NT][4]) {
+  using T = MmaTraits<KF, VF, D>;
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = -INFINITY;
+  for (int hh = 0; hh < 2; ++hh) {
+    float mx = -INFINITY;
 #pragma unroll
-      for (int tl = 0; tl < NT; ++tl) mx = fmaxf(mx, fmaxf(s[tl][hh], s[tl][2 + hh]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      if (mx > m[hh]) {
-        const float corr = safe_exp2_diff(m[hh], mx);
-        l[hh] *= corr;
+    for (int tl = 0; tl < T::NT; ++tl) mx = fmaxf(mx, fmaxf(s[tl][hh], s[tl][2 + hh]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    if (mx > st.m[hh]) {
+      const float corr = safe_exp2_diff(st.m[hh], mx);
+      st.l[hh] *= corr;
 #pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          o[i][hh] *= corr;
-          o[i][2 + hh] *= corr;
-        }
-        m[hh] = mx;
+      for (int i = 0; i < T::MT; ++i) {
+        st.o[i][hh] *= corr;
+        st.o[i][2 + hh] *= corr;
       }
-      const bool live = m[hh] != -INFINITY;
-#pragma unroll
-      for (int tl = 0; tl < NT; ++tl) {
-        p[tl][hh] = live ? exp2f(s[tl][hh] - m[hh]) : 0.0f;
-        p[tl][2 + hh] = live ? exp2f(s[tl][2 + hh] - m[hh]) : 0.0f;
-        l[hh] += p[tl][hh] + p[tl][2 + hh];
-      }
+      st.m[hh] = mx;
     }
+    const bool live = st.m[hh] != -INFINITY;
+#pragma unroll
+    for (int tl = 0; tl < T::NT; ++tl) {
+      p[tl][hh] = live ? exp2f(s[tl][hh] - st.m[hh]) : 0.0f;
+      p[tl][2 + hh] = live ? exp2f(s[tl][2 + hh] - st.m[hh]) : 0.0f;
+      st.l[hh] += p[tl][hh] + p[tl][2 + hh];
+    }
+  }
+}
 
-    // ---- P^T fragments: lane (g, t) needs head g at tile tokens 2t, 2t+1, 2t+8, 2t+9 -----------
-    const int srcA = 8 * t + (col_head >> 1), srcB = srcA + 4;
-    const bool odd = col_head & 1;
-    float bt[NT][4];
+// P^T fragments: lane (g, t) needs head g at tile tokens 2t, 2t+1, 2t+8, 2t+9 (zero for padding columns).
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void mma_p_fragments(const float (&p)[MmaTraits<KF, VF, D>::NT][4], const MmaLane& ln,
+                                                float (&bt)[MmaTraits<KF, VF, D>::NT][4]) {
+  using T = MmaTraits<KF, VF, D>;
+  const int srcA = 8 * ln.t + (ln.col_head >> 1), srcB = srcA + 4;
+  const bool odd = ln.col_head & 1;
 #pragma unroll
-    for (int tl = 0; tl < NT; ++tl) {
-      float pa[4], pb[4];
+  for (int tl = 0; tl < T::NT; ++tl) {
+    float pa[4], pb[4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        pa[k] = __shfl_sync(0xffffffffu, p[tl][k], srcA);
-        pb[k] = __shfl_sync(0xffffffffu, p[tl][k], srcB);
-      }
-      bt[tl][0] = odd ? pa[1] : pa[0];
-      bt[tl][1] = odd ? pb[1] : pb[0];
-      bt[tl][2] = odd ? pa[3] : pa[2];
-      bt[tl][3] = odd ? pb[3] : pb[2];
-      if (col_head >= kHeadsPerCta) bt[tl][0] = bt[tl][1] = bt[tl][2] = bt[tl][3] = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      pa[k] = __shfl_sync(0xffffffffu, p[tl][k], srcA);
+      pb[k] = __shfl_sync(0xffffffffu, p[tl][k], srcB);
     }
-    const int tk[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+    bt[tl][0] = odd ? pa[1] : pa[0];
+    bt[tl][1] = odd ? pb[1] : pb[0];
+    bt[tl][2] = odd ? pa[3] : pa[2];
+    bt[tl][3] = odd ? pb[3] : pb[2];
+    if (ln.col_head >= kHeadsPerCta) bt[tl][0] = bt[tl][1] = bt[tl][2] = bt[tl][3] = 0.0f;
+  }
+}
 
-    // ---- O^T += V^T P^T ---------------------------------------------------------------------
-    std::uint32_t pf[NT][NP][2];  // P^T B fragments (k = tokens 2t,2t+1 | 2t+8,2t+9; n = head g), NP terms
-    auto set_pf = [&](int tl, int pair, float x0, float x1) {
-      std::uint32_t tmp[NP];
-      split_terms_h2<VF>(x0, x1, tmp);
-      if constexpr (kPack) {
-        pf[tl][0][pair] = col_term == 0 ? tmp[0] : tmp[1];
-      } else {
-#pragma unroll
-        for (int q = 0; q < NP; ++q) pf[tl][q][pair] = tmp[q];
-      }
-    };
-    if constexpr (VF == HF::int8) {
-      float sv[NT][4], mx = 0.0f;
-#pragma unroll
-      for (int tl = 0; tl < NT; ++tl)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int u = 16 * tl + tk[k];
-          sv[tl][k] = h2f(reinterpret_cast<const std::uint16_t*>(scw + u * 8 + 4)[par[u]]);
-          mx = fmaxf(mx, sv[tl][k]);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      float inv;
-      raise_vref(0, mx, inv);
-#pragma unroll
-      for (int tl = 0; tl < NT; ++tl) {
-        set_pf(tl, 0, bt[tl][0] * (sv[tl][0] * inv), bt[tl][1] * (sv[tl][1] * inv));
-        set_pf(tl, 1, bt[tl][2] * (sv[tl][2] * inv), bt[tl][3] * (sv[tl][3] * inv));
-      }
-    } else if constexpr (!v_blockscaled) {  // fp8 (scale after the merge), f16, bf16: P as is
-#pragma unroll
-      for (int tl = 0; tl < NT; ++tl) {
-        set_pf(tl, 0, bt[tl][0], bt[tl][1]);
-        set_pf(tl, 1, bt[tl][2], bt[tl][3]);
-      }
-    }
-    if constexpr (wide16_half<VF>()) {
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int tl = 0; tl < NT; ++tl) {
-          std::uint32_t A[4];
-          ldsm_x4_t(ldsm_row_v16(vcell + 16 * tl * Cfg::SV, Cfg::SV, i, lane), A);
-#pragma unroll
-          for (int q = NP - 1; q >= 0; --q) mma_as<VF>(o[i], A, pf[tl][q][0], pf[tl][q][1]);
-        }
+// O^T += V^T P^T over the stage: 16-bit V by ldmatrix as stored; narrow V dequantized per 32-dim
+// block, its scales folded into P (normalised by the running reference vref).
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void mma_compute_pv(const std::uint8_t* sb, const float (&bt)[MmaTraits<KF, VF, D>::NT][4],
+                                               const MmaLane& ln, MmaState<KF, VF, D>& st) {
+  using T = MmaTraits<KF, VF, D>;
+  using Cfg = typename T::Cfg;
+  constexpr int NT = T::NT, NP = T::NP;
+  constexpr bool kPack = T::kPack;
+  const int lane = ln.lane, g = ln.g, t = ln.t;
+  const std::uint8_t* vcell = T::Pipe::v_cells(sb);
+  const std::uint8_t* scw = T::Pipe::scale_words(sb);
+  const std::uint8_t* par = T::Pipe::parity(sb);
+  const int tk[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+
+  std::uint32_t pf[NT][NP][2];  // P^T B fragments (k = tokens 2t,2t+1 | 2t+8,2t+9; n = head g), NP terms
+  auto set_pf = [&](int tl, int pair, float x0, float x1) {
+    std::uint32_t tmp[NP];
+    split_terms_h2<VF>(x0, x1, tmp);
+    if constexpr (kPack) {
+      pf[tl][0][pair] = ln.col_term == 0 ? tmp[0] : tmp[1];
     } else {
 #pragma unroll
-    for (int blk = 0; blk < NBLK; ++blk) {
+      for (int q = 0; q < NP; ++q) pf[tl][q][pair] = tmp[q];
+    }
+  };
+  if constexpr (VF == HF::int8) {
+    float sv[NT][4], mx = 0.0f;
+#pragma unroll
+    for (int tl = 0; tl < NT; ++tl)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        sv[tl][k] = stage_int8_scale(scw, par, 16 * tl + tk[k], 1);
+        mx = fmaxf(mx, sv[tl][k]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float inv;
+    st.raise_vref(0, mx, inv);
+#pragma unroll
+    for (int tl = 0; tl < NT; ++tl) {
+      set_pf(tl, 0, bt[tl][0] * (sv[tl][0] * inv), bt[tl][1] * (sv[tl][1] * inv));
+      set_pf(tl, 1, bt[tl][2] * (sv[tl][2] * inv), bt[tl][3] * (sv[tl][3] * inv));
+    }
+  } else if constexpr (!T::v_blockscaled) {  // fp8 (scale after the merge), f16, bf16: P as is
+#pragma unroll
+    for (int tl = 0; tl < NT; ++tl) {
+      set_pf(tl, 0, bt[tl][0], bt[tl][1]);
+      set_pf(tl, 1, bt[tl][2], bt[tl][3]);
+    }
+  }
+  if constexpr (wide16_half<VF>()) {
+#pragma unroll
+    for (int i = 0; i < T::MT; ++i)
+#pragma unroll
+      for (int tl = 0; tl < NT; ++tl) {
+        std::uint32_t A[4];
+        ldsm_x4_t(ldsm_row_v16(vcell + 16 * tl * Cfg::SV, Cfg::SV, i, lane), A);
+#pragma unroll
+        for (int q = NP - 1; q >= 0; --q) mma_as<VF>(st.o[i], A, pf[tl][q][0], pf[tl][q][1]);
+      }
+  } else {
+#pragma unroll
+    for (int blk = 0; blk < T::NBLK; ++blk) {
       std::uint32_t A0[NT][4], A1[NT][4];
 #pragma unroll
       for (int tl = 0; tl < NT; ++tl) {
@@ -602,7 +594,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
           v_frag32<VF>(vr, blk, g, A0[tl], A1[tl]);
         }
       }
-      if constexpr (v_blockscaled) {
+      if constexpr (T::v_blockscaled) {
         const int bb = block_bytes(VF);
         float dv[NT][4], mx = 0.0f;
 #pragma unroll
@@ -615,7 +607,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         float inv;
-        raise_vref(blk, mx, inv);
+        st.raise_vref(blk, mx, inv);
         // the sign of d travels with the weight (q4_0 d is negative for positive extremes)
 #pragma unroll
         for (int tl = 0; tl < NT; ++tl) {
@@ -623,37 +615,39 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
           set_pf(tl, 1, bt[tl][2] * (dv[tl][2] * inv), bt[tl][3] * (dv[tl][3] * inv));
         }
       }
-      {
 #pragma unroll
-        for (int tl = 0; tl < NT; ++tl) {
-          if constexpr (!kPack) {
-            mma16816(o[2 * blk], A0[tl], pf[tl][1][0], pf[tl][1][1]);
-            mma16816(o[2 * blk + 1], A1[tl], pf[tl][1][0], pf[tl][1][1]);
-          }
-          mma16816(o[2 * blk], A0[tl], pf[tl][0][0], pf[tl][0][1]);
-          mma16816(o[2 * blk + 1], A1[tl], pf[tl][0][0], pf[tl][0][1]);
+      for (int tl = 0; tl < NT; ++tl) {
+        if constexpr (!kPack) {
+          mma16816(st.o[2 * blk], A0[tl], pf[tl][1][0], pf[tl][1][1]);
+          mma16816(st.o[2 * blk + 1], A1[tl], pf[tl][1][0], pf[tl][1][1]);
         }
+        mma16816(st.o[2 * blk], A0[tl], pf[tl][0][0], pf[tl][0][1]);
+        mma16816(st.o[2 * blk + 1], A1[tl], pf[tl][0][0], pf[tl][0][1]);
       }
     }
-    }  // narrow V
-    __syncwarp();
   }
-  cp_async_wait<0>();
+}
 
-  // l: sum over the 8 lanes with the same t (m is already uniform across them).
+// The warp covered the whole split for its heads: l summed over the 8 lanes with the same t (m is
+// already uniform across them), O's hi + lo columns merged, the partials written directly.
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void mma_write_partials(const DecodeLaunch& a, MmaState<KF, VF, D>& st, const MmaLane& ln,
+                                                   int b, int split, int hq0, int nh) {
+  using T = MmaTraits<KF, VF, D>;
+  constexpr bool kPack = T::kPack;
+  const int g = ln.g, t = ln.t;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 4);
-    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 8);
-    l[hh] += __shfl_xor_sync(0xffffffffu, l[hh], 16);
+    st.l[hh] += __shfl_xor_sync(0xffffffffu, st.l[hh], 4);
+    st.l[hh] += __shfl_xor_sync(0xffffffffu, st.l[hh], 8);
+    st.l[hh] += __shfl_xor_sync(0xffffffffu, st.l[hh], 16);
   }
   if constexpr (kPack) {  // O's hi columns (lanes t < 2) + lo columns (lanes t + 2)
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
+    for (int i = 0; i < T::MT; ++i)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) o[i][k] += __shfl_xor_sync(0xffffffffu, o[i][k], 2);
+      for (int k = 0; k < 4; ++k) st.o[i][k] += __shfl_xor_sync(0xffffffffu, st.o[i][k], 2);
   }
-  // This warp covered the whole split for its heads: write its partials directly.
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int head = 2 * t + hh;
@@ -661,20 +655,62 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
       const std::size_t row = (static_cast<std::size_t>(b) * a.splits + split) * a.n_heads + hq0 + head;
       float* po = a.part_o + row * D;
 #pragma unroll
-      for (int i = 0; i < MT; ++i) {
+      for (int i = 0; i < T::MT; ++i) {
         // rows g, g+8 of m-tile i: dims 16i + g, 16i + g + 8 (16-bit V) or 16i + 2g, 16i + 2g + 1
         const int d0 = wide16_half<VF>() ? 16 * i + g : 16 * i + 2 * g;
         const int d1 = wide16_half<VF>() ? d0 + 8 : d0 + 1;
-        const float vr = v_scaled ? vref[v_blockscaled ? i / 2 : 0] : 1.0f;
-        po[d0] = o[i][hh] * vr;
-        po[d1] = o[i][2 + hh] * vr;
+        const float vr = T::v_scaled ? st.vref[T::v_blockscaled ? i / 2 : 0] : 1.0f;
+        po[d0] = st.o[i][hh] * vr;
+        po[d1] = st.o[i][2 + hh] * vr;
       }
       if (g == 0) {
-        a.part_ml[row * 2] = m[hh];
-        a.part_ml[row * 2 + 1] = l[hh];
+        a.part_ml[row * 2] = st.m[hh];
+        a.part_ml[row * 2 + 1] = st.l[hh];
       }
     }
   }
+}
+
+template <HF KF, HF VF, int D>
+__global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(DecodeLaunch a) {
+  using T = MmaTraits<KF, VF, D>;
+  using Cfg = typename T::Cfg;
+  extern __shared__ __align__(16) std::uint8_t smem[];
+
+  // Warp w serves KV head kvh0 + w over the CTA's whole token range: the four warps read the
+  // adjacent cells of the same tokens, so DRAM sees 4 cells (512 B of int8 at D=128) contiguous
+  // per token instead of one 72-128 B cell strided by n_kv_heads cells.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
+  const int split = blockIdx.y, b = blockIdx.z;
+  if (kvh >= a.n_kv_heads) return;  // no CTA-wide barrier below: idle warps may leave
+  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
+  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
+  const int t_begin = split * a.tokens_per_split;
+  const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
+  const MmaLane ln = mma_lane<KF, VF, D>(lane);
+
+  float* q_s = reinterpret_cast<float*>(smem) + warp * kHeadsPerCta * D;
+  load_q_warp<is_rot(KF)>(a, b, hq0, nh, q_s, lane);
+  typename T::QFrag qf;
+  mma_q_fragments<KF, VF, D>(q_s, ln, qf);
+
+  MmaState<KF, VF, D> st;
+  st.init();
+  typename T::Pipe kv(a, a.block_tables + static_cast<std::size_t>(b) * a.table_stride,
+                      smem + Cfg::Q_SMEM + warp * Cfg::WARP_SMEM, kvh, t_begin, t_end, lane);
+  kv.prologue();
+  for (int step = 0; step < kv.n_steps; ++step) {
+    const std::uint8_t* sb = kv.acquire(step);
+    float s[T::NT][4], p[T::NT][4], bt[T::NT][4];
+    mma_compute_qk<KF, VF, D>(sb, qf, ln, t_begin + step * Cfg::TOK, t_end, a.softcap2, s);
+    mma_update_local_state<KF, VF, D>(s, st, p);
+    mma_p_fragments<KF, VF, D>(p, ln, bt);
+    mma_compute_pv<KF, VF, D>(sb, bt, ln, st);
+    kv.release();
+  }
+  kv.drain();
+  mma_write_partials<KF, VF, D>(a, st, ln, b, split, hq0, nh);
 }
 
 }  // namespace kvgate::cuda::detail

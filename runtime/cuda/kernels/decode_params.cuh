@@ -22,6 +22,7 @@ struct DecodeLaunch {
   float q_mul = 1.0f;  // softmax_scale * log2(e) * k_tensor_scale
   float had_c = 1.0f;  // float(1/sqrt(double(D)))
   int window = 0;      // > 0: sliding window (keys seq_len - window .. seq_len - 1)
+  float softcap2 = 0.0f;  // > 0: attention-logit soft-cap in base-2 score units (cap * log2(e)); decode.cuh softcap2
 };
 
 struct CombineLaunch {
@@ -50,6 +51,7 @@ struct FastCfg {
   static constexpr int C = (TG * 4 * BPT <= 6144) ? 4 : (TG * 2 * BPT <= 6144) ? 2 : 1;  // tokens per group per stage
   static constexpr int TGC = TG * C;                  // tokens per warp per stage (power of two, <= 32)
   static constexpr int LPT = 32 / TGC;                // copy lanes per token
+  static constexpr int TOK = TGC, STAGES = kStages;   // the staging pipeline's names (decode.cuh WarpKvPipe)
   static constexpr int STAGE = TGC * BPT + TGC * 2;   // + 2 parity bytes per token
   static constexpr int STAGE_AL = (STAGE + 15) / 16 * 16;
   static constexpr int WARP_SMEM = kStages * STAGE_AL;

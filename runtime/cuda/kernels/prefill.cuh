@@ -45,6 +45,7 @@ struct PrefillLaunch {
   float v_mul = 1.0f;  // v tensor scale
   float had_c = 1.0f;  // float(1/sqrt(double(D)))
   int window = 0;      // > 0: sliding window, query i sees keys n_past + i - window + 1 .. n_past + i
+  float softcap2 = 0.0f;  // > 0: attention-logit soft-cap in base-2 score units (cap * log2(e)); decode.cuh softcap2
 };
 
 // Shared memory: Q/O [64][DP], K [32][DP], V [32][DP], P [64][33] floats; DP = D | 1 (odd row
@@ -167,6 +168,7 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(PrefillLaunch 
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int t = t0 + cg + 16 * c;
+        if (a.softcap2 > 0.0f) s[i][c] = softcap2(s[i][c], a.softcap2);
         if (t > lim[i] || t < lo[i] || t >= t_end) s[i][c] = -INFINITY;
       }
       float mx = fmaxf(s[i][0], s[i][1]);

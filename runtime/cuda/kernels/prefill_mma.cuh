@@ -240,11 +240,12 @@ __device__ __forceinline__ void compute_qk(const std::uint32_t (&qf)[PmmaCfg<KF,
 }
 
 // ---- online_softmax_update ------------------------------------------------------------------
-// Rows g (h = 0) and g + 8 (h = 1) of the warp; lim[h]: last visible key. Leaves P in s (FP32),
-// adds the thread's partial row sums to l, rescales the accumulator.
+// Rows g (h = 0) and g + 8 (h = 1) of the warp; lim[h]: last visible key; c2 > 0: the soft-cap
+// (decode.cuh softcap2) before the mask. Leaves P in s (FP32), adds the thread's partial row sums
+// to l, rescales the accumulator.
 template <HF KF, HF VF, int D>
 __device__ __forceinline__ void online_softmax_update(float (&s)[PmmaCfg<KF, VF, D>::NT][4], int t0, int tig,
-                                                      const int (&lim)[2], float (&m)[2], float (&l)[2],
+                                                      const int (&lim)[2], float c2, float (&m)[2], float (&l)[2],
                                                       float (&acc)[PmmaCfg<KF, VF, D>::ND][4]) {
   using C = PmmaCfg<KF, VF, D>;
   float mx[2] = {-INFINITY, -INFINITY};
@@ -253,6 +254,7 @@ __device__ __forceinline__ void online_softmax_update(float (&s)[PmmaCfg<KF, VF,
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e / 2, t = t0 + 8 * n + 2 * tig + (e % 2);
+      if (c2 > 0.0f) s[n][e] = softcap2(s[n][e], c2);
       if (t > lim[h]) s[n][e] = -INFINITY;  // causal mask (keys past the CTA's end included)
       mx[h] = fmaxf(mx[h], s[n][e]);
     }
@@ -377,7 +379,7 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
     __syncthreads();  // K / V^T tiles complete
     float s[C::NT][4];
     compute_qk<KF, VF, D>(qf, k_s, g, tig, s);
-    online_softmax_update<KF, VF, D>(s, t0, tig, lim, m, l, acc);
+    online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
     compute_pv<KF, VF, D>(s, vt_s, g, tig, acc);
     // The next iteration's first barrier orders these K/V^T reads before its dequant; the raw
     // stage it overwrites (tile j+2 into stage j & 1) was last read by this iteration's dequant.

@@ -332,6 +332,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       pa.v_scale = store_.tensor_scale(l, KvHalf::V);
       pa.softmax_scale = c.attn_scale;  // Gemma: query_pre_attn_scalar^-0.5 (0: 1/sqrt(head_dim))
       pa.window = c.window(l);          // sliding layers read only their window
+      pa.softcap = c.attn_softcap;      // Gemma 2: attn_logit_softcapping (0: none)
       prefill_attention(pa, stream_);
     } else {  // one query row per "sequence" (decode batch, or a chunk's rows with lengths pos+1)
     DecodeArgs da;
@@ -353,6 +354,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     da.v_scale = store_.tensor_scale(l, KvHalf::V);
     da.softmax_scale = c.attn_scale;
     da.window = c.window(l);
+    da.softcap = c.attn_softcap;
     if (plan) decode_attention(da, *plan, ws, stream_);
     else decode_attention(da, ws, stream_);
     }
@@ -456,7 +458,7 @@ void CudaForward::head(int first, int n) {
   const int dim = c_.dim;
   mk::rmsnorm(xb_, x_ + static_cast<std::size_t>(first) * dim, m_.final_norm(), n, dim, c_.rms_eps, stream_);
   gemm(m_.classifier(), xb_, logits_, n, dim, c_.vocab_size, false);
-  if (c_.final_softcap > 0)  // Gemma 2 (refused today with its attention soft-cap; kept for the switch)
+  if (c_.final_softcap > 0)  // Gemma 2: final_logit_softcapping
     mk::softcap(logits_, static_cast<std::size_t>(n) * c_.vocab_size, c_.final_softcap, stream_);
   mk::argmax_rows(logits_, n, c_.vocab_size, d_argmax_, stream_);
 }

@@ -31,11 +31,6 @@ std::string forward_unsupported_reason(const ModelConfig& c) {
     return "latent attention with more than 64 heads is not supported by the CUDA assemble kernel";
   if (c.moe.any() && c.moe.top_k > 64)
     return "num_experts_per_tok = " + std::to_string(c.moe.top_k) + " is above the CUDA router kernel's 64";
-  // Capability switch: what the CUDA attention kernels do not implement is refused, never
-  // approximated.
-  if (c.attn_softcap > 0)
-    return "attention-logit soft-capping (attn_logit_softcapping = " + std::to_string(c.attn_softcap) +
-           ", Gemma 2) is not implemented by the CUDA attention kernels; run this model with --device cpu";
   return {};
 }
 

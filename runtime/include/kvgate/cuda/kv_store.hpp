@@ -75,17 +75,19 @@ class CudaKvStore {
   std::size_t pool_bytes() const;  // page bytes only, as PagedKvStore::pool_bytes()
 
   // Decode attention of one query token per sequence (its last position) over `layer`:
-  // d_q/d_out [seqs.size()][n_heads][D] on the device. window > 0: the last `window` keys only.
+  // d_q/d_out [seqs.size()][n_heads][D] on the device. window > 0: the last `window` keys only;
+  // softcap > 0: attention-logit soft-cap (DecodeArgs::softcap).
   DecodePlan decode(std::span<const SeqId> seqs, int layer, int n_heads, const float* d_q, float* d_out,
                     DecodeWorkspace& ws, float softmax_scale = 0.0f, int num_splits = 0,
-                    cudaStream_t stream = nullptr, int window = 0);
+                    cudaStream_t stream = nullptr, int window = 0, float softcap = 0.0f);
 
   // Causal prefill attention of the chunk at positions [pos0, pos0 + n_new) of sequence s over
   // `layer` (the chunk's K/V rows must already be written): d_q/d_out [n_new][n_heads][D]. window > 0:
   // each query sees its last `window` keys only. Returns the kernel that ran (supports_op's path:
   // "prefill(mma,D=128)" or "prefill(fp32)"; windowed calls run on the fp32 kernel).
   std::string prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
-                      float softmax_scale = 0.0f, cudaStream_t stream = nullptr, int window = 0);
+                      float softmax_scale = 0.0f, cudaStream_t stream = nullptr, int window = 0,
+                      float softcap = 0.0f);
 
  private:
   struct Sequence {

@@ -63,6 +63,8 @@ struct DecodeArgs {
   float softmax_scale = 0.0f;            // <= 0: 1/sqrt(D)
   int num_splits = 0;                    // 0: chosen from the device's occupancy
   int window = 0;                        // > 0: sliding window, the query sees the last `window` keys
+  float softcap = 0.0f;                  // > 0: attention-logit soft-cap, s -> softcap * tanh(s / softcap)
+                                         // after the scale, before the mask (Gemma 2's attn_logit_softcapping)
 };
 
 struct DecodePlan {
@@ -116,6 +118,7 @@ struct PrefillArgs {
   float k_scale = 1.0f, v_scale = 1.0f;   // per-tensor scales (fp8 halves)
   float softmax_scale = 0.0f;             // <= 0: 1/sqrt(D)
   int window = 0;                         // > 0: sliding window, query i sees keys n_past+i-window+1 .. n_past+i
+  float softcap = 0.0f;                   // > 0: attention-logit soft-cap, as DecodeArgs::softcap
 };
 // Throws on an unsupported combination (supports_op(Op::prefill, ...)'s reason) or a CUDA error.
 void prefill_attention(const PrefillArgs& a, cudaStream_t stream = nullptr);
