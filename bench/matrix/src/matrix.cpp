@@ -105,8 +105,10 @@ struct CudaTiming {
 };
 // warm_prompt: the second turn's prompt (empty: no warm TTFT, warm_reason says why); its first
 // warm_prefix tokens are saved by a first engine and hydrated by a second, through `warm_file`.
+// `weights`: the device weights every engine of the row shares (null: each uploads its own, f32).
 std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<const int> prompt, int decode_steps,
-                     std::span<const int> warm_prompt, int warm_prefix, const std::string& warm_file, CudaTiming& out) {
+                     std::span<const int> warm_prompt, int warm_prefix, const std::string& warm_file, CudaTiming& out,
+                     const std::shared_ptr<const cuda::CudaModel>& weights) {
 #if KVGATE_CUDA_BUILD
   const auto& st = kvgate::cuda::device_status();
   if (!st.available) return st.reason;
@@ -118,6 +120,8 @@ std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<cons
   req.flag = eo.kv.requested;
   req.backend = "cuda";
   co.engine.kv = resolve_kv(req, model.config, eo.block_size);
+  co.shared_weights = weights;
+  if (weights) co.weights = weights->weight_type();
   // One untimed engine per process first: cuBLAS handles, module loading and the first graph
   // capture are one-time costs that would otherwise land in the first row's TTFT.
   static bool warmed = false;
@@ -154,7 +158,7 @@ std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<cons
   return {};
 #else
   (void)model, (void)eo, (void)prompt, (void)decode_steps, (void)warm_prompt, (void)warm_prefix, (void)warm_file,
-      (void)out;
+      (void)out, (void)weights;
   return "this build has no CUDA backend (configure with -DKVGATE_CUDA=ON where nvcc is installed)";
 #endif
 }
@@ -404,7 +408,8 @@ struct MatrixRun {
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json sensitivity = nullptr;
   std::vector<std::string> notes;
-  std::shared_ptr<const cuda::CudaModel> probe_weights;  // --device cuda probes: one upload for every format
+  std::shared_ptr<const cuda::CudaModel> probe_weights;   // --device cuda probes: one upload for every format
+  std::shared_ptr<const cuda::CudaModel> timing_weights;  // cuda timing rows: one upload for every row
   void say(const std::string& s) const {
     if (progress) progress(s);
   }
@@ -588,7 +593,11 @@ void probe_sensitivities(MatrixRun& r) {
     const auto kind = *probes::parse_probe_kind(pn);
     const auto it = r.o.probe_specs.find(pn);
     const ProbeSpec spec = it != r.o.probe_specs.end() ? it->second : default_probe_spec(kind, pmodel, r.o.quick);
-    out.push_back(signoff::to_json(probe_sensitivity(pmodel, eo, spec, r.o.sensitivity, r.progress)));
+    // The baseline's undamaged outcomes from the format_probes step when it ran this format.
+    const nlohmann::json* base_cases = nullptr;
+    for (const auto& fj : r.per_format)
+      if (fj.value("format", "") == f->name() && fj["probes"].contains(pn)) base_cases = &fj["probes"][pn]["cases_detail"];
+    out.push_back(signoff::to_json(probe_sensitivity(pmodel, eo, spec, r.o.sensitivity, r.progress, base_cases)));
   }
   r.sensitivity = {{"baseline", f->name()}, {"engine", "cpu"}, {"probes", out}};
 }
@@ -612,7 +621,15 @@ void cuda_timing_row(MatrixRun& r, const Fmt& F, int L, int w, nlohmann::json& r
     warm_reason = !o.timing ? "timing off" : o.cache_dir.empty() ? "no cache folder" : "no room for the second turn";
   }
   for (int rep = 0; rep < std::max(1, o.repeats) && why.empty(); ++rep) {
-    why = cuda_row(r.model, r.eo_for(F.kv, w), prompt, o.decode_steps, p2, L, warm_file, ct);
+    if (!r.timing_weights) {
+      try {
+        r.timing_weights = shared_cuda_weights(r.model, o.cuda_weights);
+      } catch (const std::exception& e) {
+        why = std::string("CUDA engine refused or failed: ") + e.what();
+        break;
+      }
+    }
+    why = cuda_row(r.model, r.eo_for(F.kv, w), prompt, o.decode_steps, p2, L, warm_file, ct, r.timing_weights);
     ttft.push_back(ct.ttft_ms);
     prefill.push_back(ct.prefill_tok_s);
     decode.push_back(ct.decode_tok_s);
@@ -817,6 +834,7 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
   format_probes(r);
   probe_sensitivities(r);
   timing_rows(r);
+  r.timing_weights.reset();
   f32_ratios(r);
   return matrix_record(r);
 }

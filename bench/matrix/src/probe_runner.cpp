@@ -466,7 +466,8 @@ SensitivityOptions sensitivity_options_for(const std::vector<std::string>& forma
 }
 
 signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOptions& base_eo, const ProbeSpec& spec,
-                                            const SensitivityOptions& so, const Progress& progress) {
+                                            const SensitivityOptions& so, const Progress& progress,
+                                            const nlohmann::json* baseline_cases) {
   if (!model.tokenizer) throw std::runtime_error("probe sensitivity: model '" + model.path + "' has no tokenizer");
   const Tokenizer& tok = *model.tokenizer;
   const probes::TokenCounter count = [&tok](const std::string& t) { return static_cast<int>(tok.encode(t, true).size()); };
@@ -477,10 +478,22 @@ signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOpti
   auto say = [&](const std::string& s) {
     if (progress) progress("sensitivity " + probe + ": " + s);
   };
-  // Undamaged: the first max_cases that fit and pass; tried up to max_tries cases.
+  // Undamaged: the first max_cases that fit and pass; tried up to max_tries cases. When the matrix
+  // already ran the baseline's cases (on the probe device), their outcomes are taken from there.
   std::vector<const CaseDef*> kept;
   int ran = 0;
-  {
+  if (baseline_cases) {
+    std::map<std::string, bool> passed;
+    for (const auto& c : *baseline_cases)
+      if (c.value("status", "") == "ran") passed[c.value("id", "")] = c.value("passed", false);
+    for (const auto& c : defs) {
+      if (static_cast<int>(kept.size()) >= so.max_cases || ran >= so.max_tries) break;
+      const auto it = passed.find(c.id);
+      if (it == passed.end()) continue;
+      ++ran;
+      if (it->second) kept.push_back(&c);
+    }
+  } else {
     Engine e(model, base_eo);
     for (const auto& c : defs) {
       if (static_cast<int>(kept.size()) >= so.max_cases || ran >= so.max_tries) break;

@@ -120,9 +120,12 @@ struct SensitivityOptions {
 // The envelope of the lossiest format among `formats` (q4_0 when none parses).
 SensitivityOptions sensitivity_options_for(const std::vector<std::string>& formats);
 // Runs the ladder of every damage family on the CPU engine with `base_eo` (the baseline KV) and judges
-// it (signoff::judge_sensitivity). Each family's ladder stops at its first red rung.
+// it (signoff::judge_sensitivity). Each family's ladder stops at its first red rung. The undamaged
+// cases are run here, or read from `baseline_cases` (the matrix's cases_detail of the baseline
+// format, run on the probe device): a baseline that passes none costs no damaged run.
 signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOptions& base_eo, const ProbeSpec& spec,
-                                            const SensitivityOptions& so, const Progress& progress = {});
+                                            const SensitivityOptions& so, const Progress& progress = {},
+                                            const nlohmann::json* baseline_cases = nullptr);
 
 // --- KL / top-1 against f32 KV ---------------------------------------------------------------------
 struct Quality {
