@@ -36,6 +36,10 @@ struct SignoffOpts {
   std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, probe_model, catalog, scratch;
   std::string policy, baseline, corpus;
   bool no_project_corpus = false;
+  matrix::GridOverrides grid;  // --needle-lengths, --bench-lengths, ... (matrix::apply_grid)
+  std::string cuda_weights = "f32";
+  int quality_tokens = 0, decode_path_tokens = -1;
+  bool no_sensitivity = false;
   int threads = 1;
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // kvgate mutate -j
 };
@@ -108,6 +112,7 @@ std::optional<double> decode_speedup(const json& mj, const std::string& f, const
 
 int run_signoff(const SignoffOpts& o) {
   namespace so = kvgate::signoff;
+  matrix::StageClock stages;  // elapsed time per stage, printed as each ends
   const std::string src = matrix::default_source_dir();
   std::vector<std::string> formats = o.formats;
   if (o.all)
@@ -176,6 +181,7 @@ int run_signoff(const SignoffOpts& o) {
       c.not_validated.push_back(std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (and this build has no CUDA backend)") +
                                 ": the CUDA gates and matrix columns did not run");
 
+  stages.done("inputs (model load, corpus, provenance)");
   // 1. Gates (one run; results attributed by their [fmt:] tags).
   std::fprintf(stderr, "signoff: gates\n");
   gates::GateRunOptions gopt;
@@ -212,6 +218,7 @@ int run_signoff(const SignoffOpts& o) {
     if (c.gates.skipped > 0) notes[f].push_back(std::to_string(c.gates.skipped) + " gates skipped (e.g. [cuda] without a device)");
   }
 
+  stages.done("gates");
   // 2. Mutation proof: the catalog's mutants whose expected killers are gates of F.
   const fs::path catalog = o.catalog.empty() ? fs::path(src) / "mutations" / "catalog.json" : fs::path(o.catalog);
   const json cat = read_json_file(catalog);
@@ -309,6 +316,7 @@ int run_signoff(const SignoffOpts& o) {
     }
   }
 
+  stages.done("mutation proof");
   // 3. Matrix (bytes, probes, timing) with the baseline among its formats, and the quality of every
   //    format against the baseline, teacher-forced on the decode path, bucketed by depth.
   json mj = nullptr;
@@ -339,20 +347,28 @@ int run_signoff(const SignoffOpts& o) {
     if (std::find(mo.formats.begin(), mo.formats.end(), baseline) == mo.formats.end()) mo.formats.push_back(baseline);
     mo.threads = o.threads;
     mo.timing = !o.no_timing;
-    mo.devices = {"cpu"};
-    if (o.device == "cuda") mo.devices.push_back("cuda");
+    matrix::set_device(mo, o.device, o.cuda_weights);  // cuda: probes and timing rows on the CUDA engine
+    if (!o.no_sensitivity) {
+      mo.sensitivity_baseline = baseline;
+      mo.sensitivity = matrix::sensitivity_options_for(formats);
+    }
+    matrix::apply_grid(mo, o.grid);
     mo.cache_dir = (fs::path(o.out) / ".kvcache").string();
     mj = matrix::run_matrix(*model, mo, prov, progress_printer("signoff matrix "));
     progress_done();
     std::error_code ec;
     fs::remove_all(mo.cache_dir, ec);
     matrix::write_matrix(mj, o.out);
+    stages.done("matrix (probes, sensitivity, timing)");
     if (corpus.empty()) {
       quality_missing = "quality not measured: no corpus fits the model's vocabulary (give --corpus FILE)";
     } else {
-      qrun = so::measure_quality(*model, formats, baseline, corpus, o.threads, buckets, progress_printer("signoff "));
+      const so::QualityOptions qo = matrix::quality_options_for(*model, o.device, corpus, o.quality_tokens, o.decode_path_tokens);
+      qrun = so::measure_quality(so::device_engine_factory(*model, o.device, o.threads, qo.prefill_chunk, qo.max_tokens, o.cuda_weights),
+                                 formats, baseline, corpus, buckets, qo, progress_printer("signoff "));
       progress_done();
     }
+    stages.done("quality (" + o.device + " engine)");
   }
 
   // 4. Verdicts.
@@ -405,8 +421,6 @@ int run_signoff(const SignoffOpts& o) {
     if (qrun) {
       fi.quality = qrun->by_format.at(f);
       fi.noise = qrun->noise;
-      if (o.device == "cuda")
-        notes[f].push_back("quality columns computed on the CPU engine (the CUDA engine's teacher-forced quality is not wired in)");
     }
     so::FormatVerdict v = so::decide(f, c, policy, fi);
     v.notes = notes[f];
@@ -438,14 +452,17 @@ int run_signoff(const SignoffOpts& o) {
   json bnames = json::array();
   for (const auto& b : buckets) bnames.push_back(b.name);
   rec["quality_method"] = {
-      {"path", "teacher-forced through Engine::forward_all_logits: chunked prefill (128 tokens) whose chunks write K/V into "
-               "the paged store in the format before attending over it"},
+      {"path", matrix::quality_path_text(o.device)},
+      {"device", o.device},
+      {"decode_path_positions", qrun ? json(qrun->decode_path_positions) : json(0)},
       {"corpus", corpus_sources},
       {"sequences", qrun ? json(qrun->sequences) : json(0)},
       {"positions", qrun ? json(qrun->positions) : json(0)},
       {"buckets", bnames},
       {"missing", quality_missing}};
   rec["verdicts"] = vjs;
+  rec["probe_sensitivity"] = mj.is_object() && mj.contains("probe_sensitivity") ? mj["probe_sensitivity"] : json(nullptr);
+  rec["stages"] = stages.to_json();
   rec["exit_code"] = exit_code;
   rec["exit_codes"] = so::exit_codes_help();
   rec["files"] = {{"signoff", "signoff.json"}, {"gates", "gates.json"}, {"index", "index.md"}, {"html", "report.html"}};
@@ -502,6 +519,18 @@ void register_signoff(CLI::App& app) {
                   "extra quality corpus: a text file (the model's tokenizer), a token-id file (ids separated by spaces/commas; a "
                   "blank line starts a sequence) or a corpus JSON");
   sub->add_flag("--no-project-corpus", o->no_project_corpus, "judge quality on --corpus only (not the project's corpus)");
+  sub->add_option("--cuda-weights", o->cuda_weights, "--device cuda: weights on the GPU, f32 | bf16")->capture_default_str();
+  sub->add_option("--quality-tokens", o->quality_tokens, "cut every quality sequence to N tokens (0: the model's context)");
+  sub->add_option("--decode-path-tokens", o->decode_path_tokens,
+                  "the decode-path noise run covers the first N tokens of each sequence (default: all on cpu, 2048 on cuda)");
+  sub->add_flag("--no-sensitivity", o->no_sensitivity, "skip the probes' sensitivity to injected KV damage");
+  // The grids of the matrix (defaults: the model's, matrix::default_matrix_options).
+  sub->add_option("--needle-lengths", o->grid.needle_lengths, "needle context lengths, e.g. 512,2048,8192,32768");
+  sub->add_option("--needle-depths", o->grid.needle_depths, "needle depths in [0, 1], e.g. 0,0.5,1");
+  sub->add_option("--counting-n", o->grid.counting_n, "counting lengths N, e.g. 10,30");
+  sub->add_option("--echo-seeds", o->grid.echo_seeds, "echo seeds, e.g. 1..10");
+  sub->add_option("--bench-lengths", o->grid.bench_lengths, "context lengths of the timing rows, e.g. 4096,32768");
+  sub->add_option("--repeats", o->grid.repeats, "timing repeats per row (median)");
   on_run(sub, [o] { return run_signoff(*o); });
 }
 

@@ -567,3 +567,124 @@ TEST_CASE("SGN.corpus an empty corpus or one outside the model's vocabulary is r
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }
+
+// ---- probe sensitivity (judge_sensitivity, to_json) ------------------------------------------------
+// Rows written from the rule: a rung is red when a case the undamaged baseline passed fails under it;
+// a family's sensitivity is its smallest red size; a probe is vacuous when no family has one, or when
+// the baseline passed no case (nothing can turn red). Sizes are exact binary fractions, compared
+// exactly.
+
+TEST_CASE("SGN.sensitivity the smallest red damage per family is the sensitivity; a probe no damage turns red is vacuous",
+          SGN_TAGS) {
+  const std::vector<DamageStep> steps = {
+      {"v_noise", 0.25, 2, 2}, {"v_noise", 1, 2, 2}, {"v_noise", 4, 2, 1},  // red at 4 (one of two cases failed)
+      {"v_repeat", 0.015625, 2, 2}, {"v_repeat", 0.25, 2, 0},               // red at 0.25
+      {"k_noise_payload", 0.05, 2, 2}, {"k_noise_payload", 4, 2, 2}};       // never red
+  const ProbeSensitivity p = judge_sensitivity("needle", 3, 2, steps);
+  REQUIRE(p.families.size() == 3);
+  CHECK_FALSE(p.vacuous);
+  CHECK(p.families[0].family == "v_noise");
+  REQUIRE(p.families[0].smallest_red);
+  CHECK(*p.families[0].smallest_red == 4.0);
+  REQUIRE(p.families[1].smallest_red);
+  CHECK(*p.families[1].smallest_red == 0.25);
+  CHECK_FALSE(p.families[2].smallest_red);
+  CHECK(has(p.reason, "v_noise at 4"));
+  CHECK(has(p.reason, "v_repeat at 0.25"));
+  CHECK_FALSE(has(p.reason, "k_noise_payload"));
+  // A smaller red rung listed after a larger one still decides (the minimum, not the first seen).
+  const ProbeSensitivity q = judge_sensitivity("echo", 2, 2, {{"v_noise", 16, 2, 0}, {"v_noise", 4, 2, 1}});
+  REQUIRE(q.families.size() == 1);
+  REQUIRE(q.families[0].smallest_red);
+  CHECK(*q.families[0].smallest_red == 4.0);
+  // Vacuous: every rung green.
+  const ProbeSensitivity v = judge_sensitivity("counting", 2, 2, {{"v_noise", 1024, 2, 2}, {"v_repeat", 1, 2, 2}});
+  CHECK(v.vacuous);
+  CHECK(has(v.reason, "vacuous"));
+  for (const auto& f : v.families) CHECK_FALSE(f.smallest_red);
+  // Vacuous: the baseline passes nothing; a rung with no case run is never red.
+  const ProbeSensitivity b = judge_sensitivity("needle", 4, 0, {});
+  CHECK(b.vacuous);
+  CHECK(has(b.reason, "passes none"));
+  CHECK_FALSE(DamageStep{"v_noise", 1, 0, 0}.red());
+  CHECK(DamageStep{"v_noise", 1, 3, 2}.red());
+}
+
+TEST_CASE("SGN.sensitivity.record the sensitivity and the vacuous verdict reach the record, per family", SGN_TAGS) {
+  const ProbeSensitivity p = judge_sensitivity("needle", 2, 2, {{"v_noise", 1, 2, 2}, {"v_noise", 4, 2, 0}, {"v_repeat", 1, 2, 2}});
+  const json j = to_json(p);
+  CHECK(j.at("probe") == "needle");
+  CHECK(j.at("vacuous") == false);
+  CHECK(j.at("baseline_passed") == 2);
+  REQUIRE(j.at("families").size() == 2);
+  CHECK(j["families"][0].at("family") == "v_noise");
+  CHECK(j["families"][0].at("smallest_red") == 4.0);
+  REQUIRE(j["families"][0].at("steps").size() == 2);
+  CHECK(j["families"][0]["steps"][1].at("red") == true);
+  CHECK(j["families"][1].at("smallest_red").is_null());
+  const json v = to_json(judge_sensitivity("echo", 2, 2, {{"v_noise", 4, 2, 2}}));
+  CHECK(v.at("vacuous") == true);
+  CHECK(v["families"][0].at("smallest_red").is_null());
+}
+
+// ---- the windowed quality measurement over a scripted engine ---------------------------------------
+// A LogitsEngine whose logits are a closed form of the absolute position: the baseline's row at
+// position p is [0, 0, 0, 0]; the damaged format's adds +ln 3 to logit 1 from position 1024 on
+// (q = (1/6, 3/6, 1/6, 1/6) vs the uniform baseline p: KL(p || q) = sum 1/4 ln((1/4) / q_i)
+// = 1/4 ln(1/2) + 3/4 ln(3/2) = 0.1308..., and top-1 differs: id 1 against the baseline's tie-broken
+// id 0), else the baseline's row. Positions below 1024 must land in 0-1K with KL 0, those above in
+// 1K-4K with that KL, whatever the window. ln 3 is rounded to binary32 (relative 2^-24), so the KL is
+// compared within 1e-6 relative.
+namespace {
+class ScriptedEngine final : public LogitsEngine {
+ public:
+  explicit ScriptedEngine(bool damaged) : damaged_(damaged) {}
+  void reset() override { pos_ = 0; }
+  std::vector<float> append(std::span<const int> t) override {
+    std::vector<float> out(t.size() * 4, 0.0f);
+    for (std::size_t i = 0; i < t.size(); ++i, ++pos_)
+      if (damaged_ && pos_ >= 1024) out[i * 4 + 1] = static_cast<float>(std::log(3.0));
+    return out;
+  }
+  int max_context() const override { return 1 << 20; }
+  std::string effective() const override { return damaged_ ? "q4_0" : "f16"; }
+
+ private:
+  bool damaged_;
+  int pos_ = 0;
+};
+}  // namespace
+
+TEST_CASE("SGN.quality.depth positions land in their depth bucket across windows; every engine sees every window", SGN_TAGS) {
+  const EngineFactory make = [](const std::string& f, QualityPath) { return std::make_unique<ScriptedEngine>(f == "q4_0"); };
+  const std::vector<std::vector<int>> corpus = {std::vector<int>(2000, 1), std::vector<int>(700, 2)};
+  const double kl = 0.25 * std::log(0.5) + 0.75 * std::log(1.5);
+  for (int window : {512, 300, 2000}) {
+    INFO("window " << window);
+    QualityOptions qo;
+    qo.window = window;
+    const QualityRun r = measure_quality(make, {"q4_0", "f32"}, "f16", corpus, default_buckets(), qo);
+    CHECK(r.positions == 2700);
+    CHECK(r.sequences == 2);
+    const QualityReport& q = r.by_format.at("q4_0");
+    REQUIRE(q.buckets.size() == 4);
+    CHECK(q.buckets[0].stats.positions == 1024 + 700);
+    CHECK(q.buckets[0].stats.kl_max == 0.0);
+    CHECK(q.buckets[0].stats.top1 == 1.0);
+    CHECK(q.buckets[1].stats.positions == 2000 - 1024);
+    CHECK(std::abs(q.buckets[1].stats.kl_mean - kl) <= 1e-6 * kl);
+    CHECK(q.buckets[1].stats.top1 == 0.0);
+    CHECK(q.buckets[2].stats.empty());
+    CHECK(r.by_format.at("f32").all.kl_max == 0.0);
+    // The decode-path noise run covers every position unless told otherwise.
+    CHECK(r.decode_path_positions == 2700);
+    QualityOptions cut = qo;
+    cut.decode_path_tokens = 100;
+    cut.max_tokens = 1500;
+    const QualityRun c = measure_quality(make, {"q4_0"}, "f16", corpus, default_buckets(), cut);
+    CHECK(c.positions == 1500 + 700);
+    CHECK(c.decode_path_positions == 200);
+    CHECK(c.noise.runs.at(1).quality.all.positions == 200);
+    CHECK(c.by_format.at("q4_0").buckets[1].stats.positions == 1500 - 1024);
+  }
+}

@@ -90,6 +90,29 @@ json decode_ratio(const json& matrix, const std::string& f) {
 }
 
 
+// Each probe's sensitivity: the smallest injected KV damage per family that turned it red, and
+// whether it is vacuous (no damage did, or the baseline passes none of its cases).
+void sensitivity_table(std::ostringstream& o, const json& ps) {
+  if (!ps.is_object()) return;
+  o << "### Probe sensitivity (injected KV damage on the " << ps.value("baseline", "?") << " store read, "
+    << ps.value("engine", "cpu") << " engine)\n\n";
+  o << "| probe | verdict | baseline cases passed | v_noise (x envelope) | v_repeat (fraction of V rows) | k_noise_payload (x cell amax) | reason |\n";
+  o << "|---|---|---:|---:|---:|---:|---|\n";
+  for (const auto& p : ps.value("probes", json::array())) {
+    auto fam = [&](const char* name) -> std::string {
+      for (const auto& f : p.value("families", json::array()))
+        if (f.value("family", "") == name) return f["smallest_red"].is_number() ? num(f["smallest_red"]) : std::string("not red");
+      return "–";
+    };
+    o << "| " << p.value("probe", "") << " | **" << (p.value("vacuous", true) ? "VACUOUS" : "SENSITIVE") << "** | "
+      << p.value("baseline_passed", 0) << "/" << p.value("baseline_ran", 0) << " | " << fam("v_noise") << " | " << fam("v_repeat")
+      << " | " << fam("k_noise_payload") << " | " << p.value("reason", "") << " |\n";
+  }
+  std::string envf;
+  for (const auto& p : ps.value("probes", json::array())) envf = p.value("envelope_format", envf);
+  o << "\nv_noise sizes are multiples of the " << (envf.empty() ? "format's" : envf) << " envelope (the lossiest format signed off).\n\n";
+}
+
 // The sign-off's first table: per format both verdicts and the policy line that decided it, with the
 // quality over all positions and the noise floor beside it.
 void verdict_table(std::ostringstream& o, const ReportInputs& in) {
@@ -122,6 +145,7 @@ void verdict_table(std::ostringstream& o, const ReportInputs& in) {
     o << "- quality: " << qm.value("path", "") << "; corpus " << join(qm.value("corpus", json::array()), " + ") << " ("
       << qm.value("positions", 0) << " positions); depth buckets " << join(qm.value("buckets", json::array())) << "\n";
   o << "- " << so.value("exit_codes", "") << "\n\n";
+  sensitivity_table(o, so.value("probe_sensitivity", json(nullptr)));
 }
 
 // Per format: the fit lines (every budget, per depth bucket) and the bucket table.

@@ -715,11 +715,22 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
   // window (without one, a chunk that starts late still attends from position 0).
   const int n_pages = (n_ctx + B - 1) / B;
   const int first_key = a.window > 0 ? std::max(0, a.pos0 - a.window + 1) : 0;
+  const KvReadHook* const hook = store.read_hook();
   for (int p = first_key / B; p < n_pages; ++p) {
     const int t0 = p * B;
     const int nt = std::min(B, n_ctx - t0);
     const std::uint8_t* kp = store.page(layer, KvHalf::K, table[static_cast<std::size_t>(p)]);
     const std::uint8_t* vp = store.page(layer, KvHalf::V, table[static_cast<std::size_t>(p)]);
+    if (hook) [[unlikely]] {
+      // Diagnostics (KvReadHook): the rows are dequantized into the tiles, handed to the hook, then used.
+      dequantize_rows(kf, g, nt, kp, ks, ktile);
+      hook->on_read(layer, KvHalf::K, t0, nt, HD, ktile);
+      transpose_rows(ktile, kt, nt, HD, kstride, B);
+      dequantize_rows(vf, g, nt, vp, vs, vtile);
+      hook->on_read(layer, KvHalf::V, t0, nt, HD, vtile);
+      attend_page(a, D, HD, kstride, group, t0, nt, scale, q, kt, vtile, m, l, acc);
+      continue;
+    }
     // K tile as [kv head][d][token]: read and transposed in one pass where the format has a loader.
     if (!k_tile_fused(kf, g, nt, kp, ks, kt, kstride, sc)) {
       if (kf == HalfFormat::f32) {

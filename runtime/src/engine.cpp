@@ -103,6 +103,7 @@ struct Engine::Impl {
     stats.threads = pool.size();
     if (opts.kv_resident < 0) throw EngineError("engine: --kv-resident must be >= 0 tokens (0 = off)");
     if (opts.kv_resident > 0) store.set_streaming(opts.kv_resident);
+    if (opts.kv_read_hook) store.set_read_hook(opts.kv_read_hook);
     stats.kv_resident_tokens = opts.kv_resident;
     stats.kv_device_bytes = store.window() ? store.window()->device_bytes() : store.pool_bytes();
   }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -104,8 +105,10 @@ struct CudaTiming {
 };
 // warm_prompt: the second turn's prompt (empty: no warm TTFT, warm_reason says why); its first
 // warm_prefix tokens are saved by a first engine and hydrated by a second, through `warm_file`.
+// `weights`: the device weights every engine of the row shares (null: each uploads its own, f32).
 std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<const int> prompt, int decode_steps,
-                     std::span<const int> warm_prompt, int warm_prefix, const std::string& warm_file, CudaTiming& out) {
+                     std::span<const int> warm_prompt, int warm_prefix, const std::string& warm_file, CudaTiming& out,
+                     const std::shared_ptr<const cuda::CudaModel>& weights) {
 #if KVGATE_CUDA_BUILD
   const auto& st = kvgate::cuda::device_status();
   if (!st.available) return st.reason;
@@ -117,6 +120,8 @@ std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<cons
   req.flag = eo.kv.requested;
   req.backend = "cuda";
   co.engine.kv = resolve_kv(req, model.config, eo.block_size);
+  co.shared_weights = weights;
+  if (weights) co.weights = weights->weight_type();
   // One untimed engine per process first: cuBLAS handles, module loading and the first graph
   // capture are one-time costs that would otherwise land in the first row's TTFT.
   static bool warmed = false;
@@ -153,7 +158,7 @@ std::string cuda_row(const Model& model, const EngineOptions& eo, std::span<cons
   return {};
 #else
   (void)model, (void)eo, (void)prompt, (void)decode_steps, (void)warm_prompt, (void)warm_prefix, (void)warm_file,
-      (void)out;
+      (void)out, (void)weights;
   return "this build has no CUDA backend (configure with -DKVGATE_CUDA=ON where nvcc is installed)";
 #endif
 }
@@ -299,6 +304,66 @@ Quality compare_logits(const std::vector<std::vector<float>>& ref, const std::ve
   return q;
 }
 
+void apply_grid(MatrixOptions& mo, const GridOverrides& g) {
+  auto& nd = mo.probe_specs["needle"];
+  nd.kind = probes::ProbeKind::needle;
+  if (!g.needle_lengths.empty()) nd.lengths = parse_int_list(g.needle_lengths);
+  if (!g.needle_depths.empty()) nd.depths = parse_double_list(g.needle_depths);
+  if (!g.needle_seeds.empty()) nd.seeds = parse_seed_list(g.needle_seeds);
+  if (!g.counting_n.empty()) {
+    mo.probe_specs["counting"].kind = probes::ProbeKind::counting;
+    mo.probe_specs["counting"].lengths = parse_int_list(g.counting_n);
+  }
+  if (!g.echo_seeds.empty()) {
+    mo.probe_specs["echo"].kind = probes::ProbeKind::echo;
+    mo.probe_specs["echo"].seeds = parse_seed_list(g.echo_seeds);
+  }
+  if (!g.bench_lengths.empty()) mo.lengths = parse_int_list(g.bench_lengths);
+  if (g.repeats > 0) mo.repeats = g.repeats;
+}
+
+void set_device(MatrixOptions& mo, const std::string& device, const std::string& cuda_weights) {
+  if (device != "cpu" && device != "cuda") throw std::invalid_argument("--device must be cpu or cuda, not '" + device + "'");
+  mo.devices = {device};
+  mo.probe_device = device;
+  mo.cuda_weights = cuda_weights;
+  if (device == "cuda") {
+    mo.quality = false;
+    mo.windows = {0};  // streaming rows: the CPU matrix's (the CUDA window must hold a whole step)
+  }
+}
+
+signoff::QualityOptions quality_options_for(const Model& m, const std::string& device, const std::vector<std::vector<int>>& corpus,
+                                            int quality_tokens, int decode_path_tokens) {
+  signoff::QualityOptions q;
+  q.device = device;
+  q.window = 512;
+  std::size_t longest = 1;
+  for (const auto& s : corpus) longest = std::max(longest, s.size());
+  const int ctx = m.config.max_seq_len > 0 ? m.config.max_seq_len : static_cast<int>(longest);
+  q.max_tokens = std::min<int>(ctx, static_cast<int>(longest));
+  if (quality_tokens > 0) q.max_tokens = std::min(q.max_tokens, quality_tokens);
+  q.decode_path_tokens = decode_path_tokens >= 0 ? decode_path_tokens : device == "cuda" ? 2048 : 0;
+  q.compare_threads = 0;
+  return q;
+}
+
+std::string quality_path_text(const std::string& device) {
+  const std::string engine = device == "cuda" ? "kvgate::cuda::CudaEngine (GPU)" : "kvgate::Engine (CPU)";
+  return "teacher-forced on " + engine + ": a chunked prefill (128 tokens) whose chunks write K/V into the paged store in "
+         "the format before attending over it, in windows of 512 positions, every format's engine in step with the "
+         "baseline's; noise: the other float KV, and the baseline on the decode path (one decode step per token)";
+}
+
+StageClock::StageClock() : t0_(std::chrono::duration<double>(Clock::now().time_since_epoch()).count()), last_(t0_) {}
+void StageClock::done(const std::string& stage) {
+  const double now = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "stage: %-40s %8.1f s   (total %8.1f s)\n", stage.c_str(), now - last_, now - t0_);
+  stages_.push_back({{"stage", stage}, {"seconds", now - last_}});
+  last_ = now;
+}
+nlohmann::json StageClock::to_json() const { return stages_; }
+
 MatrixOptions default_matrix_options(const Model& m, bool quick) {
   MatrixOptions o;
   o.quick = quick;
@@ -321,78 +386,102 @@ MatrixOptions default_matrix_options(const Model& m, bool quick) {
   return o;
 }
 
-nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nlohmann::json& prov, const Progress& progress) {
-  const ModelConfig& cfg = model.config;
-  const int block = 16;
-  auto say = [&](const std::string& s) {
-    if (progress) progress(s);
-  };
+namespace {
 
-  // Formats: f32 first (the baseline), each resolved as a flag would be (a fallback is reported).
-  std::vector<std::string> names = {"f32"};
-  for (const auto& f : o.formats)
-    if (std::find(names.begin(), names.end(), f) == names.end()) names.push_back(f);
-  struct Fmt {
-    std::string name;
-    ResolvedKv kv;
-  };
+// The state of one matrix run, filled by the steps of run_matrix in order.
+struct Fmt {
+  std::string name;
+  ResolvedKv kv;
+};
+struct MatrixRun {
+  const Model& model;
+  const MatrixOptions& o;
+  const nlohmann::json& prov;
+  const Progress& progress;
+  int block = 16;
+  std::vector<std::string> names;  // f32 first (the baseline), then the formats asked for
   std::vector<Fmt> fmts;
-  for (const auto& n : names) {
-    const auto f = parse_kv_format(n);
-    if (!f) throw std::invalid_argument("unknown KV format '" + n + "'; known: " + known_formats_text());
-    KvRequest req;
-    req.flag = *f;
-    fmts.push_back({f->name(), resolve_kv(req, cfg, block)});
+  std::vector<int> windows;
+  std::optional<Corpus> corpus;
+  std::vector<int> perf_ids;
+  nlohmann::json per_format = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json sensitivity = nullptr;
+  std::vector<std::string> notes;
+  std::shared_ptr<const cuda::CudaModel> probe_weights;   // --device cuda probes: one upload for every format
+  std::shared_ptr<const cuda::CudaModel> timing_weights;  // cuda timing rows: one upload for every row
+  void say(const std::string& s) const {
+    if (progress) progress(s);
   }
-  auto eo_for = [&](const ResolvedKv& kv, int window) {
+  EngineOptions eo_for(const ResolvedKv& kv, int window) const {
     EngineOptions eo;
     eo.kv = kv;
     eo.threads = o.threads;
     eo.block_size = block;
     set_resident(eo, window);
     return eo;
-  };
+  }
+  std::string tag(std::size_t fi) const {
+    return "[" + std::to_string(fi + 1) + "/" + std::to_string(fmts.size()) + "] " + fmts[fi].name;
+  }
+};
+
+const std::vector<std::string> kProbeNames = {"needle", "counting", "echo"};
+
+// Step: every format resolved as a flag would be (a fallback is reported), f32 first.
+void resolve_formats(MatrixRun& r) {
+  r.names = {"f32"};
+  for (const auto& f : r.o.formats)
+    if (std::find(r.names.begin(), r.names.end(), f) == r.names.end()) r.names.push_back(f);
+  for (const auto& n : r.names) {
+    const auto f = parse_kv_format(n);
+    if (!f) throw std::invalid_argument("unknown KV format '" + n + "'; known: " + known_formats_text());
+    KvRequest req;
+    req.flag = *f;
+    r.fmts.push_back({f->name(), resolve_kv(req, r.model.config, r.block)});
+  }
+}
+
+// Step: the streaming windows the engine supports (0 = resident).
+void resolve_windows(MatrixRun& r) {
   const bool streaming = engine_supports_streaming();
-  std::vector<int> windows;
-  std::string windows_note;
-  for (int w : o.windows) {
+  for (int w : r.o.windows) {
     if (w > 0 && !streaming) {
-      windows_note = "streaming windows dropped: the engine has no --kv-resident";
+      r.notes.push_back("streaming windows dropped: the engine has no --kv-resident");
       continue;
     }
-    if (std::find(windows.begin(), windows.end(), w) == windows.end()) windows.push_back(w);
+    if (std::find(r.windows.begin(), r.windows.end(), w) == r.windows.end()) r.windows.push_back(w);
   }
-  if (windows.empty()) windows = {0};
+  if (r.windows.empty()) r.windows = {0};
+}
 
-  // Perf prompt: the corpus tokens concatenated (real text), else a fixed ramp of ids.
-  std::optional<Corpus> corpus;
-  std::string corpus_note;
-  if (!o.corpus_path.empty()) {
-    corpus = load_corpus(o.corpus_path);
-    for (const auto& seq : corpus->sequences)
+// Step: the corpus (checked against the vocabulary) and the timing prompt: the corpus tokens
+// concatenated (real text), else a fixed ramp of ids.
+void load_prompt(MatrixRun& r) {
+  const ModelConfig& cfg = r.model.config;
+  if (!r.o.corpus_path.empty()) {
+    r.corpus = load_corpus(r.o.corpus_path);
+    for (const auto& seq : r.corpus->sequences)
       for (int id : seq)
         if (id < 0 || id >= cfg.vocab_size)
-          throw std::invalid_argument("corpus " + o.corpus_path + ": token id " + std::to_string(id) +
+          throw std::invalid_argument("corpus " + r.o.corpus_path + ": token id " + std::to_string(id) +
                                       " is outside the model's vocabulary [0, " + std::to_string(cfg.vocab_size) +
                                       ") -- it was sampled from another model; pass --corpus none or a corpus of this model");
-    if (!corpus->model_fingerprint.empty() && corpus->model_fingerprint != model.fingerprint)
-      corpus_note = "corpus " + o.corpus_path + " was sampled from model " + corpus->model_fingerprint + ", not " +
-                    model.fingerprint + ": KL/top-1 are over its ids anyway";
+    if (!r.corpus->model_fingerprint.empty() && r.corpus->model_fingerprint != r.model.fingerprint)
+      r.notes.push_back("corpus " + r.o.corpus_path + " was sampled from model " + r.corpus->model_fingerprint + ", not " +
+                        r.model.fingerprint + ": KL/top-1 are over its ids anyway");
   }
-  std::vector<int> perf_ids;
-  if (corpus)
-    for (const auto& s : corpus->sequences) perf_ids.insert(perf_ids.end(), s.begin(), s.end());
-  if (perf_ids.empty()) perf_ids.push_back(cfg.bos_id);
-  for (std::size_t i = 0; perf_ids.size() < static_cast<std::size_t>(std::max(cfg.max_seq_len, 1)); ++i)
-    perf_ids.push_back(perf_ids[i % perf_ids.size()] == cfg.bos_id ? 3 : perf_ids[i % perf_ids.size()]);
+  if (r.corpus)
+    for (const auto& s : r.corpus->sequences) r.perf_ids.insert(r.perf_ids.end(), s.begin(), s.end());
+  if (r.perf_ids.empty()) r.perf_ids.push_back(cfg.bos_id);
+  for (std::size_t i = 0; r.perf_ids.size() < static_cast<std::size_t>(std::max(cfg.max_seq_len, 1)); ++i)
+    r.perf_ids.push_back(r.perf_ids[i % r.perf_ids.size()] == cfg.bos_id ? 3 : r.perf_ids[i % r.perf_ids.size()]);
+}
 
-  // --- per format: quality and probes ---------------------------------------------------------
-  nlohmann::json per_format = nlohmann::json::array();
-  std::vector<std::vector<float>> ref_logits;
-  std::map<std::string, std::map<std::string, std::string>> f32_outputs;  // probe -> case id -> output
-  const std::vector<std::string> probe_names = {"needle", "counting", "echo"};
-  for (std::size_t fi = 0; fi < fmts.size(); ++fi) {
-    const auto& F = fmts[fi];
+// Step: bytes and capacity of every format.
+void format_bytes(MatrixRun& r) {
+  const ModelConfig& cfg = r.model.config;
+  for (const auto& F : r.fmts) {
     nlohmann::json fj;
     fj["format"] = F.name;
     fj["k"] = std::string(name(F.kv.effective.k));
@@ -400,244 +489,311 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
     fj["requested"] = F.kv.requested.name();
     fj["effective"] = F.kv.effective.name();
     fj["fallback_reason"] = F.kv.fallback_reason;
-    const PageGeometry g{block, cfg.n_kv_heads, cfg.head_dim};
+    const PageGeometry g{r.block, cfg.n_kv_heads, cfg.head_dim};
     fj["bytes_per_cell"] = bytes_per_cell(F.kv.effective.k, g) + bytes_per_cell(F.kv.effective.v, g);
-    fj["kv_bytes_per_token"] = kv_bytes_per_token(F.kv.effective, cfg, block);
+    fj["kv_bytes_per_token"] = kv_bytes_per_token(F.kv.effective, cfg, r.block);
     fj["capacity_tokens"] =
-        static_cast<long long>(blocks_for_budget(F.kv.effective, g, cfg.n_layers, o.budget_bytes)) * block;
-    if (o.quality && corpus) {
-      say("[" + std::to_string(fi + 1) + "/" + std::to_string(fmts.size()) + "] " + F.name + ": KL/top-1 over " +
-          std::to_string(corpus->sequences.size()) + " corpus sequences");
-      auto logits = corpus_logits(model, eo_for(F.kv, 0), *corpus);
-      if (fi == 0) ref_logits = logits;
-      const Quality q = compare_logits(ref_logits, logits, cfg.vocab_size);
-      fj["kl_mean"] = q.kl_mean;
-      fj["kl_p99"] = q.kl_p99;
-      fj["kl_max"] = q.kl_max;
-      fj["top1"] = q.top1;
-      fj["kl_positions"] = q.positions;
-    } else {
-      fj["kl_mean"] = fj["kl_p99"] = fj["kl_max"] = fj["top1"] = nullptr;
-      fj["kl_positions"] = 0;
-    }
+        static_cast<long long>(blocks_for_budget(F.kv.effective, g, cfg.n_layers, r.o.budget_bytes)) * r.block;
+    fj["kl_mean"] = fj["kl_p99"] = fj["kl_max"] = fj["top1"] = nullptr;
+    fj["kl_positions"] = 0;
+    fj["probes"] = nlohmann::json::object();
+    r.per_format.push_back(fj);
+  }
+}
+
+// Step: KL / top-1 of every format against f32 KV over the corpus (CPU engine).
+void corpus_quality(MatrixRun& r) {
+  if (!r.o.quality || !r.corpus) return;
+  std::vector<std::vector<float>> ref;
+  for (std::size_t fi = 0; fi < r.fmts.size(); ++fi) {
+    r.say(r.tag(fi) + ": KL/top-1 over " + std::to_string(r.corpus->sequences.size()) + " corpus sequences");
+    auto logits = corpus_logits(r.model, r.eo_for(r.fmts[fi].kv, 0), *r.corpus);
+    if (fi == 0) ref = logits;
+    const Quality q = compare_logits(ref, logits, r.model.config.vocab_size);
+    auto& fj = r.per_format[fi];
+    fj["kl_mean"] = q.kl_mean;
+    fj["kl_p99"] = q.kl_p99;
+    fj["kl_max"] = q.kl_max;
+    fj["top1"] = q.top1;
+    fj["kl_positions"] = q.positions;
+  }
+}
+
+// Step: needle / counting / echo on the probe subject, per format, on the probe device; each case's
+// output compared with the f32 run's.
+void format_probes(MatrixRun& r) {
+  const Model& pmodel = r.o.probe_model ? *r.o.probe_model : r.model;
+  if (!r.o.probes || !pmodel.tokenizer) return;
+  ProbeDevice dev;
+  dev.device = r.o.probe_device;
+  dev.cuda_weights = r.o.cuda_weights;
+  if (dev.device == "cuda") {
+    if (!r.probe_weights) r.probe_weights = shared_cuda_weights(pmodel, r.o.cuda_weights);
+    dev.weights = r.probe_weights;
+  }
+  std::map<std::string, std::map<std::string, std::string>> f32_outputs;  // probe -> case id -> output
+  for (std::size_t fi = 0; fi < r.fmts.size(); ++fi) {
+    const auto& F = r.fmts[fi];
+    // The probe subject resolves the requested format against its own geometry (a fallback there
+    // is reported in the probe record, never hidden).
+    KvRequest preq;
+    preq.flag = F.kv.requested;
+    const ResolvedKv pkv = r.o.probe_model ? resolve_kv(preq, pmodel.config, r.block) : F.kv;
     nlohmann::json pj = nlohmann::json::object();
-    const Model& pmodel = o.probe_model ? *o.probe_model : model;
-    if (o.probes && pmodel.tokenizer) {
-      // The probe subject resolves the requested format against its own geometry (a fallback there
-      // is reported in the probe record, never hidden).
-      KvRequest preq;
-      preq.flag = F.kv.requested;
-      const ResolvedKv pkv = o.probe_model ? resolve_kv(preq, pmodel.config, block) : F.kv;
-      for (const auto& pn : probe_names) {
-        const auto kind = *probes::parse_probe_kind(pn);
-        const auto it = o.probe_specs.find(pn);
-        const ProbeSpec spec = it != o.probe_specs.end() ? it->second : default_probe_spec(kind, pmodel, o.quick);
-        // Probe outcomes do not depend on the thread count (MOD.engine.threads), so they use every core.
-        EngineOptions peo = eo_for(pkv, 0);
-        peo.threads = 0;
-        const auto r = run_probe(pmodel, peo, spec, [&](const std::string& line) {
-          say("[" + std::to_string(fi + 1) + "/" + std::to_string(fmts.size()) + "] " + F.name + ": " + line);
-        });
-        int same = 0, ran = 0;
-        for (const auto& c : r["results"]) {
-          if (c.value("status", "") != "ran") continue;
-          ++ran;
-          const std::string id = c.value("id", ""), out = c.value("output", "");
-          if (fi == 0) f32_outputs[pn][id] = out;
-          else if (f32_outputs[pn].count(id) && f32_outputs[pn][id] == out) ++same;
-        }
-        if (fi == 0) same = ran;
-        nlohmann::json s = {{"cases", r["cases"]}, {"passed", r["passed"]}, {"skipped", r["skipped"]},
-                            {"ran", ran}, {"exact", ran ? double(r["passed"].get<int>()) / ran : 0.0},
-                            {"same_as_f32", ran ? double(same) / ran : 0.0}, {"summary", r["summary"]}};
-        nlohmann::json cases = nlohmann::json::array();
-        for (const auto& c : r["results"]) {
-          nlohmann::json cc = {{"id", c["id"]}, {"status", c["status"]}, {"passed", c["passed"]}};
-          if (c.contains("output")) cc["output"] = c["output"].get<std::string>().substr(0, 160);
-          for (const char* k : {"first_divergence", "repeated", "dropped_digits", "length", "depth", "n"})
-            if (c.contains(k)) cc[k] = c[k];
-          cases.push_back(cc);
-        }
-        s["cases_detail"] = cases;
-        pj[pn] = s;
+    for (const auto& pn : kProbeNames) {
+      const auto kind = *probes::parse_probe_kind(pn);
+      const auto it = r.o.probe_specs.find(pn);
+      const ProbeSpec spec = it != r.o.probe_specs.end() ? it->second : default_probe_spec(kind, pmodel, r.o.quick);
+      // Probe outcomes do not depend on the thread count (MOD.engine.threads), so they use every core.
+      EngineOptions peo = r.eo_for(pkv, 0);
+      peo.threads = 0;
+      const auto res = run_probe(pmodel, peo, spec, [&](const std::string& line) { r.say(r.tag(fi) + ": " + line); }, &dev);
+      int same = 0, ran = 0;
+      for (const auto& c : res["results"]) {
+        if (c.value("status", "") != "ran") continue;
+        ++ran;
+        const std::string id = c.value("id", ""), out = c.value("output", "");
+        if (fi == 0) f32_outputs[pn][id] = out;
+        else if (f32_outputs[pn].count(id) && f32_outputs[pn][id] == out) ++same;
+      }
+      if (fi == 0) same = ran;
+      nlohmann::json s = {{"cases", res["cases"]}, {"passed", res["passed"]}, {"skipped", res["skipped"]},
+                          {"ran", ran}, {"exact", ran ? double(res["passed"].get<int>()) / ran : 0.0},
+                          {"same_as_f32", ran ? double(same) / ran : 0.0}, {"summary", res["summary"]},
+                          {"backend", res["backend"]}};
+      nlohmann::json cases = nlohmann::json::array();
+      for (const auto& c : res["results"]) {
+        nlohmann::json cc = {{"id", c["id"]}, {"status", c["status"]}, {"passed", c["passed"]}};
+        if (c.contains("output")) cc["output"] = c["output"].get<std::string>().substr(0, 160);
+        for (const char* k : {"first_divergence", "repeated", "dropped_digits", "length", "depth", "n"})
+          if (c.contains(k)) cc[k] = c[k];
+        cases.push_back(cc);
+      }
+      s["cases_detail"] = cases;
+      pj[pn] = s;
+    }
+    r.per_format[fi]["probes"] = pj;
+  }
+  r.probe_weights.reset();  // the GPU memory goes back before the timing rows
+}
+
+// Step: each probe's sensitivity -- the smallest injected KV damage that turns it red (CPU engine,
+// the damage on the store read of the sensitivity baseline's KV).
+void probe_sensitivities(MatrixRun& r) {
+  const Model& pmodel = r.o.probe_model ? *r.o.probe_model : r.model;
+  if (!r.o.probes || !pmodel.tokenizer || r.o.sensitivity_baseline.empty()) return;
+  const auto f = parse_kv_format(r.o.sensitivity_baseline);
+  if (!f) throw std::invalid_argument("sensitivity baseline '" + r.o.sensitivity_baseline + "' is not a KV format");
+  KvRequest req;
+  req.flag = *f;
+  EngineOptions eo = r.eo_for(resolve_kv(req, pmodel.config, r.block), 0);
+  eo.threads = 0;
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& pn : kProbeNames) {
+    const auto kind = *probes::parse_probe_kind(pn);
+    const auto it = r.o.probe_specs.find(pn);
+    const ProbeSpec spec = it != r.o.probe_specs.end() ? it->second : default_probe_spec(kind, pmodel, r.o.quick);
+    // The baseline's undamaged outcomes from the format_probes step when it ran this format.
+    const nlohmann::json* base_cases = nullptr;
+    for (const auto& fj : r.per_format)
+      if (fj.value("format", "") == f->name() && fj["probes"].contains(pn)) base_cases = &fj["probes"][pn]["cases_detail"];
+    out.push_back(signoff::to_json(probe_sensitivity(pmodel, eo, spec, r.o.sensitivity, r.progress, base_cases)));
+  }
+  r.sensitivity = {{"baseline", f->name()}, {"engine", "cpu"}, {"probes", out}};
+}
+
+// One timing row of the CUDA engine: `repeats` runs, medians.
+void cuda_timing_row(MatrixRun& r, const Fmt& F, int L, int w, nlohmann::json& row) {
+  const MatrixOptions& o = r.o;
+  const ModelConfig& cfg = r.model.config;
+  std::vector<double> ttft, prefill, decode, warm;
+  CudaTiming ct;
+  std::string why, warm_reason;
+  const std::span<const int> prompt(r.perf_ids.data(), static_cast<std::size_t>(L));
+  // The second turn of the warm TTFT, as the CPU rows: L tokens hydrated, warm_turn prefilled.
+  std::span<const int> p2;
+  std::string warm_file;
+  if (o.timing && L + o.warm_turn + 1 <= cfg.max_seq_len && !o.cache_dir.empty()) {
+    std::filesystem::create_directories(o.cache_dir);
+    p2 = std::span<const int>(r.perf_ids.data(), static_cast<std::size_t>(L + o.warm_turn));
+    warm_file = (std::filesystem::path(o.cache_dir) / "warm_cuda.kv").string();
+  } else {
+    warm_reason = !o.timing ? "timing off" : o.cache_dir.empty() ? "no cache folder" : "no room for the second turn";
+  }
+  for (int rep = 0; rep < std::max(1, o.repeats) && why.empty(); ++rep) {
+    if (!r.timing_weights) {
+      try {
+        r.timing_weights = shared_cuda_weights(r.model, o.cuda_weights);
+      } catch (const std::exception& e) {
+        why = std::string("CUDA engine refused or failed: ") + e.what();
+        break;
       }
     }
-    fj["probes"] = pj;
-    per_format.push_back(fj);
+    why = cuda_row(r.model, r.eo_for(F.kv, w), prompt, o.decode_steps, p2, L, warm_file, ct, r.timing_weights);
+    ttft.push_back(ct.ttft_ms);
+    prefill.push_back(ct.prefill_tok_s);
+    decode.push_back(ct.decode_tok_s);
+    if (ct.warm_ms) warm.push_back(*ct.warm_ms);
+    else if (!p2.empty()) warm_reason = ct.warm_reason;
   }
+  if (!why.empty()) {
+    row["status"] = "not_run";
+    row["reason"] = why;
+    return;
+  }
+  row["effective"] = ct.effective;
+  if (ct.effective != F.kv.requested.name()) row["fallback_reason"] = "the CUDA backend holds " + ct.effective + " (resolve_kv backend cuda)";
+  row["pool_bytes"] = ct.pool_bytes;
+  row["kv_bytes"] = ct.kv_bytes;
+  if (o.timing) {
+    row["ttft_cold_ms"] = median(ttft);
+    row["prefill_tok_s"] = median(prefill);
+    row["decode_tok_s"] = median(decode);
+    row["ttft_warm_ms"] = warm.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(warm));
+  }
+  row["warm_prefix_tokens"] = L;
+  row["warm_new_tokens"] = o.warm_turn;
+  if (warm.empty()) row["ttft_warm_reason"] = warm_reason;
+  row.update(ct.counters);
+}
 
-  // --- timing rows: device x format x context x window ------------------------------------------
-  nlohmann::json rows = nlohmann::json::array();
-  const nlohmann::json brief = provenance_brief(prov);
-  const std::size_t total_rows = o.devices.size() * fmts.size() * o.lengths.size() * windows.size();
+// One timing row of the CPU engine: `repeats` runs, medians.
+void cpu_timing_row(MatrixRun& r, const Fmt& F, int L, int w, nlohmann::json& row) {
+  const MatrixOptions& o = r.o;
+  const ModelConfig& cfg = r.model.config;
+  const EngineOptions eo = r.eo_for(F.kv, w);
+  const std::span<const int> prompt(r.perf_ids.data(), static_cast<std::size_t>(L));
+  std::vector<double> ttft, prefill, decode, warm;
+  nlohmann::json counters;
+  std::string warm_reason;
+  for (int rep = 0; rep < std::max(1, o.repeats); ++rep) {
+    Engine e(r.model, eo);
+    row["pool_bytes"] = e.stats().kv_pool_bytes;
+    SamplerOptions so;
+    const GenerateResult g = e.generate(prompt, 1, so);
+    int tok = g.tokens.empty() ? 3 : g.tokens.front();
+    if (o.timing) {
+      ttft.push_back(e.stats().ttft_ms);
+      prefill.push_back(e.stats().prefill_tok_s());
+    }
+    const auto t0 = o.timing ? Clock::now() : Clock::time_point{};
+    for (int s = 0; s < o.decode_steps; ++s) tok = argmax(e.decode(tok));
+    if (o.timing) decode.push_back(o.decode_steps / (ms_since(t0) / 1000.0));
+    counters = stream_counters(e.stats());
+    row["kv_bytes"] = e.stats().kv_bytes;
+    if (o.timing && L + o.warm_turn + 1 <= cfg.max_seq_len && !o.cache_dir.empty()) {
+      std::filesystem::create_directories(o.cache_dir);
+      const std::span<const int> p2(r.perf_ids.data(), static_cast<std::size_t>(L + o.warm_turn));
+      const auto v = warm_ttft_ms<Engine>(r.model, eo, p2, L, (std::filesystem::path(o.cache_dir) / "warm.kv").string(), warm_reason);
+      if (v) warm.push_back(*v);
+    } else if (warm_reason.empty()) {
+      warm_reason = !o.timing ? "timing off" : o.cache_dir.empty() ? "no cache folder" : "no room for the second turn";
+    }
+  }
+  if (o.timing) {
+    row["ttft_cold_ms"] = median(ttft);
+    row["prefill_tok_s"] = median(prefill);
+    row["decode_tok_s"] = median(decode);
+    row["ttft_warm_ms"] = warm.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(warm));
+  }
+  row["warm_prefix_tokens"] = L;
+  row["warm_new_tokens"] = o.warm_turn;
+  if (warm.empty()) row["ttft_warm_reason"] = warm_reason;
+  row.update(counters);
+}
+
+// Step: the timing rows, device x format x context x window.
+void timing_rows(MatrixRun& r) {
+  const MatrixOptions& o = r.o;
+  const ModelConfig& cfg = r.model.config;
+  const nlohmann::json brief = provenance_brief(r.prov);
+  const std::size_t total_rows = o.devices.size() * r.fmts.size() * o.lengths.size() * r.windows.size();
   std::size_t row_no = 0;
   for (const auto& device : o.devices)
-    for (std::size_t fi = 0; fi < fmts.size(); ++fi)
+    for (std::size_t fi = 0; fi < r.fmts.size(); ++fi)
       for (int L : o.lengths)
-        for (int w : windows) {
+        for (int w : r.windows) {
           ++row_no;
-          const auto& F = fmts[fi];
-          const auto& fj = per_format[fi];
-          nlohmann::json r;
-          r["format"] = F.name;
-          r["device"] = device;
-          r["context"] = L;
-          r["window"] = w;
-          r["fallback_reason"] = F.kv.fallback_reason;
-          r["effective"] = F.kv.effective.name();
-          r["kv_bytes_per_token"] = fj["kv_bytes_per_token"];
-          r["capacity_tokens"] = fj["capacity_tokens"];
-          r["budget_bytes"] = o.budget_bytes;
-          r["decode_steps"] = o.decode_steps;
-          for (const char* k : {"kl_mean", "kl_p99", "top1"}) r[k] = fj[k];
-          for (const auto& pn : probe_names) {
+          const auto& F = r.fmts[fi];
+          const auto& fj = r.per_format[fi];
+          nlohmann::json row;
+          row["format"] = F.name;
+          row["device"] = device;
+          row["context"] = L;
+          row["window"] = w;
+          row["fallback_reason"] = F.kv.fallback_reason;
+          row["effective"] = F.kv.effective.name();
+          row["kv_bytes_per_token"] = fj["kv_bytes_per_token"];
+          row["capacity_tokens"] = fj["capacity_tokens"];
+          row["budget_bytes"] = o.budget_bytes;
+          row["decode_steps"] = o.decode_steps;
+          for (const char* k : {"kl_mean", "kl_p99", "top1"}) row[k] = fj[k];
+          for (const auto& pn : kProbeNames) {
             const bool has = fj["probes"].contains(pn);
-            r[pn + "_exact"] = has ? fj["probes"][pn]["exact"] : nlohmann::json(nullptr);
-            r[pn + "_same_as_f32"] = has ? fj["probes"][pn]["same_as_f32"] : nlohmann::json(nullptr);
+            row[pn + "_exact"] = has ? fj["probes"][pn]["exact"] : nlohmann::json(nullptr);
+            row[pn + "_same_as_f32"] = has ? fj["probes"][pn]["same_as_f32"] : nlohmann::json(nullptr);
           }
-          r["counting_repeated"] =
+          row["counting_repeated"] =
               fj["probes"].contains("counting") ? fj["probes"]["counting"]["summary"]["repeated"] : nlohmann::json(nullptr);
-          r["echo_dropped_digits"] =
+          row["echo_dropped_digits"] =
               fj["probes"].contains("echo") ? fj["probes"]["echo"]["summary"]["dropped_digits"] : nlohmann::json(nullptr);
-          r["provenance"] = brief;
-          for (const char* k : {"pool_bytes", "ttft_cold_ms", "ttft_warm_ms", "prefill_tok_s", "decode_tok_s"}) r[k] = nullptr;
-          r["status"] = "ok";
-          r["reason"] = "";
-          say("[row " + std::to_string(row_no) + "/" + std::to_string(total_rows) + "] " + device + " " + F.name +
-              " ctx=" + std::to_string(L) + " window=" + std::to_string(w));
+          row["provenance"] = brief;
+          for (const char* k : {"pool_bytes", "ttft_cold_ms", "ttft_warm_ms", "prefill_tok_s", "decode_tok_s"}) row[k] = nullptr;
+          row["status"] = "ok";
+          row["reason"] = "";
+          r.say("[row " + std::to_string(row_no) + "/" + std::to_string(total_rows) + "] " + device + " " + F.name +
+                " ctx=" + std::to_string(L) + " window=" + std::to_string(w));
           if (L + o.decode_steps + 1 > (cfg.max_seq_len > 0 ? cfg.max_seq_len : L + o.decode_steps + 1)) {
-            r["status"] = "skipped";
-            r["reason"] = "context " + std::to_string(L) + " + " + std::to_string(o.decode_steps) +
-                          " decode steps exceed the model's " + std::to_string(cfg.max_seq_len);
-            rows.push_back(r);
-            continue;
+            row["status"] = "skipped";
+            row["reason"] = "context " + std::to_string(L) + " + " + std::to_string(o.decode_steps) +
+                            " decode steps exceed the model's " + std::to_string(cfg.max_seq_len);
+          } else if (device == "cuda") {
+            cuda_timing_row(r, F, L, w, row);
+          } else if (device != "cpu") {
+            row["status"] = "not_run";
+            row["reason"] = "unknown device '" + device + "' (known: cpu, cuda)";
+          } else {
+            cpu_timing_row(r, F, L, w, row);
           }
-          if (device == "cuda") {
-            std::vector<double> ttft, prefill, decode, warm;
-            CudaTiming ct;
-            std::string why, warm_reason;
-            const std::span<const int> prompt(perf_ids.data(), static_cast<std::size_t>(L));
-            // The second turn of the warm TTFT, as the CPU rows: L tokens hydrated, warm_turn prefilled.
-            std::span<const int> p2;
-            std::string warm_file;
-            if (o.timing && L + o.warm_turn + 1 <= cfg.max_seq_len && !o.cache_dir.empty()) {
-              std::filesystem::create_directories(o.cache_dir);
-              p2 = std::span<const int>(perf_ids.data(), static_cast<std::size_t>(L + o.warm_turn));
-              warm_file = (std::filesystem::path(o.cache_dir) / "warm_cuda.kv").string();
-            } else {
-              warm_reason = !o.timing ? "timing off" : o.cache_dir.empty() ? "no cache folder" : "no room for the second turn";
-            }
-            for (int rep = 0; rep < std::max(1, o.repeats) && why.empty(); ++rep) {
-              why = cuda_row(model, eo_for(F.kv, w), prompt, o.decode_steps, p2, L, warm_file, ct);
-              ttft.push_back(ct.ttft_ms);
-              prefill.push_back(ct.prefill_tok_s);
-              decode.push_back(ct.decode_tok_s);
-              if (ct.warm_ms) warm.push_back(*ct.warm_ms);
-              else if (!p2.empty()) warm_reason = ct.warm_reason;
-            }
-            if (!why.empty()) {
-              r["status"] = "not_run";
-              r["reason"] = why;
-            } else {
-              r["effective"] = ct.effective;
-              if (ct.effective != F.kv.requested.name())
-                r["fallback_reason"] = "the CUDA backend holds " + ct.effective + " (resolve_kv backend cuda)";
-              r["pool_bytes"] = ct.pool_bytes;
-              r["kv_bytes"] = ct.kv_bytes;
-              if (o.timing) {
-                r["ttft_cold_ms"] = median(ttft);
-                r["prefill_tok_s"] = median(prefill);
-                r["decode_tok_s"] = median(decode);
-                r["ttft_warm_ms"] = warm.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(warm));
-              }
-              r["warm_prefix_tokens"] = L;
-              r["warm_new_tokens"] = o.warm_turn;
-              if (warm.empty()) r["ttft_warm_reason"] = warm_reason;
-              r.update(ct.counters);
-            }
-            rows.push_back(r);
-            continue;
-          }
-          if (device != "cpu") {
-            r["status"] = "not_run";
-            r["reason"] = "unknown device '" + device + "' (known: cpu, cuda)";
-            rows.push_back(r);
-            continue;
-          }
-          const EngineOptions eo = eo_for(F.kv, w);
-          const std::span<const int> prompt(perf_ids.data(), static_cast<std::size_t>(L));
-          std::vector<double> ttft, prefill, decode, warm;
-          nlohmann::json counters;
-          std::string warm_reason;
-          for (int rep = 0; rep < std::max(1, o.repeats); ++rep) {
-            Engine e(model, eo);
-            r["pool_bytes"] = e.stats().kv_pool_bytes;
-            SamplerOptions so;
-            const GenerateResult g = e.generate(prompt, 1, so);
-            int tok = g.tokens.empty() ? 3 : g.tokens.front();
-            if (o.timing) {
-              ttft.push_back(e.stats().ttft_ms);
-              prefill.push_back(e.stats().prefill_tok_s());
-            }
-            const auto t0 = o.timing ? Clock::now() : Clock::time_point{};
-            for (int s = 0; s < o.decode_steps; ++s) tok = argmax(e.decode(tok));
-            if (o.timing) decode.push_back(o.decode_steps / (ms_since(t0) / 1000.0));
-            counters = stream_counters(e.stats());
-            r["kv_bytes"] = e.stats().kv_bytes;
-            if (o.timing && L + o.warm_turn + 1 <= cfg.max_seq_len && !o.cache_dir.empty()) {
-              std::filesystem::create_directories(o.cache_dir);
-              const std::span<const int> p2(perf_ids.data(), static_cast<std::size_t>(L + o.warm_turn));
-              const auto v = warm_ttft_ms<Engine>(model, eo, p2, L,
-                                                  (std::filesystem::path(o.cache_dir) / "warm.kv").string(), warm_reason);
-              if (v) warm.push_back(*v);
-            } else if (warm_reason.empty()) {
-              warm_reason = !o.timing ? "timing off" : o.cache_dir.empty() ? "no cache folder" : "no room for the second turn";
-            }
-          }
-          if (o.timing) {
-            r["ttft_cold_ms"] = median(ttft);
-            r["prefill_tok_s"] = median(prefill);
-            r["decode_tok_s"] = median(decode);
-            r["ttft_warm_ms"] = warm.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(warm));
-          }
-          r["warm_prefix_tokens"] = L;
-          r["warm_new_tokens"] = o.warm_turn;
-          if (warm.empty()) r["ttft_warm_reason"] = warm_reason;
-          r.update(counters);
-          rows.push_back(r);
+          r.rows.push_back(row);
         }
+}
 
-  // Ratios against the f32 row of the same device, context and window.
-  for (auto& r : rows) {
-    for (const auto& b : rows) {
-      if (b["format"] != "f32" || b["device"] != r["device"] || b["context"] != r["context"] || b["window"] != r["window"])
+// Step: ratios against the f32 row of the same device, context and window.
+void f32_ratios(MatrixRun& r) {
+  for (auto& row : r.rows)
+    for (const auto& b : r.rows) {
+      if (b["format"] != "f32" || b["device"] != row["device"] || b["context"] != row["context"] || b["window"] != row["window"])
         continue;
       auto ratio = [](const nlohmann::json& a, const nlohmann::json& c) {
         return (a.is_number() && c.is_number() && c.get<double>() > 0) ? nlohmann::json(a.get<double>() / c.get<double>())
                                                                          : nlohmann::json(nullptr);
       };
-      r["kv_bytes_vs_f32"] = ratio(r["kv_bytes_per_token"], b["kv_bytes_per_token"]);
-      r["decode_vs_f32"] = ratio(r["decode_tok_s"], b["decode_tok_s"]);
-      r["prefill_vs_f32"] = ratio(r["prefill_tok_s"], b["prefill_tok_s"]);
+      row["kv_bytes_vs_f32"] = ratio(row["kv_bytes_per_token"], b["kv_bytes_per_token"]);
+      row["decode_vs_f32"] = ratio(row["decode_tok_s"], b["decode_tok_s"]);
+      row["prefill_vs_f32"] = ratio(row["prefill_tok_s"], b["prefill_tok_s"]);
     }
-  }
+}
 
+// Step: the record.
+nlohmann::json matrix_record(const MatrixRun& r) {
+  const MatrixOptions& o = r.o;
   nlohmann::json m;
   m["schema"] = kMatrixSchema;
   m["kind"] = "matrix";
   m["baseline"] = "f32";
-  m["provenance"] = prov;
+  m["provenance"] = r.prov;
   m["subject_note"] = o.probe_model
                           ? "Probes (needle, counting, echo) ran on the probe model " + o.probe_model_path + " (" +
                                 o.probe_model->fingerprint + "); KL/top-1 and timing on the matrix model. " +
                                 subject_note(*o.probe_model)
-                          : subject_note(model);
+                          : subject_note(r.model);
   nlohmann::json probe_cfg = nlohmann::json::object();
   for (const auto& [k, s] : o.probe_specs)
     probe_cfg[k] = {{"lengths", s.lengths}, {"depths", s.depths}, {"seeds", s.seeds}};
-  m["config"] = {{"formats", names},
+  m["config"] = {{"formats", r.names},
                  {"lengths", o.lengths},
-                 {"windows", windows},
+                 {"windows", r.windows},
                  {"devices", o.devices},
                  {"decode_steps", o.decode_steps},
                  {"warm_turn", o.warm_turn},
@@ -646,23 +802,41 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
                  {"threads", o.threads},
                  {"timing", o.timing},
                  {"quick", o.quick},
-                 {"block_size", block},
+                 {"block_size", r.block},
                  {"corpus", o.corpus_path.empty() ? nlohmann::json(nullptr)
                                                   : nlohmann::json(std::filesystem::path(o.corpus_path).filename().string())},
-                 {"streaming_supported", streaming},
+                 {"streaming_supported", engine_supports_streaming()},
                  {"conversations_supported", engine_supports_conversations()},
                  {"probes", probe_cfg},
+                 {"probe_device", o.probe_device},
                  {"probe_subject", o.probe_model ? nlohmann::json({{"path", o.probe_model_path},
                                                                   {"fingerprint", o.probe_model->fingerprint}})
                                                  : nlohmann::json(nullptr)}};
-  nlohmann::json notes = nlohmann::json::array();
-  if (!windows_note.empty()) notes.push_back(windows_note);
-  if (!corpus_note.empty()) notes.push_back(corpus_note);
+  nlohmann::json notes = r.notes;
   if (!o.timing) notes.push_back("timing off (--no-timing): TTFT and tok/s are null");
   m["notes"] = notes;
-  m["formats"] = per_format;
-  m["rows"] = rows;
+  m["formats"] = r.per_format;
+  m["rows"] = r.rows;
+  if (!r.sensitivity.is_null()) m["probe_sensitivity"] = r.sensitivity;
   return m;
+}
+
+}  // namespace
+
+// The matrix as a list of named steps over one MatrixRun.
+nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nlohmann::json& prov, const Progress& progress) {
+  MatrixRun r{model, o, prov, progress};
+  resolve_formats(r);
+  resolve_windows(r);
+  load_prompt(r);
+  format_bytes(r);
+  corpus_quality(r);
+  format_probes(r);
+  probe_sensitivities(r);
+  timing_rows(r);
+  r.timing_weights.reset();
+  f32_ratios(r);
+  return matrix_record(r);
 }
 
 }  // namespace kvgate::matrix

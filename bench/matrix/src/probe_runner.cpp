@@ -4,11 +4,20 @@
 #include <cstdio>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 #include "kvgate/matrix.hpp"
+#include "kvgate/resolve.hpp"
 #include "kvgate/sampler.hpp"
+
+#if KVGATE_CUDA_BUILD
+#include "kvgate/cuda/device.hpp"
+#include "kvgate/cuda/engine.hpp"
+#include "kvgate/cuda/ops.hpp"
+#endif
 
 namespace kvgate::matrix {
 
@@ -86,128 +95,191 @@ ProbeSpec default_probe_spec(probes::ProbeKind kind, const Model& m, bool quick)
   return s;
 }
 
-nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const ProbeSpec& spec, const Progress& progress) {
+namespace {
+
+// One probe case, built once from the spec: the prompt, its answer budget, how to score the output
+// (fills the record, returns exact), and the payload text (needle line, echoed number; empty: the
+// whole prompt) whose token positions the key damage targets.
+struct CaseDef {
+  std::string id, label;
+  std::string prompt;
+  int budget = 0;
+  std::string payload;
+  nlohmann::json record;
+  std::function<bool(const std::string& out, nlohmann::json& r)> score;
+  int cell = -1;  // needle: index into the grid cells
+};
+
+std::vector<CaseDef> build_cases(const ProbeSpec& spec, const probes::TokenCounter& count,
+                                 std::vector<std::pair<int, double>>* cells) {
+  std::vector<CaseDef> out;
+  switch (spec.kind) {
+    case probes::ProbeKind::needle:
+      for (int L : spec.lengths)
+        for (double d : spec.depths)
+          for (auto seed : spec.seeds) {
+            const probes::NeedleCase c = probes::make_needle(L, d, seed, count);
+            CaseDef k;
+            k.record = probes::to_json(c);
+            k.id = "needle/L=" + std::to_string(L) + "/d=" + fmt_depth(d) + "/seed=" + std::to_string(seed);
+            k.label = "L=" + std::to_string(L) + " d=" + fmt_depth(d) + " seed=" + std::to_string(seed);
+            k.prompt = c.prompt;
+            k.budget = probes::answer_budget(c.key, count);
+            // The needle's line: the line of the prompt that holds the key.
+            if (const auto at = c.prompt.find(c.key); at != std::string::npos) {
+              const auto a = c.prompt.rfind('\n', at);
+              const auto b = c.prompt.find('\n', at);
+              k.payload = c.prompt.substr(a == std::string::npos ? 0 : a + 1,
+                                          (b == std::string::npos ? c.prompt.size() : b) - (a == std::string::npos ? 0 : a + 1));
+            }
+            k.score = [c](const std::string& o, nlohmann::json& r) {
+              const auto sc = probes::score_needle(c, o);
+              r.update(probes::to_json(sc));
+              r["answer"] = sanitize_utf8(sc.answer);
+              return sc.exact;
+            };
+            if (cells) {
+              auto it = std::find(cells->begin(), cells->end(), std::make_pair(L, d));
+              if (it == cells->end()) {
+                cells->push_back({L, d});
+                it = cells->end() - 1;
+              }
+              k.cell = static_cast<int>(it - cells->begin());
+            }
+            out.push_back(std::move(k));
+          }
+      break;
+    case probes::ProbeKind::counting:
+      for (int n : spec.lengths) {
+        const probes::CountingCase c = probes::make_counting(n);
+        CaseDef k;
+        k.record = probes::to_json(c);
+        k.id = "counting/N=" + std::to_string(n);
+        k.label = "N=" + std::to_string(n);
+        k.prompt = c.prompt;
+        k.budget = probes::answer_budget(c.expected, count);
+        k.score = [c](const std::string& o, nlohmann::json& r) {
+          const auto sc = probes::score_counting(c, o);
+          r.update(probes::to_json(sc));
+          return sc.exact;
+        };
+        out.push_back(std::move(k));
+      }
+      break;
+    case probes::ProbeKind::echo:
+      for (auto seed : spec.seeds)
+        for (int i = 0; i < std::max(1, spec.echo_per_seed); ++i) {
+          const probes::EchoCase c = probes::make_echo(seed, i);
+          CaseDef k;
+          k.record = probes::to_json(c);
+          k.id = "echo/seed=" + std::to_string(seed) + "/i=" + std::to_string(i);
+          k.label = "seed=" + std::to_string(seed) + " i=" + std::to_string(i);
+          k.prompt = c.prompt;
+          k.budget = probes::answer_budget(c.number, count);
+          k.payload = c.number;
+          k.score = [c](const std::string& o, nlohmann::json& r) {
+            const auto sc = probes::score_echo(c, o);
+            r.update(probes::to_json(sc));
+            r["answer"] = sanitize_utf8(sc.answer);
+            return sc.exact;
+          };
+          out.push_back(std::move(k));
+        }
+      break;
+  }
+  return out;
+}
+
+// Runs one prompt greedily on a fresh sequence of `engine`; nullopt (and r marked skipped) when it
+// cannot fit the context.
+template <class E>
+std::optional<std::string> run_case(E& engine, const Tokenizer& tok, const CaseDef& c, nlohmann::json& r) {
+  const std::vector<int> ids = tok.encode(c.prompt, true);
+  r["prompt_tokens"] = ids.size();
+  r["budget_tokens"] = c.budget;
+  const int maxc = engine.max_context();
+  if (static_cast<int>(ids.size()) + c.budget > maxc) {
+    r["status"] = "skipped";
+    r["reason"] = "context: prompt " + std::to_string(ids.size()) + " + answer budget " + std::to_string(c.budget) +
+                  " tokens > the engine's context " + std::to_string(maxc);
+    r["passed"] = false;
+    return std::nullopt;
+  }
+  engine.reset();
+  SamplerOptions so;  // greedy
+  const GenerateResult g = engine.generate(ids, c.budget, so);
+  std::string text;
+  int prev = ids.back();
+  for (int id : g.tokens) {
+    text += tok.decode_piece(prev, id);
+    prev = id;
+  }
+  r["status"] = "ran";
+  r["generated_tokens"] = g.tokens.size();
+  r["stop_reason"] = g.stop_reason;
+  r["output"] = sanitize_utf8(text);
+  return text;
+}
+
+template <class E>
+nlohmann::json run_probe_on(E& engine, const Model& model, const EngineOptions& eo, const std::string& backend,
+                            const ProbeSpec& spec, const Progress& progress) {
   const Tokenizer* tok = model.tokenizer.get();
-  if (!tok) throw std::runtime_error("probe: model '" + model.path + "' has no tokenizer (pass --tokenizer PATH)");
-  Engine engine(model, eo);
   const probes::TokenCounter count = [tok](const std::string& t) { return static_cast<int>(tok->encode(t, true).size()); };
   const int maxc = engine.max_context();
+  std::vector<std::pair<int, double>> cells;
+  const std::vector<CaseDef> defs = build_cases(spec, count, &cells);
+  std::vector<std::pair<int, int>> grid(cells.size(), {0, 0});  // needle (L, d) -> (passed, ran)
 
   nlohmann::json results = nlohmann::json::array();
   int passed = 0, skipped = 0, total = 0;
-
-  // Runs one prompt; returns the generated text, or nullopt (and marks r skipped) when it cannot fit.
-  auto run_case = [&](const std::string& prompt, int budget, nlohmann::json& r) -> std::optional<std::string> {
-    const std::vector<int> ids = tok->encode(prompt, true);
-    r["prompt_tokens"] = ids.size();
-    r["budget_tokens"] = budget;
-    if (static_cast<int>(ids.size()) + budget > maxc) {
-      r["status"] = "skipped";
-      r["reason"] = "context: prompt " + std::to_string(ids.size()) + " + answer budget " + std::to_string(budget) +
-                    " tokens > the engine's context " + std::to_string(maxc);
-      r["passed"] = false;
-      return std::nullopt;
+  long long repeated = 0, dropped = 0;
+  int min_div = -1;
+  for (const auto& c : defs) {
+    nlohmann::json r = c.record;
+    r["id"] = c.id;
+    const auto out = run_case(engine, *tok, c, r);
+    bool ok = false;
+    if (out) {
+      ok = c.score(*out, r);
+      if (c.cell >= 0) {
+        grid[static_cast<std::size_t>(c.cell)].first += ok;
+        grid[static_cast<std::size_t>(c.cell)].second += 1;
+      }
+      if (spec.kind == probes::ProbeKind::counting) {
+        repeated += r.value("repeated", 0);
+        const int fd = r.value("first_divergence", 0);
+        if (!ok && (min_div < 0 || fd < min_div)) min_div = fd;
+      }
+      if (spec.kind == probes::ProbeKind::echo) dropped += r.value("dropped_digits", 0);
     }
-    engine.reset();
-    SamplerOptions so;  // greedy
-    const GenerateResult g = engine.generate(ids, budget, so);
-    std::string text;
-    int prev = ids.back();
-    for (int id : g.tokens) {
-      text += tok->decode_piece(prev, id);
-      prev = id;
-    }
-    r["status"] = "ran";
-    r["generated_tokens"] = g.tokens.size();
-    r["stop_reason"] = g.stop_reason;
-    r["output"] = sanitize_utf8(text);
-    return text;
-  };
-
-  auto finish = [&](nlohmann::json r, bool ok, const std::string& label) {
     ++total;
     if (r.value("status", "") == "skipped") ++skipped;
     else if (ok) ++passed;
     r["passed"] = ok;
     if (progress)
-      progress(std::string(probes::to_string(spec.kind)) + " " + std::to_string(total) + " " + label + ": " +
+      progress(std::string(probes::to_string(spec.kind)) + " " + std::to_string(total) + " " + c.label + ": " +
                (r.value("status", "") == "skipped" ? "skipped" : ok ? "pass" : "fail"));
     results.push_back(std::move(r));
-  };
+  }
 
-  nlohmann::json summary;
-  switch (spec.kind) {
-    case probes::ProbeKind::needle: {
-      std::map<std::pair<int, double>, std::pair<int, int>> grid;  // (L, d) -> (passed, ran)
-      for (int L : spec.lengths)
-        for (double d : spec.depths)
-          for (auto seed : spec.seeds) {
-            const probes::NeedleCase c = probes::make_needle(L, d, seed, count);
-            nlohmann::json r = probes::to_json(c);
-            r["id"] = "needle/L=" + std::to_string(L) + "/d=" + fmt_depth(d) + "/seed=" + std::to_string(seed);
-            const auto out = run_case(c.prompt, probes::answer_budget(c.key, count), r);
-            bool ok = false;
-            if (out) {
-              const auto s = probes::score_needle(c, *out);
-              r.update(probes::to_json(s));
-              r["answer"] = sanitize_utf8(s.answer);
-              ok = s.exact;
-              auto& cell = grid[{L, d}];
-              cell.first += ok;
-              cell.second += 1;
-            }
-            finish(std::move(r), ok, "L=" + std::to_string(L) + " d=" + fmt_depth(d) + " seed=" + std::to_string(seed));
-          }
-      nlohmann::json g = nlohmann::json::array();
-      for (const auto& [k, v] : grid)
-        g.push_back({{"length", k.first}, {"depth", k.second}, {"passed", v.first}, {"ran", v.second},
-                     {"exact", v.second ? double(v.first) / v.second : 0.0}});
-      summary["grid"] = g;
-      break;
+  nlohmann::json summary = nlohmann::json::object();
+  if (spec.kind == probes::ProbeKind::needle) {
+    nlohmann::json g = nlohmann::json::array();
+    std::vector<std::size_t> order(cells.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cells[a] < cells[b]; });
+    for (std::size_t i : order) {
+      if (grid[i].second == 0) continue;
+      g.push_back({{"length", cells[i].first}, {"depth", cells[i].second}, {"passed", grid[i].first}, {"ran", grid[i].second},
+                   {"exact", double(grid[i].first) / grid[i].second}});
     }
-    case probes::ProbeKind::counting: {
-      long long repeated = 0;
-      int min_div = -1;
-      for (int n : spec.lengths) {
-        const probes::CountingCase c = probes::make_counting(n);
-        nlohmann::json r = probes::to_json(c);
-        r["id"] = "counting/N=" + std::to_string(n);
-        const auto out = run_case(c.prompt, probes::answer_budget(c.expected, count), r);
-        bool ok = false;
-        if (out) {
-          const auto s = probes::score_counting(c, *out);
-          r.update(probes::to_json(s));
-          ok = s.exact;
-          repeated += s.repeated;
-          if (!s.exact && (min_div < 0 || s.first_divergence < min_div)) min_div = s.first_divergence;
-        }
-        finish(std::move(r), ok, "N=" + std::to_string(n));
-      }
-      summary["repeated"] = repeated;
-      summary["first_divergence_min"] = min_div < 0 ? nlohmann::json(nullptr) : nlohmann::json(min_div);
-      break;
-    }
-    case probes::ProbeKind::echo: {
-      long long dropped = 0;
-      for (auto seed : spec.seeds)
-        for (int i = 0; i < std::max(1, spec.echo_per_seed); ++i) {
-          const probes::EchoCase c = probes::make_echo(seed, i);
-          nlohmann::json r = probes::to_json(c);
-          r["id"] = "echo/seed=" + std::to_string(seed) + "/i=" + std::to_string(i);
-          const auto out = run_case(c.prompt, probes::answer_budget(c.number, count), r);
-          bool ok = false;
-          if (out) {
-            const auto s = probes::score_echo(c, *out);
-            r.update(probes::to_json(s));
-            r["answer"] = sanitize_utf8(s.answer);
-            ok = s.exact;
-            dropped += s.dropped_digits;
-          }
-          finish(std::move(r), ok, "seed=" + std::to_string(seed) + " i=" + std::to_string(i));
-        }
-      summary["dropped_digits"] = dropped;
-      break;
-    }
+    summary["grid"] = g;
+  } else if (spec.kind == probes::ProbeKind::counting) {
+    summary["repeated"] = repeated;
+    summary["first_divergence_min"] = min_div < 0 ? nlohmann::json(nullptr) : nlohmann::json(min_div);
+  } else {
+    summary["dropped_digits"] = dropped;
   }
 
   nlohmann::json j;
@@ -219,7 +291,7 @@ nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const Prob
   j["kv_requested"] = eo.kv.requested.name();
   j["kv_source"] = eo.kv.requested_source;
   j["fallback_reason"] = eo.kv.fallback_reason;
-  j["backend"] = eo.kv.backend.empty() ? "cpu" : eo.kv.backend;
+  j["backend"] = backend;
   j["subject"] = {{"path", model.path},
                   {"name", std::filesystem::path(model.path).filename().string()},
                   {"fingerprint", model.fingerprint},
@@ -233,6 +305,241 @@ nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const Prob
   j["summary"] = summary;
   j["results"] = std::move(results);
   return j;
+}
+
+}  // namespace
+
+nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const ProbeSpec& spec, const Progress& progress,
+                         const ProbeDevice* device) {
+  if (!model.tokenizer) throw std::runtime_error("probe: model '" + model.path + "' has no tokenizer (pass --tokenizer PATH)");
+  if (device && device->device == "cuda") {
+#if KVGATE_CUDA_BUILD
+    const auto& st = kvgate::cuda::device_status();
+    if (!st.available) throw std::runtime_error("probe --device cuda: " + st.reason);
+    kvgate::cuda::register_capability();
+    kvgate::cuda::CudaEngineOptions co;
+    co.engine = eo;
+    KvRequest req;
+    req.flag = eo.kv.requested;
+    req.backend = "cuda";
+    co.engine.kv = resolve_kv(req, model.config, eo.block_size);
+    co.weights = device->cuda_weights == "bf16" ? kvgate::cuda::WeightType::bf16 : kvgate::cuda::WeightType::f32;
+    co.shared_weights = device->weights;
+    kvgate::cuda::CudaEngine engine(model, co);
+    return run_probe_on(engine, model, co.engine, "cuda", spec, progress);
+#else
+    throw std::runtime_error("probe --device cuda: this build has no CUDA backend (configure with -DKVGATE_CUDA=ON)");
+#endif
+  }
+  if (device && device->device != "cpu") throw std::runtime_error("probe: unknown device '" + device->device + "' (cpu, cuda)");
+  Engine engine(model, eo);
+  return run_probe_on(engine, model, eo, eo.kv.backend.empty() ? "cpu" : eo.kv.backend, spec, progress);
+}
+
+std::shared_ptr<const cuda::CudaModel> shared_cuda_weights(const Model& model, const std::string& weights) {
+#if KVGATE_CUDA_BUILD
+  if (weights != "f32" && weights != "bf16") throw std::invalid_argument("CUDA weights must be f32 or bf16, not '" + weights + "'");
+  return std::make_shared<const kvgate::cuda::CudaModel>(model, weights == "bf16" ? kvgate::cuda::WeightType::bf16
+                                                                                   : kvgate::cuda::WeightType::f32);
+#else
+  (void)model, (void)weights;
+  throw std::runtime_error("this build has no CUDA backend (configure with -DKVGATE_CUDA=ON where nvcc is installed)");
+#endif
+}
+
+// --- probe sensitivity: injected KV damage on the store read ------------------------------------------
+
+double format_envelope(HalfFormat f) {
+  switch (f) {
+    case HalfFormat::f32: return 0x1p-24;     // half an ulp, relative
+    case HalfFormat::f16: return 0x1p-11;
+    case HalfFormat::bf16: return 0x1p-8;
+    case HalfFormat::fp8_e4m3: return 0x1p-4;
+    case HalfFormat::fp8_e5m2: return 0x1p-3;
+    case HalfFormat::int8:
+    case HalfFormat::q8_0: return 1.0 / 254;  // s/2 with s = amax/127
+    case HalfFormat::q4_0:
+    case HalfFormat::q4_0_rot: return 1.0 / 16;  // |d|/2 with |d| = amax/8
+  }
+  return 0;
+}
+
+namespace {
+
+// Deterministic uniform in [-1, 1) from (layer, position, element, salt): splitmix64.
+inline double unit_noise(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t salt) {
+  std::uint64_t z = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^ (c + salt) * 0x94D049BB133111EBull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1p-52 - 1.0;
+}
+
+class DamageHook final : public KvReadHook {
+ public:
+  DamageHook(Damage d, int head_dim) : d_(std::move(d)), hd_(std::max(1, head_dim)) {}
+  void on_read(int layer, KvHalf h, int pos0, int n, int row_elems, float* rows) const override {
+    const bool v = h == KvHalf::V;
+    switch (d_.kind) {
+      case DamageKind::v_noise:
+        if (!v) return;
+        for (int t = 0; t < n; ++t) perturb(rows + static_cast<std::size_t>(t) * row_elems, row_elems, d_.size * d_.envelope, layer, pos0 + t, 1);
+        return;
+      case DamageKind::v_repeat:
+        if (!v) return;
+        // Slot t takes slot t-1's row (within the page: the first slot of a page keeps its own).
+        for (int t = n - 1; t >= 1; --t)
+          if (0.5 * (unit_noise(static_cast<std::uint64_t>(pos0 + t), 7, 11, 3) + 1.0) < d_.size)
+            std::copy(rows + static_cast<std::size_t>(t - 1) * row_elems, rows + static_cast<std::size_t>(t) * row_elems,
+                      rows + static_cast<std::size_t>(t) * row_elems);
+        return;
+      case DamageKind::k_noise_span:
+        if (v) return;
+        for (int t = 0; t < n; ++t) {
+          const int p = pos0 + t;
+          if (p >= d_.pos0 && p < d_.pos1) perturb(rows + static_cast<std::size_t>(t) * row_elems, row_elems, d_.size, layer, p, 2);
+        }
+        return;
+    }
+  }
+
+ private:
+  // x += amp * amax(cell) * u per element, u uniform in [-1, 1), cell = one KV head's row.
+  void perturb(float* row, int row_elems, double amp, int layer, int pos, std::uint64_t salt) const {
+    for (int c0 = 0; c0 < row_elems; c0 += hd_) {
+      const int c1 = std::min(row_elems, c0 + hd_);
+      float amax = 0;
+      for (int i = c0; i < c1; ++i) amax = std::max(amax, std::fabs(row[i]));
+      for (int i = c0; i < c1; ++i)
+        row[i] += static_cast<float>(amp * amax *
+                                     unit_noise(static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(pos),
+                                                static_cast<std::uint64_t>(i), salt));
+    }
+  }
+  Damage d_;
+  int hd_;
+};
+
+const char* family_name(DamageKind k) {
+  switch (k) {
+    case DamageKind::v_noise: return "v_noise";
+    case DamageKind::v_repeat: return "v_repeat";
+    case DamageKind::k_noise_span: return "k_noise_payload";
+  }
+  return "?";
+}
+
+// Token span [a, b) of `payload` inside `prompt` (as the tokenizer counts prefixes); the whole
+// prompt when the payload is empty or absent.
+std::pair<int, int> payload_span(const Tokenizer& tok, const std::string& prompt, const std::string& payload) {
+  const int all = static_cast<int>(tok.encode(prompt, true).size());
+  const auto at = payload.empty() ? std::string::npos : prompt.find(payload);
+  if (at == std::string::npos) return {0, all};
+  const int a = at == 0 ? 0 : static_cast<int>(tok.encode(prompt.substr(0, at), true).size()) - 1;
+  const int b = static_cast<int>(tok.encode(prompt.substr(0, at + payload.size()), true).size()) + 1;
+  return {std::max(0, a), std::min(all, std::max(b, a + 1))};
+}
+
+}  // namespace
+
+std::shared_ptr<const KvReadHook> make_damage_hook(const Damage& d, int head_dim) {
+  return std::make_shared<const DamageHook>(d, head_dim);
+}
+
+SensitivityOptions sensitivity_options_for(const std::vector<std::string>& formats) {
+  SensitivityOptions so;
+  so.envelope = 0;
+  for (const auto& f : formats) {
+    const auto k = parse_kv_format(f);
+    if (!k) continue;
+    for (HalfFormat h : {k->k, k->v})
+      if (format_envelope(h) > so.envelope) {
+        so.envelope = format_envelope(h);
+        so.envelope_format = k->name();
+      }
+  }
+  if (so.envelope <= 0) {
+    so.envelope = format_envelope(HalfFormat::q4_0);
+    so.envelope_format = "q4_0";
+  }
+  return so;
+}
+
+signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOptions& base_eo, const ProbeSpec& spec,
+                                            const SensitivityOptions& so, const Progress& progress,
+                                            const nlohmann::json* baseline_cases) {
+  if (!model.tokenizer) throw std::runtime_error("probe sensitivity: model '" + model.path + "' has no tokenizer");
+  const Tokenizer& tok = *model.tokenizer;
+  const probes::TokenCounter count = [&tok](const std::string& t) { return static_cast<int>(tok.encode(t, true).size()); };
+  std::vector<CaseDef> defs = build_cases(spec, count, nullptr);
+  // The shortest cases first (the ladder reruns them at every rung).
+  std::stable_sort(defs.begin(), defs.end(), [](const CaseDef& a, const CaseDef& b) { return a.prompt.size() < b.prompt.size(); });
+  const std::string probe = probes::to_string(spec.kind);
+  auto say = [&](const std::string& s) {
+    if (progress) progress("sensitivity " + probe + ": " + s);
+  };
+  // Undamaged: the first max_cases that fit and pass; tried up to max_tries cases. When the matrix
+  // already ran the baseline's cases (on the probe device), their outcomes are taken from there.
+  std::vector<const CaseDef*> kept;
+  int ran = 0;
+  if (baseline_cases) {
+    std::map<std::string, bool> passed;
+    for (const auto& c : *baseline_cases)
+      if (c.value("status", "") == "ran") passed[c.value("id", "")] = c.value("passed", false);
+    for (const auto& c : defs) {
+      if (static_cast<int>(kept.size()) >= so.max_cases || ran >= so.max_tries) break;
+      const auto it = passed.find(c.id);
+      if (it == passed.end()) continue;
+      ++ran;
+      if (it->second) kept.push_back(&c);
+    }
+  } else {
+    Engine e(model, base_eo);
+    for (const auto& c : defs) {
+      if (static_cast<int>(kept.size()) >= so.max_cases || ran >= so.max_tries) break;
+      nlohmann::json r;
+      const auto out = run_case(e, tok, c, r);
+      if (!out) continue;
+      ++ran;
+      if (c.score(*out, r)) kept.push_back(&c);
+    }
+  }
+  std::vector<signoff::DamageStep> steps;
+  if (!kept.empty()) {
+    const double env = so.envelope;
+    auto ladder = [&](DamageKind k, const std::vector<double>& sizes) {
+      for (double size : sizes) {
+        signoff::DamageStep st;
+        st.family = family_name(k);
+        st.size = size;
+        for (const CaseDef* c : kept) {
+          Damage d;
+          d.kind = k;
+          d.size = size;
+          d.envelope = env;
+          if (k == DamageKind::k_noise_span) std::tie(d.pos0, d.pos1) = payload_span(tok, c->prompt, c->payload);
+          EngineOptions eo = base_eo;
+          eo.kv_read_hook = make_damage_hook(d, model.config.head_dim);
+          Engine e(model, eo);
+          nlohmann::json r;
+          const auto out = run_case(e, tok, *c, r);
+          if (!out) continue;
+          ++st.ran;
+          st.passed += c->score(*out, r) ? 1 : 0;
+        }
+        say(st.family + " size " + fmt_depth(size) + ": " + std::to_string(st.passed) + "/" + std::to_string(st.ran) + " passed");
+        steps.push_back(st);
+        if (st.red()) return;  // the smallest red rung is found; larger ones are not run
+      }
+    };
+    ladder(DamageKind::v_noise, so.v_noise);
+    ladder(DamageKind::v_repeat, so.v_repeat);
+    ladder(DamageKind::k_noise_span, so.k_noise);
+  }
+  signoff::ProbeSensitivity p = signoff::judge_sensitivity(probe, ran, static_cast<int>(kept.size()), steps);
+  p.engine = "cpu";
+  p.envelope_format = so.envelope_format;
+  return p;
 }
 
 }  // namespace kvgate::matrix

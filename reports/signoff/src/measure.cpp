@@ -1,5 +1,8 @@
-// The quality measurement of the sign-off: every format against the baseline on the CPU engine.
+// The quality measurement of the sign-off: every format against the baseline, teacher-forced on the
+// decode path of the engine of --device, in windows, in step.
+#include <algorithm>
 #include <memory>
+#include <thread>
 
 #include "kvgate/engine.hpp"
 #include "kvgate/model.hpp"
@@ -8,70 +11,153 @@
 
 namespace kvgate::signoff {
 
-QualityRun measure_quality(const Model& model, const std::vector<std::string>& formats, const std::string& baseline,
-                           const std::vector<std::vector<int>>& corpus, int threads, const std::vector<DepthBucket>& buckets,
-                           const std::function<void(const std::string&)>& progress) {
-  const int block = 16;
-  auto eo_for = [&](const std::string& f, int chunk) {
+const char* to_string(QualityPath p) { return p == QualityPath::chunked_prefill ? "chunked_prefill" : "decode_steps"; }
+
+namespace {
+
+class CpuLogits final : public LogitsEngine {
+ public:
+  CpuLogits(const Model& m, EngineOptions eo, QualityPath path) : e_(m, std::move(eo)), path_(path) {}
+  void reset() override { e_.reset(); }
+  std::vector<float> append(std::span<const int> t) override {
+    if (path_ == QualityPath::chunked_prefill) return e_.forward_all_logits(t);
+    const std::size_t V = static_cast<std::size_t>(e_.vocab_size());
+    std::vector<float> out(t.size() * V);
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      const std::vector<float>& l = e_.position() == 0 ? e_.prefill(t.subspan(i, 1)) : e_.decode(t[i]);
+      std::copy(l.begin(), l.end(), out.begin() + static_cast<std::ptrdiff_t>(i * V));
+    }
+    return out;
+  }
+  int max_context() const override { return e_.max_context(); }
+  std::string effective() const override { return e_.stats().effective_kv; }
+
+ private:
+  Engine e_;
+  QualityPath path_;
+};
+
+// Per-position metrics of rows [0, n) of one window, positions depth0.., in parallel over rows.
+std::vector<PositionMetrics> compare_window(const std::vector<float>& base, const std::vector<float>& got,
+                                            std::span<const int> targets, std::int64_t depth0, int vocab, int threads) {
+  const std::size_t V = static_cast<std::size_t>(vocab);
+  const std::size_t n = std::min(base.size(), got.size()) / V;
+  std::vector<PositionMetrics> out(n);
+  auto work = [&](std::size_t a, std::size_t b) {
+    for (std::size_t t = a; t < b; ++t)
+      out[t] = compare_position(base.data() + t * V, got.data() + t * V, vocab, t < targets.size() ? targets[t] : -1,
+                                depth0 + static_cast<std::int64_t>(t));
+  };
+  const std::size_t T = threads > 0 ? static_cast<std::size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  if (T <= 1 || n * V < (std::size_t(1) << 20)) {
+    work(0, n);
+    return out;
+  }
+  std::vector<std::thread> pool;
+  const std::size_t per = (n + T - 1) / T;
+  for (std::size_t a = 0; a < n; a += per) pool.emplace_back(work, a, std::min(n, a + per));
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+}  // namespace
+
+EngineFactory cpu_engine_factory(const Model& model, int threads, int chunk, int max_context) {
+  return [&model, threads, chunk, max_context](const std::string& f, QualityPath path) -> std::unique_ptr<LogitsEngine> {
     const auto k = parse_kv_format(f);
     if (!k) throw PolicyError("unknown KV format '" + f + "'; known: " + known_formats_text());
     KvRequest req;
     req.flag = *k;
     EngineOptions eo;
-    eo.kv = resolve_kv(req, model.config, block);
+    eo.block_size = 16;
+    eo.kv = resolve_kv(req, model.config, eo.block_size);
     eo.threads = threads;
-    eo.block_size = block;
-    eo.prefill_chunk = chunk;
-    return eo;
+    eo.max_context = max_context;
+    eo.prefill_chunk = path == QualityPath::chunked_prefill ? chunk : 1;
+    return std::make_unique<CpuLogits>(model, eo, path);
   };
+}
+
+QualityRun measure_quality(const EngineFactory& make, const std::vector<std::string>& formats, const std::string& baseline,
+                           const std::vector<std::vector<int>>& corpus, const std::vector<DepthBucket>& buckets,
+                           const QualityOptions& qo, const std::function<void(const std::string&)>& progress) {
+  if (qo.window < 1) throw PolicyError("quality: the comparison window must be at least one position");
   const std::string other = baseline == "f32" ? "f16" : "f32";
-  Engine base(model, eo_for(baseline, 128));
-  Engine base_tok(model, eo_for(baseline, 1));
-  Engine other_e(model, eo_for(other, 128));
-  std::vector<std::unique_ptr<Engine>> engines;
+  auto base = make(baseline, QualityPath::chunked_prefill);
+  auto base_dec = make(baseline, QualityPath::decode_steps);
+  auto other_e = make(other, QualityPath::chunked_prefill);
+  std::vector<std::unique_ptr<LogitsEngine>> engines;
   QualityRun run;
+  run.device = qo.device;
   for (const auto& f : formats) {
-    engines.push_back(std::make_unique<Engine>(model, eo_for(f, 128)));
-    run.effective[f] = engines.back()->stats().effective_kv;
+    engines.push_back(make(f, QualityPath::chunked_prefill));
+    run.effective[f] = engines.back()->effective();
   }
   std::vector<std::vector<PositionMetrics>> pm(formats.size());
-  std::vector<PositionMetrics> noise_other, noise_tok;
-  const int vocab = model.config.vocab_size;
-  auto logits = [](Engine& e, std::span<const int> t) {
-    e.reset();
-    return e.forward_all_logits(t);
-  };
+  std::vector<PositionMetrics> noise_other, noise_dec;
+  auto add = [](std::vector<PositionMetrics>& to, const std::vector<PositionMetrics>& m) { to.insert(to.end(), m.begin(), m.end()); };
+  // The vocabulary of the logits rows: one window of the first sequence tells (the engines agree).
+  int vocab = 0;
   for (std::size_t s = 0; s < corpus.size(); ++s) {
     const auto& seq = corpus[s];
-    const std::size_t n = std::min<std::size_t>(seq.size(), static_cast<std::size_t>(base.max_context()));
+    std::size_t n = std::min<std::size_t>(seq.size(), static_cast<std::size_t>(base->max_context()));
+    if (qo.max_tokens > 0) n = std::min<std::size_t>(n, static_cast<std::size_t>(qo.max_tokens));
     if (n == 0) continue;
-    const std::span<const int> t(seq.data(), n);
-    const std::vector<std::vector<int>> toks = {std::vector<int>(seq.begin(), seq.begin() + static_cast<std::ptrdiff_t>(n))};
-    if (progress) progress("quality: sequence " + std::to_string(s + 1) + "/" + std::to_string(corpus.size()) + " (" + std::to_string(n) + " tokens)");
-    const std::vector<std::vector<float>> bl = {logits(base, t)};
-    for (std::size_t f = 0; f < formats.size(); ++f) {
-      const std::vector<std::vector<float>> g = {logits(*engines[f], t)};
-      const auto m = compare_sequences(bl, g, toks, vocab);
-      pm[f].insert(pm[f].end(), m.begin(), m.end());
-    }
-    {
-      const std::vector<std::vector<float>> g = {logits(other_e, t)};
-      const auto m = compare_sequences(bl, g, toks, vocab);
-      noise_other.insert(noise_other.end(), m.begin(), m.end());
-    }
-    {
-      const std::vector<std::vector<float>> g = {logits(base_tok, t)};
-      const auto m = compare_sequences(bl, g, toks, vocab);
-      noise_tok.insert(noise_tok.end(), m.begin(), m.end());
+    const std::size_t dec_n = qo.decode_path_tokens > 0 ? std::min<std::size_t>(n, static_cast<std::size_t>(qo.decode_path_tokens)) : n;
+    if (progress)
+      progress("quality (" + qo.device + "): sequence " + std::to_string(s + 1) + "/" + std::to_string(corpus.size()) + " (" +
+               std::to_string(n) + " tokens, " + std::to_string(formats.size() + 3) + " engines)");
+    base->reset();
+    base_dec->reset();
+    other_e->reset();
+    for (auto& e : engines) e->reset();
+    for (std::size_t p0 = 0; p0 < n; p0 += static_cast<std::size_t>(qo.window)) {
+      const std::size_t w = std::min<std::size_t>(static_cast<std::size_t>(qo.window), n - p0);
+      const std::span<const int> toks(seq.data() + p0, w);
+      // Targets: the next token of each position (the last position of the sequence has none).
+      const std::span<const int> targets(seq.data() + p0 + 1, std::min(w, seq.size() - p0 - 1));
+      const std::vector<float> bl = base->append(toks);
+      if (vocab == 0) vocab = static_cast<int>(bl.size() / w);
+      const auto depth0 = static_cast<std::int64_t>(p0);
+      for (std::size_t f = 0; f < formats.size(); ++f)
+        add(pm[f], compare_window(bl, engines[f]->append(toks), targets, depth0, vocab, qo.compare_threads));
+      add(noise_other, compare_window(bl, other_e->append(toks), targets, depth0, vocab, qo.compare_threads));
+      if (p0 < dec_n) {
+        const std::size_t dw = std::min(w, dec_n - p0);
+        std::vector<float> d = base_dec->append(toks.first(dw));
+        add(noise_dec, compare_window(bl, d, targets.first(std::min(dw, targets.size())), depth0, vocab, qo.compare_threads));
+      }
     }
     run.positions += static_cast<std::int64_t>(n);
+    run.decode_path_positions += static_cast<std::int64_t>(dec_n);
     ++run.sequences;
   }
   for (std::size_t f = 0; f < formats.size(); ++f) run.by_format[formats[f]] = bucket_quality(pm[f], buckets);
-  run.noise.runs.push_back({other + " vs " + baseline + " (both chunked prefill)", bucket_quality(noise_other, buckets)});
-  run.noise.runs.push_back({baseline + " token by token (prefill chunk 1) vs " + baseline + " chunked prefill (chunk 128)",
-                            bucket_quality(noise_tok, buckets)});
+  run.noise.runs.push_back({other + " vs " + baseline + " (both chunked prefill, " + qo.device + ")", bucket_quality(noise_other, buckets)});
+  run.noise.runs.push_back({baseline + " on the decode path (one decode step per token) vs " + baseline + " chunked prefill (chunk " +
+                                std::to_string(qo.prefill_chunk) + ", " + qo.device + ")",
+                            bucket_quality(noise_dec, buckets)});
   return run;
 }
+
+QualityRun measure_quality(const Model& model, const std::vector<std::string>& formats, const std::string& baseline,
+                           const std::vector<std::vector<int>>& corpus, int threads, const std::vector<DepthBucket>& buckets,
+                           const std::function<void(const std::string&)>& progress) {
+  QualityOptions qo;
+  qo.compare_threads = 1;
+  return measure_quality(cpu_engine_factory(model, threads, qo.prefill_chunk), formats, baseline, corpus, buckets, qo, progress);
+}
+
+#if !KVGATE_SIGNOFF_CUDA
+EngineFactory device_engine_factory(const Model& model, const std::string& device, int threads, int chunk, int max_context,
+                                    const std::string& cuda_weights) {
+  (void)cuda_weights;
+  if (device == "cpu") return cpu_engine_factory(model, threads, chunk, max_context);
+  if (device == "cuda")
+    throw PolicyError("--device cuda: this build has no CUDA backend, so quality cannot be measured on the GPU "
+                      "(configure with -DKVGATE_CUDA=ON where nvcc is installed)");
+  throw PolicyError("--device must be cpu or cuda, not '" + device + "'");
+}
+#endif
 
 }  // namespace kvgate::signoff

@@ -85,12 +85,26 @@ CudaKvStore make_device_store(const StoreConfig& sc, const Streamed& st) {
 
 }  // namespace
 
+static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const CudaEngineOptions& o) {
+  if (o.engine.kv_read_hook)
+    throw EngineError("cuda engine: a KV read hook (diagnostics) is a CPU-engine feature: the CUDA kernels read the "
+                      "device pages directly; run the damaged probes on the CPU engine");
+  if (!o.shared_weights) return std::make_shared<const CudaModel>(m, o.weights);
+  const ModelConfig& a = o.shared_weights->config();
+  const ModelConfig& b = m.config;
+  if (a.n_layers != b.n_layers || a.dim != b.dim || a.hidden_dim != b.hidden_dim || a.vocab_size != b.vocab_size ||
+      a.n_kv_heads != b.n_kv_heads || a.head_dim != b.head_dim)
+    throw EngineError("cuda engine: the shared device weights were made from another model shape than '" + m.path + "'");
+  return o.shared_weights;
+}
+
 struct CudaEngine::Impl {
   const Model& model;
   CudaEngineOptions opts;
   int max_ctx;
   StoreConfig sc;
-  CudaModel weights;
+  std::shared_ptr<const CudaModel> weights_holder;  // opts.shared_weights, else this engine's own upload
+  const CudaModel& weights;
   OwnedStream upload;  // streaming: the window's stream (declared before `streamed`: destroyed after it)
   Streamed streamed;   // streaming: host mirror + device window; else empty
   CudaKvStore store;   // resident: the whole KV; streaming: the view over the window's slots
@@ -106,7 +120,8 @@ struct CudaEngine::Impl {
         opts(std::move(o)),
         max_ctx(opts.engine.max_context > 0 ? opts.engine.max_context : m.config.max_seq_len),
         sc(make_store_config(m, opts.engine, max_ctx, "cuda engine")),
-        weights(m, opts.weights),
+        weights_holder(own_or_shared(m, opts)),
+        weights(*weights_holder),
         upload(opts.engine.kv_resident > 0),
         streamed(make_streamed(sc, opts.engine.kv_resident, upload.s)),
         store(make_device_store(sc, streamed)),

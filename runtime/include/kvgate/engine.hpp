@@ -36,6 +36,9 @@ struct EngineOptions {
   int max_context = 0;             // 0: the model's max_seq_len
   int prefill_chunk = 128;         // tokens per batched prefill step
   int kv_resident = 0;             // > 0: stream KV with a device window of this many tokens (kv_stream.hpp)
+  // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);
+  // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly).
+  std::shared_ptr<const KvReadHook> kv_read_hook;
 };
 
 // Default options for a format: requested = effective = `fmt`, backend cpu, no fallback.

@@ -43,6 +43,17 @@ int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, st
 
 using SeqId = int;
 
+// A diagnostic hook on the store read (off unless a caller sets one): attention hands it the
+// dequantized rows of every page it reads, [n][n_kv_heads * head_dim] for positions [pos0, pos0+n)
+// of `layer`, before they are used, and it may change them. The probes' damage injection
+// (kvgate::matrix sensitivity) uses it to prove a probe can go red; nothing in a release path sets
+// one. When none is set the read path is unchanged (one null check per page).
+class KvReadHook {
+ public:
+  virtual ~KvReadHook() = default;
+  virtual void on_read(int layer, KvHalf h, int pos0, int n, int row_elems, float* rows) const = 0;
+};
+
 // Byte storage of the host page pools: page-aligned and padded to whole OS pages. The CUDA backend
 // page-locks a streamed store's pools in place (cudaHostRegister pins whole pages); a pool that
 // shared a page with other heap objects would make their owners' pageable copies asynchronous
@@ -112,6 +123,11 @@ class PagedKvStore {
   std::span<const std::uint8_t> host_pool(int layer, KvHalf h) const;
   std::size_t page_bytes(KvHalf h) const;
 
+  // --- diagnostics ------------------------------------------------------------------------------
+  // Sets (null: clears) the read hook attention applies to every page it reads (KvReadHook).
+  void set_read_hook(std::shared_ptr<const KvReadHook> h) { read_hook_ = std::move(h); }
+  const KvReadHook* read_hook() const { return read_hook_.get(); }
+
   // --- streaming (kv_stream.hpp) ---------------------------------------------------------------
   // resident_tokens > 0: a window of that many tokens' blocks per layer lives in a device pool
   // (`device`, or a simulated one in host memory) and the pages above become the host mirror that
@@ -173,6 +189,7 @@ class PagedKvStore {
   std::vector<int> free_list_;
   std::map<SeqId, Sequence> seqs_;
   SeqId next_id_ = 0;
+  std::shared_ptr<const KvReadHook> read_hook_;  // diagnostics only; null in every release path
   mutable std::unique_ptr<KvWindow> window_;  // streaming: the device window (lookups update its LRU)
 };
 

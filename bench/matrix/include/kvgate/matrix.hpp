@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,6 +17,11 @@
 #include "kvgate/format.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/probes.hpp"
+#include "kvgate/signoff.hpp"
+
+namespace kvgate::cuda {
+class CudaModel;  // kvgate/cuda/engine.hpp (CUDA builds)
+}
 
 namespace kvgate::matrix {
 
@@ -73,8 +79,53 @@ std::string subject_note(const Model& m);
 // Runs every case greedily on a fresh sequence of one engine. The JSON is the `kvgate probe --json`
 // record: probe, kv, kv_requested, fallback_reason, subject, cases, passed, skipped, results[...].
 using Progress = std::function<void(const std::string& line)>;
+// Where the probes run: "cpu" (kvgate::Engine, the default) or "cuda" (kvgate::cuda::CudaEngine,
+// `weights` shared when set, else uploaded as `cuda_weights`).
+struct ProbeDevice {
+  std::string device = "cpu";
+  std::string cuda_weights = "f32";
+  std::shared_ptr<const cuda::CudaModel> weights;
+};
 nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const ProbeSpec& spec,
-                         const Progress& progress = {});
+                         const Progress& progress = {}, const ProbeDevice* device = nullptr);
+// One upload of `model`'s weights to the GPU ("f32" | "bf16") for several engines; throws in a
+// build without the CUDA backend.
+std::shared_ptr<const cuda::CudaModel> shared_cuda_weights(const Model& model, const std::string& weights);
+
+// --- probe sensitivity: KV damage of known size on the store read (KvReadHook) -------------------
+// v_noise: every V element x += size * envelope * amax(cell) * u; v_repeat: a fraction `size` of
+// the V rows (chosen by position, the same in every layer) replaced by the previous row of their
+// page; k_noise_span: the K elements of positions [pos0, pos1) x += size * amax(cell) * u. u is a
+// deterministic uniform in [-1, 1); a cell is one KV head's row.
+enum class DamageKind { v_noise, v_repeat, k_noise_span };
+struct Damage {
+  DamageKind kind = DamageKind::v_noise;
+  double size = 0;
+  double envelope = 0;  // v_noise: the relative envelope the size multiplies
+  int pos0 = 0, pos1 = 0;
+};
+std::shared_ptr<const KvReadHook> make_damage_hook(const Damage& d, int head_dim);
+// The format's relative envelope: the largest |x^ - x| / amax(cell) its rounding allows (half an
+// ulp for the floats; s/2 = amax/254 for int8 and q8_0; |d|/2 = amax/16 for q4_0).
+double format_envelope(HalfFormat f);
+struct SensitivityOptions {
+  int max_cases = 2;   // undamaged passing cases the ladder reruns (the shortest first)
+  int max_tries = 6;   // undamaged cases tried to find them
+  double envelope = 1.0 / 16;
+  std::string envelope_format = "q4_0";
+  std::vector<double> v_noise = {0.25, 1, 4, 16, 64, 256, 1024};  // x envelope
+  std::vector<double> v_repeat = {1.0 / 64, 1.0 / 16, 0.25, 1.0};
+  std::vector<double> k_noise = {0.05, 0.25, 1, 4};     // x amax of the cell
+};
+// The envelope of the lossiest format among `formats` (q4_0 when none parses).
+SensitivityOptions sensitivity_options_for(const std::vector<std::string>& formats);
+// Runs the ladder of every damage family on the CPU engine with `base_eo` (the baseline KV) and judges
+// it (signoff::judge_sensitivity). Each family's ladder stops at its first red rung. The undamaged
+// cases are run here, or read from `baseline_cases` (the matrix's cases_detail of the baseline
+// format, run on the probe device): a baseline that passes none costs no damaged run.
+signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOptions& base_eo, const ProbeSpec& spec,
+                                            const SensitivityOptions& so, const Progress& progress = {},
+                                            const nlohmann::json* baseline_cases = nullptr);
 
 // --- KL / top-1 against f32 KV ---------------------------------------------------------------------
 struct Quality {
@@ -109,6 +160,45 @@ struct MatrixOptions {
   // stories260K cannot follow the prompts). KL/top-1 and timing stay on the matrix model.
   const Model* probe_model = nullptr;
   std::string probe_model_path;
+  // The engine of the per-format probes: "cpu" or "cuda" (kvgate::cuda::CudaEngine, every format's
+  // engine on one upload of the weights, `cuda_weights` f32 | bf16).
+  std::string probe_device = "cpu";
+  std::string cuda_weights = "f32";
+  // Probe sensitivity (injected KV damage, CPU engine): the KV format the damage is applied on top
+  // of (empty: not measured) and the ladder.
+  std::string sensitivity_baseline;
+  SensitivityOptions sensitivity;
+};
+
+// Overrides of the matrix grids from the command line (empty / 0: keep the defaults).
+struct GridOverrides {
+  std::string needle_lengths, needle_depths, needle_seeds, counting_n, echo_seeds, bench_lengths;
+  int repeats = 0;
+};
+void apply_grid(MatrixOptions& mo, const GridOverrides& g);
+// The engine of the sign-off's matrix: "cpu" (timing rows and probes on kvgate::Engine, KL/top-1
+// against f32 KV on the corpus) or "cuda" (timing rows and probes on kvgate::cuda::CudaEngine with
+// `cuda_weights`; the matrix's CPU KL is off: the sign-off measures quality on the CUDA engine).
+void set_device(MatrixOptions& mo, const std::string& device, const std::string& cuda_weights);
+// The quality run of the sign-off for `device`: windows of 512 positions; the engines' context is
+// the longest sequence (cut to quality_tokens when > 0); the decode-path noise run covers
+// decode_path_tokens per sequence (< 0: all on cpu, the first 2048 on cuda, where one decode step per
+// token of a long sequence would dominate the run).
+signoff::QualityOptions quality_options_for(const Model& m, const std::string& device, const std::vector<std::vector<int>>& corpus,
+                                            int quality_tokens, int decode_path_tokens);
+std::string quality_path_text(const std::string& device);  // the record's quality_method.path
+
+// Elapsed time per stage of a long run (the sign-off's): done(name) prints the stage's and the
+// total elapsed seconds to stderr and records them.
+class StageClock {
+ public:
+  StageClock();
+  void done(const std::string& stage);
+  nlohmann::json to_json() const;  // [{stage, seconds}]
+
+ private:
+  double t0_, last_;
+  nlohmann::json stages_ = nlohmann::json::array();
 };
 
 // Quick defaults for a model (a full CPU run on stories260K in a few minutes).

@@ -15,6 +15,8 @@
 #include <map>
 #include <optional>
 #include <stdexcept>
+#include <span>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -274,6 +276,42 @@ nlohmann::json to_json(const FormatVerdict& v);
 
 }  // namespace kvgate::signoff
 
+// --- probe sensitivity (pure) ---------------------------------------------------------------------
+namespace kvgate::signoff {
+
+// A probe proves it can go red: KV damage of known size is injected on the store read of the
+// baseline and the cases the undamaged baseline passes are run again. One rung of a damage ladder:
+// the family ("v_noise": V noise at size x the format's envelope; "v_repeat": a fraction `size` of V
+// rows replaced by the previous row; "k_noise_needle": keys at the probe's payload positions
+// perturbed by size x their cell's largest magnitude), the size, and how many of those cases ran and
+// still passed. The probe is red at a rung when any of them fails.
+struct DamageStep {
+  std::string family;
+  double size = 0;
+  int ran = 0, passed = 0;
+  bool red() const { return ran > 0 && passed < ran; }
+};
+struct FamilySensitivity {
+  std::string family;
+  std::optional<double> smallest_red;  // the smallest size that turned the probe red; none: no rung did
+  std::vector<DamageStep> steps;       // in the order run (ascending size)
+};
+struct ProbeSensitivity {
+  std::string probe;
+  int baseline_ran = 0, baseline_passed = 0;  // the undamaged cases the ladder starts from
+  std::vector<FamilySensitivity> families;
+  bool vacuous = true;  // no damage turned it red (or the baseline passes none of its cases)
+  std::string reason;   // why vacuous, or the smallest damage per family that turned it red
+  std::string engine;   // where the damaged runs ran ("cpu")
+  std::string envelope_format;  // v_noise sizes are multiples of this format's envelope
+};
+// Judges a probe from its undamaged baseline counts and every rung run (any order, any family).
+ProbeSensitivity judge_sensitivity(const std::string& probe, int baseline_ran, int baseline_passed,
+                                   const std::vector<DamageStep>& steps);
+nlohmann::json to_json(const ProbeSensitivity& p);
+
+}  // namespace kvgate::signoff
+
 // --- measurement (runs the CPU engine; not pure) ---------------------------------------------------
 namespace kvgate::signoff {
 
@@ -289,9 +327,53 @@ struct QualityRun {
   NoiseFloor noise;
   std::int64_t positions = 0;
   std::size_t sequences = 0;
+  std::string device = "cpu";              // the engine the logits came from
+  std::int64_t decode_path_positions = 0;  // positions of the decode-path noise run
 };
 QualityRun measure_quality(const Model& model, const std::vector<std::string>& formats, const std::string& baseline,
                            const std::vector<std::vector<int>>& corpus, int threads, const std::vector<DepthBucket>& buckets,
                            const std::function<void(const std::string&)>& progress = {});
+
+// The engine behind one quality run: teacher-forces tokens appended to its sequence and returns the
+// logits of every one ([n][vocab]). Path chunked_prefill: chunks that write their K/V rows into the
+// store in the format, then attend over the store; decode_steps: one token at a time through the
+// engine's decode step (the path generation takes). Either way every position's logits come from
+// K/V that were stored in the format and read back.
+enum class QualityPath { chunked_prefill, decode_steps };
+const char* to_string(QualityPath p);
+class LogitsEngine {
+ public:
+  virtual ~LogitsEngine() = default;
+  virtual void reset() = 0;
+  virtual std::vector<float> append(std::span<const int> tokens) = 0;
+  virtual int max_context() const = 0;
+  virtual std::string effective() const = 0;  // what the store holds (a fallback shows here)
+};
+// Makes the engine of a format for a path; throws PolicyError for an unknown format.
+using EngineFactory = std::function<std::unique_ptr<LogitsEngine>(const std::string& format, QualityPath path)>;
+
+struct QualityOptions {
+  std::string device = "cpu";   // the engine the factory makes (recorded)
+  int window = 512;             // positions appended and compared at once (window x vocab floats per engine)
+  int decode_path_tokens = 0;   // the decode-path noise run covers the first N tokens of a sequence (0: all)
+  int max_tokens = 0;           // sequences are cut to this many tokens (0: the engines' context)
+  int compare_threads = 0;      // threads of the per-position comparison (0: every core)
+  int prefill_chunk = 128;      // recorded; the factory applies it
+};
+// The CPU engine (kvgate::Engine) for every format, `threads` threads, prefill chunk `chunk`,
+// context `max_context` (0: the model's).
+EngineFactory cpu_engine_factory(const Model& model, int threads, int chunk = 128, int max_context = 0);
+// The engine of `device`: "cpu" (cpu_engine_factory), "cuda" (kvgate::cuda::CudaEngine, every
+// format's engine sharing one upload of the weights, `cuda_weights` "f32" or "bf16"; refused with
+// the reason when this build has no CUDA backend or no device is usable).
+EngineFactory device_engine_factory(const Model& model, const std::string& device, int threads, int chunk,
+                                    int max_context, const std::string& cuda_weights = "f32");
+// The measurement over any engine: every sequence is appended window by window to one engine per
+// format, the baseline's and the two noise runs' (the other float KV chunked; the baseline on the
+// decode path), all in step, and compared position by position; nothing larger than one window of
+// logits per engine is held.
+QualityRun measure_quality(const EngineFactory& make, const std::vector<std::string>& formats, const std::string& baseline,
+                           const std::vector<std::vector<int>>& corpus, const std::vector<DepthBucket>& buckets,
+                           const QualityOptions& qo, const std::function<void(const std::string&)>& progress = {});
 
 }  // namespace kvgate::signoff

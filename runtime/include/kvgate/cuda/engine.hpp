@@ -195,6 +195,10 @@ struct CudaEngineOptions {
                                  // kv_resident (streaming window in tokens; 0: all resident)
   WeightType weights = WeightType::f32;
   bool cuda_graphs = true;       // batch-1 decode replays a captured CUDA graph
+  // Weights already on the device, shared by several engines (the sign-off keeps one engine per KV
+  // format alive; one upload of an 8B model serves them all). Null: the engine uploads its own
+  // (`weights` type). Must have been made from the same model (checked: config shape).
+  std::shared_ptr<const CudaModel> shared_weights;
 };
 
 class CudaEngine {

@@ -1,0 +1,258 @@
+// SGN gates on an engine: the sign-off's quality measurement and probe sensitivity run on models.
+//
+//  SGN.quality.paths_agree     The quality runner's two paths on the CPU engine (stories260K, two
+//                              corpus sequences of 256 tokens, appended in windows of 100 that cross
+//                              prefill chunks and pages): the chunked prefill (chunks that write K/V
+//                              into the store in the format, then attend over it) and the decode path
+//                              (one decode step per token) give bit-identical logits for every preset.
+//                              Bound: exact -- every output element is computed by the same code on
+//                              both paths (as MOD.engine.prefill_equals_decode). measure_quality is
+//                              window-invariant (windows of 100 and of 1000 give the same metrics
+//                              exactly), counts every position, and its decode-path noise run is 0.
+//                              Anti-vacuity: q4_0 and the f32-vs-f16 noise run have KL > 0.
+//  SGN.sensitivity.hook        The KV read hook: a zero-size damage leaves logits bit-identical to no
+//                              hook (the read path is unchanged); a whole-row V repeat changes them.
+//  SGN.sensitivity.probes_red  Each probe (needle, counting, echo) on the probe model at f16 KV is
+//                              green undamaged and goes red under some injected damage: not vacuous.
+//  SGN.cuda.quality.paths_agree [cuda] The same two paths on the CUDA engine (prefill kernel vs decode
+//                              kernel), stories260K: f32 KV within twice the f32 forward bound of
+//                              bounds.hpp per element; every other preset: the paths differ by less
+//                              than the format differs from f32 KV (mean KL, top-1).
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "bounds.hpp"
+#include "catch_compat.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/matrix.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/resolve.hpp"
+#include "kvgate/signoff.hpp"
+#include "models.hpp"
+
+#if KVGATE_SIGNOFF_GATE_CUDA
+#include "kvgate/cuda/device.hpp"
+#endif
+
+using namespace kvgate;
+namespace so = kvgate::signoff;
+
+#define SGN_ENGINE_TAGS "[gate:SGN][fmt:f32][fmt:f16][fmt:bf16][fmt:int8][fmt:fp8][fmt:fp8_e5m2][fmt:q8_0][fmt:q4_0][fmt:k8v4]"
+
+namespace {
+
+const Model& stories() {
+  static std::unique_ptr<Model> m;
+  if (!m) {
+    const auto lk = kvgate::gates::find_model("stories260K/stories260K.bin");
+    if (!lk.found()) FAIL(lk.message);
+    m = std::make_unique<Model>(load_model(lk.path));
+  }
+  return *m;
+}
+
+std::vector<std::vector<int>> corpus2() {
+  const auto p = std::filesystem::path(kvgate::gates::gate_source_dir()) / "datasets" / "corpora" / "stories260K_tf.json";
+  const auto c = matrix::load_corpus(p.string());
+  REQUIRE(c.sequences.size() >= 2);
+  return {c.sequences[0], c.sequences[1]};
+}
+
+std::vector<float> appended(so::LogitsEngine& e, const std::vector<int>& seq, std::size_t window) {
+  e.reset();
+  std::vector<float> all;
+  for (std::size_t p = 0; p < seq.size(); p += window) {
+    const auto w = std::min(window, seq.size() - p);
+    const auto l = e.append(std::span<const int>(seq.data() + p, w));
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> v;
+  for (const auto& p : presets()) v.emplace_back(p.name);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("SGN.quality.paths_agree the chunked-prefill and decode paths of the quality runner agree bit for bit on the CPU engine",
+          SGN_ENGINE_TAGS) {
+  const Model& m = stories();
+  const auto corpus = corpus2();
+  const auto make = so::cpu_engine_factory(m, 1, 128);
+  const std::size_t V = static_cast<std::size_t>(m.config.vocab_size);
+  for (const auto& f : preset_names()) {
+    INFO("preset " << f);
+    auto chunked = make(f, so::QualityPath::chunked_prefill);
+    auto decode = make(f, so::QualityPath::decode_steps);
+    CHECK(chunked->effective() == f);
+    for (const auto& seq : corpus) {
+      const auto a = appended(*chunked, seq, 100);
+      const auto b = appended(*decode, seq, 100);
+      REQUIRE(a.size() == seq.size() * V);
+      REQUIRE(b.size() == a.size());
+      CHECK(a == b);
+    }
+  }
+  // The measurement: window-invariant, every position counted, decode-path noise exactly 0.
+  so::QualityOptions q100, q1000;
+  q100.window = 100;
+  q1000.window = 1000;
+  const std::vector<std::string> fmts = {"q4_0", "q8_0"};
+  const auto r1 = so::measure_quality(make, fmts, "f16", corpus, so::default_buckets(), q100);
+  const auto r2 = so::measure_quality(make, fmts, "f16", corpus, so::default_buckets(), q1000);
+  CHECK(r1.positions == 512);
+  CHECK(r1.decode_path_positions == 512);
+  for (const auto& f : fmts) {
+    INFO("format " << f);
+    const auto& a = r1.by_format.at(f).all;
+    const auto& b = r2.by_format.at(f).all;
+    CHECK(a.positions == 512);
+    CHECK(a.kl_mean == b.kl_mean);
+    CHECK(a.kl_p99 == b.kl_p99);
+    CHECK(a.top1 == b.top1);
+    CHECK(a.ppl_fmt == b.ppl_fmt);
+    CHECK(a.kl_mean > 0);  // anti-vacuity: the lossy format is measured against the baseline, not itself
+    CHECK(r1.by_format.at(f).buckets.size() == 4);
+    CHECK(r1.by_format.at(f).buckets[0].stats.positions == 512);  // every depth < 1K lands in 0-1K
+  }
+  CHECK(r1.by_format.at("q4_0").all.kl_mean > r1.by_format.at("q8_0").all.kl_mean);
+  REQUIRE(r1.noise.runs.size() == 2);
+  CHECK(r1.noise.runs[0].quality.all.kl_mean > 0);  // f32 vs f16: a real difference
+  CHECK(r1.noise.runs[1].quality.all.positions == 512);
+  CHECK(r1.noise.runs[1].quality.all.kl_max == 0.0);  // decode path == chunked prefill, bitwise
+  CHECK(r1.noise.runs[1].quality.all.top1 == 1.0);
+}
+
+TEST_CASE("SGN.sensitivity.hook a zero-size damage on the store read changes nothing; a real one changes the logits",
+          SGN_ENGINE_TAGS) {
+  const Model& m = stories();
+  const auto seq = corpus2()[0];
+  for (const char* f : {"f32", "q4_0", "k8v4"}) {
+    INFO("preset " << f);
+    EngineOptions eo = engine_options_for(*parse_kv_format(f), 1);
+    Engine plain(m, eo);
+    const auto ref = plain.forward_all_logits(seq);
+    matrix::Damage zero;
+    zero.kind = matrix::DamageKind::v_noise;
+    zero.size = 0;
+    zero.envelope = 1.0 / 16;
+    EngineOptions eh = eo;
+    eh.kv_read_hook = matrix::make_damage_hook(zero, m.config.head_dim);
+    Engine hooked(m, eh);
+    CHECK(hooked.forward_all_logits(seq) == ref);
+    matrix::Damage rep;
+    rep.kind = matrix::DamageKind::v_repeat;
+    rep.size = 1.0;
+    EngineOptions er = eo;
+    er.kv_read_hook = matrix::make_damage_hook(rep, m.config.head_dim);
+    Engine damaged(m, er);
+    CHECK(damaged.forward_all_logits(seq) != ref);
+  }
+}
+
+TEST_CASE("SGN.sensitivity.probes_red every probe on the probe model passes undamaged and goes red under injected KV damage",
+          SGN_ENGINE_TAGS) {
+  const std::string path = matrix::find_probe_model(kvgate::gates::gate_source_dir());
+  if (path.empty()) FAIL("the probe model (datasets/models/probe) was not found under " << kvgate::gates::gate_source_dir());
+  const Model pm = load_model(path);
+  KvRequest req;
+  req.flag = *parse_kv_format("f16");
+  EngineOptions eo;
+  eo.kv = resolve_kv(req, pm.config, 16);
+  eo.threads = 0;
+  const matrix::SensitivityOptions sopt = matrix::sensitivity_options_for(preset_names());
+  CHECK(sopt.envelope_format == "fp8_e5m2");  // 2^-3 relative: the widest envelope of the presets
+  CHECK(sopt.envelope == 0x1p-3);
+  struct Row {
+    probes::ProbeKind kind;
+    matrix::ProbeSpec spec;
+  };
+  std::vector<matrix::ProbeSpec> specs(3);
+  specs[0].kind = probes::ProbeKind::needle;
+  specs[0].lengths = {512};
+  specs[0].depths = {0.5};
+  specs[0].seeds = {1};
+  specs[1].kind = probes::ProbeKind::counting;
+  specs[1].lengths = {10};
+  specs[2].kind = probes::ProbeKind::echo;
+  specs[2].seeds = {1, 2};
+  for (const auto& spec : specs) {
+    INFO("probe " << probes::to_string(spec.kind));
+    const so::ProbeSensitivity p = matrix::probe_sensitivity(pm, eo, spec, sopt);
+    CHECK(p.baseline_passed > 0);
+    CHECK_FALSE(p.vacuous);
+    int red_families = 0;
+    for (const auto& f : p.families) {
+      red_families += f.smallest_red ? 1 : 0;
+      // Each ladder stops at its first red rung: only the last step may be red.
+      for (std::size_t i = 0; i + 1 < f.steps.size(); ++i) CHECK_FALSE(f.steps[i].red());
+    }
+    CHECK(red_families >= 1);
+  }
+}
+
+#if KVGATE_SIGNOFF_GATE_CUDA
+TEST_CASE("SGN.cuda.quality.paths_agree the quality runner's prefill and decode paths agree on the CUDA engine",
+          "[cuda]" SGN_ENGINE_TAGS) {
+  const auto& st = kvgate::cuda::device_status();
+  if (!st.available) {
+    WARN("SKIPPED: no CUDA device: " << st.reason);
+    return;
+  }
+  const Model& m = stories();
+  const auto corpus = corpus2();
+  const auto make = so::device_engine_factory(m, "cuda", 1, 128, 256, "f32");
+  const std::size_t V = static_cast<std::size_t>(m.config.vocab_size);
+  const ModelConfig& c = m.config;
+  // f32 KV: per position |chunked - decode| <= 2 x the f32 forward bound (each path within the bound
+  // of the exact value), the chain with the GPU's extra roundings per layer (MOD.cuda.logits).
+  {
+    auto a_e = make("f32", so::QualityPath::chunked_prefill);
+    auto b_e = make("f32", so::QualityPath::decode_steps);
+    for (const auto& seq : corpus) {
+      const auto a = appended(*a_e, seq, 100);
+      const auto b = appended(*b_e, seq, 100);
+      REQUIRE(a.size() == seq.size() * V);
+      REQUIRE(b.size() == a.size());
+      int over = 0;
+      double worst = 0;
+      for (std::size_t p = 0; p < seq.size(); ++p) {
+        double zmax = 0, d = 0;
+        for (std::size_t i = 0; i < V; ++i) {
+          zmax = std::max(zmax, std::fabs(double(a[p * V + i])));
+          d = std::max(d, std::fabs(double(a[p * V + i]) - double(b[p * V + i])));
+        }
+        const double chain = kvgate::gates::forward_rounding_chain(c.n_layers, c.dim, c.hidden_dim, c.head_dim, c.q_dim(),
+                                                                   static_cast<int>(p)) +
+                             c.n_layers * (8 + (p + 1.0));
+        const double bound = 2 * kvgate::gates::forward_f32_logit_bound(chain, zmax);
+        worst = std::max(worst, d / bound);
+        over += d > bound;
+      }
+      INFO("worst |chunked - decode| / bound = " << worst);
+      CHECK(over == 0);
+    }
+  }
+  // Lossy presets: the two paths differ by less than the format differs from f32 KV.
+  so::QualityOptions qo;
+  qo.device = "cuda";
+  for (const auto& f : preset_names()) {
+    if (f == "f32") continue;
+    INFO("preset " << f);
+    const auto vs_f32 = so::measure_quality(make, {f}, "f32", corpus, so::default_buckets(), qo);
+    const auto paths = so::measure_quality(make, {}, f, corpus, so::default_buckets(), qo);
+    const auto& fmt = vs_f32.by_format.at(f).all;
+    const auto& dec = paths.noise.runs.at(1).quality.all;  // f decode path vs f chunked
+    CHECK(dec.positions == 512);
+    CHECK(fmt.kl_mean > 0);
+    CHECK(dec.kl_mean <= fmt.kl_mean);
+    CHECK(dec.top1 >= fmt.top1);
+  }
+}
+#endif
