@@ -180,7 +180,11 @@ void load_q4_0(const PageGeometry& g, int slot, const std::uint8_t* page, float,
 }
 
 // ---- The traits table: one row per half format, in enum order (kvgate/format_list.hpp) ----------
-// Envelope constants: docs/FORMATS.md per format; FP slack as in envelope_bound below.
+// Envelope constants: docs/FORMATS.md per format; FP slack as in envelope_bound below. The
+// absmax/127 formats (int8 per cell, q8_0 per block) share one envelope, as do q4_0 and q4_0_rot
+// (the latter in the rotated domain).
+constexpr EnvelopeConstants kEnvAbsmax127{.scale = 0.5, .scale_clamped = 0.5, .fp_slack = true};  // |x^-x| <= s/2
+constexpr EnvelopeConstants kEnvQ4{.scale = 0.5, .scale_clamped = 1.0, .fp_slack = true};  // s/2; clamped: s
 
 constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
     {.id = HalfFormat::f32, .block_elems = 1, .block_bytes = 4, .cell_scale_bytes = 0, .rotated = false,
@@ -205,7 +209,7 @@ constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
      .scale_dtype = "f16", .rotation = "none", .storage_precision = "int8 + f16 scale",
      .transfer_precision = "int8 + f16 scale", .execution_precision = "f32",
      .envelope = "|x^-x| <= s/2, s = absmax/127 rounded up to f16", .per_token_scales = true,
-     .per_tensor_scale = false, .env = {.scale = 0.5, .scale_clamped = 0.5, .fp_slack = true},
+     .per_tensor_scale = false, .env = kEnvAbsmax127,
      .quantize_token = store_int8, .dequantize_token = load_int8},
     {.id = HalfFormat::fp8_e4m3, .block_elems = 1, .block_bytes = 1, .cell_scale_bytes = 0, .rotated = false,
      .name = "fp8_e4m3", .code_type = "e4m3fn (sat. +-448)", .scale_granularity = "per tensor (layer, K|V)",
@@ -223,21 +227,21 @@ constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
      .name = "q8_0", .code_type = "int8 [-127,127]", .scale_granularity = "per 32-block of the token row",
      .scale_dtype = "f16", .rotation = "none", .storage_precision = "q8_0 blocks", .transfer_precision = "q8_0 blocks",
      .execution_precision = "f32", .envelope = "|x^-x| <= |d|/2, d = absmax/127 rounded up to f16",
-     .per_token_scales = true, .per_tensor_scale = false, .env = {.scale = 0.5, .scale_clamped = 0.5, .fp_slack = true},
+     .per_token_scales = true, .per_tensor_scale = false, .env = kEnvAbsmax127,
      .quantize_token = store_q8_0, .dequantize_token = load_q8_0},
     {.id = HalfFormat::q4_0, .block_elems = kQBlock, .block_bytes = sizeof(block_q4_0), .cell_scale_bytes = 0, .rotated = false,
      .name = "q4_0", .code_type = "uint4 (code-8)", .scale_granularity = "per 32-block of the token row",
      .scale_dtype = "f16", .rotation = "none", .storage_precision = "q4_0 blocks", .transfer_precision = "q4_0 blocks",
      .execution_precision = "f32",
      .envelope = "|x^-x| <= |d|/2; opposite-side elements beyond 7.5|d| clamp: <= |d|", .per_token_scales = true,
-     .per_tensor_scale = false, .env = {.scale = 0.5, .scale_clamped = 1.0, .fp_slack = true},
+     .per_tensor_scale = false, .env = kEnvQ4,
      .quantize_token = store_q4_0<false>, .dequantize_token = load_q4_0<false>},
     {.id = HalfFormat::q4_0_rot, .block_elems = kQBlock, .block_bytes = sizeof(block_q4_0), .cell_scale_bytes = 0, .rotated = true,
      .name = "q4_0_rot", .code_type = "uint4 (code-8)", .scale_granularity = "per 32-block of the rotated token row",
      .scale_dtype = "f16", .rotation = "walsh-hadamard per head", .storage_precision = "q4_0 blocks (rotated)",
      .transfer_precision = "q4_0 blocks (rotated)", .execution_precision = "f32",
      .envelope = "q4_0 envelope in the rotated domain; L2 per head in the original domain", .per_token_scales = true,
-     .per_tensor_scale = false, .env = {.scale = 0.5, .scale_clamped = 1.0, .fp_slack = true},
+     .per_tensor_scale = false, .env = kEnvQ4,
      .quantize_token = store_q4_0<true>, .dequantize_token = load_q4_0<true>},
 }};
 
@@ -343,8 +347,7 @@ std::vector<ByteRun> token_ranges(HalfFormat f, const PageGeometry& g, int slot)
   std::vector<ByteRun> r{{"codes", t * row, row}};
   if (i.cell_scale_bytes != 0) {
     const std::size_t sc = static_cast<std::size_t>(g.n_kv_heads) * i.cell_scale_bytes;
-    r.push_back({"scales", static_cast<std::size_t>(g.block_size) * row, sc});
-    r.back().offset += t * sc;
+    r.push_back({"scales", static_cast<std::size_t>(g.block_size) * row + t * sc, sc});
   }
   return r;
 }
