@@ -88,7 +88,8 @@ std::string jnum(double x) {
 int main(int argc, char** argv) {
   std::string out_path = "bench_decode_attn.json";
   std::vector<int> contexts{4096, 32768, 131072}, batches{1, 16, 64};
-  std::vector<std::string> formats{"f32", "f16", "bf16", "int8", "fp8", "fp8_e5m2", "q8_0", "q4_0", "k8v4"};
+  std::vector<std::string> formats;  // default: every preset (kvgate/format_list.hpp)
+  for (const kvgate::Preset& p : kvgate::presets()) formats.emplace_back(p.name);
   int reps = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

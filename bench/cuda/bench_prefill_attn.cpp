@@ -48,7 +48,9 @@ std::string jnum(double x) {
 int main(int argc, char** argv) {
   std::string out_path = "bench_prefill_attn.json";
   std::vector<std::string> ctxs = {"4096", "8192", "32768"};
-  std::vector<std::string> formats = {"bf16", "f16", "int8", "fp8", "fp8_e5m2", "q8_0", "q4_0", "k8v4"};
+  std::vector<std::string> formats;  // default: every preset without an f32 half (the tensor-core kernel's)
+  for (const kvgate::Preset& p : kvgate::presets())
+    if (p.fmt.k != kvgate::HalfFormat::f32 && p.fmt.v != kvgate::HalfFormat::f32) formats.emplace_back(p.name);
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -55,6 +55,7 @@
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/kv_file.hpp"
 #include "kvgate/loaders.hpp"
 #include "models.hpp"
@@ -453,12 +454,5 @@ void par_cuda_engine_stream(const char* id, const std::string& preset) {
     par_cuda_engine_stream("PAR.cuda.engine_stream." id, preset);                                            \
   }
 
-PAR_CUDA_ENGINE("f32", "f32")
-PAR_CUDA_ENGINE("f16", "f16")
-PAR_CUDA_ENGINE("bf16", "bf16")
-PAR_CUDA_ENGINE("int8", "int8")
-PAR_CUDA_ENGINE("fp8", "fp8")
-PAR_CUDA_ENGINE("fp8_e5m2", "fp8_e5m2")
-PAR_CUDA_ENGINE("q8_0", "q8_0")
-PAR_CUDA_ENGINE("q4_0", "q4_0")
-PAR_CUDA_ENGINE("k8v4", "k8v4")
+#define PAR_CUDA_ENGINE_ROW(A, name, k, v, slot, kind) PAR_CUDA_ENGINE(#name, #name)
+KVGATE_PRESETS(PAR_CUDA_ENGINE_ROW, _)  // one row per preset: kvgate/format_list.hpp

@@ -27,6 +27,7 @@
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate/resolve.hpp"
 #include "kvgate_oracle/attention.hpp"
@@ -500,15 +501,8 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     run_store_special(*f);                                                                                  \
   }
 
-ORA_CUDA_STORE("f32", 6100)
-ORA_CUDA_STORE("f16", 6200)
-ORA_CUDA_STORE("bf16", 6300)
-ORA_CUDA_STORE("int8", 6400)
-ORA_CUDA_STORE("fp8_e4m3", 6500)
-ORA_CUDA_STORE("fp8_e5m2", 6600)
-ORA_CUDA_STORE("q8_0", 6700)
-ORA_CUDA_STORE("q4_0", 6800)
-ORA_CUDA_STORE("q4_0_rot", 6900)
+#define ORA_CUDA_STORE_ROW(A, name, prefill_mma) ORA_CUDA_STORE(#name, 6100 + 100 * static_cast<int>(HalfFormat::name))
+KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/format_list.hpp
 
 #define ORA_CUDA_DECODE(id, fmtname, seed)                                                                  \
   TEST_CASE("ORA.cuda.decode." id " GPU decode attention == oracle FP64 attention over the same bytes",     \
@@ -540,15 +534,8 @@ ORA_CUDA_STORE("q4_0_rot", 6900)
     run_decode_gate(*f, seed + 90, false, false, true);                                                     \
   }
 
-ORA_CUDA_DECODE("f32", "f32", 7100)
-ORA_CUDA_DECODE("f16", "f16", 7200)
-ORA_CUDA_DECODE("bf16", "bf16", 7300)
-ORA_CUDA_DECODE("int8", "int8", 7400)
-ORA_CUDA_DECODE("fp8", "fp8", 7500)
-ORA_CUDA_DECODE("fp8_e5m2", "fp8_e5m2", 7600)
-ORA_CUDA_DECODE("q8_0", "q8_0", 7700)
-ORA_CUDA_DECODE("q4_0", "q4_0", 7800)
-ORA_CUDA_DECODE("k8v4", "k8v4", 7900)
+#define ORA_CUDA_DECODE_ROW(A, name, k, v, slot, kind) ORA_CUDA_DECODE(#name, #name, (7000 + 100 * slot))
+KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_list.hpp
 ORA_CUDA_DECODE("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 8000)
 ORA_CUDA_DECODE("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 8100)
 ORA_CUDA_DECODE("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 8200)

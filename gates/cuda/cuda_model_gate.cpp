@@ -46,6 +46,7 @@
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/sampler.hpp"
@@ -420,12 +421,5 @@ TEST_CASE("MOD.cuda.greedy.stories260K GPU greedy == README ids == CPU engine", 
     mod_cuda_logits("MOD.cuda.logits." id, preset);                                                      \
   }
 
-MOD_CUDA_LOGITS("f32", "f32")
-MOD_CUDA_LOGITS("f16", "f16")
-MOD_CUDA_LOGITS("bf16", "bf16")
-MOD_CUDA_LOGITS("int8", "int8")
-MOD_CUDA_LOGITS("fp8", "fp8")
-MOD_CUDA_LOGITS("fp8_e5m2", "fp8_e5m2")
-MOD_CUDA_LOGITS("q8_0", "q8_0")
-MOD_CUDA_LOGITS("q4_0", "q4_0")
-MOD_CUDA_LOGITS("k8v4", "k8v4")
+#define MOD_CUDA_LOGITS_ROW(A, name, k, v, slot, kind) MOD_CUDA_LOGITS(#name, #name)
+KVGATE_PRESETS(MOD_CUDA_LOGITS_ROW, _)  // one row per preset: kvgate/format_list.hpp

@@ -46,6 +46,7 @@
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate_oracle/attention.hpp"
 #include "kvgate_oracle/formats.hpp"
@@ -637,15 +638,8 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     run_prefill_gate(*f, seed + 90, false, false, true);                                                 \
   }
 
-ORA_CUDA_PREFILL("f32", "f32", 9100)
-ORA_CUDA_PREFILL("f16", "f16", 9200)
-ORA_CUDA_PREFILL("bf16", "bf16", 9300)
-ORA_CUDA_PREFILL("int8", "int8", 9400)
-ORA_CUDA_PREFILL("fp8", "fp8", 9500)
-ORA_CUDA_PREFILL("fp8_e5m2", "fp8_e5m2", 9600)
-ORA_CUDA_PREFILL("q8_0", "q8_0", 9700)
-ORA_CUDA_PREFILL("q4_0", "q4_0", 9800)
-ORA_CUDA_PREFILL("k8v4", "k8v4", 9900)
+#define ORA_CUDA_PREFILL_ROW(A, name, k, v, slot, kind) ORA_CUDA_PREFILL(#name, #name, (9000 + 100 * slot))
+KVGATE_PRESETS(ORA_CUDA_PREFILL_ROW, _)  // one row per preset: kvgate/format_list.hpp
 ORA_CUDA_PREFILL("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 10000)
 ORA_CUDA_PREFILL("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100)
 ORA_CUDA_PREFILL("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200)

@@ -40,6 +40,7 @@
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
 #include "kvgate/cuda/stream_pool.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "cuda_gate_common.hpp"
@@ -295,14 +296,7 @@ void run_all(const char* preset, unsigned seed) {
     run_all(preset, seed);                                                                                 \
   }
 
-PAR_CUDA_STREAM("f32", "f32", 9100)
-PAR_CUDA_STREAM("f16", "f16", 9200)
-PAR_CUDA_STREAM("bf16", "bf16", 9300)
-PAR_CUDA_STREAM("int8", "int8", 9400)
-PAR_CUDA_STREAM("fp8", "fp8", 9500)
-PAR_CUDA_STREAM("fp8_e5m2", "fp8_e5m2", 9600)
-PAR_CUDA_STREAM("q8_0", "q8_0", 9700)
-PAR_CUDA_STREAM("q4_0", "q4_0", 9800)
-PAR_CUDA_STREAM("k8v4", "k8v4", 9900)
+#define PAR_CUDA_STREAM_ROW(A, name, k, v, slot, kind) PAR_CUDA_STREAM(#name, #name, (9000 + 100 * slot))
+KVGATE_PRESETS(PAR_CUDA_STREAM_ROW, _)  // one row per preset: kvgate/format_list.hpp
 PAR_CUDA_STREAM("mixed", "k=q8_0,v=fp8_e5m2", 10000)
 PAR_CUDA_STREAM("mixed_rot", "k=fp8_e4m3,v=q4_0_rot", 10100)

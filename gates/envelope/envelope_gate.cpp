@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "kvgate/format_list.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "store_harness.hpp"
@@ -208,15 +209,8 @@ void run_env_gate(const KvFormat& fmt, std::uint64_t seed0) {
     run_env_gate(*f, seed);                                                                 \
   }
 
-ENV_PRESET("f32", "f32", 100)
-ENV_PRESET("f16", "f16", 200)
-ENV_PRESET("bf16", "bf16", 300)
-ENV_PRESET("int8", "int8", 400)
-ENV_PRESET("fp8", "fp8", 500)
-ENV_PRESET("fp8_e5m2", "fp8_e5m2", 600)
-ENV_PRESET("q8_0", "q8_0", 700)
-ENV_PRESET("q4_0", "q4_0", 800)
-ENV_PRESET("k8v4", "k8v4", 900)
+#define ENV_PRESET_ROW(A, name, k, v, slot, kind) ENV_PRESET(#name, #name, (100 * slot))
+KVGATE_PRESETS(ENV_PRESET_ROW, _)  // one row per preset: kvgate/format_list.hpp
 ENV_PRESET("mixed", "k=q8_0,v=fp8_e5m2", 1000)
 
 // fp8 saturation: values beyond the largest finite code clamp to +-max*s; inf clamps too; NaN stays NaN.

@@ -10,6 +10,7 @@
 #include "catch_compat.hpp"
 #include "kvgate/attention.hpp"
 #include "kvgate/blocks.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/numeric.hpp"
 #include "store_harness.hpp"
 
@@ -192,12 +193,13 @@ TEST_CASE("INV.fp8_e5m2 power-of-two K/V scale pairs give bit-identical values a
     REQUIRE(f.has_value());                                                                           \
     run_homogeneity(*f);                                                                              \
   }
-INV_HOMOGENEOUS("f16", "f16")
-INV_HOMOGENEOUS("bf16", "bf16")
-INV_HOMOGENEOUS("int8", "int8")
-INV_HOMOGENEOUS("q8_0", "q8_0")
-INV_HOMOGENEOUS("q4_0", "q4_0")
-INV_HOMOGENEOUS("k8v4", "k8v4")
+// Every homogeneous preset (kvgate/format_list.hpp "kind"): f32 is exact and the fp8 presets scale
+// per tensor (INV.fp8 / INV.fp8_e5m2 above).
+#define INV_HOMOGENEOUS_ROW(A, name, k, v, slot, kind) INV_HOMOGENEOUS_ROW_##kind(name, slot)
+#define INV_HOMOGENEOUS_ROW_reference(name, slot)
+#define INV_HOMOGENEOUS_ROW_homogeneous(name, slot) INV_HOMOGENEOUS(#name, #name)
+#define INV_HOMOGENEOUS_ROW_tensor_scaled(name, slot)
+KVGATE_PRESETS(INV_HOMOGENEOUS_ROW, _)  // one row per preset: kvgate/format_list.hpp
 
 TEST_CASE("INV.rotation normalized Walsh-Hadamard round trip and orthogonality", "[gate:INV][fmt:k8v4]") {
   for (int n : {1, 2, 8, 64, 128, 256}) {

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "kvgate/format_list.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "model_harness.hpp"
@@ -560,15 +561,12 @@ TEST_CASE("ORA.model.rope.partial partial rotary (32 of 64 dims, rotate-half) ==
     mod_kl("MOD.kl." id, preset);                                                                      \
   }
 
-// No f32 row: f32 KV is the baseline these gates compare against (an f32-vs-f32 case could only
+// No f32 row (its kind is reference in kvgate/format_list.hpp): f32 KV is the baseline these gates compare against (an f32-vs-f32 case could only
 // fail on nondeterminism, and no mutant could make it red). The f32 run itself is gated against
 // the independent oracle forward by ORA.model.random / ORA.model.stories260K.
-MOD_FORMAT("f16", "f16")
-MOD_FORMAT("bf16", "bf16")
-MOD_FORMAT("int8", "int8")
-MOD_FORMAT("fp8", "fp8")
-MOD_FORMAT("fp8_e5m2", "fp8_e5m2")
-MOD_FORMAT("q8_0", "q8_0")
-MOD_FORMAT("q4_0", "q4_0")
-MOD_FORMAT("k8v4", "k8v4")
+#define MOD_FORMAT_ROW(A, name, k, v, slot, kind) MOD_FORMAT_ROW_##kind(name, slot)
+#define MOD_FORMAT_ROW_reference(name, slot)
+#define MOD_FORMAT_ROW_homogeneous(name, slot) MOD_FORMAT(#name, #name)
+#define MOD_FORMAT_ROW_tensor_scaled(name, slot) MOD_FORMAT(#name, #name)
+KVGATE_PRESETS(MOD_FORMAT_ROW, _)  // one row per preset: kvgate/format_list.hpp
 MOD_FORMAT("mixed", "k=q8_0,v=fp8_e5m2")

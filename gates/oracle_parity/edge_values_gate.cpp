@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "catch_compat.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "populations.hpp"
@@ -189,13 +190,6 @@ void run_edge_gate(const KvFormat& fmt, std::uint64_t seed) {
     run_edge_gate(*f, seed);                                                                              \
   }
 
-ORA_EDGE("f32", "f32", 5100)
-ORA_EDGE("f16", "f16", 5200)
-ORA_EDGE("bf16", "bf16", 5300)
-ORA_EDGE("int8", "int8", 5400)
-ORA_EDGE("fp8", "fp8", 5500)
-ORA_EDGE("fp8_e5m2", "fp8_e5m2", 5600)
-ORA_EDGE("q8_0", "q8_0", 5700)
-ORA_EDGE("q4_0", "q4_0", 5800)
-ORA_EDGE("k8v4", "k8v4", 5900)
+#define ORA_EDGE_ROW(A, name, k, v, slot, kind) ORA_EDGE(#name, #name, (5000 + 100 * slot))
+KVGATE_PRESETS(ORA_EDGE_ROW, _)  // one row per preset: kvgate/format_list.hpp
 ORA_EDGE("mixed", "k=q8_0,v=fp8_e5m2", 6000)

@@ -9,6 +9,7 @@
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/attention.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate_oracle/attention.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "kvgate_oracle/metrics.hpp"
@@ -287,13 +288,6 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0, Check what = C
     run_attention_gate(*f, seed + 13, Check::softcap);                                                 \
   }
 
-ORA_PRESET("f32", "f32", 1100)
-ORA_PRESET("f16", "f16", 1200)
-ORA_PRESET("bf16", "bf16", 1300)
-ORA_PRESET("int8", "int8", 1400)
-ORA_PRESET("fp8", "fp8", 1500)
-ORA_PRESET("fp8_e5m2", "fp8_e5m2", 1600)
-ORA_PRESET("q8_0", "q8_0", 1700)
-ORA_PRESET("q4_0", "q4_0", 1800)
-ORA_PRESET("k8v4", "k8v4", 1900)
+#define ORA_PRESET_ROW(A, name, k, v, slot, kind) ORA_PRESET(#name, #name, (1000 + 100 * slot))
+KVGATE_PRESETS(ORA_PRESET_ROW, _)  // one row per preset: kvgate/format_list.hpp
 ORA_PRESET("mixed", "k=q8_0,v=fp8_e5m2", 2000)

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 
+#include "kvgate/format_list.hpp"
 #include "par_common.hpp"
 
 using namespace kvgate;
@@ -19,8 +20,7 @@ namespace {
 
 // The formats the loops below cover (kAll), as tags.
 #define PAR_ALL_FMT_TAGS \
-  "[gate:PAR][fmt:f32][fmt:f16][fmt:bf16][fmt:int8][fmt:fp8][fmt:fp8_e5m2][fmt:q8_0][fmt:q4_0][fmt:k8v4]" \
-  "[fmt:k=q8_0,v=fp8_e5m2]"
+  "[gate:PAR]" KVGATE_PRESETS(KVGATE_PRESET_TAG_ROW, _) "[fmt:k=q8_0,v=fp8_e5m2]"
 
 struct Saved {
   std::vector<std::uint8_t> bytes;
@@ -66,7 +66,9 @@ std::string refusal(const std::function<void()>& fn) {
 
 const char* kUnscaled[] = {"f32", "f16", "bf16", "fp8", "fp8_e5m2"};
 const char* kScaled[] = {"int8", "q8_0", "q4_0", "k8v4", "k=q8_0,v=fp8_e5m2", "k=fp8_e4m3,v=q4_0_rot"};
-const char* kAll[] = {"f32", "f16", "bf16", "int8", "fp8", "fp8_e5m2", "q8_0", "q4_0", "k8v4", "k=q8_0,v=fp8_e5m2"};
+// Every preset (kvgate/format_list.hpp) and one mixed pair; kUnscaled / kScaled are samples.
+#define PAR_PRESET_NAME_ROW(A, name, k, v, slot, kind) #name,
+const char* kAll[] = {KVGATE_PRESETS(PAR_PRESET_NAME_ROW, _) "k=q8_0,v=fp8_e5m2"};
 
 }  // namespace
 

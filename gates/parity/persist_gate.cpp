@@ -7,6 +7,7 @@
 // saved bytes carry the state.
 #include <algorithm>
 
+#include "kvgate/format_list.hpp"
 #include "par_common.hpp"
 
 using namespace kvgate;
@@ -138,15 +139,8 @@ void run_persist(const Model& m, const KvFormat& f) {
     SECTION("synth head_dim 64") { run_persist(synth64(), f); }                                                   \
   }
 
-PAR_PERSIST("f32", "f32")
-PAR_PERSIST("f16", "f16")
-PAR_PERSIST("bf16", "bf16")
-PAR_PERSIST("int8", "int8")
-PAR_PERSIST("fp8", "fp8")
-PAR_PERSIST("fp8_e5m2", "fp8_e5m2")
-PAR_PERSIST("q8_0", "q8_0")
-PAR_PERSIST("q4_0", "q4_0")
-PAR_PERSIST("k8v4", "k8v4")
+#define PAR_PERSIST_ROW(A, name, k, v, slot, kind) PAR_PERSIST(#name, #name)
+KVGATE_PRESETS(PAR_PERSIST_ROW, _)  // one row per preset: kvgate/format_list.hpp
 PAR_PERSIST("mixed", "k=q8_0,v=fp8_e5m2")
 PAR_PERSIST("mixed_rot", "k=fp8_e4m3,v=q4_0_rot")
 

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "kvgate/attention.hpp"
+#include "kvgate/format_list.hpp"
 #include "par_common.hpp"
 
 using namespace kvgate;
@@ -129,15 +130,8 @@ void engine_parity(const Model& m, const KvFormat& f, int window_tokens, int thr
     SECTION("engine stories260K, 2 threads: window of 16 tokens") { engine_parity(stories(), f, 16, 2); }     \
   }
 
-PAR_STREAM("f32", "f32")
-PAR_STREAM("f16", "f16")
-PAR_STREAM("bf16", "bf16")
-PAR_STREAM("int8", "int8")
-PAR_STREAM("fp8", "fp8")
-PAR_STREAM("fp8_e5m2", "fp8_e5m2")
-PAR_STREAM("q8_0", "q8_0")
-PAR_STREAM("q4_0", "q4_0")
-PAR_STREAM("k8v4", "k8v4")
+#define PAR_STREAM_ROW(A, name, k, v, slot, kind) PAR_STREAM(#name, #name)
+KVGATE_PRESETS(PAR_STREAM_ROW, _)  // one row per preset: kvgate/format_list.hpp
 PAR_STREAM("mixed", "k=q8_0,v=fp8_e5m2")
 PAR_STREAM("mixed_rot", "k=fp8_e4m3,v=q4_0_rot")
 

@@ -5,6 +5,7 @@
 // streamed.
 #include <random>
 
+#include "kvgate/format_list.hpp"
 #include "par_common.hpp"
 
 using namespace kvgate;
@@ -105,14 +106,7 @@ void run_truncate(const Model& m, const KvFormat& f, int resident) {
     SECTION("synth head_dim 64") { run_truncate(synth64(), f, 0); }                                                  \
   }
 
-PAR_SWAP("f32", "f32")
-PAR_SWAP("f16", "f16")
-PAR_SWAP("bf16", "bf16")
-PAR_SWAP("int8", "int8")
-PAR_SWAP("fp8", "fp8")
-PAR_SWAP("fp8_e5m2", "fp8_e5m2")
-PAR_SWAP("q8_0", "q8_0")
-PAR_SWAP("q4_0", "q4_0")
-PAR_SWAP("k8v4", "k8v4")
+#define PAR_SWAP_ROW(A, name, k, v, slot, kind) PAR_SWAP(#name, #name)
+KVGATE_PRESETS(PAR_SWAP_ROW, _)  // one row per preset: kvgate/format_list.hpp
 PAR_SWAP("mixed", "k=q8_0,v=fp8_e5m2")
 PAR_SWAP("mixed_rot", "k=fp8_e4m3,v=q4_0_rot")

@@ -19,13 +19,15 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/signoff.hpp"
 
 using namespace kvgate::signoff;
 using nlohmann::json;
 
-#define SGN_TAGS "[gate:SGN][fmt:f32][fmt:f16][fmt:bf16][fmt:int8][fmt:fp8][fmt:fp8_e5m2][fmt:q8_0][fmt:q4_0][fmt:k8v4]"
+// Tagged with every preset (kvgate/format_list.hpp).
+#define SGN_TAGS "[gate:SGN]" KVGATE_PRESETS(KVGATE_PRESET_TAG_ROW, _)
 
 namespace {
 

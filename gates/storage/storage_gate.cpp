@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "catch_compat.hpp"
+#include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "store_harness.hpp"
 
@@ -74,15 +75,8 @@ void run_bytes(const KvFormat& fmt) {
     REQUIRE(f.has_value());                                                                     \
     run_bytes(*f);                                                                              \
   }
-STO_BYTES("f32", "f32")
-STO_BYTES("f16", "f16")
-STO_BYTES("bf16", "bf16")
-STO_BYTES("int8", "int8")
-STO_BYTES("fp8", "fp8")
-STO_BYTES("fp8_e5m2", "fp8_e5m2")
-STO_BYTES("q8_0", "q8_0")
-STO_BYTES("q4_0", "q4_0")
-STO_BYTES("k8v4", "k8v4")
+#define STO_BYTES_ROW(A, name, k, v, slot, kind) STO_BYTES(#name, #name)
+KVGATE_PRESETS(STO_BYTES_ROW, _)  // one row per preset: kvgate/format_list.hpp
 
 TEST_CASE("STO.bytes.reference figures of the reference page: int8 page 33,280 B, f16 page 65,536 B at B16 H8 D128",
           "[gate:STO][fmt:int8][fmt:f16]") {
@@ -208,15 +202,8 @@ std::vector<std::uint8_t> snapshot(const PagedKvStore& st, SeqId s) {
     CHECK(snapshot(*st, s) == snapshot(*fresh, s2));                                                           \
     CHECK(st->check_guards().empty());                                                                         \
   }
-STO_LIFECYCLE("f32", "f32")
-STO_LIFECYCLE("f16", "f16")
-STO_LIFECYCLE("bf16", "bf16")
-STO_LIFECYCLE("int8", "int8")
-STO_LIFECYCLE("fp8", "fp8")
-STO_LIFECYCLE("fp8_e5m2", "fp8_e5m2")
-STO_LIFECYCLE("q8_0", "q8_0")
-STO_LIFECYCLE("q4_0", "q4_0")
-STO_LIFECYCLE("k8v4", "k8v4")
+#define STO_LIFECYCLE_ROW(A, name, k, v, slot, kind) STO_LIFECYCLE(#name, #name)
+KVGATE_PRESETS(STO_LIFECYCLE_ROW, _)  // one row per preset: kvgate/format_list.hpp
 
 TEST_CASE("STO.errors impossible requests fail with a clear message", "[gate:STO]") {
   SeqId s;

@@ -12,56 +12,6 @@ namespace kvgate {
 
 namespace {
 
-constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
-    {HalfFormat::f32, "f32", "f32", "none", "-", "none", "f32", "f32", "f32", "exact", false, false},
-    {HalfFormat::f16, "f16", "f16", "none", "-", "none", "f16", "f16", "f32",
-     "|x^-x| <= 2^-11|x| (normal range), RNE", false, false},
-    {HalfFormat::bf16, "bf16", "bf16", "none", "-", "none", "bf16", "bf16", "f32", "|x^-x| <= 2^-8|x|, RNE", false,
-     false},
-    {HalfFormat::int8, "int8", "int8 [-127,127]", "per cell (token x kv head)", "f16", "none", "int8 + f16 scale",
-     "int8 + f16 scale", "f32", "|x^-x| <= s/2, s = absmax/127 rounded up to f16", true, false},
-    {HalfFormat::fp8_e4m3, "fp8_e4m3", "e4m3fn (sat. +-448)", "per tensor (layer, K|V)", "f32", "none", "e4m3fn",
-     "e4m3fn", "f32", "|x^-x| <= 2^-4|x| + 2^-10 s", false, true},
-    {HalfFormat::fp8_e5m2, "fp8_e5m2", "e5m2 (sat. +-57344)", "per tensor (layer, K|V)", "f32", "none", "e5m2", "e5m2",
-     "f32", "|x^-x| <= 2^-3|x| + 2^-17 s", false, true},
-    {HalfFormat::q8_0, "q8_0", "int8 [-127,127]", "per 32-block of the token row", "f16", "none", "q8_0 blocks",
-     "q8_0 blocks", "f32", "|x^-x| <= |d|/2, d = absmax/127 rounded up to f16", true, false},
-    {HalfFormat::q4_0, "q4_0", "uint4 (code-8)", "per 32-block of the token row", "f16", "none", "q4_0 blocks",
-     "q4_0 blocks", "f32", "|x^-x| <= |d|/2; opposite-side elements beyond 7.5|d| clamp: <= |d|", true, false},
-    {HalfFormat::q4_0_rot, "q4_0_rot", "uint4 (code-8)", "per 32-block of the rotated token row", "f16",
-     "walsh-hadamard per head", "q4_0 blocks (rotated)", "q4_0 blocks (rotated)", "f32",
-     "q4_0 envelope in the rotated domain; L2 per head in the original domain", true, false},
-}};
-
-constexpr std::array<HalfFormat, kHalfFormatCount> kAll{HalfFormat::f32,      HalfFormat::f16,      HalfFormat::bf16,
-                                                        HalfFormat::int8,     HalfFormat::fp8_e4m3, HalfFormat::fp8_e5m2,
-                                                        HalfFormat::q8_0,     HalfFormat::q4_0,     HalfFormat::q4_0_rot};
-
-constexpr std::array<Preset, 9> kPresets{{
-    {"f32", {HalfFormat::f32, HalfFormat::f32}},
-    {"f16", {HalfFormat::f16, HalfFormat::f16}},
-    {"bf16", {HalfFormat::bf16, HalfFormat::bf16}},
-    {"int8", {HalfFormat::int8, HalfFormat::int8}},
-    {"fp8", {HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3}},
-    {"fp8_e5m2", {HalfFormat::fp8_e5m2, HalfFormat::fp8_e5m2}},
-    {"q8_0", {HalfFormat::q8_0, HalfFormat::q8_0}},
-    {"q4_0", {HalfFormat::q4_0, HalfFormat::q4_0}},
-    {"k8v4", {HalfFormat::int8, HalfFormat::q4_0_rot}},
-}};
-
-bool is_block32(HalfFormat f) { return f == HalfFormat::q8_0 || f == HalfFormat::q4_0 || f == HalfFormat::q4_0_rot; }
-
-std::size_t elem_bytes(HalfFormat f) {
-  switch (f) {
-    case HalfFormat::f32: return 4;
-    case HalfFormat::f16:
-    case HalfFormat::bf16: return 2;
-    default: return 1;
-  }
-}
-
-std::size_t block_bytes(HalfFormat f) { return f == HalfFormat::q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0); }
-
 // Per-cell int8 quantization (and the q8_0 block body): docs/FORMATS.md "int8".
 void quantize_absmax127(const float* x, int n, std::int8_t* codes, std::uint16_t* scale_out) {
   float amax = 0.0f;
@@ -115,6 +65,230 @@ void dequantize_q4_0_block(const block_q4_0* b, float* y) {
   }
 }
 
+
+// ---- The page writer and reader of each half format (one token row, docs/FORMATS.md) ---------
+
+void store_f32(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+  const int HD = g.row_elems();
+  const std::size_t t = static_cast<std::size_t>(slot);
+  std::memcpy(page + t * HD * 4, row, static_cast<std::size_t>(HD) * 4);
+}
+void load_f32(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+  const int HD = g.row_elems();
+  const std::size_t t = static_cast<std::size_t>(slot);
+  std::memcpy(row, page + t * HD * 4, static_cast<std::size_t>(HD) * 4);
+}
+
+void store_f16(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+  const int HD = g.row_elems();
+  auto* out = reinterpret_cast<std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
+  for (int i = 0; i < HD; ++i) out[i] = f32_to_f16_rne(row[i]);
+}
+void load_f16(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+  const int HD = g.row_elems();
+  const auto* in = reinterpret_cast<const std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
+  for (int i = 0; i < HD; ++i) row[i] = f16_to_f32(in[i]);
+}
+
+void store_bf16(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+  const int HD = g.row_elems();
+  auto* out = reinterpret_cast<std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
+  for (int i = 0; i < HD; ++i) out[i] = f32_to_bf16_rne(row[i]);
+}
+void load_bf16(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+  const int HD = g.row_elems();
+  const auto* in = reinterpret_cast<const std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
+  for (int i = 0; i < HD; ++i) row[i] = bf16_to_f32(in[i]);
+}
+
+// int8: the codes run (B x H x D) then the scales run (B x H binary16), docs/FORMATS.md "int8".
+void store_int8(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+  const int HD = g.row_elems();
+  const std::size_t t = static_cast<std::size_t>(slot);
+  auto* codes = reinterpret_cast<std::int8_t*>(page) + t * HD;
+  auto* scales = reinterpret_cast<std::uint16_t*>(page + static_cast<std::size_t>(g.block_size) * HD) +
+                 t * g.n_kv_heads;
+  for (int h = 0; h < g.n_kv_heads; ++h)
+    quantize_absmax127(row + h * g.head_dim, g.head_dim, codes + h * g.head_dim, scales + h);
+}
+void load_int8(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+  const int HD = g.row_elems();
+  const std::size_t t = static_cast<std::size_t>(slot);
+  const auto* codes = reinterpret_cast<const std::int8_t*>(page) + t * HD;
+  const auto* scales = reinterpret_cast<const std::uint16_t*>(page + static_cast<std::size_t>(g.block_size) * HD) +
+                       t * g.n_kv_heads;
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    const float s = f16_to_f32(scales[h]);
+    for (int i = 0; i < g.head_dim; ++i)
+      row[h * g.head_dim + i] = static_cast<float>(codes[h * g.head_dim + i]) * s;
+  }
+}
+
+// fp8: one code per element of x / tensor_scale (saturating), docs/FORMATS.md "fp8".
+template <bool E4>
+void store_fp8(const PageGeometry& g, int slot, const float* row, float tensor_scale, std::uint8_t* page) {
+  const int HD = g.row_elems();
+  auto* out = page + static_cast<std::size_t>(slot) * HD;
+  for (int i = 0; i < HD; ++i) {
+    const float y = row[i] / tensor_scale;
+    out[i] = E4 ? f32_to_fp8_e4m3(y) : f32_to_fp8_e5m2(y);
+  }
+}
+template <bool E4>
+void load_fp8(const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale, float* row) {
+  const int HD = g.row_elems();
+  const auto* in = page + static_cast<std::size_t>(slot) * HD;
+  for (int i = 0; i < HD; ++i) row[i] = (E4 ? fp8_e4m3_to_f32(in[i]) : fp8_e5m2_to_f32(in[i])) * tensor_scale;
+}
+
+// q8_0: the token row in 32-element blocks (llama.cpp layout), docs/FORMATS.md "q8_0".
+void store_q8_0(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+  const int HD = g.row_elems();
+  auto* blocks = reinterpret_cast<block_q8_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
+  for (int b = 0; b < HD / kQBlock; ++b) quantize_absmax127(row + b * kQBlock, kQBlock, blocks[b].qs, &blocks[b].d);
+}
+void load_q8_0(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+  const int HD = g.row_elems();
+  const auto* blocks = reinterpret_cast<const block_q8_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
+  for (int b = 0; b < HD / kQBlock; ++b) {
+    const float d = f16_to_f32(blocks[b].d);
+    for (int i = 0; i < kQBlock; ++i) row[b * kQBlock + i] = static_cast<float>(blocks[b].qs[i]) * d;
+  }
+}
+
+// q4_0 and q4_0_rot (q4_0 of the per-head Walsh-Hadamard rotated row), docs/FORMATS.md.
+template <bool Rot>
+void store_q4_0(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+  const int HD = g.row_elems();
+  auto* blocks = reinterpret_cast<block_q4_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
+  const float* src = row;
+  std::vector<float> rotated;
+  if (Rot) {
+    rotated.assign(row, row + HD);
+    for (int h = 0; h < g.n_kv_heads; ++h) hadamard_normalized(rotated.data() + h * g.head_dim, g.head_dim);
+    src = rotated.data();
+  }
+  for (int b = 0; b < HD / kQBlock; ++b) quantize_q4_0_block(src + b * kQBlock, &blocks[b]);
+}
+template <bool Rot>
+void load_q4_0(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+  const int HD = g.row_elems();
+  const auto* blocks = reinterpret_cast<const block_q4_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
+  for (int b = 0; b < HD / kQBlock; ++b) dequantize_q4_0_block(&blocks[b], row + b * kQBlock);
+  if (Rot)
+    for (int h = 0; h < g.n_kv_heads; ++h) hadamard_normalized(row + h * g.head_dim, g.head_dim);
+}
+
+// ---- The traits table: one row per half format, in enum order (kvgate/format_list.hpp) ----------
+// Envelope constants: docs/FORMATS.md per format; FP slack as in envelope_bound below. The
+// absmax/127 formats (int8 per cell, q8_0 per block) share one envelope, as do q4_0 and q4_0_rot
+// (the latter in the rotated domain).
+constexpr EnvelopeConstants kEnvAbsmax127{.scale = 0.5, .scale_clamped = 0.5, .fp_slack = true};  // |x^-x| <= s/2
+constexpr EnvelopeConstants kEnvQ4{.scale = 0.5, .scale_clamped = 1.0, .fp_slack = true};  // s/2; clamped: s
+
+constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
+    {.id = HalfFormat::f32, .block_elems = 1, .block_bytes = 4, .cell_scale_bytes = 0, .rotated = false,
+     .name = "f32", .code_type = "f32", .scale_granularity = "none", .scale_dtype = "-", .rotation = "none",
+     .storage_precision = "f32", .transfer_precision = "f32", .execution_precision = "f32", .envelope = "exact",
+     .per_token_scales = false, .per_tensor_scale = false, .env = {},
+     .quantize_token = store_f32, .dequantize_token = load_f32},
+    {.id = HalfFormat::f16, .block_elems = 1, .block_bytes = 2, .cell_scale_bytes = 0, .rotated = false,
+     .name = "f16", .code_type = "f16", .scale_granularity = "none", .scale_dtype = "-", .rotation = "none",
+     .storage_precision = "f16", .transfer_precision = "f16", .execution_precision = "f32",
+     .envelope = "|x^-x| <= 2^-11|x| (normal range), RNE", .per_token_scales = false, .per_tensor_scale = false,
+     .env = {.rel = 0x1p-11, .floor = 0x1p-25},  // half ulp; subnormal spacing 2^-24
+     .quantize_token = store_f16, .dequantize_token = load_f16},
+    {.id = HalfFormat::bf16, .block_elems = 1, .block_bytes = 2, .cell_scale_bytes = 0, .rotated = false,
+     .name = "bf16", .code_type = "bf16", .scale_granularity = "none", .scale_dtype = "-", .rotation = "none",
+     .storage_precision = "bf16", .transfer_precision = "bf16", .execution_precision = "f32",
+     .envelope = "|x^-x| <= 2^-8|x|, RNE", .per_token_scales = false, .per_tensor_scale = false,
+     .env = {.rel = 0x1p-8},
+     .quantize_token = store_bf16, .dequantize_token = load_bf16},
+    {.id = HalfFormat::int8, .block_elems = 1, .block_bytes = 1, .cell_scale_bytes = sizeof(std::uint16_t), .rotated = false,
+     .name = "int8", .code_type = "int8 [-127,127]", .scale_granularity = "per cell (token x kv head)",
+     .scale_dtype = "f16", .rotation = "none", .storage_precision = "int8 + f16 scale",
+     .transfer_precision = "int8 + f16 scale", .execution_precision = "f32",
+     .envelope = "|x^-x| <= s/2, s = absmax/127 rounded up to f16", .per_token_scales = true,
+     .per_tensor_scale = false, .env = kEnvAbsmax127,
+     .quantize_token = store_int8, .dequantize_token = load_int8},
+    {.id = HalfFormat::fp8_e4m3, .block_elems = 1, .block_bytes = 1, .cell_scale_bytes = 0, .rotated = false,
+     .name = "fp8_e4m3", .code_type = "e4m3fn (sat. +-448)", .scale_granularity = "per tensor (layer, K|V)",
+     .scale_dtype = "f32", .rotation = "none", .storage_precision = "e4m3fn", .transfer_precision = "e4m3fn",
+     .execution_precision = "f32", .envelope = "|x^-x| <= 2^-4|x| + 2^-10 s", .per_token_scales = false,
+     .per_tensor_scale = true, .env = {.rel = 0x1p-4, .scale = 0x1p-10, .scale_clamped = 0x1p-10, .fp_slack = true},
+     .quantize_token = store_fp8<true>, .dequantize_token = load_fp8<true>},
+    {.id = HalfFormat::fp8_e5m2, .block_elems = 1, .block_bytes = 1, .cell_scale_bytes = 0, .rotated = false,
+     .name = "fp8_e5m2", .code_type = "e5m2 (sat. +-57344)", .scale_granularity = "per tensor (layer, K|V)",
+     .scale_dtype = "f32", .rotation = "none", .storage_precision = "e5m2", .transfer_precision = "e5m2",
+     .execution_precision = "f32", .envelope = "|x^-x| <= 2^-3|x| + 2^-17 s", .per_token_scales = false,
+     .per_tensor_scale = true, .env = {.rel = 0x1p-3, .scale = 0x1p-17, .scale_clamped = 0x1p-17, .fp_slack = true},
+     .quantize_token = store_fp8<false>, .dequantize_token = load_fp8<false>},
+    {.id = HalfFormat::q8_0, .block_elems = kQBlock, .block_bytes = sizeof(block_q8_0), .cell_scale_bytes = 0, .rotated = false,
+     .name = "q8_0", .code_type = "int8 [-127,127]", .scale_granularity = "per 32-block of the token row",
+     .scale_dtype = "f16", .rotation = "none", .storage_precision = "q8_0 blocks", .transfer_precision = "q8_0 blocks",
+     .execution_precision = "f32", .envelope = "|x^-x| <= |d|/2, d = absmax/127 rounded up to f16",
+     .per_token_scales = true, .per_tensor_scale = false, .env = kEnvAbsmax127,
+     .quantize_token = store_q8_0, .dequantize_token = load_q8_0},
+    {.id = HalfFormat::q4_0, .block_elems = kQBlock, .block_bytes = sizeof(block_q4_0), .cell_scale_bytes = 0, .rotated = false,
+     .name = "q4_0", .code_type = "uint4 (code-8)", .scale_granularity = "per 32-block of the token row",
+     .scale_dtype = "f16", .rotation = "none", .storage_precision = "q4_0 blocks", .transfer_precision = "q4_0 blocks",
+     .execution_precision = "f32",
+     .envelope = "|x^-x| <= |d|/2; opposite-side elements beyond 7.5|d| clamp: <= |d|", .per_token_scales = true,
+     .per_tensor_scale = false, .env = kEnvQ4,
+     .quantize_token = store_q4_0<false>, .dequantize_token = load_q4_0<false>},
+    {.id = HalfFormat::q4_0_rot, .block_elems = kQBlock, .block_bytes = sizeof(block_q4_0), .cell_scale_bytes = 0, .rotated = true,
+     .name = "q4_0_rot", .code_type = "uint4 (code-8)", .scale_granularity = "per 32-block of the rotated token row",
+     .scale_dtype = "f16", .rotation = "walsh-hadamard per head", .storage_precision = "q4_0 blocks (rotated)",
+     .transfer_precision = "q4_0 blocks (rotated)", .execution_precision = "f32",
+     .envelope = "q4_0 envelope in the rotated domain; L2 per head in the original domain", .per_token_scales = true,
+     .per_tensor_scale = false, .env = kEnvQ4,
+     .quantize_token = store_q4_0<true>, .dequantize_token = load_q4_0<true>},
+}};
+
+// The table is the list: row i is enumerator i. A row's structure is checked here (block size,
+// scale flags, codecs present); its byte counts are not, on purpose: those are what the STO.bytes
+// gates prove against docs/FORMATS.md, and the ACCT mutants change them in this table.
+constexpr bool table_in_enum_order() {
+  for (std::size_t i = 0; i < kInfo.size(); ++i)
+    if (static_cast<std::size_t>(kInfo[i].id) != i) return false;
+  return true;
+}
+static_assert(table_in_enum_order(), "kInfo rows must follow the HalfFormat enum (kvgate/format_list.hpp)");
+constexpr bool table_rows_consistent() {
+  for (const auto& i : kInfo) {
+    if (i.block_elems != 1 && i.block_elems != kQBlock) return false;
+    if (i.block_bytes == 0) return false;
+    if ((i.cell_scale_bytes != 0 || i.block_elems == kQBlock) != i.per_token_scales) return false;
+    if (i.per_tensor_scale && i.per_token_scales) return false;
+    if (i.quantize_token == nullptr || i.dequantize_token == nullptr) return false;
+  }
+  return true;
+}
+static_assert(table_rows_consistent(), "a kInfo row's block size, scale flags or codecs disagree");
+static_assert(sizeof(block_q8_0) == 2 + kQBlock && sizeof(block_q4_0) == 2 + kQBlock / 2,
+              "32-block structs: a binary16 scale then the codes, no padding");
+
+#define KVGATE_PRESET_TABLE_ROW(A, name, k, v, slot, kind) {#name, {HalfFormat::k, HalfFormat::v}},
+constexpr std::array<Preset, kPresetCount> kPresets{{KVGATE_PRESETS(KVGATE_PRESET_TABLE_ROW, _)}};
+#undef KVGATE_PRESET_TABLE_ROW
+
+#define KVGATE_PRESET_SLOT_ROW(A, name, k, v, slot, kind) slot,
+constexpr std::array<int, kPresetCount> kPresetSlots{KVGATE_PRESETS(KVGATE_PRESET_SLOT_ROW, _)};
+#undef KVGATE_PRESET_SLOT_ROW
+constexpr bool preset_slots_unique() {
+  for (std::size_t i = 0; i < kPresetSlots.size(); ++i)
+    for (std::size_t j = i + 1; j < kPresetSlots.size(); ++j)
+      if (kPresetSlots[i] == kPresetSlots[j]) return false;
+  return true;
+}
+static_assert(preset_slots_unique(), "two presets share a slot (kvgate/format_list.hpp): the gates' seeds would collide");
+
+constexpr std::array<HalfFormat, kHalfFormatCount> kAll = [] {
+  std::array<HalfFormat, kHalfFormatCount> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = kInfo[i].id;
+  return a;
+}();
+
 }  // namespace
 
 const HalfFormatInfo& info(HalfFormat f) { return kInfo[static_cast<std::size_t>(f)]; }
@@ -131,13 +305,14 @@ std::optional<HalfFormat> parse_half(std::string_view s) {
 Capability supports(HalfFormat f, const PageGeometry& g) {
   if (g.block_size < 1 || g.n_kv_heads < 1 || g.head_dim < 1)
     return {false, "invalid_geometry", "block_size, n_kv_heads and head_dim must all be >= 1"};
-  if (is_block32(f) && g.row_elems() % kQBlock != 0)
+  const HalfFormatInfo& i = info(f);
+  if (i.block_elems > 1 && g.row_elems() % i.block_elems != 0)
     return {false, "row_not_multiple_of_32",
             std::string(name(f)) + " quantizes the token row (n_kv_heads*head_dim = " + std::to_string(g.row_elems()) +
                 ") in 32-element blocks; the row length must be a multiple of 32"};
-  if (f == HalfFormat::q4_0_rot && (g.head_dim & (g.head_dim - 1)) != 0)
+  if (i.rotated && (g.head_dim & (g.head_dim - 1)) != 0)
     return {false, "head_dim_not_power_of_two",
-            "q4_0_rot applies a Walsh-Hadamard rotation over head_dim, which must be a power of two (got " +
+            std::string(i.name) + " applies a Walsh-Hadamard rotation over head_dim, which must be a power of two (got " +
                 std::to_string(g.head_dim) + ")"};
   return {};
 }
@@ -149,12 +324,13 @@ std::size_t page_bytes(HalfFormat f, const PageGeometry& g) {
 }
 
 std::vector<ByteRun> page_runs(HalfFormat f, const PageGeometry& g) {
+  const HalfFormatInfo& i = info(f);
   const std::size_t B = static_cast<std::size_t>(g.block_size);
   const std::size_t H = static_cast<std::size_t>(g.n_kv_heads);
   const std::size_t D = static_cast<std::size_t>(g.head_dim);
-  if (is_block32(f)) return {{"blocks", 0, B * (H * D / kQBlock) * block_bytes(f)}};
-  const std::size_t codes = B * H * D * elem_bytes(f);
-  if (f == HalfFormat::int8) return {{"codes", 0, codes}, {"scales", codes, B * H * sizeof(std::uint16_t)}};
+  const std::size_t codes = B * (H * D / static_cast<std::size_t>(i.block_elems)) * i.block_bytes;
+  if (i.block_elems > 1) return {{"blocks", 0, codes}};
+  if (i.cell_scale_bytes != 0) return {{"codes", 0, codes}, {"scales", codes, B * H * i.cell_scale_bytes}};
   return {{"codes", 0, codes}};
 }
 
@@ -163,17 +339,15 @@ double bytes_per_cell(HalfFormat f, const PageGeometry& g) {
 }
 
 std::vector<ByteRun> token_ranges(HalfFormat f, const PageGeometry& g, int slot) {
+  const HalfFormatInfo& i = info(f);
   const std::size_t t = static_cast<std::size_t>(slot);
   const std::size_t HD = static_cast<std::size_t>(g.row_elems());
-  if (is_block32(f)) {
-    const std::size_t row = (HD / kQBlock) * block_bytes(f);
-    return {{"blocks", t * row, row}};
-  }
-  const std::size_t row = HD * elem_bytes(f);
+  const std::size_t row = (HD / static_cast<std::size_t>(i.block_elems)) * i.block_bytes;
+  if (i.block_elems > 1) return {{"blocks", t * row, row}};
   std::vector<ByteRun> r{{"codes", t * row, row}};
-  if (f == HalfFormat::int8) {
-    const std::size_t sc = static_cast<std::size_t>(g.n_kv_heads) * sizeof(std::uint16_t);
-    r.push_back({"scales", static_cast<std::size_t>(g.block_size) * HD + t * sc, sc});
+  if (i.cell_scale_bytes != 0) {
+    const std::size_t sc = static_cast<std::size_t>(g.n_kv_heads) * i.cell_scale_bytes;
+    r.push_back({"scales", static_cast<std::size_t>(g.block_size) * row + t * sc, sc});
   }
   return r;
 }
@@ -224,130 +398,22 @@ void hadamard_normalized(float* x, int n) {
 
 void quantize_token(HalfFormat f, const PageGeometry& g, int slot, const float* row, float tensor_scale,
                     std::uint8_t* page) {
-  const int HD = g.row_elems();
-  const std::size_t t = static_cast<std::size_t>(slot);
-  switch (f) {
-    case HalfFormat::f32: std::memcpy(page + t * HD * 4, row, static_cast<std::size_t>(HD) * 4); return;
-    case HalfFormat::f16: {
-      auto* out = reinterpret_cast<std::uint16_t*>(page) + t * HD;
-      for (int i = 0; i < HD; ++i) out[i] = f32_to_f16_rne(row[i]);
-      return;
-    }
-    case HalfFormat::bf16: {
-      auto* out = reinterpret_cast<std::uint16_t*>(page) + t * HD;
-      for (int i = 0; i < HD; ++i) out[i] = f32_to_bf16_rne(row[i]);
-      return;
-    }
-    case HalfFormat::int8: {
-      auto* codes = reinterpret_cast<std::int8_t*>(page) + t * HD;
-      auto* scales = reinterpret_cast<std::uint16_t*>(page + static_cast<std::size_t>(g.block_size) * HD) +
-                     t * g.n_kv_heads;
-      for (int h = 0; h < g.n_kv_heads; ++h)
-        quantize_absmax127(row + h * g.head_dim, g.head_dim, codes + h * g.head_dim, scales + h);
-      return;
-    }
-    case HalfFormat::fp8_e4m3:
-    case HalfFormat::fp8_e5m2: {
-      auto* out = page + t * HD;
-      const bool e4 = f == HalfFormat::fp8_e4m3;
-      for (int i = 0; i < HD; ++i) {
-        const float y = row[i] / tensor_scale;
-        out[i] = e4 ? f32_to_fp8_e4m3(y) : f32_to_fp8_e5m2(y);
-      }
-      return;
-    }
-    case HalfFormat::q8_0: {
-      auto* blocks = reinterpret_cast<block_q8_0*>(page) + t * (HD / kQBlock);
-      for (int b = 0; b < HD / kQBlock; ++b) quantize_absmax127(row + b * kQBlock, kQBlock, blocks[b].qs, &blocks[b].d);
-      return;
-    }
-    case HalfFormat::q4_0:
-    case HalfFormat::q4_0_rot: {
-      auto* blocks = reinterpret_cast<block_q4_0*>(page) + t * (HD / kQBlock);
-      const float* src = row;
-      std::vector<float> rotated;
-      if (f == HalfFormat::q4_0_rot) {
-        rotated.assign(row, row + HD);
-        for (int h = 0; h < g.n_kv_heads; ++h) hadamard_normalized(rotated.data() + h * g.head_dim, g.head_dim);
-        src = rotated.data();
-      }
-      for (int b = 0; b < HD / kQBlock; ++b) quantize_q4_0_block(src + b * kQBlock, &blocks[b]);
-      return;
-    }
-  }
+  info(f).quantize_token(g, slot, row, tensor_scale, page);
 }
 
 void dequantize_token(HalfFormat f, const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale,
                       float* row) {
-  const int HD = g.row_elems();
-  const std::size_t t = static_cast<std::size_t>(slot);
-  switch (f) {
-    case HalfFormat::f32: std::memcpy(row, page + t * HD * 4, static_cast<std::size_t>(HD) * 4); return;
-    case HalfFormat::f16: {
-      const auto* in = reinterpret_cast<const std::uint16_t*>(page) + t * HD;
-      for (int i = 0; i < HD; ++i) row[i] = f16_to_f32(in[i]);
-      return;
-    }
-    case HalfFormat::bf16: {
-      const auto* in = reinterpret_cast<const std::uint16_t*>(page) + t * HD;
-      for (int i = 0; i < HD; ++i) row[i] = bf16_to_f32(in[i]);
-      return;
-    }
-    case HalfFormat::int8: {
-      const auto* codes = reinterpret_cast<const std::int8_t*>(page) + t * HD;
-      const auto* scales = reinterpret_cast<const std::uint16_t*>(page + static_cast<std::size_t>(g.block_size) * HD) +
-                           t * g.n_kv_heads;
-      for (int h = 0; h < g.n_kv_heads; ++h) {
-        const float s = f16_to_f32(scales[h]);
-        for (int i = 0; i < g.head_dim; ++i)
-          row[h * g.head_dim + i] = static_cast<float>(codes[h * g.head_dim + i]) * s;
-      }
-      return;
-    }
-    case HalfFormat::fp8_e4m3:
-    case HalfFormat::fp8_e5m2: {
-      const auto* in = page + t * HD;
-      const bool e4 = f == HalfFormat::fp8_e4m3;
-      for (int i = 0; i < HD; ++i) row[i] = (e4 ? fp8_e4m3_to_f32(in[i]) : fp8_e5m2_to_f32(in[i])) * tensor_scale;
-      return;
-    }
-    case HalfFormat::q8_0: {
-      const auto* blocks = reinterpret_cast<const block_q8_0*>(page) + t * (HD / kQBlock);
-      for (int b = 0; b < HD / kQBlock; ++b) {
-        const float d = f16_to_f32(blocks[b].d);
-        for (int i = 0; i < kQBlock; ++i) row[b * kQBlock + i] = static_cast<float>(blocks[b].qs[i]) * d;
-      }
-      return;
-    }
-    case HalfFormat::q4_0:
-    case HalfFormat::q4_0_rot: {
-      const auto* blocks = reinterpret_cast<const block_q4_0*>(page) + t * (HD / kQBlock);
-      for (int b = 0; b < HD / kQBlock; ++b) dequantize_q4_0_block(&blocks[b], row + b * kQBlock);
-      if (f == HalfFormat::q4_0_rot)
-        for (int h = 0; h < g.n_kv_heads; ++h) hadamard_normalized(row + h * g.head_dim, g.head_dim);
-      return;
-    }
-  }
+  info(f).dequantize_token(g, slot, page, tensor_scale, row);
 }
 
 double envelope_bound(HalfFormat f, float x, float scale, bool clamped) {
+  const EnvelopeConstants& e = info(f).env;
   const double ax = std::fabs(static_cast<double>(x));
   const double s = std::fabs(static_cast<double>(scale));
   // FP slack: one binary32 rounding of the quotient x/s (<= 2^-24 * 127 code units) and one of the
   // product code*s (<= 2^-24 |x^|): 2^-20 * (s + |x|) covers both with margin.
-  const double slack = 0x1p-20 * (s + ax);
-  switch (f) {
-    case HalfFormat::f32: return 0.0;
-    case HalfFormat::f16: return std::max(0x1p-11 * ax, 0x1p-25);  // half ulp; subnormal spacing 2^-24
-    case HalfFormat::bf16: return 0x1p-8 * ax;
-    case HalfFormat::int8:
-    case HalfFormat::q8_0: return s / 2 + slack;
-    case HalfFormat::fp8_e4m3: return 0x1p-4 * ax + 0x1p-10 * s + slack;
-    case HalfFormat::fp8_e5m2: return 0x1p-3 * ax + 0x1p-17 * s + slack;
-    case HalfFormat::q4_0:
-    case HalfFormat::q4_0_rot: return (clamped ? s : s / 2) + slack;
-  }
-  return 0.0;
+  const double slack = e.fp_slack ? 0x1p-20 * (s + ax) : 0.0;
+  return std::max(e.rel * ax + (clamped ? e.scale_clamped : e.scale) * s, e.floor) + slack;
 }
 
 }  // namespace kvgate

@@ -23,7 +23,7 @@ inline constexpr Half kAllHalves[] = {Half::f32,      Half::f16,      Half::bf16
                                       Half::int8,     Half::fp8_e4m3, Half::fp8_e5m2,
                                       Half::q8_0,     Half::q4_0,     Half::q4_0_rot};
 
-// Presets (FORMATS.md "Presets and pairs"): f32 f16 bf16 int8 fp8 fp8_e5m2 q8_0 q4_0 k8v4.
+// Presets: the table of FORMATS.md "Presets and pairs", typed from the page (src/formats.cpp).
 struct KvPair { Half k; Half v; };
 std::optional<KvPair> parse_preset(std::string_view name);
 std::string pair_name(KvPair p);  // the preset name if it is one, else "k=<K>,v=<V>"

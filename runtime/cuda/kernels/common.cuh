@@ -42,19 +42,14 @@ KVGATE_HD constexpr int cell_bytes(HF f, int D) { return is_block32(f) ? (D / 32
 
 KVGATE_HD constexpr int gcd_c(int a, int b) { return b == 0 ? a : gcd_c(b, a % b); }
 
-// Runtime HalfFormat -> template argument. fn receives std::integral_constant<HalfFormat, F>.
+// Runtime HalfFormat -> template argument, one case per row of KVGATE_HALF_FORMATS. fn receives std::integral_constant<HalfFormat, F>.
 template <class Fn>
 decltype(auto) dispatch_half(HF f, Fn&& fn) {
   switch (f) {
-    case HF::f32: return fn(std::integral_constant<HF, HF::f32>{});
-    case HF::f16: return fn(std::integral_constant<HF, HF::f16>{});
-    case HF::bf16: return fn(std::integral_constant<HF, HF::bf16>{});
-    case HF::int8: return fn(std::integral_constant<HF, HF::int8>{});
-    case HF::fp8_e4m3: return fn(std::integral_constant<HF, HF::fp8_e4m3>{});
-    case HF::fp8_e5m2: return fn(std::integral_constant<HF, HF::fp8_e5m2>{});
-    case HF::q8_0: return fn(std::integral_constant<HF, HF::q8_0>{});
-    case HF::q4_0: return fn(std::integral_constant<HF, HF::q4_0>{});
-    case HF::q4_0_rot: return fn(std::integral_constant<HF, HF::q4_0_rot>{});
+#define KVGATE_DISPATCH_HALF_ROW(A, name, prefill_mma) \
+  case HF::name: return fn(std::integral_constant<HF, HF::name>{});
+    KVGATE_HALF_FORMATS(KVGATE_DISPATCH_HALF_ROW, _)
+#undef KVGATE_DISPATCH_HALF_ROW
   }
   throw std::invalid_argument("kvgate::cuda: unknown half format");
 }

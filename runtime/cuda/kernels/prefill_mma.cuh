@@ -430,14 +430,10 @@ void launch_prefill_mma(const PmmaLaunch& L, cudaStream_t stream) {
   template void launch_prefill_mma<KF, VF, 64>(const PmmaLaunch&, cudaStream_t);           \
   template void launch_prefill_mma<KF, VF, 128>(const PmmaLaunch&, cudaStream_t);          \
   template void launch_prefill_mma<KF, VF, 256>(const PmmaLaunch&, cudaStream_t);
-#define KVGATE_PMMA_INST_K(KF)              \
-  KVGATE_PMMA_INST_KV(KF, HF::f16)          \
-  KVGATE_PMMA_INST_KV(KF, HF::bf16)         \
-  KVGATE_PMMA_INST_KV(KF, HF::int8)         \
-  KVGATE_PMMA_INST_KV(KF, HF::fp8_e4m3)     \
-  KVGATE_PMMA_INST_KV(KF, HF::fp8_e5m2)     \
-  KVGATE_PMMA_INST_KV(KF, HF::q8_0)         \
-  KVGATE_PMMA_INST_KV(KF, HF::q4_0)         \
-  KVGATE_PMMA_INST_KV(KF, HF::q4_0_rot)
+// Every V half format the kernel reads: the rows of KVGATE_HALF_FORMATS marked mma.
+#define KVGATE_PMMA_INST_ROW(KF, name, prefill_mma) KVGATE_PMMA_INST_ROW_##prefill_mma(KF, name)
+#define KVGATE_PMMA_INST_ROW_mma(KF, name) KVGATE_PMMA_INST_KV(KF, HF::name)
+#define KVGATE_PMMA_INST_ROW_none(KF, name)
+#define KVGATE_PMMA_INST_K(KF) KVGATE_HALF_FORMATS(KVGATE_PMMA_INST_ROW, KF)
 
 }  // namespace kvgate::cuda::detail

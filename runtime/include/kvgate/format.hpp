@@ -9,10 +9,16 @@
 #include <string_view>
 #include <vector>
 
+#include "kvgate/format_list.hpp"
+
 namespace kvgate {
 
-enum class HalfFormat : std::uint8_t { f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2, q8_0, q4_0, q4_0_rot };
-inline constexpr int kHalfFormatCount = 9;
+// One enumerator per row of KVGATE_HALF_FORMATS (kvgate/format_list.hpp), in its order.
+#define KVGATE_HALF_ENUM_ROW(A, name, prefill_mma) name,
+enum class HalfFormat : std::uint8_t { KVGATE_HALF_FORMATS(KVGATE_HALF_ENUM_ROW, _) };
+#undef KVGATE_HALF_ENUM_ROW
+inline constexpr int kHalfFormatCount = 0 KVGATE_HALF_FORMATS(KVGATE_HALF_COUNT_ROW, _);
+inline constexpr int kPresetCount = 0 KVGATE_PRESETS(KVGATE_PRESET_COUNT_ROW, _);
 
 // Geometry of one page of one half (K or V) of one layer.
 struct PageGeometry {
@@ -29,8 +35,33 @@ struct ByteRun {
   std::size_t bytes = 0;
 };
 
+// A format's codec for one token row (H*D floats, head-major) in and out of page slot `slot`;
+// tensor_scale is the per-(layer, K|V) FP32 scale (only fp8 halves use it).
+using QuantizeTokenFn = void (*)(const PageGeometry& g, int slot, const float* row, float tensor_scale,
+                                 std::uint8_t* page);
+using DequantizeTokenFn = void (*)(const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale,
+                                   float* row);
+
+// The declared per-element envelope as constants (docs/FORMATS.md, envelope_bound below):
+// |x^ - x| <= max(rel |x| + scale s, floor), + the FP slack of one quotient and one product when
+// fp_slack; q4 formats use scale_clamped for the opposite-side population that clamps to code 15.
+struct EnvelopeConstants {
+  double rel = 0;
+  double scale = 0;
+  double scale_clamped = 0;
+  double floor = 0;
+  bool fp_slack = false;
+};
+
+// The traits of one half format: one row per format in runtime/src/format.cpp (kInfo), read by the
+// page layout, the codecs, the envelope, `kvgate formats` and the KV file code. Fields are in
+// designated-initializer order.
 struct HalfFormatInfo {
   HalfFormat id;
+  int block_elems;               // elements per code block: 1, or kQBlock for the 32-block formats
+  std::size_t block_bytes;       // bytes per block: the element size, or sizeof(block_q8_0 / block_q4_0)
+  std::size_t cell_scale_bytes;  // bytes per cell (token x kv head) of the page's "scales" run; 0: none
+  bool rotated;                  // a Walsh-Hadamard rotation per head before quantizing
   std::string_view name;
   std::string_view code_type;          // element code: "f32", "f16", "int8", "e4m3fn", "q4 nibble", ...
   std::string_view scale_granularity;  // "none", "per cell (token x kv head)", "per tensor (layer, K|V)", "per 32-block of the token row"
@@ -42,6 +73,9 @@ struct HalfFormatInfo {
   std::string_view envelope;           // the error envelope, as text for reports
   bool per_token_scales;               // needs a scales region that must be persisted/swapped with codes
   bool per_tensor_scale;               // uses the caller's per-(layer, K|V) FP32 scale
+  EnvelopeConstants env;
+  QuantizeTokenFn quantize_token;      // the page writer of one token row
+  DequantizeTokenFn dequantize_token;  // the page reader of one token row (scalar reference)
 };
 
 const HalfFormatInfo& info(HalfFormat f);
