@@ -1025,11 +1025,13 @@ TEST_CASE("MOD.loader.gguf_added_tokens control and user-defined GGUF tokens are
   for (int c = 0; c < 256; ++c) vocab.push_back(byte_to_unicode_utf8(static_cast<std::uint8_t>(c)));
   vocab.push_back("<|user|>");   // user-defined
   vocab.push_back("<|ctl|>");    // control
+  vocab.push_back("<|a|>");      // user-defined, a prefix of the next one
+  vocab.push_back("<|a|>b");     // user-defined
   vocab.push_back("<s>");
   vocab.push_back("</s>");
-  const int V = static_cast<int>(vocab.size()), user = 256, ctl = 257, bos = V - 2;
+  const int V = static_cast<int>(vocab.size()), user = 256, ctl = 257, a_tok = 258, ab_tok = 259, bos = V - 2;
   std::vector<std::int32_t> types(static_cast<std::size_t>(V), 1);
-  types[static_cast<std::size_t>(user)] = 4;
+  types[static_cast<std::size_t>(user)] = types[static_cast<std::size_t>(a_tok)] = types[static_cast<std::size_t>(ab_tok)] = 4;
   types[static_cast<std::size_t>(ctl)] = types[static_cast<std::size_t>(bos)] = types[static_cast<std::size_t>(V - 1)] = 3;
   std::mt19937 rng(12);
   std::vector<SynthTensor> ts;
@@ -1087,6 +1089,8 @@ TEST_CASE("MOD.loader.gguf_added_tokens control and user-defined GGUF tokens are
   const auto byte_id = [](char c) { return static_cast<int>(static_cast<unsigned char>(c)); };
   const std::vector<int> ids = tok.encode("a<|user|>b<|ctl|>c", false);
   CHECK(ids == std::vector<int>{byte_id('a'), user, byte_id('b'), ctl, byte_id('c')});
+  // Added tokens that prefix each other: the longest one wins where both match.
+  CHECK(tok.encode("<|a|>b<|a|>c", false) == std::vector<int>{ab_tok, a_tok, byte_id('c')});
   // Anti-vacuity: as plain text the token would be 8 byte pieces.
   CHECK(tok.encode("<|us", false).size() == 4);
 }
