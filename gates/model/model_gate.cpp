@@ -1013,3 +1013,84 @@ TEST_CASE("MOD.loader.gguf_rope rope.scaling linear/yarn, partial rotary and rop
   }));
   check_message(load_error(no_orig), no_orig, "original_context_length");
 }
+
+// MOD.loader.gguf_added_tokens: a GGUF gpt2 vocabulary's added tokens, control (type 3) and
+// user-defined (type 4, llama.cpp's USER_DEFINED), are matched whole in the text, never split into
+// byte pieces; a normal token (type 1) spelled like one is not. The class it closes: a token type the
+// loader drops from the added-token list (user-defined tokens of chat templates, e.g. "<|user|>").
+// Exact ids. Anti-vacuity: without the added-token rule the same text encodes to its bytes (the
+// plain pieces are checked to be longer than one id).
+TEST_CASE("MOD.loader.gguf_added_tokens control and user-defined GGUF tokens are matched whole", "[gate:MOD][loader]") {
+  std::vector<std::string> vocab;
+  for (int c = 0; c < 256; ++c) vocab.push_back(byte_to_unicode_utf8(static_cast<std::uint8_t>(c)));
+  vocab.push_back("<|user|>");   // user-defined
+  vocab.push_back("<|ctl|>");    // control
+  vocab.push_back("<|a|>");      // user-defined, a prefix of the next one
+  vocab.push_back("<|a|>b");     // user-defined
+  vocab.push_back("<s>");
+  vocab.push_back("</s>");
+  const int V = static_cast<int>(vocab.size()), user = 256, ctl = 257, a_tok = 258, ab_tok = 259, bos = V - 2;
+  std::vector<std::int32_t> types(static_cast<std::size_t>(V), 1);
+  types[static_cast<std::size_t>(user)] = types[static_cast<std::size_t>(a_tok)] = types[static_cast<std::size_t>(ab_tok)] = 4;
+  types[static_cast<std::size_t>(ctl)] = types[static_cast<std::size_t>(bos)] = types[static_cast<std::size_t>(V - 1)] = 3;
+  std::mt19937 rng(12);
+  std::vector<SynthTensor> ts;
+  ts.push_back(make_tensor("token_embd.weight", {32, static_cast<std::uint64_t>(V)}, 0, rng, 0.5f));
+  ts.push_back(make_tensor("output_norm.weight", {32}, 0, rng, 1.0f));
+  const std::string p = "blk.0.";
+  ts.push_back(make_tensor(p + "attn_norm.weight", {32}, 0, rng, 1.0f));
+  ts.push_back(make_tensor(p + "attn_q.weight", {32, 32}, 0, rng, 0.2f));
+  ts.push_back(make_tensor(p + "attn_k.weight", {32, 16}, 0, rng, 0.2f));
+  ts.push_back(make_tensor(p + "attn_v.weight", {32, 16}, 0, rng, 0.2f));
+  ts.push_back(make_tensor(p + "attn_output.weight", {32, 32}, 0, rng, 0.2f));
+  ts.push_back(make_tensor(p + "ffn_norm.weight", {32}, 0, rng, 1.0f));
+  ts.push_back(make_tensor(p + "ffn_gate.weight", {32, 64}, 0, rng, 0.2f));
+  ts.push_back(make_tensor(p + "ffn_up.weight", {32, 64}, 0, rng, 0.2f));
+  ts.push_back(make_tensor(p + "ffn_down.weight", {64, 32}, 0, rng, 0.2f));
+  constexpr std::size_t kAlign = 32;
+  GgufWriter w;
+  w.b.insert(w.b.end(), {'G', 'G', 'U', 'F'});
+  w.pod<std::uint32_t>(3);
+  w.pod<std::uint64_t>(ts.size());
+  w.pod<std::uint64_t>(15);
+  w.kv_str("general.architecture", "llama");
+  w.kv_u32("llama.embedding_length", 32);
+  w.kv_u32("llama.feed_forward_length", 64);
+  w.kv_u32("llama.block_count", 1);
+  w.kv_u32("llama.attention.head_count", 4);
+  w.kv_u32("llama.attention.head_count_kv", 2);
+  w.kv_u32("llama.context_length", 64);
+  w.kv_f32("llama.rope.freq_base", 10000.0f);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
+  w.kv_str("tokenizer.ggml.model", "gpt2");
+  w.kv_str("tokenizer.ggml.pre", "gpt2");
+  w.kv_strs("tokenizer.ggml.tokens", vocab);
+  w.kv_i32s("tokenizer.ggml.token_type", types);
+  w.kv_strs("tokenizer.ggml.merges", {});
+  w.kv_u32("tokenizer.ggml.bos_token_id", static_cast<std::uint32_t>(bos));
+  std::uint64_t off = 0;
+  for (const auto& t : ts) {
+    w.str(t.name);
+    w.pod<std::uint32_t>(static_cast<std::uint32_t>(t.ne.size()));
+    for (auto e : t.ne) w.pod(e);
+    w.pod(t.type);
+    w.pod(off);
+    off += (t.data.size() + kAlign - 1) / kAlign * kAlign;
+  }
+  w.pad(kAlign);
+  for (const auto& t : ts) {
+    w.b.insert(w.b.end(), t.data.begin(), t.data.end());
+    w.pad(kAlign);
+  }
+  TempDir td;
+  const Model m = load_model(td.write("added.gguf", w.b));
+  REQUIRE(m.tokenizer != nullptr);
+  const Tokenizer& tok = *m.tokenizer;
+  const auto byte_id = [](char c) { return static_cast<int>(static_cast<unsigned char>(c)); };
+  const std::vector<int> ids = tok.encode("a<|user|>b<|ctl|>c", false);
+  CHECK(ids == std::vector<int>{byte_id('a'), user, byte_id('b'), ctl, byte_id('c')});
+  // Added tokens that prefix each other: the longest one wins where both match.
+  CHECK(tok.encode("<|a|>b<|a|>c", false) == std::vector<int>{ab_tok, a_tok, byte_id('c')});
+  // Anti-vacuity: as plain text the token would be 8 byte pieces.
+  CHECK(tok.encode("<|us", false).size() == 4);
+}

@@ -688,5 +688,32 @@ TEST_CASE("SGN.quality.depth positions land in their depth bucket across windows
     CHECK(c.decode_path_positions == 200);
     CHECK(c.noise.runs.at(1).quality.all.positions == 200);
     CHECK(c.by_format.at("q4_0").buckets[1].stats.positions == 1500 - 1024);
+
+// The conformance rule's counts at their edges: a format whose tagged gates all skipped (e.g. CUDA
+// gates without a device) ran no gate, so it is NOT-VALIDATED, not CONFORMS; one pass among skips
+// is enough to conform (skips alone never decide). Rows written from the rule (README "Sign-off").
+TEST_CASE("SGN.conformance.counts all gates skipped is not validated; one pass among skips conforms", SGN_TAGS) {
+  struct Row {
+    int passed, failed, skipped;
+    Conformance want;
+  };
+  const Row rows[] = {
+      {0, 0, 5, Conformance::not_validated},     // every tagged gate skipped: none ran
+      {0, 0, 0, Conformance::not_validated},     // no tagged gate at all
+      {1, 0, 5, Conformance::conforms},          // one ran and passed
+      {0, 1, 5, Conformance::does_not_conform},  // one ran and failed (a count without names still fails)
+  };
+  for (const Row& r : rows) {
+    INFO("passed " << r.passed << " failed " << r.failed << " skipped " << r.skipped);
+    auto c = conforming();
+    c.gates.passed = r.passed;
+    c.gates.failed = r.failed;
+    c.gates.skipped = r.skipped;
+    const auto v = conformance_verdict(c);
+    CHECK(v.verdict == r.want);
+    if (r.want == Conformance::not_validated) {
+      REQUIRE_FALSE(v.reasons.empty());
+      CHECK(has(v.reasons.front(), "no gate tagged with the format ran"));
+    }
   }
 }
