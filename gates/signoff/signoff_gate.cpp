@@ -688,6 +688,8 @@ TEST_CASE("SGN.quality.depth positions land in their depth bucket across windows
     CHECK(c.decode_path_positions == 200);
     CHECK(c.noise.runs.at(1).quality.all.positions == 200);
     CHECK(c.by_format.at("q4_0").buckets[1].stats.positions == 1500 - 1024);
+  }
+}
 
 // The conformance rule's counts at their edges: a format whose tagged gates all skipped (e.g. CUDA
 // gates without a device) ran no gate, so it is NOT-VALIDATED, not CONFORMS; one pass among skips
