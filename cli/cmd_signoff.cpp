@@ -20,6 +20,7 @@
 #include "gate_runner.hpp"
 #include "kvgate/atomic_file.hpp"
 #include "kvgate/matrix.hpp"
+#include "kvgate/outcomes.hpp"
 #include "kvgate/reports.hpp"
 #include "kvgate/signoff.hpp"
 
@@ -158,6 +159,15 @@ int run_signoff(const SignoffOpts& o) {
     throw std::invalid_argument("--corpus " + o.corpus + ": no model to check it against (stories260K not found; set KVGATE_MODELS or --model)");
   }
 
+  std::optional<records::OutcomesRecord> outcomes;  // --mutants: the mutation proof, typed
+  std::string mutation_source;
+  if (!o.mutants.empty()) {
+    fs::path p(o.mutants);
+    if (fs::is_directory(p)) p /= "outcomes.json";
+    outcomes = records::read_outcomes(p);
+    mutation_source = "read from " + p.string();
+  }
+
   fs::create_directories(o.out);
   std::map<std::string, so::ConformanceInput> C;
   std::map<std::string, std::vector<std::string>> notes;
@@ -237,14 +247,11 @@ int run_signoff(const SignoffOpts& o) {
         all_ids.insert(m.value("id", ""));
       }
     }
-  json outcomes = nullptr;
-  std::string mutation_source;
-  if (!o.mutants.empty()) {
-    fs::path p(o.mutants);
-    if (fs::is_directory(p)) p /= "outcomes.json";
-    outcomes = read_json_file(p);
-    mutation_source = "read from " + p.string();
-    if (outcomes.is_null()) mutation_source = "could not read " + p.string();
+  // The proof as its typed record (kvgate/outcomes.hpp): a --mutants file that is corrupt, of another
+  // format_version or breaks mutations/schema/outcomes.schema.json is refused (exit 1) naming the
+  // file and the field; JSON appears again only when the report is written.
+  if (outcomes) {
+    // read with the other inputs, before anything was written
   } else if (!o.quick && !all_ids.empty()) {
     const fs::path mdir = fs::path(o.out) / "mutants";
     std::string ids;
@@ -254,8 +261,12 @@ int run_signoff(const SignoffOpts& o) {
     std::fprintf(stderr, "signoff: mutation proof: %s\n", cmd.c_str());
     const int rc = std::system(cmd.c_str());
     const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    outcomes = read_json_file(mdir / "outcomes.json");
     mutation_source = "kvgate mutate --only (" + std::to_string(all_ids.size()) + " mutants), exit " + std::to_string(code);
+    try {
+      outcomes = records::read_outcomes(mdir / "outcomes.json");
+    } catch (const records::RecordError& e) {
+      mutation_source += "; " + std::string(e.what());
+    }
   } else {
     mutation_source = o.quick ? "not run (--quick)" : "no mutant in the catalog";
   }
@@ -263,16 +274,16 @@ int run_signoff(const SignoffOpts& o) {
   std::map<std::string, std::vector<std::string>> expect_miss;  // mutant -> expected killers that stayed green
   bool baseline_ok = true;
   std::string baseline_msg;
-  if (outcomes.is_object()) {
-    for (const auto& m : outcomes.value("mutants", json::array())) {
-      mstatus[m.value("id", "")] = m.value("status", "");
-      for (const auto& g : m.value("expected_not_killing", json::array())) expect_miss[m.value("id", "")].push_back(g.get<std::string>());
+  if (outcomes) {
+    for (const auto& m : outcomes->mutants) {
+      mstatus[m.id] = m.status;
+      if (!m.expected_not_killing.empty()) expect_miss[m.id] = m.expected_not_killing;
     }
-    if (outcomes.contains("baseline") && outcomes["baseline"].is_object() && !outcomes["baseline"].value("green", true)) {
+    if (!outcomes->baseline.green) {
       baseline_ok = false;
       baseline_msg = "mutation baseline not green";
     }
-    if (!outcomes.value("canary_survivors", json::array()).empty()) {
+    if (!outcomes->canary_survivors.empty()) {
       baseline_ok = false;
       baseline_msg = "the canary left gates green";
     }
@@ -288,7 +299,7 @@ int run_signoff(const SignoffOpts& o) {
       mo.not_run_reason = cat.is_object() ? "no catalog mutant targets a gate of " + f : "mutation catalog not found at " + catalog.string();
       continue;
     }
-    if (outcomes.is_null()) {
+    if (!outcomes) {
       mo.status = "not_run";
       mo.not_run = mo.mutants;
       mo.not_run_reason = o.quick && o.mutants.empty() ? "mutation proof not run (--quick)" : "mutation proof: " + mutation_source;
@@ -454,7 +465,7 @@ int run_signoff(const SignoffOpts& o) {
   reports::ReportInputs in;
   in.matrix = mj;
   in.gates = gsum;
-  in.mutants = outcomes;
+  in.mutants = outcomes ? records::to_json(*outcomes) : json(nullptr);
   in.signoff = rec;
   in.title = "kvgate sign-off (" + o.device + (o.quick ? ", quick" : "") + ")";
   std::string warning;

@@ -474,7 +474,10 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   }
   bool any_timeout = false;
   for (const auto& [id, g] : mo.gates) {
-    if (is_kill(g.status)) mo.killed_by.push_back(id);
+    if (is_kill(g.status)) {
+      mo.killed_by.push_back(id);
+      mo.killed_in[id] = {g.variant};
+    }
     any_timeout = any_timeout || g.status == GateStatus::timeout;
   }
   if (!mo.killed_by.empty()) {
