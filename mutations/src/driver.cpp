@@ -541,16 +541,31 @@ void write_outputs(const RunResult& r, const Env& e, std::ostream& log) {
   }
 }
 
-}  // namespace
+using Stop = std::optional<int>;  // a step's exit code when the run ends there
 
-int run_mutate(const MutateOptions& in, std::ostream& log) {
-  RunResult r;
-  r.started_at = utc_now();
-  const auto t_setup = Clock::now();
+// Everything one `kvgate mutate` run carries from step to step.
+struct Run {
   Env e;
-  e.o = in;
-  e.log = &log;
-  MutateOptions& o = e.o;
+  RunResult r;
+  Catalog cat;
+  std::vector<AnchorCheck> checks;        // one per catalog mutant
+  std::vector<const Mutant*> selected;    // the mutants to run (not the canary)
+  Clock::time_point t_setup = Clock::now();
+  bool want_cuda = false;                 // a selected mutant needs a device and one is present
+  std::unique_ptr<ScratchLock> lock;      // held for the whole run
+  std::optional<InterruptGuard> interrupt_guard;
+};
+
+// Fill in the defaults: absolute source, catalog and schema paths, jobs.
+Stop resolve_options(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (o.source_dir.empty()) {
     log << "kvgate mutate: no source directory (pass --source-dir)\n";
     return kExitError;
@@ -567,17 +582,40 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     o.report_schema = o.source_dir / "mutations" / "schema" / "mutation-testing-report-schema.json";
   if (o.jobs < 1) o.jobs = 1;
 
+  return std::nullopt;
+}
+
+// The catalog: schema, IDs, then every anchor checked in the source tree.
+Stop load_and_check_catalog(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- catalog: schema, ids, anchors ------------------------------------------------------
-  Catalog cat;
   try {
     cat = load_catalog(o.catalog, o.schema);
   } catch (const std::exception& ex) {
     log << "kvgate mutate: " << ex.what() << "\n";
     return kExitStale;
   }
-  std::vector<AnchorCheck> checks;
   for (const auto& m : cat.mutants) checks.push_back(check_anchor(m, o.source_dir));
-  if (o.list) {
+  return std::nullopt;
+}
+
+// --list: the catalog with anchor status; runs nothing.
+Stop list_catalog(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
     print_list(cat, checks, log);
     int stale = 0;
     for (const auto& c : checks) stale += c.ok() ? 0 : 1;
@@ -586,10 +624,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     for (const auto& c : checks)
       if (!c.ok()) log << c.message() << "\n";
     return stale ? kExitStale : kExitOk;
-  }
+}
 
+// --only, --only-requires, --expected-gates-only, --since: the mutants of this run.
+Stop select_mutants(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- selection -------------------------------------------------------------------------
-  std::vector<const Mutant*> selected;
   if (!o.only.empty()) {
     r.full_run = false;
     for (const auto& id : o.only) {
@@ -633,6 +680,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: --since " << o.since << ": " << selected.size() << " mutant(s) on changed files\n";
   }
 
+  return std::nullopt;
+}
+
+// A stale anchor stops the run for a mutant that would run (and the canary); others warn.
+Stop refuse_stale_anchors(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   {
     // STALE is a hard error for every mutant that would run (and the canary); a partial run only
     // warns about the others (the unit test mutations_unit checks the whole catalog).
@@ -648,6 +708,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     if (stale) return kExitStale;
   }
 
+  return std::nullopt;
+}
+
+// Scratch, build and output folders; the scratch lock; Ctrl-C handling.
+Stop prepare_scratch(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- scratch copy and build ---------------------------------------------------------------
   e.scratch = o.scratch_dir.empty() ? o.source_dir / ".scratch" / "mutants" : fs::absolute(o.scratch_dir);
   e.build = o.build_dir.empty() ? e.scratch / "build" : fs::absolute(o.build_dir);
@@ -658,29 +731,41 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: the scratch directory must not be (or contain) the source tree\n";
     return kExitError;
   }
-  std::unique_ptr<ScratchLock> lock;
   try {
-    lock = std::make_unique<ScratchLock>(fs::path(e.scratch.string() + ".lock"));
+    s.lock = std::make_unique<ScratchLock>(fs::path(e.scratch.string() + ".lock"));
   } catch (const std::exception& ex) {
     log << "kvgate mutate: " << ex.what() << "\n";
     return kExitError;
   }
-  InterruptGuard ig;
+  s.interrupt_guard.emplace();
   fs::create_directories(e.out);
   for (const char* stale : {"baseline", "canary", "mutants"}) fs::remove_all(e.out / stale);
   fs::create_directories(e.out / "baseline");
 
+  return std::nullopt;
+}
+
+// requires: cuda-device. Probed before building: with no device those mutants are skipped
+// (with the reason) instead of surviving gates that skip; with one, the scratch build gets CUDA.
+Stop probe_device(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- requires: cuda-device ----------------------------------------------------------------
   // Probed before building: without a device those mutants are skipped (with the reason) instead
   // of "surviving" gates that skip; with one, the scratch build gets CUDA.
-  bool want_cuda = false;
   if (std::any_of(selected.begin(), selected.end(), [](const Mutant* m) { return needs_device(*m); })) {
     const DeviceProbe dp = probe_cuda_device(e.out / "baseline" / "device_probe.log");
     e.device_probed = true;
     e.device_present = dp.present;
     e.device_how = dp.how;
     log << "kvgate mutate: CUDA device " << (dp.present ? "found" : "not found") << " (" << dp.how << ")\n";
-    want_cuda = dp.present;
+    s.want_cuda = dp.present;
     if (std::all_of(selected.begin(), selected.end(),
                     [&](const Mutant* m) { return !requirement_gap(e, *m, false).empty(); })) {
       // Nothing can run here: build nothing, report every selected mutant as skipped.
@@ -702,6 +787,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     }
   }
 
+  return std::nullopt;
+}
+
+// Mirror the source into the scratch copy and check the anchors again there.
+Stop sync_scratch(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   const auto files = list_source_files(o.source_dir);
   const SyncStats ss = sync_tree(o.source_dir, e.scratch, files, {e.build});
   log << "kvgate mutate: scratch " << e.scratch.string() << ": " << ss.copied << " copied, " << ss.unchanged
@@ -719,6 +817,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     return kExitStale;
   }
 
+  return std::nullopt;
+}
+
+// The build's and the gates' environment (ccache base, source dir, models).
+Stop set_environments(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   e.build_env = {{"KVGATE_SOURCE_DIR", e.scratch.string()}};
   if (!std::getenv("CCACHE_BASEDIR")) {
     // Compile commands of the scratch build then hash like the user's own build (same relative
@@ -735,11 +846,23 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     if (!models.empty()) e.gate_env.emplace_back("KVGATE_MODELS", models);
   }
 
-  const fs::path bl = e.out / "baseline";
+  return std::nullopt;
+}
+
+// Configure the scratch build once, else regenerate it when a CMakeLists.txt changed.
+Stop configure_scratch_build(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (!fs::exists(e.build / "build.ninja")) {
     std::vector<std::string> argv{"cmake", "-S", e.scratch.string(), "-B", e.build.string(), "-G", "Ninja",
                                   "-DKVGATE_CUDA=OFF", "-DKVGATE_BUILD_BENCH=OFF", "-DCMAKE_BUILD_TYPE=Release"};
-    if (want_cuda) argv.push_back("-DKVGATE_CUDA=ON");  // a later -D wins
+    if (s.want_cuda) argv.push_back("-DKVGATE_CUDA=ON");  // a later -D wins
     for (const auto& a : o.cmake_args) argv.push_back(a);
     log << "kvgate mutate: configuring the scratch build " << e.build.string() << "\n";
     const ProcResult cr = run_process({argv, {}, e.build_env, (bl / "configure.log").string(), 0});
@@ -757,40 +880,64 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       return interrupted() ? kExitInterrupted : kExitError;
     }
   }
+  return std::nullopt;
+}
+
+// <build>/gates/gates.txt (mutations/CMakeLists.txt) -> the gate executables; CMakeCache.txt -> is
+// it a CUDA build.
+bool read_gate_list(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   const fs::path gates_txt = e.build / "gates" / "gates.txt";
-  auto read_gate_list = [&]() -> bool {
-    e.exes.clear();
-    e.targets.clear();
-    e.cuda_build = false;
-    const std::string cache = read_text(e.build / "CMakeCache.txt");
-    const auto p = cache.find("CMAKE_CUDA_COMPILER:");
-    if (p != std::string::npos) {
-      const auto eq = cache.find('=', p), nl = cache.find('\n', p);
-      e.cuda_build = eq != std::string::npos && eq + 1 < nl && cache.substr(eq + 1, nl - eq - 1).find("NOTFOUND") ==
-                                                                 std::string::npos;
-    }
-    if (!fs::exists(gates_txt)) {
-      log << "kvgate mutate: " << gates_txt.string()
-          << " is missing: the build lists its gates there (mutations/CMakeLists.txt)\n";
-      return false;
-    }
-    std::istringstream in(read_text(gates_txt));
-    for (std::string line; std::getline(in, line);) {
-      const auto tab = line.find('\t');
-      if (line.empty() || tab == std::string::npos) continue;
-      GateExe x;
-      x.target = line.substr(0, tab);
-      x.path = line.substr(tab + 1);
-      // A CUDA build lists the GPU gate program; CMakeCache.txt may not name the CUDA compiler
-      // (found through check_language), so this is the reliable signal for `requires: cuda`.
-      if (x.target == "gate_cuda") e.cuda_build = true;
-      e.exes.push_back(x);
-      e.targets.push_back(x.target);
-    }
-    return true;
-  };
-  if (!read_gate_list()) return kExitError;
-  if (want_cuda && !e.cuda_build) {
+  e.exes.clear();
+  e.targets.clear();
+  e.cuda_build = false;
+  const std::string cache = read_text(e.build / "CMakeCache.txt");
+  const auto p = cache.find("CMAKE_CUDA_COMPILER:");
+  if (p != std::string::npos) {
+    const auto eq = cache.find('=', p), nl = cache.find('\n', p);
+    e.cuda_build = eq != std::string::npos && eq + 1 < nl && cache.substr(eq + 1, nl - eq - 1).find("NOTFOUND") ==
+                                                               std::string::npos;
+  }
+  if (!fs::exists(gates_txt)) {
+    log << "kvgate mutate: " << gates_txt.string()
+        << " is missing: the build lists its gates there (mutations/CMakeLists.txt)\n";
+    return false;
+  }
+  std::istringstream in(read_text(gates_txt));
+  for (std::string line; std::getline(in, line);) {
+    const auto tab = line.find('\t');
+    if (line.empty() || tab == std::string::npos) continue;
+    GateExe x;
+    x.target = line.substr(0, tab);
+    x.path = line.substr(tab + 1);
+    // A CUDA build lists the GPU gate program; CMakeCache.txt may not name the CUDA compiler
+    // (found through check_language), so this is the reliable signal for `requires: cuda`.
+    if (x.target == "gate_cuda") e.cuda_build = true;
+    e.exes.push_back(x);
+    e.targets.push_back(x.target);
+  }
+  return true;
+}
+
+// The gate programs of the scratch build (reconfigured with CUDA when a device mutant needs it).
+Stop list_gate_programs(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
+  if (!read_gate_list(s)) return kExitError;
+  if (s.want_cuda && !e.cuda_build) {
     // An existing scratch build configured without CUDA: a device mutant needs gate_cuda.
     log << "kvgate mutate: reconfiguring the scratch build with -DKVGATE_CUDA=ON (a selected mutant requires "
            "a CUDA device)\n";
@@ -800,14 +947,27 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       log << "kvgate mutate: configure with CUDA failed, see " << (bl / "configure_cuda.log").string() << "\n";
       return interrupted() ? kExitInterrupted : kExitError;
     }
-    if (!read_gate_list()) return kExitError;
+    if (!read_gate_list(s)) return kExitError;
   }
+  return std::nullopt;
+}
+
+// --gate-targets: only these gate programs.
+Stop restrict_gate_targets(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (!o.gate_targets.empty()) {
     r.full_run = false;
     for (const auto& t : o.gate_targets)
       if (std::none_of(e.exes.begin(), e.exes.end(), [&](const GateExe& x) { return x.target == t; })) {
         log << "kvgate mutate: --gate-targets names '" << t << "', which is not a gate executable of this build ("
-            << gates_txt.string() << ")\n";
+            << (e.build / "gates" / "gates.txt").string() << ")\n";
         return kExitError;
       }
     std::erase_if(e.exes, [&](const GateExe& x) {
@@ -819,6 +979,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: the build defines no gate executables (kvgate_add_gate)\n";
     return kExitError;
   }
+  return std::nullopt;
+}
+
+// Build the unmutated gate programs; snapshot their objects (and copy them for --restore-objects).
+Stop build_baseline(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   log << "kvgate mutate: building " << e.exes.size() << " gate executable(s) in " << e.build.string() << "\n";
   if (!run_build(e, bl / "build.log", &r.baseline_build_s)) {
     log << "kvgate mutate: the unmutated scratch tree does not build, see " << (bl / "build.log").string() << "\n";
@@ -841,6 +1014,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: --restore-objects: " << e.objects.size() << " baseline objects copied to "
         << e.object_backup.string() << "\n";
   }
+  return std::nullopt;
+}
+
+// --expected-gates-only: the union of the selected mutants' expected gates.
+Stop focus_gates(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (o.expected_gates_only) {
     for (const Mutant* m : selected) {
       if (!requirement_gap(e, *m, false).empty()) continue;
@@ -851,8 +1037,20 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     for (const auto& id : e.focus) ids += " " + id;
     log << "kvgate mutate: --expected-gates-only: " << e.focus.size() << " gate(s):" << ids << "\n";
   }
-  r.setup_s = since(t_setup);
+  r.setup_s = since(s.t_setup);
+  return std::nullopt;
+}
 
+// Every gate on the unmutated tree: it must be green (or, with --skip-red-gates, the red ones are left out).
+Stop run_baseline(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- baseline --------------------------------------------------------------------------
   log << "kvgate mutate: baseline (build " << fmt_s(r.baseline_build_s) << ")...\n";
   const auto base =
@@ -920,6 +1118,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     }
   }
 
+  return std::nullopt;
+}
+
+// The canary must turn every proven gate red: else a gate does not run the code the driver mutates.
+Stop run_canary(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- canary ----------------------------------------------------------------------------
   if (const Mutant* c = cat.canary(); c && o.canary) {
     log << "kvgate mutate: canary " << c->id << "...\n";
@@ -954,6 +1165,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: warning: the catalog has no canary (category \"canary\")\n";
   }
 
+  return std::nullopt;
+}
+
+// Each selected mutant: apply, rebuild, run the gates, classify, revert.
+Stop run_mutants(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- mutants ---------------------------------------------------------------------------
   const auto t_mut = Clock::now();
   const int N = static_cast<int>(selected.size());
@@ -1008,6 +1232,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   r.mutation_s = since(t_mut);
   if (interrupted()) r.interrupted = true;
 
+  return std::nullopt;
+}
+
+// The run's own checks (counts, expectations, gates killing none) and the exit code.
+Stop check_run(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- checks ----------------------------------------------------------------------------
   std::map<std::string, int> kills;
   for (const auto& mo : r.outcomes)
@@ -1043,6 +1280,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   else r.exit_code = kExitOk;
   if (!e.red.empty() && (r.exit_code == kExitOk || r.exit_code == kExitExpectation)) r.exit_code = kExitBaselineRed;
 
+  return std::nullopt;
+}
+
+// Outputs written; the summary, survivors and failed checks printed.
+Stop print_summary(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   write_outputs(r, e, log);
   std::vector<double> walls;
   for (const auto& mo : r.outcomes)
@@ -1079,7 +1329,25 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   for (const auto& f : r.check_failures) log << "  check failed: " << f << "\n";
   log << "kvgate mutate: outputs in " << e.out.string() << " (kill_matrix.md, index.html); exit " << r.exit_code
       << "\n";
-  return r.exit_code;
+  return std::nullopt;
+}
+
+}  // namespace
+
+// The whole run as a list of steps (each returns an exit code when the run ends there).
+int run_mutate(const MutateOptions& in, std::ostream& log) {
+  Run s;
+  s.r.started_at = utc_now();
+  s.e.o = in;
+  s.e.log = &log;
+  for (Stop (*step)(Run&) : {resolve_options, load_and_check_catalog}) if (Stop rc = step(s)) return *rc;
+  if (s.e.o.list) return *list_catalog(s);
+  for (Stop (*step)(Run&) : {select_mutants, refuse_stale_anchors, prepare_scratch, probe_device, sync_scratch,
+                             set_environments, configure_scratch_build, list_gate_programs, restrict_gate_targets,
+                             build_baseline, focus_gates, run_baseline, run_canary, run_mutants, check_run})
+    if (Stop rc = step(s)) return *rc;
+  print_summary(s);
+  return s.r.exit_code;
 }
 
 }  // namespace kvgate::mutate
