@@ -1,6 +1,7 @@
 #include "kvgate_mutations/driver.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -12,6 +13,7 @@
 
 #include "kvgate/model_paths.hpp"
 #include "kvgate_mutations/catch_xml.hpp"
+#include "kvgate_mutations/gate_files.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
 #include "kvgate_mutations/scratch.hpp"
@@ -91,7 +93,11 @@ void merge_into(GateOutcome& into, const GateOutcome& g) {
     into.status = g.status;
     into.detail = g.detail;
     into.log = g.log;
+    into.variant = g.variant;
   }
+  for (const auto& v : g.kill_variants)
+    if (std::find(into.kill_variants.begin(), into.kill_variants.end(), v) == into.kill_variants.end())
+      into.kill_variants.push_back(v);
   into.seconds += g.seconds;
 }
 
@@ -120,6 +126,7 @@ struct Env {
   std::vector<std::string> focus_dropped;  // executables without a focused gate (dropped)
   fs::path object_backup;                  // --restore-objects: baseline copies of every object
   std::set<std::string> red;               // --skip-red-gates: gate IDs red in the baseline
+  std::map<std::string, Variant> variants; // by name: the environments gate programs run in
   std::ostream* log = nullptr;
 };
 
@@ -140,7 +147,22 @@ bool run_build(Env& e, const fs::path& log_path, double* seconds) {
   return r.ok();
 }
 
-// Runs the gate executables (and, after a crash or timeout, the unfinished gate IDs one by one).
+// The variant's environment on top of the gates' common one.
+std::vector<std::pair<std::string, std::string>> env_for(const Env& e, const std::string& variant) {
+  auto env = e.gate_env;
+  if (const auto it = e.variants.find(variant); it != e.variants.end())
+    for (const auto& kv : it->second.env) env.push_back(kv);
+  return env;
+}
+
+// File stem of one gate program's run in one variant ("gate_model", "gate_model@no_avx2").
+std::string unit_stem(const GateExe& x, const std::string& variant) {
+  return variant == "default" ? x.target : x.target + "@" + variant;
+}
+
+// Runs the gate executables, each once per environment variant it has (and, after a crash or
+// timeout, the unfinished gate IDs one by one in that variant). A gate's outcome is the worst over
+// its variants; kill_variants names every variant in which it failed or crashed.
 // `baseline` runs without timeouts and discovers the gate IDs from the XML.
 // `focus` (--expected-gates-only): run only these gate IDs (a Catch2 test spec per executable);
 // executables without one of them are not started. Null: every gate.
@@ -148,9 +170,13 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
                                              double* wall, const std::vector<std::string>* focus = nullptr) {
   fs::create_directories(dir);
   const auto t0 = Clock::now();
+  struct Unit {
+    std::size_t exe;      // index into e.exes
+    std::string variant;
+  };
   std::vector<ProcSpec> specs;
-  std::vector<std::size_t> started;              // indices into e.exes
-  std::vector<std::vector<std::string>> wanted;  // per started executable: the gate IDs it must report
+  std::vector<Unit> started;
+  std::vector<std::vector<std::string>> wanted;  // per started unit: the gate IDs it must report
   for (std::size_t i = 0; i < e.exes.size(); ++i) {
     const auto& x = e.exes[i];
     std::vector<std::string> ids = x.gate_ids;
@@ -167,39 +193,46 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         filter = spec_for(ids);
       }
     }
-    ProcSpec s;
-    s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (x.target + ".xml")).string()};
-    if (!filter.empty()) s.argv.insert(s.argv.begin() + 1, filter);
-    s.cwd = x.path.parent_path().string();
-    s.env = e.gate_env;
-    s.log_path = (dir / (x.target + ".log")).string();
-    s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
-    fs::remove(dir / (x.target + ".xml"));
-    specs.push_back(std::move(s));
-    started.push_back(i);
-    wanted.push_back(std::move(ids));
+    for (const auto& v : x.variants) {
+      const std::string stem = unit_stem(x, v);
+      ProcSpec s;
+      s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
+      if (!filter.empty()) s.argv.insert(s.argv.begin() + 1, filter);
+      s.cwd = x.path.parent_path().string();
+      s.env = env_for(e, v);
+      s.log_path = (dir / (stem + ".log")).string();
+      s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
+      fs::remove(dir / (stem + ".xml"));
+      specs.push_back(std::move(s));
+      started.push_back({i, v});
+      wanted.push_back(ids);
+    }
   }
   const auto res = run_processes(specs, e.o.jobs);
   std::map<std::string, GateOutcome> out;
   struct Rerun {
     std::size_t exe;
+    std::string variant;
     std::string id;
   };
   std::vector<Rerun> reruns;
+  std::set<std::size_t> dropped, rebased;  // baseline: exes without a focused gate; exes whose times were reset
   for (std::size_t k = 0; k < started.size(); ++k) {
-    const std::size_t i = started[k];
+    const std::size_t i = started[k].exe;
+    const std::string& variant = started[k].variant;
     GateExe& x = e.exes[i];
     const ProcResult& pr = res[k];
+    const std::string stem = unit_stem(x, variant);
     std::string xml;
     try {
-      xml = read_text(dir / (x.target + ".xml"));
+      xml = read_text(dir / (stem + ".xml"));
     } catch (...) {
     }
     const auto cases = parse_catch_xml(xml);
-    const std::string log_rel = rel_to(dir / (x.target + ".log"), e.out);
+    const std::string log_rel = rel_to(dir / (stem + ".log"), e.out);
     if (baseline && focus && cases.empty() && pr.ended_normally()) {
       // None of the focused gates lives in this executable (Catch2 3 exits 2 on an empty match).
-      e.focus_dropped.push_back(x.target);
+      if (dropped.insert(i).second) e.focus_dropped.push_back(x.target);
       continue;
     }
     std::map<std::string, GateOutcome> mine;
@@ -211,6 +244,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       GateOutcome g;
       g.log = log_rel;
       g.seconds = c.seconds;
+      g.variant = variant;
       secs[id] += c.seconds;
       if (c.has_result) {
         g.status = c.skipped && c.success ? GateStatus::skipped : c.success ? GateStatus::passed : GateStatus::failed;
@@ -220,26 +254,34 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         g.status = pr.timed_out ? GateStatus::timeout : GateStatus::crashed;
         g.detail = pr.describe() + " during: " + c.name;
       }
+      if (is_kill(g.status)) g.kill_variants = {variant};
       if (!mine.count(id)) mine[id] = g;
       else merge_into(mine[id], g);
     }
     if (baseline) {
-      x.baseline_s = pr.seconds;
-      x.gate_ids.clear();
+      if (rebased.insert(i).second) {
+        x.baseline_s = 0;
+        x.gate_ids.clear();
+      }
+      x.baseline_s += pr.seconds;
+      std::vector<std::string> found;
       for (const auto& [id, _] : mine) {
-        x.gate_ids.push_back(id);
+        found.push_back(id);
+        if (std::find(x.gate_ids.begin(), x.gate_ids.end(), id) == x.gate_ids.end()) x.gate_ids.push_back(id);
         Gate& g = e.gates[id];
         if (g.id.empty()) {
           g.id = id;
           g.exe = x.target;
           e.gate_order.push_back(id);
         }
-        g.cases.insert(g.cases.end(), names[id].begin(), names[id].end());
-        g.baseline_s += secs[id];
-        g.skipped = mine[id].status == GateStatus::skipped;
-        if (g.skipped) g.skip_reason = mine[id].detail.substr(std::string("skipped: ").size());
+        if (variant == "default" || g.cases.empty()) {
+          g.cases.insert(g.cases.end(), names[id].begin(), names[id].end());
+          g.baseline_s += secs[id];
+          g.skipped = mine[id].status == GateStatus::skipped;
+          if (g.skipped) g.skip_reason = mine[id].detail.substr(std::string("skipped: ").size());
+        }
       }
-      wanted[k] = x.gate_ids;
+      wanted[k] = found;
     }
     if (pr.ended_normally() && pr.exit_code != 0) {
       // Catch reports failures through the exit code; a non-zero code with every case green means
@@ -251,15 +293,18 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
           GateOutcome& g = mine[id];
           g.status = GateStatus::crashed;
           g.log = log_rel;
+          g.variant = variant;
+          g.kill_variants = {variant};
           g.detail = pr.describe() + " with no failed test case in its XML";
         }
     }
     for (const auto& id : wanted[k]) {
       if (mine.count(id)) continue;
       if (pr.ended_normally() || pr.interrupted) {
-        mine[id] = {GateStatus::not_run, 0, log_rel, pr.interrupted ? "interrupted" : "not in the XML report"};
+        GateOutcome g{GateStatus::not_run, 0, log_rel, pr.interrupted ? "interrupted" : "not in the XML report", variant, {}};
+        mine[id] = g;
       } else {
-        reruns.push_back({i, id});  // the executable died before reaching it: run it alone
+        reruns.push_back({i, variant, id});  // the executable died before reaching it: run it alone
       }
     }
     for (auto& [id, g] : mine) {
@@ -271,11 +316,11 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     std::vector<ProcSpec> rs;
     for (const auto& r : reruns) {
       const GateExe& x = e.exes[r.exe];
-      const std::string stem = x.target + "." + r.id;
+      const std::string stem = unit_stem(x, r.variant) + "." + r.id;
       ProcSpec s;
       s.argv = {x.path.string(), catch_spec_for_gate(r.id), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
       s.cwd = x.path.parent_path().string();
-      s.env = e.gate_env;
+      s.env = env_for(e, r.variant);
       s.log_path = (dir / (stem + ".log")).string();
       const double gb = e.gates.count(r.id) ? e.gates[r.id].baseline_s : x.baseline_s;
       s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * gb) * timeout_scale;
@@ -284,7 +329,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     }
     const auto rr = run_processes(rs, e.o.jobs);
     for (std::size_t k = 0; k < reruns.size(); ++k) {
-      const std::string stem = e.exes[reruns[k].exe].target + "." + reruns[k].id;
+      const std::string stem = unit_stem(e.exes[reruns[k].exe], reruns[k].variant) + "." + reruns[k].id;
       std::string xml;
       try {
         xml = read_text(dir / (stem + ".xml"));
@@ -293,6 +338,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       GateOutcome g;
       g.log = rel_to(dir / (stem + ".log"), e.out);
       g.seconds = rr[k].seconds;
+      g.variant = reruns[k].variant;
       const auto cases = parse_catch_xml(xml);
       if (rr[k].ended_normally() && !cases.empty()) {
         bool all_ok = true;
@@ -309,6 +355,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         g.status = GateStatus::crashed;
         g.detail = "run alone: " + rr[k].describe();
       }
+      if (is_kill(g.status)) g.kill_variants = {g.variant};
       if (!out.count(reruns[k].id)) out[reruns[k].id] = g;
       else merge_into(out[reruns[k].id], g);
     }
@@ -476,7 +523,7 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   for (const auto& [id, g] : mo.gates) {
     if (is_kill(g.status)) {
       mo.killed_by.push_back(id);
-      mo.killed_in[id] = {g.variant};
+      mo.killed_in[id] = g.kill_variants.empty() ? std::vector<std::string>{g.variant} : g.kill_variants;
     }
     any_timeout = any_timeout || g.status == GateStatus::timeout;
   }
@@ -513,7 +560,31 @@ void count(RunSummary& s, MutantStatus st) {
 }
 
 
-void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, std::ostream& log) {
+// The mutants whose file no gate program of the build compiles (restricted to `gates` when given):
+// they could only come back "noop", so the catalog check refuses them. A mutant that needs CUDA
+// is checked only against a CUDA build (a CPU build compiles no CUDA file). `why`: one line each.
+std::vector<std::string> ungated_mutants(const GateFiles& gf, const std::vector<const Mutant*>& ms,
+                                         const std::vector<std::string>& gates, std::vector<std::string>* why) {
+  std::vector<std::string> out;
+  const auto programs = gf.gate_programs();
+  const bool cuda_build = std::find(programs.begin(), programs.end(), "gate_cuda") != programs.end();
+  for (const Mutant* m : ms) {
+    const bool needs_cuda = std::any_of(m->requires_.begin(), m->requires_.end(),
+                                        [](const std::string& r) { return r == "cuda" || r == "cuda-device"; });
+    if (needs_cuda && !cuda_build) continue;
+    if (!gf.gates_compiling(m->file, gates).empty()) continue;
+    out.push_back(m->id);
+    if (why)
+      why->push_back("kvgate mutate: mutant " + m->id + ": no gate program" +
+                     (gates.empty() ? std::string() : " of this run") + " compiles " + m->file +
+                     ", so no gate can kill it (it would come back noop); fix: build it into a gate program "
+                     "(its library in a gate's link closure), move the mutant to a file a gate compiles, or drop it");
+  }
+  return out;
+}
+
+void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, const std::vector<std::string>& nogate,
+                std::ostream& log) {
   int w = 4, wf = 6;
   for (const auto& m : cat.mutants) {
     w = std::max(w, static_cast<int>(m.id.size()) + 2);
@@ -525,7 +596,8 @@ void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, std:
     const Mutant& m = cat.mutants[i];
     std::string ek;
     for (const auto& g : m.expect_killed_by) ek += (ek.empty() ? "" : ",") + g;
-    std::string st = checks[i].ok() ? "ok" : (checks[i].file_missing ? "NOFILE" : "STALE");
+    std::string st = !checks[i].ok() ? (checks[i].file_missing ? "NOFILE" : "STALE")
+                     : std::find(nogate.begin(), nogate.end(), m.id) != nogate.end() ? "NOGATE" : "ok";
     log << std::left << std::setw(w) << m.id << std::setw(12) << m.category << std::setw(wf) << m.file
         << std::setw(8) << st << ek << (m.requires_.empty() ? "" : "  (requires " + m.requires_.front() + ")")
         << "\n";
@@ -616,14 +688,31 @@ Stop list_catalog(Run& s) {
   [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
   [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
   [[maybe_unused]] const fs::path bl = e.out / "baseline";
-    print_list(cat, checks, log);
-    int stale = 0;
-    for (const auto& c : checks) stale += c.ok() ? 0 : 1;
-    log << cat.mutants.size() << " mutants (" << (cat.canary() ? "1 canary" : "no canary") << "), " << stale
-        << " stale\n";
-    for (const auto& c : checks)
-      if (!c.ok()) log << c.message() << "\n";
-    return stale ? kExitStale : kExitOk;
+  const fs::path bdir = !o.build_dir.empty() ? fs::path(o.build_dir) : o.list_build_dir;
+  std::vector<std::string> nogate, why;
+  bool gate_check = false;
+  if (!bdir.empty()) {
+    const GateFiles gf(bdir);
+    // Another tree's build says nothing about this catalog's files (unless --build-dir names it).
+    gate_check = gf.loaded() && (!o.build_dir.empty() || gf.root() == o.source_dir);
+    if (gate_check) {
+      std::vector<const Mutant*> all;
+      for (const auto& m : cat.mutants) all.push_back(&m);
+      nogate = ungated_mutants(gf, all, {}, &why);
+    }
+  }
+  print_list(cat, checks, nogate, log);
+  int stale = 0;
+  for (const auto& c : checks) stale += c.ok() ? 0 : 1;
+  log << cat.mutants.size() << " mutants (" << (cat.canary() ? "1 canary" : "no canary") << "), " << stale
+      << " stale, " << nogate.size() << " in a file no gate program compiles"
+      << (gate_check ? " (checked against " + (bdir / "gates" / "gate_closure.txt").string() + ")"
+                     : " (not checked: no build of this tree with gates/gate_closure.txt; pass --build-dir)")
+      << "\n";
+  for (const auto& c : checks)
+    if (!c.ok()) log << c.message() << "\n";
+  for (const auto& w : why) log << w << "\n";
+  return stale || !nogate.empty() ? kExitStale : kExitOk;
 }
 
 // --only, --only-requires, --expected-gates-only, --since: the mutants of this run.
@@ -1017,6 +1106,94 @@ Stop build_baseline(Run& s) {
   return std::nullopt;
 }
 
+// The catalog check against the scratch build: a mutant to run (or the canary) whose file no gate
+// program of this run compiles is refused by name (exit 5) instead of being reported noop.
+Stop refuse_ungated_mutants(Run& s) {
+  Env& e = s.e;
+  std::ostream& log = *e.log;
+  const GateFiles gf(e.build);
+  if (!gf.loaded()) {
+    log << "kvgate mutate: warning: " << (e.build / "gates" / "gate_closure.txt").string()
+        << " is missing: which files the gates compile is not checked\n";
+    return std::nullopt;
+  }
+  std::vector<const Mutant*> ms = s.selected;
+  if (const Mutant* c = s.cat.canary(); c && e.o.canary) ms.push_back(c);
+  std::erase_if(ms, [&](const Mutant* m) { return !requirement_gap(e, *m, false).empty(); });
+  std::vector<std::string> why;
+  const auto bad = ungated_mutants(gf, ms, e.targets, &why);
+  for (const auto& w : why) log << w << "\n";
+  return bad.empty() ? Stop{} : Stop{kExitStale};
+}
+
+// The environment matrix: every variant in which the build's ctest runs a gate program (read from
+// `ctest --show-only=json-v1`: a test whose command is a gate executable, with its ENVIRONMENT
+// less KVGATE_SOURCE_DIR, which the driver sets itself). A program runs in "default" and in each
+// such variant: e.g. gate_model under KVGATE_NO_AVX2=1 (the portable page readers), so a mutant
+// in code only that environment reaches is proven too. The variant is named after the test
+// (gate_model_no_avx2 -> no_avx2).
+Stop list_variants(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  e.variants = {{"default", {"default", {}}}};
+  for (auto& x : e.exes) x.variants = {"default"};
+  const auto [rc, text] = capture_output({"ctest", "--test-dir", e.build.string(), "--show-only=json-v1"});
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (...) {
+  }
+  if (rc != 0 || !doc.is_object()) {
+    log << "kvgate mutate: warning: `ctest --show-only=json-v1` gave no test list (exit " << rc
+        << "): every gate program runs in its default environment only\n";
+  }
+  for (const auto& t : doc.value("tests", nlohmann::json::array())) {
+    const std::string name = t.value("name", "");
+    const auto cmd = t.value("command", nlohmann::json::array());
+    std::vector<std::pair<std::string, std::string>> env;
+    for (const auto& p : t.value("properties", nlohmann::json::array()))
+      if (p.value("name", "") == "ENVIRONMENT")
+        for (const auto& kv : p.value("value", nlohmann::json::array())) {
+          const std::string a = kv.get<std::string>();
+          const auto eq = a.find('=');
+          if (eq == std::string::npos || a.substr(0, eq) == "KVGATE_SOURCE_DIR") continue;
+          env.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+        }
+    if (env.empty()) continue;
+    for (auto& x : e.exes) {
+      // The command names the program once it is built; the test name starts with its target.
+      const bool same_exe = !cmd.empty() && cmd[0].is_string() && fs::path(cmd[0].get<std::string>()) == x.path;
+      if (!same_exe || name.rfind(x.target + "_", 0) != 0) continue;
+      if (cmd.size() > 1) {
+        log << "kvgate mutate: warning: ctest " << name << " passes arguments to " << x.target
+            << "; not a variant (the driver runs whole programs)\n";
+        continue;
+      }
+      std::string v = name.substr(x.target.size() + 1);
+      for (auto& c : v) c = std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(c)) : '_';
+      if (e.variants.count(v) && e.variants[v].env != env) v += "_" + x.target;
+      e.variants[v] = {v, env};
+      if (std::find(x.variants.begin(), x.variants.end(), v) == x.variants.end()) x.variants.push_back(v);
+    }
+  }
+  r.variants.clear();
+  r.variants.push_back(e.variants["default"]);
+  for (const auto& [n, v] : e.variants)
+    if (n != "default") r.variants.push_back(v);
+  for (const auto& x : e.exes)
+    if (x.variants.size() > 1) {
+      std::string vs;
+      for (const auto& v : x.variants) {
+        vs += " " + v;
+        if (v != "default")
+          for (const auto& [k, val] : e.variants[v].env) vs += " (" + k + "=" + val + ")";
+      }
+      log << "kvgate mutate: " << x.target << " runs in" << vs << "\n";
+    }
+  return std::nullopt;
+}
+
 // --expected-gates-only: the union of the selected mutants' expected gates.
 Stop focus_gates(Run& s) {
   [[maybe_unused]] Env& e = s.e;
@@ -1344,7 +1521,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   if (s.e.o.list) return *list_catalog(s);
   for (Stop (*step)(Run&) : {select_mutants, refuse_stale_anchors, prepare_scratch, probe_device, sync_scratch,
                              set_environments, configure_scratch_build, list_gate_programs, restrict_gate_targets,
-                             build_baseline, focus_gates, run_baseline, run_canary, run_mutants, check_run})
+                             build_baseline, refuse_ungated_mutants, list_variants, focus_gates, run_baseline, run_canary, run_mutants, check_run})
     if (Stop rc = step(s)) return *rc;
   print_summary(s);
   return s.r.exit_code;

@@ -90,6 +90,17 @@ std::string fixed(double x, int prec) {
   return o.str();
 }
 
+// " [no_avx2]" when the gate killed the mutant only in variants other than the default one.
+std::string variant_note(const MutantOutcome& mo, const std::string& gate) {
+  const auto it = mo.killed_in.find(gate);
+  if (it == mo.killed_in.end() || it->second.empty() ||
+      std::find(it->second.begin(), it->second.end(), "default") != it->second.end())
+    return "";
+  std::string v;
+  for (const auto& x : it->second) v += (v.empty() ? "" : ",") + x;
+  return " [" + v + "]";
+}
+
 const char* stryker_status(MutantStatus s) {
   switch (s) {
     case MutantStatus::killed: return "Killed";
@@ -208,6 +219,19 @@ std::string kill_matrix_md(const RunResult& r) {
     o << " Canary `" << r.canary.mutant->id << "`: "
       << (r.canary_survivors.empty() ? "every gate red" : "left gates green") << ".";
   o << "\n\n";
+  if (r.variants.size() > 1) {
+    o << "Environment variants (each gate program runs in `default` and in every variant its ctest has): ";
+    for (std::size_t i = 0; i < r.variants.size(); ++i) {
+      o << (i ? "; " : "") << "`" << r.variants[i].name << "`";
+      for (const auto& [k, v] : r.variants[i].env) o << " " << k << "=" << v;
+      std::string progs;
+      for (const auto& x : r.exes)
+        if (std::find(x.variants.begin(), x.variants.end(), r.variants[i].name) != x.variants.end())
+          progs += (progs.empty() ? "" : ", ") + x.target;
+      if (r.variants[i].name != "default") o << " (" << progs << ")";
+    }
+    o << ". A kill in a variant other than `default` is marked `[variant]` in the Mutants table.\n\n";
+  }
   o << "Cells: `K` killed (a test case of the gate failed), `C` killed by a crash, `T` timeout, `.` passed (the "
        "mutant survived this gate), `-` not run (the mutant was unviable, noop or skipped), `s` skipped. Mutant "
        "status: `k` killed, `S` survived, `T` timeout, `U` unviable, `N` noop, `-` skipped.\n\n";
@@ -255,7 +279,7 @@ std::string kill_matrix_md(const RunResult& r) {
   int num = 0;
   for (const auto& mo : r.outcomes) {
     std::string kb, ex;
-    for (const auto& k : mo.killed_by) kb += (kb.empty() ? "" : ", ") + k;
+    for (const auto& k : mo.killed_by) kb += (kb.empty() ? "" : ", ") + k + variant_note(mo, k);
     for (const auto& k : mo.mutant->expect_killed_by) {
       const bool miss = std::find(mo.expected_not_killing.begin(), mo.expected_not_killing.end(), k) !=
                         mo.expected_not_killing.end();

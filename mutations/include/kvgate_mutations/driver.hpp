@@ -40,6 +40,9 @@ struct MutateOptions {
   std::string since;                  // git revision: only mutants whose file changed since it
   int jobs = 1;                       // ninja -j and concurrent gate processes
   bool list = false;                  // print the catalog with anchor status, run nothing
+  // --list: the build whose gate programs are checked to compile each mutant's file (--build-dir
+  // wins; cmd_mutate passes the folder of the running kvgate). A run checks its scratch build.
+  std::filesystem::path list_build_dir;
   bool canary = true;
   double min_timeout_s = 20;          // per gate process: max(min, factor x baseline) x timeout_scale
   double timeout_factor = 5;
@@ -81,6 +84,7 @@ struct GateOutcome {
   std::string log;     // path relative to the out dir
   std::string detail;  // e.g. "exit 1", "killed by signal 6"
   std::string variant = "default";  // the environment variant whose run decided the status
+  std::vector<std::string> kill_variants;  // every variant in which the gate failed or crashed
 };
 
 // An environment the product ships a gate program's code in (e.g. the portable page readers under
