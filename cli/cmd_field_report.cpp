@@ -56,7 +56,8 @@ json flatten(const json& m) {
       if (r.value("format", "") != name || r.value("status", "") != "ok") continue;
       const std::string at = "@" + r.value("device", "") + "/ctx" + std::to_string(r.value("context", 0)) + "/w" +
                              std::to_string(r.value("window", 0));
-      for (const char* k : {"ttft_cold_ms", "ttft_warm_ms", "prefill_tok_s", "decode_tok_s"}) mt[k + at] = r.value(k, json(nullptr));
+      for (const auto& c : matrix::row_columns())  // the row columns of the one matrix-row table
+        if (c.measurement) mt[c.key + at] = r.value(c.key, json(nullptr));
     }
     out.push_back({{"format", name}, {"metrics", mt}});
   }

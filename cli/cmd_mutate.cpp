@@ -1,4 +1,5 @@
 // `kvgate mutate`: the mutation driver (mutations/, docs/MUTATIONS.md).
+#include <filesystem>
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -41,6 +42,11 @@ int run_mutate_cmd(const MutateCli& c) {
   o.web_dist = c.web_dist;
   o.jobs = c.jobs;
   o.list = c.list;
+  {  // --list checks which gate program compiles each mutant's file in the build this kvgate lives in
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) o.list_build_dir = self.parent_path();
+  }
   o.canary = !c.no_canary;
   o.min_timeout_s = c.min_timeout;
   o.cmake_args = c.cmake_args;

@@ -20,6 +20,7 @@
 #include "gate_runner.hpp"
 #include "kvgate/atomic_file.hpp"
 #include "kvgate/matrix.hpp"
+#include "kvgate/outcomes.hpp"
 #include "kvgate/reports.hpp"
 #include "kvgate/signoff.hpp"
 
@@ -29,6 +30,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+namespace so = kvgate::signoff;
 
 struct SignoffOpts {
   std::vector<std::string> formats;
@@ -110,382 +112,449 @@ std::optional<double> decode_speedup(const json& mj, const std::string& f, const
   return std::nullopt;
 }
 
-int run_signoff(const SignoffOpts& o) {
-  namespace so = kvgate::signoff;
-  matrix::StageClock stages;  // elapsed time per stage, printed as each ends
-  const std::string src = matrix::default_source_dir();
-  std::vector<std::string> formats = o.formats;
-  if (o.all)
-    for (const auto& p : presets()) formats.emplace_back(p.name);
-  {
-    std::vector<std::string> uniq;
-    for (const auto& f : formats) {
-      const auto k = parse_kv_format(f);
-      if (!k) throw std::invalid_argument("unknown format '" + f + "'; known: " + known_formats_text());
-      const std::string n = k->name();
-      if (std::find(uniq.begin(), uniq.end(), n) == uniq.end()) uniq.push_back(n);
-    }
-    formats = uniq;
-  }
-  if (formats.empty()) throw std::invalid_argument("give --format F (repeatable) or --all");
-  if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
-
-  // --- inputs, every one checked before anything is written --------------------------------------
-  const std::string policy_path =
-      o.policy.empty() ? (fs::path(src) / "reports" / "policy" / "default.json").string() : o.policy;
-  so::Policy policy = so::load_policy_file(policy_path);
-  {  // the record names a policy inside the source tree by its repository path
-    const std::string root = fs::weakly_canonical(src).string() + "/";
-    const std::string abs = fs::weakly_canonical(policy_path).string();
-    if (abs.rfind(root, 0) == 0) policy.path = abs.substr(root.size());
-  }
-  const std::string baseline = so::resolve_baseline(o.baseline, policy.baseline, o.device);
-  const std::string model_path = o.model.empty() ? matrix::find_model("stories260K/stories260K.bin", src) : o.model;
+// One sign-off, as a list of steps (run_signoff below calls them in order). What one step
+// hands to the next lives here, typed; JSON appears only in the records the last steps write.
+struct SignoffRun {
+  explicit SignoffRun(const SignoffOpts& opts) : o(opts) {}
+  const SignoffOpts& o;
+  std::string src = matrix::default_source_dir();
+  std::vector<std::string> formats;  // canonical names, each once
+  // inputs (read_inputs: every one checked before anything is written)
+  so::Policy policy;
+  std::string baseline;
   std::optional<Model> model;
-  if (!model_path.empty()) model.emplace(load_model(model_path));
   std::vector<std::vector<int>> corpus;
   std::vector<std::string> corpus_sources;
   std::optional<matrix::MatrixOptions> mo_base;
-  if (model) {
-    mo_base = bench_options_from(*model, o.quick, src);
-    if (!mo_base->corpus_path.empty() && !o.no_project_corpus) {
-      const auto c = matrix::load_corpus(mo_base->corpus_path);
-      for (const auto& s : c.sequences) corpus.push_back(s);
-      corpus_sources.push_back(fs::path(mo_base->corpus_path).filename().string() + " (project corpus, " +
-                               std::to_string(c.sequences.size()) + " sequences)");
-    }
-    if (!o.corpus.empty()) {
-      const auto extra = so::load_corpus_file(o.corpus, *model, std::max(2, model->config.max_seq_len));
-      corpus.insert(corpus.end(), extra.begin(), extra.end());
-      corpus_sources.push_back(o.corpus + " (--corpus, " + std::to_string(extra.size()) + " sequences)");
-    }
-  } else if (!o.corpus.empty()) {
-    throw std::invalid_argument("--corpus " + o.corpus + ": no model to check it against (stories260K not found; set KVGATE_MODELS or --model)");
-  }
-
-  fs::create_directories(o.out);
+  std::optional<records::OutcomesRecord> outcomes;  // the mutation proof (--mutants, or kvgate mutate's)
+  std::string mutation_source;
+  // per format: what conformance is decided from, and notes for the report
   std::map<std::string, so::ConformanceInput> C;
   std::map<std::string, std::vector<std::string>> notes;
-  for (const auto& f : formats) C[f] = {};
-
-  // Provenance.
-  matrix::ProvenanceOptions po;
-  po.model = model ? &*model : nullptr;
-  po.threads = o.threads;
-  po.seed = 1;
-  po.source_dir = src;
-  const json prov = matrix::provenance(po);
-  const bool cuda_present = prov.value("cuda_build", false) && !prov.value("gpus", json::array()).empty();
-  if (o.device == "cuda" && !cuda_present)
-    for (auto& [f, c] : C)
-      c.not_validated.push_back(std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (and this build has no CUDA backend)") +
-                                ": the CUDA gates and matrix columns did not run");
-
-  stages.done("inputs (model load, corpus, provenance)");
-  // 1. Gates (one run; results attributed by their [fmt:] tags).
-  std::fprintf(stderr, "signoff: gates\n");
-  gates::GateRunOptions gopt;
-  gopt.gates_dir = o.gates_dir.empty() ? (self_exe().parent_path() / "gates").string() : o.gates_dir;
-  {  // only gates tagged with a format being signed off (Catch: a comma is OR)
-    std::string filter;
-    for (const auto& f : formats) filter += (filter.empty() ? "" : ",") + std::string("[fmt:") + f + "]";
-    gopt.tag_filter = filter;
-  }
-  std::vector<gates::GateResult> results;
-  std::string gate_error;
-  try {
-    results = gates::run_gates(gopt, true);
-  } catch (const std::exception& e) {
-    gate_error = e.what();
-  }
-  const json gsum = gates::summarize(results);
-  write_file_atomic((fs::path(o.out) / "gates.json").string(), gsum.dump(2) + "\n");
-  std::map<std::string, std::set<std::string>> gate_ids;  // format -> gate IDs tagged with it
-  for (const auto& r : results) {
-    for (auto& [f, c] : C) {
-      const bool tagged = std::find(r.formats.begin(), r.formats.end(), f) != r.formats.end();
-      // A gate program that crashed outside any test case hides its gates: it counts for every format.
-      const bool untagged_fail = r.formats.empty() && r.status == "failed" && r.name.ends_with("(process)");
-      if (!tagged && !untagged_fail) continue;
-      if (tagged) gate_ids[f].insert(r.id);
-      if (r.status == "passed") ++c.gates.passed;
-      if (r.status == "failed") ++c.gates.failed, c.gates.failing.push_back(r.id);
-      if (r.status == "skipped") ++c.gates.skipped, c.gates.skipped_ids.push_back(r.id);
-    }
-  }
-  for (auto& [f, c] : C) {
-    c.gate_error = gate_error;
-    if (c.gates.skipped > 0) notes[f].push_back(std::to_string(c.gates.skipped) + " gates skipped (e.g. [cuda] without a device)");
-  }
-
-  stages.done("gates");
-  // 2. Mutation proof: the catalog's mutants whose expected killers are gates of F.
-  const fs::path catalog = o.catalog.empty() ? fs::path(src) / "mutations" / "catalog.json" : fs::path(o.catalog);
-  const json cat = read_json_file(catalog);
-  std::map<std::string, std::vector<std::string>> mutants_of;
+  json prov;
+  json gsum;                                               // gates.json
+  std::map<std::string, std::set<std::string>> gate_ids;   // format -> gate IDs tagged with it
+  fs::path catalog;
+  json cat;
+  std::map<std::string, std::vector<std::string>> mutants_of;  // format -> its catalog mutants
   std::set<std::string> all_ids;
   // A mutant that only a GPU gate can kill (requires: cuda-device) belongs to a --device cuda
   // sign-off: on a CPU sign-off its gates skip, so it proves nothing about the CPU path.
   std::map<std::string, int> gpu_only_left_out;
-  if (cat.is_object())
-    for (const auto& m : cat.value("mutants", json::array())) {
-      if (m.value("category", "") == "canary") continue;
-      bool needs_device = false;
-      for (const auto& r : m.value("requires", json::array())) needs_device = needs_device || r == "cuda-device";
-      for (auto& [f, c] : C) {
-        bool mine = false;
-        for (const auto& g : m.value("expect_killed_by", json::array())) mine = mine || gate_ids[f].count(g.get<std::string>());
-        if (!mine) continue;
-        if (needs_device && o.device != "cuda") {
-          ++gpu_only_left_out[f];
-          continue;
-        }
-        mutants_of[f].push_back(m.value("id", ""));
-        all_ids.insert(m.value("id", ""));
-      }
-    }
-  json outcomes = nullptr;
-  std::string mutation_source;
-  if (!o.mutants.empty()) {
-    fs::path p(o.mutants);
-    if (fs::is_directory(p)) p /= "outcomes.json";
-    outcomes = read_json_file(p);
-    mutation_source = "read from " + p.string();
-    if (outcomes.is_null()) mutation_source = "could not read " + p.string();
-  } else if (!o.quick && !all_ids.empty()) {
-    const fs::path mdir = fs::path(o.out) / "mutants";
-    std::string ids;
-    for (const auto& id : all_ids) ids += (ids.empty() ? "" : ",") + id;
-    const std::string cmd = quote(self_exe().string()) + " mutate --only " + quote(ids) + " --out " + quote(mdir.string()) +
-                            " -j " + std::to_string(std::max(1, o.jobs)) + (o.scratch.empty() ? "" : " --scratch " + quote(o.scratch));
-    std::fprintf(stderr, "signoff: mutation proof: %s\n", cmd.c_str());
-    const int rc = std::system(cmd.c_str());
-    const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    outcomes = read_json_file(mdir / "outcomes.json");
-    mutation_source = "kvgate mutate --only (" + std::to_string(all_ids.size()) + " mutants), exit " + std::to_string(code);
-  } else {
-    mutation_source = o.quick ? "not run (--quick)" : "no mutant in the catalog";
-  }
-  std::map<std::string, std::string> mstatus;
-  std::map<std::string, std::vector<std::string>> expect_miss;  // mutant -> expected killers that stayed green
-  bool baseline_ok = true;
-  std::string baseline_msg;
-  if (outcomes.is_object()) {
-    for (const auto& m : outcomes.value("mutants", json::array())) {
-      mstatus[m.value("id", "")] = m.value("status", "");
-      for (const auto& g : m.value("expected_not_killing", json::array())) expect_miss[m.value("id", "")].push_back(g.get<std::string>());
-    }
-    if (outcomes.contains("baseline") && outcomes["baseline"].is_object() && !outcomes["baseline"].value("green", true)) {
-      baseline_ok = false;
-      baseline_msg = "mutation baseline not green";
-    }
-    if (!outcomes.value("canary_survivors", json::array()).empty()) {
-      baseline_ok = false;
-      baseline_msg = "the canary left gates green";
-    }
-  }
-  for (auto& [f, c] : C) {
-    auto& mo = c.mutation;
-    mo.mutants = mutants_of[f];
-    if (gpu_only_left_out[f] > 0)
-      notes[f].push_back(std::to_string(gpu_only_left_out[f]) +
-                         " GPU mutant(s) (requires: cuda-device) are not part of a CPU sign-off; --device cuda runs them");
-    if (mo.mutants.empty()) {
-      mo.status = "none";
-      mo.not_run_reason = cat.is_object() ? "no catalog mutant targets a gate of " + f : "mutation catalog not found at " + catalog.string();
-      continue;
-    }
-    if (outcomes.is_null()) {
-      mo.status = "not_run";
-      mo.not_run = mo.mutants;
-      mo.not_run_reason = o.quick && o.mutants.empty() ? "mutation proof not run (--quick)" : "mutation proof: " + mutation_source;
-      continue;
-    }
-    mo.status = o.mutants.empty() ? "run" : "read";
-    mo.baseline_green = baseline_ok;
-    mo.baseline_message = baseline_msg;
-    for (const auto& id : mo.mutants) {
-      const auto it = mstatus.find(id);
-      const std::string st = it == mstatus.end() ? "" : it->second;
-      if (expect_miss.count(id))
-        notes[f].push_back("catalog expectation: " + id + " was not killed by " + join(expect_miss[id]) + " (killed by other gates)");
-      if (st == "killed") mo.killed.push_back(id);
-      else if (st == "survived") mo.survived.push_back(id);
-      else if (st.empty()) mo.missing.push_back(id);
-      else mo.undecided.push_back(id + " (" + st + ")");
-    }
-  }
-
-  stages.done("mutation proof");
-  // 3. Matrix (bytes, probes, timing) with the baseline among its formats, and the quality of every
-  //    format against the baseline, teacher-forced on the decode path, bucketed by depth.
-  json mj = nullptr;
+  json mj = nullptr;                                       // matrix.json
   std::optional<so::QualityRun> qrun;
   std::string quality_missing;
-  const auto buckets = so::default_buckets();
-  if (!model) {
-    quality_missing = "quality not measured: stories260K not found (set KVGATE_MODELS or --model)";
-    for (auto& [f, c] : C) c.not_validated.push_back("matrix not run: stories260K not found (set KVGATE_MODELS or --model)");
-  } else {
-    matrix::MatrixOptions mo = *mo_base;
-    std::optional<Model> probe_subject;
-    load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
-    if (probe_subject && !o.quick) {
-      // The sign-off grid: every length class up to 8K at five depths, one seed (the full 165-case
-      // grid of `kvgate probe` / `kvgate bench` takes ~10x longer per format on two cores).
-      auto& nd = mo.probe_specs["needle"];
-      std::vector<int> lengths;
-      for (int L : nd.lengths)
-        if (L == 512 || L == 2048 || L == nd.lengths.back()) lengths.push_back(L);
-      nd.lengths = lengths;
-      nd.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
-      nd.seeds = {1};
-      auto& ec = mo.probe_specs["echo"];
-      if (ec.seeds.size() > 50) ec.seeds.resize(50);
-    }
-    mo.formats = formats;
-    if (std::find(mo.formats.begin(), mo.formats.end(), baseline) == mo.formats.end()) mo.formats.push_back(baseline);
-    mo.threads = o.threads;
-    mo.timing = !o.no_timing;
-    matrix::set_device(mo, o.device, o.cuda_weights);  // cuda: probes and timing rows on the CUDA engine
-    if (!o.no_sensitivity) {
-      mo.sensitivity_baseline = baseline;
-      mo.sensitivity = matrix::sensitivity_options_for(formats);
-    }
-    matrix::apply_grid(mo, o.grid);
-    mo.cache_dir = (fs::path(o.out) / ".kvcache").string();
-    mj = matrix::run_matrix(*model, mo, prov, progress_printer("signoff matrix "));
-    progress_done();
-    std::error_code ec;
-    fs::remove_all(mo.cache_dir, ec);
-    matrix::write_matrix(mj, o.out);
-    stages.done("matrix (probes, sensitivity, timing)");
-    if (corpus.empty()) {
-      quality_missing = "quality not measured: no corpus fits the model's vocabulary (give --corpus FILE)";
-    } else {
-      const so::QualityOptions qo = matrix::quality_options_for(*model, o.device, corpus, o.quality_tokens, o.decode_path_tokens);
-      qrun = so::measure_quality(so::device_engine_factory(*model, o.device, o.threads, qo.prefill_chunk, qo.max_tokens, o.cuda_weights),
-                                 formats, baseline, corpus, buckets, qo, progress_printer("signoff "));
-      progress_done();
-    }
-    stages.done("quality (" + o.device + " engine)");
-  }
-
-  // 4. Verdicts.
-  auto fentry = [&](const std::string& f) -> const json* {
-    if (!mj.is_object()) return nullptr;
-    for (const auto& fe : mj["formats"])
-      if (fe.value("format", "") == f) return &fe;
-    return nullptr;
-  };
+  std::vector<so::DepthBucket> buckets = so::default_buckets();
   std::vector<so::FormatVerdict> verdicts;
   json vjs = json::array();
   std::vector<so::Overall> overall;
-  for (const auto& f : formats) {
-    so::ConformanceInput& c = C[f];
-    so::FitInput fi;
-    fi.format = f;
-    fi.device = o.device;
-    fi.not_measured_reason = quality_missing;
-    json s = json::object();
-    if (const json* fe = fentry(f)) {
-      if (!fe->value("fallback_reason", "").empty()) {
-        c.fallback_reason = fe->value("fallback_reason", "");
-        c.fallback_effective = fe->value("effective", "");
+  int exit_code = 0;
+  json rec;                                                // signoff.json
+  matrix::StageClock stages;                               // elapsed time per stage, printed as each ends
+
+  // --format / --all -> canonical format names; --device checked.
+  void resolve_formats() {
+    formats = o.formats;
+    if (o.all)
+      for (const auto& p : presets()) formats.emplace_back(p.name);
+    {
+      std::vector<std::string> uniq;
+      for (const auto& f : formats) {
+        const auto k = parse_kv_format(f);
+        if (!k) throw std::invalid_argument("unknown format '" + f + "'; known: " + known_formats_text());
+        const std::string n = k->name();
+        if (std::find(uniq.begin(), uniq.end(), n) == uniq.end()) uniq.push_back(n);
       }
-      fi.probe_regressions = probe_regressions(fentry(baseline) ? *fentry(baseline) : json(nullptr), *fe);
-      const json* be = fentry(baseline);
-      if (be && (*be)["kv_bytes_per_token"].is_number() && (*be)["kv_bytes_per_token"].get<double>() > 0)
-        fi.kv_saving = 1.0 - (*fe)["kv_bytes_per_token"].get<double>() / (*be)["kv_bytes_per_token"].get<double>();
-      fi.decode_speedup = decode_speedup(mj, f, baseline, o.device);
-      s["effective"] = fe->value("effective", "");
-      s["kv_bytes_per_token"] = (*fe)["kv_bytes_per_token"];
-      s["kv_saving_vs_baseline"] = fi.kv_saving ? json(*fi.kv_saving) : json(nullptr);
-      s["probe_regressions"] = fi.probe_regressions ? json(*fi.probe_regressions) : json(nullptr);
-      s["decode_vs_baseline"] = fi.decode_speedup ? json(*fi.decode_speedup) : json(nullptr);
-      if (o.device == "cpu") s["cpu_decode_vs_baseline"] = s["decode_vs_baseline"];
-      const json probes = fe->value("probes", json::object());
-      for (const auto& [pn, p] : probes.items()) {
-        s[pn + "_exact"] = p["exact"];
-        s[pn + "_same_as_f32"] = p["same_as_f32"];
-      }
-      std::string cuda_why;
-      bool cuda_ran = false;
-      for (const auto& r : mj["rows"])
-        if (r.value("format", "") == f && r.value("device", "") == "cuda") {
-          if (r.value("status", "") == "ok") cuda_ran = true;
-          else if (cuda_why.empty()) cuda_why = r.value("reason", "");
-        }
-      if (o.device == "cuda" && !cuda_ran) notes[f].push_back("no CUDA timing row ran" + (cuda_why.empty() ? std::string() : ": " + cuda_why));
+      formats = uniq;
     }
-    if (qrun) {
-      fi.quality = qrun->by_format.at(f);
-      fi.noise = qrun->noise;
-    }
-    so::FormatVerdict v = so::decide(f, c, policy, fi);
-    v.notes = notes[f];
-    overall.push_back(v.overall);
-    json vj = so::to_json(v);
-    std::vector<std::string> reasons = v.conformance.reasons;
-    reasons.insert(reasons.end(), v.fit.reasons.begin(), v.fit.reasons.end());
-    vj["reasons"] = reasons;
-    vj["gates"] = so::to_json(c.gates);
-    vj["mutation"] = so::to_json(c.mutation);
-    vj["matrix"] = s;
-    vj["quality"] = fi.quality ? so::to_json(*fi.quality) : json(nullptr);
-    vjs.push_back(vj);
-    verdicts.push_back(std::move(v));
+    if (formats.empty()) throw std::invalid_argument("give --format F (repeatable) or --all");
+    if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
   }
-  const int exit_code = so::exit_code(overall);
 
-  // 5. Record and report.
-  json rec;
-  rec["schema"] = "kvgate.signoff/2";
-  rec["kind"] = "signoff";
-  rec["device"] = o.device;
-  rec["quick"] = o.quick;
-  rec["provenance"] = prov;
-  rec["mutation_source"] = mutation_source;
-  rec["baseline"] = baseline;
-  rec["policy"] = so::to_json(policy);
-  rec["noise_floor"] = qrun ? so::to_json(qrun->noise) : json(nullptr);
-  json bnames = json::array();
-  for (const auto& b : buckets) bnames.push_back(b.name);
-  rec["quality_method"] = {
-      {"path", matrix::quality_path_text(o.device)},
-      {"device", o.device},
-      {"decode_path_positions", qrun ? json(qrun->decode_path_positions) : json(0)},
-      {"corpus", corpus_sources},
-      {"sequences", qrun ? json(qrun->sequences) : json(0)},
-      {"positions", qrun ? json(qrun->positions) : json(0)},
-      {"buckets", bnames},
-      {"missing", quality_missing}};
-  rec["verdicts"] = vjs;
-  rec["probe_sensitivity"] = mj.is_object() && mj.contains("probe_sensitivity") ? mj["probe_sensitivity"] : json(nullptr);
-  rec["stages"] = stages.to_json();
-  rec["exit_code"] = exit_code;
-  rec["exit_codes"] = so::exit_codes_help();
-  rec["files"] = {{"signoff", "signoff.json"}, {"gates", "gates.json"}, {"index", "index.md"}, {"html", "report.html"}};
-  if (!mj.is_null()) rec["files"]["matrix"] = "matrix.json";
-  write_file_atomic((fs::path(o.out) / "signoff.json").string(), rec.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
-  reports::ReportInputs in;
-  in.matrix = mj;
-  in.gates = gsum;
-  in.mutants = outcomes;
-  in.signoff = rec;
-  in.title = "kvgate sign-off (" + o.device + (o.quick ? ", quick" : "") + ")";
-  std::string warning;
-  reports::write_report(in, o.out, reports::default_web_dir(), &warning);
-  if (!warning.empty()) std::fprintf(stderr, "signoff: %s\n", warning.c_str());
+  // Policy, baseline, model, corpus and --mutants: refused here, before anything is written.
+  void read_inputs() {
+    const std::string policy_path =
+        o.policy.empty() ? (fs::path(src) / "reports" / "policy" / "default.json").string() : o.policy;
+    policy = so::load_policy_file(policy_path);
+    {  // the record names a policy inside the source tree by its repository path
+      const std::string root = fs::weakly_canonical(src).string() + "/";
+      const std::string abs = fs::weakly_canonical(policy_path).string();
+      if (abs.rfind(root, 0) == 0) policy.path = abs.substr(root.size());
+    }
+    baseline = so::resolve_baseline(o.baseline, policy.baseline, o.device);
+    const std::string model_path = o.model.empty() ? matrix::find_model("stories260K/stories260K.bin", src) : o.model;
+    if (!model_path.empty()) model.emplace(load_model(model_path));
+    if (model) {
+      mo_base = bench_options_from(*model, o.quick, src);
+      if (!mo_base->corpus_path.empty() && !o.no_project_corpus) {
+        const auto c = matrix::load_corpus(mo_base->corpus_path);
+        for (const auto& s : c.sequences) corpus.push_back(s);
+        corpus_sources.push_back(fs::path(mo_base->corpus_path).filename().string() + " (project corpus, " +
+                                 std::to_string(c.sequences.size()) + " sequences)");
+      }
+      if (!o.corpus.empty()) {
+        const auto extra = so::load_corpus_file(o.corpus, *model, std::max(2, model->config.max_seq_len));
+        corpus.insert(corpus.end(), extra.begin(), extra.end());
+        corpus_sources.push_back(o.corpus + " (--corpus, " + std::to_string(extra.size()) + " sequences)");
+      }
+    } else if (!o.corpus.empty()) {
+      throw std::invalid_argument("--corpus " + o.corpus + ": no model to check it against (stories260K not found; set KVGATE_MODELS or --model)");
+    }
 
-  std::printf("\nbaseline %s, policy %s\n", baseline.c_str(), policy.path.c_str());
-  std::printf("%-16s %-16s %-16s %-12s %s\n", "format", "verdict", "conformance", "fit", "deciding policy line");
-  for (const auto& v : verdicts)
-    std::printf("%-16s %-16s %-16s %-12s %s\n", v.format.c_str(), so::to_string(v.overall).c_str(),
-                so::to_string(v.conformance.verdict).c_str(), so::to_string(v.fit.verdict).c_str(), so::deciding_line(v).c_str());
-  std::printf("\nreport: %s/index.md, %s/report.html (signoff.json, gates.json, matrix.json); exit %d\n", o.out.c_str(), o.out.c_str(),
-              exit_code);
-  return exit_code;
+    // --mutants: the mutation proof, as its typed record (checked on read)
+    if (!o.mutants.empty()) {
+      fs::path p(o.mutants);
+      if (fs::is_directory(p)) p /= "outcomes.json";
+      outcomes = records::read_outcomes(p);
+      mutation_source = "read from " + p.string();
+    }
+  }
+
+  // Provenance; without a CUDA device a --device cuda sign-off is NOT-VALIDATED.
+  void record_provenance() {
+    for (const auto& f : formats) C[f] = {};
+
+    matrix::ProvenanceOptions po;
+    po.model = model ? &*model : nullptr;
+    po.threads = o.threads;
+    po.seed = 1;
+    po.source_dir = src;
+    prov = matrix::provenance(po);
+    const bool cuda_present = prov.value("cuda_build", false) && !prov.value("gpus", json::array()).empty();
+    if (o.device == "cuda" && !cuda_present)
+      for (auto& [f, c] : C)
+        c.not_validated.push_back(std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (and this build has no CUDA backend)") +
+                                  ": the CUDA gates and matrix columns did not run");
+  }
+
+  // 1. Gates (one run; results attributed by their [fmt:] tags) -> gates.json.
+  void run_gate_step() {
+    std::fprintf(stderr, "signoff: gates\n");
+    gates::GateRunOptions gopt;
+    gopt.gates_dir = o.gates_dir.empty() ? (self_exe().parent_path() / "gates").string() : o.gates_dir;
+    {  // only gates tagged with a format being signed off (Catch: a comma is OR)
+      std::string filter;
+      for (const auto& f : formats) filter += (filter.empty() ? "" : ",") + std::string("[fmt:") + f + "]";
+      gopt.tag_filter = filter;
+    }
+    std::vector<gates::GateResult> results;
+    std::string gate_error;
+    try {
+      results = gates::run_gates(gopt, true);
+    } catch (const std::exception& e) {
+      gate_error = e.what();
+    }
+    gsum = gates::summarize(results);
+    write_file_atomic((fs::path(o.out) / "gates.json").string(), gsum.dump(2) + "\n");
+    for (const auto& r : results) {
+      for (auto& [f, c] : C) {
+        const bool tagged = std::find(r.formats.begin(), r.formats.end(), f) != r.formats.end();
+        // A gate program that crashed outside any test case hides its gates: it counts for every format.
+        const bool untagged_fail = r.formats.empty() && r.status == "failed" && r.name.ends_with("(process)");
+        if (!tagged && !untagged_fail) continue;
+        if (tagged) gate_ids[f].insert(r.id);
+        if (r.status == "passed") ++c.gates.passed;
+        if (r.status == "failed") ++c.gates.failed, c.gates.failing.push_back(r.id);
+        if (r.status == "skipped") ++c.gates.skipped, c.gates.skipped_ids.push_back(r.id);
+      }
+    }
+    for (auto& [f, c] : C) {
+      c.gate_error = gate_error;
+      if (c.gates.skipped > 0) notes[f].push_back(std::to_string(c.gates.skipped) + " gates skipped (e.g. [cuda] without a device)");
+    }
+  }
+
+  // 2a. The catalog's mutants whose expected killers are gates of each format.
+  void select_mutants() {
+    catalog = o.catalog.empty() ? fs::path(src) / "mutations" / "catalog.json" : fs::path(o.catalog);
+    cat = read_json_file(catalog);
+    // A mutant that only a GPU gate can kill (requires: cuda-device) belongs to a --device cuda
+    // sign-off: on a CPU sign-off its gates skip, so it proves nothing about the CPU path.
+    if (cat.is_object())
+      for (const auto& m : cat.value("mutants", json::array())) {
+        if (m.value("category", "") == "canary") continue;
+        bool needs_device = false;
+        for (const auto& r : m.value("requires", json::array())) needs_device = needs_device || r == "cuda-device";
+        for (auto& [f, c] : C) {
+          bool mine = false;
+          for (const auto& g : m.value("expect_killed_by", json::array())) mine = mine || gate_ids[f].count(g.get<std::string>());
+          if (!mine) continue;
+          if (needs_device && o.device != "cuda") {
+            ++gpu_only_left_out[f];
+            continue;
+          }
+          mutants_of[f].push_back(m.value("id", ""));
+          all_ids.insert(m.value("id", ""));
+        }
+      }
+  }
+
+  // 2b. The proof: read (--mutants), or run by kvgate mutate --only, then per format.
+  void mutation_proof() {
+    // The proof as its typed record (kvgate/outcomes.hpp): a --mutants file that is corrupt, of another
+    // format_version or breaks mutations/schema/outcomes.schema.json is refused (exit 1) naming the
+    // file and the field; JSON appears again only when the report is written.
+    if (outcomes) {
+      // read with the other inputs, before anything was written
+    } else if (!o.quick && !all_ids.empty()) {
+      const fs::path mdir = fs::path(o.out) / "mutants";
+      std::string ids;
+      for (const auto& id : all_ids) ids += (ids.empty() ? "" : ",") + id;
+      const std::string cmd = quote(self_exe().string()) + " mutate --only " + quote(ids) + " --out " + quote(mdir.string()) +
+                              " -j " + std::to_string(std::max(1, o.jobs)) + (o.scratch.empty() ? "" : " --scratch " + quote(o.scratch));
+      std::fprintf(stderr, "signoff: mutation proof: %s\n", cmd.c_str());
+      const int rc = std::system(cmd.c_str());
+      const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+      mutation_source = "kvgate mutate --only (" + std::to_string(all_ids.size()) + " mutants), exit " + std::to_string(code);
+      try {
+        outcomes = records::read_outcomes(mdir / "outcomes.json");
+      } catch (const records::RecordError& e) {
+        mutation_source += "; " + std::string(e.what());
+      }
+    } else {
+      mutation_source = o.quick ? "not run (--quick)" : "no mutant in the catalog";
+    }
+    std::map<std::string, std::string> mstatus;
+    std::map<std::string, std::vector<std::string>> expect_miss;  // mutant -> expected killers that stayed green
+    bool baseline_ok = true;
+    std::string baseline_msg;
+    if (outcomes) {
+      for (const auto& m : outcomes->mutants) {
+        mstatus[m.id] = m.status;
+        if (!m.expected_not_killing.empty()) expect_miss[m.id] = m.expected_not_killing;
+      }
+      if (!outcomes->baseline.green) {
+        baseline_ok = false;
+        baseline_msg = "mutation baseline not green";
+      }
+      if (!outcomes->canary_survivors.empty()) {
+        baseline_ok = false;
+        baseline_msg = "the canary left gates green";
+      }
+    }
+    for (auto& [f, c] : C) {
+      auto& mo = c.mutation;
+      mo.mutants = mutants_of[f];
+      if (gpu_only_left_out[f] > 0)
+        notes[f].push_back(std::to_string(gpu_only_left_out[f]) +
+                           " GPU mutant(s) (requires: cuda-device) are not part of a CPU sign-off; --device cuda runs them");
+      if (mo.mutants.empty()) {
+        mo.status = "none";
+        mo.not_run_reason = cat.is_object() ? "no catalog mutant targets a gate of " + f : "mutation catalog not found at " + catalog.string();
+        continue;
+      }
+      if (!outcomes) {
+        mo.status = "not_run";
+        mo.not_run = mo.mutants;
+        mo.not_run_reason = o.quick && o.mutants.empty() ? "mutation proof not run (--quick)" : "mutation proof: " + mutation_source;
+        continue;
+      }
+      mo.status = o.mutants.empty() ? "run" : "read";
+      mo.baseline_green = baseline_ok;
+      mo.baseline_message = baseline_msg;
+      for (const auto& id : mo.mutants) {
+        const auto it = mstatus.find(id);
+        const std::string st = it == mstatus.end() ? "" : it->second;
+        if (expect_miss.count(id))
+          notes[f].push_back("catalog expectation: " + id + " was not killed by " + join(expect_miss[id]) + " (killed by other gates)");
+        if (st == "killed") mo.killed.push_back(id);
+        else if (st == "survived") mo.survived.push_back(id);
+        else if (st.empty()) mo.missing.push_back(id);
+        else mo.undecided.push_back(id + " (" + st + ")");
+      }
+    }
+  }
+
+  // 3. Matrix (bytes, probes, timing) with the baseline among its formats, and the quality of every
+  //    format against the baseline, teacher-forced on the decode path, bucketed by depth.
+  void matrix_and_quality() {
+    if (!model) {
+      quality_missing = "quality not measured: stories260K not found (set KVGATE_MODELS or --model)";
+      for (auto& [f, c] : C) c.not_validated.push_back("matrix not run: stories260K not found (set KVGATE_MODELS or --model)");
+    } else {
+      matrix::MatrixOptions mo = *mo_base;
+      std::optional<Model> probe_subject;
+      load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
+      if (probe_subject && !o.quick) {
+        // The sign-off grid: every length class up to 8K at five depths, one seed (the full 165-case
+        // grid of `kvgate probe` / `kvgate bench` takes ~10x longer per format on two cores).
+        auto& nd = mo.probe_specs["needle"];
+        std::vector<int> lengths;
+        for (int L : nd.lengths)
+          if (L == 512 || L == 2048 || L == nd.lengths.back()) lengths.push_back(L);
+        nd.lengths = lengths;
+        nd.depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+        nd.seeds = {1};
+        auto& ec = mo.probe_specs["echo"];
+        if (ec.seeds.size() > 50) ec.seeds.resize(50);
+      }
+      mo.formats = formats;
+      if (std::find(mo.formats.begin(), mo.formats.end(), baseline) == mo.formats.end()) mo.formats.push_back(baseline);
+      mo.threads = o.threads;
+      mo.timing = !o.no_timing;
+      matrix::set_device(mo, o.device, o.cuda_weights);  // cuda: probes and timing rows on the CUDA engine
+      if (!o.no_sensitivity) {
+        mo.sensitivity_baseline = baseline;
+        mo.sensitivity = matrix::sensitivity_options_for(formats);
+      }
+      matrix::apply_grid(mo, o.grid);
+      mo.cache_dir = (fs::path(o.out) / ".kvcache").string();
+      mj = matrix::run_matrix(*model, mo, prov, progress_printer("signoff matrix "));
+      progress_done();
+      std::error_code ec;
+      fs::remove_all(mo.cache_dir, ec);
+      matrix::write_matrix(mj, o.out);
+      stages.done("matrix (probes, sensitivity, timing)");
+      if (corpus.empty()) {
+        quality_missing = "quality not measured: no corpus fits the model's vocabulary (give --corpus FILE)";
+      } else {
+        const so::QualityOptions qo =
+            matrix::quality_options_for(*model, o.device, corpus, o.quality_tokens, o.decode_path_tokens);
+        qrun = so::measure_quality(
+            so::device_engine_factory(*model, o.device, o.threads, qo.prefill_chunk, qo.max_tokens, o.cuda_weights), formats,
+            baseline, corpus, buckets, qo, progress_printer("signoff "));
+        progress_done();
+      }
+      stages.done("quality (" + o.device + " engine)");
+    }
+  }
+
+  // 4. Verdicts: the library decides (kvgate::signoff::decide); the exit code from the worst.
+  void decide_verdicts() {
+    auto fentry = [&](const std::string& f) -> const json* {
+      if (!mj.is_object()) return nullptr;
+      for (const auto& fe : mj["formats"])
+        if (fe.value("format", "") == f) return &fe;
+      return nullptr;
+    };
+    for (const auto& f : formats) {
+      so::ConformanceInput& c = C[f];
+      so::FitInput fi;
+      fi.format = f;
+      fi.device = o.device;
+      fi.not_measured_reason = quality_missing;
+      json s = json::object();
+      if (const json* fe = fentry(f)) {
+        if (!fe->value("fallback_reason", "").empty()) {
+          c.fallback_reason = fe->value("fallback_reason", "");
+          c.fallback_effective = fe->value("effective", "");
+        }
+        fi.probe_regressions = probe_regressions(fentry(baseline) ? *fentry(baseline) : json(nullptr), *fe);
+        const json* be = fentry(baseline);
+        if (be && (*be)["kv_bytes_per_token"].is_number() && (*be)["kv_bytes_per_token"].get<double>() > 0)
+          fi.kv_saving = 1.0 - (*fe)["kv_bytes_per_token"].get<double>() / (*be)["kv_bytes_per_token"].get<double>();
+        fi.decode_speedup = decode_speedup(mj, f, baseline, o.device);
+        s["effective"] = fe->value("effective", "");
+        s["kv_bytes_per_token"] = (*fe)["kv_bytes_per_token"];
+        s["kv_saving_vs_baseline"] = fi.kv_saving ? json(*fi.kv_saving) : json(nullptr);
+        s["probe_regressions"] = fi.probe_regressions ? json(*fi.probe_regressions) : json(nullptr);
+        s["decode_vs_baseline"] = fi.decode_speedup ? json(*fi.decode_speedup) : json(nullptr);
+        if (o.device == "cpu") s["cpu_decode_vs_baseline"] = s["decode_vs_baseline"];
+        const json probes = fe->value("probes", json::object());
+        for (const auto& [pn, p] : probes.items()) {
+          s[pn + "_exact"] = p["exact"];
+          s[pn + "_same_as_f32"] = p["same_as_f32"];
+        }
+        std::string cuda_why;
+        bool cuda_ran = false;
+        for (const auto& r : mj["rows"])
+          if (r.value("format", "") == f && r.value("device", "") == "cuda") {
+            if (r.value("status", "") == "ok") cuda_ran = true;
+            else if (cuda_why.empty()) cuda_why = r.value("reason", "");
+          }
+        if (o.device == "cuda" && !cuda_ran) notes[f].push_back("no CUDA timing row ran" + (cuda_why.empty() ? std::string() : ": " + cuda_why));
+      }
+      if (qrun) {
+        fi.quality = qrun->by_format.at(f);
+        fi.noise = qrun->noise;
+      }
+      so::FormatVerdict v = so::decide(f, c, policy, fi);
+      v.notes = notes[f];
+      overall.push_back(v.overall);
+      json vj = so::to_json(v);
+      std::vector<std::string> reasons = v.conformance.reasons;
+      reasons.insert(reasons.end(), v.fit.reasons.begin(), v.fit.reasons.end());
+      vj["reasons"] = reasons;
+      vj["gates"] = so::to_json(c.gates);
+      vj["mutation"] = so::to_json(c.mutation);
+      vj["matrix"] = s;
+      vj["quality"] = fi.quality ? so::to_json(*fi.quality) : json(nullptr);
+      vjs.push_back(vj);
+      verdicts.push_back(std::move(v));
+    }
+    exit_code = so::exit_code(overall);
+  }
+
+  // 5. signoff.json, then index.md and report.html from the records.
+  void write_records() {
+    rec["schema"] = "kvgate.signoff/2";
+    rec["kind"] = "signoff";
+    rec["device"] = o.device;
+    rec["quick"] = o.quick;
+    rec["provenance"] = prov;
+    rec["mutation_source"] = mutation_source;
+    rec["baseline"] = baseline;
+    rec["policy"] = so::to_json(policy);
+    rec["noise_floor"] = qrun ? so::to_json(qrun->noise) : json(nullptr);
+    json bnames = json::array();
+    for (const auto& b : buckets) bnames.push_back(b.name);
+    rec["quality_method"] = {
+        {"path", matrix::quality_path_text(o.device)},
+        {"device", o.device},
+        {"decode_path_positions", qrun ? json(qrun->decode_path_positions) : json(0)},
+        {"corpus", corpus_sources},
+        {"sequences", qrun ? json(qrun->sequences) : json(0)},
+        {"positions", qrun ? json(qrun->positions) : json(0)},
+        {"buckets", bnames},
+        {"missing", quality_missing}};
+    rec["verdicts"] = vjs;
+    rec["probe_sensitivity"] = mj.is_object() && mj.contains("probe_sensitivity") ? mj["probe_sensitivity"] : json(nullptr);
+    rec["stages"] = stages.to_json();
+    rec["exit_code"] = exit_code;
+    rec["exit_codes"] = so::exit_codes_help();
+    rec["files"] = {{"signoff", "signoff.json"}, {"gates", "gates.json"}, {"index", "index.md"}, {"html", "report.html"}};
+    if (!mj.is_null()) rec["files"]["matrix"] = "matrix.json";
+    write_file_atomic((fs::path(o.out) / "signoff.json").string(), rec.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+    reports::ReportInputs in;
+    in.matrix = mj;
+    in.gates = gsum;
+    in.mutants = outcomes ? records::to_json(*outcomes) : json(nullptr);
+    in.signoff = rec;
+    in.title = "kvgate sign-off (" + o.device + (o.quick ? ", quick" : "") + ")";
+    std::string warning;
+    reports::write_report(in, o.out, reports::default_web_dir(), &warning);
+    if (!warning.empty()) std::fprintf(stderr, "signoff: %s\n", warning.c_str());
+  }
+
+  // The verdict table on stdout.
+  void print_summary() const {
+    std::printf("\nbaseline %s, policy %s\n", baseline.c_str(), policy.path.c_str());
+    std::printf("%-16s %-16s %-16s %-12s %s\n", "format", "verdict", "conformance", "fit", "deciding policy line");
+    for (const auto& v : verdicts)
+      std::printf("%-16s %-16s %-16s %-12s %s\n", v.format.c_str(), so::to_string(v.overall).c_str(),
+                  so::to_string(v.conformance.verdict).c_str(), so::to_string(v.fit.verdict).c_str(), so::deciding_line(v).c_str());
+    std::printf("\nreport: %s/index.md, %s/report.html (signoff.json, gates.json, matrix.json); exit %d\n", o.out.c_str(), o.out.c_str(),
+                exit_code);
+  }
+};
+
+int run_signoff(const SignoffOpts& o) {
+  SignoffRun s(o);
+  s.resolve_formats();
+  s.read_inputs();
+  fs::create_directories(o.out);
+  s.record_provenance();
+  s.stages.done("inputs (model load, corpus, provenance)");
+  s.run_gate_step();
+  s.stages.done("gates");
+  s.select_mutants();
+  s.mutation_proof();
+  s.stages.done("mutation proof");
+  s.matrix_and_quality();
+  s.decide_verdicts();
+  s.write_records();
+  s.print_summary();
+  return s.exit_code;
 }
 
 }  // namespace

@@ -114,7 +114,7 @@ inline constexpr double kOraSensitivity = 0.10;
 
 }  // namespace kvgate::gates
 
-// ---- model level (gates/model_level: ORA.model, MOD) ------------------------------------------
+// ---- model level (gates/model_vs_oracle: ORA.model, MOD) ------------------------------------------
 namespace kvgate::gates {
 
 // ORA.model — runtime binary32 forward vs the oracle's (independent code, binary32 and binary64).

@@ -12,7 +12,7 @@
 namespace kvgate::gates {
 
 // stories260K's verified greedy output (README.md of stories260K: `run stories260K.bin -z
-// tok512.bin -t 0.0 -n 64`): the CPU gates (gates/model) and the GPU gates (gates/cuda) compare to it.
+// tok512.bin -t 0.0 -n 64`): the CPU gates (gates/engine) and the GPU gates (gates/cuda) compare to it.
 inline const std::vector<int> kStories260KGreedy64 = {
     403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408,
     419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,

@@ -48,7 +48,7 @@
 #include <string>
 #include <vector>
 
-#include "../model_level/model_harness.hpp"
+#include "../model_vs_oracle/model_harness.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"

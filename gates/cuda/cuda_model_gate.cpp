@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "../model_level/model_harness.hpp"
+#include "../model_vs_oracle/model_harness.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/cuda/device.hpp"

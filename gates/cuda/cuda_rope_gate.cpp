@@ -1,5 +1,5 @@
 // MOD.cuda.rope.<variant>: the CUDA forward's RoPE variants (rope.hpp) against the CPU engine, on
-// the MOD random-weight model (gates/model_level/model_harness.hpp: dim 256, 4 layers, head_dim 64)
+// the MOD random-weight model (gates/model_vs_oracle/model_harness.hpp: dim 256, 4 layers, head_dim 64)
 // with each variant as ORA.model.rope.* configures it (original / reference length 64, 256
 // positions), f32 weights and f32 KV. Two schedules, the same on both engines:
 //   one chunk   all 256 ids in one forward (static tables; length-dependent variants at L = 256)
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "../model_level/model_harness.hpp"
+#include "../model_vs_oracle/model_harness.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../resolve/fixtures.hpp"
+#include "../loaders_resolution/fixtures.hpp"
 #include "catch_compat.hpp"
 #include "hf_ref_harness.hpp"
 #include "kvgate/engine.hpp"

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
-#include "../resolve/fixtures.hpp"
+#include "../loaders_resolution/fixtures.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/loaders.hpp"

@@ -1,6 +1,7 @@
 #include "kvgate_mutations/driver.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <ctime>
@@ -12,6 +13,7 @@
 
 #include "kvgate/model_paths.hpp"
 #include "kvgate_mutations/catch_xml.hpp"
+#include "kvgate_mutations/gate_files.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
 #include "kvgate_mutations/scratch.hpp"
@@ -91,7 +93,11 @@ void merge_into(GateOutcome& into, const GateOutcome& g) {
     into.status = g.status;
     into.detail = g.detail;
     into.log = g.log;
+    into.variant = g.variant;
   }
+  for (const auto& v : g.kill_variants)
+    if (std::find(into.kill_variants.begin(), into.kill_variants.end(), v) == into.kill_variants.end())
+      into.kill_variants.push_back(v);
   into.seconds += g.seconds;
 }
 
@@ -120,6 +126,7 @@ struct Env {
   std::vector<std::string> focus_dropped;  // executables without a focused gate (dropped)
   fs::path object_backup;                  // --restore-objects: baseline copies of every object
   std::set<std::string> red;               // --skip-red-gates: gate IDs red in the baseline
+  std::map<std::string, Variant> variants; // by name: the environments gate programs run in
   std::ostream* log = nullptr;
 };
 
@@ -140,7 +147,22 @@ bool run_build(Env& e, const fs::path& log_path, double* seconds) {
   return r.ok();
 }
 
-// Runs the gate executables (and, after a crash or timeout, the unfinished gate IDs one by one).
+// The variant's environment on top of the gates' common one.
+std::vector<std::pair<std::string, std::string>> env_for(const Env& e, const std::string& variant) {
+  auto env = e.gate_env;
+  if (const auto it = e.variants.find(variant); it != e.variants.end())
+    for (const auto& kv : it->second.env) env.push_back(kv);
+  return env;
+}
+
+// File stem of one gate program's run in one variant ("gate_model", "gate_model@no_avx2").
+std::string unit_stem(const GateExe& x, const std::string& variant) {
+  return variant == "default" ? x.target : x.target + "@" + variant;
+}
+
+// Runs the gate executables, each once per environment variant it has (and, after a crash or
+// timeout, the unfinished gate IDs one by one in that variant). A gate's outcome is the worst over
+// its variants; kill_variants names every variant in which it failed or crashed.
 // `baseline` runs without timeouts and discovers the gate IDs from the XML.
 // `focus` (--expected-gates-only): run only these gate IDs (a Catch2 test spec per executable);
 // executables without one of them are not started. Null: every gate.
@@ -148,9 +170,13 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
                                              double* wall, const std::vector<std::string>* focus = nullptr) {
   fs::create_directories(dir);
   const auto t0 = Clock::now();
+  struct Unit {
+    std::size_t exe;      // index into e.exes
+    std::string variant;
+  };
   std::vector<ProcSpec> specs;
-  std::vector<std::size_t> started;              // indices into e.exes
-  std::vector<std::vector<std::string>> wanted;  // per started executable: the gate IDs it must report
+  std::vector<Unit> started;
+  std::vector<std::vector<std::string>> wanted;  // per started unit: the gate IDs it must report
   for (std::size_t i = 0; i < e.exes.size(); ++i) {
     const auto& x = e.exes[i];
     std::vector<std::string> ids = x.gate_ids;
@@ -167,39 +193,46 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         filter = spec_for(ids);
       }
     }
-    ProcSpec s;
-    s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (x.target + ".xml")).string()};
-    if (!filter.empty()) s.argv.insert(s.argv.begin() + 1, filter);
-    s.cwd = x.path.parent_path().string();
-    s.env = e.gate_env;
-    s.log_path = (dir / (x.target + ".log")).string();
-    s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
-    fs::remove(dir / (x.target + ".xml"));
-    specs.push_back(std::move(s));
-    started.push_back(i);
-    wanted.push_back(std::move(ids));
+    for (const auto& v : x.variants) {
+      const std::string stem = unit_stem(x, v);
+      ProcSpec s;
+      s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
+      if (!filter.empty()) s.argv.insert(s.argv.begin() + 1, filter);
+      s.cwd = x.path.parent_path().string();
+      s.env = env_for(e, v);
+      s.log_path = (dir / (stem + ".log")).string();
+      s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
+      fs::remove(dir / (stem + ".xml"));
+      specs.push_back(std::move(s));
+      started.push_back({i, v});
+      wanted.push_back(ids);
+    }
   }
   const auto res = run_processes(specs, e.o.jobs);
   std::map<std::string, GateOutcome> out;
   struct Rerun {
     std::size_t exe;
+    std::string variant;
     std::string id;
   };
   std::vector<Rerun> reruns;
+  std::set<std::size_t> dropped, rebased;  // baseline: exes without a focused gate; exes whose times were reset
   for (std::size_t k = 0; k < started.size(); ++k) {
-    const std::size_t i = started[k];
+    const std::size_t i = started[k].exe;
+    const std::string& variant = started[k].variant;
     GateExe& x = e.exes[i];
     const ProcResult& pr = res[k];
+    const std::string stem = unit_stem(x, variant);
     std::string xml;
     try {
-      xml = read_text(dir / (x.target + ".xml"));
+      xml = read_text(dir / (stem + ".xml"));
     } catch (...) {
     }
     const auto cases = parse_catch_xml(xml);
-    const std::string log_rel = rel_to(dir / (x.target + ".log"), e.out);
+    const std::string log_rel = rel_to(dir / (stem + ".log"), e.out);
     if (baseline && focus && cases.empty() && pr.ended_normally()) {
       // None of the focused gates lives in this executable (Catch2 3 exits 2 on an empty match).
-      e.focus_dropped.push_back(x.target);
+      if (dropped.insert(i).second) e.focus_dropped.push_back(x.target);
       continue;
     }
     std::map<std::string, GateOutcome> mine;
@@ -211,6 +244,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       GateOutcome g;
       g.log = log_rel;
       g.seconds = c.seconds;
+      g.variant = variant;
       secs[id] += c.seconds;
       if (c.has_result) {
         g.status = c.skipped && c.success ? GateStatus::skipped : c.success ? GateStatus::passed : GateStatus::failed;
@@ -220,26 +254,34 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         g.status = pr.timed_out ? GateStatus::timeout : GateStatus::crashed;
         g.detail = pr.describe() + " during: " + c.name;
       }
+      if (is_kill(g.status)) g.kill_variants = {variant};
       if (!mine.count(id)) mine[id] = g;
       else merge_into(mine[id], g);
     }
     if (baseline) {
-      x.baseline_s = pr.seconds;
-      x.gate_ids.clear();
+      if (rebased.insert(i).second) {
+        x.baseline_s = 0;
+        x.gate_ids.clear();
+      }
+      x.baseline_s += pr.seconds;
+      std::vector<std::string> found;
       for (const auto& [id, _] : mine) {
-        x.gate_ids.push_back(id);
+        found.push_back(id);
+        if (std::find(x.gate_ids.begin(), x.gate_ids.end(), id) == x.gate_ids.end()) x.gate_ids.push_back(id);
         Gate& g = e.gates[id];
         if (g.id.empty()) {
           g.id = id;
           g.exe = x.target;
           e.gate_order.push_back(id);
         }
-        g.cases.insert(g.cases.end(), names[id].begin(), names[id].end());
-        g.baseline_s += secs[id];
-        g.skipped = mine[id].status == GateStatus::skipped;
-        if (g.skipped) g.skip_reason = mine[id].detail.substr(std::string("skipped: ").size());
+        if (variant == "default" || g.cases.empty()) {
+          g.cases.insert(g.cases.end(), names[id].begin(), names[id].end());
+          g.baseline_s += secs[id];
+          g.skipped = mine[id].status == GateStatus::skipped;
+          if (g.skipped) g.skip_reason = mine[id].detail.substr(std::string("skipped: ").size());
+        }
       }
-      wanted[k] = x.gate_ids;
+      wanted[k] = found;
     }
     if (pr.ended_normally() && pr.exit_code != 0) {
       // Catch reports failures through the exit code; a non-zero code with every case green means
@@ -251,15 +293,18 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
           GateOutcome& g = mine[id];
           g.status = GateStatus::crashed;
           g.log = log_rel;
+          g.variant = variant;
+          g.kill_variants = {variant};
           g.detail = pr.describe() + " with no failed test case in its XML";
         }
     }
     for (const auto& id : wanted[k]) {
       if (mine.count(id)) continue;
       if (pr.ended_normally() || pr.interrupted) {
-        mine[id] = {GateStatus::not_run, 0, log_rel, pr.interrupted ? "interrupted" : "not in the XML report"};
+        GateOutcome g{GateStatus::not_run, 0, log_rel, pr.interrupted ? "interrupted" : "not in the XML report", variant, {}};
+        mine[id] = g;
       } else {
-        reruns.push_back({i, id});  // the executable died before reaching it: run it alone
+        reruns.push_back({i, variant, id});  // the executable died before reaching it: run it alone
       }
     }
     for (auto& [id, g] : mine) {
@@ -271,11 +316,11 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     std::vector<ProcSpec> rs;
     for (const auto& r : reruns) {
       const GateExe& x = e.exes[r.exe];
-      const std::string stem = x.target + "." + r.id;
+      const std::string stem = unit_stem(x, r.variant) + "." + r.id;
       ProcSpec s;
       s.argv = {x.path.string(), catch_spec_for_gate(r.id), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
       s.cwd = x.path.parent_path().string();
-      s.env = e.gate_env;
+      s.env = env_for(e, r.variant);
       s.log_path = (dir / (stem + ".log")).string();
       const double gb = e.gates.count(r.id) ? e.gates[r.id].baseline_s : x.baseline_s;
       s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * gb) * timeout_scale;
@@ -284,7 +329,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     }
     const auto rr = run_processes(rs, e.o.jobs);
     for (std::size_t k = 0; k < reruns.size(); ++k) {
-      const std::string stem = e.exes[reruns[k].exe].target + "." + reruns[k].id;
+      const std::string stem = unit_stem(e.exes[reruns[k].exe], reruns[k].variant) + "." + reruns[k].id;
       std::string xml;
       try {
         xml = read_text(dir / (stem + ".xml"));
@@ -293,6 +338,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       GateOutcome g;
       g.log = rel_to(dir / (stem + ".log"), e.out);
       g.seconds = rr[k].seconds;
+      g.variant = reruns[k].variant;
       const auto cases = parse_catch_xml(xml);
       if (rr[k].ended_normally() && !cases.empty()) {
         bool all_ok = true;
@@ -309,6 +355,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         g.status = GateStatus::crashed;
         g.detail = "run alone: " + rr[k].describe();
       }
+      if (is_kill(g.status)) g.kill_variants = {g.variant};
       if (!out.count(reruns[k].id)) out[reruns[k].id] = g;
       else merge_into(out[reruns[k].id], g);
     }
@@ -474,7 +521,10 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   }
   bool any_timeout = false;
   for (const auto& [id, g] : mo.gates) {
-    if (is_kill(g.status)) mo.killed_by.push_back(id);
+    if (is_kill(g.status)) {
+      mo.killed_by.push_back(id);
+      mo.killed_in[id] = g.kill_variants.empty() ? std::vector<std::string>{g.variant} : g.kill_variants;
+    }
     any_timeout = any_timeout || g.status == GateStatus::timeout;
   }
   if (!mo.killed_by.empty()) {
@@ -510,7 +560,31 @@ void count(RunSummary& s, MutantStatus st) {
 }
 
 
-void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, std::ostream& log) {
+// The mutants whose file no gate program of the build compiles (restricted to `gates` when given):
+// they could only come back "noop", so the catalog check refuses them. A mutant that needs CUDA
+// is checked only against a CUDA build (a CPU build compiles no CUDA file). `why`: one line each.
+std::vector<std::string> ungated_mutants(const GateFiles& gf, const std::vector<const Mutant*>& ms,
+                                         const std::vector<std::string>& gates, std::vector<std::string>* why) {
+  std::vector<std::string> out;
+  const auto programs = gf.gate_programs();
+  const bool cuda_build = std::find(programs.begin(), programs.end(), "gate_cuda") != programs.end();
+  for (const Mutant* m : ms) {
+    const bool needs_cuda = std::any_of(m->requires_.begin(), m->requires_.end(),
+                                        [](const std::string& r) { return r == "cuda" || r == "cuda-device"; });
+    if (needs_cuda && !cuda_build) continue;
+    if (!gf.gates_compiling(m->file, gates).empty()) continue;
+    out.push_back(m->id);
+    if (why)
+      why->push_back("kvgate mutate: mutant " + m->id + ": no gate program" +
+                     (gates.empty() ? std::string() : " of this run") + " compiles " + m->file +
+                     ", so no gate can kill it (it would come back noop); fix: build it into a gate program "
+                     "(its library in a gate's link closure), move the mutant to a file a gate compiles, or drop it");
+  }
+  return out;
+}
+
+void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, const std::vector<std::string>& nogate,
+                std::ostream& log) {
   int w = 4, wf = 6;
   for (const auto& m : cat.mutants) {
     w = std::max(w, static_cast<int>(m.id.size()) + 2);
@@ -522,7 +596,8 @@ void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, std:
     const Mutant& m = cat.mutants[i];
     std::string ek;
     for (const auto& g : m.expect_killed_by) ek += (ek.empty() ? "" : ",") + g;
-    std::string st = checks[i].ok() ? "ok" : (checks[i].file_missing ? "NOFILE" : "STALE");
+    std::string st = !checks[i].ok() ? (checks[i].file_missing ? "NOFILE" : "STALE")
+                     : std::find(nogate.begin(), nogate.end(), m.id) != nogate.end() ? "NOGATE" : "ok";
     log << std::left << std::setw(w) << m.id << std::setw(12) << m.category << std::setw(wf) << m.file
         << std::setw(8) << st << ek << (m.requires_.empty() ? "" : "  (requires " + m.requires_.front() + ")")
         << "\n";
@@ -538,16 +613,31 @@ void write_outputs(const RunResult& r, const Env& e, std::ostream& log) {
   }
 }
 
-}  // namespace
+using Stop = std::optional<int>;  // a step's exit code when the run ends there
 
-int run_mutate(const MutateOptions& in, std::ostream& log) {
-  RunResult r;
-  r.started_at = utc_now();
-  const auto t_setup = Clock::now();
+// Everything one `kvgate mutate` run carries from step to step.
+struct Run {
   Env e;
-  e.o = in;
-  e.log = &log;
-  MutateOptions& o = e.o;
+  RunResult r;
+  Catalog cat;
+  std::vector<AnchorCheck> checks;        // one per catalog mutant
+  std::vector<const Mutant*> selected;    // the mutants to run (not the canary)
+  Clock::time_point t_setup = Clock::now();
+  bool want_cuda = false;                 // a selected mutant needs a device and one is present
+  std::unique_ptr<ScratchLock> lock;      // held for the whole run
+  std::optional<InterruptGuard> interrupt_guard;
+};
+
+// Fill in the defaults: absolute source, catalog and schema paths, jobs.
+Stop resolve_options(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (o.source_dir.empty()) {
     log << "kvgate mutate: no source directory (pass --source-dir)\n";
     return kExitError;
@@ -564,29 +654,78 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     o.report_schema = o.source_dir / "mutations" / "schema" / "mutation-testing-report-schema.json";
   if (o.jobs < 1) o.jobs = 1;
 
+  return std::nullopt;
+}
+
+// The catalog: schema, IDs, then every anchor checked in the source tree.
+Stop load_and_check_catalog(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- catalog: schema, ids, anchors ------------------------------------------------------
-  Catalog cat;
   try {
     cat = load_catalog(o.catalog, o.schema);
   } catch (const std::exception& ex) {
     log << "kvgate mutate: " << ex.what() << "\n";
     return kExitStale;
   }
-  std::vector<AnchorCheck> checks;
   for (const auto& m : cat.mutants) checks.push_back(check_anchor(m, o.source_dir));
-  if (o.list) {
-    print_list(cat, checks, log);
-    int stale = 0;
-    for (const auto& c : checks) stale += c.ok() ? 0 : 1;
-    log << cat.mutants.size() << " mutants (" << (cat.canary() ? "1 canary" : "no canary") << "), " << stale
-        << " stale\n";
-    for (const auto& c : checks)
-      if (!c.ok()) log << c.message() << "\n";
-    return stale ? kExitStale : kExitOk;
-  }
+  return std::nullopt;
+}
 
+// --list: the catalog with anchor status; runs nothing.
+Stop list_catalog(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
+  const fs::path bdir = !o.build_dir.empty() ? fs::path(o.build_dir) : o.list_build_dir;
+  std::vector<std::string> nogate, why;
+  bool gate_check = false;
+  if (!bdir.empty()) {
+    const GateFiles gf(bdir);
+    // Another tree's build says nothing about this catalog's files (unless --build-dir names it).
+    gate_check = gf.loaded() && (!o.build_dir.empty() || gf.root() == o.source_dir);
+    if (gate_check) {
+      std::vector<const Mutant*> all;
+      for (const auto& m : cat.mutants) all.push_back(&m);
+      nogate = ungated_mutants(gf, all, {}, &why);
+    }
+  }
+  print_list(cat, checks, nogate, log);
+  int stale = 0;
+  for (const auto& c : checks) stale += c.ok() ? 0 : 1;
+  log << cat.mutants.size() << " mutants (" << (cat.canary() ? "1 canary" : "no canary") << "), " << stale
+      << " stale, " << nogate.size() << " in a file no gate program compiles"
+      << (gate_check ? " (checked against " + (bdir / "gates" / "gate_closure.txt").string() + ")"
+                     : " (not checked: no build of this tree with gates/gate_closure.txt; pass --build-dir)")
+      << "\n";
+  for (const auto& c : checks)
+    if (!c.ok()) log << c.message() << "\n";
+  for (const auto& w : why) log << w << "\n";
+  return stale || !nogate.empty() ? kExitStale : kExitOk;
+}
+
+// --only, --only-requires, --expected-gates-only, --since: the mutants of this run.
+Stop select_mutants(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- selection -------------------------------------------------------------------------
-  std::vector<const Mutant*> selected;
   if (!o.only.empty()) {
     r.full_run = false;
     for (const auto& id : o.only) {
@@ -630,6 +769,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: --since " << o.since << ": " << selected.size() << " mutant(s) on changed files\n";
   }
 
+  return std::nullopt;
+}
+
+// A stale anchor stops the run for a mutant that would run (and the canary); others warn.
+Stop refuse_stale_anchors(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   {
     // STALE is a hard error for every mutant that would run (and the canary); a partial run only
     // warns about the others (the unit test mutations_unit checks the whole catalog).
@@ -645,6 +797,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     if (stale) return kExitStale;
   }
 
+  return std::nullopt;
+}
+
+// Scratch, build and output folders; the scratch lock; Ctrl-C handling.
+Stop prepare_scratch(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- scratch copy and build ---------------------------------------------------------------
   e.scratch = o.scratch_dir.empty() ? o.source_dir / ".scratch" / "mutants" : fs::absolute(o.scratch_dir);
   e.build = o.build_dir.empty() ? e.scratch / "build" : fs::absolute(o.build_dir);
@@ -655,29 +820,41 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: the scratch directory must not be (or contain) the source tree\n";
     return kExitError;
   }
-  std::unique_ptr<ScratchLock> lock;
   try {
-    lock = std::make_unique<ScratchLock>(fs::path(e.scratch.string() + ".lock"));
+    s.lock = std::make_unique<ScratchLock>(fs::path(e.scratch.string() + ".lock"));
   } catch (const std::exception& ex) {
     log << "kvgate mutate: " << ex.what() << "\n";
     return kExitError;
   }
-  InterruptGuard ig;
+  s.interrupt_guard.emplace();
   fs::create_directories(e.out);
   for (const char* stale : {"baseline", "canary", "mutants"}) fs::remove_all(e.out / stale);
   fs::create_directories(e.out / "baseline");
 
+  return std::nullopt;
+}
+
+// requires: cuda-device. Probed before building: with no device those mutants are skipped
+// (with the reason) instead of surviving gates that skip; with one, the scratch build gets CUDA.
+Stop probe_device(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- requires: cuda-device ----------------------------------------------------------------
   // Probed before building: without a device those mutants are skipped (with the reason) instead
   // of "surviving" gates that skip; with one, the scratch build gets CUDA.
-  bool want_cuda = false;
   if (std::any_of(selected.begin(), selected.end(), [](const Mutant* m) { return needs_device(*m); })) {
     const DeviceProbe dp = probe_cuda_device(e.out / "baseline" / "device_probe.log");
     e.device_probed = true;
     e.device_present = dp.present;
     e.device_how = dp.how;
     log << "kvgate mutate: CUDA device " << (dp.present ? "found" : "not found") << " (" << dp.how << ")\n";
-    want_cuda = dp.present;
+    s.want_cuda = dp.present;
     if (std::all_of(selected.begin(), selected.end(),
                     [&](const Mutant* m) { return !requirement_gap(e, *m, false).empty(); })) {
       // Nothing can run here: build nothing, report every selected mutant as skipped.
@@ -699,6 +876,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     }
   }
 
+  return std::nullopt;
+}
+
+// Mirror the source into the scratch copy and check the anchors again there.
+Stop sync_scratch(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   const auto files = list_source_files(o.source_dir);
   const SyncStats ss = sync_tree(o.source_dir, e.scratch, files, {e.build});
   log << "kvgate mutate: scratch " << e.scratch.string() << ": " << ss.copied << " copied, " << ss.unchanged
@@ -716,6 +906,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     return kExitStale;
   }
 
+  return std::nullopt;
+}
+
+// The build's and the gates' environment (ccache base, source dir, models).
+Stop set_environments(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   e.build_env = {{"KVGATE_SOURCE_DIR", e.scratch.string()}};
   if (!std::getenv("CCACHE_BASEDIR")) {
     // Compile commands of the scratch build then hash like the user's own build (same relative
@@ -732,11 +935,23 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     if (!models.empty()) e.gate_env.emplace_back("KVGATE_MODELS", models);
   }
 
-  const fs::path bl = e.out / "baseline";
+  return std::nullopt;
+}
+
+// Configure the scratch build once, else regenerate it when a CMakeLists.txt changed.
+Stop configure_scratch_build(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (!fs::exists(e.build / "build.ninja")) {
     std::vector<std::string> argv{"cmake", "-S", e.scratch.string(), "-B", e.build.string(), "-G", "Ninja",
                                   "-DKVGATE_CUDA=OFF", "-DKVGATE_BUILD_BENCH=OFF", "-DCMAKE_BUILD_TYPE=Release"};
-    if (want_cuda) argv.push_back("-DKVGATE_CUDA=ON");  // a later -D wins
+    if (s.want_cuda) argv.push_back("-DKVGATE_CUDA=ON");  // a later -D wins
     for (const auto& a : o.cmake_args) argv.push_back(a);
     log << "kvgate mutate: configuring the scratch build " << e.build.string() << "\n";
     const ProcResult cr = run_process({argv, {}, e.build_env, (bl / "configure.log").string(), 0});
@@ -754,40 +969,64 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       return interrupted() ? kExitInterrupted : kExitError;
     }
   }
+  return std::nullopt;
+}
+
+// <build>/gates/gates.txt (mutations/CMakeLists.txt) -> the gate executables; CMakeCache.txt -> is
+// it a CUDA build.
+bool read_gate_list(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   const fs::path gates_txt = e.build / "gates" / "gates.txt";
-  auto read_gate_list = [&]() -> bool {
-    e.exes.clear();
-    e.targets.clear();
-    e.cuda_build = false;
-    const std::string cache = read_text(e.build / "CMakeCache.txt");
-    const auto p = cache.find("CMAKE_CUDA_COMPILER:");
-    if (p != std::string::npos) {
-      const auto eq = cache.find('=', p), nl = cache.find('\n', p);
-      e.cuda_build = eq != std::string::npos && eq + 1 < nl && cache.substr(eq + 1, nl - eq - 1).find("NOTFOUND") ==
-                                                                 std::string::npos;
-    }
-    if (!fs::exists(gates_txt)) {
-      log << "kvgate mutate: " << gates_txt.string()
-          << " is missing: the build lists its gates there (mutations/CMakeLists.txt)\n";
-      return false;
-    }
-    std::istringstream in(read_text(gates_txt));
-    for (std::string line; std::getline(in, line);) {
-      const auto tab = line.find('\t');
-      if (line.empty() || tab == std::string::npos) continue;
-      GateExe x;
-      x.target = line.substr(0, tab);
-      x.path = line.substr(tab + 1);
-      // A CUDA build lists the GPU gate program; CMakeCache.txt may not name the CUDA compiler
-      // (found through check_language), so this is the reliable signal for `requires: cuda`.
-      if (x.target == "gate_cuda") e.cuda_build = true;
-      e.exes.push_back(x);
-      e.targets.push_back(x.target);
-    }
-    return true;
-  };
-  if (!read_gate_list()) return kExitError;
-  if (want_cuda && !e.cuda_build) {
+  e.exes.clear();
+  e.targets.clear();
+  e.cuda_build = false;
+  const std::string cache = read_text(e.build / "CMakeCache.txt");
+  const auto p = cache.find("CMAKE_CUDA_COMPILER:");
+  if (p != std::string::npos) {
+    const auto eq = cache.find('=', p), nl = cache.find('\n', p);
+    e.cuda_build = eq != std::string::npos && eq + 1 < nl && cache.substr(eq + 1, nl - eq - 1).find("NOTFOUND") ==
+                                                               std::string::npos;
+  }
+  if (!fs::exists(gates_txt)) {
+    log << "kvgate mutate: " << gates_txt.string()
+        << " is missing: the build lists its gates there (mutations/CMakeLists.txt)\n";
+    return false;
+  }
+  std::istringstream in(read_text(gates_txt));
+  for (std::string line; std::getline(in, line);) {
+    const auto tab = line.find('\t');
+    if (line.empty() || tab == std::string::npos) continue;
+    GateExe x;
+    x.target = line.substr(0, tab);
+    x.path = line.substr(tab + 1);
+    // A CUDA build lists the GPU gate program; CMakeCache.txt may not name the CUDA compiler
+    // (found through check_language), so this is the reliable signal for `requires: cuda`.
+    if (x.target == "gate_cuda") e.cuda_build = true;
+    e.exes.push_back(x);
+    e.targets.push_back(x.target);
+  }
+  return true;
+}
+
+// The gate programs of the scratch build (reconfigured with CUDA when a device mutant needs it).
+Stop list_gate_programs(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
+  if (!read_gate_list(s)) return kExitError;
+  if (s.want_cuda && !e.cuda_build) {
     // An existing scratch build configured without CUDA: a device mutant needs gate_cuda.
     log << "kvgate mutate: reconfiguring the scratch build with -DKVGATE_CUDA=ON (a selected mutant requires "
            "a CUDA device)\n";
@@ -797,14 +1036,27 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
       log << "kvgate mutate: configure with CUDA failed, see " << (bl / "configure_cuda.log").string() << "\n";
       return interrupted() ? kExitInterrupted : kExitError;
     }
-    if (!read_gate_list()) return kExitError;
+    if (!read_gate_list(s)) return kExitError;
   }
+  return std::nullopt;
+}
+
+// --gate-targets: only these gate programs.
+Stop restrict_gate_targets(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (!o.gate_targets.empty()) {
     r.full_run = false;
     for (const auto& t : o.gate_targets)
       if (std::none_of(e.exes.begin(), e.exes.end(), [&](const GateExe& x) { return x.target == t; })) {
         log << "kvgate mutate: --gate-targets names '" << t << "', which is not a gate executable of this build ("
-            << gates_txt.string() << ")\n";
+            << (e.build / "gates" / "gates.txt").string() << ")\n";
         return kExitError;
       }
     std::erase_if(e.exes, [&](const GateExe& x) {
@@ -816,6 +1068,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: the build defines no gate executables (kvgate_add_gate)\n";
     return kExitError;
   }
+  return std::nullopt;
+}
+
+// Build the unmutated gate programs; snapshot their objects (and copy them for --restore-objects).
+Stop build_baseline(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   log << "kvgate mutate: building " << e.exes.size() << " gate executable(s) in " << e.build.string() << "\n";
   if (!run_build(e, bl / "build.log", &r.baseline_build_s)) {
     log << "kvgate mutate: the unmutated scratch tree does not build, see " << (bl / "build.log").string() << "\n";
@@ -838,6 +1103,107 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: --restore-objects: " << e.objects.size() << " baseline objects copied to "
         << e.object_backup.string() << "\n";
   }
+  return std::nullopt;
+}
+
+// The catalog check against the scratch build: a mutant to run (or the canary) whose file no gate
+// program of this run compiles is refused by name (exit 5) instead of being reported noop.
+Stop refuse_ungated_mutants(Run& s) {
+  Env& e = s.e;
+  std::ostream& log = *e.log;
+  const GateFiles gf(e.build);
+  if (!gf.loaded()) {
+    log << "kvgate mutate: warning: " << (e.build / "gates" / "gate_closure.txt").string()
+        << " is missing: which files the gates compile is not checked\n";
+    return std::nullopt;
+  }
+  std::vector<const Mutant*> ms = s.selected;
+  if (const Mutant* c = s.cat.canary(); c && e.o.canary) ms.push_back(c);
+  std::erase_if(ms, [&](const Mutant* m) { return !requirement_gap(e, *m, false).empty(); });
+  std::vector<std::string> why;
+  const auto bad = ungated_mutants(gf, ms, e.targets, &why);
+  for (const auto& w : why) log << w << "\n";
+  return bad.empty() ? Stop{} : Stop{kExitStale};
+}
+
+// The environment matrix: every variant in which the build's ctest runs a gate program (read from
+// `ctest --show-only=json-v1`: a test whose command is a gate executable, with its ENVIRONMENT
+// less KVGATE_SOURCE_DIR, which the driver sets itself). A program runs in "default" and in each
+// such variant: e.g. gate_model under KVGATE_NO_AVX2=1 (the portable page readers), so a mutant
+// in code only that environment reaches is proven too. The variant is named after the test
+// (gate_model_no_avx2 -> no_avx2).
+Stop list_variants(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  e.variants = {{"default", {"default", {}}}};
+  for (auto& x : e.exes) x.variants = {"default"};
+  const auto [rc, text] = capture_output({"ctest", "--test-dir", e.build.string(), "--show-only=json-v1"});
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(text);
+  } catch (...) {
+  }
+  if (rc != 0 || !doc.is_object()) {
+    log << "kvgate mutate: warning: `ctest --show-only=json-v1` gave no test list (exit " << rc
+        << "): every gate program runs in its default environment only\n";
+  }
+  for (const auto& t : doc.value("tests", nlohmann::json::array())) {
+    const std::string name = t.value("name", "");
+    const auto cmd = t.value("command", nlohmann::json::array());
+    std::vector<std::pair<std::string, std::string>> env;
+    for (const auto& p : t.value("properties", nlohmann::json::array()))
+      if (p.value("name", "") == "ENVIRONMENT")
+        for (const auto& kv : p.value("value", nlohmann::json::array())) {
+          const std::string a = kv.get<std::string>();
+          const auto eq = a.find('=');
+          if (eq == std::string::npos || a.substr(0, eq) == "KVGATE_SOURCE_DIR") continue;
+          env.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+        }
+    if (env.empty()) continue;
+    for (auto& x : e.exes) {
+      // The command names the program once it is built; the test name starts with its target.
+      const bool same_exe = !cmd.empty() && cmd[0].is_string() && fs::path(cmd[0].get<std::string>()) == x.path;
+      if (!same_exe || name.rfind(x.target + "_", 0) != 0) continue;
+      if (cmd.size() > 1) {
+        log << "kvgate mutate: warning: ctest " << name << " passes arguments to " << x.target
+            << "; not a variant (the driver runs whole programs)\n";
+        continue;
+      }
+      std::string v = name.substr(x.target.size() + 1);
+      for (auto& c : v) c = std::isalnum(static_cast<unsigned char>(c)) ? static_cast<char>(std::tolower(c)) : '_';
+      if (e.variants.count(v) && e.variants[v].env != env) v += "_" + x.target;
+      e.variants[v] = {v, env};
+      if (std::find(x.variants.begin(), x.variants.end(), v) == x.variants.end()) x.variants.push_back(v);
+    }
+  }
+  r.variants.clear();
+  r.variants.push_back(e.variants["default"]);
+  for (const auto& [n, v] : e.variants)
+    if (n != "default") r.variants.push_back(v);
+  for (const auto& x : e.exes)
+    if (x.variants.size() > 1) {
+      std::string vs;
+      for (const auto& v : x.variants) {
+        vs += " " + v;
+        if (v != "default")
+          for (const auto& [k, val] : e.variants[v].env) vs += " (" + k + "=" + val + ")";
+      }
+      log << "kvgate mutate: " << x.target << " runs in" << vs << "\n";
+    }
+  return std::nullopt;
+}
+
+// --expected-gates-only: the union of the selected mutants' expected gates.
+Stop focus_gates(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   if (o.expected_gates_only) {
     for (const Mutant* m : selected) {
       if (!requirement_gap(e, *m, false).empty()) continue;
@@ -848,8 +1214,20 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     for (const auto& id : e.focus) ids += " " + id;
     log << "kvgate mutate: --expected-gates-only: " << e.focus.size() << " gate(s):" << ids << "\n";
   }
-  r.setup_s = since(t_setup);
+  r.setup_s = since(s.t_setup);
+  return std::nullopt;
+}
 
+// Every gate on the unmutated tree: it must be green (or, with --skip-red-gates, the red ones are left out).
+Stop run_baseline(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- baseline --------------------------------------------------------------------------
   log << "kvgate mutate: baseline (build " << fmt_s(r.baseline_build_s) << ")...\n";
   const auto base =
@@ -917,6 +1295,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     }
   }
 
+  return std::nullopt;
+}
+
+// The canary must turn every proven gate red: else a gate does not run the code the driver mutates.
+Stop run_canary(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- canary ----------------------------------------------------------------------------
   if (const Mutant* c = cat.canary(); c && o.canary) {
     log << "kvgate mutate: canary " << c->id << "...\n";
@@ -951,6 +1342,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
     log << "kvgate mutate: warning: the catalog has no canary (category \"canary\")\n";
   }
 
+  return std::nullopt;
+}
+
+// Each selected mutant: apply, rebuild, run the gates, classify, revert.
+Stop run_mutants(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- mutants ---------------------------------------------------------------------------
   const auto t_mut = Clock::now();
   const int N = static_cast<int>(selected.size());
@@ -1005,6 +1409,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   r.mutation_s = since(t_mut);
   if (interrupted()) r.interrupted = true;
 
+  return std::nullopt;
+}
+
+// The run's own checks (counts, expectations, gates killing none) and the exit code.
+Stop check_run(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   // --- checks ----------------------------------------------------------------------------
   std::map<std::string, int> kills;
   for (const auto& mo : r.outcomes)
@@ -1040,6 +1457,19 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   else r.exit_code = kExitOk;
   if (!e.red.empty() && (r.exit_code == kExitOk || r.exit_code == kExitExpectation)) r.exit_code = kExitBaselineRed;
 
+  return std::nullopt;
+}
+
+// Outputs written; the summary, survivors and failed checks printed.
+Stop print_summary(Run& s) {
+  [[maybe_unused]] Env& e = s.e;
+  [[maybe_unused]] RunResult& r = s.r;
+  [[maybe_unused]] MutateOptions& o = e.o;
+  [[maybe_unused]] std::ostream& log = *e.log;
+  [[maybe_unused]] Catalog& cat = s.cat;
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = s.checks;
+  [[maybe_unused]] std::vector<const Mutant*>& selected = s.selected;
+  [[maybe_unused]] const fs::path bl = e.out / "baseline";
   write_outputs(r, e, log);
   std::vector<double> walls;
   for (const auto& mo : r.outcomes)
@@ -1076,7 +1506,25 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   for (const auto& f : r.check_failures) log << "  check failed: " << f << "\n";
   log << "kvgate mutate: outputs in " << e.out.string() << " (kill_matrix.md, index.html); exit " << r.exit_code
       << "\n";
-  return r.exit_code;
+  return std::nullopt;
+}
+
+}  // namespace
+
+// The whole run as a list of steps (each returns an exit code when the run ends there).
+int run_mutate(const MutateOptions& in, std::ostream& log) {
+  Run s;
+  s.r.started_at = utc_now();
+  s.e.o = in;
+  s.e.log = &log;
+  for (Stop (*step)(Run&) : {resolve_options, load_and_check_catalog}) if (Stop rc = step(s)) return *rc;
+  if (s.e.o.list) return *list_catalog(s);
+  for (Stop (*step)(Run&) : {select_mutants, refuse_stale_anchors, prepare_scratch, probe_device, sync_scratch,
+                             set_environments, configure_scratch_build, list_gate_programs, restrict_gate_targets,
+                             build_baseline, refuse_ungated_mutants, list_variants, focus_gates, run_baseline, run_canary, run_mutants, check_run})
+    if (Stop rc = step(s)) return *rc;
+  print_summary(s);
+  return s.r.exit_code;
 }
 
 }  // namespace kvgate::mutate

@@ -20,33 +20,32 @@ namespace {
 
 double round3(double x) { return std::round(x * 1000.0) / 1000.0; }
 
-json gate_outcome_json(const GateOutcome& g) {
-  json j{{"status", to_string(g.status)}, {"seconds", round3(g.seconds)}, {"log", g.log}};
-  if (!g.detail.empty()) j["detail"] = g.detail;
-  return j;
+records::GateCell gate_cell(const GateOutcome& g) {
+  return {to_string(g.status), round3(g.seconds), g.log, g.detail, g.variant};
 }
 
-json mutant_json(const MutantOutcome& mo) {
+records::MutantRecord mutant_record(const MutantOutcome& mo) {
   const Mutant& m = *mo.mutant;
-  json gates = json::object();
-  for (const auto& [id, g] : mo.gates) gates[id] = gate_outcome_json(g);
-  return {{"id", m.id},
-          {"category", m.category},
-          {"file", m.file},
-          {"description", m.description},
-          {"status", to_string(mo.status)},
-          {"reason", mo.reason},
-          {"killed_by", mo.killed_by},
-          {"expect_killed_by", m.expect_killed_by},
-          {"expected_not_killing", mo.expected_not_killing},
-          {"expected_unknown", mo.expected_unknown},
-          {"build_s", round3(mo.build_s)},
-          {"test_s", round3(mo.test_s)},
-          {"wall_s", round3(mo.wall_s)},
-          {"diff", mo.diff_path},
-          {"build_log", mo.build_log},
-          {"changed_objects", mo.changed_objects},
-          {"gates", gates}};
+  records::MutantRecord r;
+  r.id = m.id;
+  r.category = m.category;
+  r.file = m.file;
+  r.description = m.description;
+  r.status = to_string(mo.status);
+  r.reason = mo.reason;
+  r.killed_by = mo.killed_by;
+  r.expect_killed_by = m.expect_killed_by;
+  r.expected_not_killing = mo.expected_not_killing;
+  r.expected_unknown = mo.expected_unknown;
+  r.killed_in = mo.killed_in;
+  r.build_s = round3(mo.build_s);
+  r.test_s = round3(mo.test_s);
+  r.wall_s = round3(mo.wall_s);
+  r.diff = mo.diff_path;
+  r.build_log = mo.build_log;
+  r.changed_objects = mo.changed_objects;
+  for (const auto& [id, g] : mo.gates) r.gates[id] = gate_cell(g);
+  return r;
 }
 
 double median_wall(const RunResult& r) {
@@ -91,6 +90,17 @@ std::string fixed(double x, int prec) {
   return o.str();
 }
 
+// " [no_avx2]" when the gate killed the mutant only in variants other than the default one.
+std::string variant_note(const MutantOutcome& mo, const std::string& gate) {
+  const auto it = mo.killed_in.find(gate);
+  if (it == mo.killed_in.end() || it->second.empty() ||
+      std::find(it->second.begin(), it->second.end(), "default") != it->second.end())
+    return "";
+  std::string v;
+  for (const auto& x : it->second) v += (v.empty() ? "" : ",") + x;
+  return " [" + v + "]";
+}
+
 const char* stryker_status(MutantStatus s) {
   switch (s) {
     case MutantStatus::killed: return "Killed";
@@ -131,61 +141,42 @@ char matrix_cell(GateStatus s) {
   return '?';
 }
 
-json outcomes_json(const RunResult& r, const ReportContext& ctx) {
-  json exes = json::array();
+records::OutcomesRecord outcomes_record(const RunResult& r, const ReportContext& ctx) {
+  records::OutcomesRecord o;
+  o.started_at = r.started_at;
+  o.source_dir = ctx.source_dir.string();
+  o.scratch_dir = ctx.files_root.string();
+  o.catalog = ctx.catalog_path;
+  o.options = {ctx.opts.only, ctx.opts.gate_targets, ctx.opts.since, std::max(1, ctx.opts.jobs),
+               ctx.opts.min_timeout_s, ctx.opts.timeout_factor, ctx.opts.canary};
+  o.full_run = r.full_run;
+  o.interrupted = r.interrupted;
+  o.exit_code = r.exit_code;
+  for (const auto& v : r.variants) o.variants.push_back({v.name, {v.env.begin(), v.env.end()}});
+  if (o.variants.empty()) o.variants.push_back({"default", {}});
+  o.baseline.green = r.baseline_green;
+  o.baseline.red = r.baseline_red;
+  o.baseline.build_s = round3(r.baseline_build_s);
+  o.baseline.test_s = round3(r.baseline_test_s);
   for (const auto& x : r.exes)
-    exes.push_back({{"target", x.target}, {"path", x.path.string()}, {"seconds", round3(x.baseline_s)},
-                    {"gates", x.gate_ids}});
-  json gates = json::array();
-  for (const auto& g : r.gates)
-    gates.push_back({{"id", g.id}, {"exe", g.exe}, {"cases", g.cases}, {"seconds", round3(g.baseline_s)},
-                     {"skipped", g.skipped}});
-  json mutants = json::array();
-  for (const auto& mo : r.outcomes) mutants.push_back(mutant_json(mo));
-  const auto kills = kills_per_gate(r);
+    o.baseline.executables.push_back({x.target, x.path.string(), round3(x.baseline_s), x.gate_ids,
+                                      x.variants.empty() ? std::vector<std::string>{"default"} : x.variants});
+  for (const auto& g : r.gates) o.baseline.gates.push_back({g.id, g.exe, g.cases, round3(g.baseline_s), g.skipped});
+  if (r.canary_ran) o.canary = mutant_record(r.canary);
+  o.canary_survivors = r.canary_survivors;
   const double mpm = r.mutation_s > 0 ? r.summary.run() * 60.0 / r.mutation_s : 0;
-  return {{"tool", "kvgate mutate"},
-          {"format_version", 1},
-          {"started_at", r.started_at},
-          {"source_dir", ctx.source_dir.string()},
-          {"scratch_dir", ctx.files_root.string()},
-          {"catalog", ctx.catalog_path},
-          {"options",
-           {{"only", ctx.opts.only},
-            {"gate_targets", ctx.opts.gate_targets},
-            {"since", ctx.opts.since},
-            {"jobs", ctx.opts.jobs},
-            {"min_timeout_s", ctx.opts.min_timeout_s},
-            {"timeout_factor", ctx.opts.timeout_factor},
-            {"canary", ctx.opts.canary}}},
-          {"full_run", r.full_run},
-          {"interrupted", r.interrupted},
-          {"exit_code", r.exit_code},
-          {"baseline",
-           {{"green", r.baseline_green},
-            {"red", r.baseline_red},
-            {"build_s", round3(r.baseline_build_s)},
-            {"test_s", round3(r.baseline_test_s)},
-            {"executables", exes},
-            {"gates", gates}}},
-          {"canary", r.canary_ran ? mutant_json(r.canary) : json(nullptr)},
-          {"canary_survivors", r.canary_survivors},
-          {"summary",
-           {{"run", r.summary.run()},
-            {"killed", r.summary.killed},
-            {"survived", r.summary.survived},
-            {"timeout", r.summary.timeout},
-            {"unviable", r.summary.unviable},
-            {"noop", r.summary.noop},
-            {"skipped", r.summary.skipped},
-            {"mutation_s", round3(r.mutation_s)},
-            {"setup_s", round3(r.setup_s)},
-            {"median_wall_s", round3(median_wall(r))},
-            {"mutants_per_minute", round3(mpm)}}},
-          {"mutants", mutants},
-          {"kills_per_gate", kills},
-          {"gates_killing_none", r.gates_killing_none},
-          {"check_failures", r.check_failures}};
+  o.summary = {r.summary.run(),   r.summary.killed,     r.summary.survived,        r.summary.timeout,
+               r.summary.unviable, r.summary.noop,      r.summary.skipped,         round3(r.mutation_s),
+               round3(r.setup_s), round3(median_wall(r)), round3(mpm)};
+  for (const auto& mo : r.outcomes) o.mutants.push_back(mutant_record(mo));
+  for (const auto& [id, n] : kills_per_gate(r)) o.kills_per_gate[id] = n;
+  o.gates_killing_none = r.gates_killing_none;
+  o.check_failures = r.check_failures;
+  return o;
+}
+
+json outcomes_json(const RunResult& r, const ReportContext& ctx) {
+  return records::outcomes_document(outcomes_record(r, ctx));
 }
 
 std::string kill_matrix_csv(const RunResult& r) {
@@ -228,6 +219,19 @@ std::string kill_matrix_md(const RunResult& r) {
     o << " Canary `" << r.canary.mutant->id << "`: "
       << (r.canary_survivors.empty() ? "every gate red" : "left gates green") << ".";
   o << "\n\n";
+  if (r.variants.size() > 1) {
+    o << "Environment variants (each gate program runs in `default` and in every variant its ctest has): ";
+    for (std::size_t i = 0; i < r.variants.size(); ++i) {
+      o << (i ? "; " : "") << "`" << r.variants[i].name << "`";
+      for (const auto& [k, v] : r.variants[i].env) o << " " << k << "=" << v;
+      std::string progs;
+      for (const auto& x : r.exes)
+        if (std::find(x.variants.begin(), x.variants.end(), r.variants[i].name) != x.variants.end())
+          progs += (progs.empty() ? "" : ", ") + x.target;
+      if (r.variants[i].name != "default") o << " (" << progs << ")";
+    }
+    o << ". A kill in a variant other than `default` is marked `[variant]` in the Mutants table.\n\n";
+  }
   o << "Cells: `K` killed (a test case of the gate failed), `C` killed by a crash, `T` timeout, `.` passed (the "
        "mutant survived this gate), `-` not run (the mutant was unviable, noop or skipped), `s` skipped. Mutant "
        "status: `k` killed, `S` survived, `T` timeout, `U` unviable, `N` noop, `-` skipped.\n\n";
@@ -275,7 +279,7 @@ std::string kill_matrix_md(const RunResult& r) {
   int num = 0;
   for (const auto& mo : r.outcomes) {
     std::string kb, ex;
-    for (const auto& k : mo.killed_by) kb += (kb.empty() ? "" : ", ") + k;
+    for (const auto& k : mo.killed_by) kb += (kb.empty() ? "" : ", ") + k + variant_note(mo, k);
     for (const auto& k : mo.mutant->expect_killed_by) {
       const bool miss = std::find(mo.expected_not_killing.begin(), mo.expected_not_killing.end(), k) !=
                         mo.expected_not_killing.end();

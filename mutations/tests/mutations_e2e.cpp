@@ -186,6 +186,48 @@ TEST_CASE("fixture: killed, crashed, survived, timeout, unviable, noop, mismatch
     CHECK(r.rc == 0);
     CHECK(r.log.find("FIX.mismatch") != std::string::npos);
   }
+  {
+    INFO("the environment matrix: a mutant only gate_math's ctest variant (FX_PORTABLE=1) reaches is killed there");
+    const Run r = mutate(w, fixture_args({"--only", "FIX.portable_only"}));
+    INFO(r.log);
+    CHECK(r.rc == 0);
+    CHECK(r.log.find("gate_math runs in default portable (FX_PORTABLE=1)") != std::string::npos);
+    const json& m = mutant(r.outcomes, "FIX.portable_only");
+    CHECK(m["status"] == "killed");
+    CHECK(m["killed_by"] == json::array({"FIX.triple"}));
+    CHECK(m["killed_in"]["FIX.triple"] == json::array({"portable"}));  // not in the default run
+    CHECK(m["gates"]["FIX.triple"]["variant"] == "portable");
+    CHECK(r.outcomes["variants"].size() == 2);
+    CHECK(read_text(w / "out" / "kill_matrix.md").find("FIX.triple [portable]") != std::string::npos);
+    // Anti-vacuity: the unmutated default run of FIX.triple passed (the variant made the kill).
+    CHECK(mutant(r.outcomes, "FIX.portable_only")["gates"].size() >= 4);
+  }
+  {
+    INFO("a mutant in a file no gate program compiles is refused by name (exit 5), at run time and at --list");
+    json cat = json::parse(read_text(kSource / "mutations" / "tests" / "fixture" / "catalog.json"));
+    json m = cat["mutants"][1];
+    m["id"] = "FIX.nogate";
+    m["file"] = "src/unused.cpp";
+    m["anchor"] = "int fx_unused() { return 1; }";
+    m["replacement"] = "int fx_unused() { return 2; }";
+    cat["mutants"].push_back(m);
+    fs::create_directories(w);
+    write_text(w / "nogate.json", cat.dump(2));
+    std::vector<std::string> a = fixture_args({"--only", "FIX.nogate"});
+    a[3] = (w / "nogate.json").string();
+    const Run r = mutate(w, a);
+    INFO(r.log);
+    CHECK(r.rc == 5);
+    CHECK(r.log.find("mutant FIX.nogate: no gate program of this run compiles src/unused.cpp") != std::string::npos);
+    CHECK(r.log.find("noop:") == std::string::npos);
+    std::vector<std::string> l = fixture_args({"--list", "--build-dir", (w / "tree" / "build").string()});
+    l[3] = (w / "nogate.json").string();
+    const Run rl = mutate(w, l);
+    INFO(rl.log);
+    CHECK(rl.rc == 5);
+    CHECK(rl.log.find("NOGATE") != std::string::npos);
+    CHECK(rl.log.find("1 in a file no gate program compiles") != std::string::npos);
+  }
 }
 
 TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objects", "[fixture]") {

@@ -408,8 +408,8 @@ TEST_CASE("report: a synthetic run gives a Stryker v2 report, a matrix and an HT
   MutantOutcome o1;
   o1.mutant = &m1;
   o1.status = MutantStatus::killed;
-  o1.gates = {{"ENV.int8", {GateStatus::failed, 0.4, "l", "test case failed: x"}},
-              {"ORA.bytes.int8", {GateStatus::passed, 0.4, "l", ""}}};
+  o1.gates = {{"ENV.int8", {GateStatus::failed, 0.4, "l", "test case failed: x", "default", {}}},
+              {"ORA.bytes.int8", {GateStatus::passed, 0.4, "l", "", "default", {}}}};
   o1.killed_by = {"ENV.int8"};
   o1.expected_not_killing = {"ORA.bytes.int8"};
   MutantOutcome o2;

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "kvgate/matrix.hpp"
 #include "kvgate/reports.hpp"
 
 namespace kvgate::reports {
@@ -227,14 +228,12 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     }
   }
   if (in.matrix.is_object()) {
-    o << "## Timing rows\n\n| device | context | window | status | TTFT cold ms | TTFT warm ms | prefill tok/s | decode tok/s | decode vs f32 |\n|---|---:|---:|---|---:|---:|---:|---:|---:|\n";
-    for (const auto& r : in.matrix.value("rows", json::array())) {
-      if (r.value("format", "") != f) continue;
-      o << "| " << r.value("device", "") << " | " << r.value("context", 0) << " | " << r.value("window", 0) << " | "
-        << r.value("status", "") << (r.value("reason", "").empty() ? "" : " (" + r.value("reason", "") + ")") << " | "
-        << num(r["ttft_cold_ms"], "%.2f") << " | " << num(r["ttft_warm_ms"], "%.2f") << " | " << num(r["prefill_tok_s"], "%.0f")
-        << " | " << num(r["decode_tok_s"], "%.0f") << " | " << num(r.value("decode_vs_f32", json(nullptr)), "%.2f") << " |\n";
-    }
+    // The one renderer of matrix rows (kvgate_matrix), this format's rows, without the format column.
+    o << "## Timing rows\n\n"
+      << matrix::rows_markdown(in.matrix.value("rows", json::array()),
+                               {{"device", "context", "window", "status", "ttft_cold_ms", "ttft_warm_ms", "prefill_tok_s",
+                                 "decode_tok_s", "decode_vs_f32"},
+                                f});
     o << "\n";
   }
   if (in.gates.is_object()) {

@@ -29,6 +29,21 @@ if "$kvgate" --help | grep -q signoff; then
     fi
     grep -q "fix:" "$out/refused.err" || { echo "signoff $bad: no fix in the message"; cat "$out/refused.err"; exit 1; }
   done
+  # A corrupt or wrong-version outcomes.json (--mutants) is refused the same way, naming the file and
+  # the field (mutations/schema/outcomes.schema.json, checked on read).
+  head -c 200 "$src/reports/tests/fixtures/outcomes.json" > "$out/truncated-outcomes.json"
+  sed 's/"format_version": 2/"format_version": 1/' "$src/reports/tests/fixtures/outcomes.json" > "$out/v1-outcomes.json"
+  sed 's/"status": "survived"/"status": "sort of"/' "$src/reports/tests/fixtures/outcomes.json" > "$out/badstatus-outcomes.json"
+  for bad in "truncated:field /" "v1:field /format_version" "badstatus:/status"; do
+    name="${bad%%:*}"; want="${bad#*:}"; rc=0
+    "$kvgate" signoff --format int8 --quick --no-timing --mutants "$out/$name-outcomes.json" --out "$out/refused" > /dev/null 2> "$out/refused.err" || rc=$?
+    if [ "$rc" != 1 ] || [ -e "$out/refused" ]; then
+      echo "signoff --mutants $name-outcomes.json: exit $rc (want 1) or $out/refused was written"; cat "$out/refused.err"; exit 1
+    fi
+    for needle in "$out/$name-outcomes.json" "$want" "fix:"; do
+      grep -qF -- "$needle" "$out/refused.err" || { echo "signoff --mutants $name: '$needle' not in the message"; cat "$out/refused.err"; exit 1; }
+    done
+  done
 fi
 files+=("$src/reports/policy/default.json")
 if "$kvgate" --help | grep -q field-report; then

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "catch_compat.hpp"
+#include "kvgate/matrix.hpp"
 #include "kvgate/reports.hpp"
 
 using nlohmann::json;
@@ -150,4 +151,32 @@ TEST_CASE("the shipped release policy validates; a sign-off record's first table
   const std::string html = html_page(in, "/nonexistent");
   CHECK(html.find("<th>conformance</th><th>fit</th><th>deciding policy line</th>") != std::string::npos);
   CHECK(html.find("budgets.kl_mean: kl_mean &lt;= 0.05 nats") != std::string::npos);
+}
+
+TEST_CASE("matrix rows have one Markdown renderer: matrix.md and the per-format pages print the same cells") {
+  const json m = fixture("matrix.json");
+  REQUIRE(!m["rows"].empty());
+  const json& r0 = m["rows"][0];
+  const std::string f = r0.value("format", "");
+  // The whole table (bench's matrix.md) holds the renderer's output verbatim.
+  const std::string all = kvgate::matrix::rows_markdown(m["rows"]);
+  CHECK(kvgate::matrix::matrix_markdown(m).find(all) != std::string::npos);
+  // A format page holds the same renderer's rows of that format, without the format column.
+  const std::string mine = kvgate::matrix::rows_markdown(
+      m["rows"], {{"device", "context", "window", "status", "ttft_cold_ms", "ttft_warm_ms", "prefill_tok_s", "decode_tok_s",
+                   "decode_vs_f32"},
+                  f});
+  kvgate::reports::ReportInputs in;
+  in.matrix = m;
+  CHECK(kvgate::reports::format_markdown(in, f).find(mine) != std::string::npos);
+  // Anti-vacuity: the format filter drops the other formats' rows, and every column has a header.
+  std::size_t lines_all = 0, lines_mine = 0;
+  for (char c : all) lines_all += c == '\n';
+  for (char c : mine) lines_mine += c == '\n';
+  std::size_t rows_f = 0;
+  for (const auto& r : m["rows"]) rows_f += r.value("format", "") == f;
+  CHECK(lines_mine == rows_f + 2);
+  CHECK(lines_all == m["rows"].size() + 2);
+  for (const auto& c : kvgate::matrix::row_columns()) CHECK(all.find(c.header) != std::string::npos);
+  CHECK_THROWS_AS(kvgate::matrix::rows_markdown(m["rows"], {{"no_such_column"}, ""}), std::invalid_argument);
 }

@@ -80,6 +80,59 @@ std::string rows_csv(const nlohmann::json& m) {
   return o.str();
 }
 
+const std::vector<RowColumn>& row_columns() {
+  static const std::vector<RowColumn> c{
+      {"format", "format", "", false, "the KV format the row ran"},
+      {"device", "device", "", false, "cpu or cuda"},
+      {"context", "context", "", false, "tokens of context before the timed decode"},
+      {"window", "window", "", false, "resident window in tokens (0: the whole context is resident)"},
+      {"status", "status", "", false, "ok, or why the row did not run (with the reason)"},
+      {"pool bytes", "pool_bytes", "", false, "bytes of the paged KV pool"},
+      {"TTFT cold ms", "ttft_cold_ms", "%.2f", true, "time to the first token from an empty cache"},
+      {"TTFT warm ms", "ttft_warm_ms", "%.2f", true, "a second turn after the context was restored from a KV file"},
+      {"prefill tok/s", "prefill_tok_s", "%.0f", true, "prefill throughput"},
+      {"decode tok/s", "decode_tok_s", "%.0f", true, "decode throughput"},
+      {"decode vs f32", "decode_vs_f32", "%.2f", false, "decode tok/s over the f32 row's at the same device, context and window"},
+  };
+  return c;
+}
+
+std::string rows_markdown(const nlohmann::json& rows, const RowTable& t) {
+  std::vector<const RowColumn*> cols;
+  if (t.keys.empty())
+    for (const auto& c : row_columns()) cols.push_back(&c);
+  for (const auto& k : t.keys) {
+    const RowColumn* hit = nullptr;
+    for (const auto& c : row_columns()) hit = k == c.key ? &c : hit;
+    if (!hit) throw std::invalid_argument("rows_markdown: no matrix row column '" + k + "' (row_columns() lists them)");
+    cols.push_back(hit);
+  }
+  auto right = [](const RowColumn& c) {
+    const std::string k = c.key;
+    return k != "format" && k != "device" && k != "status";
+  };
+  std::ostringstream o;
+  o << "|";
+  for (const auto* c : cols) o << " " << c->header << " |";
+  o << "\n|";
+  for (const auto* c : cols) o << (right(*c) ? "---:|" : "---|");
+  o << "\n";
+  for (const auto& r : rows) {
+    if (!t.format.empty() && r.value("format", "") != t.format) continue;
+    o << "|";
+    for (const auto* c : cols) {
+      const nlohmann::json v = r.value(c->key, nlohmann::json(nullptr));
+      std::string s = *c->printf ? md(v, c->printf) : v.is_null() ? std::string("–") : cell(v);
+      if (std::string(c->key) == "status" && !r.value("reason", "").empty()) s += " (" + r.value("reason", "") + ")";
+      for (auto& ch : s)
+        if (ch == '|' || ch == '\n') ch = ' ';
+      o << " " << s << " |";
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
 std::string matrix_markdown(const nlohmann::json& m) {
   std::ostringstream o;
   const auto& p = m.at("provenance");
@@ -116,18 +169,7 @@ std::string matrix_markdown(const nlohmann::json& m) {
       << " | " << probe("needle") << " | " << probe("counting") << " | " << probe("echo") << " | " << same("needle")
       << " / " << same("counting") << " / " << same("echo") << " |\n";
   }
-  o << "\n## Timing rows\n\n";
-  o << "| format | device | context | window | status | pool bytes | TTFT cold ms | TTFT warm ms | prefill tok/s | decode tok/s | decode vs f32 |\n";
-  o << "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|\n";
-  for (const auto& r : m.at("rows")) {
-    std::string st = r.value("status", "");
-    if (!r.value("reason", "").empty()) st += " (" + r.value("reason", "") + ")";
-    o << "| " << r.value("format", "") << " | " << r.value("device", "") << " | " << r.value("context", 0) << " | "
-      << r.value("window", 0) << " | " << st << " | " << cell(r.value("pool_bytes", nlohmann::json(nullptr))) << " | "
-      << md(r["ttft_cold_ms"], "%.2f") << " | " << md(r["ttft_warm_ms"], "%.2f") << " | " << md(r["prefill_tok_s"], "%.0f")
-      << " | " << md(r["decode_tok_s"], "%.0f") << " | " << md(r.value("decode_vs_f32", nlohmann::json(nullptr)), "%.2f")
-      << " |\n";
-  }
+  o << "\n## Timing rows\n\n" << rows_markdown(m.at("rows"));
   o << "\nTTFT warm: a second turn of " << m["config"].value("warm_turn", 0)
     << " new tokens after the context was restored from a KV file. Single runs unless `repeats` > 1 (median): read "
        "differences of a few percent as noise.\n";

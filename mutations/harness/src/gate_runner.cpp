@@ -97,6 +97,26 @@ std::vector<GateResult> run_gates(const GateRunOptions& opt, bool show_progress)
   return all;
 }
 
+}  // namespace kvgate::gates
+
+const std::vector<kvgate::records::Field<kvgate::gates::GateResult>>&
+kvgate::records::FieldTable<kvgate::gates::GateResult>::fields() {
+  using R = kvgate::gates::GateResult;
+  static const std::vector<Field<R>> f{
+      KVGATE_FIELD(R, id, string, true, "stable gate ID: the first token of the test-case name"),
+      KVGATE_FIELD(R, name, string, true, "the full test-case name"),
+      KVGATE_FIELD(R, family, string, true, "from the [gate:FAMILY] tag"),
+      KVGATE_FIELD(R, formats, array, true, "from the [fmt:NAME] tags"),
+      KVGATE_FIELD(R, executable, string, true, "the gate program that ran it"),
+      KVGATE_FIELD(R, status, string, true, "passed, failed or skipped"),
+      KVGATE_FIELD(R, message, string, true, "the first failure or the skip reason"),
+      KVGATE_FIELD(R, seconds, number, true, "its duration"),
+  };
+  return f;
+}
+
+namespace kvgate::gates {
+
 nlohmann::json summarize(const std::vector<GateResult>& results) {
   nlohmann::json per_format = nlohmann::json::object();
   nlohmann::json totals = {{"passed", 0}, {"failed", 0}, {"skipped", 0}};
@@ -109,8 +129,7 @@ nlohmann::json summarize(const std::vector<GateResult>& results) {
       if (cell.is_null()) cell = {{"passed", 0}, {"failed", 0}, {"skipped", 0}};
       cell[r.status] = cell[r.status].get<int>() + 1;
     }
-    gates.push_back({{"id", r.id}, {"name", r.name}, {"family", r.family}, {"formats", r.formats},
-                     {"executable", r.executable}, {"status", r.status}, {"message", r.message}, {"seconds", r.seconds}});
+    gates.push_back(records::to_json(r));
   }
   return {{"totals", totals}, {"per_format", per_format}, {"gates", gates}};
 }

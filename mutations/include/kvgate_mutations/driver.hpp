@@ -40,6 +40,9 @@ struct MutateOptions {
   std::string since;                  // git revision: only mutants whose file changed since it
   int jobs = 1;                       // ninja -j and concurrent gate processes
   bool list = false;                  // print the catalog with anchor status, run nothing
+  // --list: the build whose gate programs are checked to compile each mutant's file (--build-dir
+  // wins; cmd_mutate passes the folder of the running kvgate). A run checks its scratch build.
+  std::filesystem::path list_build_dir;
   bool canary = true;
   double min_timeout_s = 20;          // per gate process: max(min, factor x baseline) x timeout_scale
   double timeout_factor = 5;
@@ -80,6 +83,15 @@ struct GateOutcome {
   double seconds = 0;
   std::string log;     // path relative to the out dir
   std::string detail;  // e.g. "exit 1", "killed by signal 6"
+  std::string variant = "default";  // the environment variant whose run decided the status
+  std::vector<std::string> kill_variants;  // every variant in which the gate failed or crashed
+};
+
+// An environment the product ships a gate program's code in (e.g. the portable page readers under
+// KVGATE_NO_AVX2=1): the driver runs each gate program once per variant it has.
+struct Variant {
+  std::string name;                                       // "default", "no_avx2", ...
+  std::vector<std::pair<std::string, std::string>> env;   // set for the gate process
 };
 
 // One gate = one gate ID (first token of its TEST_CASE names) inside one gate executable.
@@ -96,7 +108,8 @@ struct GateExe {
   std::string target;
   std::filesystem::path path;
   std::vector<std::string> gate_ids;
-  double baseline_s = 0;  // wall time of the whole executable
+  double baseline_s = 0;  // wall time of the whole executable (summed over its variants)
+  std::vector<std::string> variants{"default"};  // names of the variants it runs in
 };
 
 struct MutantOutcome {
@@ -106,6 +119,7 @@ struct MutantOutcome {
   double build_s = 0, test_s = 0, wall_s = 0;
   std::map<std::string, GateOutcome> gates;  // by gate ID
   std::vector<std::string> killed_by;
+  std::map<std::string, std::vector<std::string>> killed_in;  // killing gate ID -> variants it failed in
   std::vector<std::string> expected_not_killing;  // expect_killed_by gates that did not kill it
   std::vector<std::string> expected_unknown;      // expect_killed_by IDs that are not gates of this run
   std::string diff_path, build_log;               // relative to the out dir
@@ -118,6 +132,7 @@ struct RunSummary {
 };
 
 struct RunResult {
+  std::vector<Variant> variants;  // every variant of the run ("default" first)
   std::vector<GateExe> exes;
   std::vector<Gate> gates;
   double baseline_build_s = 0, baseline_test_s = 0, setup_s = 0, mutation_s = 0;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kvgate/outcomes.hpp"
 #include "kvgate_mutations/catalog.hpp"
 #include "kvgate_mutations/driver.hpp"
 
@@ -18,6 +19,10 @@ struct ReportContext {
   MutateOptions opts;
 };
 
+// outcomes.json as its typed record (kvgate/outcomes.hpp), and as the document the file holds:
+// checked against mutations/schema/outcomes.schema.json before it is returned (a record that breaks
+// it is a driver bug: std::logic_error naming the field).
+records::OutcomesRecord outcomes_record(const RunResult& r, const ReportContext& ctx);
 nlohmann::json outcomes_json(const RunResult& r, const ReportContext& ctx);
 std::string kill_matrix_csv(const RunResult& r);
 std::string kill_matrix_md(const RunResult& r);

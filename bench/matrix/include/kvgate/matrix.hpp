@@ -213,6 +213,24 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
 std::string rows_jsonl(const nlohmann::json& matrix);
 std::string rows_csv(const nlohmann::json& matrix);
 std::string matrix_markdown(const nlohmann::json& matrix);
+
+// The one Markdown renderer of matrix rows (`kvgate bench`'s matrix.md, the sign-off report's
+// per-format pages, the field report): one table of columns {header, row key, printf format,
+// measurement?, description}. A new row column is one line of row_columns().
+struct RowColumn {
+  const char* header;       // "TTFT cold ms"
+  const char* key;          // the row's field: "ttft_cold_ms"
+  const char* printf;       // for floating-point values ("%.2f"); "" prints the value as it is
+  bool measurement;         // a per-row measurement (field-report --compare diffs these)
+  const char* description;
+};
+const std::vector<RowColumn>& row_columns();
+struct RowTable {
+  std::vector<std::string> keys;  // the columns, by key, in order (empty: every column)
+  std::string format;             // only rows of this format (empty: every row)
+};
+// A Markdown table of `rows` (matrix.json "rows"); the status cell carries the row's reason.
+std::string rows_markdown(const nlohmann::json& rows, const RowTable& table = {});
 // Writes matrix.json (canonical), matrix.jsonl, matrix.csv, matrix.md into `dir`; returns the paths.
 std::vector<std::string> write_matrix(const nlohmann::json& matrix, const std::string& dir);
 

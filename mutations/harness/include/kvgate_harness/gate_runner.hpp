@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvgate/records.hpp"
+
 namespace kvgate::gates {
 
 struct GateResult {
@@ -20,6 +22,17 @@ struct GateResult {
   std::string message;     // first failure or the skip reason
   double seconds = 0;
 };
+
+}  // namespace kvgate::gates
+
+// A gate result is a typed record (kvgate/records.hpp): one field table that gates.json's writer
+// (summarize) and any reader or printer use.
+template <>
+struct kvgate::records::FieldTable<kvgate::gates::GateResult> {
+  static const std::vector<kvgate::records::Field<kvgate::gates::GateResult>>& fields();
+};
+
+namespace kvgate::gates {
 
 struct GateRunOptions {
   std::string gates_dir;     // folder holding gate_* executables

@@ -39,7 +39,7 @@ namespace ko = kvgate_oracle;
 // this was built from. Models are found by gates/common/models.hpp (find_model).
 inline std::string source_dir() {
   if (const char* s = std::getenv("KVGATE_SOURCE_DIR"); s && *s) return s;
-  return KVGATE_SOURCE_DIR_DEFAULT;  // compile definition (gates/model_level/CMakeLists.txt)
+  return KVGATE_SOURCE_DIR_DEFAULT;  // compile definition (gates/model_vs_oracle/CMakeLists.txt)
 }
 
 inline std::string corpus_path() { return (fs::path(source_dir()) / "datasets" / "corpora" / "stories260K_tf.json").string(); }
