@@ -44,9 +44,15 @@ std::uint64_t parse_byte_size(std::string_view text) {
   std::size_t i = 0;
   while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
   if (i == 0) throw std::invalid_argument("byte size '" + t + "': expected a number such as 1GiB, 512MiB or 1000000");
+  // One number, whole: std::stod alone would read "1.5.5GiB" as 1.5 and drop the rest.
+  if (std::count(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(i), '.') > 1 || t[0] == '.' || t[i - 1] == '.')
+    throw std::invalid_argument("byte size '" + t + "': '" + t.substr(0, i) +
+                                "' is not a number (one decimal point at most, digits on both sides)");
   double num = 0;
   try {
-    num = std::stod(t.substr(0, i));
+    std::size_t used = 0;
+    num = std::stod(t.substr(0, i), &used);
+    if (used != i) throw std::invalid_argument("partial");
   } catch (const std::exception&) {
     throw std::invalid_argument("byte size '" + t + "': bad number");
   }

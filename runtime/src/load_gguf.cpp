@@ -500,7 +500,12 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int
       }
       p = std::move(o);
     }
-    const int unk = static_cast<int>(g.get_int("tokenizer.ggml.unknown_token_id").value_or(0));
+    const std::int64_t unk64 = g.get_int("tokenizer.ggml.unknown_token_id").value_or(0);
+    if (unk64 < 0 || unk64 >= static_cast<std::int64_t>(pieces.size()))
+      throw ModelError("model '" + g.path() + "': metadata key 'tokenizer.ggml.unknown_token_id' = " +
+                       std::to_string(unk64) + " is outside the vocabulary (0.." + std::to_string(pieces.size() - 1) +
+                       " from 'tokenizer.ggml.tokens'); fix the id or drop the key (default 0)");
+    const int unk = static_cast<int>(unk64);
     auto tok = std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos, eos, unk);
     tok->set_adds(add_bos, add_eos);
     return tok;

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "kvgate/json_limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
@@ -83,7 +84,7 @@ class SafetensorsFile {
     data_size_ = size_ - data_off_;
     json h;
     try {
-      h = json::parse(base_ + 8, base_ + 8 + n);
+      h = limits::parse_json(std::string_view(reinterpret_cast<const char*>(base_) + 8, n), path_);
     } catch (const json::exception& e) {
       fail(std::string("header is not valid JSON (") + e.what() + ")");
     }
@@ -175,7 +176,7 @@ class TensorSource {
     {
       std::ifstream in(index, std::ios::binary);
       try {
-        j = json::parse(in);
+        j = limits::parse_json(in, index_path_);
       } catch (const json::exception& e) {
         throw ModelError("'" + index_path_ + "': not valid JSON (" + e.what() + ")");
       }
@@ -264,7 +265,7 @@ json read_json(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw ModelError("'" + p.string() + "': cannot open");
   try {
-    return json::parse(in);
+    return limits::parse_json(in, p.string());
   } catch (const json::exception& e) {
     throw ModelError("'" + p.string() + "': not valid JSON (" + e.what() + ")");
   }
