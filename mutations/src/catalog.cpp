@@ -73,7 +73,7 @@ Catalog parse_catalog(const json& doc, const json& schema, const std::string& pa
         const std::size_t n = std::stoul(where.substr(9));
         if (doc.contains("mutants") && n < doc["mutants"].size() && doc["mutants"][n].contains("id") &&
             doc["mutants"][n]["id"].is_string())
-          where += " (" + doc["mutants"][n]["id"].get<std::string>() + ")";
+          where += " (" + limits::brief(doc["mutants"][n]["id"], 64) + ")";  // bounded: ids come from the file
       }
       msg += "  " + (where.empty() ? std::string("/") : where) + ": " + errs[i].message + "\n";
     }
