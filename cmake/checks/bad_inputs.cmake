@@ -3,11 +3,17 @@ cmake_minimum_required(VERSION 3.25)  # policies: @VAR@ in literals stays litera
 # of fuzz/bad_inputs/files and must (1) exit non-zero without a signal, (2) print every `expect`
 # string -- the file or flag, and the field --, and (3) leave every input file byte-identical.
 # -DKVGATE=<kvgate> -DSOURCE=<source dir> -DSCRATCH=<empty folder>; the model folder is $KVGATE_MODELS.
+# The model folder, looked up in the order of runtime/paths/include/kvgate/model_paths.hpp.
 if(NOT DEFINED MODELS)
-  set(MODELS "$ENV{KVGATE_MODELS}")
+  foreach(d "$ENV{KVGATE_MODELS}" "${SOURCE}/../shared/models" "${SOURCE}/.models")
+    if(d AND EXISTS "${d}/stories260K/stories260K.bin")
+      set(MODELS "${d}")
+      break()
+    endif()
+  endforeach()
 endif()
 if(NOT EXISTS "${MODELS}/stories260K/stories260K.bin")
-  message(FATAL_ERROR "bad_inputs: stories260K is not in '${MODELS}': set KVGATE_MODELS (scripts/setup.sh fetches it)")
+  message(FATAL_ERROR "bad_inputs: stories260K is not in '${MODELS}': set KVGATE_MODELS (scripts/setup.sh fetches it; lookup order of kvgate/model_paths.hpp)")
 endif()
 foreach(v KVGATE SOURCE SCRATCH)
   if(NOT DEFINED ${v})

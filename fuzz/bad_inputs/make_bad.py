@@ -66,7 +66,7 @@ b = bytearray(g)
 o = struct.unpack_from("<Q", b, offs[1])[0]; struct.pack_into("<Q", b, offs[1], o + 4)
 wr("misaligned.gguf", bytes(b))
 
-# safetensors: a hole (a tensor moved 8 bytes later), an overlap, a misaligned tensor.
+# safetensors: a misaligned tensor (begins mid-element).
 st = rd("fuzz/fixtures/hf_tiny/model.safetensors")
 hlen = struct.unpack("<Q", st[:8])[0]
 hdr = json.loads(st[8:8 + hlen]); data = st[8 + hlen:]
@@ -75,14 +75,8 @@ def st_file(h, d):
     return struct.pack("<Q", len(t)) + t + d
 names = sorted((k for k in hdr if k != "__metadata__"), key=lambda k: hdr[k]["data_offsets"][0])
 last = names[-1]
-h = json.loads(json.dumps(hdr)); h[last]["data_offsets"] = [x + 8 for x in h[last]["data_offsets"]]
-hf_dir("hf_hole", **{"model.safetensors": st_file(h, data + b"\0" * 8)})
 h = json.loads(json.dumps(hdr)); a, b2 = h[names[1]]["data_offsets"]; h[names[1]]["data_offsets"] = [a - 2, b2 - 2]
 hf_dir("hf_misaligned", **{"model.safetensors": st_file(h, data)})
-h = json.loads(json.dumps(hdr)); n0 = h[names[0]]["data_offsets"]; n1 = h[names[1]]["data_offsets"]
-if n1[1] - n1[0] <= n0[1] - n0[0] or True:
-    h[names[1]]["data_offsets"] = [n0[0], n0[0] + (n1[1] - n1[0])]
-hf_dir("hf_overlap", **{"model.safetensors": st_file(h, data)})
 
 # config.json nested 100000 deep (json dump / compare recursion); a wrong JSON type for a field.
 cfg = json.loads(rd("fuzz/fixtures/hf_tiny/config.json"))

@@ -125,6 +125,9 @@ class SafetensorsFile {
       if (t.end - t.begin != numel * static_cast<std::uint64_t>(es))
         fail(where + ": field 'data_offsets' spans " + std::to_string(t.end - t.begin) + " bytes but dtype " +
              t.dtype + " x shape " + shape_str(t.shape) + " needs " + std::to_string(numel * es));
+      if (t.begin % static_cast<std::uint64_t>(es) != 0)
+        fail(where + ": field 'data_offsets' begins at byte " + std::to_string(t.begin) +
+             ", not a multiple of the " + std::to_string(es) + "-byte dtype " + t.dtype + " (misaligned tensor)");
       tensors_.emplace(name, std::move(t));
     }
   }
