@@ -75,7 +75,7 @@ def st_file(h, d):
     return struct.pack("<Q", len(t)) + t + d
 names = sorted((k for k in hdr if k != "__metadata__"), key=lambda k: hdr[k]["data_offsets"][0])
 last = names[-1]
-h = json.loads(json.dumps(hdr)); a, b2 = h[names[1]]["data_offsets"]; h[names[1]]["data_offsets"] = [a - 2, b2 - 2]
+h = json.loads(json.dumps(hdr)); a, b2 = h[names[1]]["data_offsets"]; h[names[1]]["data_offsets"] = [a - 1, b2 - 1]  # f16: an odd byte offset
 hf_dir("hf_misaligned", **{"model.safetensors": st_file(h, data)})
 
 # config.json nested 100000 deep (json dump / compare recursion); a wrong JSON type for a field.
