@@ -106,3 +106,13 @@ wr("catalog_deep.json", txt)
 # A report record nested 100000 deep (kvgate report --validate).
 wr("report_deep.json", '{"schema": "kvgate.matrix/1", "x": ' + "[" * 100000 + "]" * 100000 + "}")
 print("bad inputs written under", out)
+
+# GGUF whose layer-0 attention output weights hold NaN: the forward pass names the layer (before:
+# NaN logits, greedy token 0, exit 0).
+g = bytearray(rd("fuzz/corpus/gguf/tiny_llama.gguf"))
+offs = gguf_tensor_offsets(bytes(g))
+data_start = (max(offs) + 8 + 31) // 32 * 32
+o = struct.unpack_from("<Q", g, offs[7])[0]  # blk.0.attn_output.weight, F32 [8, 8]
+for k in range(64):
+    struct.pack_into("<f", g, data_start + o + 4 * k, float("nan"))
+wr("nan_weights.gguf", bytes(g))

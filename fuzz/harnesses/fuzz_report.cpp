@@ -5,6 +5,7 @@
 
 #include "fuzz_common.hpp"
 #include "kvgate/json_limits.hpp"
+#include "kvgate/format.hpp"
 #include "kvgate/reports.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
