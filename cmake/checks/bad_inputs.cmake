@@ -2,19 +2,7 @@ cmake_minimum_required(VERSION 3.25)  # policies: @VAR@ in literals stays litera
 # The bad-input corpus (fuzz/bad_inputs/cases.json): every case runs `kvgate ARGS` on a scratch copy
 # of fuzz/bad_inputs/files and must (1) exit non-zero without a signal, (2) print every `expect`
 # string -- the file or flag, and the field --, and (3) leave every input file byte-identical.
-# -DKVGATE=<kvgate> -DSOURCE=<source dir> -DSCRATCH=<empty folder>; the model folder is $KVGATE_MODELS.
-# The model folder, looked up in the order of runtime/paths/include/kvgate/model_paths.hpp.
-if(NOT DEFINED MODELS)
-  foreach(d "$ENV{KVGATE_MODELS}" "${SOURCE}/../shared/models" "${SOURCE}/.models")
-    if(d AND EXISTS "${d}/stories260K/stories260K.bin")
-      set(MODELS "${d}")
-      break()
-    endif()
-  endforeach()
-endif()
-if(NOT EXISTS "${MODELS}/stories260K/stories260K.bin")
-  message(FATAL_ERROR "bad_inputs: stories260K is not in '${MODELS}': set KVGATE_MODELS (scripts/setup.sh fetches it; lookup order of kvgate/model_paths.hpp)")
-endif()
+# -DKVGATE=<kvgate> -DSOURCE=<source dir> -DSCRATCH=<empty folder>. No external model is needed.
 foreach(v KVGATE SOURCE SCRATCH)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "bad_inputs.cmake: pass -D${v}=...")
@@ -46,7 +34,6 @@ foreach(i RANGE ${last})
   foreach(j RANGE ${la})
     string(JSON a GET "${cases_text}" cases ${i} args ${j})
     string(REPLACE "@FILES@" "${SCRATCH}/files" a "${a}")
-    string(REPLACE "@MODELS@" "${MODELS}" a "${a}")
     string(REPLACE "@SCRATCH@" "${SCRATCH}/run" a "${a}")
     list(APPEND args "${a}")
   endforeach()

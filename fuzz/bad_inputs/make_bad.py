@@ -60,6 +60,7 @@ def gguf_tensor_offsets(b):
     return offs
 
 g = rd("fuzz/corpus/gguf/tiny_llama.gguf")
+wr("tiny_llama.gguf", g)  # valid: the model of the flag cases
 offs = gguf_tensor_offsets(g)
 b = bytearray(g); struct.pack_into("<Q", b, offs[1], 0); wr("overlap.gguf", bytes(b))
 b = bytearray(g)
