@@ -66,8 +66,8 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
                         " bytes)");
   } else {
     const std::uint64_t ctx = limits::check(limits::kContext, max_ctx, who, "context length (max_position_embeddings)");
-    sc.n_blocks = static_cast<int>((ctx + static_cast<std::uint64_t>(o.block_size) - 1) /
-                                   static_cast<std::uint64_t>(o.block_size));
+    const std::uint64_t bs = static_cast<std::uint64_t>(o.block_size);
+    sc.n_blocks = static_cast<int>((ctx + bs - 1) / bs);
   }
   // The pool is allocated (and zero-filled) up front: refuse what the machine does not have.
   {
