@@ -191,9 +191,26 @@ KvCacheDir::Lock::~Lock() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-KvCacheDir::Lock KvCacheDir::lock(std::string_view conv_id, bool wait) const {
+KvCacheDir::Lock KvCacheDir::lock(std::string_view conv_id, bool wait, const WaitNotice& on_wait) const {
   Lock l;
   const int fd = open_lock(lock_path_for(conv_id));
+  if (wait) {  // try first: when another turn holds it, say what is waited for, then block
+    int r;
+    while ((r = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+    }
+    if (r == 0) {
+      l.fd_ = fd;
+      return l;
+    }
+    if (errno == EWOULDBLOCK) {
+      const std::string msg = "kvgate: conversation '" + std::string(conv_id) + "' is in use: waiting for the lock " +
+                              lock_path_for(conv_id) +
+                              " (another kvgate run/chat of this conversation holds it until its turn ends; Ctrl-C "
+                              "to stop)";
+      if (on_wait) on_wait(msg);
+      else std::fprintf(stderr, "%s\n", msg.c_str());
+    }
+  }
   for (;;) {
     if (::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) == 0) break;
     if (errno == EINTR) continue;
