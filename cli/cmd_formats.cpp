@@ -40,6 +40,12 @@ int run_formats(const FormatsOpts& o) {
     std::fprintf(stderr, "kvgate formats: --head-dim, --kv-heads and --block-size must be >= 1\n");
     return 2;
   }
+  // Their products size every page: refused before any is formed (the limits of kvgate/limits.hpp).
+  if (const Capability c = supports(HalfFormat::f32, g); !c.ok) {
+    std::fprintf(stderr, "kvgate formats: --kv-heads %d x --head-dim %d / --block-size %d: %s\n", o.kv_heads, o.head_dim,
+                 o.block_size, c.detail.c_str());
+    return 2;
+  }
   if (o.json) {
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& p : presets()) {

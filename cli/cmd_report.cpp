@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "commands.hpp"
+#include "kvgate/json_limits.hpp"
 #include "kvgate/reports.hpp"
 
 namespace kvgate::cli {
@@ -24,7 +25,11 @@ nlohmann::json read_json(const std::string& path) {
   if (std::filesystem::is_directory(p)) p /= "outcomes.json";
   std::ifstream f(p);
   if (!f) throw std::runtime_error("cannot read '" + p.string() + "'");
-  return nlohmann::json::parse(f);
+  try {
+    return limits::parse_json(f, p.string());
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("'" + p.string() + "': not valid JSON (" + e.what() + ")");
+  }
 }
 
 int run_report(const ReportOpts& o) {

@@ -4,6 +4,7 @@
 // --kv-resident).
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/kv_cache_dir.hpp"
+#include "kvgate/limits.hpp"
 #include "kvgate/sampler.hpp"
 
 namespace kvgate::cli {
@@ -71,7 +73,11 @@ struct EngineFlags {
 inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_option("--model", f.model, "llama2.c .bin, .gguf, or a Hugging Face directory")->required();
   sub->add_option("--tokenizer", f.tokenizer, "tokenizer (llama2.c tokenizer.bin or tokenizer.json)");
-  sub->add_option("--kv", f.kv, "KV format, a preset or k=<K>,v=<V> (" + known_formats_text() + ")");
+  sub->add_option("--kv", f.kv, "KV format, a preset or k=<K>,v=<V> (" + known_formats_text() + ")")
+      ->check([](const std::string& s) {  // an empty value is a mistake, not "the default"
+        return s.empty() ? std::string("--kv is empty: name a format (" + known_formats_text() + ") or leave --kv out")
+                         : std::string();
+      });
   sub->add_option("--k-scale", f.k_scale, "per-tensor K scale for fp8 halves (all layers)");
   sub->add_option("--v-scale", f.v_scale, "per-tensor V scale for fp8 halves (all layers)");
 }
@@ -90,7 +96,18 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
 
 // The checks both commands make before loading anything.
 inline void check_engine_flags(const EngineFlags& f) {
-  if (f.temperature < 0) throw std::invalid_argument("--temperature must be >= 0");
+  // NaN fails every comparison, so each check is written to reject it.
+  if (!(f.temperature >= 0) || !std::isfinite(f.temperature))
+    throw std::invalid_argument("--temperature = " + std::to_string(f.temperature) + " must be a finite number >= 0");
+  if (f.top_k < 0) throw std::invalid_argument("--top-k = " + std::to_string(f.top_k) + " must be >= 0 (0 = off)");
+  limits::check(limits::kTopK, f.top_k, "--top-k", "value");
+  if (!(f.top_p >= 0 && f.top_p <= 1))
+    throw std::invalid_argument("--top-p = " + std::to_string(f.top_p) + " must be in [0, 1] (1 = off)");
+  if (f.threads < 0) throw std::invalid_argument("--threads = " + std::to_string(f.threads) + " must be >= 0 (0 = all cores)");
+  limits::check(limits::kThreads, f.threads, "--threads", "value");
+  if (f.block_size < 1) throw std::invalid_argument("--block-size = " + std::to_string(f.block_size) + " must be >= 1");
+  limits::check(limits::kBlockSize, f.block_size, "--block-size", "value");
+  limits::check(limits::kKvPoolBytes, f.kv_cache_memory, "--kv-cache-memory", "value");
   if (f.k_scale && !(*f.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
   if (f.v_scale && !(*f.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
   if (f.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");

@@ -1,3 +1,4 @@
+#include "kvgate/json_limits.hpp"
 #include "kvgate_mutations/catalog.hpp"
 
 #include <algorithm>
@@ -72,7 +73,7 @@ Catalog parse_catalog(const json& doc, const json& schema, const std::string& pa
         const std::size_t n = std::stoul(where.substr(9));
         if (doc.contains("mutants") && n < doc["mutants"].size() && doc["mutants"][n].contains("id") &&
             doc["mutants"][n]["id"].is_string())
-          where += " (" + doc["mutants"][n]["id"].get<std::string>() + ")";
+          where += " (" + limits::brief(doc["mutants"][n]["id"], 64) + ")";  // bounded: ids come from the file
       }
       msg += "  " + (where.empty() ? std::string("/") : where) + ": " + errs[i].message + "\n";
     }
@@ -115,7 +116,7 @@ Catalog parse_catalog(const json& doc, const json& schema, const std::string& pa
 Catalog load_catalog(const fs::path& catalog, const fs::path& schema) {
   json doc, sch;
   try {
-    doc = json::parse(read_text(catalog));
+    doc = limits::parse_json(read_text(catalog), catalog.string());
   } catch (const json::parse_error& e) {
     throw CatalogError(catalog.string() + ": not valid JSON: " + e.what());
   }

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kvgate/atomic_file.hpp"
+#include "json_field.hpp"
 #include "kvgate/reports.hpp"
 
 namespace kvgate::reports {
@@ -95,9 +96,9 @@ std::vector<std::pair<std::string, json>> plot_specs(const ReportInputs& in) {
     // 1. decode tok/s vs context per format.
     json rows = json::array();
     for (const auto& r : m.value("rows", json::array()))
-      if (r.value("status", "") == "ok" && r["decode_tok_s"].is_number())
-        rows.push_back({{"format", r["format"]}, {"context", r["context"]}, {"window", "window " + std::to_string(r.value("window", 0))},
-                        {"device", r["device"]}, {"decode_tok_s", r["decode_tok_s"]}});
+      if (r.value("status", "") == "ok" && field(r, "decode_tok_s").is_number())
+        rows.push_back({{"format", field(r, "format")}, {"context", field(r, "context")}, {"window", "window " + std::to_string(r.value("window", 0))},
+                        {"device", field(r, "device")}, {"decode_tok_s", field(r, "decode_tok_s")}});
     if (!rows.empty()) {
       json s = base_spec("Decode tok/s vs context, per format");
       s["width"] = 560;
@@ -116,8 +117,8 @@ std::vector<std::pair<std::string, json>> plot_specs(const ReportInputs& in) {
     for (const auto& f : m.value("formats", json::array())) {
       const auto& pr = f.value("probes", json::object());
       if (!pr.contains("needle")) continue;
-      for (const auto& c : pr["needle"].value("summary", json::object()).value("grid", json::array()))
-        grid.push_back({{"format", f["format"]}, {"length", c["length"]}, {"depth", c["depth"]}, {"exact", c["exact"]}});
+      for (const auto& c : field(pr, "needle").value("summary", json::object()).value("grid", json::array()))
+        grid.push_back({{"format", field(f, "format")}, {"length", field(c, "length")}, {"depth", field(c, "depth")}, {"exact", field(c, "exact")}});
     }
     if (!grid.empty()) {
       json s = base_spec("Needle retrieval: exact fraction, depth x length, per format");
@@ -136,9 +137,9 @@ std::vector<std::pair<std::string, json>> plot_specs(const ReportInputs& in) {
     // 3. KL and top-1 per format; 4. bytes per token.
     json q = json::array(), bytes = json::array();
     for (const auto& f : m.value("formats", json::array())) {
-      if (f["kl_mean"].is_number())
-        q.push_back({{"format", f["format"]}, {"kl_mean", f["kl_mean"]}, {"kl_p99", f["kl_p99"]}, {"top1", f["top1"]}});
-      bytes.push_back({{"format", f["format"]}, {"bytes", f["kv_bytes_per_token"]}});
+      if (field(f, "kl_mean").is_number())
+        q.push_back({{"format", field(f, "format")}, {"kl_mean", field(f, "kl_mean")}, {"kl_p99", field(f, "kl_p99")}, {"top1", field(f, "top1")}});
+      bytes.push_back({{"format", field(f, "format")}, {"bytes", field(f, "kv_bytes_per_token")}});
     }
     if (!q.empty()) {
       json s = base_spec("KL divergence vs f32 KV (mean and p99, nats) and top-1 agreement, per format");
@@ -169,12 +170,12 @@ std::vector<std::pair<std::string, json>> plot_specs(const ReportInputs& in) {
   // 6. mutation kill matrix (mutant x gate); gates that killed something or were expected to.
   if (in.mutants.is_object() && in.mutants.contains("mutants")) {
     std::set<std::string> keep;
-    for (const auto& mu : in.mutants["mutants"]) {
+    for (const auto& mu : field(in.mutants, "mutants")) {
       for (const auto& e : mu.value("expect_killed_by", json::array())) keep.insert(e.get<std::string>());
       for (const auto& k : mu.value("killed_by", json::array())) keep.insert(k.get<std::string>());
     }
     json cells = json::array();
-    for (const auto& mu : in.mutants["mutants"]) {
+    for (const auto& mu : field(in.mutants, "mutants")) {
       const json mg = mu.value("gates", json::object());
       for (const auto& [gid, g] : mg.items())
         if (keep.count(gid))
@@ -219,32 +220,32 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
   if (have_js) o << "<script>" << bundle_safe(vega) << "</script>\n<script>" << bundle_safe(vl) << "</script>\n<script>" << bundle_safe(embed) << "</script>\n";
   o << "</head><body>\n<h1>" << html_escape(in.title) << "</h1>\n";
 
-  const json& prov = in.signoff.is_object() ? in.signoff["provenance"] : in.matrix.is_object() ? in.matrix["provenance"] : json(nullptr);
+  const json& prov = in.signoff.is_object() ? field(in.signoff, "provenance") : in.matrix.is_object() ? field(in.matrix, "provenance") : json(nullptr);
   if (prov.is_object()) {
     std::string gpus;
     for (const auto& g : prov.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", "");
     o << "<p>commit <code>" << html_escape(cell(prov.value("git_commit", json(nullptr)))) << "</code> · CPU " << html_escape(prov.value("cpu_model", ""))
       << " (" << prov.value("cpu_cores", 0) << " cores) · GPU " << html_escape(gpus.empty() ? "none" : gpus) << " · "
       << html_escape(prov.value("compiler", "")) << " · seed " << prov.value("seed", 0);
-    if (prov["model"].is_object())
-      o << " · model <code>" << html_escape(prov["model"].value("name", "")) << "</code> sha256 <code>"
-        << html_escape(prov["model"].value("sha256", "")) << "</code>";
+    if (field(prov, "model").is_object())
+      o << " · model <code>" << html_escape(field(prov, "model").value("name", "")) << "</code> sha256 <code>"
+        << html_escape(field(prov, "model").value("sha256", "")) << "</code>";
     o << "</p>\n";
   }
   if (in.signoff.is_object()) {
     if (in.signoff.contains("policy")) {
       o << "<h2>Verdicts</h2>\n<p>Baseline <b>" << html_escape(in.signoff.value("baseline", "?")) << "</b>, policy <code>"
-        << html_escape(in.signoff["policy"].value("path", "")) << "</code>, exit code " << in.signoff.value("exit_code", 0) << ". "
+        << html_escape(field(in.signoff, "policy").value("path", "")) << "</code>, exit code " << in.signoff.value("exit_code", 0) << ". "
         << html_escape(in.signoff.value("exit_codes", "")) << "</p>\n";
       o << "<table><tr><th>format</th><th>verdict</th><th>conformance</th><th>fit</th><th>deciding policy line</th><th>KL mean</th>"
            "<th>top-1</th><th>1-TV</th><th>ppl delta</th></tr>\n";
       for (const auto& v : in.signoff.value("verdicts", json::array())) {
         const json q = v.value("quality", json(nullptr));
-        const json a = q.is_object() ? q["all"] : json(nullptr);
+        const json a = q.is_object() ? field(q, "all") : json(nullptr);
         auto qv = [&](const char* k) { return a.is_object() ? cell(a.value(k, json(nullptr))) : std::string("–"); };
         o << "<tr><td>" << html_escape(v.value("format", "")) << "</td><td class=\"" << v.value("verdict", "") << "\">"
-          << v.value("verdict", "") << "</td><td>" << html_escape(v.contains("conformance") ? v["conformance"].value("verdict", "") : "")
-          << "</td><td>" << html_escape(v.contains("fit") ? v["fit"].value("verdict", "") : "") << "</td><td>"
+          << v.value("verdict", "") << "</td><td>" << html_escape(v.contains("conformance") ? field(v, "conformance").value("verdict", "") : "")
+          << "</td><td>" << html_escape(v.contains("fit") ? field(v, "fit").value("verdict", "") : "") << "</td><td>"
           << html_escape(v.value("deciding_line", "")) << "</td><td>" << qv("kl_mean") << "</td><td>" << qv("top1") << "</td><td>"
           << qv("one_minus_tv") << "</td><td>" << qv("ppl_delta") << "</td></tr>\n";
       }
@@ -262,8 +263,8 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
     for (const auto& v : in.signoff.value("verdicts", json::array())) {
       std::string reasons;
       for (const auto& r : v.value("reasons", json::array())) reasons += (reasons.empty() ? "" : "; ") + r.get<std::string>();
-      const auto& g = v["gates"];
-      const auto& mu = v["mutation"];
+      const auto& g = field(v, "gates");
+      const auto& mu = field(v, "mutation");
       o << "<tr><td>" << html_escape(v.value("format", "")) << "</td><td class=\"" << v.value("verdict", "") << "\">" << v.value("verdict", "")
         << "</td><td>" << g.value("passed", 0) << "/" << g.value("failed", 0) << "/" << g.value("skipped", 0) << "</td><td>"
         << mu.value("killed", json::array()).size() << "/" << mu.value("survived", json::array()).size() << "/"
@@ -279,8 +280,8 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
       const auto& p = f.value("probes", json::object());
       auto pe = [&](const char* k, const char* field) { return p.contains(k) ? cell(p[k][field], "%.2f") : std::string("–"); };
       o << "<tr><td>" << html_escape(f.value("format", "")) << "</td><td>" << html_escape(f.value("effective", "")) << "</td><td>"
-        << cell(f["kv_bytes_per_token"]) << "</td><td>" << cell(f["kl_mean"]) << "</td><td>" << cell(f["kl_p99"]) << "</td><td>"
-        << cell(f["top1"]) << "</td><td>" << pe("needle", "exact") << "</td><td>" << pe("counting", "exact") << "</td><td>"
+        << cell(field(f, "kv_bytes_per_token")) << "</td><td>" << cell(field(f, "kl_mean")) << "</td><td>" << cell(field(f, "kl_p99")) << "</td><td>"
+        << cell(field(f, "top1")) << "</td><td>" << pe("needle", "exact") << "</td><td>" << pe("counting", "exact") << "</td><td>"
         << pe("echo", "exact") << "</td><td>" << pe("needle", "same_as_f32") << " / " << pe("counting", "same_as_f32") << " / "
         << pe("echo", "same_as_f32") << "</td></tr>\n";
     }

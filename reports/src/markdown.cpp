@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kvgate/matrix.hpp"
+#include "json_field.hpp"
 #include "kvgate/reports.hpp"
 
 namespace kvgate::reports {
@@ -36,13 +37,13 @@ std::string join(const json& arr, const std::string& sep = ", ") {
 
 const json* format_entry(const json& matrix, const std::string& f) {
   if (!matrix.is_object() || !matrix.contains("formats")) return nullptr;
-  for (const auto& e : matrix["formats"])
+  for (const auto& e : field(matrix, "formats"))
     if (e.value("format", "") == f) return &e;
   return nullptr;
 }
 const json* verdict_entry(const json& signoff, const std::string& f) {
   if (!signoff.is_object() || !signoff.contains("verdicts")) return nullptr;
-  for (const auto& e : signoff["verdicts"])
+  for (const auto& e : field(signoff, "verdicts"))
     if (e.value("format", "") == f) return &e;
   return nullptr;
 }
@@ -121,26 +122,26 @@ void verdict_table(std::ostringstream& o, const ReportInputs& in) {
   if (!so.is_object() || !so.contains("policy")) return;
   const json nf = so.value("noise_floor", json(nullptr));
   const json worst = nf.is_object() ? nf.value("worst", json::object()) : json::object();
-  o << "Baseline: **" << so.value("baseline", "?") << "**. Policy: `" << so["policy"].value("path", "") << "`. Exit code "
+  o << "Baseline: **" << so.value("baseline", "?") << "**. Policy: `" << field(so, "policy").value("path", "") << "`. Exit code "
     << so.value("exit_code", 0) << ".\n\n";
   o << "| format | verdict | conformance | fit | deciding policy line | KL mean | KL p99 | top-1 | 1-TV | ppl delta | KV saving |\n";
   o << "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& v : so.value("verdicts", json::array())) {
     const json q = v.value("quality", json(nullptr));
-    const json a = q.is_object() ? q["all"] : json(nullptr);
+    const json a = q.is_object() ? field(q, "all") : json(nullptr);
     auto qv = [&](const char* k) { return a.is_object() ? num(a.value(k, json(nullptr))) : std::string("–"); };
     const std::string f = v.value("format", "");
     o << "| [" << f << "](" << file_name_for(f) << ".md) | **" << v.value("verdict", "?") << "** | "
-      << (v.contains("conformance") ? v["conformance"].value("verdict", "?") : "–") << " | "
-      << (v.contains("fit") ? v["fit"].value("verdict", "?") : "–") << " | " << v.value("deciding_line", "–") << " | " << qv("kl_mean")
-      << " | " << qv("kl_p99") << " | " << (a.is_object() ? pct(a["top1"]) : "–") << " | " << qv("one_minus_tv") << " | "
+      << (v.contains("conformance") ? field(v, "conformance").value("verdict", "?") : "–") << " | "
+      << (v.contains("fit") ? field(v, "fit").value("verdict", "?") : "–") << " | " << v.value("deciding_line", "–") << " | " << qv("kl_mean")
+      << " | " << qv("kl_p99") << " | " << (a.is_object() ? pct(field(a, "top1")) : "–") << " | " << qv("one_minus_tv") << " | "
       << qv("ppl_delta") << " | " << num(v.value("matrix", json::object()).value("kv_saving_vs_baseline", json(nullptr))) << " |\n";
   }
-  o << "| noise floor (worst of " << (nf.is_object() ? nf["runs"].size() : 0) << " float runs) | | | | | " << num(worst.value("kl_mean", json(nullptr)))
+  o << "| noise floor (worst of " << (nf.is_object() ? field(nf, "runs").size() : 0) << " float runs) | | | | | " << num(worst.value("kl_mean", json(nullptr)))
     << " | " << num(worst.value("kl_p99", json(nullptr))) << " | " << pct(worst.value("top1", json(nullptr))) << " | "
     << num(worst.value("one_minus_tv", json(nullptr))) << " | " << num(worst.value("ppl_delta", json(nullptr))) << " | |\n\n";
   if (nf.is_object())
-    for (const auto& r : nf["runs"]) o << "- noise run: " << r.value("name", "") << "\n";
+    for (const auto& r : field(nf, "runs")) o << "- noise run: " << r.value("name", "") << "\n";
   const json qm = so.value("quality_method", json::object());
   if (!qm.empty())
     o << "- quality: " << qm.value("path", "") << "; corpus " << join(qm.value("corpus", json::array()), " + ") << " ("
@@ -152,8 +153,8 @@ void verdict_table(std::ostringstream& o, const ReportInputs& in) {
 // Per format: the fit lines (every budget, per depth bucket) and the bucket table.
 void fit_section(std::ostringstream& o, const json& v) {
   if (!v.contains("fit")) return;
-  const json& fit = v["fit"];
-  o << "## Fit: " << fit.value("verdict", "?") << " (conformance: " << v["conformance"].value("verdict", "?") << ")\n\n";
+  const json& fit = field(v, "fit");
+  o << "## Fit: " << fit.value("verdict", "?") << " (conformance: " << field(v, "conformance").value("verdict", "?") << ")\n\n";
   o << "Deciding line: " << v.value("deciding_line", "–") << "\n\n";
   const json q = v.value("quality", json(nullptr));
   if (q.is_object()) {
@@ -167,8 +168,8 @@ void fit_section(std::ostringstream& o, const json& v) {
         << pct(s["top1"]) << " | " << num(s["one_minus_tv"]) << " | " << num(s["ppl_base"]) << " | " << num(s["ppl_format"])
         << " | " << num(s["ppl_delta"]) << " |\n";
     };
-    row("all", q["all"]);
-    for (const auto& b : q["buckets"]) row(b.value("bucket", ""), b);
+    row("all", field(q, "all"));
+    for (const auto& b : field(q, "buckets")) row(b.value("bucket", ""), b);
     o << "\n";
   }
   o << "| policy line | scope | value | noise floor | status | source |\n|---|---|---:|---:|---|---|\n";
@@ -176,7 +177,7 @@ void fit_section(std::ostringstream& o, const json& v) {
     std::string src = l.value("source", "");
     for (auto& c : src)
       if (c == '|' || c == '\n') c = ' ';
-    o << "| " << l.value("line", "") << " | " << l.value("scope", "") << " | " << num(l["value"]) << " | " << num(l["noise_floor"])
+    o << "| " << l.value("line", "") << " | " << l.value("scope", "") << " | " << num(field(l, "value")) << " | " << num(field(l, "noise_floor"))
       << " | " << l.value("status", "") << (l.value("status", "") == "within" ? "" : " (" + l.value("reason", "") + ")") << " | "
       << src.substr(0, 120) << (src.size() > 120 ? "…" : "") << " |\n";
   }
@@ -206,14 +207,14 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     o << "## Against the f32 baseline\n\n";
     o << "| metric | value |\n|---|---|\n";
     o << "| effective format | " << fe->value("effective", "") << (fe->value("fallback_reason", "").empty() ? "" : " (fallback: " + fe->value("fallback_reason", "") + ")") << " |\n";
-    o << "| KV bytes per token | " << str((*fe)["kv_bytes_per_token"]) << " |\n";
-    o << "| capacity at the budget (tokens) | " << str((*fe)["capacity_tokens"]) << " |\n";
-    o << "| KL mean / p99 / max (nats) | " << num((*fe)["kl_mean"]) << " / " << num((*fe)["kl_p99"]) << " / " << num(fe->value("kl_max", json(nullptr))) << " |\n";
-    o << "| top-1 agreement | " << pct((*fe)["top1"]) << " over " << fe->value("kl_positions", 0) << " positions |\n";
+    o << "| KV bytes per token | " << str(field((*fe), "kv_bytes_per_token")) << " |\n";
+    o << "| capacity at the budget (tokens) | " << str(field((*fe), "capacity_tokens")) << " |\n";
+    o << "| KL mean / p99 / max (nats) | " << num(field((*fe), "kl_mean")) << " / " << num(field((*fe), "kl_p99")) << " / " << num(fe->value("kl_max", json(nullptr))) << " |\n";
+    o << "| top-1 agreement | " << pct(field((*fe), "top1")) << " over " << fe->value("kl_positions", 0) << " positions |\n";
     const json probes = fe->value("probes", json::object());
     for (const auto& [pn, p] : probes.items()) {
-      o << "| probe " << pn << " | exact " << pct(p["exact"]) << " (" << p.value("passed", 0) << "/" << p.value("ran", 0)
-        << " ran, " << p.value("skipped", 0) << " skipped), same greedy output as f32 " << pct(p["same_as_f32"]);
+      o << "| probe " << pn << " | exact " << pct(field(p, "exact")) << " (" << p.value("passed", 0) << "/" << p.value("ran", 0)
+        << " ran, " << p.value("skipped", 0) << " skipped), same greedy output as f32 " << pct(field(p, "same_as_f32"));
       const auto& s = p.value("summary", json::object());
       if (s.contains("repeated")) o << ", repeated numbers " << str(s["repeated"]);
       if (s.contains("dropped_digits")) o << ", dropped digits " << str(s["dropped_digits"]);
@@ -221,9 +222,9 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     }
     o << "\n";
     const auto& needle = fe->value("probes", json::object()).value("needle", json::object());
-    if (needle.contains("summary") && needle["summary"].contains("grid")) {
+    if (needle.contains("summary") && field(needle, "summary").contains("grid")) {
       o << "Needle grid (exact fraction, length × depth): ";
-      for (const auto& c : needle["summary"]["grid"]) o << "L" << c.value("length", 0) << "@" << num(c["depth"], "%.2g") << "=" << pct(c["exact"]) << " ";
+      for (const auto& c : field(field(needle, "summary"), "grid")) o << "L" << c.value("length", 0) << "@" << num(field(c, "depth"), "%.2g") << "=" << pct(field(c, "exact")) << " ";
       o << "\n\n";
     }
   }
@@ -260,7 +261,7 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
       << "; killed: " << join(m.value("killed", json::array())) << "; survived: " << join(m.value("survived", json::array()))
       << "; not run: " << join(m.value("not_run", json::array())) << ".\n\n";
   }
-  const json& prov = in.signoff.is_object() ? in.signoff["provenance"] : in.matrix.is_object() ? in.matrix["provenance"] : json(nullptr);
+  const json& prov = in.signoff.is_object() ? field(in.signoff, "provenance") : in.matrix.is_object() ? field(in.matrix, "provenance") : json(nullptr);
   if (prov.is_object()) o << "## Provenance\n\n" << provenance_line(prov) << "\n";
   return o.str();
 }
@@ -268,7 +269,7 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
 std::string index_markdown(const ReportInputs& in) {
   std::ostringstream o;
   o << "# " << in.title << "\n\n";
-  const json& prov = in.signoff.is_object() ? in.signoff["provenance"] : in.matrix.is_object() ? in.matrix["provenance"] : json(nullptr);
+  const json& prov = in.signoff.is_object() ? field(in.signoff, "provenance") : in.matrix.is_object() ? field(in.matrix, "provenance") : json(nullptr);
   if (prov.is_object()) o << provenance_line(prov) << "\n\n";
   if (in.signoff.is_object())
     o << "Device: " << in.signoff.value("device", "cpu") << (in.signoff.value("quick", false) ? " (quick)" : "")
@@ -284,9 +285,9 @@ std::string index_markdown(const ReportInputs& in) {
     const json* fe = format_entry(in.matrix, f);
     o << "| [" << f << "](" << file_name_for(f) << ".md) | " << (v ? "**" + v->value("verdict", "?") + "**" : std::string("–")) << " | ";
     if (v) {
-      const auto& g = (*v)["gates"];
+      const auto& g = field((*v), "gates");
       o << g.value("passed", 0) << "/" << g.value("failed", 0) << "/" << g.value("skipped", 0) << " | ";
-      const auto& m = (*v)["mutation"];
+      const auto& m = field((*v), "mutation");
       o << m.value("killed", json::array()).size() << "/" << m.value("survived", json::array()).size() << "/"
         << m.value("not_run", json::array()).size() << " | ";
     } else {
@@ -295,7 +296,7 @@ std::string index_markdown(const ReportInputs& in) {
     if (fe) {
       char r[16];
       std::snprintf(r, sizeof r, "%.3f", f32_bytes > 0 ? fe->value("kv_bytes_per_token", 0.0) / f32_bytes : 0.0);
-      o << str((*fe)["kv_bytes_per_token"]) << " | " << r << " | " << num((*fe)["kl_mean"]) << " | " << pct((*fe)["top1"]) << " | "
+      o << str(field((*fe), "kv_bytes_per_token")) << " | " << r << " | " << num(field((*fe), "kl_mean")) << " | " << pct(field((*fe), "top1")) << " | "
         << num(decode_ratio(in.matrix, f), "%.2f") << " | ";
     } else {
       o << "– | – | – | – | – | ";
@@ -308,7 +309,7 @@ std::string index_markdown(const ReportInputs& in) {
     for (const auto& n : in.matrix.value("notes", json::array())) o << "- note: " << str(n) << "\n";
   }
   if (in.gates.is_object()) {
-    const auto& t = in.gates["totals"];
+    const auto& t = field(in.gates, "totals");
     o << "\nGates: " << t.value("passed", 0) << " passed, " << t.value("failed", 0) << " failed, " << t.value("skipped", 0) << " skipped.\n";
   }
   return o.str();

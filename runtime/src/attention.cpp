@@ -346,6 +346,7 @@ __attribute__((always_inline)) inline float softmax_exp(float x) {
   constexpr float lo = -87.3f, hi = 88.0f;
   float xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
+  xc = xc == xc ? xc : 0.0f;  // NaN: the int conversion below would be undefined; NaN is returned below
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // rint via the 1.5*2^23 trick
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -358,7 +359,7 @@ __attribute__((always_inline)) inline float softmax_exp(float x) {
   p = p * (r * r) + r + 1.0f;
   const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
   const float y = p * std::bit_cast<float>(bits);
-  return x < lo ? 0.0f : y;
+  return x < lo ? 0.0f : (x == x ? y : x);
 }
 
 constexpr int kW = 16;  // tokens per score chunk: two 8-lane vectors
@@ -378,15 +379,15 @@ __attribute__((always_inline)) inline v8f splat8(float x) { return v8f{} + x; }
 __attribute__((always_inline)) inline v8f vmax(v8f a, v8f b) { return a > b ? a : b; }
 // Horizontal max / sum as a fixed tree: lanes (i, i+4), then (i, i+2), then (i, i+1).
 __attribute__((always_inline)) inline float hmax8(v8f v) {
-  v = vmax(v, __builtin_shuffle(v, v8i{4, 5, 6, 7, 0, 1, 2, 3}));
-  v = vmax(v, __builtin_shuffle(v, v8i{2, 3, 0, 1, 6, 7, 4, 5}));
-  v = vmax(v, __builtin_shuffle(v, v8i{1, 0, 3, 2, 5, 4, 7, 6}));
+  v = vmax(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
+  v = vmax(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
+  v = vmax(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6));
   return v[0];
 }
 __attribute__((always_inline)) inline float hsum8(v8f v) {
-  v = v + __builtin_shuffle(v, v8i{4, 5, 6, 7, 0, 1, 2, 3});
-  v = v + __builtin_shuffle(v, v8i{2, 3, 0, 1, 6, 7, 4, 5});
-  v = v + __builtin_shuffle(v, v8i{1, 0, 3, 2, 5, 4, 7, 6});
+  v = v + __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v = v + __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v = v + __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
   return v[0];
 }
 // softmax_exp on 8 lanes, the same operations lane by lane.
@@ -394,6 +395,7 @@ __attribute__((always_inline)) inline v8f softmax_exp8(v8f x) {
   const v8f lo = splat8(-87.3f), hi = splat8(88.0f);
   v8f xc = x < lo ? lo : x;
   xc = xc > hi ? hi : xc;
+  xc = xc == xc ? xc : v8f{};  // NaN lanes: as in softmax_exp
   const v8f n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   v8f r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
@@ -406,7 +408,7 @@ __attribute__((always_inline)) inline v8f softmax_exp8(v8f x) {
   p = p * (r * r) + r + 1.0f;
   const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
   const v8f y = p * std::bit_cast<v8f>(bits);
-  return x < lo ? v8f{} : y;
+  return x < lo ? v8f{} : (x == x ? y : x);
 }
 
 // hadamard_normalized (format.cpp) on n_cells cells of D floats (D a power of two, >= 8), 8 lanes
@@ -422,11 +424,11 @@ __attribute__((always_inline)) inline void wht_cells_t(float* x, int n_cells) {
     v8f v[NV];
     for (int j = 0; j < NV; ++j) {
       v8f y = load8(p + 8 * j);
-      v8f sh = __builtin_shuffle(y, v8i{1, 0, 3, 2, 5, 4, 7, 6});  // len 1
+      v8f sh = __builtin_shufflevector(y, y, 1, 0, 3, 2, 5, 4, 7, 6);  // len 1
       y = (lane & 1) == 0 ? y + sh : sh - y;
-      sh = __builtin_shuffle(y, v8i{2, 3, 0, 1, 6, 7, 4, 5});  // len 2
+      sh = __builtin_shufflevector(y, y, 2, 3, 0, 1, 6, 7, 4, 5);  // len 2
       y = (lane & 2) == 0 ? y + sh : sh - y;
-      sh = __builtin_shuffle(y, v8i{4, 5, 6, 7, 0, 1, 2, 3});  // len 4
+      sh = __builtin_shufflevector(y, y, 4, 5, 6, 7, 0, 1, 2, 3);  // len 4
       v[j] = (lane & 4) == 0 ? y + sh : sh - y;
     }
     for (int len = 1; len < NV; len <<= 1)  // len 8, 16, ... elements: whole vectors

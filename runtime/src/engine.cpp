@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "forward_cpu.hpp"
 #include "kvgate/kv_file.hpp"
+#include "kvgate/limits.hpp"
 #include "thread_pool.hpp"
 
 namespace kvgate {
@@ -24,6 +26,17 @@ int resolve_threads(int t) {
 
 }  // namespace
 
+// MemAvailable of /proc/meminfo in bytes (0 when unknown: no check is made then).
+static std::uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
 StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx, const std::string& who) {
   const ModelConfig& c = m.config;
   StoreConfig sc;
@@ -32,6 +45,14 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
   sc.n_kv_heads = c.n_kv_heads;
   sc.head_dim = c.head_dim;
   if (o.block_size < 1) throw EngineError(who + ": block_size must be >= 1, got " + std::to_string(o.block_size));
+  // Sizes from flags and model files, checked before any product or allocation (kvgate/limits.hpp).
+  limits::check(limits::kBlockSize, o.block_size, who, "--block-size");
+  limits::check_positive(limits::kKvRow,
+                         limits::mul(limits::check_positive(limits::kHeads, c.n_kv_heads, who, "n_kv_heads"),
+                                     limits::check_positive(limits::kHeadDim, c.head_dim, who, "head_dim"), who,
+                                     "n_kv_heads * head_dim"),
+                         who, "n_kv_heads * head_dim");
+  limits::check(limits::kKvPoolBytes, o.kv_cache_memory, who, "--kv-cache-memory");
   sc.block_size = o.block_size;
   if (o.n_blocks > 0) {
     sc.n_blocks = o.n_blocks;
@@ -44,7 +65,24 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
                                        (page_bytes(sc.format.k, sc.geometry()) + page_bytes(sc.format.v, sc.geometry()))) +
                         " bytes)");
   } else {
-    sc.n_blocks = (max_ctx + o.block_size - 1) / o.block_size;
+    const std::uint64_t ctx = limits::check(limits::kContext, max_ctx, who, "context length (max_position_embeddings)");
+    const std::uint64_t bs = static_cast<std::uint64_t>(o.block_size);
+    sc.n_blocks = static_cast<int>((ctx + bs - 1) / bs);
+  }
+  // The pool is allocated (and zero-filled) up front: refuse what the machine does not have.
+  {
+    const PageGeometry g = sc.geometry();
+    const std::uint64_t per_block =
+        limits::mul(static_cast<std::uint64_t>(c.n_layers), page_bytes(sc.format.k, g) + page_bytes(sc.format.v, g), who,
+                    "KV bytes per block");
+    const std::uint64_t pool = limits::mul(per_block, static_cast<std::uint64_t>(sc.n_blocks), who, "KV pool bytes");
+    const std::uint64_t avail = available_memory_bytes();
+    if (avail > 0 && pool > avail)
+      throw EngineError(who + ": the KV pool needs " + std::to_string(pool) + " bytes (" + std::to_string(sc.n_blocks) +
+                        " blocks of " + std::to_string(o.block_size) + " tokens for a context of " +
+                        std::to_string(max_ctx) + ") but the machine has " + std::to_string(avail) +
+                        " bytes available; pass --kv-cache-memory BYTES for a smaller pool (or lower the model's "
+                        "context length)");
   }
   auto scales = [&](const std::vector<float>& opt, const std::vector<float>& model_s, const char* which) {
     const std::vector<float>& s = !opt.empty() ? opt : model_s;

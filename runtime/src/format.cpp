@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kvgate/blocks.hpp"
+#include "kvgate/limits.hpp"
 #include "kvgate/numeric.hpp"
 
 namespace kvgate {
@@ -305,6 +306,18 @@ std::optional<HalfFormat> parse_half(std::string_view s) {
 Capability supports(HalfFormat f, const PageGeometry& g) {
   if (g.block_size < 1 || g.n_kv_heads < 1 || g.head_dim < 1)
     return {false, "invalid_geometry", "block_size, n_kv_heads and head_dim must all be >= 1"};
+  // Products of the geometry are taken in int elsewhere (row_elems, page sizes): refuse a geometry
+  // whose row or page would overflow, before any product is formed (kvgate/limits.hpp).
+  if (static_cast<std::uint64_t>(g.n_kv_heads) * static_cast<std::uint64_t>(g.head_dim) >
+          limits::max_of(limits::kKvRow) ||
+      static_cast<std::uint64_t>(g.block_size) > limits::max_of(limits::kBlockSize))
+    return {false, "geometry_too_large",
+            "n_kv_heads*head_dim = " + std::to_string(static_cast<std::uint64_t>(g.n_kv_heads) *
+                                                      static_cast<std::uint64_t>(g.head_dim)) +
+                " (limit " + std::to_string(limits::max_of(limits::kKvRow)) + ", " +
+                limits::override_hint(limits::kKvRow) + ") or block_size = " + std::to_string(g.block_size) +
+                " (limit " + std::to_string(limits::max_of(limits::kBlockSize)) + ", " +
+                limits::override_hint(limits::kBlockSize) + ") is beyond the limits"};
   const HalfFormatInfo& i = info(f);
   if (i.block_elems > 1 && g.row_elems() % i.block_elems != 0)
     return {false, "row_not_multiple_of_32",

@@ -40,7 +40,7 @@ __attribute__((always_inline)) inline v8f load8(const float* p) {
 // tail: the summation order of every dot product in the forward pass.
 __attribute__((always_inline)) inline float reduce16(v8f lo, v8f hi, float tail) {
   const v8f v = lo + hi;
-  const v8f h = v + __builtin_shuffle(v, v8i{4, 5, 6, 7, 0, 1, 2, 3});
+  const v8f h = v + __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
   return ((h[0] + h[1]) + (h[2] + h[3])) + tail;
 }
 
@@ -401,6 +401,14 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     } else {
       matmul(pool_, x_.data(), hb_.data(), L.w2.data(), nullptr, T, hid, dim, true);
     }
+    // NaN/inf in weights or KV would otherwise reach the logits (and greedy argmax gives token 0):
+    // the first layer whose output is not finite is named, O(T*dim) per layer.
+    for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i)
+      if (!std::isfinite(x_[i]))
+        throw EngineError("forward: layer " + std::to_string(l) + " produced a non-finite value (" +
+                          std::to_string(x_[i]) + ") at position " + std::to_string(pos0 + static_cast<int>(i / dim)) +
+                          ", element " + std::to_string(i % dim) +
+                          ": the model's weights or the KV cache hold NaN/inf (check the model file)");
   }
 
   // Final norm and classifier: every row, or the last one only.
@@ -415,6 +423,11 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
     for (std::size_t i = 0; i < static_cast<std::size_t>(n_rows) * c.vocab_size; ++i)
       logits[i] = std::tanh(logits[i] / cap) * cap;
   }
+  for (std::size_t i = 0; i < static_cast<std::size_t>(n_rows) * c.vocab_size; ++i)
+    if (!std::isfinite(logits[i]))
+      throw EngineError("forward: the final norm / classifier produced a non-finite logit (" + std::to_string(logits[i]) +
+                        ") for token id " + std::to_string(i % static_cast<std::size_t>(c.vocab_size)) +
+                        ": the model's final_norm or output weights hold NaN/inf (check the model file)");
 }
 
 // Router of one token, as transformers' Qwen3-MoE / Mixtral routers: probabilities = softmax of the

@@ -44,9 +44,15 @@ std::uint64_t parse_byte_size(std::string_view text) {
   std::size_t i = 0;
   while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
   if (i == 0) throw std::invalid_argument("byte size '" + t + "': expected a number such as 1GiB, 512MiB or 1000000");
+  // One number, whole: std::stod alone would read "1.5.5GiB" as 1.5 and drop the rest.
+  if (std::count(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(i), '.') > 1 || t[0] == '.' || t[i - 1] == '.')
+    throw std::invalid_argument("byte size '" + t + "': '" + t.substr(0, i) +
+                                "' is not a number (one decimal point at most, digits on both sides)");
   double num = 0;
   try {
-    num = std::stod(t.substr(0, i));
+    std::size_t used = 0;
+    num = std::stod(t.substr(0, i), &used);
+    if (used != i) throw std::invalid_argument("partial");
   } catch (const std::exception&) {
     throw std::invalid_argument("byte size '" + t + "': bad number");
   }
@@ -185,9 +191,26 @@ KvCacheDir::Lock::~Lock() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-KvCacheDir::Lock KvCacheDir::lock(std::string_view conv_id, bool wait) const {
+KvCacheDir::Lock KvCacheDir::lock(std::string_view conv_id, bool wait, const WaitNotice& on_wait) const {
   Lock l;
   const int fd = open_lock(lock_path_for(conv_id));
+  if (wait) {  // try first: when another turn holds it, say what is waited for, then block
+    int r;
+    while ((r = ::flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
+    }
+    if (r == 0) {
+      l.fd_ = fd;
+      return l;
+    }
+    if (errno == EWOULDBLOCK) {
+      const std::string msg = "kvgate: conversation '" + std::string(conv_id) + "' is in use: waiting for the lock " +
+                              lock_path_for(conv_id) +
+                              " (another kvgate run/chat of this conversation holds it until its turn ends; Ctrl-C "
+                              "to stop)";
+      if (on_wait) on_wait(msg);
+      else std::fprintf(stderr, "%s\n", msg.c_str());
+    }
+  }
   for (;;) {
     if (::flock(fd, LOCK_EX | (wait ? 0 : LOCK_NB)) == 0) break;
     if (errno == EINTR) continue;

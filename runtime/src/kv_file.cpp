@@ -1,4 +1,5 @@
 #include "kvgate/kv_file.hpp"
+#include "kvgate/limits.hpp"
 
 #include <xxhash.h>
 
@@ -336,6 +337,12 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
                  "writes version " + std::to_string(kKvFileVersion) + " with its scales.");
     }
   }
+  // The region sizes are products of the header's counts: bounded first so none can wrap 64 bits.
+  if (static_cast<std::uint64_t>(h.token_count) > limits::max_of(limits::kContext))
+    fail(K::corrupt, "header",
+         who + " (" + describe(h) + "): token ids = " + std::to_string(h.token_count) + " exceeds the limit " +
+             std::to_string(limits::max_of(limits::kContext)) + " on the " + limits::kContext.what + " (" +
+             limits::override_hint(limits::kContext) + "). Delete it.");
   const KvRegionSizes want = kv_region_sizes(h);
   if (h.tokens_bytes != want.tokens || h.body_bytes != want.body || h.scales_bytes != want.scales)
     fail(K::corrupt, "header",
@@ -370,7 +377,13 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
            who + " (" + describe(h) + "): checksum mismatch in the " + r.name +
                " region (the file is damaged). Delete it; the next turn writes a new one.");
   f.tokens.resize(static_cast<std::size_t>(h.token_count));
-  for (std::size_t i = 0; i < f.tokens.size(); ++i) f.tokens[i] = static_cast<int>(get32(tp, i * 4));
+  for (std::size_t i = 0; i < f.tokens.size(); ++i) {
+    f.tokens[i] = static_cast<int>(get32(tp, i * 4));
+    if (f.tokens[i] < 0)
+      fail(K::corrupt, "tokens",
+           who + " (" + describe(h) + "): transcript token " + std::to_string(i) + " is " + std::to_string(f.tokens[i]) +
+               ", not a token id (ids are >= 0; the file is damaged or not written by kvgate). Delete it.");
+  }
   f.body.assign(bp, bp + want.body);
   f.scales.assign(sp, sp + want.scales);
   return f;

@@ -6,6 +6,8 @@
 // Conventions: a tensor's dims are ne[0] (innermost, contiguous) first, so a [out][in] row-major
 // weight has ne = {in, out}. llama.cpp's converter stores llama q/k weights permuted for
 // interleaved (adjacent-pair) RoPE, exactly as llama2.c does: rope_style = interleaved.
+#include <algorithm>
+#include <limits>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -423,6 +425,25 @@ class Gguf {
                        std::to_string(data_start_) + ", past the end of the file (" + std::to_string(map_.size()) +
                        " bytes)");
     const std::uint64_t data_bytes = map_.size() > data_start_ ? map_.size() - data_start_ : 0;
+    // Tensors may not share bytes (an overlap: two tensors read the same data, the sign of a
+    // damaged or hand-edited file). Gaps are tolerated, as ggml does.
+    {
+      std::vector<const TensorInfo*> order;
+      for (const auto& t : infos) order.push_back(&t);
+      std::sort(order.begin(), order.end(), [](const TensorInfo* a, const TensorInfo* b) {
+        return a->offset != b->offset ? a->offset < b->offset : a->n_bytes < b->n_bytes;
+      });
+      std::uint64_t at = 0;
+      const TensorInfo* prev = nullptr;
+      for (const TensorInfo* t : order) {
+        if (prev && t->offset < at)
+          throw ModelError("model '" + path_ + "': tensor '" + t->name + "' at data offset " + std::to_string(t->offset) +
+                           " overlaps tensor '" + prev->name + "' (data bytes [" + std::to_string(prev->offset) + ", " +
+                           std::to_string(at) + ")): bad tensor offset");
+        if (t->n_bytes <= std::numeric_limits<std::uint64_t>::max() - t->offset) at = std::max(at, t->offset + t->n_bytes);
+        prev = t;
+      }
+    }
     for (auto& t : infos) {
       if (t.offset > data_bytes || t.n_bytes > data_bytes - t.offset)
         throw ModelError("model '" + path_ + "': tensor '" + t.name + "' (" + ggml_type_name(t.type) + ", " +
@@ -500,7 +521,12 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int
       }
       p = std::move(o);
     }
-    const int unk = static_cast<int>(g.get_int("tokenizer.ggml.unknown_token_id").value_or(0));
+    const std::int64_t unk64 = g.get_int("tokenizer.ggml.unknown_token_id").value_or(0);
+    if (unk64 < 0 || unk64 >= static_cast<std::int64_t>(pieces.size()))
+      throw ModelError("model '" + g.path() + "': metadata key 'tokenizer.ggml.unknown_token_id' = " +
+                       std::to_string(unk64) + " is outside the vocabulary (0.." + std::to_string(pieces.size() - 1) +
+                       " from 'tokenizer.ggml.tokens'); fix the id or drop the key (default 0)");
+    const int unk = static_cast<int>(unk64);
     auto tok = std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos, eos, unk);
     tok->set_adds(add_bos, add_eos);
     return tok;

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "kvgate/json_limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
@@ -84,7 +85,7 @@ class SafetensorsFile {
     data_size_ = size_ - data_off_;
     json h;
     try {
-      h = json::parse(base_ + 8, base_ + 8 + n);
+      h = limits::parse_json(std::string_view(reinterpret_cast<const char*>(base_) + 8, n), path_);
     } catch (const json::exception& e) {
       fail(std::string("header is not valid JSON (") + e.what() + ")");
     }
@@ -125,6 +126,9 @@ class SafetensorsFile {
       if (t.end - t.begin != numel * static_cast<std::uint64_t>(es))
         fail(where + ": field 'data_offsets' spans " + std::to_string(t.end - t.begin) + " bytes but dtype " +
              t.dtype + " x shape " + shape_str(t.shape) + " needs " + std::to_string(numel * es));
+      if (t.begin % static_cast<std::uint64_t>(es) != 0)
+        fail(where + ": field 'data_offsets' begins at byte " + std::to_string(t.begin) +
+             ", not a multiple of the " + std::to_string(es) + "-byte dtype " + t.dtype + " (misaligned tensor)");
       tensors_.emplace(name, std::move(t));
     }
   }
@@ -176,7 +180,7 @@ class TensorSource {
     {
       std::ifstream in(index, std::ios::binary);
       try {
-        j = json::parse(in);
+        j = limits::parse_json(in, index_path_);
       } catch (const json::exception& e) {
         throw ModelError("'" + index_path_ + "': not valid JSON (" + e.what() + ")");
       }
@@ -265,7 +269,7 @@ json read_json(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) throw ModelError("'" + p.string() + "': cannot open");
   try {
-    return json::parse(in);
+    return limits::parse_json(in, p.string());
   } catch (const json::exception& e) {
     throw ModelError("'" + p.string() + "': not valid JSON (" + e.what() + ")");
   }

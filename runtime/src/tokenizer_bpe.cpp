@@ -1,4 +1,5 @@
 // Byte-level BPE (see kvgate/tokenizer_bpe.hpp).
+#include "kvgate/json_limits.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
 
 #include "tokenizer_json_internal.hpp"
@@ -478,7 +479,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   if (!in) throw ModelError(path + ": cannot open tokenizer file");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = limits::parse_json(in, path);
   } catch (const nlohmann::json::exception& e) {
     throw ModelError(path + ": not valid JSON (" + e.what() + ")");
   }
@@ -505,7 +506,8 @@ std::unique_ptr<BpeTokenizer> detail::bpe_from_json(const nlohmann::json& j, con
 
   std::vector<std::string> vocab;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<long long>() < 0 || it.value().get<long long>() > (1 << 24))
+    if (!it.value().is_number_integer() || it.value().get<long long>() < 0 ||
+        static_cast<std::uint64_t>(it.value().get<long long>()) > limits::max_of(limits::kTokenId))
       throw ModelError(path + ": model.vocab[\"" + it.key() + "\"] is not a valid token id");
     const auto id = static_cast<std::size_t>(it.value().get<long long>());
     if (id >= vocab.size()) vocab.resize(id + 1);
@@ -549,6 +551,8 @@ std::unique_ptr<BpeTokenizer> detail::bpe_from_json(const nlohmann::json& j, con
           throw ModelError(path + ": added_tokens[" + std::to_string(k) + "]." + flag + " is true (\"" +
                            a["content"].get<std::string>() +
                            "\"); kvgate's byte-level BPE matches added tokens verbatim only");
+      // The id sizes tables later: a huge one is refused here, before any allocation.
+      limits::check(limits::kTokenId, a["id"].get<long long>(), path, "added_tokens[" + std::to_string(k) + "].id");
       o.added.push_back({a["id"].get<int>(), a["content"].get<std::string>(), a.value("special", true)});
     }
   }

@@ -1,5 +1,6 @@
 // tokenizer.json loading: model kind, special-token rule, SentencePiece-style BPE spec
 // (see kvgate/tokenizer_json.hpp).
+#include "kvgate/json_limits.hpp"
 #include "kvgate/tokenizer_json.hpp"
 
 #include <filesystem>
@@ -17,7 +18,7 @@ json read_json(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ModelError(path + ": cannot open " + what);
   try {
-    return json::parse(in);
+    return limits::parse_json(in, path);
   } catch (const json::exception& e) {
     throw ModelError(path + ": not valid JSON (" + e.what() + ")");
   }
@@ -69,7 +70,8 @@ SpecialsRule rule_of(const json& p, const std::string& path, const std::string& 
         refuse(path, field + ".special_tokens[\"" + name + "\"].ids",
                "is missing (the template of `single` names \"" + name + "\")");
       for (const auto& id : p["special_tokens"][name]["ids"]) {
-        if (!id.is_number_integer() || id.get<long long>() < 0)
+        if (!id.is_number_integer() || id.get<long long>() < 0 ||
+            static_cast<std::uint64_t>(id.get<long long>()) > limits::max_of(limits::kTokenId))
           refuse(path, field + ".special_tokens[\"" + name + "\"].ids", "holds a value that is not a token id");
         (seen_a ? r.suffix : r.prefix).push_back(id.get<int>());
       }
@@ -257,6 +259,7 @@ std::vector<Sp::AddedToken> parse_added(const json& j, const std::string& path) 
     if (a.value("single_word", false))
       refuse(path, f + ".single_word", "is true (\"" + a["content"].get<std::string>() +
                                            "\"); kvgate does not implement single-word matching of added tokens");
+    limits::check(limits::kTokenId, a["id"].get<long long>(), path, f + ".id");  // before any table is sized by it
     Sp::AddedToken t;
     t.id = a["id"].get<int>();
     t.content = a["content"].get<std::string>();

@@ -31,6 +31,9 @@ SpTokenizer::SpTokenizer(std::vector<std::string> pieces, std::vector<float> sco
   if (pieces_.size() != scores_.size())
     throw ModelError("tokenizer: " + std::to_string(pieces_.size()) + " pieces but " + std::to_string(scores_.size()) +
                      " scores");
+  if (unk_ < 0 || static_cast<std::size_t>(unk_) >= pieces_.size())
+    throw ModelError("tokenizer: the unknown-token id " + std::to_string(unk_) + " is outside the vocabulary of " +
+                     std::to_string(pieces_.size()) + " pieces");
   byte_id_.fill(-1);
   lookup_.reserve(pieces_.size() * 2);
   for (std::size_t i = 0; i < pieces_.size(); ++i) {

@@ -6,6 +6,8 @@
 #include <regex>
 #include <set>
 
+#include "kvgate/json_limits.hpp"
+
 namespace kvgate::json_schema {
 
 using nlohmann::json;
@@ -62,6 +64,42 @@ bool type_is(const json& v, const std::string& t) {
     return false;
   }
   return false;
+}
+
+// A count keyword (minLength, maxItems, ...) as a size: a negative, fractional, huge or
+// non-numeric value is reported, never cast (a float -> integer cast out of range is undefined).
+bool count_kw(const json& k, const std::string& name, const std::string& path, std::vector<SchemaError>& errs,
+              std::size_t* out) {
+  if (k.is_number_unsigned()) {
+    *out = static_cast<std::size_t>(k.get<std::uint64_t>());
+    return true;
+  }
+  if (k.is_number_integer() && k.get<std::int64_t>() >= 0) {
+    *out = static_cast<std::size_t>(k.get<std::int64_t>());
+    return true;
+  }
+  std::uint64_t u = 0;
+  if (k.is_number_float() && std::floor(k.get<double>()) == k.get<double>() &&
+      limits::double_to_int<std::uint64_t>(k.get<double>(), 0, std::numeric_limits<std::uint64_t>::max(), &u)) {
+    *out = static_cast<std::size_t>(u);
+    return true;
+  }
+  errs.push_back({path, "schema keyword '" + name + "' = " + limits::brief(k) + " is not a non-negative integer"});
+  return false;
+}
+
+// The schema's pattern checks run std::regex, whose matcher recurses per character: a subject
+// longer than the limits policy allows is reported instead of matched (no stack overflow).
+bool pattern_match(const std::string& subject, const std::string& pattern, Ctx& c, const std::string& path,
+                   std::vector<SchemaError>& errs) {
+  const std::uint64_t max = limits::max_of(limits::kPatternSubject);
+  if (subject.size() > max) {
+    errs.push_back({path, "string of " + std::to_string(subject.size()) + " bytes exceeds the limit " +
+                              std::to_string(max) + " on the " + limits::kPatternSubject.what + " (pattern " + pattern +
+                              "; " + limits::override_hint(limits::kPatternSubject) + ")"});
+    return false;
+  }
+  return std::regex_search(subject, c.re(pattern));
 }
 
 std::size_t utf8_length(const std::string& s) {
@@ -182,10 +220,10 @@ void validate_at(const json& v, const json& s, const json& root, const std::stri
   if (auto it = s.find("enum"); it != s.end()) {
     bool found = false;
     for (const auto& e : *it) found = found || e == v;
-    if (!found) errs.push_back({path, "value " + v.dump() + " is not one of " + it->dump()});
+    if (!found) errs.push_back({path, "value " + limits::brief(v) + " is not one of " + it->dump()});
   }
   if (auto it = s.find("const"); it != s.end() && *it != v)
-    errs.push_back({path, "value " + v.dump() + " must equal " + it->dump()});
+    errs.push_back({path, "value " + limits::brief(v) + " must equal " + limits::brief(*it)});
   if (auto it = s.find("allOf"); it != s.end())
     for (const auto& sub : *it) validate_at(v, sub, root, path, c, errs, depth + 1);
   if (auto it = s.find("anyOf"); it != s.end()) {
@@ -201,31 +239,32 @@ void validate_at(const json& v, const json& s, const json& root, const std::stri
   if (auto it = s.find("not"); it != s.end() && valid_under(v, *it, root, path, c, depth + 1))
     errs.push_back({path, "value must not match the 'not' schema"});
 
+  std::size_t n_kw = 0;  // a count keyword's value (count_kw)
   if (v.is_number()) {
     const double d = v.get<double>();
     if (auto it = s.find("minimum"); it != s.end() && d < it->get<double>())
-      errs.push_back({path, "value " + v.dump() + " < minimum " + it->dump()});
+      errs.push_back({path, "value " + limits::brief(v) + " < minimum " + limits::brief(*it)});
     if (auto it = s.find("maximum"); it != s.end() && d > it->get<double>())
-      errs.push_back({path, "value " + v.dump() + " > maximum " + it->dump()});
+      errs.push_back({path, "value " + limits::brief(v) + " > maximum " + limits::brief(*it)});
     if (auto it = s.find("exclusiveMinimum"); it != s.end() && it->is_number() && d <= it->get<double>())
-      errs.push_back({path, "value " + v.dump() + " <= exclusiveMinimum " + it->dump()});
+      errs.push_back({path, "value " + limits::brief(v) + " <= exclusiveMinimum " + limits::brief(*it)});
     if (auto it = s.find("exclusiveMaximum"); it != s.end() && it->is_number() && d >= it->get<double>())
-      errs.push_back({path, "value " + v.dump() + " >= exclusiveMaximum " + it->dump()});
+      errs.push_back({path, "value " + limits::brief(v) + " >= exclusiveMaximum " + limits::brief(*it)});
   }
   if (v.is_string()) {
     const std::string& str = v.get_ref<const std::string&>();
-    if (auto it = s.find("minLength"); it != s.end() && utf8_length(str) < it->get<std::size_t>())
-      errs.push_back({path, "string shorter than minLength " + it->dump()});
-    if (auto it = s.find("maxLength"); it != s.end() && utf8_length(str) > it->get<std::size_t>())
-      errs.push_back({path, "string longer than maxLength " + it->dump()});
-    if (auto it = s.find("pattern"); it != s.end() && !std::regex_search(str, c.re(it->get<std::string>())))
-      errs.push_back({path, "string " + v.dump() + " does not match pattern " + it->dump()});
+    if (auto it = s.find("minLength"); it != s.end() && count_kw(*it, "minLength", path, errs, &n_kw) && utf8_length(str) < n_kw)
+      errs.push_back({path, "string shorter than minLength " + limits::brief(*it)});
+    if (auto it = s.find("maxLength"); it != s.end() && count_kw(*it, "maxLength", path, errs, &n_kw) && utf8_length(str) > n_kw)
+      errs.push_back({path, "string longer than maxLength " + limits::brief(*it)});
+    if (auto it = s.find("pattern"); it != s.end() && !pattern_match(str, it->get<std::string>(), c, path, errs))
+      errs.push_back({path, "string " + limits::brief(v) + " does not match pattern " + limits::brief(*it)});
   }
   if (v.is_array()) {
-    if (auto it = s.find("minItems"); it != s.end() && v.size() < it->get<std::size_t>())
-      errs.push_back({path, "array has fewer than " + it->dump() + " items"});
-    if (auto it = s.find("maxItems"); it != s.end() && v.size() > it->get<std::size_t>())
-      errs.push_back({path, "array has more than " + it->dump() + " items"});
+    if (auto it = s.find("minItems"); it != s.end() && count_kw(*it, "minItems", path, errs, &n_kw) && v.size() < n_kw)
+      errs.push_back({path, "array has fewer than " + limits::brief(*it) + " items"});
+    if (auto it = s.find("maxItems"); it != s.end() && count_kw(*it, "maxItems", path, errs, &n_kw) && v.size() > n_kw)
+      errs.push_back({path, "array has more than " + limits::brief(*it) + " items"});
     if (auto it = s.find("uniqueItems"); it != s.end() && it->get<bool>()) {
       for (std::size_t i = 0; i < v.size(); ++i)
         for (std::size_t j = i + 1; j < v.size(); ++j)
@@ -243,10 +282,10 @@ void validate_at(const json& v, const json& s, const json& root, const std::stri
     }
   }
   if (v.is_object()) {
-    if (auto it = s.find("minProperties"); it != s.end() && v.size() < it->get<std::size_t>())
-      errs.push_back({path, "object has fewer than " + it->dump() + " properties"});
-    if (auto it = s.find("maxProperties"); it != s.end() && v.size() > it->get<std::size_t>())
-      errs.push_back({path, "object has more than " + it->dump() + " properties"});
+    if (auto it = s.find("minProperties"); it != s.end() && count_kw(*it, "minProperties", path, errs, &n_kw) && v.size() < n_kw)
+      errs.push_back({path, "object has fewer than " + limits::brief(*it) + " properties"});
+    if (auto it = s.find("maxProperties"); it != s.end() && count_kw(*it, "maxProperties", path, errs, &n_kw) && v.size() > n_kw)
+      errs.push_back({path, "object has more than " + limits::brief(*it) + " properties"});
     if (auto it = s.find("required"); it != s.end())
       for (const auto& r : *it)
         if (!v.contains(r.get<std::string>()))
@@ -263,7 +302,7 @@ void validate_at(const json& v, const json& s, const json& root, const std::stri
       }
       if (pprops)
         for (const auto& [pat, ps] : pprops->items())
-          if (std::regex_search(k, c.re(pat))) {
+          if (pattern_match(k, pat, c, sub, errs)) {
             matched = true;
             validate_at(val, ps, root, sub, c, errs, depth + 1);
           }

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvgate/json_limits.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/signoff.hpp"
 
@@ -38,7 +39,7 @@ std::vector<std::vector<int>> load_corpus_file(const std::string& path, const Mo
     kind = "corpus JSON";
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(text);
+      j = limits::parse_json(text, path);
     } catch (const std::exception& e) {
       refuse(path, "(file)", std::string("not valid JSON (") + e.what() + ")",
              "write {\"sequences\": [{\"tokens\": [ids...]}, ...]} or pass a .txt / token-id file");

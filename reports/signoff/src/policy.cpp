@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "kvgate/json_limits.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/signoff.hpp"
 
@@ -185,7 +186,7 @@ Policy load_policy_file(const std::string& path) {
   if (!f) throw PolicyError("policy " + path + ": cannot be read; fix: give --policy an existing file (reports/policy/default.json)");
   json doc;
   try {
-    doc = json::parse(f);
+    doc = limits::parse_json(f, "policy " + path);
   } catch (const std::exception& e) {
     throw PolicyError("policy " + path + ": not valid JSON (" + e.what() + "); fix: start from reports/policy/default.json");
   }

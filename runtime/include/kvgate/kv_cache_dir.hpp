@@ -85,8 +85,11 @@ class KvCacheDir {
     friend class KvCacheDir;
     int fd_ = -1;
   };
-  // wait = true blocks until the lock is free; false returns an unheld Lock when it is busy.
-  Lock lock(std::string_view conv_id, bool wait = true) const;
+  // wait = true blocks until the lock is free, after saying so once: `on_wait` gets one sentence
+  // naming the conversation and the lock file (default: printed to stderr), so a held lock never
+  // waits silently. wait = false returns an unheld Lock when it is busy.
+  using WaitNotice = std::function<void(const std::string&)>;
+  Lock lock(std::string_view conv_id, bool wait = true, const WaitNotice& on_wait = {}) const;
   // Removes temp files that a killed writer of this conversation left (call with its lock held).
   int remove_stale_temps(std::string_view conv_id) const;
 

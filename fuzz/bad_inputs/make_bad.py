@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Writes the committed bad-input files of fuzz/bad_inputs/files/ (each a regression case of
+fuzz/bad_inputs/cases.json) from the valid seeds of fuzz/corpus/ and the fixture fuzz/fixtures/hf_tiny.
+Run from the repository root after fuzz/make_seeds.py."""
+import json, os, shutil, struct, sys
+
+root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(root, "fuzz"))
+out = os.path.join(root, "fuzz", "bad_inputs", "files")
+os.makedirs(out, exist_ok=True)
+
+
+def rd(rel):
+    with open(os.path.join(root, rel), "rb") as f:
+        return f.read()
+
+
+def wr(rel, data):
+    p = os.path.join(out, rel)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(p, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def hf_dir(name, **replace):
+    """A copy of hf_tiny with some files replaced (name -> bytes or str)."""
+    for f in ["config.json", "model.safetensors", "tokenizer.json"]:
+        wr(name + "/" + f, replace.get(f, rd("fuzz/fixtures/hf_tiny/" + f)))
+
+
+# GGUF with tokenizer.ggml.unknown_token_id outside the vocabulary (8 tokens).
+g = rd("fuzz/corpus/gguf/tiny_llama_unk.gguf")
+key = b"tokenizer.ggml.unknown_token_id"
+i = g.index(key) + len(key) + 4  # key, then the uint32 type, then the value
+wr("unk_out_of_range.gguf", g[:i] + struct.pack("<I", 9999) + g[i + 4:])
+
+# GGUF whose second tensor overlaps the first (offset 0 for both).
+def gguf_tensor_offsets(b):
+    """(position of each tensor's offset field) by re-walking the header of the tiny seed."""
+    pos = 4 + 4
+    n_t, n_kv = struct.unpack_from("<QQ", b, pos); pos += 16
+    def skip_str(p):
+        n = struct.unpack_from("<Q", b, p)[0]; return p + 8 + n
+    sizes = {4: 4, 5: 4, 6: 4, 7: 1, 0: 1, 1: 1, 2: 2, 3: 2, 10: 8, 11: 8, 12: 8}
+    for _ in range(n_kv):
+        pos = skip_str(pos)
+        t = struct.unpack_from("<I", b, pos)[0]; pos += 4
+        if t == 8: pos = skip_str(pos)
+        elif t == 9:
+            et, n = struct.unpack_from("<IQ", b, pos); pos += 12
+            for _ in range(n):
+                pos = skip_str(pos) if et == 8 else pos + sizes[et]
+        else: pos += sizes[t]
+    offs = []
+    for _ in range(n_t):
+        pos = skip_str(pos)
+        nd = struct.unpack_from("<I", b, pos)[0]; pos += 4 + 8 * nd
+        pos += 4
+        offs.append(pos); pos += 8
+    return offs
+
+g = rd("fuzz/corpus/gguf/tiny_llama.gguf")
+wr("tiny_llama.gguf", g)  # valid: the model of the flag cases
+offs = gguf_tensor_offsets(g)
+b = bytearray(g); struct.pack_into("<Q", b, offs[1], 0); wr("overlap.gguf", bytes(b))
+b = bytearray(g)
+o = struct.unpack_from("<Q", b, offs[1])[0]; struct.pack_into("<Q", b, offs[1], o + 4)
+wr("misaligned.gguf", bytes(b))
+
+# safetensors: a misaligned tensor (begins mid-element).
+st = rd("fuzz/fixtures/hf_tiny/model.safetensors")
+hlen = struct.unpack("<Q", st[:8])[0]
+hdr = json.loads(st[8:8 + hlen]); data = st[8 + hlen:]
+def st_file(h, d):
+    t = json.dumps(h).encode(); t += b" " * ((-len(t)) % 8)
+    return struct.pack("<Q", len(t)) + t + d
+names = sorted((k for k in hdr if k != "__metadata__"), key=lambda k: hdr[k]["data_offsets"][0])
+last = names[-1]
+h = json.loads(json.dumps(hdr)); a, b2 = h[names[1]]["data_offsets"]; h[names[1]]["data_offsets"] = [a - 1, b2 - 1]  # f16: an odd byte offset
+hf_dir("hf_misaligned", **{"model.safetensors": st_file(h, data)})
+
+# config.json nested 100000 deep (json dump / compare recursion); a wrong JSON type for a field.
+cfg = json.loads(rd("fuzz/fixtures/hf_tiny/config.json"))
+deep = json.dumps(cfg)[:-1] + ', "rope_scaling": ' + "[" * 100000 + "]" * 100000 + "}"
+hf_dir("hf_deep", **{"config.json": deep})
+c2 = dict(cfg); c2["num_hidden_layers"] = "two"
+hf_dir("hf_type_error", **{"config.json": json.dumps(c2, indent=1)})
+c3 = dict(cfg); c3["max_position_embeddings"] = 1 << 24
+hf_dir("hf_huge_context", **{"config.json": json.dumps(c3, indent=1)})
+
+# tokenizer.json with an added token id 2^31-1 and 1e8 (tables sized by the id).
+tok = json.loads(rd("fuzz/fixtures/hf_tiny/tokenizer.json"))
+for nm, v in [("hf_added_id_int_max", 2**31 - 1), ("hf_added_id_1e8", 100000000)]:
+    t = json.loads(json.dumps(tok)); t["added_tokens"][0]["id"] = v
+    hf_dir(nm, **{"tokenizer.json": json.dumps(t, indent=1)})
+
+# A mutant catalog with a 40 KB string in a field the schema constrains with a pattern.
+cat = json.loads(rd("mutations/catalog.json"))
+cat["mutants"][0]["id"] = "A" * 40000
+wr("catalog_long_string.json", json.dumps(cat, indent=1))
+# The same catalog nested 100000 deep in one field.
+c = json.loads(rd("mutations/catalog.json"))
+txt = json.dumps(c, indent=1)
+txt = txt.replace('"mutants"', '"deep": ' + "[" * 100000 + "]" * 100000 + ', "mutants"', 1)
+wr("catalog_deep.json", txt)
+
+# A report record nested 100000 deep (kvgate report --validate).
+wr("report_deep.json", '{"schema": "kvgate.matrix/1", "x": ' + "[" * 100000 + "]" * 100000 + "}")
+print("bad inputs written under", out)
+
+# GGUF whose layer-0 attention output weights hold NaN: the forward pass names the layer (before:
+# NaN logits, greedy token 0, exit 0).
+g = bytearray(rd("fuzz/corpus/gguf/tiny_llama.gguf"))
+offs = gguf_tensor_offsets(bytes(g))
+data_start = (max(offs) + 8 + 31) // 32 * 32
+o = struct.unpack_from("<Q", g, offs[7])[0]  # blk.0.attn_output.weight, F32 [8, 8]
+for k in range(64):
+    struct.pack_into("<f", g, data_start + o + 4 * k, float("nan"))
+wr("nan_weights.gguf", bytes(g))

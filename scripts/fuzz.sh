@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# libFuzzer harnesses of every parser (fuzz/README.md): build them (clang, ASan + UBSan + coverage),
+# replay the committed seed corpus and every past crash (fuzz/crashes/) as regression cases, then
+# fuzz each harness for a budget. A crash, a sanitizer report, a timeout (-timeout, a hang) or an
+# allocation beyond -rss_limit_mb / -malloc_limit_mb is a finding: its input is copied to
+# fuzz/crashes/<harness>/ (commit it with the fix) and the script exits 1.
+#   scripts/fuzz.sh [--seconds N] [--only NAME] [--replay-only] [--build DIR] [--out DIR]
+# Default: 20 s per harness, build dir build-san, results in fuzz.out/ (summary.tsv: execs, coverage).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+seconds=20 only="" replay_only=0 build="$here/build-san" out="$here/fuzz.out"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --seconds) seconds="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
+    --replay-only) replay_only=1; shift ;;
+    --build) build="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    *) echo "fuzz.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is needed (libFuzzer)" >&2; exit 2; }
+san="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer -fsanitize=fuzzer-no-link"
+if [[ ! -f "$build/build.ninja" ]]; then
+  CC=clang CXX=clang++ cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVGATE_CUDA=OFF \
+    -DKVGATE_BUILD_BENCH=OFF -DKVGATE_FUZZ=ON "-DCMAKE_C_FLAGS=$san" "-DCMAKE_CXX_FLAGS=$san" \
+    "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >/dev/null
+fi
+cmake --build "$build" -j"$(nproc)" --target fuzzers
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=0:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:${UBSAN_OPTIONS:-}"
+export KVGATE_SOURCE_DIR="$here"
+mkdir -p "$out"
+summary="$out/summary.tsv"
+printf 'harness\tseconds\texecs\texec_per_s\tcov\tft\tcorpus\tresult\n' >"$summary"
+status=0
+for exe in "$build"/fuzz/fuzz_*; do
+  name="$(basename "$exe")"; name="${name#fuzz_}"
+  [[ -n "$only" && "$only" != "$name" ]] && continue
+  seeds="$here/fuzz/corpus/$name"; crashes="$here/fuzz/crashes/$name"
+  # 1. Regression replay: every seed and every past crash, each run once.
+  inputs=("$seeds"/*)
+  [[ -d "$crashes" ]] && inputs+=("$crashes"/*)
+  if ! "$exe" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=20 "${inputs[@]}" >"$out/$name.replay.log" 2>&1; then
+    echo "fuzz.sh: $name: the replay of the corpus / past crashes failed (see $out/$name.replay.log)" >&2
+    printf '%s\t0\t0\t0\t-\t-\t-\treplay FAILED\n' "$name" >>"$summary"
+    status=1
+    continue
+  fi
+  [[ $replay_only == 1 ]] && { printf '%s\t0\t%d\t-\t-\t-\t-\treplay ok\n' "$name" "${#inputs[@]}" >>"$summary"; continue; }
+  # 2. Fuzz for the budget in a scratch corpus (the committed seeds stay as they are).
+  work="$out/$name"; rm -rf "$work"; mkdir -p "$work/corpus" "$work/artifacts"
+  set +e
+  "$exe" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=20 -print_final_stats=1 \
+    -artifact_prefix="$work/artifacts/" "$work/corpus" "$seeds" >"$out/$name.log" 2>&1
+  rc=$?
+  set -e
+  execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/$name.log" | grep -o '[0-9]*$' || echo 0)"
+  last="$(grep -E '^#[0-9]+' "$out/$name.log" | tail -1)"
+  cov="$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")"; ft="$(sed -n 's/.*ft: \([0-9]*\).*/\1/p' <<<"$last")"
+  corp="$(sed -n 's/.*corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p' <<<"$last")"
+  result=ok
+  if [[ $rc != 0 ]] || compgen -G "$work/artifacts/*" >/dev/null; then
+    result="FINDING (rc $rc)"
+    mkdir -p "$crashes"
+    for a in "$work"/artifacts/*; do [[ -f "$a" ]] && cp "$a" "$crashes/"; done
+    echo "fuzz.sh: $name: finding; input(s) copied to fuzz/crashes/$name/ (log: $out/$name.log)" >&2
+    status=1
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$seconds" "${execs:-0}" "$(( ${execs:-0} / (seconds > 0 ? seconds : 1) ))" \
+    "${cov:--}" "${ft:--}" "${corp:--}" "$result" >>"$summary"
+  rm -rf "$work/corpus"
+done
+column -t -s $'\t' "$summary"
+exit $status
