@@ -626,23 +626,24 @@ struct Run {
   bool want_cuda = false;                 // a selected mutant needs a device and one is present
   std::unique_ptr<ScratchLock> lock;      // held for the whole run
   std::optional<InterruptGuard> interrupt_guard;
-  // The run state under the short names every step uses (one structured binding per step).
-  struct Names {
-    Env& e;
-    RunResult& r;
-    MutateOptions& o;
-    std::ostream& log;
-    Catalog& cat;
-    std::vector<AnchorCheck>& checks;
-    std::vector<const Mutant*>& selected;
-    const fs::path bl;  // <out>/baseline
-  };
-  Names names() { return {e, r, e.o, *e.log, cat, checks, selected, e.out / "baseline"}; }
 };
+
+// The run state under the short names every step uses, declared by one line at the top of each step.
+// A macro of references rather than a structured binding: clang 14 (Debian 12's, which builds the
+// fuzz and sanitizer trees) cannot capture a structured binding in a lambda.
+#define KVGATE_RUN_NAMES(s)                                        \
+  [[maybe_unused]] Env& e = (s).e;                                 \
+  [[maybe_unused]] RunResult& r = (s).r;                           \
+  [[maybe_unused]] MutateOptions& o = (s).e.o;                     \
+  [[maybe_unused]] std::ostream& log = *(s).e.log;                 \
+  [[maybe_unused]] Catalog& cat = (s).cat;                         \
+  [[maybe_unused]] std::vector<AnchorCheck>& checks = (s).checks;  \
+  [[maybe_unused]] std::vector<const Mutant*>& selected = (s).selected; \
+  [[maybe_unused]] const fs::path bl = (s).e.out / "baseline"
 
 // Fill in the defaults: absolute source, catalog and schema paths, jobs.
 Stop resolve_options(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   if (o.source_dir.empty()) {
     log << "kvgate mutate: no source directory (pass --source-dir)\n";
     return kExitError;
@@ -664,7 +665,7 @@ Stop resolve_options(Run& s) {
 
 // The catalog: schema, IDs, then every anchor checked in the source tree.
 Stop load_and_check_catalog(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- catalog: schema, ids, anchors ------------------------------------------------------
   try {
     cat = load_catalog(o.catalog, o.schema);
@@ -678,7 +679,7 @@ Stop load_and_check_catalog(Run& s) {
 
 // --list: the catalog with anchor status; runs nothing.
 Stop list_catalog(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   const fs::path bdir = !o.build_dir.empty() ? fs::path(o.build_dir) : o.list_build_dir;
   std::vector<std::string> nogate, why;
   bool gate_check = false;
@@ -708,7 +709,7 @@ Stop list_catalog(Run& s) {
 
 // --only, --only-requires, --expected-gates-only, --since: the mutants of this run.
 Stop select_mutants(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- selection -------------------------------------------------------------------------
   if (!o.only.empty()) {
     r.full_run = false;
@@ -758,7 +759,7 @@ Stop select_mutants(Run& s) {
 
 // A stale anchor stops the run for a mutant that would run (and the canary); others warn.
 Stop refuse_stale_anchors(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   {
     // STALE is a hard error for every mutant that would run (and the canary); a partial run only
     // warns about the others (the unit test mutations_unit checks the whole catalog).
@@ -779,7 +780,7 @@ Stop refuse_stale_anchors(Run& s) {
 
 // Scratch, build and output folders; the scratch lock; Ctrl-C handling.
 Stop prepare_scratch(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- scratch copy and build ---------------------------------------------------------------
   e.scratch = o.scratch_dir.empty() ? o.source_dir / ".scratch" / "mutants" : fs::absolute(o.scratch_dir);
   e.build = o.build_dir.empty() ? e.scratch / "build" : fs::absolute(o.build_dir);
@@ -807,7 +808,7 @@ Stop prepare_scratch(Run& s) {
 // requires: cuda-device. Probed before building: with no device those mutants are skipped
 // (with the reason) instead of surviving gates that skip; with one, the scratch build gets CUDA.
 Stop probe_device(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- requires: cuda-device ----------------------------------------------------------------
   // Probed before building: without a device those mutants are skipped (with the reason) instead
   // of "surviving" gates that skip; with one, the scratch build gets CUDA.
@@ -844,7 +845,7 @@ Stop probe_device(Run& s) {
 
 // Mirror the source into the scratch copy and check the anchors again there.
 Stop sync_scratch(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   const auto files = list_source_files(o.source_dir);
   const SyncStats ss = sync_tree(o.source_dir, e.scratch, files, {e.build});
   log << "kvgate mutate: scratch " << e.scratch.string() << ": " << ss.copied << " copied, " << ss.unchanged
@@ -867,7 +868,7 @@ Stop sync_scratch(Run& s) {
 
 // The build's and the gates' environment (ccache base, source dir, models).
 Stop set_environments(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   e.build_env = {{"KVGATE_SOURCE_DIR", e.scratch.string()}};
   if (!std::getenv("CCACHE_BASEDIR")) {
     // Compile commands of the scratch build then hash like the user's own build (same relative
@@ -889,7 +890,7 @@ Stop set_environments(Run& s) {
 
 // Configure the scratch build once, else regenerate it when a CMakeLists.txt changed.
 Stop configure_scratch_build(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   if (!fs::exists(e.build / "build.ninja")) {
     std::vector<std::string> argv{"cmake", "-S", e.scratch.string(), "-B", e.build.string(), "-G", "Ninja",
                                   "-DKVGATE_CUDA=OFF", "-DKVGATE_BUILD_BENCH=OFF", "-DCMAKE_BUILD_TYPE=Release"};
@@ -917,7 +918,7 @@ Stop configure_scratch_build(Run& s) {
 // <build>/gates/gates.txt (mutations/CMakeLists.txt) -> the gate executables; CMakeCache.txt -> is
 // it a CUDA build.
 bool read_gate_list(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   const fs::path gates_txt = e.build / "gates" / "gates.txt";
   e.exes.clear();
   e.targets.clear();
@@ -952,7 +953,7 @@ bool read_gate_list(Run& s) {
 
 // The gate programs of the scratch build (reconfigured with CUDA when a device mutant needs it).
 Stop list_gate_programs(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   if (!read_gate_list(s)) return kExitError;
   if (s.want_cuda && !e.cuda_build) {
     // An existing scratch build configured without CUDA: a device mutant needs gate_cuda.
@@ -971,7 +972,7 @@ Stop list_gate_programs(Run& s) {
 
 // --gate-targets: only these gate programs.
 Stop restrict_gate_targets(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   if (!o.gate_targets.empty()) {
     r.full_run = false;
     for (const auto& t : o.gate_targets)
@@ -994,7 +995,7 @@ Stop restrict_gate_targets(Run& s) {
 
 // Build the unmutated gate programs; snapshot their objects (and copy them for --restore-objects).
 Stop build_baseline(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   log << "kvgate mutate: building " << e.exes.size() << " gate executable(s) in " << e.build.string() << "\n";
   if (!run_build(e, bl / "build.log", &r.baseline_build_s)) {
     log << "kvgate mutate: the unmutated scratch tree does not build, see " << (bl / "build.log").string() << "\n";
@@ -1110,7 +1111,7 @@ Stop list_variants(Run& s) {
 
 // --expected-gates-only: the union of the selected mutants' expected gates.
 Stop focus_gates(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   if (o.expected_gates_only) {
     for (const Mutant* m : selected) {
       if (!requirement_gap(e, *m, false).empty()) continue;
@@ -1127,7 +1128,7 @@ Stop focus_gates(Run& s) {
 
 // Every gate on the unmutated tree: it must be green (or, with --skip-red-gates, the red ones are left out).
 Stop run_baseline(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- baseline --------------------------------------------------------------------------
   log << "kvgate mutate: baseline (build " << fmt_s(r.baseline_build_s) << ")...\n";
   const auto base =
@@ -1200,7 +1201,7 @@ Stop run_baseline(Run& s) {
 
 // The canary must turn every proven gate red: else a gate does not run the code the driver mutates.
 Stop run_canary(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- canary ----------------------------------------------------------------------------
   if (const Mutant* c = cat.canary(); c && o.canary) {
     log << "kvgate mutate: canary " << c->id << "...\n";
@@ -1240,7 +1241,7 @@ Stop run_canary(Run& s) {
 
 // Each selected mutant: apply, rebuild, run the gates, classify, revert.
 Stop run_mutants(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- mutants ---------------------------------------------------------------------------
   const auto t_mut = Clock::now();
   const int N = static_cast<int>(selected.size());
@@ -1300,7 +1301,7 @@ Stop run_mutants(Run& s) {
 
 // The run's own checks (counts, expectations, gates killing none) and the exit code.
 Stop check_run(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   // --- checks ----------------------------------------------------------------------------
   std::map<std::string, int> kills;
   for (const auto& mo : r.outcomes)
@@ -1341,7 +1342,7 @@ Stop check_run(Run& s) {
 
 // Outputs written; the summary, survivors and failed checks printed.
 Stop print_summary(Run& s) {
-  [[maybe_unused]] auto [e, r, o, log, cat, checks, selected, bl] = s.names();
+  KVGATE_RUN_NAMES(s);
   write_outputs(r, e, log);
   std::vector<double> walls;
   for (const auto& mo : r.outcomes)
