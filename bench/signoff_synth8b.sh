@@ -4,10 +4,12 @@
 # (depth buckets 0-1K, 1K-4K, 4K-16K, 16K+) and the needle grid to 32K, on one GPU. Prints the
 # elapsed time of every stage (the script's own and, from kvgate, the sign-off's).
 #
-#   bench/signoff_synth8b.sh [--tiny] [--build DIR] [--out DIR] [--gates]
+#   bench/signoff_synth8b.sh [--tiny] [--layers N] [--build DIR] [--out DIR] [--gates]
 #
 #   --tiny    the same pipeline on a tiny synth model, the CPU engine and a 2K-token grid (checks the
 #             script end to end on a machine without a GPU; a few minutes on two cores)
+#   --layers  the 8B shape with N layers instead of 32 (a profile of the stages: the per-layer ones
+#             scale with N, the per-position logit comparison over the 128K vocabulary does not)
 #   --build   the build folder holding kvgate (default build-cuda, --tiny: build)
 #   --out     work folder (default /tmp/kvgate_synth8b; the 8B model takes 16 GB of disk there)
 #   --gates   also run the gates (conformance); by default the gate folder is empty, so conformance
@@ -37,13 +39,15 @@ tiny=0
 build=""
 out=/tmp/kvgate_synth8b
 gates=0
+layers=32
 while [ $# -gt 0 ]; do
   case "$1" in
     --tiny) tiny=1 ;;
+    --layers) layers="$2"; shift ;;
     --build) build="$2"; shift ;;
     --out) out="$2"; shift ;;
     --gates) gates=1 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "signoff_synth8b: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -71,7 +75,7 @@ else
   device=cuda
   # Llama-3-8B: 32 x (4096, FFN 14336), 32 query / 8 KV heads of 128, vocab 128256, RoPE llama3
   # (theta 5e5); context 32K + room for a needle's question and answer.
-  synth=(--arch llama --layers 32 --hidden 4096 --ffn 14336 --heads 32 --kv-heads 8 --head-dim 128 --vocab 128256
+  synth=(--arch llama --layers "$layers" --hidden 4096 --ffn 14336 --heads 32 --kv-heads 8 --head-dim 128 --vocab 128256
          --max-seq-len 33024 --rope-theta 500000 --rope llama3 --dtype bf16 --shards 4)
   corpus_len=32768
   grid=(--needle-lengths 4096,32768 --needle-depths 0.5 --counting-n 10,30 --echo-seeds 1..4 --bench-lengths 4096,16384 --repeats 1)
