@@ -78,6 +78,14 @@ names = sorted((k for k in hdr if k != "__metadata__"), key=lambda k: hdr[k]["da
 last = names[-1]
 h = json.loads(json.dumps(hdr)); a, b2 = h[names[1]]["data_offsets"]; h[names[1]]["data_offsets"] = [a - 1, b2 - 1]  # f16: an odd byte offset
 hf_dir("hf_misaligned", **{"model.safetensors": st_file(h, data)})
+# safetensors: two tensors sharing bytes (the second moved back by one element onto the first), and a
+# hole (the last tensor moved forward by one element, the data section one element longer).
+es = {"F32": 4, "F16": 2, "BF16": 2}[hdr[names[1]]["dtype"]]
+h = json.loads(json.dumps(hdr)); a, b2 = h[names[1]]["data_offsets"]; h[names[1]]["data_offsets"] = [a - es, b2 - es]
+hf_dir("hf_overlap", **{"model.safetensors": st_file(h, data)})
+es = {"F32": 4, "F16": 2, "BF16": 2}[hdr[last]["dtype"]]
+h = json.loads(json.dumps(hdr)); a, b2 = h[last]["data_offsets"]; h[last]["data_offsets"] = [a + es, b2 + es]
+hf_dir("hf_hole", **{"model.safetensors": st_file(h, data[:a] + bytes(es) + data[a:])})
 
 # config.json nested 100000 deep (json dump / compare recursion); a wrong JSON type for a field.
 cfg = json.loads(rd("fuzz/fixtures/hf_tiny/config.json"))

@@ -1,6 +1,7 @@
 // Test directories for the resolution and loader gates: written by the test itself (synth, or by
 // hand), in a fresh temporary folder that is removed afterwards.
 #pragma once
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdint>
@@ -99,11 +100,43 @@ inline StFile read_st(const std::filesystem::path& p) {
   f.data = b.substr(8 + n);
   return f;
 }
-inline void write_st(const std::filesystem::path& p, const StFile& f) {
+// Writes the file as it is, header offsets and all (the robustness gates damage them on purpose).
+inline void write_st_raw(const std::filesystem::path& p, const StFile& f) {
   const std::string h = f.header.dump();
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((h.size() >> (8 * i)) & 0xFF);
   write_bytes(p, out + h + f.data);
+}
+
+// Rebuilds the data section so the tensors tile it exactly, as the safetensors library writes it
+// (the loader refuses overlaps and holes): every tensor's bytes copied once, widest dtype first, then
+// in the order of their old offsets. Fixtures that alias one tensor's bytes under a second name, erase
+// a tensor or append a new one's bytes at the end get a file a real writer could have made.
+inline void pack_st(StFile& f) {
+  auto width = [](const std::string& dt) { return dt == "F64" || dt == "I64" ? 8 : dt == "F32" || dt == "I32" ? 4 : dt == "F16" || dt == "BF16" || dt == "I16" ? 2 : 1; };
+  std::vector<std::string> names;
+  for (auto it = f.header.begin(); it != f.header.end(); ++it)
+    if (it.key() != "__metadata__") names.push_back(it.key());
+  std::stable_sort(names.begin(), names.end(), [&](const std::string& a, const std::string& b) {
+    const int wa = width(f.header[a]["dtype"].get<std::string>()), wb = width(f.header[b]["dtype"].get<std::string>());
+    if (wa != wb) return wa > wb;
+    return f.header[a]["data_offsets"][0].get<std::uint64_t>() < f.header[b]["data_offsets"][0].get<std::uint64_t>();
+  });
+  std::string data;
+  for (const std::string& n : names) {
+    nlohmann::json& e = f.header[n];
+    const auto b = e["data_offsets"][0].get<std::uint64_t>(), end = e["data_offsets"][1].get<std::uint64_t>();
+    const std::uint64_t at = data.size();
+    data += f.data.substr(b, end - b);
+    e["data_offsets"] = {at, at + (end - b)};
+  }
+  f.data = std::move(data);
+}
+
+// Writes a valid file: the data section packed (pack_st) first.
+inline void write_st(const std::filesystem::path& p, StFile f) {
+  pack_st(f);
+  write_st_raw(p, f);
 }
 
 }  // namespace kvgate::gates

@@ -3,6 +3,7 @@
 // fingerprint deterministically. Also the byte-level BPE tokenizer the loader builds.
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "catch_compat.hpp"
@@ -29,6 +30,14 @@ void edit_header(const std::string& dir, F&& edit) {
   const fs::path p = fs::path(dir) / "model.safetensors";
   StFile f = read_st(p);
   edit(f.header);
+  write_st_raw(p, f);  // the header as edited: these gates damage offsets on purpose
+}
+
+// A valid checkpoint without one tensor (its bytes gone too, so the file still tiles).
+void drop_tensor(const std::string& dir, const std::string& name) {
+  const fs::path p = fs::path(dir) / "model.safetensors";
+  StFile f = read_st(p);
+  f.header.erase(name);
   write_st(p, f);
 }
 
@@ -144,10 +153,55 @@ TEST_CASE("STO.loader.span data_offsets that disagree with dtype x shape", "[gat
   CHECK(has(msg, "F16"));
 }
 
+TEST_CASE("STO.loader.tiling overlapping tensors, holes and trailing bytes in the data section refused",
+          "[gate:STO][fmt:none]") {
+  // The safetensors reference refuses a data section its tensors do not tile exactly (each begins
+  // where the previous ends, the last ends at the end of the file); the loader must too: an alias
+  // or a hole means a header edited by hand, and an overlap reads one tensor's bytes as another's.
+  TempDir t;
+  const std::string dir = synth_tiny(t, "m");
+  REQUIRE_NOTHROW(load_hf(dir));  // anti-vacuity: the untouched file loads
+  const fs::path p = fs::path(dir) / "model.safetensors";
+  const StFile good = read_st(p);
+  const std::string down = "model.layers.1.mlp.down_proj.weight";
+  REQUIRE(good.header.contains(down));
+  struct Case {
+    const char* what;
+    std::function<void(StFile&)> damage;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"one tensor moved back by one element onto its neighbour",
+       [&](StFile& f) {
+         auto& o = f.header[kUp]["data_offsets"];
+         o = {o[0].get<std::uint64_t>() - 4, o[1].get<std::uint64_t>() - 4};
+       },
+       "overlaps tensor"},
+      {"a second name aliasing the bytes of up_proj",
+       [&](StFile& f) { f.header["model.extra.weight"] = f.header[kUp]; }, "overlaps tensor"},
+      {"a tensor erased from the header, its bytes left behind",
+       [&](StFile& f) { f.header.erase(kUp); }, "hole of"},
+      {"eight bytes appended after the last tensor", [&](StFile& f) { f.data += std::string(8, '\0'); },
+       "trailing bytes"},
+  };
+  for (const Case& c : cases) {
+    StFile f = good;
+    c.damage(f);
+    write_st_raw(p, f);
+    const std::string msg = model_error([&] { load_hf(dir); });
+    INFO(c.what << ": " << msg);
+    CHECK(has(msg, p.string()));
+    CHECK(has(msg, c.expect));
+    if (std::string(c.expect) != "trailing bytes") CHECK(has(msg, "data_offsets"));
+  }
+  write_st_raw(p, good);
+  CHECK_NOTHROW(load_hf(dir));  // and the restored file loads again
+}
+
 TEST_CASE("STO.loader.missing_tensor a tensor the config implies is absent", "[gate:STO][fmt:none]") {
   TempDir t;
   const std::string dir = synth_tiny(t, "m");
-  edit_header(dir, [](nlohmann::json& h) { h.erase(kUp); });
+  drop_tensor(dir, kUp);
   std::string msg = model_error([&] { load_hf(dir); });
   INFO(msg);
   CHECK(has(msg, "model.safetensors"));
@@ -156,7 +210,7 @@ TEST_CASE("STO.loader.missing_tensor a tensor the config implies is absent", "[g
 
   // An untied model without lm_head.weight.
   const std::string dir2 = synth_tiny(t, "m2");
-  edit_header(dir2, [](nlohmann::json& h) { h.erase("lm_head.weight"); });
+  drop_tensor(dir2, "lm_head.weight");
   msg = model_error([&] { load_hf(dir2); });
   INFO(msg);
   CHECK(has(msg, "lm_head.weight"));
@@ -323,7 +377,7 @@ TEST_CASE("STO.loader.kv_scales per-layer k_scale/v_scale are read, partial sets
   CHECK(m.config.v_scale[1] == 0.5f);
   CHECK(load_hf(synth_tiny(t, "noscale")).config.k_scale.empty());
 
-  edit_header(o.out, [](nlohmann::json& h) { h.erase("model.layers.1.self_attn.v_scale"); });
+  drop_tensor(o.out, "model.layers.1.self_attn.v_scale");
   const std::string msg = model_error([&] { load_hf(o.out); });
   INFO(msg);
   CHECK(has(msg, "v_scale"));

@@ -131,6 +131,7 @@ class SafetensorsFile {
              ", not a multiple of the " + std::to_string(es) + "-byte dtype " + t.dtype + " (misaligned tensor)");
       tensors_.emplace(name, std::move(t));
     }
+    check_tiling();
   }
   ~SafetensorsFile() {
     if (base_) ::munmap(const_cast<std::uint8_t*>(base_), size_);
@@ -154,6 +155,38 @@ class SafetensorsFile {
 
  private:
   [[noreturn]] void fail(const std::string& what) const { throw ModelError("'" + path_ + "': " + what); }
+
+  // The tensors tile the data section exactly, as the safetensors reference's metadata validation
+  // requires: in offset order each begins where the previous one ends (no overlap, no hole) and the
+  // last ends at the end of the file. Two tensors sharing bytes, or bytes no tensor owns, mean a file
+  // this loader would read wrong or a header that was edited by hand.
+  void check_tiling() const {
+    std::vector<std::pair<const std::string*, const StTensor*>> by_offset;
+    for (const auto& [name, t] : tensors_) by_offset.emplace_back(&name, &t);
+    std::stable_sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+      return a.second->begin != b.second->begin ? a.second->begin < b.second->begin : a.second->end < b.second->end;
+    });
+    std::uint64_t at = 0;
+    const std::string* prev = nullptr;
+    for (const auto& [name, t] : by_offset) {
+      const std::string range = "[" + std::to_string(t->begin) + ", " + std::to_string(t->end) + "]";
+      if (t->begin < at)
+        fail("tensor '" + *name + "': field 'data_offsets' = " + range + " overlaps tensor '" + *prev +
+             "' (which ends at byte " + std::to_string(at) + "); each byte of the data section belongs to one "
+             "tensor: re-save the checkpoint with the safetensors library");
+      if (t->begin > at)
+        fail("tensor '" + *name + "': field 'data_offsets' = " + range + " leaves a hole of " +
+             std::to_string(t->begin - at) + " bytes after " + (prev ? "tensor '" + *prev + "'" : std::string("the header")) +
+             " (no tensor owns bytes " + std::to_string(at) + ".." + std::to_string(t->begin) +
+             "); re-save the checkpoint with the safetensors library");
+      at = t->end;
+      prev = name;
+    }
+    if (at != data_size_)
+      fail("the data section holds " + std::to_string(data_size_) + " bytes but the tensors end at byte " +
+           std::to_string(at) + " (a hole of " + std::to_string(data_size_ - at) +
+           " trailing bytes no tensor owns); the file was appended to or its header edited: re-save it");
+  }
 
   std::string path_;
   int fd_ = -1;
