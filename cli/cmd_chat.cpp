@@ -87,6 +87,14 @@ int run_chat(const ChatOpts& o) {
     const std::vector<int> fresh = tok->encode(text, !continuing);
     prompt.insert(prompt.end(), fresh.begin(), fresh.end());
     if (prompt.empty()) continue;
+    if (conv) {
+      try {
+        check_conversation_room(*conv, so_far.size(), prompt.size(), engine.max_context());
+      } catch (const std::invalid_argument& e) {  // the session goes on: /quit, or a shorter line
+        std::fprintf(stderr, "kvgate chat: %s\n", e.what());
+        continue;
+      }
+    }
     // What the engine already holds is reused when it is a prefix of the prompt; else hydrate.
     const auto hist = engine.history();
     std::size_t start = 0;

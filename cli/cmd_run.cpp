@@ -138,6 +138,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
   // the model's declared BOS, as transformers' generate() does for an empty input.
   if (prompt_ids.empty() && !o.no_bos && model.config.bos_id >= 0) prompt_ids.push_back(model.config.bos_id);
   if (prompt_ids.empty()) throw std::invalid_argument("the prompt encodes to no tokens (use a BOS or a prompt)");
+  if (conv) check_conversation_room(*conv, transcript.size(), prompt_ids.size(), engine.max_context());
   int hydrated = 0;
   if (conv)
     hydrated = conv->hydrate([&engine](const KvFile& f, std::span<const int> p) { return engine.hydrate(f, p); },

@@ -142,4 +142,19 @@ inline bool printable_piece(const std::string& p) {
   return (c >= 32 && c != 127) || c == '\n' || c == '\t' || c == '\r' || c >= 128;
 }
 
+// A conversation turn whose prompt (the saved transcript plus the new text) does not fit the
+// context: the refusal says how full the conversation is and how to go on, before anything is
+// printed or saved (the file stays as it was).
+inline void check_conversation_room(const Conversation& conv, std::size_t transcript, std::size_t prompt,
+                                    int max_context) {
+  if (prompt <= static_cast<std::size_t>(max_context)) return;
+  const std::size_t room = transcript < static_cast<std::size_t>(max_context) ? max_context - transcript : 0;
+  throw std::invalid_argument(
+      "conversation '" + conv.conv_id() + "' (" + conv.path() + ") holds " + std::to_string(transcript) +
+      " tokens and this turn adds " + std::to_string(prompt - transcript) + ": " + std::to_string(prompt) +
+      " exceed the context of " + std::to_string(max_context) + " tokens. " +
+      (room > 0 ? "Give a prompt of at most " + std::to_string(room) + " tokens, or s" : "It is full: s") +
+      "tart another conversation (a new --conv-id), or delete " + conv.path() + " to start this one afresh");
+}
+
 }  // namespace kvgate::cli

@@ -260,3 +260,41 @@ TEST_CASE("CLI.run.strict --strict-kv refuses a fallback that the plain run take
     CHECK(strict.err.find(f) != std::string::npos);  // the refusal names the format
   }
 }
+
+TEST_CASE("CLI.run.conversation_full a turn that overflows the context is refused with how to go on; the file is kept",
+          "[gate:CLI][fmt:f16]") {
+  // stories260K's context is 512 tokens. Turn 1 (BOS + 100 x "Once upon a time " = 402 tokens, plus
+  // the sampled one) fits; turn 2 adds 120 more and cannot. The refusal names the conversation, its
+  // file, the counts and the ways on (a shorter prompt with its maximum, a new --conv-id, deleting the
+  // file), exits non-zero and leaves the file byte-identical, so turn 3 with a short prompt still works.
+  Scratch s;
+  const std::string conv = " --conv-id full --kv-cache-dir " + q(s.dir.string()) + " --kv f16 --threads 1";
+  std::string long_text, more;
+  for (int i = 0; i < 100; ++i) long_text += "Once upon a time ";
+  for (int i = 0; i < 30; ++i) more += "Once upon a time ";
+  const Run t1 = kvgate_cli("run " + model_args() + conv + " --steps 1 --prompt " + q(long_text));
+  INFO("turn 1 stderr: " << t1.err);
+  REQUIRE(t1.rc == 0);
+  const fs::path file = s.dir / "full.kvf";
+  REQUIRE(fs::is_regular_file(file));
+  const std::string before = slurp(file);
+
+  const Run t2 = kvgate_cli("run " + model_args() + conv + " --steps 4 --prompt " + q(more));
+  INFO("turn 2 stderr: " << t2.err);
+  CHECK(t2.rc != 0);
+  CHECK(t2.rc < 128);  // refused, not a crash
+  CHECK(t2.err.find("conversation 'full'") != std::string::npos);
+  CHECK(t2.err.find(file.string()) != std::string::npos);
+  CHECK(t2.err.find("holds 403 tokens") != std::string::npos);  // 402 prompt ids + the sampled one
+  CHECK(t2.err.find("exceed the context of 512 tokens") != std::string::npos);
+  CHECK(t2.err.find("at most 109 tokens") != std::string::npos);
+  CHECK(t2.err.find("--conv-id") != std::string::npos);
+  CHECK(t2.out.find("Once upon") == std::string::npos);  // refused before the prompt is echoed
+  CHECK(slurp(file) == before);
+
+  // Anti-vacuity: a turn that fits goes on from the same file.
+  const Run t3 = kvgate_cli("run " + model_args() + conv + " --steps 2 --prompt " + q(" The end"));
+  INFO("turn 3 stderr: " << t3.err);
+  CHECK(t3.rc == 0);
+  CHECK(slurp(file) != before);
+}
