@@ -95,6 +95,8 @@ c2 = dict(cfg); c2["num_hidden_layers"] = "two"
 hf_dir("hf_type_error", **{"config.json": json.dumps(c2, indent=1)})
 c3 = dict(cfg); c3["max_position_embeddings"] = 1 << 24
 hf_dir("hf_huge_context", **{"config.json": json.dumps(c3, indent=1)})
+c4 = dict(cfg); c4["eos_token_id"] = [1, "a"]  # only the first element was checked
+hf_dir("hf_eos_list_mixed", **{"config.json": json.dumps(c4, indent=1)})
 
 # tokenizer.json with an added token id 2^31-1 and 1e8 (tables sized by the id).
 tok = json.loads(rd("fuzz/fixtures/hf_tiny/tokenizer.json"))

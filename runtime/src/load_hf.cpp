@@ -346,8 +346,12 @@ struct Cfg {
     if (!has(k)) return def;
     const json& v = j[k];
     if (v.is_number_integer()) return v.get<int>();
-    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int>();
-    bad(k, "is neither an integer nor a list of integers");
+    if (v.is_array() && !v.empty() &&
+        std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_number_integer(); }))
+      return v[0].get<int>();
+    std::string shown = v.dump();
+    if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+    bad(k, "= " + shown + " is neither an integer nor a non-empty list of integers");
   }
 };
 
