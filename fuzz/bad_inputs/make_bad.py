@@ -97,6 +97,8 @@ c3 = dict(cfg); c3["max_position_embeddings"] = 1 << 24
 hf_dir("hf_huge_context", **{"config.json": json.dumps(c3, indent=1)})
 c4 = dict(cfg); c4["eos_token_id"] = [1, "a"]  # only the first element was checked
 hf_dir("hf_eos_list_mixed", **{"config.json": json.dumps(c4, indent=1)})
+c5 = dict(cfg); c5["hidden_size"] = 1 << 17  # over the dimension limit: refused before any weight is read
+hf_dir("hf_dim_over_limit", **{"config.json": json.dumps(c5, indent=1)})
 
 # tokenizer.json with an added token id 2^31-1 and 1e8 (tables sized by the id).
 tok = json.loads(rd("fuzz/fixtures/hf_tiny/tokenizer.json"))

@@ -8,6 +8,7 @@
 
 #include "catch_compat.hpp"
 #include "fixtures.hpp"
+#include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
@@ -590,4 +591,46 @@ TEST_CASE("STO.tokenizer.pretokenize hand-written splitter matches the published
           "  "});
   CHECK(pre_tokenize(s, PreTokenizer::gpt2) == V{"Hello", " world", "'s", " 12345", " !!", "\n\n ", " x", "\t", "I",
                                                   "'", "M", " ok", "...", "yes", "  "});
+}
+
+TEST_CASE("STO.loader.limits config sizes over the runtime limits refused before any weight is read",
+          "[gate:STO][fmt:none]") {
+  // runtime/limits declares the largest vocabulary, layer count, widths, heads, head_dim and context
+  // a model file may ask for (each at least 4x the largest real checkpoint); a config.json over one
+  // is refused naming the file, the field, the value, the limit and its KVGATE_LIMIT_<NAME> override,
+  // before the weights are mapped (so a toy file cannot ask for gigabytes).
+  TempDir t;
+  const std::string dir = synth_tiny(t, "m");
+  REQUIRE_NOTHROW(load_hf(dir));  // anti-vacuity: the untouched config loads
+  const fs::path cfg = fs::path(dir) / "config.json";
+  const nlohmann::json good = read_json_file(cfg);
+  struct Case {
+    const char* field;
+    long long value;
+    const char* limit;  // the KVGATE_LIMIT_ name
+  };
+  for (const Case& c : {Case{"vocab_size", 1LL << 23, "VOCAB"}, Case{"num_hidden_layers", 2000, "LAYERS"},
+                        Case{"hidden_size", 1LL << 17, "DIM"}, Case{"intermediate_size", 1LL << 19, "HIDDEN_DIM"},
+                        Case{"max_position_embeddings", 1LL << 21, "CONTEXT"}}) {
+    nlohmann::json cj = good;
+    cj[c.field] = c.value;
+    write_json_file(cfg, cj);
+    std::string msg;
+    try {
+      load_hf(dir);
+      msg = "<loaded>";
+    } catch (const limits::LimitError& e) {
+      msg = e.what();
+    } catch (const std::exception& e) {
+      msg = std::string("<not a LimitError> ") + e.what();
+    }
+    INFO(c.field << " = " << c.value << ": " << msg);
+    CHECK(has(msg, cfg.string()));
+    CHECK(has(msg, c.field));
+    CHECK(has(msg, std::to_string(c.value)));
+    CHECK(has(msg, "exceeds the limit"));
+    CHECK(has(msg, std::string("KVGATE_LIMIT_") + c.limit));
+  }
+  write_json_file(cfg, good);
+  CHECK_NOTHROW(load_hf(dir));
 }

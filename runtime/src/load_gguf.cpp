@@ -648,6 +648,7 @@ Model load_gguf(const std::string& path) {
   const U D = static_cast<U>(c.dim), F = static_cast<U>(c.hidden_dim), Q = static_cast<U>(c.q_dim()),
           KV = static_cast<U>(c.kv_dim()), V = static_cast<U>(c.vocab_size);
   const std::string origin = p + "embedding_length, head_count, head_count_kv, feed_forward_length";
+  check_config_limits(path, c);
   ModelWeights& w = m.weights;
   w.tok_embeddings = g.load("token_embd.weight", {D, V}, true, origin);
   w.final_norm = g.load("output_norm.weight", {D}, true, origin);

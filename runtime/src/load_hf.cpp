@@ -781,16 +781,16 @@ Model load_hf(const std::string& dir_str) {
     cf.bad("hidden_act", "must be \"silu\" (SwiGLU); got " + cj["hidden_act"].dump());
   }
 
-  c.dim = cf.int_req("hidden_size", 1, 1 << 17);
-  c.hidden_dim = cf.int_req("intermediate_size", 1, 1 << 20);
-  c.n_layers = cf.int_req("num_hidden_layers", 1, 1024);
-  c.n_heads = cf.int_req("num_attention_heads", 1, 4096);
+  c.dim = cf.int_req("hidden_size", 1, 1 << 30);  // structural bounds here; the limits: check_config_limits
+  c.hidden_dim = cf.int_req("intermediate_size", 1, 1 << 30);
+  c.n_layers = cf.int_req("num_hidden_layers", 1, 1 << 30);
+  c.n_heads = cf.int_req("num_attention_heads", 1, 1 << 30);
   c.n_kv_heads = cf.int_opt("num_key_value_heads", c.n_heads, 1, c.n_heads);
   if (c.n_heads % c.n_kv_heads != 0)
     cf.bad("num_key_value_heads", "= " + std::to_string(c.n_kv_heads) + " does not divide num_attention_heads = " +
                                       std::to_string(c.n_heads));
   if (cf.has("head_dim")) {
-    c.head_dim = cf.int_checked("head_dim", 2, 1 << 14);
+    c.head_dim = cf.int_checked("head_dim", 2, 1 << 30);
   } else {
     if (c.dim % c.n_heads != 0)
       cf.bad("hidden_size", "= " + std::to_string(c.dim) + " is not a multiple of num_attention_heads = " +
@@ -798,8 +798,8 @@ Model load_hf(const std::string& dir_str) {
     c.head_dim = c.dim / c.n_heads;
   }
   if (c.head_dim % 2 != 0) cf.bad("head_dim", "= " + std::to_string(c.head_dim) + " is odd; RoPE needs pairs");
-  c.vocab_size = cf.int_req("vocab_size", 1, 1 << 22);
-  c.max_seq_len = cf.int_opt("max_position_embeddings", 2048, 1, 1 << 24);
+  c.vocab_size = cf.int_req("vocab_size", 1, 1 << 30);
+  c.max_seq_len = cf.int_opt("max_position_embeddings", 2048, 1, 1 << 30);
   c.layer_window = layer_windows(cf, c.arch, c.n_layers);
   c.rms_eps = static_cast<float>(cf.num_opt("rms_norm_eps", 1e-6));
   // RoPE: rope_parameters (transformers 5) or legacy rope_scaling + rope_theta (rope_json.hpp).
@@ -891,6 +891,7 @@ Model load_hf(const std::string& dir_str) {
 
   const std::int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim(),
                      HD = c.head_dim;
+  check_config_limits(cfg_path.string(), c);
   ModelWeights& w = m.weights;
   load("model.embed_tokens.weight", {V, D}, &w.tok_embeddings);
   w.layers.resize(static_cast<std::size_t>(c.n_layers));

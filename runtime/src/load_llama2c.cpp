@@ -133,6 +133,7 @@ Model load_llama2c(const std::string& path, const std::string& tokenizer_path) {
   c.tied_embeddings = shared;
   c.bos_id = 1;
   c.eos_id = 2;
+  check_config_limits(path, c);
 
   ModelWeights& w = m.weights;
   w.layers.resize(L);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
 #include "kvgate/tokenizer_json.hpp"
@@ -36,6 +37,21 @@ void check_size(const std::string& path, const std::string& tensor, const std::v
 }
 
 }  // namespace
+
+void check_config_limits(const std::string& path, const ModelConfig& c) {
+  namespace L = limits;
+  const std::string where = "model '" + path + "'";
+  L::check_positive(L::kVocab, c.vocab_size, where, "vocab_size");
+  L::check_positive(L::kLayers, c.n_layers, where, "n_layers (num_hidden_layers / block_count)");
+  L::check_positive(L::kDim, c.dim, where, "dim (hidden_size / embedding_length)");
+  L::check_positive(L::kHiddenDim, c.hidden_dim, where, "hidden_dim (intermediate_size / feed_forward_length)");
+  L::check_positive(L::kHeads, c.n_heads, where, "n_heads (num_attention_heads / head_count)");
+  L::check_positive(L::kHeads, c.n_kv_heads, where, "n_kv_heads (num_key_value_heads / head_count_kv)");
+  L::check_positive(L::kHeadDim, c.head_dim, where, "head_dim");
+  L::check_positive(L::kContext, c.max_seq_len, where, "max_seq_len (max_position_embeddings / context_length)");
+  L::check(L::kExperts, c.moe.n_experts, where, "n_experts (num_local_experts / n_routed_experts)");
+  L::check(L::kKvRow, static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim, where, "n_kv_heads * head_dim");
+}
 
 void validate_weights(const std::string& path, const ModelConfig& c, const ModelWeights& w) {
   if (c.dim <= 0 || c.hidden_dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||

@@ -28,4 +28,9 @@ std::string model_fingerprint(const ModelConfig& cfg, const ModelWeights& w);
 // the tensor otherwise. Loaders call it before returning.
 void validate_weights(const std::string& path, const ModelConfig& cfg, const ModelWeights& w);
 
+// Checks every size of `cfg` against the limits of runtime/limits (vocabulary, layers, dims, heads,
+// head_dim, context, experts, the KV row): throws LimitError naming `path`, the field, the value,
+// the limit and its override. Loaders call it once the config is read, before any weight is allocated.
+void check_config_limits(const std::string& path, const ModelConfig& cfg);
+
 }  // namespace kvgate
