@@ -125,25 +125,16 @@ void check_rope_same(const RopeConfig& a, float theta_a, const RopeConfig& b, fl
 // 1. The GGUF loads to the model the HF directory loads to.
 void check_same_model(const Model& hf, const Model& gg) {
   const ModelConfig &a = hf.config, &b = gg.config;
-  CHECK(b.dim == a.dim);
-  CHECK(b.hidden_dim == a.hidden_dim);
-  CHECK(b.n_layers == a.n_layers);
-  CHECK(b.n_heads == a.n_heads);
-  CHECK(b.n_kv_heads == a.n_kv_heads);
-  CHECK(b.head_dim == a.head_dim);
-  CHECK(b.vocab_size == a.vocab_size);
-  CHECK(b.rms_eps == a.rms_eps);
+  using MC = ModelConfig;
+  for (int MC::*f : {&MC::dim, &MC::hidden_dim, &MC::n_layers, &MC::n_heads, &MC::n_kv_heads, &MC::head_dim,
+                     &MC::vocab_size})
+    CHECK(b.*f == a.*f);
+  for (float MC::*f : {&MC::rms_eps, &MC::embed_scale, &MC::attn_softcap, &MC::final_softcap}) CHECK(b.*f == a.*f);
+  for (bool MC::*f : {&MC::post_norms, &MC::qk_norm, &MC::qkv_bias, &MC::tied_embeddings, &MC::has_rope_local})
+    CHECK(b.*f == a.*f);
   CHECK(b.layer_window == a.layer_window);
   CHECK(b.ffn_act == a.ffn_act);
-  CHECK(b.post_norms == a.post_norms);
-  CHECK(b.embed_scale == a.embed_scale);
   CHECK(std::fabs(b.attn_scale - a.attn_scale) <= std::ldexp(a.attn_scale, -23));
-  CHECK(b.attn_softcap == a.attn_softcap);
-  CHECK(b.final_softcap == a.final_softcap);
-  CHECK(b.qk_norm == a.qk_norm);
-  CHECK(b.qkv_bias == a.qkv_bias);
-  CHECK(b.tied_embeddings == a.tied_embeddings);
-  CHECK(b.has_rope_local == a.has_rope_local);
   CHECK(rope_rotary_dim(b.rope, b.head_dim) == rope_rotary_dim(a.rope, a.head_dim));
   check_rope_same(a.rope, a.rope_theta, b.rope, b.rope_theta, a.head_dim, "global");
   if (a.has_rope_local && b.has_rope_local)
@@ -151,31 +142,24 @@ void check_same_model(const Model& hf, const Model& gg) {
   const bool permuted = b.rope_style == RopeStyle::interleaved;
   CHECK(permuted == (a.arch == "llama" || a.arch == "mistral"));  // llama.cpp: NORM RoPE for llama only
   const ModelWeights &wa = hf.weights, &wb = gg.weights;
-  CHECK(same_bits(wb.tok_embeddings, wa.tok_embeddings));
-  CHECK(same_bits(wb.final_norm, wa.final_norm));
-  CHECK(same_bits(wb.classifier, wa.classifier));
+  for (std::vector<float> ModelWeights::*f : {&ModelWeights::tok_embeddings, &ModelWeights::final_norm,
+                                              &ModelWeights::classifier})
+    CHECK(same_bits(wb.*f, wa.*f));
   REQUIRE(wb.layers.size() == wa.layers.size());
+  using LW = LayerWeights;
   for (std::size_t l = 0; l < wa.layers.size(); ++l) {
-    const LayerWeights &x = wa.layers[l], &y = wb.layers[l];
+    const LW &x = wa.layers[l], &y = wb.layers[l];
     INFO("layer " << l);
-    const std::vector<float> q = permuted ? unpermute(y.wq, b.n_heads, b.head_dim, b.dim) : y.wq;
-    const std::vector<float> k = permuted ? unpermute(y.wk, b.n_kv_heads, b.head_dim, b.dim) : y.wk;
-    CHECK(same_bits(q, x.wq));
-    CHECK(same_bits(k, x.wk));
-    CHECK(same_bits(y.wv, x.wv));
-    CHECK(same_bits(y.wo, x.wo));
-    CHECK(same_bits(y.bq, x.bq));
-    CHECK(same_bits(y.bk, x.bk));
-    CHECK(same_bits(y.bv, x.bv));
-    CHECK(same_bits(y.q_norm, x.q_norm));
-    CHECK(same_bits(y.k_norm, x.k_norm));
-    CHECK(same_bits(y.attn_norm, x.attn_norm));
-    CHECK(same_bits(y.ffn_norm, x.ffn_norm));
-    CHECK(same_bits(y.post_attn_norm, x.post_attn_norm));
-    CHECK(same_bits(y.post_ffn_norm, x.post_ffn_norm));
-    CHECK(same_bits(y.w1, x.w1));
-    CHECK(same_bits(y.w2, x.w2));
-    CHECK(same_bits(y.w3, x.w3));
+    CHECK(same_bits(permuted ? unpermute(y.wq, b.n_heads, b.head_dim, b.dim) : y.wq, x.wq));
+    CHECK(same_bits(permuted ? unpermute(y.wk, b.n_kv_heads, b.head_dim, b.dim) : y.wk, x.wk));
+    int k = 0;
+    for (std::vector<float> LW::*f : {&LW::wv, &LW::wo, &LW::bq, &LW::bk, &LW::bv, &LW::q_norm, &LW::k_norm,
+                                      &LW::attn_norm, &LW::ffn_norm, &LW::post_attn_norm, &LW::post_ffn_norm, &LW::w1,
+                                      &LW::w2, &LW::w3}) {
+      INFO("tensor " << k++ << " of wv, wo, bq, bk, bv, q_norm, k_norm, attn_norm, ffn_norm, post_attn_norm, "
+                        "post_ffn_norm, w1, w2, w3");
+      CHECK(same_bits(y.*f, x.*f));
+    }
   }
 }
 
