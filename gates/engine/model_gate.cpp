@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <random>
@@ -1093,4 +1094,162 @@ TEST_CASE("MOD.loader.gguf_added_tokens control and user-defined GGUF tokens are
   CHECK(tok.encode("<|a|>b<|a|>c", false) == std::vector<int>{ab_tok, a_tok, byte_id('c')});
   // Anti-vacuity: as plain text the token would be 8 byte pieces.
   CHECK(tok.encode("<|us", false).size() == 4);
+}
+
+// MOD.loader.gguf_arch_keys: the per-architecture GGUF keys (llama.cpp's names) are read, and bad
+// values are refused naming the file and the key. Exact: config fields equal the written values.
+// The class it closes: a key silently ignored (the window, its pattern, YaRN's betas) or a bad value
+// loaded as a default. Anti-vacuity: each positive case differs from the plain file's config.
+TEST_CASE("MOD.loader.gguf_arch_keys sliding window, its pattern, yarn betas read; bad values named",
+          "[gate:MOD][loader]") {
+  TempDir td;
+  auto bools = [](GgufWriter& w, const std::string& k, const std::vector<bool>& v) {
+    w.str(k), w.pod<std::uint32_t>(9), w.pod<std::uint32_t>(7), w.pod<std::uint64_t>(v.size());
+    for (bool x : v) w.pod<std::uint8_t>(x ? 1 : 0);
+  };
+  const Model plain = load_model(td.write("plain.gguf", rope_gguf(0, [](GgufWriter&) {})));
+  CHECK(plain.config.layer_window.empty());
+  const Model win = load_model(td.write("win.gguf", rope_gguf(1, [](GgufWriter& w) {
+    w.kv_u32("llama.attention.sliding_window", 16);
+  })));
+  CHECK(win.config.layer_window == std::vector<int>{16});
+  const Model pat = load_model(td.write("pat.gguf", rope_gguf(2, [&](GgufWriter& w) {
+    w.kv_u32("llama.attention.sliding_window", 16);
+    bools(w, "llama.attention.sliding_window_pattern", {false});
+  })));
+  CHECK(pat.config.layer_window == std::vector<int>{0});
+  const Model yarn = load_model(td.write("yarn.gguf", rope_gguf(5, [](GgufWriter& w) {
+    w.kv_str("llama.rope.scaling.type", "yarn");
+    w.kv_f32("llama.rope.scaling.factor", 4.0f);
+    w.kv_u32("llama.rope.scaling.original_context_length", 16);
+    w.kv_f32("llama.rope.scaling.yarn_beta_fast", 16.0f);
+    w.kv_f32("llama.rope.scaling.yarn_attn_factor", 0.5f);
+  })));
+  CHECK(yarn.config.rope.beta_fast == 16.0);
+  CHECK(std::fabs(yarn.config.rope.attention_factor - 0.5 * (0.1 * std::log(4.0) + 1)) < 1e-6);
+  struct Bad {
+    std::string field;
+    int n_kv;
+    std::function<void(GgufWriter&)> kv;
+  };
+  const std::vector<Bad> bad = {
+      {"sliding_window_pattern", 2, [&](GgufWriter& w) {
+         w.kv_u32("llama.attention.sliding_window", 16);
+         bools(w, "llama.attention.sliding_window_pattern", {true, false});
+       }},
+      {"attention.sliding_window", 1, [](GgufWriter& w) {
+         w.kv_u32("llama.attention.sliding_window", 100);  // context_length is 64
+       }},
+      {"attn_logit_softcapping", 1, [](GgufWriter& w) {
+         w.kv_f32("llama.attn_logit_softcapping", 50.0f);
+       }},
+      {"yarn_ext_factor", 4, [](GgufWriter& w) {
+         w.kv_str("llama.rope.scaling.type", "yarn");
+         w.kv_f32("llama.rope.scaling.factor", 4.0f);
+         w.kv_u32("llama.rope.scaling.original_context_length", 16);
+         w.kv_f32("llama.rope.scaling.yarn_ext_factor", 0.5f);
+       }},
+      {"attention.scale", 1, [](GgufWriter& w) {
+         w.kv_f32("llama.attention.scale", -1.0f);
+       }},
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) {
+    const auto p = td.write("bad" + std::to_string(i) + ".gguf", rope_gguf(bad[i].n_kv, bad[i].kv));
+    INFO("bad key " << bad[i].field);
+    check_message(load_error(p), p, bad[i].field);
+  }
+  // longrope needs both factor tensors.
+  SynthTensor lf{"rope_factors_long.weight", {4}, 0, {}, {1.0f, 2.0f, 3.0f, 4.0f}};
+  lf.data.resize(16);
+  std::memcpy(lf.data.data(), lf.expect.data(), 16);
+  const auto half_lr = td.write("half_longrope.gguf", rope_gguf(0, [](GgufWriter&) {}, {lf}));
+  check_message(load_error(half_lr), half_lr, "rope_factors_short");
+}
+
+// MOD.engine.window_release: with a sliding window on every layer (Mistral-style), the pages wholly
+// outside every layer's window go back to the pool, so a run of 200 tokens works in a pool of 7
+// pages of 8 tokens (56 tokens), and its logits are bit-identical to the same run in an unbounded pool
+// without the release, at every position (prefill chunks of 16, then decode). Exact: the attention
+// reads the same page contents in the same order. Anti-vacuity: the run is longer than the pool, the
+// release happened (released tokens > 0, held KV bytes below the run's), the same small pool without
+// the release runs out of blocks, and a model with one full-attention layer releases nothing.
+TEST_CASE("MOD.engine.window_release pages outside every window return to the pool; logits unchanged",
+          "[gate:MOD][fmt:f32]") {
+  const Model& base = stories("stories260K.bin");
+  auto windowed = [&](std::vector<int> windows) {
+    auto m = std::make_unique<Model>();
+    m->path = base.path;
+    m->source_kind = base.source_kind;
+    m->config = base.config;
+    m->weights = base.weights;
+    m->config.layer_window = std::move(windows);
+    m->fingerprint = base.fingerprint;
+    return m;
+  };
+  constexpr int kWindow = 24, kRun = 200, kPrefill = 40, kBlock = 8, kPoolBlocks = 7;
+  REQUIRE(kRun > kPoolBlocks * kBlock);
+  const auto m = windowed(std::vector<int>(static_cast<std::size_t>(base.config.n_layers), kWindow));
+  std::mt19937 rng(7);
+  std::vector<int> ids(kRun);
+  for (int& t : ids) t = static_cast<int>(rng() % static_cast<unsigned>(base.config.vocab_size));
+  auto make = [&](const Model& mm, int n_blocks, bool release) {
+    EngineOptions o = opts(KvFormat{HalfFormat::f32, HalfFormat::f32});
+    o.block_size = kBlock;
+    o.n_blocks = n_blocks;
+    o.prefill_chunk = 16;
+    o.max_context = kRun;
+    o.release_outside_window = release;
+    return std::make_unique<Engine>(mm, o);
+  };
+  // Logits of every position: the prefill's, then one decode step per token.
+  auto run = [&](Engine& e) {
+    std::vector<float> all = e.forward_all_logits(std::span<const int>(ids.data(), kPrefill));
+    for (int i = kPrefill; i < kRun; ++i) {
+      const std::vector<float>& z = e.decode(ids[static_cast<std::size_t>(i)]);
+      all.insert(all.end(), z.begin(), z.end());
+    }
+    return all;
+  };
+  auto ref_engine = make(*m, (kRun + kBlock - 1) / kBlock, false);
+  const std::vector<float> ref = run(*ref_engine);
+  auto small = make(*m, kPoolBlocks, true);
+  const std::vector<float> got = run(*small);
+  REQUIRE(got.size() == ref.size());
+  REQUIRE(got.size() == static_cast<std::size_t>(kRun) * static_cast<std::size_t>(base.config.vocab_size));
+  std::size_t first_diff = got.size();
+  for (std::size_t i = 0; i < got.size() && first_diff == got.size(); ++i)
+    if (std::memcmp(&got[i], &ref[i], sizeof(float)) != 0) first_diff = i;
+  INFO("first differing logit at position " << first_diff / static_cast<std::size_t>(base.config.vocab_size));
+  CHECK(first_diff == got.size());
+  const int released = small->store().released_tokens(small->sequence());
+  std::cout << "MOD.engine.window_release: " << kRun << " tokens, window " << kWindow << " on all "
+            << base.config.n_layers << " layers, pool " << kPoolBlocks << " x " << kBlock << " tokens; released "
+            << released << " tokens, held " << small->stats().kv_bytes << " KV bytes (unbounded pool holds "
+            << ref_engine->stats().kv_bytes << ")\n";
+  CHECK(released > 0);
+  CHECK(released <= kRun - kWindow);
+  CHECK(small->stats().kv_bytes < ref_engine->stats().kv_bytes);
+  CHECK(small->stats().kv_bytes <= small->stats().kv_pool_bytes);
+  // A released prefix cannot be saved, and names why.
+  {
+    TempDir td;
+    std::string msg;
+    try {
+      small->save_kv((td.dir / "w.kvc").string());
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    INFO("save_kv message: " << msg);
+    CHECK(msg.find("released") != std::string::npos);
+  }
+  // Control: the same pool without the release runs out of blocks.
+  auto no_release = make(*m, kPoolBlocks, false);
+  CHECK_THROWS_AS(run(*no_release), KvStoreError);
+  // One full-attention layer (Gemma-style interleaving): nothing is released.
+  std::vector<int> mixed(static_cast<std::size_t>(base.config.n_layers), kWindow);
+  mixed[0] = 0;
+  const auto mm = windowed(mixed);
+  auto full = make(*mm, (kRun + kBlock - 1) / kBlock, true);
+  (void)full->forward_all_logits(std::span<const int>(ids.data(), kRun));
+  CHECK(full->store().released_tokens(full->sequence()) == 0);
 }

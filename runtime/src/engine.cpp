@@ -119,6 +119,7 @@ struct Engine::Impl {
   std::vector<float> logits;
   EngineStats stats;
   std::vector<int> history;  // token ids of the sequence (conversations save them)
+  int release_window = 0;    // > 0: every layer is windowed; the widest window (pages before it are released)
 
   Impl(const Model& m, EngineOptions o)
       : model(m),
@@ -144,6 +145,22 @@ struct Engine::Impl {
     if (opts.kv_read_hook) store.set_read_hook(opts.kv_read_hook);
     stats.kv_resident_tokens = opts.kv_resident;
     stats.kv_device_bytes = store.window() ? store.window()->device_bytes() : store.pool_bytes();
+    if (opts.release_outside_window) release_window = widest_window_if_all(m.config);
+  }
+
+  // The widest window when every layer has one; 0 when some layer attends to the whole prefix.
+  static int widest_window_if_all(const ModelConfig& c) {
+    int w = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (c.window(l) <= 0) return 0;
+      w = std::max(w, c.window(l));
+    }
+    return w;
+  }
+  // Before a forward step of queries from position `pos0`: the keys any layer reads start at
+  // pos0 - window + 1, so the whole pages before it go back to the pool.
+  void release_outside_window() {
+    if (release_window > 0) store.release_before(seq, store.length(seq) - release_window + 1);
   }
 
   void check_room(std::size_t n) const {
@@ -169,6 +186,7 @@ struct Engine::Impl {
     const std::size_t V = logits.size();
     for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(C)) {
       const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(C), toks.size() - i));
+      release_outside_window();
       if (all) fwd.forward(store, seq, toks.data() + i, n, all + i * V, true);
       else fwd.forward(store, seq, toks.data() + i, n, logits.data(), false);  // the last chunk's wins
     }
@@ -196,6 +214,7 @@ const std::vector<float>& Engine::decode(int token) {
   d.check_room(1);
   d.history.push_back(token);
   const auto t0 = Clock::now();
+  d.release_outside_window();
   d.fwd.forward(d.store, d.seq, &token, 1, d.logits.data(), false);
   d.stats.decode_seconds += seconds_since(t0);
   d.stats.decode_tokens += 1;

@@ -105,13 +105,38 @@ void PagedKvStore::free_sequence(SeqId s) {
   if (q.residency == Residency::swapped)
     throw KvStoreError("kv store: sequence " + std::to_string(s) +
                        " is swapped out; swap it in (or discard its host copy) before freeing it");
-  for (int b : q.blocks) release_block(b);
+  for (int b : q.blocks)
+    if (b != kReleasedBlock) release_block(b);
   seqs_.erase(s);
 }
 
 int PagedKvStore::length(SeqId s) const { return seq(s).length; }
 Residency PagedKvStore::residency(SeqId s) const { return seq(s).residency; }
 std::span<const int> PagedKvStore::block_table(SeqId s) const { return seq(s).blocks; }
+int PagedKvStore::released_tokens(SeqId s) const { return seq(s).released * cfg_.block_size; }
+
+int PagedKvStore::release_before(SeqId s, int first_kept_pos) {
+  Sequence& q = seq(s);
+  if (q.residency != Residency::resident)
+    throw KvStoreError("kv store: release of pages of swapped-out sequence " + std::to_string(s));
+  const int B = cfg_.block_size;
+  const int upto = std::min(std::max(0, first_kept_pos) / B, q.length / B);  // whole pages before the first kept position
+  int n = 0;
+  for (int p = q.released; p < upto; ++p, ++n) {
+    release_block(q.blocks[static_cast<std::size_t>(p)]);
+    q.blocks[static_cast<std::size_t>(p)] = kReleasedBlock;
+  }
+  q.released = std::max(q.released, upto);
+  return n;
+}
+
+namespace {
+[[noreturn]] void released_refusal(const std::string& what, SeqId s, int tokens) {
+  throw KvStoreError("kv store: " + what + " of sequence " + std::to_string(s) + ": the pages of its first " +
+                     std::to_string(tokens) + " tokens were released (outside every layer's sliding window); run "
+                     "without the release (EngineOptions::release_outside_window = false) to keep them");
+}
+}  // namespace
 
 int PagedKvStore::alloc_block() {
   if (free_list_.empty()) return -1;
@@ -154,6 +179,9 @@ const std::uint8_t* PagedKvStore::pool_page(int layer, KvHalf h, int block) cons
 }
 
 const std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) const {
+  if (block < 0)
+    throw KvStoreError("kv store: read of a released page (block-table entry " + std::to_string(block) +
+                       "): a page outside every layer's sliding window was given back to the pool");
   if (!window_) return pool_page(layer, h, block);
   return window_->lookup(layer, static_cast<int>(h), block, [this](int l, int hh, int b) {
     return pool_page(l, static_cast<KvHalf>(hh), b);
@@ -220,6 +248,7 @@ void PagedKvStore::read(SeqId s, int layer, KvHalf h, int pos0, int n, float* ou
     throw KvStoreError("kv store: read of swapped-out sequence " + std::to_string(s));
   if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || pos0 + n > q.length)
     throw KvStoreError("kv store: read outside the sequence");
+  if (pos0 < q.released * cfg_.block_size) released_refusal("read of position " + std::to_string(pos0), s, q.released * cfg_.block_size);
   const PageGeometry g = geometry();
   const int B = cfg_.block_size;
   const std::size_t HD = static_cast<std::size_t>(g.row_elems());
@@ -249,6 +278,7 @@ void PagedKvStore::truncate(SeqId s, int new_len) {
     throw KvStoreError("kv store: truncate to " + std::to_string(new_len) + " outside [0, " +
                        std::to_string(q.length) + "]");
   const int B = cfg_.block_size;
+  if (new_len < q.released * B) released_refusal("truncate to " + std::to_string(new_len), s, q.released * B);
   const std::size_t keep = static_cast<std::size_t>((new_len + B - 1) / B);
   while (q.blocks.size() > keep) {
     release_block(q.blocks.back());
@@ -261,6 +291,7 @@ void PagedKvStore::truncate(SeqId s, int new_len) {
 void PagedKvStore::swap_out(SeqId s) {
   Sequence& q = seq(s);
   if (q.residency == Residency::swapped) throw KvStoreError("kv store: sequence " + std::to_string(s) + " is already swapped out");
+  if (q.released > 0) released_refusal("swap-out", s, q.released * cfg_.block_size);
   const std::size_t per_block = static_cast<std::size_t>(cfg_.n_layers) * (page_bytes_[0] + page_bytes_[1]);
   q.host.resize(q.blocks.size() * per_block);
   std::uint8_t* dst = q.host.data();
@@ -312,6 +343,7 @@ void PagedKvStore::export_pages(SeqId s, int n_tokens,
     throw KvStoreError("kv store: export of " + std::to_string(n_tokens) + " tokens from a sequence of " +
                        std::to_string(q.length));
   const int B = cfg_.block_size;
+  if (n_tokens > 0 && q.released > 0) released_refusal("export", s, q.released * B);
   const int n_pages = (n_tokens + B - 1) / B;
   for (int l = 0; l < cfg_.n_layers; ++l)
     for (KvHalf h : {KvHalf::K, KvHalf::V})
@@ -347,7 +379,9 @@ std::size_t PagedKvStore::pool_bytes() const {
 }
 
 std::size_t PagedKvStore::sequence_bytes(SeqId s) const {
-  return seq(s).blocks.size() * static_cast<std::size_t>(cfg_.n_layers) * (page_bytes_[0] + page_bytes_[1]);
+  const Sequence& q = seq(s);
+  return (q.blocks.size() - static_cast<std::size_t>(q.released)) * static_cast<std::size_t>(cfg_.n_layers) *
+         (page_bytes_[0] + page_bytes_[1]);
 }
 
 std::string PagedKvStore::check_guards() const {

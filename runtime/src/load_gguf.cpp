@@ -558,19 +558,120 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int
 
 }  // namespace
 
+// The architectures the GGUF loader runs, with llama.cpp's conventions for each (llama-arch.cpp,
+// llama-model.cpp, convert_hf_to_gguf.py):
+//   llama   q/k stored permuted for adjacent-pair RoPE (LLAMA_ROPE_TYPE_NORM); Mistral ships as llama.
+//   qwen2   rotate-half RoPE (NEOX), attn_q/k/v.bias.
+//   qwen3   rotate-half, attn_q_norm / attn_k_norm over each head.
+//   phi3    rotate-half, fused attn_qkv [q | k | v] and ffn_up [gate | up] (no ffn_gate), partial
+//           rotary (rope.dimension_count), longrope as the rope_factors_long / _short tensors.
+//   gemma2  rotate-half, GeGLU (tanh GELU), pre/post norms (post_attention_norm, post_ffw_norm), norms
+//           stored as (1 + w) by the converter (not added again here), embeddings times sqrt(dim),
+//           attn_logit_softcapping / final_logit_softcapping, sliding window on even layers.
+//   gemma3  gemma2's layout without the attention soft-cap, plus attn_q_norm / attn_k_norm; sliding
+//           layers every layer but each 6th, their RoPE base rope.freq_base_swa (llama.cpp: 10000,
+//           no scaling) while the global layers take rope.freq_base and rope.scaling.*.
+// Keys llama.cpp defines that kvgate reads for every architecture when present:
+// {arch}.attention.sliding_window (the window; without a pattern every layer is windowed, except
+// Gemma's fixed patterns), {arch}.attention.sliding_window_pattern (a bool per layer, true =
+// sliding), {arch}.attention.scale (the softmax scale; Gemma's default is llama.cpp's
+// 1/sqrt(key_length), 1/sqrt(embedding_length / head_count) for the 27B models).
+namespace {
+
+struct GgufArch {
+  const char* name;
+  bool interleaved_rope, qkv_fused, qk_norm, gemma;
+};
+
+const GgufArch* gguf_arch(const std::string& a) {
+  static const GgufArch archs[] = {{"llama", true, false, false, false},  {"qwen2", false, false, false, false},
+                                   {"qwen3", false, false, true, false},  {"phi3", false, true, false, false},
+                                   {"gemma2", false, false, false, true}, {"gemma3", false, false, true, true}};
+  for (const GgufArch& x : archs)
+    if (a == x.name) return &x;
+  return nullptr;
+}
+
+// Per-layer windows from {arch}.attention.sliding_window and the layer pattern.
+std::vector<int> gguf_layer_windows(const Gguf& g, const std::string& arch, int n_layers) {
+  const std::string p = arch + ".";
+  const std::string wk = p + "attention.sliding_window";
+  if (!g.find(wk)) return {};
+  const std::int64_t w = g.require_int(wk, 0, 1 << 24);
+  if (w == 0) return {};  // llama.cpp: 0 = no window
+  std::vector<int> out(static_cast<std::size_t>(n_layers), 0);
+  const std::string pk = p + "attention.sliding_window_pattern";
+  if (const Value* pat = g.find(pk)) {
+    if (pat->type != T_ARRAY || pat->elem_type != T_BOOL || pat->nums.size() != static_cast<std::size_t>(n_layers))
+      throw ModelError("model '" + g.path() + "': metadata key '" + pk + "' must be an array of " +
+                       std::to_string(n_layers) + " bools ('" + p + "block_count'), true for a sliding-window layer");
+    for (int l = 0; l < n_layers; ++l)
+      if (pat->nums[static_cast<std::size_t>(l)] != 0) out[static_cast<std::size_t>(l)] = static_cast<int>(w);
+    return out;
+  }
+  // llama.cpp's set_swa_pattern(n): layer l slides when l % n < n - 1.
+  const int n = arch == "gemma2" ? 2 : arch == "gemma3" ? 6 : 1;
+  for (int l = 0; l < n_layers; ++l)
+    if (n == 1 || l % n < n - 1) out[static_cast<std::size_t>(l)] = static_cast<int>(w);
+  return out;
+}
+
+// llama.cpp's rope.scaling.* keys into c.rope (rope.scaling.type none | linear | yarn; llama3 comes
+// as the rope_freqs tensor and longrope as rope_factors_long / _short, read with the tensors).
+void gguf_rope_scaling(const Gguf& g, const std::string& p, RopeConfig& r) {
+  const auto st = g.find(p + "rope.scaling.type") ? g.get_string(p + "rope.scaling.type") : std::nullopt;
+  if (!st || *st == "none") return;
+  const std::string k = p + "rope.scaling.";
+  const double factor = g.get_float(k + "factor").value_or(0.0);
+  if (!(factor > 0))
+    throw ModelError("model '" + g.path() + "': '" + k + "factor' is missing or <= 0; rope.scaling.type '" + *st +
+                     "' needs the scaling factor");
+  r.factor = factor;
+  if (*st == "linear") {
+    r.type = RopeType::linear;
+  } else if (*st == "yarn") {
+    r.type = RopeType::yarn;
+    const auto orig = g.get_int(k + "original_context_length");
+    if (!orig || *orig < 1)
+      throw ModelError("model '" + g.path() + "': '" + k + "original_context_length' is missing; yarn needs the "
+                       "pre-training context length");
+    r.original_max = static_cast<int>(*orig);
+    if (const auto ext = g.get_float(k + "yarn_ext_factor"); ext && *ext != 1.0)
+      throw ModelError("model '" + g.path() + "': '" + k + "yarn_ext_factor' = " + std::to_string(*ext) +
+                       " is not supported (kvgate runs YaRN's full ramp, ext_factor 1, as transformers does); "
+                       "drop the key or set it to 1");
+    r.beta_fast = g.get_float(k + "yarn_beta_fast").value_or(32.0);
+    r.beta_slow = g.get_float(k + "yarn_beta_slow").value_or(1.0);
+    // ggml's YaRN: mscale = attn_factor * (1 + 0.1 ln(factor)); attn_factor from yarn_attn_factor,
+    // else the older attn_factor key, else 1.
+    const double af = g.get_float(k + "yarn_attn_factor").value_or(g.get_float(k + "attn_factor").value_or(1.0));
+    if (!(af > 0))
+      throw ModelError("model '" + g.path() + "': '" + k + "yarn_attn_factor' must be > 0 (1 when absent)");
+    r.attention_factor = af * (factor > 1 ? 0.1 * std::log(factor) + 1.0 : 1.0);
+  } else {
+    throw ModelError("model '" + g.path() + "': '" + k + "type' = '" + *st +
+                     "' is not supported (none, linear, yarn; llama3 scaling comes as the rope_freqs tensor, "
+                     "longrope as rope_factors_long / rope_factors_short)");
+  }
+}
+
+}  // namespace
+
 Model load_gguf(const std::string& path) {
   const Gguf g(path);
   const std::string arch = g.get_string("general.architecture").value_or("");
   if (arch.empty()) throw ModelError("model '" + path + "': required metadata key 'general.architecture' is missing");
-  if (arch != "llama")
+  const GgufArch* A = gguf_arch(arch);
+  if (!A)
     throw ModelError("model '" + path + "': metadata key 'general.architecture' = '" + arch +
-                     "' is not supported by the GGUF loader (llama); use the Hugging Face directory instead");
+                     "' is not supported by the GGUF loader (llama, qwen2, qwen3, phi3, gemma2, gemma3); use the "
+                     "Hugging Face directory instead");
   const std::string p = arch + ".";
   Model m;
   m.path = path;
   m.source_kind = "gguf";
   ModelConfig& c = m.config;
-  c.arch = "llama";
+  c.arch = arch;
   c.dim = static_cast<int>(g.require_int(p + "embedding_length", 1, 1 << 16));
   c.hidden_dim = static_cast<int>(g.require_int(p + "feed_forward_length", 1, 1 << 18));
   c.n_layers = static_cast<int>(g.require_int(p + "block_count", 1, 1024));
@@ -592,45 +693,61 @@ Model load_gguf(const std::string& path) {
     c.head_dim = c.dim / c.n_heads;
   }
   if (c.head_dim % 2 != 0) throw ModelError("model '" + path + "': head_dim " + std::to_string(c.head_dim) + " is odd");
-  // RoPE: partial rotary (rope.dimension_count < head_dim) and llama.cpp's scaling metadata
-  // (rope.scaling.type none | linear | yarn, .factor, .original_context_length, .attn_factor).
+  // RoPE: partial rotary (rope.dimension_count < head_dim) and llama.cpp's scaling metadata.
   if (const auto rd = g.get_int(p + "rope.dimension_count"); rd && *rd != c.head_dim) {
     if (*rd < 2 || *rd > c.head_dim || *rd % 2 != 0)
       throw ModelError("model '" + path + "': '" + p + "rope.dimension_count' = " + std::to_string(*rd) +
                        " must be an even count in [2, head_dim " + std::to_string(c.head_dim) + "]");
     c.rope.rotary_dim = static_cast<int>(*rd);
   }
-  if (const auto st = g.find(p + "rope.scaling.type") ? g.get_string(p + "rope.scaling.type") : std::nullopt;
-      st && *st != "none") {
-    const std::string k = p + "rope.scaling.";
-    const double factor = g.get_float(k + "factor").value_or(0.0);
-    if (!(factor > 0))
-      throw ModelError("model '" + path + "': '" + k + "factor' is missing or <= 0; rope.scaling.type '" + *st +
-                       "' needs the scaling factor");
-    c.rope.factor = factor;
-    if (*st == "linear") {
-      c.rope.type = RopeType::linear;
-    } else if (*st == "yarn") {
-      c.rope.type = RopeType::yarn;
-      const auto orig = g.get_int(k + "original_context_length");
-      if (!orig || *orig < 1)
-        throw ModelError("model '" + path + "': '" + k + "original_context_length' is missing; yarn needs the "
-                         "pre-training context length");
-      c.rope.original_max = static_cast<int>(*orig);
-      // llama.cpp: mscale = attn_factor * (1 + 0.1 ln(factor)).
-      const double af = g.get_float(k + "attn_factor").value_or(1.0);
-      c.rope.attention_factor = af * (factor > 1 ? 0.1 * std::log(factor) + 1.0 : 1.0);
-    } else {
-      throw ModelError("model '" + path + "': '" + k + "type' = '" + *st +
-                       "' is not supported (none, linear, yarn; llama3 scaling comes as the rope_freqs tensor)");
-    }
-  }
+  gguf_rope_scaling(g, p, c.rope);
   c.max_seq_len = g.get_int(p + "context_length") ? static_cast<int>(g.require_int(p + "context_length", 1, 1 << 24)) : 2048;
   c.rms_eps = static_cast<float>(g.get_float(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_theta = static_cast<float>(g.get_float(p + "rope.freq_base").value_or(10000.0));
   if (!(c.rms_eps > 0) || !(c.rope_theta > 0))
     throw ModelError("model '" + path + "': rms epsilon and rope.freq_base must be > 0");
-  c.rope_style = RopeStyle::interleaved;
+  c.rope_style = A->interleaved_rope ? RopeStyle::interleaved : RopeStyle::half;
+  c.qk_norm = A->qk_norm;
+  c.layer_window = gguf_layer_windows(g, arch, c.n_layers);
+  for (int w : c.layer_window)
+    if (w > c.max_seq_len)
+      throw ModelError("model '" + path + "': '" + p + "attention.sliding_window' = " + std::to_string(w) +
+                       " is larger than '" + p + "context_length' = " + std::to_string(c.max_seq_len) +
+                       "; fix the window (or the context length)");
+  if (const auto sc = g.get_float(p + "attention.scale")) {
+    if (!(*sc > 0) || !std::isfinite(*sc))
+      throw ModelError("model '" + path + "': '" + p + "attention.scale' = " + std::to_string(*sc) +
+                       " must be a finite number > 0 (the softmax scale; drop the key for 1/sqrt(head_dim))");
+    c.attn_scale = static_cast<float>(*sc);
+  }
+  if (A->gemma) {
+    c.ffn_act = FfnAct::gelu_tanh;
+    c.post_norms = true;
+    c.embed_scale = std::sqrt(static_cast<float>(c.dim));  // llama.cpp: ggml_scale(inpL, sqrtf(n_embd))
+    if (c.attn_scale == 0) {
+      const bool is_27b = (arch == "gemma2" && c.n_layers == 46) || (arch == "gemma3" && c.n_layers == 62);
+      c.attn_scale = 1.0f / std::sqrt(static_cast<float>(is_27b ? c.dim / c.n_heads : c.head_dim));
+    }
+    // llama.cpp's defaults: Gemma 2 caps 50 / 30, Gemma 3 no attention cap and no final cap.
+    auto cap = [&](const std::string& k, double def) {
+      const double v = g.get_float(p + k).value_or(def);
+      if (v < 0 || !std::isfinite(v))
+        throw ModelError("model '" + path + "': '" + p + k + "' = " + std::to_string(v) + " must be >= 0 (0 = no cap)");
+      return static_cast<float>(v);
+    };
+    c.attn_softcap = arch == "gemma2" ? cap("attn_logit_softcapping", 50.0) : 0.0f;
+    c.final_softcap = cap("final_logit_softcapping", arch == "gemma2" ? 30.0 : 0.0);
+    if (arch == "gemma3" && !c.layer_window.empty()) {
+      c.has_rope_local = true;
+      c.rope_local.theta = g.get_float(p + "rope.freq_base_swa").value_or(10000.0);
+      c.rope_local.rotary_dim = c.rope.rotary_dim;
+    }
+  } else {
+    for (const char* k : {"attn_logit_softcapping", "final_logit_softcapping", "rope.freq_base_swa"})
+      if (g.find(p + k))
+        throw ModelError("model '" + path + "': metadata key '" + p + k + "' is set, but kvgate applies it to gemma2 / "
+                         "gemma3 only (" + arch + " does not use it in llama.cpp)");
+  }
   c.bos_id = static_cast<int>(g.get_int("tokenizer.ggml.bos_token_id").value_or(1));
   c.eos_id = static_cast<int>(g.get_int("tokenizer.ggml.eos_token_id").value_or(2));
 
@@ -646,33 +763,80 @@ Model load_gguf(const std::string& path) {
 
   using U = std::uint64_t;
   const U D = static_cast<U>(c.dim), F = static_cast<U>(c.hidden_dim), Q = static_cast<U>(c.q_dim()),
-          KV = static_cast<U>(c.kv_dim()), V = static_cast<U>(c.vocab_size);
+          KV = static_cast<U>(c.kv_dim()), V = static_cast<U>(c.vocab_size), HD = static_cast<U>(c.head_dim);
   const std::string origin = p + "embedding_length, head_count, head_count_kv, feed_forward_length";
   check_config_limits(path, c);
   ModelWeights& w = m.weights;
   w.tok_embeddings = g.load("token_embd.weight", {D, V}, true, origin);
   w.final_norm = g.load("output_norm.weight", {D}, true, origin);
   w.classifier = g.load("output.weight", {D, V}, false, origin);
-  // Llama 3.1 RoPE scaling as llama.cpp's converter stores it: per-frequency divisors.
   {
     const U pairs = static_cast<U>(rope_rotary_dim(c.rope, c.head_dim) / 2);
+    // Llama 3.1 RoPE scaling as llama.cpp's converter stores it: per-frequency divisors.
     c.rope.freq_divisors = g.load("rope_freqs.weight", {pairs}, false, "rope.dimension_count / 2");
+    // Phi-3 longrope: the long / short factors, chosen by the length as transformers does (llama.cpp
+    // chooses by the context size it is given).
+    c.rope.long_factor = g.load("rope_factors_long.weight", {pairs}, false, "rope.dimension_count / 2");
+    c.rope.short_factor = g.load("rope_factors_short.weight", {pairs}, false, "rope.dimension_count / 2");
+    if (c.rope.long_factor.empty() != c.rope.short_factor.empty())
+      throw ModelError("model '" + path + "': only one of the tensors 'rope_factors_long.weight' and "
+                       "'rope_factors_short.weight' is present; longrope needs both");
+    if (!c.rope.long_factor.empty()) {
+      if (c.rope.type != RopeType::plain)
+        throw ModelError("model '" + path + "': rope_factors_long / _short (longrope) together with '" + p +
+                         "rope.scaling.type' = " + rope_type_name(c.rope.type) + "; keep one RoPE scaling");
+      c.rope.type = RopeType::longrope;
+      const auto orig = g.get_int(p + "rope.scaling.original_context_length");
+      if (!orig || *orig < 1 || *orig > c.max_seq_len)
+        throw ModelError("model '" + path + "': '" + p + "rope.scaling.original_context_length' is missing or outside "
+                         "[1, context_length]; longrope (rope_factors_long / _short) needs the pre-training length");
+      c.rope.original_max = static_cast<int>(*orig);
+      c.rope.max_position = c.max_seq_len;
+      c.rope.factor = static_cast<double>(c.max_seq_len) / static_cast<double>(*orig);
+      c.rope.attention_factor = g.get_float(p + "rope.scaling.attn_factor").value_or(1.0);
+    }
   }
   validate_rope(c.rope, c.head_dim, path, p + "rope");
+  if (c.has_rope_local) validate_rope(c.rope_local, c.head_dim, path, p + "rope.freq_base_swa");
   c.tied_embeddings = w.classifier.empty();
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
     L.attn_norm = g.load(b + "attn_norm.weight", {D}, true, origin);
-    L.wq = g.load(b + "attn_q.weight", {D, Q}, true, origin);
-    L.wk = g.load(b + "attn_k.weight", {D, KV}, true, origin);
-    L.wv = g.load(b + "attn_v.weight", {D, KV}, true, origin);
+    if (A->qkv_fused) {
+      // attn_qkv: rows [q_dim | kv_dim | kv_dim] (q, k, v), as Phi-3's qkv_proj.
+      const std::vector<float> qkv = g.load(b + "attn_qkv.weight", {D, Q + 2 * KV}, true, origin);
+      const auto q_end = static_cast<std::ptrdiff_t>(Q * D), k_end = static_cast<std::ptrdiff_t>((Q + KV) * D);
+      L.wq.assign(qkv.begin(), qkv.begin() + q_end);
+      L.wk.assign(qkv.begin() + q_end, qkv.begin() + k_end);
+      L.wv.assign(qkv.begin() + k_end, qkv.end());
+    } else {
+      L.wq = g.load(b + "attn_q.weight", {D, Q}, true, origin);
+      L.wk = g.load(b + "attn_k.weight", {D, KV}, true, origin);
+      L.wv = g.load(b + "attn_v.weight", {D, KV}, true, origin);
+    }
     L.wo = g.load(b + "attn_output.weight", {Q, D}, true, origin);
+    if (c.qk_norm) {
+      L.q_norm = g.load(b + "attn_q_norm.weight", {HD}, true, p + "attention.key_length");
+      L.k_norm = g.load(b + "attn_k_norm.weight", {HD}, true, p + "attention.key_length");
+    }
     L.ffn_norm = g.load(b + "ffn_norm.weight", {D}, true, origin);
-    L.w1 = g.load(b + "ffn_gate.weight", {D, F}, true, origin);
+    if (A->gemma) {
+      L.post_attn_norm = g.load(b + "post_attention_norm.weight", {D}, true, origin);
+      L.post_ffn_norm = g.load(b + "post_ffw_norm.weight", {D}, true, origin);
+    }
+    if (A->qkv_fused && !g.tensor(b + "ffn_gate.weight")) {
+      // ffn_up: rows [gate | up] (Phi-3's gate_up_proj; llama.cpp's fused SwiGLU takes the gate first).
+      const std::vector<float> gu = g.load(b + "ffn_up.weight", {D, 2 * F}, true, origin);
+      const auto half = static_cast<std::ptrdiff_t>(F * D);
+      L.w1.assign(gu.begin(), gu.begin() + half);
+      L.w3.assign(gu.begin() + half, gu.end());
+    } else {
+      L.w1 = g.load(b + "ffn_gate.weight", {D, F}, true, origin);
+      L.w3 = g.load(b + "ffn_up.weight", {D, F}, true, origin);
+    }
     L.w2 = g.load(b + "ffn_down.weight", {F, D}, true, origin);
-    L.w3 = g.load(b + "ffn_up.weight", {D, F}, true, origin);
     L.bq = g.load(b + "attn_q.bias", {Q}, false, origin);
     L.bk = g.load(b + "attn_k.bias", {KV}, false, origin);
     L.bv = g.load(b + "attn_v.bias", {KV}, false, origin);

@@ -36,6 +36,11 @@ struct EngineOptions {
   int max_context = 0;             // 0: the model's max_seq_len
   int prefill_chunk = 128;         // tokens per batched prefill step
   int kv_resident = 0;             // > 0: stream KV with a device window of this many tokens (kv_stream.hpp)
+  // When every layer has a sliding window (Mistral-style, not Gemma's interleaved global layers),
+  // the pages whose every position lies outside the window of all layers go back to the pool before
+  // each forward step (PagedKvStore::release_before), so a run longer than the pool works. The
+  // sequence can then no longer be saved, swapped or truncated below the released prefix.
+  bool release_outside_window = true;
   // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);
   // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly).
   std::shared_ptr<const KvReadHook> kv_read_hook;

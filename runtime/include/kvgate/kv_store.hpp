@@ -101,7 +101,16 @@ class PagedKvStore {
   // Dequantized read of positions [pos0, pos0+n): out[n][n_kv_heads][head_dim].
   void read(SeqId s, int layer, KvHalf h, int pos0, int n, float* out) const;
   // Drop tokens >= new_len: frees whole pages and clears the codes and scales of the cut slots.
+  // Refused below the released prefix (release_before).
   void truncate(SeqId s, int new_len);
+  // Sliding-window release: gives back to the pool every whole page of the sequence whose positions
+  // all lie before `first_kept_pos` (pages p with (p + 1) * block_size <= first_kept_pos, never the
+  // page being filled). Their block-table entries become kReleasedBlock; reading, exporting or
+  // swapping those tokens is refused afterwards. Returns the pages released by this call.
+  int release_before(SeqId s, int first_kept_pos);
+  // Tokens [0, released_tokens) of the sequence have had their pages released.
+  int released_tokens(SeqId s) const;
+  static constexpr int kReleasedBlock = -1;
   // Move every page of the sequence to host memory and free its blocks.
   void swap_out(SeqId s);
   // Bring it back; transactional: when blocks are short, nothing changes and KvStoreError is thrown.
@@ -170,6 +179,7 @@ class PagedKvStore {
   struct Sequence {
     int length = 0;
     std::vector<int> blocks;
+    int released = 0;  // leading block-table entries given back by release_before (kReleasedBlock)
     Residency residency = Residency::resident;
     std::vector<std::uint8_t> host;  // swapped-out pages: [n_blocks][n_layers][K,V] pages
   };

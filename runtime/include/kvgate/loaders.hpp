@@ -13,8 +13,10 @@ namespace kvgate {
 // tok<vocab>.bin or tokenizer.bin beside the checkpoint (none found: Model::tokenizer stays null).
 Model load_llama2c(const std::string& path, const std::string& tokenizer_path = {});
 
-// GGUF v2/v3, architecture `llama`; tensor types F32, F16, BF16, Q8_0, Q4_0 (dequantized to FP32);
-// tokenizer from metadata (`llama` SentencePiece scores, or `gpt2` byte-level BPE with merges).
+// GGUF v2/v3, architectures `llama` (Mistral ships as llama), `qwen2`, `qwen3`, `phi3`, `gemma2`,
+// `gemma3` with llama.cpp's key and tensor names (load_gguf.cpp lists each one's conventions);
+// tensor types F32, F16, BF16, Q8_0, Q4_0 (dequantized to FP32); tokenizer from metadata (`llama`
+// SentencePiece scores, or `gpt2` byte-level BPE with merges).
 Model load_gguf(const std::string& path);
 
 // Hugging Face directory: config.json + model.safetensors (or a sharded index) + tokenizer.json.

@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""Converts a Hugging Face reference directory (datasets/models/hf_refs/models/<case>) to GGUF the way
+llama.cpp's convert_hf_to_gguf.py does, with the Python standard library only (no numpy, no gguf
+package): the GGUF writer follows the GGUF v3 specification (ggml's docs/gguf.md). The gates run it at
+test time and write the files into the build directory; nothing it makes is committed.
+
+    python3 datasets/tools/hf_to_gguf.py <hf directory> <out.gguf>
+
+What it does per architecture (llama.cpp's converter classes LlamaModel, Qwen2Model, Qwen3Model,
+Phi3MiniModel, Gemma2Model, Gemma3Model and TextModel.set_gguf_parameters):
+  LlamaForCausalLM, MistralForCausalLM -> "llama": q_proj / k_proj rows permuted for adjacent-pair
+      RoPE (LlamaModel.permute, k with the KV head count); rope_type llama3 -> the rope_freqs tensor
+      (LlamaModel.generate_extra_tensors); linear -> rope.scaling.type linear + factor.
+  Qwen2ForCausalLM -> "qwen2", Qwen3ForCausalLM -> "qwen3" (q_norm / k_norm -> attn_q_norm /
+      attn_k_norm); yarn -> rope.scaling.type yarn, factor, original_context_length, and
+      yarn_attn_factor / yarn_beta_fast / yarn_beta_slow where the config gives them.
+  Phi3ForCausalLM -> "phi3": qkv_proj -> attn_qkv, gate_up_proj -> ffn_up (both as stored),
+      rope.dimension_count from partial_rotary_factor; longrope -> rope_factors_long / _short tensors,
+      rope.scaling.attn_factor = sqrt(1 + ln(scale) / ln(original)), rope.scaling.original_context_length.
+  Gemma2ForCausalLM -> "gemma2", Gemma3ForCausalLM -> "gemma3": every tensor whose name ends in
+      "norm.weight" gets + 1 (Gemma's RMSNorm multiplies by 1 + w; the loader must not add it again),
+      post_attention_layernorm -> post_attention_norm, pre_feedforward_layernorm -> ffn_norm,
+      post_feedforward_layernorm -> post_ffw_norm; soft-caps, sliding_window, key_length; Gemma 3's
+      global RoPE (rope_parameters.full_attention) -> rope.freq_base + rope.scaling, the local base
+      (sliding_attention.rope_theta) -> rope.freq_base_swa.
+
+Where a reference model has something llama.cpp's converter cannot express for its architecture, the
+key llama.cpp defines for it (llama-arch.cpp) is written, and the tool prints it:
+  {arch}.attention.scale                    Gemma's query_pre_attn_scalar when it is not head_dim
+                                            (llama.cpp derives the scale from key_length);
+  {arch}.attention.sliding_window_pattern   one bool per layer (true = sliding) when layer_types is
+                                            not the architecture's fixed llama.cpp pattern (Gemma 2:
+                                            even layers, Gemma 3: all but each 6th, else every layer);
+  {arch}.attention.sliding_window           for Mistral and Qwen2 windows (llama.cpp's llama / qwen2
+                                            converters drop it).
+Refused (exit 2, naming the field): rope_type dynamic (no GGUF spelling), MoE / MLA architectures.
+No tokenizer is written (the gates feed token ids); tokenizer.ggml.bos/eos_token_id are.
+Tensors are written as F32 (the reference checkpoints are f32). The output is written atomically.
+"""
+import array
+import json
+import math
+import os
+import struct
+import sys
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+ALIGN = 32
+# GGUF metadata value types.
+T_U32, T_I32, T_F32, T_BOOL, T_STRING, T_ARRAY, T_U64 = 4, 5, 6, 7, 8, 9, 10
+GGML_F32 = 0
+
+
+class Refused(Exception):
+    pass
+
+
+def read_safetensors(path):
+    """{name: (shape list, array('f'))}; F32 tensors only (the reference checkpoints)."""
+    with open(path, "rb") as f:
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(hlen))
+        base = 8 + hlen
+        out = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            if info["dtype"] != "F32":
+                raise Refused(f"{path}: tensor '{name}' field 'dtype' = {info['dtype']}: this tool converts F32 checkpoints only")
+            b, e = info["data_offsets"]
+            f.seek(base + b)
+            a = array.array("f")
+            a.frombytes(f.read(e - b))
+            if sys.byteorder != "little":
+                a.byteswap()
+            out[name] = (list(info["shape"]), a)
+    return out
+
+
+def permute_rows(a, shape, n_head):
+    """LlamaModel.permute: reshape(n_head, 2, rows/n_head/2, cols).swapaxes(1, 2): new row
+    h*hd + 2j + t = old row h*hd + t*hd/2 + j."""
+    rows, cols = shape
+    hd = rows // n_head
+    out = array.array("f", bytes(4 * len(a)))
+    for h in range(n_head):
+        for j in range(hd // 2):
+            for t in range(2):
+                src = (h * hd + t * (hd // 2) + j) * cols
+                dst = (h * hd + 2 * j + t) * cols
+                out[dst:dst + cols] = a[src:src + cols]
+    return out
+
+
+def plus_one(a):
+    return array.array("f", (x + 1.0 for x in a))  # float32 rounding of (w + 1), as torch's f32 add
+
+
+class Writer:
+    def __init__(self):
+        self.kv = []  # (key, type, payload bytes)
+        self.tensors = []  # (name, shape (row-major, outermost first), array('f'))
+
+    @staticmethod
+    def _str(s):
+        b = s.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+
+    def u32(self, k, v):
+        self.kv.append((k, T_U32, struct.pack("<I", int(v))))
+
+    def f32(self, k, v):
+        self.kv.append((k, T_F32, struct.pack("<f", float(v))))
+
+    def string(self, k, v):
+        self.kv.append((k, T_STRING, self._str(v)))
+
+    def bools(self, k, vs):
+        self.kv.append((k, T_ARRAY, struct.pack("<IQ", T_BOOL, len(vs)) + bytes(1 if v else 0 for v in vs)))
+
+    def tensor(self, name, shape, data):
+        n = 1
+        for d in shape:
+            n *= d
+        if n != len(data):
+            raise Refused(f"internal: tensor {name} has {len(data)} values for shape {shape}")
+        self.tensors.append((name, list(shape), data))
+
+    def write(self, path):
+        out = bytearray()
+        out += GGUF_MAGIC + struct.pack("<IQQ", GGUF_VERSION, len(self.tensors), len(self.kv))
+        for k, t, payload in self.kv:
+            out += self._str(k) + struct.pack("<I", t) + payload
+        offset = 0
+        offsets = []
+        for name, shape, data in self.tensors:
+            offsets.append(offset)
+            ne = list(reversed(shape))  # ggml: ne[0] is the innermost (contiguous) dimension
+            out += self._str(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+            out += struct.pack("<IQ", GGML_F32, offset)
+            offset += 4 * len(data)
+            offset = (offset + ALIGN - 1) // ALIGN * ALIGN
+        out += bytes((-len(out)) % ALIGN)
+        for (name, shape, data), off in zip(self.tensors, offsets):
+            b = data.tobytes() if sys.byteorder == "little" else _swapped(data)
+            out += b
+            out += bytes((-len(out)) % ALIGN)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(out)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def _swapped(a):
+    b = array.array("f", a)
+    b.byteswap()
+    return b.tobytes()
+
+
+ARCHS = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+}
+
+
+def rope_params(cfg):
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rp = dict(rp)
+    if "rope_theta" not in rp and "full_attention" not in rp and "rope_theta" in cfg:
+        rp["rope_theta"] = cfg["rope_theta"]
+    return rp
+
+
+def llama3_factors(rp, head_dim):
+    """LlamaModel.generate_extra_tensors (float32 frequencies, Python arithmetic as the converter)."""
+    base = rp.get("rope_theta", 10000.0)
+    dim = head_dim
+    freqs = [1.0 / (base ** (i / dim)) for i in range(0, dim, 2)]
+    freqs = list(array.array("f", freqs))  # torch.arange(...) / dim in float32, then base ** in float32
+    factor = rp.get("factor", 8.0)
+    low = rp.get("low_freq_factor", 1.0)
+    high = rp.get("high_freq_factor", 4.0)
+    old = rp.get("original_max_position_embeddings", 8192)
+    low_wl, high_wl = old / low, old / high
+    out = []
+    for fr in freqs:
+        wl = 2 * math.pi / fr
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (old / wl - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return array.array("f", out)
+
+
+def convert(src, dst):
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    hf_arch = (cfg.get("architectures") or [""])[0]
+    if hf_arch not in ARCHS:
+        raise Refused(f"{src}/config.json: field 'architectures' = {hf_arch!r}: this tool converts {sorted(ARCHS)}")
+    arch = ARCHS[hf_arch]
+    p = arch + "."
+    t = read_safetensors(os.path.join(src, "model.safetensors"))
+    n_layer = cfg["num_hidden_layers"]
+    n_head = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_head)
+    dim = cfg["hidden_size"]
+    head_dim = cfg.get("head_dim") or dim // n_head
+    gemma = arch in ("gemma2", "gemma3")
+    rp = rope_params(cfg)
+    rp_full = rp.get("full_attention", rp)
+    rope_type = rp_full.get("rope_type", rp_full.get("type", "default"))
+    notes = []
+
+    w = Writer()
+    w.string("general.architecture", arch)
+    w.u32("general.alignment", ALIGN)
+    w.u32(p + "context_length", cfg.get("max_position_embeddings", 2048))
+    w.u32(p + "embedding_length", dim)
+    w.u32(p + "block_count", n_layer)
+    w.u32(p + "feed_forward_length", cfg["intermediate_size"])
+    w.u32(p + "attention.head_count", n_head)
+    w.u32(p + "attention.head_count_kv", n_kv)
+    w.f32(p + "attention.layer_norm_rms_epsilon", cfg.get("rms_norm_eps", 1e-6))
+    if "head_dim" in cfg:
+        w.u32(p + "attention.key_length", head_dim)
+        w.u32(p + "attention.value_length", head_dim)
+    w.f32(p + "rope.freq_base", rp_full.get("rope_theta", 10000.0))
+    if "bos_token_id" in cfg and isinstance(cfg["bos_token_id"], int):
+        w.u32("tokenizer.ggml.bos_token_id", cfg["bos_token_id"])
+    eos = cfg.get("eos_token_id")
+    if isinstance(eos, int):
+        w.u32("tokenizer.ggml.eos_token_id", eos)
+
+    # RoPE scaling (TextModel.set_gguf_parameters; llama3 and longrope come as tensors below).
+    if rope_type == "linear":
+        w.string(p + "rope.scaling.type", "linear")
+        w.f32(p + "rope.scaling.factor", rp_full["factor"])
+    elif rope_type == "yarn":
+        w.string(p + "rope.scaling.type", "yarn")
+        w.f32(p + "rope.scaling.factor", rp_full["factor"])
+        w.u32(p + "rope.scaling.original_context_length", rp_full["original_max_position_embeddings"])
+        for hf_key, key in (("attention_factor", "yarn_attn_factor"), ("beta_fast", "yarn_beta_fast"),
+                            ("beta_slow", "yarn_beta_slow"), ("extrapolation_factor", "yarn_ext_factor")):
+            if rp_full.get(hf_key) is not None:
+                w.f32(p + "rope.scaling." + key, rp_full[hf_key])
+    elif rope_type == "dynamic":
+        raise Refused(f"{src}/config.json: field 'rope_parameters.rope_type' = 'dynamic': GGUF has no spelling for "
+                      "dynamic NTK (llama.cpp's converter leaves it to a few model classes)")
+    elif rope_type not in ("default", "llama3", "longrope", "su"):
+        raise Refused(f"{src}/config.json: field 'rope_parameters.rope_type' = {rope_type!r} is not converted")
+    if gemma and "sliding_attention" in rp and rp["sliding_attention"].get("rope_theta") is not None:
+        w.f32(p + "rope.freq_base_swa", rp["sliding_attention"]["rope_theta"])
+
+    rot = head_dim
+    if arch == "phi3":
+        prf = rp_full.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        rot = int(prf * dim // n_head) if "head_dim" not in cfg else int(prf * head_dim)
+        w.u32(p + "rope.dimension_count", rot)
+
+    # Soft-caps and Gemma's softmax scale.
+    if arch == "gemma2":
+        w.f32(p + "attn_logit_softcapping", cfg.get("attn_logit_softcapping") or 0.0)
+        w.f32(p + "final_logit_softcapping", cfg.get("final_logit_softcapping") or 0.0)
+    if arch == "gemma3" and cfg.get("final_logit_softcapping"):
+        w.f32(p + "final_logit_softcapping", cfg["final_logit_softcapping"])
+    if gemma:
+        qpas = cfg.get("query_pre_attn_scalar", 256)
+        if qpas != head_dim:
+            w.f32(p + "attention.scale", qpas ** -0.5)
+            notes.append(f"attention.scale = query_pre_attn_scalar {qpas} ** -0.5 (llama.cpp would use key_length {head_dim})")
+
+    # Sliding windows: the window, and the layer pattern when it is not llama.cpp's fixed one.
+    lt = cfg.get("layer_types")
+    window = cfg.get("sliding_window")
+    if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if window:
+        sliding = [x == "sliding_attention" for x in lt] if lt else [True] * n_layer
+        n = {"gemma2": 2, "gemma3": 6}.get(arch, 1)
+        fixed = [n == 1 or l % n < n - 1 for l in range(n_layer)]
+        if any(sliding):
+            w.u32(p + "attention.sliding_window", window)
+            if arch not in ("gemma2", "gemma3", "phi3"):
+                notes.append(f"attention.sliding_window = {window} (llama.cpp's {arch} converter drops it)")
+            if sliding != fixed:
+                w.bools(p + "attention.sliding_window_pattern", sliding)
+                notes.append(f"attention.sliding_window_pattern = {sliding} (llama.cpp's fixed pattern: {fixed})")
+
+    # Tensors.
+    def get(name):
+        if name not in t:
+            raise Refused(f"{src}/model.safetensors: missing tensor '{name}'")
+        return t.pop(name)
+
+    def put(gname, hfname, fn=None):
+        shape, a = get(hfname)
+        if gemma and hfname.endswith("norm.weight"):
+            a = plus_one(a)
+        if fn:
+            a = fn(shape, a)
+        w.tensor(gname, shape, a)
+
+    put("token_embd.weight", "model.embed_tokens.weight")
+    put("output_norm.weight", "model.norm.weight")
+    if "lm_head.weight" in t:
+        if gemma:
+            t.pop("lm_head.weight")  # Gemma2Model.filter_tensors: lm_head is not used (tied)
+        else:
+            put("output.weight", "lm_head.weight")
+    if rope_type == "llama3" and arch == "llama":
+        w.tensor("rope_freqs.weight", [head_dim // 2], llama3_factors(rp_full, head_dim))
+    if rope_type in ("longrope", "su"):
+        if arch != "phi3":
+            raise Refused(f"{src}/config.json: longrope is converted for Phi-3 only")
+        orig = rp_full.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        mx = cfg["max_position_embeddings"]
+        scale = mx / orig
+        attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+        w.f32(p + "rope.scaling.attn_factor", attn)
+        w.u32(p + "rope.scaling.original_context_length", orig)
+        for key, gname in (("long_factor", "rope_factors_long.weight"), ("short_factor", "rope_factors_short.weight")):
+            fac = rp_full[key]
+            if len(fac) != rot // 2:
+                raise Refused(f"{src}/config.json: field 'rope_parameters.{key}' has {len(fac)} entries, rotary dim / 2 = {rot // 2}")
+            w.tensor(gname, [len(fac)], array.array("f", fac))
+
+    def perm(n):
+        return lambda shape, a: permute_rows(a, shape, n)
+
+    for l in range(n_layer):
+        h, b = f"model.layers.{l}.", f"blk.{l}."
+        put(b + "attn_norm.weight", h + "input_layernorm.weight")
+        if arch == "phi3":
+            put(b + "attn_qkv.weight", h + "self_attn.qkv_proj.weight")
+        else:
+            put(b + "attn_q.weight", h + "self_attn.q_proj.weight", perm(n_head) if arch == "llama" else None)
+            put(b + "attn_k.weight", h + "self_attn.k_proj.weight", perm(n_kv) if arch == "llama" else None)
+            put(b + "attn_v.weight", h + "self_attn.v_proj.weight")
+        for x in ("q", "k", "v"):
+            if h + f"self_attn.{x}_proj.bias" in t:
+                put(b + f"attn_{x}.bias", h + f"self_attn.{x}_proj.bias")
+        put(b + "attn_output.weight", h + "self_attn.o_proj.weight")
+        if h + "self_attn.q_norm.weight" in t:
+            put(b + "attn_q_norm.weight", h + "self_attn.q_norm.weight")
+            put(b + "attn_k_norm.weight", h + "self_attn.k_norm.weight")
+        if gemma:
+            put(b + "post_attention_norm.weight", h + "post_attention_layernorm.weight")
+            put(b + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight")
+            put(b + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight")
+        else:
+            put(b + "ffn_norm.weight", h + "post_attention_layernorm.weight")
+        if arch == "phi3":
+            put(b + "ffn_up.weight", h + "mlp.gate_up_proj.weight")
+        else:
+            put(b + "ffn_gate.weight", h + "mlp.gate_proj.weight")
+            put(b + "ffn_up.weight", h + "mlp.up_proj.weight")
+        put(b + "ffn_down.weight", h + "mlp.down_proj.weight")
+    if t:
+        raise Refused(f"{src}/model.safetensors: tensors this tool does not map: {sorted(t)[:5]}")
+    w.write(dst)
+    return arch, notes
+
+
+def main(argv):
+    if len(argv) != 3:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    try:
+        arch, notes = convert(argv[1], argv[2])
+    except Refused as e:
+        print(f"hf_to_gguf: {e}", file=sys.stderr)
+        return 2
+    print(f"hf_to_gguf: {argv[1]} -> {argv[2]} (arch {arch})")
+    for n in notes:
+        print(f"hf_to_gguf:   beyond llama.cpp's converter: {n}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
