@@ -121,6 +121,9 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv) 
   eo.kv_cache_memory = f.kv_cache_memory;
   eo.threads = f.threads;
   eo.kv_resident = f.cache.resident;
+  // A conversation is saved whole after the turn (its KV file holds every row), so its pages stay
+  // even where every layer's sliding window has passed them.
+  eo.release_outside_window = f.cache.conv_id.empty();
   if (f.k_scale) eo.k_scale = {*f.k_scale};
   if (f.v_scale) eo.v_scale = {*f.v_scale};
   return eo;
