@@ -25,6 +25,7 @@
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
 #include "kvgate/synth.hpp"
+#include "model_fixtures.hpp"
 #include "models.hpp"
 
 using namespace kvgate;
@@ -234,15 +235,7 @@ TEST_CASE("CLI.run.strict --strict-kv refuses a fallback that the plain run take
   // A model whose rows (2 KV heads x head_dim 12 = 24) are no multiple of 32 and whose head_dim is
   // no power of two: q8_0 and k8v4 fall back on it (docs/FORMATS.md, capability rules).
   Scratch s;
-  SynthOptions so;
-  so.hidden = 48;
-  so.heads = 4;
-  so.kv_heads = 2;
-  so.head_dim = 12;
-  so.ffn = 64;
-  so.vocab = 300;
-  so.layers = 1;
-  so.max_seq_len = 64;
+  SynthOptions so = kvgate::gates::odd_geometry_options(1, 64);  // gates/common/model_fixtures.hpp
   so.out = (s.dir / "m").string();
   synth_hf(so);
   for (const char* f : {"q8_0", "k8v4"}) {

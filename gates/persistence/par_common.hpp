@@ -22,6 +22,7 @@
 #include "kvgate/kv_file.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/synth.hpp"
+#include "model_fixtures.hpp"
 #include "models.hpp"
 
 namespace kvgate::par {
@@ -59,22 +60,16 @@ struct TempDir {
 // A deterministic random-weight Llama with head_dim 64 (2 KV heads, 2 layers): 32-blocks inside a
 // head, a 64-point rotation. Generated once per process by kvgate's synth.
 inline const Model& synth64() {
-  static TempDir dir;
-  static std::unique_ptr<Model> m = [] {
-    SynthOptions o;
-    o.layers = 2;
-    o.hidden = 128;
-    o.heads = 2;
-    o.kv_heads = 2;
-    o.ffn = 256;
-    o.vocab = 300;
-    o.seed = 5;
-    o.max_seq_len = 256;
-    o.out = dir.path + "/hd64";
-    synth_hf(o);
-    return std::make_unique<Model>(load_model(o.out));
-  }();
-  return *m;
+  SynthOptions o;
+  o.layers = 2;
+  o.hidden = 128;
+  o.heads = 2;
+  o.kv_heads = 2;
+  o.ffn = 256;
+  o.vocab = 300;
+  o.seed = 5;
+  o.max_seq_len = 256;
+  return gates::synth_model_once("hd64", o);
 }
 
 // --- formats -------------------------------------------------------------------------------------
