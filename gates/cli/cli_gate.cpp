@@ -27,6 +27,7 @@
 #include "kvgate/synth.hpp"
 #include "model_fixtures.hpp"
 #include "models.hpp"
+#include "scratch_dir.hpp"
 
 using namespace kvgate;
 using nlohmann::json;
@@ -38,17 +39,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    std::string t = (fs::temp_directory_path() / "kvgate-cli-gate-XXXXXX").string();
-    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed under " + fs::temp_directory_path().string());
-    dir = t;
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct Scratch {  // a temp folder removed at scope exit (gates/common/scratch_dir.hpp)
+  kvgate::gates::ScratchDir s{"kvgate-cli-gate"};
+  fs::path dir = s.path();
 };
 
 std::string q(const std::string& s) {  // single-quoted for /bin/sh

@@ -2,19 +2,16 @@
 // "odd geometry" model on which q8_0 and k8v4 fall back, and engine options with the KV resolved for
 // a model.
 #pragma once
-#include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <memory>
-#include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
 #include "kvgate/synth.hpp"
+#include "scratch_dir.hpp"
 
 namespace kvgate::gates {
 
@@ -23,22 +20,14 @@ namespace kvgate::gates {
 // folder and tells models apart (one key, one set of options).
 inline const Model& synth_model_once(const std::string& key, SynthOptions o) {
   struct Entry {
-    std::filesystem::path dir;
+    ScratchDir dir{"kvgate-synth"};
     std::unique_ptr<Model> model;
-    ~Entry() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
   };
   static std::map<std::string, std::unique_ptr<Entry>> cache;
   auto& e = cache[key];
   if (!e) {
     auto made = std::make_unique<Entry>();
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvgate-synth.XXXXXX";
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("synth fixture: mkdtemp failed for " + tmpl);
-    made->dir = tmpl;
-    o.out = (made->dir / key).string();
+    o.out = made->dir.sub(key);
     synth_hf(o);
     made->model = std::make_unique<Model>(load_model(o.out));
     e = std::move(made);

@@ -24,6 +24,7 @@
 #include "kvgate/synth.hpp"
 #include "model_fixtures.hpp"
 #include "models.hpp"
+#include "scratch_dir.hpp"
 
 namespace kvgate::par {
 
@@ -41,19 +42,10 @@ inline const Model& stories() {
   return *m;
 }
 
-// A temp folder removed at scope exit.
+// A temp folder removed at scope exit (gates/common/scratch_dir.hpp).
 struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvgate-par.XXXXXX";
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+  gates::ScratchDir dir{"kvgate-par"};
+  std::string path = dir.str();
   std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
