@@ -471,15 +471,12 @@ struct SignoffRun {
       so::FormatVerdict v = so::decide(f, c, policy, fi);
       v.notes = notes[f];
       overall.push_back(v.overall);
-      json vj = so::to_json(v);
-      std::vector<std::string> reasons = v.conformance.reasons;
-      reasons.insert(reasons.end(), v.fit.reasons.begin(), v.fit.reasons.end());
-      vj["reasons"] = reasons;
-      vj["gates"] = so::to_json(c.gates);
-      vj["mutation"] = so::to_json(c.mutation);
-      vj["matrix"] = s;
-      vj["quality"] = fi.quality ? so::to_json(*fi.quality) : json(nullptr);
-      vjs.push_back(vj);
+      kvgate::records::FormatVerdictRecord vr = so::to_record(v);
+      vr.gates = so::to_record(c.gates);
+      vr.mutation = so::to_record(c.mutation);
+      vr.matrix = s;
+      vr.quality = fi.quality ? so::to_json(*fi.quality) : json(nullptr);
+      vjs.push_back(kvgate::records::to_json(vr));
       verdicts.push_back(std::move(v));
     }
     exit_code = so::exit_code(overall);

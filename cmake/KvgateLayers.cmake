@@ -6,6 +6,9 @@
 #   1. runtime/ links no target of oracle/, gates/, mutations/, bench/, reports/, datasets/, cli/.
 #   2. No target outside cli/ links a cli/ target, compiles a cli/ source or has an include
 #      directory in cli/; no source file outside cli/ names cli/ in an #include.
+#   3. A folder is configured from its own layer: a folder added by add_subdirectory() from another
+#      folder than the top level has the same layer as the folder that adds it (a library is
+#      configured where it lives, so its folder's CMakeLists.txt is the one place that says how).
 #
 # kvgate_check_layers() runs once, at the end of the top-level CMakeLists.txt.
 
@@ -52,7 +55,24 @@ function(_kvgate_layer_fail rule detail)
     "  The allowed directions are in docs/ARCHITECTURE.md; move the shared piece down into a library.")
 endfunction()
 
+# Rule 3 over the folder tree below `dir`.
+function(_kvgate_check_configured_in_layer dir)
+  get_property(subs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(s IN LISTS subs)
+    if(NOT dir STREQUAL PROJECT_SOURCE_DIR)
+      _kvgate_layer_of_path(${dir} parent_layer)
+      _kvgate_layer_of_path(${s} layer)
+      if(NOT layer STREQUAL parent_layer)
+        _kvgate_layer_fail("a folder is configured from its own layer"
+          "'${s}' (${layer}/) is added by '${dir}/CMakeLists.txt' (${parent_layer}/); add it from ${layer}/ or from the top level")
+      endif()
+    endif()
+    _kvgate_check_configured_in_layer(${s})
+  endforeach()
+endfunction()
+
 function(kvgate_check_layers)
+  _kvgate_check_configured_in_layer(${PROJECT_SOURCE_DIR})
   _kvgate_all_targets(${PROJECT_SOURCE_DIR} targets)
   set(runtime_forbidden oracle gates mutations bench reports datasets cli)
   set(cli_dir ${PROJECT_SOURCE_DIR}/cli)

@@ -25,7 +25,9 @@
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
 #include "kvgate/synth.hpp"
+#include "model_fixtures.hpp"
 #include "models.hpp"
+#include "scratch_dir.hpp"
 
 using namespace kvgate;
 using nlohmann::json;
@@ -37,17 +39,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    std::string t = (fs::temp_directory_path() / "kvgate-cli-gate-XXXXXX").string();
-    if (!::mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed under " + fs::temp_directory_path().string());
-    dir = t;
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+struct Scratch {  // a temp folder removed at scope exit (gates/common/scratch_dir.hpp)
+  kvgate::gates::ScratchDir s{"kvgate-cli-gate"};
+  fs::path dir = s.path();
 };
 
 std::string q(const std::string& s) {  // single-quoted for /bin/sh
@@ -234,15 +228,7 @@ TEST_CASE("CLI.run.strict --strict-kv refuses a fallback that the plain run take
   // A model whose rows (2 KV heads x head_dim 12 = 24) are no multiple of 32 and whose head_dim is
   // no power of two: q8_0 and k8v4 fall back on it (docs/FORMATS.md, capability rules).
   Scratch s;
-  SynthOptions so;
-  so.hidden = 48;
-  so.heads = 4;
-  so.kv_heads = 2;
-  so.head_dim = 12;
-  so.ffn = 64;
-  so.vocab = 300;
-  so.layers = 1;
-  so.max_seq_len = 64;
+  SynthOptions so = kvgate::gates::odd_geometry_options(1, 64);  // gates/common/model_fixtures.hpp
   so.out = (s.dir / "m").string();
   synth_hf(so);
   for (const char* f : {"q8_0", "k8v4"}) {

@@ -1,6 +1,7 @@
 // Shared plumbing of the store gates: build a one-layer store for a case, write K and V rows,
 // read them back through the runtime's dequantized view.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -100,6 +101,31 @@ inline std::vector<StoreCase> covering_cases(std::uint64_t seed0) {
         ++i;
       }
   return cases;
+}
+
+// Contiguous copy of rows [t0, t0 + n) of a case's strided input (make_rows): what one page holds.
+inline std::vector<float> case_rows(const StoreCase& c, const std::vector<float>& x, int t0, int n) {
+  const std::size_t HD = static_cast<std::size_t>(c.n_kv_heads * c.head_dim);
+  std::vector<float> out(static_cast<std::size_t>(n) * HD);
+  for (int t = 0; t < n; ++t)
+    std::copy_n(x.data() + static_cast<std::size_t>(t0 + t) * c.row_stride(), HD, out.data() + t * HD);
+  return out;
+}
+
+// The attention geometries the oracle-parity gates sweep: {KV heads, head_dim} in {4,8} {8,8} {1,64}
+// {2,64} {8,128} {1,128} {2,256} {4,256} x GQA group 1, 2, 4, 8, the block size rotating over
+// {1, 3, 7, 16}. Calls f(block_size, kv_heads, head_dim, group, i), i = 0, 1, ... in that order.
+template <class F>
+void for_each_attention_geometry(F&& f) {
+  const int shapes[][2] = {{4, 8}, {8, 8}, {1, 64}, {2, 64}, {8, 128}, {1, 128}, {2, 256}, {4, 256}};  // {H, D}
+  const int groups[] = {1, 2, 4, 8};
+  const int blocks[] = {1, 3, 7, 16};
+  int i = 0;
+  for (const auto& sh : shapes)
+    for (int g : groups) {
+      f(blocks[i % 4], sh[0], sh[1], g, i);
+      ++i;
+    }
 }
 
 }  // namespace kvgate::gates

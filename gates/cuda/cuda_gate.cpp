@@ -184,18 +184,11 @@ struct DecodeCase {
 
 std::vector<DecodeCase> decode_cases(std::uint64_t seed0) {
   std::vector<DecodeCase> out;
-  const int shapes[][2] = {{4, 8}, {8, 8}, {1, 64}, {2, 64}, {8, 128}, {1, 128}, {2, 256}, {4, 256}};  // {H, D}
-  const int groups[] = {1, 2, 4, 8};
-  const int blocks[] = {1, 3, 7, 16};
-  int i = 0;
-  for (const auto& sh : shapes)
-    for (int g : groups) {
-      const int b = blocks[i % 4];
-      const int n = 2 * b + b / 2 + 3 + (i % 5) * 37;  // crosses pages, ragged last page
-      // A ragged batch: the long sequence, a short one, a one-token one (empty splits).
-      out.push_back({b, sh[0], sh[1], g, {n, n / 3 + 1, 1}, 0, seed0 + static_cast<std::uint64_t>(i)});
-      ++i;
-    }
+  for_each_attention_geometry([&](int b, int h, int d, int g, int i) {
+    const int n = 2 * b + b / 2 + 3 + (i % 5) * 37;  // crosses pages, ragged last page
+    // A ragged batch: the long sequence, a short one, a one-token one (empty splits).
+    out.push_back({b, h, d, g, {n, n / 3 + 1, 1}, 0, seed0 + static_cast<std::uint64_t>(i)});
+  });
   // Long contexts: many pipeline steps per CTA, planner splits and forced split counts.
   out.push_back({16, 8, 128, 4, {3001, 1500}, 0, seed0 + 100});
   out.push_back({16, 8, 128, 4, {2500}, 1, seed0 + 101});

@@ -18,6 +18,7 @@
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate_oracle/formats.hpp"
+#include "oracle_fixtures.hpp"
 
 // Every [cuda] case starts with this: without a device it prints "SKIPPED: no CUDA device: ..." and
 // returns, so gate_cuda exits 0 on CPU-only CI while the message keeps the skip visible.
@@ -32,11 +33,7 @@
 
 namespace kvgate::gates::cuda_gate {
 
-inline kvgate_oracle::Half oracle_half(HalfFormat f) {
-  const auto h = kvgate_oracle::parse_half(name(f));
-  REQUIRE(h.has_value());
-  return *h;
-}
+using gates::oracle_half;  // gates/common/oracle_fixtures.hpp
 
 inline std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, const char* an,
                               const char* bn) {

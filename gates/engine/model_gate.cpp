@@ -659,6 +659,14 @@ TEST_CASE("ORA.dequant_rows attention's vectorized page read == dequantize_token
 
 namespace {
 
+struct SynthTensor {
+  std::string name;
+  std::vector<std::uint64_t> ne;
+  std::uint32_t type;             // 0 F32, 1 F16, 8 Q8_0, 2 Q4_0
+  std::vector<std::uint8_t> data;
+  std::vector<float> expect;      // what the loader must produce
+};
+
 struct GgufWriter {
   std::vector<std::uint8_t> b;
   template <class T>
@@ -683,14 +691,41 @@ struct GgufWriter {
     for (auto x : v) pod(x);
   }
   void pad(std::size_t a) { b.resize((b.size() + a - 1) / a * a, 0); }
-};
-
-struct SynthTensor {
-  std::string name;
-  std::vector<std::uint64_t> ne;
-  std::uint32_t type;             // 0 F32, 1 F16, 8 Q8_0, 2 Q4_0
-  std::vector<std::uint8_t> data;
-  std::vector<float> expect;      // what the loader must produce
+  // Magic, version and the two counts.
+  void header(std::uint32_t version, std::uint64_t n_tensors, std::uint64_t n_kv) {
+    b.insert(b.end(), {'G', 'G', 'U', 'F'});
+    pod(version);
+    pod(n_tensors);
+    pod(n_kv);
+  }
+  // The seven llama.* shape keys (7 of the KV count).
+  void llama_shape(std::uint32_t dim, std::uint32_t ffn, std::uint32_t layers, std::uint32_t heads, std::uint32_t kv_heads,
+                   std::uint32_t context, float freq_base) {
+    kv_u32("llama.embedding_length", dim);
+    kv_u32("llama.feed_forward_length", ffn);
+    kv_u32("llama.block_count", layers);
+    kv_u32("llama.attention.head_count", heads);
+    kv_u32("llama.attention.head_count_kv", kv_heads);
+    kv_u32("llama.context_length", context);
+    kv_f32("llama.rope.freq_base", freq_base);
+  }
+  // The tensor infos, then the data, each tensor padded to `align`.
+  void tensors(const std::vector<SynthTensor>& ts, std::size_t align) {
+    std::uint64_t off = 0;
+    for (const auto& t : ts) {
+      str(t.name);
+      pod<std::uint32_t>(static_cast<std::uint32_t>(t.ne.size()));
+      for (auto e : t.ne) pod(e);
+      pod(t.type);
+      pod(off);
+      off += (t.data.size() + align - 1) / align * align;
+    }
+    pad(align);
+    for (const auto& t : ts) {
+      b.insert(b.end(), t.data.begin(), t.data.end());
+      pad(align);
+    }
+  }
 };
 
 SynthTensor make_tensor(const std::string& name, std::vector<std::uint64_t> ne, std::uint32_t type, std::mt19937& rng,
@@ -728,6 +763,20 @@ SynthTensor make_tensor(const std::string& name, std::vector<std::uint64_t> ne, 
   return t;
 }
 
+// The nine tensors of llama layer `p` ("blk.N.") of dim 32, 2 KV heads of 8, FFN 64, in the order
+// attn_norm, q, k, v, output, ffn_norm, gate, up, down, with the ggml types `type` in that order.
+void push_llama_layer(std::vector<SynthTensor>& ts, const std::string& p, const std::uint32_t (&type)[9], std::mt19937& rng) {
+  ts.push_back(make_tensor(p + "attn_norm.weight", {32}, type[0], rng, 1.0f));
+  ts.push_back(make_tensor(p + "attn_q.weight", {32, 32}, type[1], rng, 0.2f));
+  ts.push_back(make_tensor(p + "attn_k.weight", {32, 16}, type[2], rng, 0.2f));
+  ts.push_back(make_tensor(p + "attn_v.weight", {32, 16}, type[3], rng, 0.2f));
+  ts.push_back(make_tensor(p + "attn_output.weight", {32, 32}, type[4], rng, 0.2f));
+  ts.push_back(make_tensor(p + "ffn_norm.weight", {32}, type[5], rng, 1.0f));
+  ts.push_back(make_tensor(p + "ffn_gate.weight", {32, 64}, type[6], rng, 0.2f));
+  ts.push_back(make_tensor(p + "ffn_up.weight", {32, 64}, type[7], rng, 0.2f));
+  ts.push_back(make_tensor(p + "ffn_down.weight", {64, 32}, type[8], rng, 0.2f));
+}
+
 }  // namespace
 
 TEST_CASE("MOD.loader.gguf_synthetic GGUF v2, alignment 64, F16/Q8_0/Q4_0 weights, gpt2 byte-level BPE",
@@ -750,33 +799,13 @@ TEST_CASE("MOD.loader.gguf_synthetic GGUF v2, alignment 64, F16/Q8_0/Q4_0 weight
   std::vector<SynthTensor> ts;
   ts.push_back(make_tensor("token_embd.weight", {32, static_cast<std::uint64_t>(V)}, 8, rng, 0.5f));
   ts.push_back(make_tensor("output_norm.weight", {32}, 0, rng, 1.0f));
-  for (int l = 0; l < layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    ts.push_back(make_tensor(p + "attn_norm.weight", {32}, 0, rng, 1.0f));
-    ts.push_back(make_tensor(p + "attn_q.weight", {32, 32}, 1, rng, 0.2f));
-    ts.push_back(make_tensor(p + "attn_k.weight", {32, 16}, 1, rng, 0.2f));
-    ts.push_back(make_tensor(p + "attn_v.weight", {32, 16}, 2, rng, 0.2f));
-    ts.push_back(make_tensor(p + "attn_output.weight", {32, 32}, 8, rng, 0.2f));
-    ts.push_back(make_tensor(p + "ffn_norm.weight", {32}, 0, rng, 1.0f));
-    ts.push_back(make_tensor(p + "ffn_gate.weight", {32, 64}, 1, rng, 0.2f));
-    ts.push_back(make_tensor(p + "ffn_up.weight", {32, 64}, 1, rng, 0.2f));
-    ts.push_back(make_tensor(p + "ffn_down.weight", {64, 32}, 8, rng, 0.2f));
-  }
+  for (int l = 0; l < layers; ++l) push_llama_layer(ts, "blk." + std::to_string(l) + ".", {0, 1, 1, 2, 8, 0, 1, 1, 8}, rng);
   constexpr std::size_t kAlign = 64;
   GgufWriter w;
-  w.b.insert(w.b.end(), {'G', 'G', 'U', 'F'});
-  w.pod<std::uint32_t>(2);
-  w.pod<std::uint64_t>(ts.size());
-  w.pod<std::uint64_t>(17);
+  w.header(2, ts.size(), 17);
   w.kv_str("general.architecture", "llama");
   w.kv_u32("general.alignment", kAlign);
-  w.kv_u32("llama.embedding_length", dim);
-  w.kv_u32("llama.feed_forward_length", hidden);
-  w.kv_u32("llama.block_count", layers);
-  w.kv_u32("llama.attention.head_count", heads);
-  w.kv_u32("llama.attention.head_count_kv", kv_heads);
-  w.kv_u32("llama.context_length", 64);
-  w.kv_f32("llama.rope.freq_base", 500000.0f);
+  w.llama_shape(dim, hidden, layers, heads, kv_heads, 64, 500000.0f);
   w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
   w.kv_str("tokenizer.ggml.model", "gpt2");
   w.kv_str("tokenizer.ggml.pre", "gpt2");
@@ -785,20 +814,7 @@ TEST_CASE("MOD.loader.gguf_synthetic GGUF v2, alignment 64, F16/Q8_0/Q4_0 weight
   w.kv_strs("tokenizer.ggml.merges", merges);
   w.kv_u32("tokenizer.ggml.bos_token_id", static_cast<std::uint32_t>(bos));
   w.kv_bool("tokenizer.ggml.add_bos_token", true);  // flipped to false below
-  std::uint64_t off = 0;
-  for (const auto& t : ts) {
-    w.str(t.name);
-    w.pod<std::uint32_t>(static_cast<std::uint32_t>(t.ne.size()));
-    for (auto e : t.ne) w.pod(e);
-    w.pod(t.type);
-    w.pod(off);
-    off += (t.data.size() + kAlign - 1) / kAlign * kAlign;
-  }
-  w.pad(kAlign);
-  for (const auto& t : ts) {
-    w.b.insert(w.b.end(), t.data.begin(), t.data.end());
-    w.pad(kAlign);
-  }
+  w.tensors(ts, kAlign);
   TempDir td;
   const auto path = td.write("synthetic.gguf", w.b);
   const Model m = load_model(path);
@@ -933,33 +949,11 @@ std::vector<std::uint8_t> rope_gguf(int n_extra_kv, const std::function<void(Ggu
   ts.push_back(make_tensor(p + "ffn_norm.weight", {32}, 0, rng, 1.0f));
   for (auto& t : extra) ts.push_back(std::move(t));
   GgufWriter w;
-  w.b.insert(w.b.end(), {'G', 'G', 'U', 'F'});
-  w.pod<std::uint32_t>(3);
-  w.pod<std::uint64_t>(ts.size());
-  w.pod<std::uint64_t>(8 + static_cast<std::uint64_t>(n_extra_kv));
+  w.header(3, ts.size(), 8 + static_cast<std::uint64_t>(n_extra_kv));
   w.kv_str("general.architecture", "llama");
-  w.kv_u32("llama.embedding_length", 32);
-  w.kv_u32("llama.feed_forward_length", 64);
-  w.kv_u32("llama.block_count", 1);
-  w.kv_u32("llama.attention.head_count", 4);
-  w.kv_u32("llama.attention.head_count_kv", 2);
-  w.kv_u32("llama.context_length", 64);
-  w.kv_f32("llama.rope.freq_base", 10000.0f);
+  w.llama_shape(32, 64, 1, 4, 2, 64, 10000.0f);
   kv(w);
-  std::uint64_t off = 0;
-  for (const auto& t : ts) {
-    w.str(t.name);
-    w.pod<std::uint32_t>(static_cast<std::uint32_t>(t.ne.size()));
-    for (auto e : t.ne) w.pod(e);
-    w.pod(t.type);
-    w.pod(off);
-    off += (t.data.size() + 31) / 32 * 32;
-  }
-  w.pad(32);
-  for (const auto& t : ts) {
-    w.b.insert(w.b.end(), t.data.begin(), t.data.end());
-    w.pad(32);
-  }
+  w.tensors(ts, 32);
   return w.b;
 }
 
@@ -1038,30 +1032,11 @@ TEST_CASE("MOD.loader.gguf_added_tokens control and user-defined GGUF tokens are
   std::vector<SynthTensor> ts;
   ts.push_back(make_tensor("token_embd.weight", {32, static_cast<std::uint64_t>(V)}, 0, rng, 0.5f));
   ts.push_back(make_tensor("output_norm.weight", {32}, 0, rng, 1.0f));
-  const std::string p = "blk.0.";
-  ts.push_back(make_tensor(p + "attn_norm.weight", {32}, 0, rng, 1.0f));
-  ts.push_back(make_tensor(p + "attn_q.weight", {32, 32}, 0, rng, 0.2f));
-  ts.push_back(make_tensor(p + "attn_k.weight", {32, 16}, 0, rng, 0.2f));
-  ts.push_back(make_tensor(p + "attn_v.weight", {32, 16}, 0, rng, 0.2f));
-  ts.push_back(make_tensor(p + "attn_output.weight", {32, 32}, 0, rng, 0.2f));
-  ts.push_back(make_tensor(p + "ffn_norm.weight", {32}, 0, rng, 1.0f));
-  ts.push_back(make_tensor(p + "ffn_gate.weight", {32, 64}, 0, rng, 0.2f));
-  ts.push_back(make_tensor(p + "ffn_up.weight", {32, 64}, 0, rng, 0.2f));
-  ts.push_back(make_tensor(p + "ffn_down.weight", {64, 32}, 0, rng, 0.2f));
-  constexpr std::size_t kAlign = 32;
+  push_llama_layer(ts, "blk.0.", {0, 0, 0, 0, 0, 0, 0, 0, 0}, rng);
   GgufWriter w;
-  w.b.insert(w.b.end(), {'G', 'G', 'U', 'F'});
-  w.pod<std::uint32_t>(3);
-  w.pod<std::uint64_t>(ts.size());
-  w.pod<std::uint64_t>(15);
+  w.header(3, ts.size(), 15);
   w.kv_str("general.architecture", "llama");
-  w.kv_u32("llama.embedding_length", 32);
-  w.kv_u32("llama.feed_forward_length", 64);
-  w.kv_u32("llama.block_count", 1);
-  w.kv_u32("llama.attention.head_count", 4);
-  w.kv_u32("llama.attention.head_count_kv", 2);
-  w.kv_u32("llama.context_length", 64);
-  w.kv_f32("llama.rope.freq_base", 10000.0f);
+  w.llama_shape(32, 64, 1, 4, 2, 64, 10000.0f);
   w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-6f);
   w.kv_str("tokenizer.ggml.model", "gpt2");
   w.kv_str("tokenizer.ggml.pre", "gpt2");
@@ -1069,20 +1044,7 @@ TEST_CASE("MOD.loader.gguf_added_tokens control and user-defined GGUF tokens are
   w.kv_i32s("tokenizer.ggml.token_type", types);
   w.kv_strs("tokenizer.ggml.merges", {});
   w.kv_u32("tokenizer.ggml.bos_token_id", static_cast<std::uint32_t>(bos));
-  std::uint64_t off = 0;
-  for (const auto& t : ts) {
-    w.str(t.name);
-    w.pod<std::uint32_t>(static_cast<std::uint32_t>(t.ne.size()));
-    for (auto e : t.ne) w.pod(e);
-    w.pod(t.type);
-    w.pod(off);
-    off += (t.data.size() + kAlign - 1) / kAlign * kAlign;
-  }
-  w.pad(kAlign);
-  for (const auto& t : ts) {
-    w.b.insert(w.b.end(), t.data.begin(), t.data.end());
-    w.pad(kAlign);
-  }
+  w.tensors(ts, 32);
   TempDir td;
   const Model m = load_model(td.write("added.gguf", w.b));
   REQUIRE(m.tokenizer != nullptr);

@@ -16,6 +16,7 @@
 
 #include "kvgate/model.hpp"
 #include "kvgate/synth.hpp"
+#include "scratch_dir.hpp"
 
 namespace kvgate::gates {
 
@@ -31,27 +32,13 @@ std::string model_error(F&& f) {
 }
 inline bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
-class TempDir {
+class TempDir {  // a fresh temp folder removed afterwards (gates/common/scratch_dir.hpp)
  public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvgate_resolve_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string sub(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return dir_.path(); }
+  std::string sub(const std::string& name) const { return dir_.sub(name); }
 
  private:
-  std::filesystem::path path_;
+  ScratchDir dir_{"kvgate_resolve"};
 };
 
 inline std::string read_bytes(const std::filesystem::path& p) {

@@ -14,29 +14,15 @@
 #include "catch_compat.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/synth.hpp"
+#include "scratch_dir.hpp"
 
 using namespace kvgate;
-
-namespace {
-struct Dir {
-  std::string path;
-  Dir() {
-    std::string t = (std::filesystem::temp_directory_path() / "kvgate-hfdef-XXXXXX").string();
-    if (!mkdtemp(t.data())) throw std::runtime_error("mkdtemp failed");
-    path = t;
-  }
-  ~Dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-}  // namespace
 
 TEST_CASE("STO.loader.config_defaults an omitted tie_word_embeddings is false for llama/mistral/qwen2 (lm_head loaded)",
           "[gate:STO][loader]") {
   for (const char* arch : {"llama", "mistral", "qwen2"}) {
     INFO("arch " << arch);
-    Dir d;
+    gates::ScratchDir d("kvgate-hfdef");
     SynthOptions o;
     o.arch = arch;
     o.layers = 1;
@@ -47,7 +33,7 @@ TEST_CASE("STO.loader.config_defaults an omitted tie_word_embeddings is false fo
     o.vocab = 300;
     o.max_seq_len = 64;
     o.tie_embeddings = false;
-    o.out = d.path + "/m";
+    o.out = d.sub("m");
     synth_hf(o);
     const Model explicit_false = load_model(o.out);
     REQUIRE_FALSE(explicit_false.config.tied_embeddings);

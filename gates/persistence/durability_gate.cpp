@@ -46,6 +46,34 @@ void turn(const KvCacheDir& cache, const std::string& id, std::span<const int> n
   c.save(e, pend);
 }
 
+// Reads `path` over and over while the two writer processes `pids` run, until both have exited:
+// `reads` clean reads, `bad` refused ones (a reader saw a partial file), each writer's wait status.
+// `skip_missing`: no read while the file does not exist yet (before the first save).
+struct ReadsWhileWriting {
+  int reads = 0, bad = 0;
+  int status[2] = {0, 0};
+};
+ReadsWhileWriting read_while_writing(const std::string& path, pid_t (&pids)[2], bool skip_missing) {
+  ReadsWhileWriting r;
+  int alive = 2;
+  while (alive > 0) {
+    if (!skip_missing || std::filesystem::exists(path)) {
+      try {
+        read_kv_file(path);
+        ++r.reads;
+      } catch (const KvFileError&) {
+        ++r.bad;
+      }
+    }
+    for (int w = 0; w < 2; ++w)
+      if (pids[w] > 0 && ::waitpid(pids[w], &r.status[w], WNOHANG) == pids[w]) {
+        pids[w] = 0;
+        --alive;
+      }
+  }
+  return r;
+}
+
 std::vector<std::string> temp_files(const std::string& dir) {
   std::vector<std::string> out;
   for (const auto& de : std::filesystem::directory_iterator(dir)) {
@@ -192,24 +220,10 @@ TEST_CASE("PAR.lock.two_writers two processes on one conv-id lose no turn; reade
       });
   }
   // Meanwhile, read the file over and over: every read is one complete turn.
-  int reads = 0, bad = 0, alive = 2;
-  int status[2] = {0, 0};
-  while (alive > 0) {
-    try {
-      read_kv_file(path);
-      ++reads;
-    } catch (const KvFileError&) {
-      ++bad;
-    }
-    for (int w = 0; w < 2; ++w)
-      if (pids[w] > 0 && ::waitpid(pids[w], &status[w], WNOHANG) == pids[w]) {
-        pids[w] = 0;
-        --alive;
-      }
-  }
-  CHECK(bad == 0);
-  CHECK(reads > 0);
-  for (int w = 0; w < 2; ++w) CHECK((WIFEXITED(status[w]) && WEXITSTATUS(status[w]) == 0));
+  const ReadsWhileWriting r = read_while_writing(path, pids, false);
+  CHECK(r.bad == 0);
+  CHECK(r.reads > 0);
+  for (int w = 0; w < 2; ++w) CHECK((WIFEXITED(r.status[w]) && WEXITSTATUS(r.status[w]) == 0));
   const KvFile final_file = read_kv_file(path);
   // Each turn appended its marker and a pending sample: 2 ids per turn, none lost.
   CHECK(final_file.tokens.size() == start + 2 * 2 * kTurns);
@@ -236,25 +250,9 @@ TEST_CASE("PAR.lock.last_writer_wins without the lock, concurrent saves still le
         for (int i = 0; i < 25; ++i) e.save_kv(path);  // no lock: plain atomic saves racing
       });
   }
-  int reads = 0, bad = 0, alive = 2;
-  int status[2] = {0, 0};
-  while (alive > 0) {
-    if (std::filesystem::exists(path)) {
-      try {
-        read_kv_file(path);
-        ++reads;
-      } catch (const KvFileError&) {
-        ++bad;
-      }
-    }
-    for (int w = 0; w < 2; ++w)
-      if (pids[w] > 0 && ::waitpid(pids[w], &status[w], WNOHANG) == pids[w]) {
-        pids[w] = 0;
-        --alive;
-      }
-  }
-  CHECK(bad == 0);
-  for (int w = 0; w < 2; ++w) CHECK((WIFEXITED(status[w]) && WEXITSTATUS(status[w]) == 0));
+  const ReadsWhileWriting r = read_while_writing(path, pids, true);
+  CHECK(r.bad == 0);
+  for (int w = 0; w < 2; ++w) CHECK((WIFEXITED(r.status[w]) && WEXITSTATUS(r.status[w]) == 0));
   const auto final_bytes = read_bytes(path);
   CHECK((final_bytes == read_bytes(dir.file("ref0.kvf")) || final_bytes == read_bytes(dir.file("ref1.kvf"))));
   CHECK(temp_files(dir.path).empty());

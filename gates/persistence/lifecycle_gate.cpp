@@ -19,34 +19,24 @@
 #include <string>
 #include <vector>
 
-#include "par_common.hpp"
 #include "kvgate/resolve.hpp"
+#include "model_fixtures.hpp"
+#include "par_common.hpp"
 
 using namespace kvgate;
 using namespace kvgate::par;
+using kvgate::gates::odd_geometry_options;
+using kvgate::gates::resolved_engine_options;
+using kvgate::gates::synth_model_once;
 
 namespace {
 
-// Rows of 2 KV heads x head_dim 12 = 24 floats: no multiple of 32, head_dim no power of two, so
-// q8_0 and k8v4 fall back (to the format resolve_kv names).
+// The odd-geometry model (gates/common/model_fixtures.hpp): q8_0 and k8v4 fall back on its rows of 24
+// (to the format resolve_kv names). Two layers, seed 9, context 128.
 const Model& odd_geometry() {
-  static TempDir dir;
-  static std::unique_ptr<Model> m = [] {
-    SynthOptions o;
-    o.layers = 2;
-    o.hidden = 48;
-    o.heads = 4;
-    o.kv_heads = 2;
-    o.head_dim = 12;
-    o.ffn = 64;
-    o.vocab = 300;
-    o.seed = 9;
-    o.max_seq_len = 128;
-    o.out = dir.path + "/hd12";
-    synth_hf(o);
-    return std::make_unique<Model>(load_model(o.out));
-  }();
-  return *m;
+  SynthOptions o = odd_geometry_options(2, 128);
+  o.seed = 9;
+  return synth_model_once("hd12", o);
 }
 
 struct Kind {
@@ -57,22 +47,10 @@ struct Kind {
 
 std::vector<Kind> kinds() {
   std::vector<Kind> ks;
+  ks.push_back({"fallen back (q8_0 on rows of 24)", &odd_geometry(),
+                resolved_engine_options(odd_geometry(), fmt_of("q8_0"), 16, 128)});
   {
-    KvRequest req;
-    req.flag = fmt_of("q8_0");
-    EngineOptions o = engine_options_for(fmt_of("q8_0"));
-    o.kv = resolve_kv(req, odd_geometry().config, 16);
-    o.block_size = 16;
-    o.max_context = 128;
-    ks.push_back({"fallen back (q8_0 on rows of 24)", &odd_geometry(), o});
-  }
-  {
-    KvRequest req;
-    req.flag = fmt_of("k8v4");
-    EngineOptions o = engine_options_for(fmt_of("k8v4"));
-    o.kv = resolve_kv(req, odd_geometry().config, 8);
-    o.block_size = 8;
-    o.max_context = 128;
+    EngineOptions o = resolved_engine_options(odd_geometry(), fmt_of("k8v4"), 8, 128);
     o.kv_resident = 20;  // a window of 3 pages of 8
     ks.push_back({"fallen back and streamed (k8v4, window 20, B=8)", &odd_geometry(), o});
   }

@@ -22,7 +22,9 @@
 #include "kvgate/kv_file.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/synth.hpp"
+#include "model_fixtures.hpp"
 #include "models.hpp"
+#include "scratch_dir.hpp"
 
 namespace kvgate::par {
 
@@ -40,41 +42,26 @@ inline const Model& stories() {
   return *m;
 }
 
-// A temp folder removed at scope exit.
+// A temp folder removed at scope exit (gates/common/scratch_dir.hpp).
 struct TempDir {
-  std::string path;
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/kvgate-par.XXXXXX";
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+  gates::ScratchDir dir{"kvgate-par"};
+  std::string path = dir.str();
   std::string file(const std::string& name) const { return path + "/" + name; }
 };
 
 // A deterministic random-weight Llama with head_dim 64 (2 KV heads, 2 layers): 32-blocks inside a
 // head, a 64-point rotation. Generated once per process by kvgate's synth.
 inline const Model& synth64() {
-  static TempDir dir;
-  static std::unique_ptr<Model> m = [] {
-    SynthOptions o;
-    o.layers = 2;
-    o.hidden = 128;
-    o.heads = 2;
-    o.kv_heads = 2;
-    o.ffn = 256;
-    o.vocab = 300;
-    o.seed = 5;
-    o.max_seq_len = 256;
-    o.out = dir.path + "/hd64";
-    synth_hf(o);
-    return std::make_unique<Model>(load_model(o.out));
-  }();
-  return *m;
+  SynthOptions o;
+  o.layers = 2;
+  o.hidden = 128;
+  o.heads = 2;
+  o.kv_heads = 2;
+  o.ffn = 256;
+  o.vocab = 300;
+  o.seed = 5;
+  o.max_seq_len = 256;
+  return gates::synth_model_once("hd64", o);
 }
 
 // --- formats -------------------------------------------------------------------------------------

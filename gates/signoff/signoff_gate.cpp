@@ -22,6 +22,7 @@
 #include "kvgate/format_list.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/signoff.hpp"
+#include "kvgate/verdict_record.hpp"
 
 using namespace kvgate::signoff;
 using nlohmann::json;
@@ -718,4 +719,67 @@ TEST_CASE("SGN.conformance.counts all gates skipped is not validated; one pass a
       CHECK(has(v.reasons.front(), "no gate tagged with the format ran"));
     }
   }
+}
+
+// The verdict as signoff.json holds it goes through one field table (kvgate/verdict_record.hpp): the
+// writer puts the conformance reasons, then the fit reasons, into "reasons"; a line's margin and
+// bound are null exactly when its value is unmeasured / its metric unbudgeted; the reader reads back
+// what the writer wrote, and refuses a verdict without "fit" naming that field. Bound: exact (strings,
+// integers and the same doubles copied, no arithmetic).
+TEST_CASE("SGN.record.verdict the verdict record carries both verdicts' reasons and reads back what it wrote", SGN_TAGS) {
+  namespace rec = kvgate::records;
+  const Policy p = policy(base_policy());
+  auto c = conforming();
+  c.mutation.killed = {"M1"};
+  c.mutation.survived = {"M2"};
+  auto in = good_input("q4_0");
+  in.quality = flat_quality(stats(1.11, 5.0, 0.54, 0.6, 0.01));  // over budget: fit reasons too
+  FormatVerdict v = decide("q4_0", c, p, in);
+  v.notes = {"a note"};
+  // Anti-vacuity: both verdicts give reasons, and the lines hold measured and unmeasured values.
+  REQUIRE_FALSE(v.conformance.reasons.empty());
+  REQUIRE_FALSE(v.fit.reasons.empty());
+  std::vector<std::string> want = v.conformance.reasons;
+  for (const auto& r : v.fit.reasons) want.push_back(r);
+  const json j = rec::to_json(to_record(v));
+  CHECK(j.at("format") == "q4_0");
+  CHECK(j.at("verdict") == "DOES-NOT-CONFORM");
+  CHECK(j.at("conformance").at("verdict") == "DOES-NOT-CONFORM");
+  CHECK(j.at("fit").at("verdict") == "OVER-BUDGET");
+  CHECK(j.at("deciding_line") == deciding_line(v));
+  CHECK(j.at("reasons").get<std::vector<std::string>>() == want);
+  CHECK(j.at("notes").get<std::vector<std::string>>() == v.notes);
+  REQUIRE(j.at("fit").at("lines").size() == v.fit.lines.size());
+  int measured = 0, unmeasured = 0;
+  for (std::size_t i = 0; i < v.fit.lines.size(); ++i) {
+    const auto& l = v.fit.lines[i];
+    const json& jl = j["fit"]["lines"][i];
+    INFO("line " << i << " " << jl.dump());
+    CHECK(jl.at("value").is_null() == !l.value.has_value());
+    CHECK(jl.at("margin").is_null() == !l.value.has_value());
+    CHECK(jl.at("bound").is_null() == l.budget.budget.disabled);
+    if (l.value) {
+      ++measured;
+      CHECK(jl.at("value").get<double>() == *l.value);
+      CHECK(jl.at("margin").get<double>() == l.margin);
+    } else {
+      ++unmeasured;
+    }
+  }
+  CHECK(measured > 0);
+  CHECK(unmeasured > 0);
+  // The reader reads back what the writer wrote.
+  const auto back = rec::from_json<rec::FormatVerdictRecord>(j, "signoff.json", "write it with kvgate signoff");
+  CHECK(rec::to_json(back) == j);
+  // A verdict without "fit" is refused naming the field.
+  json bad = j;
+  bad.erase("fit");
+  std::string what = "<accepted>";
+  try {
+    (void)rec::from_json<rec::FormatVerdictRecord>(bad, "signoff.json", "write it with kvgate signoff");
+  } catch (const rec::RecordError& e) {
+    what = e.what();
+    CHECK(e.pointer() == "/fit");
+  }
+  CHECK(has(what, "signoff.json: field /fit is missing"));
 }

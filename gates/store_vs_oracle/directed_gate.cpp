@@ -13,6 +13,7 @@
 
 #include "catch_compat.hpp"
 #include "kvgate_oracle/formats.hpp"
+#include "oracle_fixtures.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
@@ -20,19 +21,6 @@ using namespace kvgate::gates;
 namespace ko = kvgate_oracle;
 
 namespace {
-
-ko::Half oracle_half(HalfFormat f) {
-  const auto h = ko::parse_half(name(f));
-  REQUIRE(h.has_value());
-  return *h;
-}
-
-std::vector<float> contiguous(const StoreCase& c, const std::vector<float>& x, int t0, int n) {
-  const std::size_t HD = static_cast<std::size_t>(c.n_kv_heads * c.head_dim);
-  std::vector<float> out(static_cast<std::size_t>(n) * HD);
-  for (int t = 0; t < n; ++t) std::copy_n(x.data() + static_cast<std::size_t>(t0 + t) * c.row_stride(), HD, out.data() + t * HD);
-  return out;
-}
 
 // Compares every page of `layer` with the oracle; returns the pages compared. `alt_scale` > 0:
 // also counts the pages whose bytes the oracle gives differently with that scale (anti-vacuity).
@@ -46,7 +34,7 @@ long compare_layer(const PagedKvStore& store, SeqId s, const StoreCase& c, int l
     const ko::Half oh = oracle_half(store.half_format(kh));
     for (std::size_t p = 0; p < table.size(); ++p) {
       const int t0 = static_cast<int>(p) * c.block_size, n = std::min(c.block_size, c.n_tokens - t0);
-      const auto in = contiguous(c, half == 0 ? k : v, t0, n);
+      const auto in = case_rows(c, half == 0 ? k : v, t0, n);
       const auto expect = ko::quantize_page(oh, shape, in.data(), n, half == 0 ? ks : vs);
       const std::uint8_t* got = store.page(layer, kh, table[p]);
       INFO("layer " << layer << (half == 0 ? " K" : " V") << " page " << p << " (" << n << " tokens): "

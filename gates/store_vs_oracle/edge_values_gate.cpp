@@ -21,6 +21,7 @@
 #include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate_oracle/formats.hpp"
+#include "oracle_fixtures.hpp"
 #include "populations.hpp"
 #include "store_harness.hpp"
 
@@ -111,13 +112,6 @@ std::vector<float> nudged(const EdgeRows& e) {
   return x;
 }
 
-ko::Half to_oracle(HalfFormat f) {
-  const auto h = ko::parse_half(name(f));
-  REQUIRE(h.has_value());
-  return *h;
-}
-
-
 int count_if_value(const std::vector<float>& x, bool (*pred)(float)) {
   return static_cast<int>(std::count_if(x.begin(), x.end(), pred));
 }
@@ -152,7 +146,7 @@ void run_edge_gate(const KvFormat& fmt, std::uint64_t seed) {
     const EdgeRows& e = half == 0 ? k : v;
     const float tscale = half == 0 ? kEdgeKScale : kEdgeVScale;
     const HalfFormat hf = store.half_format(kh);
-    const ko::Half oh = to_oracle(hf);
+    const ko::Half oh = oracle_half(hf);
     REQUIRE(ko::page_bytes(oh, shape) == store.page_bytes(kh));
     const std::vector<float> x_nudged = nudged(e);
     bool nudge_changed = false;

@@ -13,6 +13,7 @@
 #include "kvgate_oracle/attention.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "kvgate_oracle/metrics.hpp"
+#include "oracle_fixtures.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
@@ -20,22 +21,6 @@ using namespace kvgate::gates;
 namespace ko = kvgate_oracle;
 
 namespace {
-
-ko::Half to_oracle(HalfFormat f) {
-  const auto h = ko::parse_half(name(f));
-  REQUIRE(h.has_value());
-  return *h;
-}
-
-// Contiguous copy of rows [t0, t0+n) of a strided input.
-std::vector<float> rows(const StoreCase& c, const std::vector<float>& x, int t0, int n) {
-  const std::size_t HD = static_cast<std::size_t>(c.n_kv_heads * c.head_dim);
-  std::vector<float> out(static_cast<std::size_t>(n) * HD);
-  for (int t = 0; t < n; ++t)
-    std::copy_n(x.data() + static_cast<std::size_t>(t0 + t) * c.row_stride(), HD, out.data() + t * HD);
-  return out;
-}
-
 
 void run_bytes_gate(const KvFormat& fmt, std::uint64_t seed0) {
   long pages_compared = 0, cases_run = 0;
@@ -52,12 +37,12 @@ void run_bytes_gate(const KvFormat& fmt, std::uint64_t seed0) {
     const auto table = store.block_table(s);
     for (int half = 0; half < 2; ++half) {
       const KvHalf kh = half == 0 ? KvHalf::K : KvHalf::V;
-      const ko::Half oh = to_oracle(store.half_format(kh));
+      const ko::Half oh = oracle_half(store.half_format(kh));
       REQUIRE(ko::page_bytes(oh, shape) == store.page_bytes(kh));
       for (std::size_t p = 0; p < table.size(); ++p) {
         const int t0 = static_cast<int>(p) * c.block_size;
         const int n = std::min(c.block_size, c.n_tokens - t0);
-        const auto in = rows(c, half == 0 ? k : v, t0, n);
+        const auto in = case_rows(c, half == 0 ? k : v, t0, n);
         const auto expect = ko::quantize_page(oh, shape, in.data(), n, half == 0 ? kGateKScale : kGateVScale);
         const std::uint8_t* got = store.page(0, kh, table[p]);
         INFO((half == 0 ? "K" : "V") << " page " << p << " (" << n << " tokens): "
@@ -86,18 +71,11 @@ struct AttnCase {
 
 std::vector<AttnCase> attn_cases(std::uint64_t seed0) {
   std::vector<AttnCase> out;
-  const int shapes[][2] = {{4, 8}, {8, 8}, {1, 64}, {2, 64}, {8, 128}, {1, 128}, {2, 256}, {4, 256}};  // {H, D}
-  const int groups[] = {1, 2, 4, 8};
-  const int blocks[] = {1, 3, 7, 16};
-  int i = 0;
-  for (const auto& sh : shapes)
-    for (int g : groups) {
-      const int b = blocks[i % 4];
-      const int n_ctx = 2 * b + b / 2 + 3 + (i % 5) * 7;  // crosses pages, ragged last page
-      out.push_back({b, sh[0], sh[1], g, n_ctx, 1, seed0 + static_cast<std::uint64_t>(i)});                // decode
-      out.push_back({b, sh[0], sh[1], g, n_ctx, std::min(5, n_ctx), seed0 + 1000 + static_cast<std::uint64_t>(i)});  // prefill chunk
-      ++i;
-    }
+  for_each_attention_geometry([&](int b, int h, int d, int g, int i) {
+    const int n_ctx = 2 * b + b / 2 + 3 + (i % 5) * 7;  // crosses pages, ragged last page
+    out.push_back({b, h, d, g, n_ctx, 1, seed0 + static_cast<std::uint64_t>(i)});                // decode
+    out.push_back({b, h, d, g, n_ctx, std::min(5, n_ctx), seed0 + 1000 + static_cast<std::uint64_t>(i)});  // prefill chunk
+  });
   return out;
 }
 
@@ -106,26 +84,19 @@ std::vector<AttnCase> attn_cases(std::uint64_t seed0) {
 // contexts several windows long; decode, a short prefill chunk and a chunk longer than the window.
 std::vector<AttnCase> window_cases(std::uint64_t seed0) {
   std::vector<AttnCase> out;
-  const int shapes[][2] = {{4, 8}, {8, 8}, {1, 64}, {2, 64}, {8, 128}, {1, 128}, {2, 256}, {4, 256}};  // {H, D}
-  const int groups[] = {1, 2, 4, 8};
-  const int blocks[] = {1, 3, 7, 16};
-  int i = 0;
-  for (const auto& sh : shapes)
-    for (int g : groups) {
-      const int b = blocks[i % 4];
-      const int choices[] = {b - 1, b, b + 1, 2 * b - 1, 2 * b, 2 * b + 1, 1, -1};
-      for (int k = 0; k < 2; ++k) {
-        const int pick = choices[(i + 3 * k) % 8];
-        const int w0 = std::max(1, pick);
-        const int n_ctx = 3 * std::max(w0, b) + 5 + (i % 3);
-        const int w = pick < 0 ? n_ctx + 4 : w0;  // -1: longer than the context
-        const std::uint64_t sd = seed0 + 100 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(k);
-        out.push_back({b, sh[0], sh[1], g, n_ctx, 1, sd, w});
-        out.push_back({b, sh[0], sh[1], g, n_ctx, std::min(5, n_ctx), sd + 50, w});
-        if (k == 0) out.push_back({b, sh[0], sh[1], g, n_ctx, std::min(n_ctx, std::min(w, n_ctx) + 2), sd + 70, w});
-      }
-      ++i;
+  for_each_attention_geometry([&](int b, int h, int d, int g, int i) {
+    const int choices[] = {b - 1, b, b + 1, 2 * b - 1, 2 * b, 2 * b + 1, 1, -1};
+    for (int k = 0; k < 2; ++k) {
+      const int pick = choices[(i + 3 * k) % 8];
+      const int w0 = std::max(1, pick);
+      const int n_ctx = 3 * std::max(w0, b) + 5 + (i % 3);
+      const int w = pick < 0 ? n_ctx + 4 : w0;  // -1: longer than the context
+      const std::uint64_t sd = seed0 + 100 * static_cast<std::uint64_t>(i) + static_cast<std::uint64_t>(k);
+      out.push_back({b, h, d, g, n_ctx, 1, sd, w});
+      out.push_back({b, h, d, g, n_ctx, std::min(5, n_ctx), sd + 50, w});
+      if (k == 0) out.push_back({b, h, d, g, n_ctx, std::min(n_ctx, std::min(w, n_ctx) + 2), sd + 70, w});
     }
+  });
   return out;
 }
 
@@ -178,8 +149,8 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0, Check what = C
     for (std::size_t p = 0; p < table.size(); ++p) {
       const int t0 = static_cast<int>(p) * ac.block_size;
       const int n = std::min(ac.block_size, ac.n_ctx - t0);
-      const auto kp = ko::dequantize_page(to_oracle(fmt.k), shape, store.page(0, KvHalf::K, table[p]), n, kGateKScale);
-      const auto vp = ko::dequantize_page(to_oracle(fmt.v), shape, store.page(0, KvHalf::V, table[p]), n, kGateVScale);
+      const auto kp = ko::dequantize_page(oracle_half(fmt.k), shape, store.page(0, KvHalf::K, table[p]), n, kGateKScale);
+      const auto vp = ko::dequantize_page(oracle_half(fmt.v), shape, store.page(0, KvHalf::V, table[p]), n, kGateVScale);
       std::copy(kp.begin(), kp.end(), kd.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
       std::copy(vp.begin(), vp.end(), vd.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
     }
@@ -248,7 +219,7 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0, Check what = C
       CHECK(d > 4 * bound);
     }
     if (fmt.k != HalfFormat::f32 || fmt.v != HalfFormat::f32) {
-      const auto kf = rows(c, k, 0, ac.n_ctx), vf = rows(c, v, 0, ac.n_ctx);
+      const auto kf = case_rows(c, k, 0, ac.n_ctx), vf = case_rows(c, v, 0, ac.n_ctx);
       std::vector<double> exact(q.size());
       ko::sdpa_f64(as, q.data(), kf.data(), vf.data(), exact.data());
       double qerr = 0;

@@ -10,6 +10,7 @@
 #include "kvgate/json_schema.hpp"
 #include "kvgate/outcomes.hpp"
 #include "kvgate/records.hpp"
+#include "kvgate/verdict_record.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -180,4 +181,57 @@ TEST_CASE("records: the Markdown printer reads the same field table", "[records]
   CHECK(all.find("| STO.a | gate_storage | STO.a x | 0.7 | no |") != std::string::npos);
   const std::string doc = markdown_fields<GateCell>("gate cell");
   CHECK(doc.find("| `variant` | string | no |") != std::string::npos);
+}
+
+TEST_CASE("records: the verdict record's field tables agree with signoff.schema.json", "[records]") {
+  const json s = load(fs::path(KVGATE_RECORDS_TEST_SOURCE_DIR) / "reports" / "schema" / "signoff.schema.json");
+  const json& item = s.at("properties").at("verdicts").at("items");
+  std::vector<std::string> diffs = table_vs_schema<FormatVerdictRecord>(item, "verdicts[]");
+  for (const auto& d : {table_vs_schema<ConformanceRecord>(item.at("properties").at("conformance"), "conformance"),
+                        table_vs_schema<FitRecord>(item.at("properties").at("fit"), "fit"),
+                        table_vs_schema<GateCountsRecord>(item.at("properties").at("gates"), "gates"),
+                        table_vs_schema<MutationProofRecord>(item.at("properties").at("mutation"), "mutation"),
+                        table_vs_schema<VerdictLineRecord>(s.at("$defs").at("line"), "line")})
+    diffs.insert(diffs.end(), d.begin(), d.end());
+  for (const auto& d : diffs) INFO(d);
+  CHECK(diffs.empty());
+  // Not vacuous: a field the schema lacks is reported.
+  json trimmed = item;
+  trimmed["properties"].erase("notes");
+  CHECK(table_vs_schema<FormatVerdictRecord>(trimmed, "verdicts[]").size() == 1);
+}
+
+TEST_CASE("records: a verdict reads back through its table and prints as Markdown", "[records]") {
+  FormatVerdictRecord v;
+  v.format = "int8";
+  v.verdict = "PASS";
+  v.conformance = {"CONFORMS", {}};
+  VerdictLineRecord l;
+  l.metric = "kl_mean";
+  l.bound = 0.05;
+  l.value = 0.01;
+  l.margin = 0.8;
+  l.status = "within";
+  v.fit = {"FITS", {}, 0, {l, VerdictLineRecord{}}};
+  v.deciding_line = "budgets.kl_mean <= 0.05 nats";
+  v.matrix = {{"kv_bytes", 123}};
+  const json j = to_json(v);
+  CHECK(j.at("quality").is_null());
+  CHECK(j.at("fit").at("lines").at(1).at("margin").is_null());
+  CHECK(j.at("matrix").at("kv_bytes") == 123);
+  const FormatVerdictRecord back = from_json<FormatVerdictRecord>(j, "signoff.json", "fix: rerun");
+  CHECK(to_json(back) == j);
+  CHECK(back.fit.lines.at(0).margin == 0.8);
+  json bad = j;
+  bad["fit"]["lines"][0]["bound"] = "tight";
+  try {
+    (void)from_json<FormatVerdictRecord>(bad, "signoff.json", "fix: rerun");
+    FAIL("accepted a string bound");
+  } catch (const RecordError& e) {
+    CHECK(e.pointer() == "/fit/lines/0/bound");
+  }
+  const std::string t = markdown_table(std::vector<FormatVerdictRecord>{v}, {"format", "verdict", "deciding_line"});
+  CHECK(t.find("| format | verdict | deciding_line |") == 0);
+  CHECK(t.find("| int8 | PASS | budgets.kl_mean <= 0.05 nats |") != std::string::npos);
+  CHECK(markdown_fields<FormatVerdictRecord>("verdict").find("| `fit` | object | yes |") != std::string::npos);
 }

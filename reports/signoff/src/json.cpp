@@ -38,41 +38,60 @@ json to_json(const NoiseFloor& n) {
   return {{"runs", runs}, {"worst", worst}};
 }
 
-json to_json(const LineResult& l) {
+records::VerdictLineRecord to_record(const LineResult& l) {
   const MetricInfo& mi = info(l.budget.budget.metric);
-  return {{"metric", mi.key},
-          {"origin", l.budget.origin},
-          {"line", describe(l.budget)},
-          {"direction", mi.direction == Direction::at_most ? "at_most" : "at_least"},
-          {"bound", l.budget.budget.disabled ? json(nullptr) : json(l.budget.budget.bound)},
-          {"unit", mi.unit},
-          {"source", l.budget.budget.source},
-          {"scope", l.scope},
-          {"value", opt(l.value)},
-          {"noise_floor", opt(l.noise)},
-          {"status", to_string(l.status)},
-          {"reason", l.reason},
-          {"margin", l.value ? json(l.margin) : json(nullptr)}};
+  records::VerdictLineRecord r;
+  r.metric = mi.key;
+  r.origin = l.budget.origin;
+  r.line = describe(l.budget);
+  r.direction = mi.direction == Direction::at_most ? "at_most" : "at_least";
+  if (!l.budget.budget.disabled) r.bound = l.budget.budget.bound;
+  r.unit = mi.unit;
+  r.source = l.budget.budget.source;
+  r.scope = l.scope;
+  r.value = l.value;
+  r.noise_floor = l.noise;
+  r.status = to_string(l.status);
+  r.reason = l.reason;
+  if (l.value) r.margin = l.margin;
+  return r;
 }
 
-json to_json(const ConformanceVerdict& c) { return {{"verdict", to_string(c.verdict)}, {"reasons", c.reasons}}; }
+records::ConformanceRecord to_record(const ConformanceVerdict& c) { return {to_string(c.verdict), c.reasons}; }
 
-json to_json(const FitVerdict& f) {
-  json lines = json::array();
-  for (const auto& l : f.lines) lines.push_back(to_json(l));
-  return {{"verdict", to_string(f.verdict)}, {"reasons", f.reasons}, {"deciding", f.deciding}, {"lines", lines}};
+records::FitRecord to_record(const FitVerdict& f) {
+  records::FitRecord r{to_string(f.verdict), f.reasons, f.deciding, {}};
+  for (const auto& l : f.lines) r.lines.push_back(to_record(l));
+  return r;
 }
 
-json to_json(const GateCounts& g) {
-  return {{"passed", g.passed}, {"failed", g.failed}, {"skipped", g.skipped}, {"failing", g.failing}, {"skipped_ids", g.skipped_ids}};
+records::GateCountsRecord to_record(const GateCounts& g) { return {g.passed, g.failed, g.skipped, g.failing, g.skipped_ids}; }
+
+records::MutationProofRecord to_record(const MutationOutcome& m) {
+  records::MutationProofRecord r{m.status, m.mutants, m.killed, m.survived, m.not_run};
+  for (const auto& x : m.missing) r.not_run.push_back(x);
+  for (const auto& x : m.undecided) r.not_run.push_back(x.substr(0, x.find(' ')));
+  return r;
 }
 
-json to_json(const MutationOutcome& m) {
-  json nr = m.not_run;
-  for (const auto& x : m.missing) nr.push_back(x);
-  for (const auto& x : m.undecided) nr.push_back(x.substr(0, x.find(' ')));
-  return {{"status", m.status}, {"mutants", m.mutants}, {"killed", m.killed}, {"survived", m.survived}, {"not_run", nr}};
+records::FormatVerdictRecord to_record(const FormatVerdict& v) {
+  records::FormatVerdictRecord r;
+  r.format = v.format;
+  r.verdict = to_string(v.overall);
+  r.conformance = to_record(v.conformance);
+  r.fit = to_record(v.fit);
+  r.deciding_line = deciding_line(v);
+  r.reasons = v.conformance.reasons;
+  r.reasons.insert(r.reasons.end(), v.fit.reasons.begin(), v.fit.reasons.end());
+  r.notes = v.notes;
+  return r;
 }
+
+json to_json(const LineResult& l) { return records::to_json(to_record(l)); }
+json to_json(const ConformanceVerdict& c) { return records::to_json(to_record(c)); }
+json to_json(const FitVerdict& f) { return records::to_json(to_record(f)); }
+json to_json(const GateCounts& g) { return records::to_json(to_record(g)); }
+json to_json(const MutationOutcome& m) { return records::to_json(to_record(m)); }
 
 json to_json(const Policy& p) {
   auto set = [](const std::vector<Budget>& v) {
@@ -94,13 +113,6 @@ json to_json(const Policy& p) {
   return {{"path", p.path}, {"name", p.name}, {"baseline", p.baseline}, {"budgets", set(p.defaults)}, {"formats", f}};
 }
 
-json to_json(const FormatVerdict& v) {
-  return {{"format", v.format},
-          {"verdict", to_string(v.overall)},
-          {"conformance", to_json(v.conformance)},
-          {"fit", to_json(v.fit)},
-          {"deciding_line", deciding_line(v)},
-          {"notes", v.notes}};
-}
+json to_json(const FormatVerdict& v) { return records::to_json(to_record(v)); }
 
 }  // namespace kvgate::signoff

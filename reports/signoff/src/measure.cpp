@@ -4,6 +4,7 @@
 #include <memory>
 #include <thread>
 
+#include "engine_logits.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
@@ -15,27 +16,7 @@ const char* to_string(QualityPath p) { return p == QualityPath::chunked_prefill 
 
 namespace {
 
-class CpuLogits final : public LogitsEngine {
- public:
-  CpuLogits(const Model& m, EngineOptions eo, QualityPath path) : e_(m, std::move(eo)), path_(path) {}
-  void reset() override { e_.reset(); }
-  std::vector<float> append(std::span<const int> t) override {
-    if (path_ == QualityPath::chunked_prefill) return e_.forward_all_logits(t);
-    const std::size_t V = static_cast<std::size_t>(e_.vocab_size());
-    std::vector<float> out(t.size() * V);
-    for (std::size_t i = 0; i < t.size(); ++i) {
-      const std::vector<float>& l = e_.position() == 0 ? e_.prefill(t.subspan(i, 1)) : e_.decode(t[i]);
-      std::copy(l.begin(), l.end(), out.begin() + static_cast<std::ptrdiff_t>(i * V));
-    }
-    return out;
-  }
-  int max_context() const override { return e_.max_context(); }
-  std::string effective() const override { return e_.stats().effective_kv; }
-
- private:
-  Engine e_;
-  QualityPath path_;
-};
+using CpuLogits = detail::EngineLogits<Engine, EngineOptions>;
 
 // Per-position metrics of rows [0, n) of one window, positions depth0.., in parallel over rows.
 std::vector<PositionMetrics> compare_window(const std::vector<float>& base, const std::vector<float>& got,
@@ -64,16 +45,8 @@ std::vector<PositionMetrics> compare_window(const std::vector<float>& base, cons
 
 EngineFactory cpu_engine_factory(const Model& model, int threads, int chunk, int max_context) {
   return [&model, threads, chunk, max_context](const std::string& f, QualityPath path) -> std::unique_ptr<LogitsEngine> {
-    const auto k = parse_kv_format(f);
-    if (!k) throw PolicyError("unknown KV format '" + f + "'; known: " + known_formats_text());
-    KvRequest req;
-    req.flag = *k;
-    EngineOptions eo;
-    eo.block_size = 16;
-    eo.kv = resolve_kv(req, model.config, eo.block_size);
+    EngineOptions eo = detail::quality_engine_options(model, f, path, chunk, max_context, "cpu");
     eo.threads = threads;
-    eo.max_context = max_context;
-    eo.prefill_chunk = path == QualityPath::chunked_prefill ? chunk : 1;
     return std::make_unique<CpuLogits>(model, eo, path);
   };
 }

@@ -6,7 +6,7 @@
 //
 // A record type R takes part by specialising FieldTable<R> with `static const std::vector<Field<R>>&
 // fields()`; KVGATE_FIELD builds a row from a data member (string, int, double, bool, vectors,
-// string-keyed maps, std::optional and nested records).
+// string-keyed maps, std::optional, nested records, and a nlohmann::json kept as it is).
 #pragma once
 #include <map>
 #include <optional>
@@ -68,7 +68,9 @@ inline const char* json_kind(const json& j) { return j.type_name(); }
 
 template <class T>
 json to_value(const T& v) {
-  if constexpr (Record<T>) {
+  if constexpr (std::is_same_v<T, json>) {  // a nested document kept as it is (another record's)
+    return v;
+  } else if constexpr (Record<T>) {
     json o = json::object();
     for (const auto& f : FieldTable<T>::fields()) o[f.name] = f.get(v);
     return o;
@@ -92,7 +94,9 @@ void from_value(const json& j, T& out, const std::string& pointer) {
   auto wrong = [&](const char* want) {
     throw FieldError(pointer, std::string("expected ") + want + ", found " + json_kind(j));
   };
-  if constexpr (Record<T>) {
+  if constexpr (std::is_same_v<T, json>) {
+    out = j;
+  } else if constexpr (Record<T>) {
     if (!j.is_object()) wrong("an object");
     for (const auto& f : FieldTable<T>::fields()) {
       const std::string at = pointer + "/" + f.name;

@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvgate/verdict_record.hpp"
+
 namespace kvgate {
 struct Model;
 }
@@ -272,7 +274,18 @@ nlohmann::json to_json(const FitVerdict& f);
 nlohmann::json to_json(const GateCounts& g);
 nlohmann::json to_json(const MutationOutcome& m);
 nlohmann::json to_json(const Policy& p);
-nlohmann::json to_json(const FormatVerdict& v);
+nlohmann::json to_json(const FormatVerdict& v);  // records::to_json(to_record(v))
+
+// The typed records of signoff.json's verdicts (kvgate/verdict_record.hpp, one field table each);
+// the to_json above of the same types write these.
+records::VerdictLineRecord to_record(const LineResult& l);
+records::ConformanceRecord to_record(const ConformanceVerdict& c);
+records::FitRecord to_record(const FitVerdict& f);
+records::GateCountsRecord to_record(const GateCounts& g);
+records::MutationProofRecord to_record(const MutationOutcome& m);  // not_run: not run, then missing, then undecided IDs
+// The verdict, its reasons (conformance then fit) and notes; gates, mutation, matrix and quality are
+// the caller's to fill (they come from other stages).
+records::FormatVerdictRecord to_record(const FormatVerdict& v);
 
 }  // namespace kvgate::signoff
 

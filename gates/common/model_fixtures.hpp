@@ -1,0 +1,66 @@
+// Shared model and engine set-up of the gate programs: synth models generated once per process, the
+// "odd geometry" model on which q8_0 and k8v4 fall back, and engine options with the KV resolved for
+// a model.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
+#include "kvgate/model.hpp"
+#include "kvgate/resolve.hpp"
+#include "kvgate/synth.hpp"
+#include "scratch_dir.hpp"
+
+namespace kvgate::gates {
+
+// The synth model of options `o` (o.out is ignored), generated into a temporary folder on the first
+// call with `key` and loaded once; the folder is removed when the process exits. `key` names the
+// folder and tells models apart (one key, one set of options).
+inline const Model& synth_model_once(const std::string& key, SynthOptions o) {
+  struct Entry {
+    ScratchDir dir{"kvgate-synth"};
+    std::unique_ptr<Model> model;
+  };
+  static std::map<std::string, std::unique_ptr<Entry>> cache;
+  auto& e = cache[key];
+  if (!e) {
+    auto made = std::make_unique<Entry>();
+    o.out = made->dir.sub(key);
+    synth_hf(o);
+    made->model = std::make_unique<Model>(load_model(o.out));
+    e = std::move(made);
+  }
+  return *e->model;
+}
+
+// Rows of 2 KV heads x head_dim 12 = 24 floats: no multiple of 32 and head_dim no power of two, so
+// q8_0 and k8v4 fall back on it (docs/FORMATS.md, capability rules). Hidden 48, 4 query heads,
+// FFN 64, vocabulary 300; the caller sets layers, seed and context.
+inline SynthOptions odd_geometry_options(int layers, int max_seq_len) {
+  SynthOptions o;
+  o.layers = layers;
+  o.hidden = 48;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.head_dim = 12;
+  o.ffn = 64;
+  o.vocab = 300;
+  o.max_seq_len = max_seq_len;
+  return o;
+}
+
+// Engine options for KV format `fmt` on model `m` with the KV resolved as the engine would (a format
+// the geometry cannot hold falls back, as resolve_kv says), pages of `block_size`, a context cap.
+inline EngineOptions resolved_engine_options(const Model& m, const KvFormat& fmt, int block_size, int max_context) {
+  KvRequest req;
+  req.flag = fmt;
+  EngineOptions o = engine_options_for(fmt);
+  o.kv = resolve_kv(req, m.config, block_size);
+  o.block_size = block_size;
+  o.max_context = max_context;
+  return o;
+}
+
+}  // namespace kvgate::gates
