@@ -1,4 +1,5 @@
 #include "kvgate_harness/gate_runner.hpp"
+#include "kvgate_harness/junit.hpp"
 
 #include <sys/stat.h>
 
@@ -132,6 +133,27 @@ nlohmann::json summarize(const std::vector<GateResult>& results) {
     gates.push_back(records::to_json(r));
   }
   return {{"totals", totals}, {"per_format", per_format}, {"gates", gates}};
+}
+
+std::string junit_of_gates(const std::vector<GateResult>& results) {
+  std::vector<harness::JUnitCase> cases;
+  for (const auto& r : results) {
+    harness::JUnitCase c;
+    c.name = r.name;
+    c.classname = r.executable;
+    c.seconds = r.seconds;
+    if (r.status == "failed") {
+      c.result = harness::JUnitCase::Result::failure;
+      c.type = "failed";
+      c.message = r.message.empty() ? "gate " + r.id + " failed" : r.message;
+      c.text = "gate " + r.id + " (" + r.executable + ") failed:\n" + r.message;
+    } else if (r.status == "skipped") {
+      c.result = harness::JUnitCase::Result::skipped;
+      c.message = r.message;
+    }
+    cases.push_back(std::move(c));
+  }
+  return harness::junit_xml("kvgate gate", cases);
 }
 
 }  // namespace kvgate::gates

@@ -1,0 +1,25 @@
+// What CI systems read from a mutation run (docs/MUTATIONS.md "CI"): JUnit XML with one testcase
+// per mutant (`--junit FILE`) and GitHub Actions annotations (`--format github`).
+#pragma once
+#include <iosfwd>
+#include <string>
+
+#include "kvgate_mutations/report.hpp"
+
+namespace kvgate::mutate {
+
+// One testcase per mutant, the canary first (classname: the mutated file). killed: passed, the
+// killing gates in <system-out>; survived and timeout: <failure> naming the gates that stayed
+// green and the expected killers; unviable and noop: <error>; skipped and interrupted: <skipped>.
+std::string junit_of_mutants(const RunResult& r);
+
+// One `::error file=F,line=L,title=...::message` line per survived or timed-out mutant, at its
+// anchor's first line (read from ctx.files_root, else ctx.source_dir), and one `::notice::` line
+// with the counts. Workflow commands: GitHub turns them into annotations on the pull request.
+std::string github_annotations(const RunResult& r, const ReportContext& ctx);
+
+// The CI outputs the options ask for: the JUnit file (atomically) and, with --format github, the
+// annotations on `out` (stdout: where the Actions runner reads workflow commands).
+void write_ci_outputs(const RunResult& r, const ReportContext& ctx, std::ostream& out, std::ostream& log);
+
+}  // namespace kvgate::mutate
