@@ -45,12 +45,14 @@ std::vector<GateResult> parse_catch_xml(const std::string& xml, const std::strin
     if (!c.has_result) {
       r.status = "failed";
       r.message = "no result: the gate program died inside this test case";
+      r.output = c.output;
     } else if (c.skipped) {
       r.status = "skipped";
       r.message = c.skip_reason.empty() ? "SKIPPED" : "SKIPPED: " + c.skip_reason;
     } else {
       r.status = c.success ? "passed" : "failed";
       if (!c.success) r.message = c.failure;
+      r.output = c.output;
     }
     out.push_back(std::move(r));
   }
@@ -146,7 +148,8 @@ std::string junit_of_gates(const std::vector<GateResult>& results) {
       c.result = harness::JUnitCase::Result::failure;
       c.type = "failed";
       c.message = r.message.empty() ? "gate " + r.id + " failed" : r.message;
-      c.text = "gate " + r.id + " (" + r.executable + ") failed:\n" + r.message;
+      c.text = "gate " + r.id + " (" + r.executable + ") failed: " + r.name + "\n" +
+               (r.output.empty() ? r.message : r.output);
     } else if (r.status == "skipped") {
       c.result = harness::JUnitCase::Result::skipped;
       c.message = r.message;

@@ -20,6 +20,7 @@ struct GateResult {
   std::string executable;  // which gate program ran it
   std::string status;      // "passed", "failed", "skipped"
   std::string message;     // first failure or the skip reason
+  std::string output;      // a failed case's whole report (CaseResult::output); not in gates.json
   double seconds = 0;
 };
 
