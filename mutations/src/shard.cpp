@@ -77,6 +77,9 @@ struct Shard {
 // A refusal: the file, the field (JSON pointer), the problem and the fix.
 struct Refusal {
   std::string file, field, problem, fix;
+  std::string whole;  // a reader's own complete message (records::RecordError: file, field, fix)
+  Refusal(std::string f, std::string at, std::string p, std::string x, std::string w = {})
+      : file(std::move(f)), field(std::move(at)), problem(std::move(p)), fix(std::move(x)), whole(std::move(w)) {}
 };
 
 template <class E>
@@ -89,7 +92,7 @@ E enum_of(const std::string& s, std::initializer_list<E> all, const Refusal& bad
 GateStatus gate_status(const std::string& s, const std::string& file, const std::string& at) {
   using G = GateStatus;
   return enum_of<G>(s, {G::passed, G::failed, G::crashed, G::timeout, G::not_run, G::skipped},
-                    {file, at, "is '" + s + "', not a gate status", "rerun that shard with this kvgate"});
+                    Refusal{file, at, "is '" + s + "', not a gate status", "rerun that shard with this kvgate"});
 }
 
 // A mutant's record back into the driver's outcome; its file paths rebased from the shard's folder
@@ -100,7 +103,7 @@ MutantOutcome outcome_of(const records::MutantRecord& m, const Mutant* cat, cons
   MutantOutcome mo;
   mo.mutant = cat;
   mo.status = enum_of<M>(m.status, {M::killed, M::survived, M::timeout, M::unviable, M::noop, M::skipped, M::interrupted},
-                         {sh.file.string(), at + "/status", "is '" + m.status + "', not a mutant status",
+                         Refusal{sh.file.string(), at + "/status", "is '" + m.status + "', not a mutant status",
                           "rerun that shard with this kvgate"});
   mo.reason = m.reason;
   mo.build_s = m.build_s;
@@ -149,7 +152,7 @@ RunResult merged_run(const MergeOptions& o, std::vector<Shard>& shards, Catalog&
     try {
       sh.rec = records::read_outcomes(sh.file);
     } catch (const RecordError& e) {
-      throw Refusal{e.file(), e.pointer(), std::string(e.what()).substr(e.file().size() + 2), "rerun that shard, or pass its complete output folder"};
+      throw Refusal{e.file(), e.pointer(), "", "", e.what()};
     }
     if (!sh.rec.shard)
       throw Refusal{sh.file.string(), "/shard", "is missing: the run recorded no catalog digest, commit or shard",
@@ -328,8 +331,12 @@ int merge_outcomes(const MergeOptions& o, std::ostream& log) {
   try {
     r = merged_run(o, shards, cat, catalog_path, source_dir, red, out);
   } catch (const Refusal& f) {
-    log << "kvgate mutate merge: " << f.file << ": " << (f.field.empty() ? "" : "field " + f.field + " ") << f.problem
-        << "; fix: " << f.fix << "\nkvgate mutate merge: nothing written\n";
+    if (!f.whole.empty())
+      log << "kvgate mutate merge: " << f.whole << "\n";
+    else
+      log << "kvgate mutate merge: " << f.file << ": " << (f.field.empty() ? "" : "field " + f.field + " ") << f.problem
+          << "; fix: " << f.fix << "\n";
+    log << "kvgate mutate merge: nothing written\n";
     return kExitError;
   }
   MutateOptions mo;
