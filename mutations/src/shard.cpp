@@ -11,6 +11,7 @@
 #include "kvgate_mutations/driver.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
+#include "kvgate_mutations/scratch.hpp"
 
 namespace kvgate::mutate {
 
@@ -45,12 +46,8 @@ std::vector<const Mutant*> shard_of(const std::vector<const Mutant*>& selection,
 }
 
 std::string file_digest(const fs::path& file) {
-  const std::string bytes = read_text(file);
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a 64
-  for (const unsigned char c : bytes) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  if (!fs::is_regular_file(file)) throw std::runtime_error("cannot read " + file.string() + " (missing?)");
+  std::uint64_t h = hash_file(file);
   static const char* hex = "0123456789abcdef";
   std::string s(16, '0');
   for (int i = 15; i >= 0; --i, h >>= 4) s[static_cast<std::size_t>(i)] = hex[h & 15];
