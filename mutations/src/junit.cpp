@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <ostream>
 
 #include "kvgate_harness/junit.hpp"
@@ -84,6 +86,30 @@ std::string gh_escape(const std::string& s, bool property) {
   return r;
 }
 
+// The first line of the mutant's anchor in the unmutated file (1 when it cannot be read).
+int anchor_line(const Mutant& m, const ReportContext& ctx) {
+  std::string src;
+  for (const fs::path& root : {ctx.files_root, ctx.source_dir}) {
+    if (root.empty() || !src.empty()) continue;
+    try {
+      src = read_text(root / m.file);
+    } catch (...) {
+    }
+  }
+  return std::max(1, anchor_span(src, m.anchor).start.line);
+}
+
+bool annotated(const MutantOutcome& mo) {
+  return mo.status == MutantStatus::survived || mo.status == MutantStatus::timeout;
+}
+
+std::string counts(const RunResult& r) {
+  return std::to_string(r.summary.run()) + " mutants: " + std::to_string(r.summary.killed) + " killed, " +
+         std::to_string(r.summary.survived) + " survived, " + std::to_string(r.summary.timeout) + " timeout, " +
+         std::to_string(r.summary.unviable) + " unviable, " + std::to_string(r.summary.noop) + " noop, " +
+         std::to_string(r.summary.skipped) + " skipped; exit " + std::to_string(r.exit_code);
+}
+
 }  // namespace
 
 std::string junit_of_mutants(const RunResult& r) {
@@ -106,32 +132,29 @@ std::string junit_of_mutants(const RunResult& r) {
 std::string github_annotations(const RunResult& r, const ReportContext& ctx) {
   std::string out;
   for (const auto& mo : r.outcomes) {
-    if (mo.status != MutantStatus::survived && mo.status != MutantStatus::timeout) continue;
+    if (!annotated(mo)) continue;
     const Mutant& m = *mo.mutant;
-    std::string src;
-    for (const fs::path& root : {ctx.files_root, ctx.source_dir}) {
-      if (root.empty() || !src.empty()) continue;
-      try {
-        src = read_text(root / m.file);
-      } catch (...) {
-      }
-    }
-    const int line = std::max(1, anchor_span(src, m.anchor).start.line);
     const std::string title = "mutant " + m.id + " " + to_string(mo.status);
     const std::string msg = m.description + " -- no gate failed (" + mo.reason + "); expected killers: " +
                             (m.expect_killed_by.empty() ? std::string("none named") : joined(m.expect_killed_by));
-    out += "::error file=" + gh_escape(m.file, true) + ",line=" + std::to_string(line) + ",title=" +
+    out += "::error file=" + gh_escape(m.file, true) + ",line=" + std::to_string(anchor_line(m, ctx)) + ",title=" +
            gh_escape(title, true) + "::" + gh_escape(msg, false) + "\n";
   }
-  out += "::notice title=kvgate mutate::" +
-         gh_escape(std::to_string(r.summary.run()) + " mutants: " + std::to_string(r.summary.killed) + " killed, " +
-                       std::to_string(r.summary.survived) + " survived, " + std::to_string(r.summary.timeout) +
-                       " timeout, " + std::to_string(r.summary.unviable) + " unviable, " +
-                       std::to_string(r.summary.noop) + " noop, " + std::to_string(r.summary.skipped) +
-                       " skipped; exit " + std::to_string(r.exit_code),
-                   false) +
-         "\n";
-  return out;
+  return out + "::notice title=kvgate mutate::" + gh_escape(counts(r), false) + "\n";
+}
+
+std::string github_step_summary(const RunResult& r, const ReportContext& ctx) {
+  std::string md = "### kvgate mutate\n\n" + counts(r) + "\n";
+  bool any = false;
+  for (const auto& mo : r.outcomes) {
+    if (!annotated(mo)) continue;
+    if (!any) md += "\n| mutant | status | where | expected killers |\n|---|---|---|---|\n";
+    any = true;
+    const Mutant& m = *mo.mutant;
+    md += "| `" + m.id + "` | " + to_string(mo.status) + " | `" + m.file + ":" + std::to_string(anchor_line(m, ctx)) +
+          "` | " + (m.expect_killed_by.empty() ? std::string("none named") : joined(m.expect_killed_by)) + " |\n";
+  }
+  return md;
 }
 
 void write_ci_outputs(const RunResult& r, const ReportContext& ctx, std::ostream& out, std::ostream& log) {
@@ -142,7 +165,13 @@ void write_ci_outputs(const RunResult& r, const ReportContext& ctx, std::ostream
       log << "kvgate mutate: error writing the JUnit file: " << ex.what() << "\n";
     }
   }
-  if (ctx.opts.format == "github") out << github_annotations(r, ctx) << std::flush;
+  if (ctx.opts.format != "github") return;
+  out << github_annotations(r, ctx) << std::flush;
+  if (const char* summary = std::getenv("GITHUB_STEP_SUMMARY"); summary && *summary) {
+    std::ofstream f(summary, std::ios::app);  // the runner's file: appended to, as every step does
+    f << github_step_summary(r, ctx);
+    if (!f) log << "kvgate mutate: warning: cannot append to GITHUB_STEP_SUMMARY=" << summary << "\n";
+  }
 }
 
 }  // namespace kvgate::mutate

@@ -567,6 +567,9 @@ TEST_CASE("ci: JUnit per mutant and GitHub annotations at the anchor line") {
   CHECK(gh.find("::error file=src/a.cpp,line=5,title=mutant B.survived survived::") == 0);  // "return 3;" is line 5
   CHECK(gh.find("A.killed") == std::string::npos);  // only survivors and timeouts
   CHECK(gh.find("::notice title=kvgate mutate::2 mutants: 1 killed, 1 survived") != std::string::npos);
+  const std::string md = github_step_summary(r, ctx);
+  CHECK(md.find("| `B.survived` | survived | `src/a.cpp:5` | ORA.y, ENV.x |") != std::string::npos);
+  CHECK(md.find("A.killed") == std::string::npos);
   b.description = "50% off\nnext line";
   CHECK(github_annotations(r, ctx).find("50%25 off%0Anext line") != std::string::npos);
   fs::remove_all(d);

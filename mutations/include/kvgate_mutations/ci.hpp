@@ -18,8 +18,13 @@ std::string junit_of_mutants(const RunResult& r);
 // with the counts. Workflow commands: GitHub turns them into annotations on the pull request.
 std::string github_annotations(const RunResult& r, const ReportContext& ctx);
 
+// The Markdown GitHub shows on the run's summary page (appended to $GITHUB_STEP_SUMMARY with
+// --format github): the counts and one row per survivor or timeout (file:line, expected killers).
+std::string github_step_summary(const RunResult& r, const ReportContext& ctx);
+
 // The CI outputs the options ask for: the JUnit file (atomically) and, with --format github, the
-// annotations on `out` (stdout: where the Actions runner reads workflow commands).
+// annotations on `out` (stdout: where the Actions runner reads workflow commands) and the step
+// summary appended to $GITHUB_STEP_SUMMARY when that is set.
 void write_ci_outputs(const RunResult& r, const ReportContext& ctx, std::ostream& out, std::ostream& log);
 
 }  // namespace kvgate::mutate
