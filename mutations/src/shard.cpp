@@ -168,7 +168,7 @@ RunResult merged_run(const MergeOptions& o, std::vector<Shard>& shards, Catalog&
     const records::ShardRecord& s = *sh.rec.shard;
     auto same = [&](bool ok, const char* field, const std::string& mine, const std::string& theirs, const char* fix) {
       if (!ok)
-        throw Refusal{sh.file.string(), std::string("/shard/") + field,
+        throw Refusal{sh.file.string(), field[0] == '/' ? std::string(field) : std::string("/shard/") + field,
                       "is " + mine + " but " + first.file.string() + " has " + theirs + ": not shards of one run", fix};
     };
     same(s.count == s0.count, "count", std::to_string(s.count), std::to_string(s0.count),
@@ -182,7 +182,7 @@ RunResult merged_run(const MergeOptions& o, std::vector<Shard>& shards, Catalog&
     same(s.selection == s0.selection, "selection", std::to_string(s.selection.size()) + " mutant ID(s)",
          "another selection of " + std::to_string(s0.selection.size()),
          "run every shard with the same --only / --since / --only-requires");
-    same(gate_ids(sh.rec) == gate_ids(first.rec), "../baseline/gates", "a gate set", "another",
+    same(gate_ids(sh.rec) == gate_ids(first.rec), "/baseline/gates", "one gate set", "another",
          "build every shard from the same tree and options (--gate-targets)");
     if (s.index < 0 || s.index >= s.count)
       throw Refusal{sh.file.string(), "/shard/index", "is " + std::to_string(s.index) + ", outside 0.." + std::to_string(s.count - 1),
