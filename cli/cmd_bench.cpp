@@ -11,6 +11,8 @@
 #include "cmd_bench.hpp"
 #include "commands.hpp"
 #include "kvgate/matrix.hpp"
+#include "kvgate_mutations/catalog.hpp"
+#include "kvgate_mutations/shard.hpp"
 
 namespace kvgate::cli {
 
@@ -18,7 +20,7 @@ namespace {
 
 struct BenchOpts {
   std::string model, tokenizer, probe_model, formats, lengths, windows, devices = "cpu", corpus, out = "kvgate.out/bench";
-  std::string needle_lengths, needle_depths, needle_seeds, counting_n, echo_seeds;
+  std::string needle_lengths, needle_depths, needle_seeds, counting_n, echo_seeds, shard;
   int decode_steps = 0, repeats = 0, threads = 1;
   double budget_mib = 1024;
   std::uint64_t seed = 1;
@@ -81,6 +83,15 @@ int run_bench(const BenchOpts& o) {
   std::optional<Model> probe_subject;
   load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
   if (!o.formats.empty()) mo.formats = matrix::split_csv(o.formats);
+  std::optional<mutate::ShardSpec> shard;
+  std::vector<std::string> all_formats;
+  if (!o.shard.empty()) {  // the formats by position mod n; f32 (the baseline) on every shard
+    std::string err;
+    shard = mutate::parse_shard(o.shard, &err);
+    if (!shard) throw std::invalid_argument(err);
+    all_formats = matrix::shard_formats(mo.formats, 0, 1);
+    mo.formats = matrix::shard_formats(mo.formats, shard->index, shard->count);
+  }
   if (!o.lengths.empty()) mo.lengths = matrix::parse_int_list(o.lengths);
   if (!o.windows.empty()) mo.windows = matrix::parse_int_list(o.windows);
   mo.devices = matrix::split_csv(o.devices);
@@ -107,7 +118,8 @@ int run_bench(const BenchOpts& o) {
   po.threads = o.threads;
   po.source_dir = src;
   const auto prov = matrix::provenance(po);
-  const auto m = matrix::run_matrix(model, mo, prov, progress_printer("bench "));
+  auto m = matrix::run_matrix(model, mo, prov, progress_printer("bench "));
+  if (shard) m["shard"] = {{"index", shard->index}, {"count", shard->count}, {"formats", all_formats}};
   progress_done();
   std::error_code ec;
   std::filesystem::remove_all(mo.cache_dir, ec);
@@ -118,6 +130,35 @@ int run_bench(const BenchOpts& o) {
     std::cout << matrix::matrix_markdown(m);
     for (const auto& f : files) std::fprintf(stderr, "wrote %s\n", f.c_str());
   }
+  return 0;
+}
+
+int run_bench_merge(const std::vector<std::string>& dirs, const std::string& out, bool json) {
+  std::vector<std::pair<std::string, nlohmann::json>> shards;
+  for (const auto& d : dirs) {
+    const std::filesystem::path f =
+        std::filesystem::is_directory(d) ? std::filesystem::path(d) / "matrix.json" : std::filesystem::path(d);
+    nlohmann::json doc;
+    try {
+      doc = nlohmann::json::parse(mutate::read_text(f));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kvgate bench merge: %s: field / is not a readable JSON document (%s); fix: pass the complete output folder of kvgate bench --shard k/n\nkvgate bench merge: nothing written\n",
+                   f.c_str(), e.what());
+      return 1;
+    }
+    shards.emplace_back(f.string(), std::move(doc));
+  }
+  nlohmann::json m;
+  try {
+    m = matrix::merge_matrices(shards);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvgate bench merge: %s\nkvgate bench merge: nothing written\n", e.what());
+    return 1;
+  }
+  const auto files = matrix::write_matrix(m, out);
+  if (json) std::cout << m.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  else std::cout << matrix::matrix_markdown(m);
+  for (const auto& f : files) std::fprintf(stderr, "wrote %s\n", f.c_str());
   return 0;
 }
 
@@ -151,7 +192,22 @@ void register_bench(CLI::App& app) {
   sub->add_flag("--no-quality", o->no_quality, "skip KL/top-1");
   sub->add_option("--out", o->out, "output folder (matrix.json, .jsonl, .csv, .md)")->capture_default_str();
   sub->add_flag("--json", o->json, "print the canonical JSON instead of Markdown");
-  on_run(sub, [o] { return run_bench(*o); });
+  sub->add_option("--shard", o->shard,
+                  "k/n: only the formats at positions i with i mod n == k (f32, the baseline, on every shard); join "
+                  "the n output folders with `kvgate bench merge`");
+  struct MergeArgs {
+    std::vector<std::string> dirs;
+    std::string out;
+    bool json = false;
+  };
+  auto ma = std::make_shared<MergeArgs>();
+  auto* merge = sub->add_subcommand("merge", "Join the output folders of `kvgate bench --shard k/n` into one matrix (the "
+                                             "unsharded row order); refuses a missing or doubled shard, other commits, "
+                                             "models, options (nothing is written then)");
+  merge->add_option("DIR", ma->dirs, "the shard output folders (or their matrix.json)")->required();
+  merge->add_option("--out", ma->out, "the merged output folder")->required();
+  merge->add_flag("--json", ma->json, "print the canonical JSON instead of Markdown");
+  on_run(sub, [o, ma, merge] { return merge->parsed() ? run_bench_merge(ma->dirs, ma->out, ma->json) : run_bench(*o); });
 }
 
 }  // namespace kvgate::cli

@@ -17,7 +17,7 @@ namespace kvgate::cli {
 namespace {
 
 struct GateOpts {
-  std::string gates_dir, json_path, format, families;
+  std::string gates_dir, json_path, junit_path, format, families;
   bool list = false;
 };
 
@@ -77,6 +77,7 @@ int run_gate(const GateOpts& o) {
     if (r.status == "failed") std::printf("FAILED %s (%s): %s\n", r.id.c_str(), r.executable.c_str(), r.message.c_str());
     else if (r.status == "skipped") std::printf("SKIPPED %s: %s\n", r.id.c_str(), r.message.c_str());
   if (!o.json_path.empty()) write_file_atomic(o.json_path, summary.dump(2) + "\n");
+  if (!o.junit_path.empty()) write_file_atomic(o.junit_path, gates::junit_of_gates(results));
   return t["failed"].get<int>() > 0 ? 1 : 0;
 }
 
@@ -89,6 +90,9 @@ void register_gate(CLI::App& app) {
   sub->add_option("--format", o->format, "only gates tagged [fmt:<name>]");
   sub->add_option("--family", o->families, "only these families, comma-separated (ENV,INV,ORA,PAR,STO,MOD,PRB)");
   sub->add_option("--json", o->json_path, "write the summary as JSON to this file (atomically)");
+  sub->add_option("--junit", o->junit_path,
+                  "write JUnit XML to this file (atomically): one testcase per gate, a failed gate's output in its "
+                  "<failure>");
   sub->add_flag("--list", o->list, "print every gate with its status");
   on_run(sub, [o] { return run_gate(*o); });
 }

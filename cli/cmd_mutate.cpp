@@ -8,13 +8,14 @@
 #include "commands.hpp"
 #include "kvgate_mutations/driver.hpp"
 #include "kvgate_mutations/process.hpp"
+#include "kvgate_mutations/shard.hpp"
 
 namespace kvgate::cli {
 
 namespace {
 struct MutateCli {
   std::string catalog, out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets,
-      only_requires;
+      only_requires, shard, junit, format = "text";
   // Both cores by default: the gate executables run side by side (the longest starts first).
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false, skip_red_gates = false;
@@ -69,8 +70,25 @@ int run_mutate_cmd(const MutateCli& c) {
   o.expected_gates_only = c.expected_gates_only;
   o.restore_objects = c.restore_objects;
   o.skip_red_gates = c.skip_red_gates;
+  if (!c.shard.empty()) {
+    std::string err;
+    const auto sh = mutate::parse_shard(c.shard, &err);
+    if (!sh) {
+      std::cerr << "kvgate mutate: " << err << "\n";
+      return mutate::kExitError;
+    }
+    o.shard_index = sh->index;
+    o.shard_count = sh->count;
+  }
+  o.junit = c.junit;
+  o.format = c.format;
   return mutate::run_mutate(o, std::cerr);
 }
+
+struct MergeCli {
+  std::vector<std::string> inputs;
+  std::string out, catalog, source_dir, web_dist, junit, format = "text";
+};
 }  // namespace
 
 void register_mutate(CLI::App& app) {
@@ -111,7 +129,42 @@ void register_mutate(CLI::App& app) {
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");
-  on_run(sub, [c] { return run_mutate_cmd(*c); });
+  sub->add_option("--shard", c->shard,
+                  "k/n: run only the selected mutants at positions i with i mod n == k (0 <= k < n); the baseline "
+                  "and the canary run on every shard; join the n output folders with `kvgate mutate merge`");
+  sub->add_option("--junit", c->junit, "write JUnit XML to this file (atomically): one testcase per mutant, survived = failure");
+  sub->add_option("--format", c->format, "text, or github: ::error annotations for survivors at the mutant's anchor line (stdout)")
+      ->check(CLI::IsMember({"text", "github"}))
+      ->capture_default_str();
+
+  auto m = std::make_shared<MergeCli>();
+  auto* merge = sub->add_subcommand(
+      "merge", "Join the output folders of `kvgate mutate --shard k/n` (every k of one run) into one outcomes.json, kill "
+               "matrix and Stryker report; refuses a missing or doubled shard, shards of other catalogs or commits, a "
+               "corrupt outcomes.json (nothing is written then)");
+  merge->add_option("DIR", m->inputs, "the shard output folders (or their outcomes.json)")->required();
+  merge->add_option("--out", m->out, "the merged output folder")->required();
+  merge->add_option("--catalog", m->catalog, "the catalog the shards ran (default: the path they recorded)");
+  merge->add_option("--source-dir", m->source_dir, "the source tree, for the Stryker report's sources (default: the one they recorded)");
+  merge->add_option("--web-dist", m->web_dist, "mutation-test-elements.js to vendor next to index.html");
+  merge->add_option("--junit", m->junit, "write JUnit XML of the merged run to this file (atomically)");
+  merge->add_option("--format", m->format, "text, or github: ::error annotations for survivors (stdout)")
+      ->check(CLI::IsMember({"text", "github"}))
+      ->capture_default_str();
+  on_run(sub, [c, m, merge] {
+    if (merge->parsed()) {
+      mutate::MergeOptions mo;
+      for (const auto& i : m->inputs) mo.inputs.emplace_back(i);
+      mo.out_dir = m->out;
+      mo.catalog = m->catalog;
+      mo.source_dir = m->source_dir;
+      mo.web_dist = m->web_dist;
+      mo.junit = m->junit;
+      mo.format = m->format;
+      return mutate::merge_outcomes(mo, std::cerr);
+    }
+    return run_mutate_cmd(*c);
+  });
 }
 
 }  // namespace kvgate::cli

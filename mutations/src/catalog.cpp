@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include "kvgate/json_limits.hpp"
 #include "kvgate_mutations/catalog.hpp"
 
@@ -22,11 +24,29 @@ std::string read_text(const fs::path& p) {
 }
 
 void write_text(const fs::path& p, std::string_view text) {
+  // Atomically: a temp file next to it, then rename, so a reader (or a hard kill) never sees half a
+  // file. The file keeps its permissions (a mutated script stays executable).
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  if (!out) throw std::runtime_error("cannot write " + p.string());
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) throw std::runtime_error("short write to " + p.string());
+  const fs::path tmp = p.string() + ".kvgate-tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error("cannot write " + tmp.string());
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.flush();
+    if (!out) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw std::runtime_error("short write to " + tmp.string());
+    }
+  }
+  std::error_code ec;
+  if (const auto st = fs::status(p, ec); !ec && fs::exists(st)) fs::permissions(tmp, st.permissions(), ec);
+  fs::rename(tmp, p, ec);
+  if (ec) {
+    std::error_code ec2;
+    fs::remove(tmp, ec2);
+    throw std::runtime_error("cannot replace " + p.string() + ": " + ec.message());
+  }
 }
 
 const Mutant* Catalog::find(std::string_view id) const {

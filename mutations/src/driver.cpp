@@ -6,6 +6,7 @@
 #include <cmath>
 #include <ctime>
 #include <iomanip>
+#include <iostream>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -13,10 +14,12 @@
 
 #include "kvgate/model_paths.hpp"
 #include "kvgate_mutations/catch_xml.hpp"
+#include "kvgate_mutations/ci.hpp"
 #include "kvgate_mutations/gate_files.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
 #include "kvgate_mutations/scratch.hpp"
+#include "kvgate_mutations/shard.hpp"
 
 namespace kvgate::mutate {
 
@@ -547,17 +550,6 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   return mo;
 }
 
-void count(RunSummary& s, MutantStatus st) {
-  switch (st) {
-    case MutantStatus::killed: ++s.killed; break;
-    case MutantStatus::survived: ++s.survived; break;
-    case MutantStatus::timeout: ++s.timeout; break;
-    case MutantStatus::unviable: ++s.unviable; break;
-    case MutantStatus::noop: ++s.noop; break;
-    case MutantStatus::skipped: ++s.skipped; break;
-    case MutantStatus::interrupted: ++s.interrupted; break;
-  }
-}
 
 
 // The mutants whose file no gate program of the build compiles (restricted to `gates` when given):
@@ -611,6 +603,7 @@ void write_outputs(const RunResult& r, const Env& e, std::ostream& log) {
   } catch (const std::exception& ex) {
     log << "kvgate mutate: error writing reports: " << ex.what() << "\n";
   }
+  write_ci_outputs(r, ctx, std::cout, log);  // --junit, --format github
 }
 
 using Stop = std::optional<int>;  // a step's exit code when the run ends there
@@ -754,6 +747,35 @@ Stop select_mutants(Run& s) {
     log << "kvgate mutate: --since " << o.since << ": " << selected.size() << " mutant(s) on changed files\n";
   }
 
+  return std::nullopt;
+}
+
+// --shard k/n: the catalog digest and commit of the run, then this shard's part of the selection.
+Stop shard_mutants(Run& s) {
+  KVGATE_RUN_NAMES(s);
+  r.shard.index = o.shard_index;
+  r.shard.count = o.shard_count;
+  try {
+    r.shard.catalog_digest = file_digest(o.catalog);
+  } catch (const std::exception& ex) {
+    log << "kvgate mutate: " << ex.what() << "\n";
+    return kExitError;
+  }
+  const SourceCommit sc = source_commit(o.source_dir);
+  r.shard.commit = sc.commit;
+  r.shard.dirty = sc.dirty;
+  r.shard.selection.clear();
+  for (const Mutant* m : selected) r.shard.selection.push_back(m->id);
+  r.shard.full_selection = r.full_run && o.gate_targets.empty();
+  if (o.shard_count > 1) {
+    r.full_run = false;  // one shard's "gates that killed no mutant" says nothing; the merge checks it
+    const std::size_t all = selected.size();
+    selected = shard_of(selected, {o.shard_index, o.shard_count});
+    log << "kvgate mutate: --shard " << o.shard_index << "/" << o.shard_count << ": " << selected.size() << " of "
+        << all << " mutant(s) (position mod " << o.shard_count << " == " << o.shard_index << "; catalog "
+        << r.shard.catalog_digest << ", commit " << (sc.commit.empty() ? "none" : sc.commit.substr(0, 12))
+        << (sc.dirty ? " + uncommitted changes" : "") << ")\n";
+  }
   return std::nullopt;
 }
 
@@ -1301,42 +1323,7 @@ Stop run_mutants(Run& s) {
 
 // The run's own checks (counts, expectations, gates killing none) and the exit code.
 Stop check_run(Run& s) {
-  KVGATE_RUN_NAMES(s);
-  // --- checks ----------------------------------------------------------------------------
-  std::map<std::string, int> kills;
-  for (const auto& mo : r.outcomes)
-    for (const auto& k : mo.killed_by) ++kills[k];
-  for (const auto& g : r.gates)
-    if (!g.skipped && !e.red.count(g.id) && !kills.count(g.id)) r.gates_killing_none.push_back(g.id);
-  int ran = 0;
-  for (const auto& mo : r.outcomes) ran += mo.status != MutantStatus::skipped ? 1 : 0;
-  if (ran != r.summary.run())
-    r.check_failures.push_back("outcome count " + std::to_string(r.summary.run()) + " != mutants run " +
-                               std::to_string(ran));
-  bool expectation_failed = false;
-  for (const auto& mo : r.outcomes) {
-    if (!mo.expected_not_killing.empty()) {
-      expectation_failed = true;
-      std::string s = mo.mutant->id + ": expected to be killed by";
-      for (const auto& g : mo.expected_not_killing) s += " " + g;
-      r.check_failures.push_back(s + ", which stayed green");
-    }
-  }
-  if (r.full_run && !r.interrupted && !r.gates_killing_none.empty()) {
-    expectation_failed = true;
-    std::string s = "gates that killed no mutant:";
-    for (const auto& g : r.gates_killing_none) s += " " + g;
-    r.check_failures.push_back(s);
-  }
-  if (r.interrupted) r.exit_code = kExitInterrupted;
-  else if (ran != r.summary.run()) r.exit_code = kExitError;
-  else if (r.summary.survived) r.exit_code = kExitSurvived;
-  else if (r.summary.timeout) r.exit_code = kExitTimeout;
-  else if (r.summary.unviable || r.summary.noop) r.exit_code = kExitUnviable;
-  else if (expectation_failed) r.exit_code = kExitExpectation;
-  else r.exit_code = kExitOk;
-  if (!e.red.empty() && (r.exit_code == kExitOk || r.exit_code == kExitExpectation)) r.exit_code = kExitBaselineRed;
-
+  classify_run(s.r, s.e.red);
   return std::nullopt;
 }
 
@@ -1392,7 +1379,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   s.e.log = &log;
   for (Stop (*step)(Run&) : {resolve_options, load_and_check_catalog}) if (Stop rc = step(s)) return *rc;
   if (s.e.o.list) return *list_catalog(s);
-  for (Stop (*step)(Run&) : {select_mutants, refuse_stale_anchors, prepare_scratch, probe_device, sync_scratch,
+  for (Stop (*step)(Run&) : {select_mutants, shard_mutants, refuse_stale_anchors, prepare_scratch, probe_device, sync_scratch,
                              set_environments, configure_scratch_build, list_gate_programs, restrict_gate_targets,
                              build_baseline, refuse_ungated_mutants, list_variants, focus_gates, run_baseline, run_canary, run_mutants, check_run})
     if (Stop rc = step(s)) return *rc;
@@ -1442,4 +1429,53 @@ DeviceProbe probe_cuda_device(const std::filesystem::path& log_path) {
 }
 
 std::string default_source_dir() { return KVGATE_MUTATIONS_SOURCE_DIR; }
+
+void classify_run(RunResult& r, const std::set<std::string>& red) {
+  // --- checks ----------------------------------------------------------------------------
+  std::map<std::string, int> kills;
+  for (const auto& mo : r.outcomes)
+    for (const auto& k : mo.killed_by) ++kills[k];
+  for (const auto& g : r.gates)
+    if (!g.skipped && !red.count(g.id) && !kills.count(g.id)) r.gates_killing_none.push_back(g.id);
+  int ran = 0;
+  for (const auto& mo : r.outcomes) ran += mo.status != MutantStatus::skipped ? 1 : 0;
+  if (ran != r.summary.run())
+    r.check_failures.push_back("outcome count " + std::to_string(r.summary.run()) + " != mutants run " +
+                               std::to_string(ran));
+  bool expectation_failed = false;
+  for (const auto& mo : r.outcomes) {
+    if (!mo.expected_not_killing.empty()) {
+      expectation_failed = true;
+      std::string s = mo.mutant->id + ": expected to be killed by";
+      for (const auto& g : mo.expected_not_killing) s += " " + g;
+      r.check_failures.push_back(s + ", which stayed green");
+    }
+  }
+  if (r.full_run && !r.interrupted && !r.gates_killing_none.empty()) {
+    expectation_failed = true;
+    std::string s = "gates that killed no mutant:";
+    for (const auto& g : r.gates_killing_none) s += " " + g;
+    r.check_failures.push_back(s);
+  }
+  if (r.interrupted) r.exit_code = kExitInterrupted;
+  else if (ran != r.summary.run()) r.exit_code = kExitError;
+  else if (r.summary.survived) r.exit_code = kExitSurvived;
+  else if (r.summary.timeout) r.exit_code = kExitTimeout;
+  else if (r.summary.unviable || r.summary.noop) r.exit_code = kExitUnviable;
+  else if (expectation_failed) r.exit_code = kExitExpectation;
+  else r.exit_code = kExitOk;
+  if (!red.empty() && (r.exit_code == kExitOk || r.exit_code == kExitExpectation)) r.exit_code = kExitBaselineRed;
+}
+
+void count(RunSummary& s, MutantStatus st) {
+  switch (st) {
+    case MutantStatus::killed: ++s.killed; break;
+    case MutantStatus::survived: ++s.survived; break;
+    case MutantStatus::timeout: ++s.timeout; break;
+    case MutantStatus::unviable: ++s.unviable; break;
+    case MutantStatus::noop: ++s.noop; break;
+    case MutantStatus::skipped: ++s.skipped; break;
+    case MutantStatus::interrupted: ++s.interrupted; break;
+  }
+}
 }  // namespace kvgate::mutate

@@ -172,6 +172,7 @@ records::OutcomesRecord outcomes_record(const RunResult& r, const ReportContext&
   for (const auto& [id, n] : kills_per_gate(r)) o.kills_per_gate[id] = n;
   o.gates_killing_none = r.gates_killing_none;
   o.check_failures = r.check_failures;
+  o.shard = r.shard;
   return o;
 }
 

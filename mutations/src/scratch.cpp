@@ -122,7 +122,7 @@ SyncStats sync_tree(const fs::path& src, const fs::path& dst, const std::vector<
 
 std::uint64_t hash_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a 64 offset basis
   char buf[65536];
   while (in) {
     in.read(buf, sizeof buf);

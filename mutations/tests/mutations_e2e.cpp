@@ -7,10 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "catch_compat.hpp"
@@ -349,6 +352,207 @@ TEST_CASE("fixture: Ctrl-C restores the scratch tree and still writes the result
   CHECK(oc["exit_code"] == 130);
   CHECK(mutant(oc, "FIX.killed")["status"] == "killed");
   CHECK(fs::exists(w / "out" / "kill_matrix.md"));
+}
+
+namespace {
+
+// Runs a program (not kvgate mutate) with its output in work/<name>.log.
+Run run_tool(const fs::path& work, const std::string& name, const std::vector<std::string>& argv,
+             const std::vector<std::pair<std::string, std::string>>& env = {}) {
+  fs::create_directories(work);
+  const ProcResult pr = run_process({argv, {}, env, (work / (name + ".log")).string(), 900});
+  Run r;
+  r.rc = pr.ended_normally() ? pr.exit_code : -1;
+  r.log = read_text(work / (name + ".log"));
+  return r;
+}
+
+// xmllint --schema mutations/schema/junit.xsd: exit 0 when the file validates.
+Run junit_valid(const fs::path& work, const fs::path& file) {
+  return run_tool(work, "xmllint", {"xmllint", "--noout", "--schema",
+                                    (kSource / "mutations" / "schema" / "junit.xsd").string(), file.string()});
+}
+
+// The kill matrix without the times: mutant, category, file, status and one cell per gate.
+std::vector<std::string> matrix_without_times(const fs::path& csv) {
+  std::vector<std::string> rows;
+  std::istringstream in(read_text(csv));
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    std::stringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) f.push_back(c);
+    if (f.size() > 4) f.erase(f.begin() + 4);  // wall_s
+    std::string r;
+    for (const auto& c : f) r += c + ",";
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("fixture: --shard 3 ways + merge (through docs/ci/kvgate-ci.sh) equals the unsharded run; JUnit; "
+          "github annotations; merge refusals",
+          "[fixture]") {
+  const fs::path w = kWork / "fixture_shard";
+  fs::remove_all(w / "ci");
+  const fs::path fixture = kSource / "mutations" / "tests" / "fixture";
+  const std::string only = "FIX.killed,FIX.crash,FIX.survived,FIX.mismatch,FIX.portable_only,FIX.noop";
+  REQUIRE(run_tool(w, "xmllint_version", {"xmllint", "--version"}).rc == 0);  // libxml2-utils: scripts/setup.sh --deps
+
+  const Run full = mutate(w, fixture_args({"--only", only, "--junit", (w / "full.xml").string(), "--format", "github"}));
+  INFO(full.log);
+  REQUIRE(full.rc == 2);  // FIX.survived
+  REQUIRE(full.outcomes["mutants"].size() == 6);
+  CHECK(full.outcomes["shard"]["count"] == 1);
+  CHECK(full.outcomes["shard"]["selection"].size() == 6);
+  CHECK(full.outcomes["shard"]["catalog_digest"].get<std::string>().size() == 16);
+
+  // The CI recipes' steps, as the workflows call them: three shards, then the merge.
+  const fs::path ci = w / "ci";
+  const std::string script = (kSource / "docs" / "ci" / "kvgate-ci.sh").string();
+  const std::vector<std::pair<std::string, std::string>> env{{"KVGATE", kKvgate}, {"FORMAT", "github"}};
+  const std::vector<std::string> pass{"--source-dir", fixture.string(), "--catalog", (fixture / "catalog.json").string(),
+                                      "--min-timeout", "2", "--scratch", (w / "tree").string(), "--only", only};
+  std::set<std::string> ran;
+  for (int k = 0; k < 3; ++k) {
+    std::vector<std::string> argv{script, "shard", std::to_string(k), "3", ci.string()};
+    argv.insert(argv.end(), pass.begin(), pass.end());
+    const Run r = run_tool(w, "shard" + std::to_string(k), argv, env);
+    INFO(r.log);
+    CHECK(r.rc == 0);  // survivors do not fail a shard step
+    const json oc = json::parse(read_text(ci / ("shard-" + std::to_string(k)) / "outcomes.json"));
+    CHECK(oc["shard"]["index"] == k);
+    CHECK(oc["shard"]["count"] == 3);
+    CHECK(oc["canary"]["status"] == "killed");  // the canary and the baseline run on every shard
+    CHECK(oc["mutants"].size() == 2);           // 6 mutants, position mod 3
+    for (const auto& m : oc["mutants"]) ran.insert(m["id"].get<std::string>());
+    CHECK(junit_valid(w, ci / ("shard-" + std::to_string(k) + ".xml")).rc == 0);
+  }
+  CHECK(ran.size() == 6);
+  const Run merged = run_tool(w, "merge", {script, "merge", ci.string()}, env);
+  INFO(merged.log);
+  CHECK(merged.rc == full.rc);
+  const json mo = json::parse(read_text(ci / "merged" / "outcomes.json"));
+  REQUIRE(mo["mutants"].size() == full.outcomes["mutants"].size());
+  for (std::size_t i = 0; i < mo["mutants"].size(); ++i) {
+    const json &a = full.outcomes["mutants"][i], &b = mo["mutants"][i];
+    INFO(a["id"]);
+    CHECK(a["id"] == b["id"]);  // the unsharded order
+    CHECK(a["status"] == b["status"]);
+    CHECK(a["killed_by"] == b["killed_by"]);
+    CHECK(a["killed_in"] == b["killed_in"]);
+    CHECK(a["expected_not_killing"] == b["expected_not_killing"]);
+  }
+  CHECK(mo["exit_code"] == full.outcomes["exit_code"]);
+  CHECK(mo["check_failures"] == full.outcomes["check_failures"]);
+  CHECK(mo["shard"]["merged_shards"] == 3);
+  CHECK(matrix_without_times(ci / "merged" / "kill_matrix.csv") == matrix_without_times(w / "out" / "kill_matrix.csv"));
+  check_report(ci / "merged");
+  // The merged logs point into the shard folders.
+  const std::string log0 = mutant(mo, "FIX.killed")["gates"]["FIX.add"]["log"];
+  CHECK(log0.rfind("../shard-0/", 0) == 0);
+  CHECK(fs::exists(ci / "merged" / log0));
+
+  // JUnit: the files validate; a survivor is a failure naming its expected killers, a kill names its gates.
+  for (const fs::path& f : {w / "full.xml", ci / "mutants.xml"}) {
+    INFO(f.string());
+    CHECK(junit_valid(w, f).rc == 0);
+    const std::string x = read_text(f);
+    CHECK(x.find("tests=\"7\" failures=\"1\" errors=\"1\"") != std::string::npos);  // canary + 6; survived; noop
+    CHECK(x.find("<testcase name=\"FIX.survived\" classname=\"src/lib.cpp\"") != std::string::npos);
+    CHECK(x.find("<failure message=\"survived: every gate stayed green\" type=\"survived\">") != std::string::npos);
+    CHECK(x.find("expected killers: FIX.describe") != std::string::npos);
+    CHECK(x.find("killed by: FIX.mul") != std::string::npos);
+  }
+  {
+    // Anti-vacuity: the schema refuses a testcase without its classname.
+    std::string x = read_text(w / "full.xml");
+    x.replace(x.find(" classname=\"src/lib.cpp\""), std::string(" classname=\"src/lib.cpp\"").size(), "");
+    write_text(w / "broken.xml", x);
+    CHECK(junit_valid(w, w / "broken.xml").rc != 0);
+  }
+  // kvgate gate --junit on the fixture's gate programs, green and red.
+  for (const bool red : {false, true}) {
+    std::vector<std::pair<std::string, std::string>> genv = env;
+    if (red) genv.emplace_back("KVGATE_FIXTURE_RED", "1");
+    const fs::path out = w / (red ? "gates_red" : "gates_green");
+    const Run g = run_tool(w, "gates", {script, "gates", out.string(), "--gates-dir", (w / "tree" / "build" / "gates").string()}, genv);
+    INFO(g.log);
+    CHECK(g.rc == (red ? 1 : 0));
+    CHECK(junit_valid(w, out / "gates.xml").rc == 0);
+    const std::string x = read_text(out / "gates.xml");
+    CHECK(x.find("classname=\"gate_math\"") != std::string::npos);
+    CHECK((x.find("<failure") != std::string::npos) == red);
+    if (red) CHECK(x.find("gate FIX.never (gate_misc) failed") != std::string::npos);
+  }
+
+  // --format github: one ::error at the survivor's anchor line.
+  {
+    const std::string src = read_text(fixture / "src" / "lib.cpp");
+    const auto line = 1 + std::count(src.begin(), src.begin() + static_cast<long>(src.find("\"value \"")), '\n');
+    const std::string want = "::error file=src/lib.cpp,line=" + std::to_string(line) + ",title=mutant FIX.survived survived::";
+    CHECK(full.log.find(want) != std::string::npos);
+    CHECK(merged.log.find(want) != std::string::npos);
+    CHECK(full.log.find("::error file=src/lib.cpp,line=", full.log.find(want) + 1) == std::string::npos);  // only the survivor
+  }
+
+  // Refusals: each names the file, the field and the fix, and writes nothing.
+  auto refused = [&](const std::vector<fs::path>& dirs, const std::string& needle) {
+    const fs::path out = w / "refused";
+    fs::remove_all(out);
+    std::vector<std::string> argv{kKvgate, "mutate", "merge"};
+    for (const auto& d : dirs) argv.push_back(d.string());
+    argv.insert(argv.end(), {"--out", out.string(), "--junit", (w / "refused.xml").string()});
+    fs::remove(w / "refused.xml");
+    const Run r = run_tool(w, "refused", argv);
+    INFO(r.log);
+    CHECK(r.rc == 1);
+    CHECK(r.log.find(needle) != std::string::npos);
+    CHECK(r.log.find("fix: ") != std::string::npos);
+    CHECK(r.log.find("nothing written") != std::string::npos);
+    CHECK(!fs::exists(out));
+    CHECK(!fs::exists(w / "refused.xml"));
+  };
+  const fs::path s0 = ci / "shard-0", s1 = ci / "shard-1", s2 = ci / "shard-2";
+  refused({s0, s1}, "shard 2/3 is missing");
+  refused({s0, s1, s1, s2}, "field /shard/index is 1, and so is");
+  auto tampered = [&](const std::string& name, const std::function<void(json&)>& edit) {
+    const fs::path d = w / name;
+    fs::remove_all(d);
+    fs::create_directories(d);
+    json oc = json::parse(read_text(s2 / "outcomes.json"));
+    edit(oc);
+    write_text(d / "outcomes.json", oc.dump(2));
+    return d;
+  };
+  refused({s0, s1, tampered("other_catalog", [](json& j) { j["shard"]["catalog_digest"] = "0123456789abcdef"; })},
+          "field /shard/catalog_digest is 0123456789abcdef but");
+  refused({s0, s1, tampered("other_commit", [](json& j) { j["shard"]["commit"] = "deadbeef"; })},
+          "field /shard/commit is 'deadbeef' but");
+  refused({s0, s1, tampered("lost_mutant", [](json& j) { j["mutants"].erase(0); })}, "has no outcome for FIX.survived");
+  {
+    const fs::path d = w / "corrupt";
+    fs::create_directories(d);
+    const std::string text = read_text(s2 / "outcomes.json");
+    write_text(d / "outcomes.json", text.substr(0, text.size() / 2));
+    refused({s0, s1, d}, (d / "outcomes.json").string() + ": field / is not JSON");
+  }
+  {
+    const Run r = mutate(w, fixture_args({"--only", only, "--shard", "3/3"}));
+    CHECK(r.rc == 1);
+    CHECK(r.log.find("--shard '3/3': the shard index k is out of range") != std::string::npos);
+  }
+
+  // Every recipe in docs/ci/ runs these steps through the script.
+  for (const char* recipe : {"github-actions.yml", "gitlab-ci.yml", "slurm-mutate.sh"}) {
+    INFO(recipe);
+    const std::string text = read_text(kSource / "docs" / "ci" / recipe);
+    CHECK(text.find("docs/ci/kvgate-ci.sh shard ") != std::string::npos);
+    CHECK(text.find("docs/ci/kvgate-ci.sh merge ") != std::string::npos);
+  }
+  for (const char* recipe : {"github-actions.yml", "gitlab-ci.yml"})
+    CHECK(read_text(kSource / "docs" / "ci" / recipe).find("docs/ci/kvgate-ci.sh gates ") != std::string::npos);
 }
 
 TEST_CASE("real tree: three fast mutants against the fast gates, Stryker report valid", "[real]") {

@@ -19,6 +19,8 @@
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
 #include "kvgate_mutations/scratch.hpp"
+#include "kvgate_mutations/ci.hpp"
+#include "kvgate_mutations/shard.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -455,5 +457,120 @@ TEST_CASE("report: a synthetic run gives a Stryker v2 report, a matrix and an HT
   const json oc = load(d / "out" / "outcomes.json");
   CHECK(oc["mutants"].size() == 2);
   CHECK(oc["summary"]["killed"] == 1);
+  fs::remove_all(d);
+}
+
+TEST_CASE("shard: k/n parsing, the position-mod-n partition, the catalog digest") {
+  std::string err;
+  const auto ok = parse_shard("2/5", &err);
+  REQUIRE(ok.has_value());
+  CHECK(ok->index == 2);
+  CHECK(ok->count == 5);
+  CHECK(parse_shard("0/1", &err).has_value());
+  for (const char* bad : {"5/5", "7/3", "1", "/3", "1/", "a/3", "1/0", "-1/3", "1/3/4"}) {
+    INFO(bad);
+    err.clear();
+    CHECK(!parse_shard(bad, &err).has_value());
+    CHECK(err.find(std::string("--shard '") + bad + "'") == 0);
+    CHECK(err.find("fix: ") != std::string::npos);
+  }
+  CHECK(err.find("not of the form k/n") == std::string::npos);  // "1/3/4": k and n must be numbers
+
+  std::vector<Mutant> ms(7);
+  std::vector<const Mutant*> sel;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    ms[i].id = "M" + std::to_string(i);
+    sel.push_back(&ms[i]);
+  }
+  std::vector<std::string> all;
+  for (int k = 0; k < 3; ++k) {
+    const auto part = shard_of(sel, {k, 3});
+    CHECK(part.size() == (k == 0 ? 3u : 2u));
+    for (const Mutant* m : part) all.push_back(m->id);
+  }
+  std::sort(all.begin(), all.end());
+  CHECK(all == std::vector<std::string>{"M0", "M1", "M2", "M3", "M4", "M5", "M6"});  // each exactly once
+  CHECK(shard_of(sel, {1, 3}).front()->id == "M1");
+  CHECK(shard_of(sel, {1, 3}).back()->id == "M4");
+  CHECK(shard_of(sel, {0, 1}).size() == 7);
+
+  const fs::path d = temp_dir("digest");
+  write_text(d / "a.json", "{}");
+  write_text(d / "b.json", "{ }");
+  CHECK(file_digest(d / "a.json") == file_digest(d / "a.json"));
+  CHECK(file_digest(d / "a.json") != file_digest(d / "b.json"));
+  write_text(d / "empty", "");
+  CHECK(file_digest(d / "empty") == "cbf29ce484222325");  // FNV-1a 64 offset basis: the bytes, nothing else
+  CHECK_THROWS(file_digest(d / "missing.json"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("ci: JUnit per mutant and GitHub annotations at the anchor line") {
+  Mutant canary, a, b, c;
+  canary.id = "CAN";
+  canary.category = "canary";
+  canary.file = "src/a.cpp";
+  a.id = "A.killed";
+  a.file = "src/a.cpp";
+  a.anchor = "return 1;";
+  a.description = "one <-> two & \"three\"";
+  a.expect_killed_by = {"ENV.x"};
+  b = a;
+  b.id = "B.survived";
+  b.anchor = "return 3;";
+  b.expect_killed_by = {"ORA.y", "ENV.x"};
+  c = a;
+  c.id = "C.skipped";
+  const fs::path d = temp_dir("ci");
+  write_text(d / "src" / "a.cpp", "int f() {\n  return 1;\n}\nint g() {\n  return 3;\n}\n");
+  RunResult r;
+  r.canary_ran = true;
+  r.canary.mutant = &canary;
+  r.canary.status = MutantStatus::killed;
+  r.canary.killed_by = {"ENV.x", "ORA.y"};
+  MutantOutcome o1, o2, o3;
+  o1.mutant = &a;
+  o1.status = MutantStatus::killed;
+  o1.killed_by = {"ENV.x"};
+  o1.killed_in = {{"ENV.x", {"no_avx2"}}};
+  o1.wall_s = 1.5;
+  o2.mutant = &b;
+  o2.status = MutantStatus::survived;
+  o2.reason = "every gate stayed green";
+  o2.gates = {{"ENV.x", {GateStatus::passed, 0.1, "l", "", "default", {}}},
+              {"ORA.y", {GateStatus::passed, 0.1, "l", "", "default", {}}}};
+  o3.mutant = &c;
+  o3.status = MutantStatus::skipped;
+  o3.reason = "requires a CUDA device";
+  r.outcomes = {o1, o2, o3};
+  r.summary.killed = 1;
+  r.summary.survived = 1;
+  r.summary.skipped = 1;
+  r.exit_code = kExitSurvived;
+
+  const std::string x = junit_of_mutants(r);
+  CHECK(x.find("<testsuites name=\"kvgate mutate\" tests=\"4\" failures=\"1\" errors=\"0\"") != std::string::npos);
+  CHECK(x.find("<testcase name=\"CAN\" classname=\"canary\"") != std::string::npos);
+  CHECK(x.find("<testcase name=\"A.killed\" classname=\"src/a.cpp\" time=\"1.500\">") != std::string::npos);
+  CHECK(x.find("killed by: ENV.x [no_avx2]") != std::string::npos);
+  CHECK(x.find("one &lt;-&gt; two &amp; &quot;three&quot;") != std::string::npos);
+  CHECK(x.find("<failure message=\"survived: every gate stayed green\" type=\"survived\">") != std::string::npos);
+  CHECK(x.find("expected killers: ORA.y, ENV.x") != std::string::npos);
+  CHECK(x.find("gates that stayed green: ENV.x, ORA.y") != std::string::npos);
+  CHECK(x.find("<skipped message=\"requires a CUDA device\">") != std::string::npos);
+  // A canary that left a gate green is a failure too.
+  r.canary_survivors = {"ORA.y"};
+  CHECK(junit_of_mutants(r).find("failures=\"2\"") != std::string::npos);
+
+  ReportContext ctx{d, d, d / "out", "catalog.json", {}};
+  const std::string gh = github_annotations(r, ctx);
+  CHECK(gh.find("::error file=src/a.cpp,line=5,title=mutant B.survived survived::") == 0);  // "return 3;" is line 5
+  CHECK(gh.find("A.killed") == std::string::npos);  // only survivors and timeouts
+  CHECK(gh.find("::notice title=kvgate mutate::2 mutants: 1 killed, 1 survived") != std::string::npos);
+  const std::string md = github_step_summary(r, ctx);
+  CHECK(md.find("| `B.survived` | survived | `src/a.cpp:5` | ORA.y, ENV.x |") != std::string::npos);
+  CHECK(md.find("A.killed") == std::string::npos);
+  b.description = "50% off\nnext line";
+  CHECK(github_annotations(r, ctx).find("50%25 off%0Anext line") != std::string::npos);
   fs::remove_all(d);
 }

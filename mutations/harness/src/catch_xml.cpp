@@ -141,6 +141,44 @@ std::string first_failure(std::string_view xml, std::size_t from, std::size_t li
   return best == std::string_view::npos ? std::string{} : element_text(xml, best_name, best, limit);
 }
 
+// Everything a failed test case [from, limit) reported, in document order (CaseResult::output).
+std::string case_output(std::string_view xml, std::size_t from, std::size_t limit) {
+  std::string out;
+  auto add = [&](const std::string& line) {
+    if (!line.empty() && out.size() < 8000) out += (out.empty() ? "" : "\n") + line;
+  };
+  auto where = [&](std::string_view tag) {
+    std::string file, line;
+    attribute(tag, "filename", file);
+    attribute(tag, "line", line);
+    return file.empty() ? std::string() : file.substr(file.find_last_of('/') + 1) + ":" + line + ": ";
+  };
+  for (std::size_t p = xml.find('<', from); p != std::string_view::npos && p < limit; p = xml.find('<', p + 1)) {
+    const std::size_t e = tag_end(xml, p);
+    if (e == std::string_view::npos || e >= limit) break;
+    const std::string_view tag = xml.substr(p, e - p);
+    if (find_tag(xml, "Expression", p) == p) {
+      std::string ok;
+      if (!attribute(tag, "success", ok) || ok != "false") continue;
+      const std::size_t close = std::min(xml.find("</Expression>", e), limit);
+      std::string type;
+      attribute(tag, "type", type);
+      const std::size_t o = find_tag(xml, "Original", e), x = find_tag(xml, "Expanded", e);
+      const std::string orig = o < close ? element_text(xml, "Original", o, close + 1) : std::string();
+      const std::string exp = x < close ? element_text(xml, "Expanded", x, close + 1) : std::string();
+      add(where(tag) + (type.empty() ? "CHECK" : type) + "( " + orig + " )" + (exp.empty() || exp == orig ? "" : "  with expansion: " + exp));
+      p = close;
+      continue;
+    }
+    for (std::string_view name : {"Failure", "Exception", "FatalErrorCondition", "StdOut", "StdErr"})
+      if (find_tag(xml, name, p) == p) {
+        const std::string text = element_text(xml, name, p, limit);
+        if (!text.empty()) add(where(tag) + (name == "StdOut" || name == "StdErr" ? std::string(name) + ": " : "") + text);
+      }
+  }
+  return out.size() > 8000 ? out.substr(0, 8000) + "\n[...]" : out;
+}
+
 }  // namespace
 
 std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
@@ -185,6 +223,7 @@ std::vector<CaseResult> parse_catch_xml(std::string_view xml) {
       }
     }
     if (c.has_result && !c.success) c.failure = first_failure(xml, end, limit);
+    if (!c.success) c.output = case_output(xml, end, limit);
     out.push_back(std::move(c));
     pos = end;
   }

@@ -1,4 +1,5 @@
 #include "kvgate_harness/gate_runner.hpp"
+#include "kvgate_harness/junit.hpp"
 
 #include <sys/stat.h>
 
@@ -44,12 +45,14 @@ std::vector<GateResult> parse_catch_xml(const std::string& xml, const std::strin
     if (!c.has_result) {
       r.status = "failed";
       r.message = "no result: the gate program died inside this test case";
+      r.output = c.output;
     } else if (c.skipped) {
       r.status = "skipped";
       r.message = c.skip_reason.empty() ? "SKIPPED" : "SKIPPED: " + c.skip_reason;
     } else {
       r.status = c.success ? "passed" : "failed";
       if (!c.success) r.message = c.failure;
+      r.output = c.output;
     }
     out.push_back(std::move(r));
   }
@@ -132,6 +135,28 @@ nlohmann::json summarize(const std::vector<GateResult>& results) {
     gates.push_back(records::to_json(r));
   }
   return {{"totals", totals}, {"per_format", per_format}, {"gates", gates}};
+}
+
+std::string junit_of_gates(const std::vector<GateResult>& results) {
+  std::vector<harness::JUnitCase> cases;
+  for (const auto& r : results) {
+    harness::JUnitCase c;
+    c.name = r.name;
+    c.classname = r.executable;
+    c.seconds = r.seconds;
+    if (r.status == "failed") {
+      c.result = harness::JUnitCase::Result::failure;
+      c.type = "failed";
+      c.message = r.message.empty() ? "gate " + r.id + " failed" : r.message;
+      c.text = "gate " + r.id + " (" + r.executable + ") failed: " + r.name + "\n" +
+               (r.output.empty() ? r.message : r.output);
+    } else if (r.status == "skipped") {
+      c.result = harness::JUnitCase::Result::skipped;
+      c.message = r.message;
+    }
+    cases.push_back(std::move(c));
+  }
+  return harness::junit_xml("kvgate gate", cases);
 }
 
 }  // namespace kvgate::gates

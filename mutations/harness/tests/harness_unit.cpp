@@ -99,3 +99,22 @@ TEST_CASE("gate runner: skipped, crashed and FAIL()ed cases") {
   CHECK_FALSE(c[3].has_result);
   CHECK(c[0].tags == "[fmt:f16][gate:ORA][cuda]");
 }
+
+TEST_CASE("gate runner: a failed gate's whole report reaches its JUnit <failure>, escaped") {
+  auto r = kvgate::gates::parse_catch_xml(kArrowXml, "/x/build/gates/gate_resolve");
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].output == "a.cpp:9: CHECK( resolve(\"FP8\") == \"fp8\" )  with expansion: \"f16\" == \"fp8\"");
+  CHECK(r[1].output.empty());  // a passing case reports nothing
+  r.push_back(r[1]);
+  r.back().status = "skipped";
+  r.back().message = "SKIPPED: no CUDA device";
+  const std::string x = kvgate::gates::junit_of_gates(r);
+  CHECK(x.find("<testsuites name=\"kvgate gate\" tests=\"3\" failures=\"1\" errors=\"0\"") != std::string::npos);
+  CHECK(x.find("skipped=\"1\"") != std::string::npos);
+  CHECK(x.find("classname=\"gate_resolve\"") != std::string::npos);
+  // The expansion, with its quotes escaped, is the failure's text; '>' and '<' in the name are escaped.
+  CHECK(x.find("with expansion: &quot;f16&quot; == &quot;fp8&quot;</failure>") != std::string::npos);
+  CHECK(x.find("name=\"ENV.int8 every element &lt;= s/2 (a &gt; b)\"") != std::string::npos);
+  CHECK(x.find("<skipped message=\"SKIPPED: no CUDA device\">") != std::string::npos);
+  CHECK(x.find("<failure") == x.rfind("<failure"));  // one failure element: the passing cases have none
+}

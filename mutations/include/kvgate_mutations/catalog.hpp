@@ -71,6 +71,6 @@ TextSpan anchor_span(std::string_view original, std::string_view anchor);
 std::string unified_diff(std::string_view a, std::string_view b, const std::string& path, int context = 3);
 
 std::string read_text(const std::filesystem::path& p);  // throws std::runtime_error naming the file
-void write_text(const std::filesystem::path& p, std::string_view text);
+void write_text(const std::filesystem::path& p, std::string_view text);  // atomic (temp + rename); keeps permissions
 
 }  // namespace kvgate::mutate

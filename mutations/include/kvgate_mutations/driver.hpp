@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <iosfwd>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "kvgate/shard_record.hpp"
 #include "kvgate_mutations/catalog.hpp"
 
 namespace kvgate::mutate {
@@ -60,6 +62,11 @@ struct MutateOptions {
   // With expected_gates_only: a baseline that is red only in some gates does not stop the run;
   // those gates are left out, mutants that expect only them are skipped, and the exit code is 4.
   bool skip_red_gates = false;
+  // --shard k/n: run only the selected mutants whose index in the selection is k modulo n (the
+  // baseline and the canary run on every shard); `kvgate mutate merge` joins the n outputs.
+  int shard_index = 0, shard_count = 1;
+  std::filesystem::path junit;  // --junit FILE: one JUnit testcase per mutant (written atomically)
+  std::string format = "text";  // --format github: ::error annotations for survivors on stdout
 };
 
 // `requires: cuda-device`: is a CUDA device present? Decided before building (the build only gets
@@ -149,7 +156,14 @@ struct RunResult {
   std::vector<std::string> check_failures;
   int exit_code = kExitOk;
   std::string started_at;
+  records::ShardRecord shard;  // catalog digest, commit, shard k/n and the whole selection
 };
+
+// The run's own checks over r.outcomes (outcome count, expectations, and on a full run the gates
+// that killed none), then the exit code; `red`: gates left out as red (--skip-red-gates). Used at
+// the end of a run and by `kvgate mutate merge` on the merged outcomes.
+void classify_run(RunResult& r, const std::set<std::string>& red);
+void count(RunSummary& s, MutantStatus st);  // one outcome into the counts
 
 // Runs `kvgate mutate`; progress and diagnostics go to `log`. Returns the exit code.
 int run_mutate(const MutateOptions& opts, std::ostream& log);

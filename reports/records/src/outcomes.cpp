@@ -147,6 +147,7 @@ const std::vector<Field<OutcomesRecord>>& FieldTable<OutcomesRecord>::fields() {
       KVGATE_FIELD(R, kills_per_gate, object, true, "gate ID -> mutants it killed"),
       KVGATE_FIELD(R, gates_killing_none, array, true, "proven gates that killed no mutant"),
       KVGATE_FIELD(R, check_failures, array, true, "the run's own consistency checks that failed"),
+      KVGATE_FIELD(R, shard, object, false, "catalog digest, commit and shard of the run (kvgate/shard_record.hpp)"),
   };
   return f;
 }

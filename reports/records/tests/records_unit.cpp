@@ -82,6 +82,7 @@ TEST_CASE("records: the outcomes field tables and outcomes.schema.json describe 
   check_table<BaselineRecord>(d["baseline"], "baseline");
   check_table<OptionsRecord>(d["options"], "options");
   check_table<SummaryRecord>(d["summary"], "summary");
+  check_table<ShardRecord>(d["shard"], "shard");
   // Anti-vacuity: the comparison sees a field the schema lacks and a type that differs.
   json broken = d["gate_cell"];
   broken["properties"].erase("variant");

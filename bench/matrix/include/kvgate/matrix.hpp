@@ -234,6 +234,14 @@ std::string rows_markdown(const nlohmann::json& rows, const RowTable& table = {}
 // Writes matrix.json (canonical), matrix.jsonl, matrix.csv, matrix.md into `dir`; returns the paths.
 std::vector<std::string> write_matrix(const nlohmann::json& matrix, const std::string& dir);
 
+// `kvgate bench --shard k/n`: the formats asked for (f32 left out: the baseline runs on every
+// shard) at positions i with i mod n == k. `merge_matrices`: the shards' matrix.json documents
+// (file name, document) back into one matrix in the unsharded row order; refuses (std::runtime_error
+// naming the file, the field and the fix) a missing or doubled shard, shards of other commits,
+// models, options or format lists, a document that is not a sharded matrix.
+std::vector<std::string> shard_formats(const std::vector<std::string>& formats, int index, int count);
+nlohmann::json merge_matrices(const std::vector<std::pair<std::string, nlohmann::json>>& shards);
+
 std::vector<std::string> split_csv(const std::string& s);
 std::vector<int> parse_int_list(const std::string& s);
 std::vector<double> parse_double_list(const std::string& s);

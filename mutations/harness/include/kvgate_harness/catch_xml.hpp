@@ -23,6 +23,10 @@ struct CaseResult {
   std::string skip_reason;  // the text after "SKIPPED: " (empty for SKIP())
   std::string failure;      // first failing expression (its Original text), or the first
                             // Failure / Exception / FatalErrorCondition text; empty if none
+  // A failed case's report: each failing expression ("file:line: Original  with expansion:
+  // Expanded"), each Failure / Exception / FatalErrorCondition text, then what the case printed
+  // (StdOut, StdErr); at most 8000 characters. Empty for a passing case.
+  std::string output;
   double seconds = 0;
 };
 

@@ -20,6 +20,7 @@ struct GateResult {
   std::string executable;  // which gate program ran it
   std::string status;      // "passed", "failed", "skipped"
   std::string message;     // first failure or the skip reason
+  std::string output;      // a failed case's whole report (CaseResult::output); not in gates.json
   double seconds = 0;
 };
 
@@ -49,5 +50,9 @@ std::vector<GateResult> run_gates(const GateRunOptions& opt, bool show_progress)
 
 // Per format, per family: passed / failed / skipped counts; plus totals.
 nlohmann::json summarize(const std::vector<GateResult>& results);
+
+// `kvgate gate --junit`: one JUnit testcase per gate result (classname: its program; a failed gate
+// is a <failure> whose message and text are the gate's output, a skipped one <skipped>).
+std::string junit_of_gates(const std::vector<GateResult>& results);
 
 }  // namespace kvgate::gates

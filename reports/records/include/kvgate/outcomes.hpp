@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvgate/records.hpp"
+#include "kvgate/shard_record.hpp"
 
 namespace kvgate::records {
 
@@ -98,6 +99,8 @@ struct OutcomesRecord {
   std::vector<MutantRecord> mutants;
   std::map<std::string, int> kills_per_gate;
   std::vector<std::string> gates_killing_none, check_failures;
+  // The catalog digest, commit and shard (kvgate/shard_record.hpp); absent in files written before it.
+  std::optional<ShardRecord> shard;
 
   const MutantRecord* find(const std::string& id) const;
 };
