@@ -14,6 +14,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -655,6 +656,14 @@ SynthResult synth_hf(const SynthOptions& o) {
   const std::vector<TensorSpec> specs = tensor_specs(o, hd);
   for (const auto& t : specs) r.n_params += t.numel();
 
+  // The tokenizer (seconds for a 128K vocabulary) is built while the weights are generated.
+  auto make_tokenizer = [&o] { return tokenizer_json(o); };
+  std::future<std::string> tokenizer;
+  try {
+    tokenizer = std::async(std::launch::async, make_tokenizer);
+  } catch (const std::system_error&) {  // no thread to spare: build it after the weights
+    tokenizer = std::async(std::launch::deferred, make_tokenizer);
+  }
   // Weights first, config last: a directory with a config.json is complete.
   const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
   if (o.shards == 1) {
@@ -692,7 +701,7 @@ SynthResult synth_hf(const SynthOptions& o) {
     fs::remove(single, ec);
   }
 
-  r.bytes_written += write_text_atomic(dir / "tokenizer.json", tokenizer_json(o));
+  r.bytes_written += write_text_atomic(dir / "tokenizer.json", tokenizer.get());
   r.files.push_back((dir / "tokenizer.json").string());
   const fs::path legacy = dir / "hf_quant_config.json";
   if (!o.kv_algo.empty() && o.kv_algo_file == "hf_quant_config") {
