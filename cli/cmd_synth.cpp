@@ -32,6 +32,8 @@ void register_synth(CLI::App& app) {
   sub->add_option("--rope", o->rope,
                   "RoPE scaling: llama3 (Llama 3.1: factor 8, low/high 1/4, original 8192); default: plain");
   sub->add_option("--shards", o->shards, "split the weights into N safetensors shards + index")->capture_default_str();
+  sub->add_option("--threads", o->threads, "generator threads (0: all cores; the bytes are the same for any count)")
+      ->capture_default_str();
   sub->add_option("--out", o->out, "output directory")->required();
   on_run(sub, [o] {
     const auto t0 = std::chrono::steady_clock::now();

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <future>
 #include <iomanip>
 #include <iostream>
@@ -38,6 +39,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../model_vs_oracle/model_harness.hpp"
@@ -49,6 +51,7 @@
 #include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate/loaders.hpp"
+#include "kvgate/numeric.hpp"
 #include "kvgate/sampler.hpp"
 #include "cuda_gate_common.hpp"
 #include "models.hpp"
@@ -423,3 +426,94 @@ TEST_CASE("MOD.cuda.greedy.stories260K GPU greedy == README ids == CPU engine", 
 
 #define MOD_CUDA_LOGITS_ROW(A, name, k, v, slot, kind) MOD_CUDA_LOGITS(#name, #name)
 KVGATE_PRESETS(MOD_CUDA_LOGITS_ROW, _)  // one row per preset: kvgate/format_list.hpp
+
+// STO.cuda.weights_bf16: the bf16 weight upload (page-locked double buffer, conversion on all
+// cores) stores RNE(host f32) of every weight, the same rounding __float2bfloat16_rn gives and
+// f32_to_bf16_rne defines. Bound: exact (bitwise). The matrices span more than one staging buffer
+// (2^23 elements) and several tensors follow each other through the two buffers; the host values
+// include exact ties and values that round up. Anti-vacuity: RNE differs from truncation on a
+// large share of the elements, the f32 vectors (norm gains) arrive bit for bit.
+TEST_CASE("STO.cuda.weights_bf16 bf16 upload: every device word is RNE of the host f32 weight",
+          "[gate:STO][cuda][fmt:bf16]") {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  Model m;
+  ModelConfig& c = m.config;
+  c.arch = "llama";
+  c.dim = 256;
+  c.hidden_dim = 64;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.head_dim = 128;
+  c.vocab_size = 40000;  // 10,240,000 elements per embedding matrix: 2 staging pieces
+  c.max_seq_len = 64;
+  std::uint64_t x = 0x5EEDull;
+  auto next_bits = [&x] {  // finite floats of every magnitude in [2^-20, 2^12), both signs; every 5th a tie
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    std::uint32_t b = static_cast<std::uint32_t>(x >> 32);
+    b = (b & 0x807FFFFFu) | ((107u + static_cast<std::uint32_t>((x >> 20) % 32u)) << 23);
+    if ((x >> 8) % 5u == 0) b = (b & 0xFFFF0000u) | 0x8000u;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  auto fill = [&](std::vector<float>& v, std::size_t n) {
+    v.resize(n);
+    for (float& f : v) f = next_bits();
+  };
+  const std::size_t D = 256, F = 64, Q = 256, KV = 128, V = 40000;
+  fill(m.weights.tok_embeddings, V * D);
+  fill(m.weights.classifier, V * D);
+  fill(m.weights.final_norm, D);
+  m.weights.layers.resize(2);
+  for (LayerWeights& L : m.weights.layers) {
+    fill(L.attn_norm, D);
+    fill(L.ffn_norm, D);
+    fill(L.wq, Q * D);
+    fill(L.wk, KV * D);
+    fill(L.wv, KV * D);
+    fill(L.wo, D * Q);
+    fill(L.w1, F * D);
+    fill(L.w2, D * F);
+    fill(L.w3, F * D);
+  }
+  const kc::CudaModel cm(m, kc::WeightType::bf16);
+  std::size_t checked = 0, not_truncation = 0;
+  auto check_bf16 = [&](const void* dev, const std::vector<float>& host, const char* what) {
+    INFO(what);
+    std::vector<std::uint16_t> got(host.size());
+    REQUIRE(cudaMemcpy(got.data(), dev, got.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    std::size_t bad = 0, first = host.size();
+    for (std::size_t i = 0; i < host.size(); ++i) {
+      const std::uint16_t want = f32_to_bf16_rne(host[i]);
+      std::uint32_t b;
+      std::memcpy(&b, &host[i], 4);
+      not_truncation += want != static_cast<std::uint16_t>(b >> 16);
+      if (got[i] != want && bad++ == 0) first = i;
+    }
+    INFO("first bad element " << first);
+    CHECK(bad == 0);
+    checked += host.size();
+  };
+  auto check_f32 = [&](const float* dev, const std::vector<float>& host, const char* what) {
+    INFO(what);
+    std::vector<float> got(host.size());
+    REQUIRE(cudaMemcpy(got.data(), dev, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(std::memcmp(got.data(), host.data(), host.size() * 4) == 0);
+  };
+  check_bf16(cm.tok_embeddings(), m.weights.tok_embeddings, "tok_embeddings");
+  check_bf16(cm.classifier(), m.weights.classifier, "classifier");
+  check_f32(cm.final_norm(), m.weights.final_norm, "final_norm");
+  for (int l = 0; l < 2; ++l) {
+    const auto& L = m.weights.layers[static_cast<std::size_t>(l)];
+    const auto& d = cm.layer(l);
+    for (const auto& [dev, host, what] : {std::tuple<const void*, const std::vector<float>*, const char*>{d.wq, &L.wq, "wq"},
+                                          {d.wk, &L.wk, "wk"}, {d.wv, &L.wv, "wv"}, {d.wo, &L.wo, "wo"},
+                                          {d.w1, &L.w1, "w1"}, {d.w2, &L.w2, "w2"}, {d.w3, &L.w3, "w3"}})
+      check_bf16(dev, *host, what);
+    check_f32(d.attn_norm, L.attn_norm, "attn_norm");
+    check_f32(d.ffn_norm, L.ffn_norm, "ffn_norm");
+  }
+  CHECK(checked > 2 * (std::size_t{1} << 23));  // more than one staging buffer's worth
+  CHECK(not_truncation > checked / 4);          // RNE is visible: truncation would fail the check
+}

@@ -1,10 +1,13 @@
 // STO.loader gates: the Hugging Face loader refuses every bad input with a ModelError that names
 // the file and the field (never a crash), and synth -> load_hf round-trips shapes, values and the
 // fingerprint deterministically. Also the byte-level BPE tokenizer the loader builds.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "catch_compat.hpp"
 #include "fixtures.hpp"
@@ -512,6 +515,112 @@ TEST_CASE("STO.synth.determinism same seed -> same bytes and fingerprint, other 
   CHECK(bits[1] == 0x3e93b142u);
   CHECK(bits[2] == 0x3fac0206u);
   CHECK(bits[3] == 0xbf301f24u);
+}
+
+namespace {
+// Tensors past one generator chunk (2^20 elements): the embedding and the classifier hold
+// 8200 x 256 = 2,099,200 elements, two whole chunks and a partial third of 2048.
+SynthOptions multi_chunk_options(const std::string& out, int threads) {
+  SynthOptions o = tiny_options(out, 3);
+  o.layers = 1;
+  o.hidden = 256;
+  o.ffn = 64;
+  o.heads = 2;
+  o.kv_heads = 1;
+  o.head_dim = 128;
+  o.vocab = 8200;
+  o.threads = threads;
+  return o;
+}
+constexpr std::size_t kChunk = std::size_t{1} << 20;
+constexpr std::size_t kEmbed = 8200u * 256u;
+}  // namespace
+
+TEST_CASE("STO.synth.threads the bytes do not depend on the thread count; each chunk has its own stream",
+          "[gate:STO][fmt:bf16]") {
+  TempDir t;
+  // Bound: exact. The generator is defined per chunk, so 1 and 3 threads (and 3 threads with a
+  // sharded layout) must give byte-identical files.
+  for (const char* dt : {"bf16", "f32"}) {
+    INFO(dt);
+    SynthOptions a = multi_chunk_options(t.sub(std::string(dt) + "_t1"), 1), b = multi_chunk_options(t.sub(std::string(dt) + "_t3"), 3);
+    a.dtype = b.dtype = dt;
+    synth_hf(a);
+    synth_hf(b);
+    const std::string fa = read_bytes(fs::path(a.out) / "model.safetensors");
+    const std::string fb = read_bytes(fs::path(b.out) / "model.safetensors");
+    REQUIRE(fa.size() > 2 * kEmbed * (std::string(dt) == "f32" ? 4 : 2));  // anti-vacuity: several chunks
+    CHECK(fa == fb);
+  }
+  // Values: chunk 1 of the embedding is a fresh stream (not chunk 0 again), every chunk has the
+  // declared N(0, 1) spread, and the partial last chunk is filled.
+  const Model m = load_hf(t.sub("f32_t1"));
+  const std::vector<float>& e = m.weights.tok_embeddings;
+  REQUIRE(e.size() == kEmbed);
+  CHECK_FALSE(std::equal(e.begin(), e.begin() + 4096, e.begin() + static_cast<std::ptrdiff_t>(kChunk)));
+  for (std::size_t c = 0; c < 3; ++c) {
+    INFO("chunk " << c);
+    const std::size_t b = c * kChunk, n = std::min(kChunk, kEmbed - b);
+    CHECK(std::abs(stddev(std::vector<float>(e.begin() + static_cast<std::ptrdiff_t>(b),
+                                             e.begin() + static_cast<std::ptrdiff_t>(b + n))) - 1.0) < (c < 2 ? 0.01 : 0.1));
+  }
+  // Pinned values (an independent Python xoshiro256** + libm Box-Muller with the chunk seeding
+  // splitmix64(splitmix64(seed ^ FNV-1a(name)) ^ k * 0xD1B54A32D192ED03)): the first two values of
+  // chunks 0, 1 and 2 of model.embed_tokens.weight at seed 3.
+  const std::pair<std::size_t, std::uint32_t> pins[] = {{0, 0x3fa3a1bau},          {1, 0x3e60e911u},
+                                                        {kChunk, 0x3f27e0a3u},     {kChunk + 1, 0xbfc4c8f7u},
+                                                        {2 * kChunk, 0xbe4b3c22u}, {2 * kChunk + 1, 0x3d81aaf8u}};
+  for (const auto& [i, bits] : pins) {
+    std::uint32_t got;
+    std::memcpy(&got, &e[i], 4);
+    INFO("element " << i << ": " << std::hex << got);
+    CHECK(got == bits);
+  }
+  // A tensor of at most one chunk keeps the values of the single-stream generator of earlier
+  // releases: the fingerprint (XXH64 of the config and of every f32 weight) of the tiny model as
+  // that generator wrote it (kvgate of a994852, `kvgate run --json`).
+  CHECK(load_hf(synth_tiny(t, "tiny")).fingerprint == "3230dbb59628e4ce");
+}
+
+TEST_CASE("STO.loader.half_convert loaded f16/bf16 weights are the stored values, for any thread split",
+          "[gate:STO][fmt:f16][fmt:bf16]") {
+  TempDir t;
+  // Bound: exact (a widening conversion). Reference: each stored 16-bit word through the scalar
+  // bf16_to_f32 / f16_to_f32, read from the file's own bytes.
+  for (const char* dt : {"bf16", "f16"}) {
+    INFO(dt);
+    const bool bf = std::string(dt) == "bf16";
+    SynthOptions o = multi_chunk_options(t.sub(dt), 0);
+    o.dtype = dt;
+    synth_hf(o);
+    const StFile f = read_st(fs::path(o.out) / "model.safetensors");
+    const Model m = load_hf(o.out);
+    for (const auto& [name, got] : {std::pair<const char*, const std::vector<float>*>{"model.embed_tokens.weight", &m.weights.tok_embeddings},
+                                    {"lm_head.weight", &m.weights.classifier},
+                                    {"model.layers.0.mlp.down_proj.weight", &m.weights.layers[0].w2}}) {
+      INFO(name);
+      const std::size_t off = f.header.at(name).at("data_offsets").at(0).get<std::size_t>();
+      const std::size_t n = got->size();
+      REQUIRE(f.header.at(name).at("data_offsets").at(1).get<std::size_t>() - off == 2 * n);
+      std::vector<float> ref(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint16_t h;
+        std::memcpy(&h, f.data.data() + off + 2 * i, 2);
+        ref[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      CHECK(std::memcmp(ref.data(), got->data(), n * 4) == 0);
+      // The bulk conversion itself with 1 and 3 threads, from an odd address (no alignment assumed).
+      std::string odd(1, '\0');
+      odd.append(f.data, off, 2 * n);
+      for (int threads : {1, 3}) {
+        std::vector<float> out(n, -1.0f);
+        half_to_f32_bulk(odd.data() + 1, bf, out.data(), n, threads);
+        INFO(threads << " threads");
+        CHECK(std::memcmp(ref.data(), out.data(), n * 4) == 0);
+      }
+    }
+    CHECK(m.weights.tok_embeddings.size() > 2 * kChunk);  // anti-vacuity: several conversion pieces
+  }
 }
 
 TEST_CASE("STO.synth.dtypes f16 and bf16 files hold the RNE-rounded f32 weights", "[gate:STO][fmt:f16][fmt:bf16]") {

@@ -303,20 +303,8 @@ class Gguf {
     const std::size_t n = out.size();
     switch (t->type) {
       case G_F32: std::memcpy(out.data(), src, n * 4); break;
-      case G_F16:
-        for (std::size_t i = 0; i < n; ++i) {
-          std::uint16_t h;
-          std::memcpy(&h, src + 2 * i, 2);
-          out[i] = f16_to_f32(h);
-        }
-        break;
-      case G_BF16:
-        for (std::size_t i = 0; i < n; ++i) {
-          std::uint16_t h;
-          std::memcpy(&h, src + 2 * i, 2);
-          out[i] = bf16_to_f32(h);
-        }
-        break;
+      case G_F16: half_to_f32_bulk(src, false, out.data(), n); break;
+      case G_BF16: half_to_f32_bulk(src, true, out.data(), n); break;
       case G_Q8_0:
         for (std::size_t b = 0; b < n / kQBlock; ++b) {
           block_q8_0 blk;

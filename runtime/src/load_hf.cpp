@@ -284,12 +284,7 @@ void to_f32(const SafetensorsFile& f, const std::string& name, const StTensor& t
   if (t.dtype == "F32") {
     std::memcpy(o, p, numel * 4);
   } else if (t.dtype == "F16" || t.dtype == "BF16") {
-    const bool bf = t.dtype == "BF16";
-    for (std::uint64_t i = 0; i < numel; ++i) {
-      std::uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      o[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
-    }
+    half_to_f32_bulk(p, t.dtype == "BF16", o, static_cast<std::size_t>(numel));
   } else {
     throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'dtype' = " + t.dtype +
                      " is not supported for weights (kvgate reads F32, F16 and BF16)");
@@ -447,12 +442,7 @@ void to_f32_into(const SafetensorsFile& f, const std::string& name, const StTens
   if (t.dtype == "F32") {
     std::memcpy(dst, p + 4 * first, count * 4);
   } else if (t.dtype == "F16" || t.dtype == "BF16") {
-    const bool bf = t.dtype == "BF16";
-    for (std::uint64_t i = 0; i < count; ++i) {
-      std::uint16_t h;
-      std::memcpy(&h, p + 2 * (first + i), 2);
-      dst[i] = bf ? bf16_to_f32(h) : f16_to_f32(h);
-    }
+    half_to_f32_bulk(p + 2 * first, t.dtype == "BF16", dst, static_cast<std::size_t>(count));
   } else {
     throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'dtype' = " + t.dtype +
                      " is not supported for weights (kvgate reads F32, F16 and BF16)");

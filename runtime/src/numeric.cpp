@@ -2,7 +2,10 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
+
+#include "kvgate/parallel.hpp"
 
 namespace kvgate {
 
@@ -55,6 +58,17 @@ std::uint16_t f32_to_bf16_rne(float x) {
 }
 
 float bf16_to_f32(std::uint16_t h) { return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16); }
+
+void half_to_f32_bulk(const void* src, bool bf16, float* dst, std::size_t n, int threads) {
+  const auto* p = static_cast<const unsigned char*>(src);
+  parallel_ranges(n, std::size_t{1} << 20, threads, [&](std::size_t begin, std::size_t end) {
+    for (std::size_t i = begin; i < end; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      dst[i] = bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+    }
+  });
+}
 
 namespace {
 

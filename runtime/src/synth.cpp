@@ -10,16 +10,23 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <future>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <system_error>
+#include <thread>
 #include <unordered_set>
 
 #include "kvgate/atomic_file.hpp"
 #include "kvgate/numeric.hpp"
+#include "kvgate/parallel.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
 
 namespace kvgate {
@@ -265,31 +272,138 @@ std::vector<TensorSpec> tensor_specs(const SynthOptions& o, int head_dim) {
   return t;
 }
 
-void write_tensor_data(AtomicFile& f, const TensorSpec& t, const SynthOptions& o) {
-  constexpr std::size_t kChunk = 1u << 16;  // even: Box-Muller pairs never straddle chunks
-  std::vector<float> v(kChunk);
-  std::vector<std::uint8_t> bytes(kChunk * 4);
-  std::uint64_t seed = o.seed ^ fnv1a64(t.name);
-  SynthRng rng(splitmix64(seed));
-  const int eb = dtype_bytes(o.dtype);
-  for (std::uint64_t done = 0, n = t.numel(); done < n;) {
-    const std::size_t m = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, n - done));
-    if (t.init == Init::normal)
-      synth_normals(rng, t.value, v.data(), m);
-    else
-      std::fill(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(m), t.value);
-    if (o.dtype == "f32") {
-      std::memcpy(bytes.data(), v.data(), m * 4);
-    } else {
-      const bool bf = o.dtype == "bf16";
-      for (std::size_t i = 0; i < m; ++i) {
-        const std::uint16_t h = bf ? f32_to_bf16_rne(v[i]) : f32_to_f16_rne(v[i]);
-        std::memcpy(bytes.data() + 2 * i, &h, 2);  // little-endian hosts (x86-64, aarch64)
+// ---- chunked, parallel generation ---------------------------------------------------------------
+
+// Every tensor is cut into chunks of kSynthChunk elements; chunk k of tensor `name` draws from its
+// own stream, seeded from (seed, name, k) alone, so chunks can be generated in any order by any
+// thread. Chunk 0's stream is the tensor's stream of the single-threaded generator (seed ^ FNV-1a
+// of the name through splitmix64), so a tensor of at most one chunk keeps its earlier bytes.
+constexpr std::size_t kSynthChunk = std::size_t{1} << 20;  // even: Box-Muller pairs never straddle chunks
+
+std::uint64_t chunk_stream_seed(std::uint64_t seed, const std::string& name, std::uint64_t chunk) {
+  std::uint64_t x = seed ^ fnv1a64(name);
+  std::uint64_t s = splitmix64(x);
+  if (chunk == 0) return s;
+  std::uint64_t y = s ^ (chunk * 0xD1B54A32D192ED03ull);
+  return splitmix64(y);
+}
+
+struct ChunkJob {
+  const TensorSpec* t;
+  std::uint64_t index;  // chunk number within the tensor
+  std::size_t count;    // elements
+};
+
+// Chunk `j` of tensor t, as stored bytes of o.dtype, into `bytes` (scratch: kSynthChunk floats).
+void generate_chunk(const ChunkJob& j, const SynthOptions& o, std::vector<float>& scratch, std::uint8_t* bytes) {
+  const TensorSpec& t = *j.t;
+  float* v = scratch.data();
+  if (t.init == Init::normal) {
+    SynthRng rng(chunk_stream_seed(o.seed, t.name, j.index));
+    synth_normals(rng, t.value, v, j.count);
+  } else {
+    std::fill(v, v + j.count, t.value);
+  }
+  if (o.dtype == "f32") {
+    std::memcpy(bytes, v, j.count * 4);
+    return;
+  }
+  const bool bf = o.dtype == "bf16";
+  for (std::size_t i = 0; i < j.count; ++i) {
+    const std::uint16_t h = bf ? f32_to_bf16_rne(v[i]) : f32_to_f16_rne(v[i]);
+    std::memcpy(bytes + 2 * i, &h, 2);  // little-endian hosts (x86-64, aarch64)
+  }
+}
+
+// Generates the chunks of `ts` (in order) on o.threads threads and writes them to f in order. The
+// memory is bounded: at most `window` generated chunks wait for the writer (the calling thread).
+void write_tensor_data(AtomicFile& f, const std::vector<const TensorSpec*>& ts, const SynthOptions& o) {
+  std::vector<ChunkJob> jobs;
+  for (const TensorSpec* t : ts)
+    for (std::uint64_t done = 0, k = 0, n = t->numel(); done < n; done += kSynthChunk, ++k)
+      jobs.push_back({t, k, static_cast<std::size_t>(std::min<std::uint64_t>(kSynthChunk, n - done))});
+  const std::size_t eb = static_cast<std::size_t>(dtype_bytes(o.dtype));
+  const int workers = std::min<int>(resolve_threads(o.threads), static_cast<int>(std::max<std::size_t>(jobs.size(), 1)));
+  if (workers <= 1) {
+    std::vector<float> scratch(kSynthChunk);
+    std::vector<std::uint8_t> bytes(kSynthChunk * eb);
+    for (const ChunkJob& j : jobs) {
+      generate_chunk(j, o, scratch, bytes.data());
+      f.write(bytes.data(), j.count * eb);
+    }
+    return;
+  }
+  const std::size_t window = 2 * static_cast<std::size_t>(workers);
+  std::vector<std::vector<std::uint8_t>> slot(window, std::vector<std::uint8_t>(kSynthChunk * eb));
+  std::vector<char> ready(window, 0);
+  std::mutex mu;
+  std::condition_variable cv_ready, cv_space;
+  std::size_t next = 0, written = 0;  // next job to claim; jobs written so far
+  bool stop = false;
+  std::exception_ptr error;
+  auto worker = [&] {
+    std::vector<float> scratch(kSynthChunk);
+    for (;;) {
+      std::size_t j;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv_space.wait(lk, [&] { return stop || next >= jobs.size() || next < written + window; });
+        if (stop || next >= jobs.size()) return;
+        j = next++;
+      }
+      try {
+        generate_chunk(jobs[j], o, scratch, slot[j % window].data());
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu);
+        if (!error) error = std::current_exception();
+        stop = true;
+        cv_ready.notify_all();
+        cv_space.notify_all();
+        return;
+      }
+      std::lock_guard<std::mutex> lk(mu);
+      ready[j % window] = 1;
+      cv_ready.notify_all();
+    }
+  };
+  std::vector<std::thread> pool;
+  auto halt = [&] {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      stop = true;
+    }
+    cv_space.notify_all();
+    for (auto& th : pool) th.join();
+    pool.clear();
+  };
+  try {
+    for (int k = 0; k < workers; ++k) {
+      try {
+        pool.emplace_back(worker);
+      } catch (const std::system_error&) {
+        if (pool.empty()) throw;
+        break;  // fewer threads: the ones started do the work
       }
     }
-    f.write(bytes.data(), m * static_cast<std::size_t>(eb));
-    done += m;
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv_ready.wait(lk, [&] { return error || ready[j % window]; });
+        if (error) std::rethrow_exception(error);
+      }
+      f.write(slot[j % window].data(), jobs[j].count * eb);  // only this thread touches a ready slot
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        ready[j % window] = 0;
+        written = j + 1;
+      }
+      cv_space.notify_all();
+    }
+  } catch (...) {
+    halt();
+    throw;
   }
+  halt();
 }
 
 std::uint64_t write_safetensors(const fs::path& path, const std::vector<const TensorSpec*>& ts, const SynthOptions& o,
@@ -310,8 +424,7 @@ std::uint64_t write_safetensors(const fs::path& path, const std::vector<const Te
   for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(hs.size()) >> (8 * i));
   f.write(len, 8);
   f.write(hs);
-  // Data in header-offset order (the order of `ts`).
-  for (const TensorSpec* t : ts) write_tensor_data(f, *t, o);
+  write_tensor_data(f, ts, o);  // data in header-offset order (the order of `ts`)
   f.commit();
   return f.written();
 }
@@ -524,6 +637,7 @@ void check_options(const SynthOptions& o) {
     bad("--kv-algo-file must be config or hf_quant_config");
   if (!(o.kv_scale >= 0) || !std::isfinite(o.kv_scale)) bad("--kv-scale must be a finite value >= 0");
   if (o.shards < 1 || o.shards > 999) bad("--shards must be in 1..999");
+  if (o.threads < 0 || o.threads > 1024) bad("--threads must be in 0..1024 (0: all cores)");
   if (!o.rope.empty() && o.rope != "llama3") bad("--rope must be empty (plain RoPE) or llama3 (got '" + o.rope + "')");
   if (o.out.empty()) bad("--out is required");
 }
@@ -542,6 +656,14 @@ SynthResult synth_hf(const SynthOptions& o) {
   const std::vector<TensorSpec> specs = tensor_specs(o, hd);
   for (const auto& t : specs) r.n_params += t.numel();
 
+  // The tokenizer (seconds for a 128K vocabulary) is built while the weights are generated.
+  auto make_tokenizer = [&o] { return tokenizer_json(o); };
+  std::future<std::string> tokenizer;
+  try {
+    tokenizer = std::async(std::launch::async, make_tokenizer);
+  } catch (const std::system_error&) {  // no thread to spare: build it after the weights
+    tokenizer = std::async(std::launch::deferred, make_tokenizer);
+  }
   // Weights first, config last: a directory with a config.json is complete.
   const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
   if (o.shards == 1) {
@@ -579,7 +701,7 @@ SynthResult synth_hf(const SynthOptions& o) {
     fs::remove(single, ec);
   }
 
-  r.bytes_written += write_text_atomic(dir / "tokenizer.json", tokenizer_json(o));
+  r.bytes_written += write_text_atomic(dir / "tokenizer.json", tokenizer.get());
   r.files.push_back((dir / "tokenizer.json").string());
   const fs::path legacy = dir / "hf_quant_config.json";
   if (!o.kv_algo.empty() && o.kv_algo_file == "hf_quant_config") {

@@ -1,6 +1,7 @@
 // CudaModel: the weights on the device, uploaded once (f32, or bf16 for the big synthetic model).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -8,6 +9,7 @@
 #include "kernels/common.cuh"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
+#include "kvgate/parallel.hpp"
 
 namespace kvgate::cuda {
 
@@ -33,6 +35,83 @@ std::string forward_unsupported_reason(const ModelConfig& c) {
     return "num_experts_per_tok = " + std::to_string(c.moe.top_k) + " is above the CUDA router kernel's 64";
   return {};
 }
+
+// The bf16 weight upload: f32 host weights are rounded (RNE, __float2bfloat16_rn) on all cores
+// into one of two page-locked staging buffers while the other one is copied to the device, so the
+// conversion of a piece overlaps the copy of the previous one (also across tensors). Without
+// page-locked memory (cudaMallocHost refused) it converts into a pageable buffer and copies
+// synchronously: the same bytes arrive either way.
+class CudaModel::Bf16Staging {
+ public:
+  static constexpr std::size_t kElems = std::size_t{1} << 23;  // per buffer: 16 MB of bf16
+
+  Bf16Staging() {
+    try {
+      for (int b = 0; b < 2; ++b) {
+        if (cudaMallocHost(&buf_[b], kElems * sizeof(__nv_bfloat16)) != cudaSuccess) {
+          (void)cudaGetLastError();  // clear the (non-sticky) error of the refused allocation
+          buf_[b] = nullptr;
+          release();
+          pageable_.resize(kElems);
+          return;
+        }
+        KVGATE_CUDA_CHECK(cudaEventCreateWithFlags(&done_[b], cudaEventDisableTiming));
+      }
+      KVGATE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~Bf16Staging() {
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    release();
+  }
+  Bf16Staging(const Bf16Staging&) = delete;
+  Bf16Staging& operator=(const Bf16Staging&) = delete;
+
+  // Queues dst[0, n) = bf16(src[0, n)); the copies may still run on return (finish() waits).
+  void put(void* dst, const float* src, std::size_t n) {
+    auto* d = static_cast<__nv_bfloat16*>(dst);
+    for (std::size_t done = 0; done < n;) {
+      const std::size_t m = std::min(kElems, n - done);
+      __nv_bfloat16* h = pageable_.empty() ? buf_[cur_] : pageable_.data();
+      if (pageable_.empty()) KVGATE_CUDA_CHECK(cudaEventSynchronize(done_[cur_]));  // its last copy is over
+      const float* s = src + done;
+      parallel_ranges(m, std::size_t{1} << 20, 0, [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) h[i] = __float2bfloat16_rn(s[i]);
+      });
+      if (pageable_.empty()) {
+        KVGATE_CUDA_CHECK(cudaMemcpyAsync(d + done, h, m * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, stream_));
+        KVGATE_CUDA_CHECK(cudaEventRecord(done_[cur_], stream_));
+        cur_ ^= 1;
+      } else {
+        KVGATE_CUDA_CHECK(cudaMemcpy(d + done, h, m * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+      }
+      done += m;
+    }
+  }
+  void finish() {
+    if (stream_) KVGATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  void release() {
+    for (int b = 0; b < 2; ++b) {
+      if (done_[b]) (void)cudaEventDestroy(done_[b]);
+      if (buf_[b]) (void)cudaFreeHost(buf_[b]);
+      done_[b] = nullptr;
+      buf_[b] = nullptr;
+    }
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+  __nv_bfloat16* buf_[2] = {nullptr, nullptr};
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  cudaStream_t stream_ = nullptr;
+  int cur_ = 0;
+  std::vector<__nv_bfloat16> pageable_;
+};
 
 CudaModel::CudaModel(const ModelConfig& c, WeightType wt) : c_(c), wt_(wt) {
   if (const std::string why = forward_unsupported_reason(c); !why.empty())
@@ -62,9 +141,8 @@ void* CudaModel::upload(const std::vector<float>& v, bool matrix) {
 void* CudaModel::upload(const float* v, std::size_t n, bool matrix) {
   void* p = alloc(n, matrix);
   if (matrix && wt_ == WeightType::bf16) {
-    std::vector<__nv_bfloat16> h(n);
-    for (std::size_t i = 0; i < n; ++i) h[i] = __float2bfloat16_rn(v[i]);
-    KVGATE_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    if (!staging_) staging_ = std::make_unique<Bf16Staging>();
+    staging_->put(p, v, n);
   } else {
     KVGATE_CUDA_CHECK(cudaMemcpy(p, v, n * 4, cudaMemcpyHostToDevice));
   }
@@ -170,7 +248,10 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
       }
       layers_.push_back(d);
     }
+    if (staging_) staging_->finish();  // every queued copy has landed before the model is used
+    staging_.reset();
   } catch (...) {
+    staging_.reset();  // waits for the queued copies before their buffers are freed
     for (void* p : allocs_) cudaFree(p);
     allocs_.clear();
     throw;

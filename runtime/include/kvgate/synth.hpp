@@ -1,11 +1,14 @@
 // Deterministic random-weight Hugging Face model directories (`kvgate synth`): config.json,
 // model.safetensors (or shards + index), tokenizer.json (byte-level BPE). load_hf reads them back.
 //
-// Determinism: every tensor draws from its own xoshiro256** stream seeded from (seed, tensor name)
-// through splitmix64; normals come from Box-Muller with a hand-written log/sin/cos made of IEEE
+// Determinism: every chunk of a tensor draws from its own xoshiro256** stream seeded through
+// splitmix64 (see below); normals come from Box-Muller with a hand-written log/sin/cos made of IEEE
 // basic operations only (compiled without FP contraction), so the bytes are identical on every
-// machine and compiler for the same options. Tensors are generated and written in chunks (nothing
-// is held in memory twice); every file is written to a temporary name, fsynced and renamed.
+// machine and compiler for the same options. A tensor is cut into chunks of 2^20 elements, each
+// with its own stream seeded from (seed, tensor name, chunk index); the chunks are generated on a
+// pool of threads and written in order through a bounded window (2 chunks per thread), so the
+// bytes do not depend on the thread count and nothing is held in memory twice. Every file is
+// written to a temporary name, fsynced and renamed.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -33,6 +36,7 @@ struct SynthOptions {
   std::string rope;           // empty: plain RoPE; "llama3": Llama 3.1's rope_parameters (factor 8,
                               // low/high_freq_factor 1/4, original_max_position_embeddings 8192)
   int shards = 1;             // > 1: model-0000i-of-0000n.safetensors + model.safetensors.index.json
+  int threads = 0;            // generator threads (0: all cores); the bytes do not depend on it
   std::string out;            // output directory (created if missing)
 };
 

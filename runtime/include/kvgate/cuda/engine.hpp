@@ -83,6 +83,7 @@ class CudaModel {
   void* alloc(std::size_t n_elems, bool matrix);  // matrix: weight type, else f32
   void* upload(const std::vector<float>& v, bool matrix);
   void* upload(const float* v, std::size_t n, bool matrix);
+  class Bf16Staging;  // the bf16 upload's page-locked double buffer (model.cpp), during construction only
 
   ModelConfig c_;
   WeightType wt_;
@@ -92,6 +93,7 @@ class CudaModel {
   const float* final_norm_ = nullptr;
   std::vector<void*> allocs_;
   std::size_t bytes_ = 0;
+  std::unique_ptr<Bf16Staging> staging_;
 };
 
 struct CudaForwardOptions {
