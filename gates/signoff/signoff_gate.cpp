@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "catch_compat.hpp"
@@ -787,4 +788,31 @@ TEST_CASE("SGN.probes.incomplete a probe case the baseline passed but the format
   }
   CHECK(incomplete == 5);  // anti-vacuity: missing case (twice), skipped case, missing probe, no records
   CHECK_FALSE(probe_regressions(json(nullptr), rows[0].fmt).has_value());
+}
+
+TEST_CASE("SGN.quality.p99 the KL p99 is the nearest-rank order statistic: the ceil(0.99 n)-th smallest of n positions",
+          SGN_TAGS) {
+  // The definition (the matrix's compare_logits and NIST's nearest-rank percentile): sort the n
+  // per-position KLs ascending and take the ceil(0.99 n)-th (1-based). With KL_i = i / 1000 for
+  // i = 1..n, fed in a scrambled order, the p99 is ceil(0.99 n) / 1000; the values by hand:
+  //   n = 1: 1, 2: 2 (ceil 1.98), 99: 99 (ceil 98.01), 100: 99, 101: 100 (ceil 99.99), 150: 149
+  //   (ceil 148.5), 200: 198, 1000: 990.
+  // The class it closes: a 0-based/1-based rank slip, which the clamp to the maximum hides below 100
+  // positions. Bound: exact (the value is one of the inputs, and 0.99 n rounds to the integer or
+  // above it in binary64 for these n). Anti-vacuity: at every n >= 100 the p99 is below the maximum,
+  // so the clamp no longer hides a rank slip.
+  const std::pair<int, int> rows[] = {{1, 1}, {2, 2}, {99, 99}, {100, 99}, {101, 100}, {150, 149}, {200, 198}, {1000, 990}};
+  for (const auto& [n, want] : rows) {
+    INFO("n = " << n);
+    std::vector<PositionMetrics> pm(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const int v = (i * 37) % n + 1;  // 37 is coprime with every n here: a permutation of 1..n
+      pm[static_cast<std::size_t>(i)].kl = v / 1000.0;
+      pm[static_cast<std::size_t>(i)].depth = i;
+    }
+    const QualityStats s = summarize(pm);
+    CHECK(s.kl_p99 == want / 1000.0);
+    CHECK(s.kl_max == n / 1000.0);
+    if (n >= 100) CHECK(s.kl_p99 != s.kl_max);
+  }
 }
