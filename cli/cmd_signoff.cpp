@@ -23,6 +23,7 @@
 #include "kvgate/outcomes.hpp"
 #include "kvgate/reports.hpp"
 #include "kvgate/signoff.hpp"
+#include "kvgate/signoff_probes.hpp"
 
 namespace kvgate::cli {
 
@@ -72,30 +73,6 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
   std::string o;
   for (const auto& x : v) o += (o.empty() ? "" : sep) + x;
   return o;
-}
-
-// Probe cases the baseline passes and the format fails (nullopt: the probes did not run).
-std::optional<int> probe_regressions(const json& base, const json& fmt) {
-  if (!base.is_object() || !fmt.is_object()) return std::nullopt;
-  const json bp = base.value("probes", json::object()), fp = fmt.value("probes", json::object());
-  if (bp.empty() || fp.empty()) return std::nullopt;
-  int n = 0, compared = 0;
-  for (const auto& [pn, b] : bp.items()) {
-    if (!fp.contains(pn)) return std::nullopt;
-    const json got_cases = fp[pn].value("cases_detail", json::array());
-    const json base_cases = b.value("cases_detail", json::array());
-    std::map<std::string, const json*> got;  // points into got_cases
-    for (const auto& c : got_cases) got[c.value("id", "")] = &c;
-    for (const auto& c : base_cases) {
-      if (c.value("status", "") != "ran" || !c.value("passed", false)) continue;
-      const auto it = got.find(c.value("id", ""));
-      if (it == got.end() || it->second->value("status", "") != "ran") return std::nullopt;
-      ++compared;
-      if (!it->second->value("passed", false)) ++n;
-    }
-  }
-  (void)compared;
-  return n;
 }
 
 // decode tok/s of `f` over the baseline's at the largest context both ran on `device` (resident).
@@ -439,7 +416,7 @@ struct SignoffRun {
           c.fallback_reason = fe->value("fallback_reason", "");
           c.fallback_effective = fe->value("effective", "");
         }
-        fi.probe_regressions = probe_regressions(fentry(baseline) ? *fentry(baseline) : json(nullptr), *fe);
+        fi.probe_regressions = so::probe_regressions(fentry(baseline) ? *fentry(baseline) : json(nullptr), *fe);
         const json* be = fentry(baseline);
         if (be && (*be)["kv_bytes_per_token"].is_number() && (*be)["kv_bytes_per_token"].get<double>() > 0)
           fi.kv_saving = 1.0 - (*fe)["kv_bytes_per_token"].get<double>() / (*be)["kv_bytes_per_token"].get<double>();

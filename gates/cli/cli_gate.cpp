@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +23,7 @@
 
 #include "catch_compat.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
 #include "kvgate/synth.hpp"
@@ -283,4 +285,102 @@ TEST_CASE("CLI.run.conversation_full a turn that overflows the context is refuse
   INFO("turn 3 stderr: " << t3.err);
   CHECK(t3.rc == 0);
   CHECK(slurp(file) != before);
+}
+
+// ---- kvgate formats --json: every number against the format traits ------------------------------------
+
+namespace {
+// One preset row of `kvgate formats` (the table), by name: its page-bytes column.
+std::size_t table_page_bytes(const std::string& table, const std::string& preset) {
+  std::istringstream in(table);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream w(line);
+    std::string name, k, v;
+    double kc = 0, vc = 0, c = 0;
+    std::size_t page = 0;
+    if ((w >> name >> k >> v >> kc >> vc >> c >> page) && name == preset) return page;
+  }
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("CLI.formats.json page and cell bytes of each half == the format traits (K != V on asymmetric presets)",
+          "[gate:CLI][fmt:k8v4][fmt:int8][fmt:q4_0][fmt:f16]") {
+  // The reference is the runtime's traits (page_bytes, bytes_per_cell, page_runs of one half), which
+  // STO.bytes proves equal to the docs/FORMATS.md formulas written apart from the runtime tables;
+  // this gate proves the CLI reports them per half and does not derive one half from the other.
+  // The class it closes: a JSON or table field wired to the wrong half (2 x the K page, V's cell
+  // bytes from K), which every symmetric preset hides. Bound: exact (integers; the cell bytes are
+  // page / (B x H), exact binary64 quotients of small integers).
+  struct Geo {
+    int D, H, B;
+  };
+  int asymmetric = 0;
+  for (const Geo g : {Geo{128, 8, 16}, Geo{64, 4, 32}, Geo{256, 2, 8}}) {
+    const std::string args = " --head-dim " + std::to_string(g.D) + " --kv-heads " + std::to_string(g.H) +
+                             " --block-size " + std::to_string(g.B);
+    const Run r = kvgate_cli("formats --json" + args);
+    INFO("kvgate formats --json" << args << "\nstderr: " << r.err);
+    REQUIRE(r.rc == 0);
+    const json arr = json::parse(r.out);
+    const Run t = kvgate_cli("formats" + args);
+    REQUIRE(t.rc == 0);
+    const PageGeometry pg{g.B, g.H, g.D};
+    REQUIRE(arr.size() == presets().size());
+    for (const Preset& p : presets()) {
+      const std::string pname(p.name);
+      INFO("preset " << pname);
+      const json* row = nullptr;
+      for (const json& x : arr)
+        if (x.value("name", "") == pname) row = &x;
+      REQUIRE(row != nullptr);
+      const std::size_t kp = page_bytes(p.fmt.k, pg), vp = page_bytes(p.fmt.v, pg);
+      CHECK((*row)["k"].get<std::string>() == std::string(name(p.fmt.k)));
+      CHECK((*row)["v"].get<std::string>() == std::string(name(p.fmt.v)));
+      CHECK((*row)["k_page_bytes"].get<std::size_t>() == kp);
+      CHECK((*row)["v_page_bytes"].get<std::size_t>() == vp);
+      CHECK((*row)["page_bytes"].get<std::size_t>() == kp + vp);
+      CHECK((*row)["k_bytes_per_cell"].get<double>() == bytes_per_cell(p.fmt.k, pg));
+      CHECK((*row)["v_bytes_per_cell"].get<double>() == bytes_per_cell(p.fmt.v, pg));
+      CHECK((*row)["bytes_per_cell"].get<double>() == bytes_per_cell(p.fmt.k, pg) + bytes_per_cell(p.fmt.v, pg));
+      CHECK((*row)["supported"].get<bool>() == (supports(p.fmt.k, pg).ok && supports(p.fmt.v, pg).ok));
+      // Each half's page runs tile exactly its own page.
+      for (const char* half : {"k_half", "v_half"}) {
+        std::size_t sum = 0;
+        for (const json& run : (*row)[half]["page_runs"]) sum += run["bytes"].get<std::size_t>();
+        CHECK(sum == (half[0] == 'k' ? kp : vp));
+      }
+      CHECK(table_page_bytes(t.out, pname) == kp + vp);
+      asymmetric += kp != vp;
+    }
+  }
+  CHECK(asymmetric >= 3);  // anti-vacuity: k8v4 (int8 K, q4_0_rot V) at each geometry
+}
+
+// ---- kvgate run --conv-id: a continued turn gets no BOS in the middle ----------------------------------
+
+TEST_CASE("CLI.run.conv a continued --conv-id turn appends the new text without a BOS; the first turn starts with one",
+          "[gate:CLI][fmt:f16]") {
+  // The rule (docs/KV_FILE.md "Prompt = the file's transcript + the new text (no BOS)"): the tokenizer's
+  // BOS starts the transcript once; each later turn appends encode(text) without specials, so the
+  // transcript equals the one-shot encoding of the turns in order. Bound: exact ids.
+  Scratch s;
+  const std::string conv = model_args() + " --kv f16 --steps 6 --conv-id gate --kv-cache-dir " + q((s.dir / "kv").string());
+  const json t1 = run_json(conv + " --prompt " + q("Once upon a time"));
+  const json t2 = run_json(conv + " --prompt " + q(" there was"));
+  const Model& m = stories().model;
+  const std::vector<int> first = m.tokenizer->encode("Once upon a time", true);
+  REQUIRE(!first.empty());
+  REQUIRE(first.front() == m.config.bos_id);  // anti-vacuity: the tokenizer adds a BOS with specials
+  CHECK(t1["prompt_ids"].get<std::vector<int>>() == first);
+  std::vector<int> expect = t1["prompt_ids"].get<std::vector<int>>();
+  for (int id : t1["generated_ids"].get<std::vector<int>>()) expect.push_back(id);
+  const std::vector<int> fresh = m.tokenizer->encode(" there was", false);
+  REQUIRE(!fresh.empty());
+  REQUIRE(fresh.front() != m.config.bos_id);
+  expect.insert(expect.end(), fresh.begin(), fresh.end());
+  CHECK(t2["prompt_ids"].get<std::vector<int>>() == expect);
+  const std::vector<int> ids2 = t2["prompt_ids"].get<std::vector<int>>();
+  CHECK(std::count(ids2.begin(), ids2.end(), m.config.bos_id) == 1);
 }

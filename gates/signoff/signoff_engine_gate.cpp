@@ -21,12 +21,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
+#include "kvgate/kv_store.hpp"
 #include "kvgate/matrix.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
@@ -256,3 +259,55 @@ TEST_CASE("SGN.cuda.quality.paths_agree the quality runner's prefill and decode 
   }
 }
 #endif
+
+// ---- the matrix's capacity column against the pool the engine builds ------------------------------------
+
+TEST_CASE("SGN.matrix.capacity capacity_tokens == the tokens a pool of the budget holds (blocks x block size), every preset",
+          SGN_ENGINE_TAGS) {
+  // The reference is the pool geometry itself: the engine's store for a byte budget
+  // (make_store_config with kv_cache_memory = budget) holds n_blocks pages of block_size tokens per
+  // sequence: extending one sequence to n_blocks x block_size tokens succeeds and one more token is
+  // refused. Its page count is also checked against the pool rule (kvgate/kv_store.hpp), floor(budget /
+  // (n_layers x (K page + V page))), with the pages from page_bytes, which STO.bytes proves against
+  // the docs/FORMATS.md formulas.
+  // The class it closes: a capacity reported in the wrong unit (blocks, bytes per token of one
+  // half, one layer's pool), which ratios between formats hide. Bound: exact (integers).
+  // Anti-vacuity: block_size 16 > 1, so a count of blocks differs from the tokens; two budgets,
+  // one not a multiple of any pool block; the presets' capacities are not all equal.
+  const Model& m = stories();
+  const ModelConfig& c = m.config;
+  for (const std::size_t budget : {std::size_t(1) << 20, (std::size_t(3) << 20) + 1000}) {
+    matrix::MatrixOptions mo;
+    for (const Preset& p : presets()) mo.formats.emplace_back(p.name);
+    mo.lengths = {};
+    mo.timing = mo.probes = mo.quality = false;
+    mo.budget_bytes = budget;
+    const nlohmann::json mj = matrix::run_matrix(m, mo, nlohmann::json::object());
+    std::set<long long> capacities;
+    int checked = 0;
+    for (const auto& fj : mj["formats"]) {
+      const std::string name = fj["format"].get<std::string>();
+      INFO("budget " << budget << " format " << name);
+      const auto fmt = parse_kv_format(fj["effective"].get<std::string>());
+      REQUIRE(fmt.has_value());
+      EngineOptions eo = engine_options_for(*fmt);
+      eo.kv_cache_memory = budget;
+      const StoreConfig sc = make_store_config(m, eo, c.max_seq_len, "engine");
+      const PageGeometry g{sc.block_size, c.n_kv_heads, c.head_dim};
+      const std::size_t per_block = static_cast<std::size_t>(c.n_layers) * (page_bytes(fmt->k, g) + page_bytes(fmt->v, g));
+      REQUIRE(sc.block_size == 16);
+      CHECK(static_cast<std::size_t>(sc.n_blocks) == budget / per_block);
+      PagedKvStore store(sc);
+      const SeqId s = store.create_sequence();
+      const long long tokens = static_cast<long long>(sc.n_blocks) * sc.block_size;
+      store.extend(s, static_cast<int>(tokens));
+      CHECK_THROWS_AS(store.extend(s, 1), KvStoreError);
+      CHECK(fj["capacity_tokens"].get<long long>() == tokens);
+      CHECK(fj["capacity_tokens"].get<long long>() != sc.n_blocks);
+      capacities.insert(tokens);
+      ++checked;
+    }
+    CHECK(checked == static_cast<int>(presets().size()));  // f32 is one of the presets
+    CHECK(capacities.size() >= 4);
+  }
+}

@@ -15,13 +15,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "catch_compat.hpp"
 #include "kvgate/format_list.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/signoff.hpp"
+#include "kvgate/signoff_probes.hpp"
 #include "kvgate/verdict_record.hpp"
 
 using namespace kvgate::signoff;
@@ -782,4 +787,96 @@ TEST_CASE("SGN.record.verdict the verdict record carries both verdicts' reasons 
     CHECK(e.pointer() == "/fit");
   }
   CHECK(has(what, "signoff.json: field /fit is missing"));
+}
+
+// ---- probe parity from the matrix's probe records (kvgate/signoff_probes.hpp) ---------------------------
+
+namespace {
+
+// A probe record: {"cases_detail": [{"id", "status", "passed"}]} from (id, status, passed) triples.
+json probe(std::initializer_list<std::tuple<const char*, const char*, bool>> cases) {
+  json d = json::array();
+  for (const auto& [id, status, passed] : cases) d.push_back({{"id", id}, {"status", status}, {"passed", passed}});
+  return {{"cases_detail", d}};
+}
+
+}  // namespace
+
+TEST_CASE("SGN.probes.incomplete a probe case the baseline passed but the format lacks or skipped is NOT-MEASURED, never PASS",
+          SGN_TAGS) {
+  // The rule (README: NOT-MEASURED when "something a verdict needs did not run"): probe parity counts the cases
+  // the baseline ran and passed and the format ran and failed; when such a case is missing from the
+  // format's results or did not run there, or a whole probe is missing, the count is not measured.
+  // The class it closes: a comparison that skips what it cannot compare, so a partial probe run
+  // reads as parity. Expected values by hand per row; the verdict rows go through fit_verdict/decide.
+  const json base = {{"probes",
+                      {{"needle", probe({{"n1", "ran", true}, {"n2", "ran", true}, {"n3", "ran", false}, {"n4", "skipped", false}})},
+                       {"echo", probe({{"e1", "ran", true}})}}}};
+  struct Row {
+    const char* what;
+    json fmt;
+    std::optional<int> want;
+  };
+  const json echo_ok = probe({{"e1", "ran", true}});
+  const Row rows[] = {
+      {"every case ran and passed", {{"probes", {{"needle", probe({{"n1", "ran", true}, {"n2", "ran", true}})}, {"echo", echo_ok}}}}, 0},
+      {"one regression (n2 failed), the case the baseline failed is not counted",
+       {{"probes", {{"needle", probe({{"n1", "ran", true}, {"n2", "ran", false}, {"n3", "ran", false}})}, {"echo", echo_ok}}}}, 1},
+      {"two regressions across probes",
+       {{"probes", {{"needle", probe({{"n1", "ran", false}, {"n2", "ran", true}})}, {"echo", probe({{"e1", "ran", false}})}}}}, 2},
+      {"a baseline-passed case missing from the format (n2)",
+       {{"probes", {{"needle", probe({{"n1", "ran", true}})}, {"echo", echo_ok}}}}, std::nullopt},
+      {"the missing case comes first, a regression after it",
+       {{"probes", {{"needle", probe({{"n2", "ran", false}})}, {"echo", echo_ok}}}}, std::nullopt},
+      {"a baseline-passed case skipped by the format",
+       {{"probes", {{"needle", probe({{"n1", "ran", true}, {"n2", "skipped", false}})}, {"echo", echo_ok}}}}, std::nullopt},
+      {"a whole probe missing (echo)", {{"probes", {{"needle", probe({{"n1", "ran", true}, {"n2", "ran", true}})}}}}, std::nullopt},
+      {"no probe records at all", {{"probes", json::object()}}, std::nullopt},
+      {"the baseline's skipped and failed cases may be absent",
+       {{"probes", {{"needle", probe({{"n1", "ran", true}, {"n2", "ran", true}})}, {"echo", echo_ok}}}}, 0},
+  };
+  const Policy p = policy(base_policy());
+  int incomplete = 0;
+  for (const Row& r : rows) {
+    INFO("row: " << r.what);
+    const std::optional<int> got = probe_regressions(base, r.fmt);
+    CHECK(got.has_value() == r.want.has_value());
+    if (got && r.want) CHECK(*got == *r.want);
+    // The sign-off of an otherwise perfect format: PASS only with complete, regression-free probes.
+    FitInput in = good_input("int8");
+    in.probe_regressions = got;
+    const FormatVerdict fv = decide("int8", conforming(), p, in);
+    const Overall want = !r.want ? Overall::not_measured : *r.want == 0 ? Overall::pass : Overall::over_budget;
+    CHECK(fv.overall == want);
+    incomplete += !r.want.has_value();
+  }
+  CHECK(incomplete == 5);  // anti-vacuity: missing case (twice), skipped case, missing probe, no records
+  CHECK_FALSE(probe_regressions(json(nullptr), rows[0].fmt).has_value());
+}
+
+TEST_CASE("SGN.quality.p99 the KL p99 is the nearest-rank order statistic: the ceil(0.99 n)-th smallest of n positions",
+          SGN_TAGS) {
+  // The definition (the matrix's compare_logits and NIST's nearest-rank percentile): sort the n
+  // per-position KLs ascending and take the ceil(0.99 n)-th (1-based). With KL_i = i / 1000 for
+  // i = 1..n, fed in a scrambled order, the p99 is ceil(0.99 n) / 1000; the values by hand:
+  //   n = 1: 1, 2: 2 (ceil 1.98), 99: 99 (ceil 98.01), 100: 99, 101: 100 (ceil 99.99), 150: 149
+  //   (ceil 148.5), 200: 198, 1000: 990.
+  // The class it closes: a 0-based/1-based rank slip, which the clamp to the maximum hides below 100
+  // positions. Bound: exact (the value is one of the inputs, and 0.99 n rounds to the integer or
+  // above it in binary64 for these n). Anti-vacuity: at every n >= 100 the p99 is below the maximum,
+  // so the clamp no longer hides a rank slip.
+  const std::pair<int, int> rows[] = {{1, 1}, {2, 2}, {99, 99}, {100, 99}, {101, 100}, {150, 149}, {200, 198}, {1000, 990}};
+  for (const auto& [n, want] : rows) {
+    INFO("n = " << n);
+    std::vector<PositionMetrics> pm(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const int v = (i * 37) % n + 1;  // 37 is coprime with every n here: a permutation of 1..n
+      pm[static_cast<std::size_t>(i)].kl = v / 1000.0;
+      pm[static_cast<std::size_t>(i)].depth = i;
+    }
+    const QualityStats s = summarize(pm);
+    CHECK(s.kl_p99 == want / 1000.0);
+    CHECK(s.kl_max == n / 1000.0);
+    if (n >= 100) CHECK(s.kl_p99 != s.kl_max);
+  }
 }

@@ -4,6 +4,7 @@
 // quantized runs (V read from the K page, a dropped in-page offset) are caught only here.
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include "bounds.hpp"
@@ -117,12 +118,14 @@ std::vector<AttnCase> softcap_cases(std::uint64_t seed0) {
   return out;
 }
 
-enum class Check { plain, window, softcap };
+enum class Check { plain, window, softcap, split };
+std::vector<AttnCase> split_cases(std::uint64_t seed0);  // at the end of the file (ORA.attn_split)
 
 void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0, Check what = Check::plain) {
   long cases_run = 0, windows_cut = 0;
   const std::vector<AttnCase> cases =
-      what == Check::window ? window_cases(seed0) : what == Check::softcap ? softcap_cases(seed0) : attn_cases(seed0);
+      what == Check::window ? window_cases(seed0) : what == Check::softcap ? softcap_cases(seed0)
+      : what == Check::split ? split_cases(seed0) : attn_cases(seed0);
   for (const AttnCase& ac : cases) {
     const StoreCase c{ac.block_size, ac.n_kv_heads, ac.head_dim, ac.n_ctx, Pattern::gaussian, ac.seed, 0};
     if (!case_supported(fmt, c)) continue;
@@ -262,3 +265,82 @@ void run_attention_gate(const KvFormat& fmt, std::uint64_t seed0, Check what = C
 #define ORA_PRESET_ROW(A, name, k, v, slot, kind) ORA_PRESET(#name, #name, (1000 + 100 * slot))
 KVGATE_PRESETS(ORA_PRESET_ROW, _)  // one row per preset: kvgate/format_list.hpp
 ORA_PRESET("mixed", "k=q8_0,v=fp8_e5m2", 2000)
+
+// ---- ORA.attn_split: contexts at k*S - 1, k*S, k*S + 1 of the CPU decode's split --------------------------
+// The CPU attention (runtime/src/attention.cpp) has no split-K: it walks the context page by page
+// (B tokens) and, inside a page, in score chunks of S = 16 tokens (kW: two 8-lane vectors, one
+// online-softmax step each); the last chunk of a page is ragged, lanes past it are masked. So its
+// edges are k*S - 1, k*S, k*S + 1 (a chunk one short, full, one over) and k*B - 1, k*B, k*B + 1,
+// and the in-page chunk offset c0 > 0 exists only on pages longer than S. ORA.attn and
+// ORA.attn_window use pages of at most 16 tokens (one chunk per page) and contexts off these edges;
+// here pages of 16 (one chunk), 24 (a full and a ragged chunk) and 48 (three chunks), every context
+// at an S edge up to 3S and at a B edge up to 2B, decode and a 3-query prefill chunk ending there,
+// and sliding windows of S - 1, S and S + 1 keys at head_dim <= 64 (their first visible slot lands on either side
+// of a chunk edge inside the page). The bound is ORA.attn's: attn_f32_max_abs (bounds.hpp), with
+// its anti-vacuity (bound under kOraSensitivity of the output RMS, a window one key longer farther
+// than 4x the bound, quantization visible).
+namespace {
+
+constexpr int kCpuScoreChunk = 16;  // S: runtime/src/attention.cpp kW
+
+std::vector<AttnCase> split_cases(std::uint64_t seed0) {
+  std::vector<AttnCase> out;
+  const int shapes[][2] = {{2, 64}, {4, 32}, {1, 128}, {2, 256}};  // {H, D}, rows multiples of 32
+  const int S = kCpuScoreChunk;
+  int i = 0;
+  for (int B : {16, 24, 48}) {
+    std::vector<int> ctx;
+    for (int k = 1; k <= 3; ++k)
+      for (int d = -1; d <= 1; ++d) ctx.push_back(k * S + d);
+    for (int k = 1; k <= 2; ++k)
+      for (int d = -1; d <= 1; ++d) ctx.push_back(k * B + d);
+    std::sort(ctx.begin(), ctx.end());
+    ctx.erase(std::unique(ctx.begin(), ctx.end()), ctx.end());
+    for (int n_ctx : ctx) {
+      // head_dim 256 (the generic-D kernel) up to 64 keys: past that its worst-case bound nears
+      // kOraSensitivity of the output RMS (a flatter softmax over more keys).
+      const auto& sh = shapes[i % 4][1] == 256 && n_ctx > 64 ? shapes[2] : shapes[i % 4];
+      const int group = 1 << (i % 3);  // GQA 1, 2, 4
+      const std::uint64_t sd = seed0 + 10 * static_cast<std::uint64_t>(i);
+      out.push_back({B, sh[0], sh[1], group, n_ctx, 1, sd});
+      out.push_back({B, sh[0], sh[1], group, n_ctx, 3, sd + 1});
+      const int w = S - 1 + i % 3;  // S - 1, S, S + 1
+      // Windows at head_dim <= 64 only: at 128 and 256 the worst-case bound (it grows with D x L1)
+      // is too close to the effect of one key more for the window's anti-vacuity check.
+      if (n_ctx > w + 1 && sh[1] <= 64) out.push_back({B, sh[0], sh[1], group, n_ctx, 1, sd + 2, w});
+      ++i;
+    }
+  }
+  return out;
+}
+
+// Anti-vacuity of the population itself: pages with a second and a third chunk are read, the last
+// chunk of a page ends one short of, at and one past an S edge, and windows start inside a chunk > 0.
+void check_split_population(const std::vector<AttnCase>& cases) {
+  const int S = kCpuScoreChunk;
+  std::set<int> tail_mod_s;
+  int second_chunk = 0, third_chunk = 0, late_windows = 0;
+  for (const AttnCase& c : cases) {
+    const int in_last_page = (c.n_ctx - 1) % c.block_size + 1;  // keys on the last page
+    second_chunk += in_last_page > S;
+    third_chunk += in_last_page > 2 * S;
+    if (c.n_ctx > S) tail_mod_s.insert(c.n_ctx % S);
+    if (c.window > 0) late_windows += (c.n_ctx - c.window) % c.block_size >= S;
+  }
+  CHECK(second_chunk >= 10);
+  CHECK(third_chunk >= 4);
+  CHECK(tail_mod_s.count(S - 1) + tail_mod_s.count(0) + tail_mod_s.count(1) == 3);
+  CHECK(late_windows >= 3);
+}
+
+}  // namespace
+
+#define ORA_SPLIT_ROW(A, name, k, v, slot, kind)                                                                   \
+  TEST_CASE("ORA.attn_split." #name " contexts at k*S-1, k*S, k*S+1 of the CPU score chunk and k*B+-1 == oracle FP64", \
+            "[gate:ORA][fmt:" #name "]") {                                                                         \
+    const auto f = parse_kv_format(#name);                                                                         \
+    REQUIRE(f.has_value());                                                                                        \
+    run_attention_gate(*f, 3000 + 100 * (slot), Check::split);                                                     \
+    check_split_population(split_cases(3000 + 100 * (slot)));                                                      \
+  }
+KVGATE_PRESETS(ORA_SPLIT_ROW, _)  // one row per preset: kvgate/format_list.hpp
