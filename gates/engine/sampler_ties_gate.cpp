@@ -125,3 +125,37 @@ TEST_CASE("MOD.sampler.ties top-k = 1 and a top-p under the largest probability 
   CHECK(k_rows == 11);  // anti-vacuity: every finite row ran
   CHECK(p_rows == 9);   // all but the two-logit row and the seven-way tie
 }
+
+// MOD.sampler.nucleus_floor: a top-p below 1/n on flat logits. run.c's pre-filter keeps only tokens
+// with probability >= (1 - p)/(n - 1); with n equal logits every probability is 1/n, which is below
+// that cutoff exactly when p < 1/n, so the filter keeps nothing (run.c then reads past its empty
+// candidate list). The nucleus is never empty: it is the smallest prefix of the tokens sorted by
+// probability (ties in id order, as MOD.sampler.ties) whose mass exceeds p, here the first token
+// alone, so every draw returns id 0. Bound: exact ids. Anti-vacuity: the same logits with p = 0.999
+// (above the cutoff case) draw more than one id over the seeds, so the check sees a real sampler.
+TEST_CASE("MOD.sampler.nucleus_floor top-p below 1/n on flat logits keeps the most probable token",
+          "[gate:MOD][fmt:none]") {
+  for (int n : {2, 7, 64, 512}) {
+    const std::vector<float> flat(static_cast<std::size_t>(n), 0.25f);
+    for (float p : {0.5f / static_cast<float>(n), 0.9f / static_cast<float>(n)}) {
+      SamplerOptions o;
+      o.temperature = 1.0f;
+      o.top_p = p;
+      for (std::uint64_t seed : {1ull, 2ull, 99ull}) {
+        o.seed = seed;
+        Sampler s(n, o);
+        INFO("n=" << n << " top_p=" << p << " seed=" << seed);
+        for (int draw = 0; draw < 8; ++draw) CHECK(s.sample(flat) == 0);
+      }
+    }
+    SamplerOptions wide;
+    wide.temperature = 1.0f;
+    wide.top_p = 0.999f;
+    wide.seed = 5;
+    Sampler s(n, wide);
+    int other = 0;
+    for (int draw = 0; draw < 64; ++draw) other += s.sample(flat) != 0;
+    INFO("n=" << n);
+    CHECK(other > 0);
+  }
+}

@@ -68,6 +68,11 @@ int Sampler::sample(std::span<const float> logits) {
     const float cutoff = (1.0f - opts_.top_p) / static_cast<float>(n - 1);
     for (std::size_t i = 0; i < n; ++i)
       if (probs_[i] >= cutoff) cand_.push_back({probs_[i], static_cast<int>(i)});
+    // The pre-filter can keep nothing: on logits flatter than the cutoff (every probability 1/n
+    // below (1 - p)/(n - 1), i.e. top_p < 1/n) the nucleus is still the most probable token, which
+    // the full sort below finds (run.c reads past its empty candidate list there).
+    if (cand_.empty())
+      for (std::size_t i = 0; i < n; ++i) cand_.push_back({probs_[i], static_cast<int>(i)});
     std::sort(cand_.begin(), cand_.end(), by_prob);
   }
   std::size_t last = cand_.size() - 1;
