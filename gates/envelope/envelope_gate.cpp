@@ -88,6 +88,20 @@ void check_half(HalfFormat f, const StoreCase& c, const std::vector<float>& x, c
             note(st, std::fabs(double(rh[i]) - row[i]), absmax127_bound(row[i], amax), where(i));
         }
         break;
+      case HalfFormat::mxfp8:
+      case HalfFormat::mxfp4:
+        for (int b = 0; b < HD; b += 32) {
+          double amax = 0;
+          for (int i = b; i < b + 32; ++i)
+            if (!std::isnan(row[i])) amax = std::max(amax, std::fabs(double(row[i])));
+          for (int i = b; i < b + 32; ++i) {
+            const bool e4 = f == HalfFormat::mxfp8;
+            st.clamped += e4 ? mxfp8_saturated(row[i], amax) : mxfp4_saturated(row[i], amax);
+            note(st, std::fabs(double(rh[i]) - row[i]), e4 ? mxfp8_bound(row[i], amax) : mxfp4_bound(row[i], amax),
+                 where(i));
+          }
+        }
+        break;
       case HalfFormat::q4_0:
       case HalfFormat::q4_0_rot: {
         // For the rotated format the envelope is stated in the rotated domain: rotate both x and
@@ -195,7 +209,9 @@ void run_env_gate(const KvFormat& fmt, std::uint64_t seed0) {
   CHECK(cases_small_head >= 8);
   for (int h = 0; h < 2; ++h) {
     const HalfFormat hf = h == 0 ? fmt.k : fmt.v;
-    if (hf == HalfFormat::q4_0 || hf == HalfFormat::q4_0_rot) CHECK(agg[h].clamped > 0);
+    // q4_0: the clamp population; MX: the saturated population (amax's significand above 1.75).
+    if (hf == HalfFormat::q4_0 || hf == HalfFormat::q4_0_rot || hf == HalfFormat::mxfp8 || hf == HalfFormat::mxfp4)
+      CHECK(agg[h].clamped > 0);
     if (lossy(hf)) CHECK(agg[h].max_use >= kMinEnvelopeUse);
   }
 }

@@ -446,6 +446,11 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
                                 // clamped population (opposite side beyond 7.5|d|) gets |d|
                                 REQUIRE(err <= (x[k] / element_scale(h, s, page.data(), t, c, i, ts) > 7.5f ? sc : sc / 2) + slack);
                                 break;
+                            case Half::mxfp8:  // FORMATS.md envelope; saturated beyond 448 X: < 2^-3 |x|
+                                REQUIRE(err <= (std::fabs(x[k]) > 448 * sc ? std::ldexp(std::fabs(x[k]), -3)
+                                                                            : std::ldexp(std::fabs(x[k]), -4) + std::ldexp(sc, -10)));
+                                break;
+                            case Half::mxfp4: REQUIRE(err <= std::ldexp(std::fabs(x[k]) + sc, -2)); break;
                             case Half::q4_0_rot: {
                                 float d = element_scale(h, s, page.data(), t, c, i, ts);
                                 double e_rot = rot[i] / d > 7.5f ? std::fabs(d) : std::fabs(d) / 2;
@@ -459,6 +464,80 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
                 }
         }
     }
+}
+
+TEST_CASE("e2m1 and ue8m0: every code, ties to even, saturation, NaN", "[oracle][scalar][mx]") {
+    const float vals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    for (uint8_t c = 0; c < 16; ++c) {
+        CHECK(from_e2m1(c) == ((c & 8) ? -vals[c & 7] : vals[c & 7]));
+        if ((c & 7) != 0 || c == 0) CHECK(to_e2m1(from_e2m1(c)) == c);
+    }
+    // Midpoints go to the even code (even mantissa bit).
+    const float tie[7][2] = {{0.25f, 0}, {0.75f, 2}, {1.25f, 2}, {1.75f, 4}, {2.5f, 4}, {3.5f, 6}, {5.0f, 6}};
+    for (auto& t : tie) {
+        CHECK(to_e2m1(t[0]) == uint8_t(t[1]));
+        CHECK(to_e2m1(-t[0]) == uint8_t(uint8_t(t[1]) | 8));
+    }
+    CHECK(to_e2m1(0.2500001f) == 1);
+    CHECK(to_e2m1(6.9f) == 7);
+    CHECK(to_e2m1(7.0f) == 7);  // tie 6 | 8 -> saturates to 6
+    CHECK(to_e2m1(1e30f) == 7);
+    CHECK(to_e2m1(-std::numeric_limits<float>::infinity()) == 15);
+    CHECK(to_e2m1(-0.0f) == 8);
+    CHECK(to_e2m1(std::numeric_limits<float>::quiet_NaN()) == 0);
+    CHECK(from_e8m0(127) == 1.0);
+    CHECK(from_e8m0(0) == std::ldexp(1.0, -127));
+    CHECK(from_e8m0(254) == std::ldexp(1.0, 127));
+    CHECK(std::isnan(from_e8m0(0xFF)));
+}
+
+TEST_CASE("mx blocks: hand-computed scale exponents, saturation, zero and inf blocks", "[oracle][mx]") {
+    float x[32] = {};
+    uint8_t c[32];
+    // All zero: the smallest scale, code 0; codes zero.
+    CHECK(quantize_block_mx(Half::mxfp8, x, c) == 0);
+    for (int i = 0; i < 32; ++i) CHECK(c[i] == 0);
+    // amax = 1: floor(log2 1) = 0; mxfp8 X = 2^-8 (code 119), mxfp4 X = 2^-2 (code 125).
+    x[3] = 1.0f;
+    x[5] = -0.3f;
+    CHECK(quantize_block_mx(Half::mxfp8, x, c) == 119);
+    CHECK(c[3] == to_e4m3(256.0f));
+    CHECK(c[5] == to_e4m3(-76.8f));
+    CHECK(quantize_block_mx(Half::mxfp4, x, c) == 125);
+    CHECK(c[3] == 6);       // 1/2^-2 = 4
+    CHECK(c[5] == (8 | 2)); // -0.3/0.25 = -1.2 -> -1
+    // amax = 1.9 (significand above 1.75): mxfp8 y = 486.4 saturates to 448 (0x7E), mxfp4 y = 7.6 -> 6.
+    x[3] = 1.9f;
+    CHECK(quantize_block_mx(Half::mxfp8, x, c) == 119);
+    CHECK(c[3] == 0x7E);
+    CHECK(quantize_block_mx(Half::mxfp4, x, c) == 125);
+    CHECK(c[3] == 7);
+    // A tiny block clamps the exponent at -127 (code 0).
+    float t[32] = {};
+    t[0] = std::ldexp(1.0f, -130);
+    CHECK(quantize_block_mx(Half::mxfp8, t, c) == 0);
+    CHECK(c[0] == to_e4m3(0.125f));
+    // An infinite element: the NaN scale; a NaN element is ignored for the scale.
+    t[1] = std::numeric_limits<float>::infinity();
+    CHECK(quantize_block_mx(Half::mxfp4, t, c) == 0xFF);
+    t[1] = std::numeric_limits<float>::quiet_NaN();
+    t[2] = 2.0f;
+    CHECK(quantize_block_mx(Half::mxfp8, t, c) == 120);
+    CHECK((c[1] & 0x7F) == 0x7F);
+    CHECK(quantize_block_mx(Half::mxfp4, t, c) == 126);
+    CHECK(c[1] == 0);
+    // Page layout: codes run then the scales run; mxfp4 packs element 2j low, 2j+1 high.
+    PageShape s{2, 1, 32};
+    float row[32] = {};
+    row[0] = 1.0f;   // code 6 (4 X)
+    row[1] = -0.5f;  // code 8|4 (-2 X)
+    auto page = quantize_page(Half::mxfp4, s, row, 1, 1.0f);
+    REQUIRE(page.size() == 2 * 16 + 2 * 1);
+    CHECK(page[0] == uint8_t(6 | (12 << 4)));
+    CHECK(page[32] == 125);
+    auto back = dequantize_page(Half::mxfp4, s, page.data(), 1, 1.0f);
+    CHECK(back[0] == 1.0f);
+    CHECK(back[1] == -0.5f);
 }
 
 TEST_CASE("q4_0_rot = per-cell Hadamard then q4_0 over the row", "[oracle][q4_0_rot]") {

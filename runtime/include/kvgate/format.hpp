@@ -59,8 +59,10 @@ struct EnvelopeConstants {
 struct HalfFormatInfo {
   HalfFormat id;
   int block_elems;               // elements per code block: 1, or kQBlock for the 32-block formats
-  std::size_t block_bytes;       // bytes per block: the element size, or sizeof(block_q8_0 / block_q4_0)
+  std::size_t block_bytes;       // bytes per block: the element size, sizeof(block_q8_0 / block_q4_0), or
+                                 // the code bytes of one block when its scale lives in a scales run
   std::size_t cell_scale_bytes;  // bytes per cell (token x kv head) of the page's "scales" run; 0: none
+  std::size_t block_scale_bytes; // bytes per block of the page's "scales" run (MX); 0: none or embedded
   bool rotated;                  // a Walsh-Hadamard rotation per head before quantizing
   std::string_view name;
   std::string_view code_type;          // element code: "f32", "f16", "int8", "e4m3fn", "q4 nibble", ...
