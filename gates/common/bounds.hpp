@@ -69,6 +69,27 @@ inline double mxfp4_bound(double x, double amax) {
 }
 inline bool mxfp4_saturated(double x, double amax) { return std::fabs(x) > 6.0 * mx_scale(amax, kMxfp4Emax); }
 
+// nvfp4 (FORMATS.md "nvfp4"): two levels of rounding. t = (amax/6)/g in binary32 (2u relative), the
+// block scale sb = e4m3(t): |sb - t| <= 2^-4 t (normal t: half an ulp of a 3-bit mantissa) or 2^-10
+// (subnormal t: half the spacing 2^-9); S = sb*g in binary32 (u). Hence
+//   S <= (amax/6 (1 + 2^-4) + 2^-10 g)(1 + 4u)                                  (nvfp4_scale_hi)
+//   6S >= amax (1 - 2^-4)(1 - 3u) - 6*2^-10 g.
+// An element with |x/S| < 7 rounds onto the E2M1 grid (saturating to 6 costs |x| - 6S <= |x|/4
+// there): |e| <= 2^-2|x| + 2^-2 S <= 2^-2|x| + 2^-2 S_hi. An element beyond (possible only where the
+// block scale was rounded down, amax/S > 6) saturates to 6S: |e| = |x| - 6S <= amax - 6S
+// <= 2^-4 amax + 6*2^-10 g + 3u amax. The binary32 quotient x/S and product code*S add <= u|x/S|
+// code units and u|x^|: 4u(|x| + 6 S_hi) + 4u amax covers all slack with margin. Domain: t <= 448
+// (a calibrated global scale; the gates' scales follow the data).
+inline double nvfp4_scale_hi(double amax, double g) {
+  return (amax / 6 * (1 + 0x1p-4) + 0x1p-10 * g) * (1 + 4 * kU32);
+}
+inline double nvfp4_bound(double x, double amax, double g) {
+  const double S = nvfp4_scale_hi(amax, g);
+  const double grid = 0x1p-2 * std::fabs(x) + 0x1p-2 * S;
+  const double sat = 0x1p-4 * amax + 6 * 0x1p-10 * g;
+  return std::max(grid, sat) + 4 * kU32 * (std::fabs(x) + 6 * S + amax);
+}
+
 inline constexpr double kE4m3Max = 448.0;
 inline constexpr double kE5m2Max = 57344.0;
 inline constexpr double kE4m3MinNormal = 0x1p-6;
@@ -186,7 +207,8 @@ inline double forward_f32_logit_bound(double chain, double max_abs_logit) {
 // Statistical model of the format's KV error: each stored K/V element's error is bounded by the
 // format's envelope E_i (docs/FORMATS.md: int8/q8_0 s/2; q4_0 |d|/2, or |d| for the clamped
 // population, q4_0_rot the same in the rotated domain; mxfp8 2^-4|x| + 2^-10 X (saturated: the excess
-// |x| - 448X), mxfp4 2^-2|x| + 2^-2 X; fp8 2^-4|x| + 2^-10 s (e4m3),
+// |x| - 448X), mxfp4 2^-2|x| + 2^-2 X, nvfp4 2^-2|x| + 2^-2 S (saturated: the excess |x| - 6S);
+// fp8 2^-4|x| + 2^-10 s (e4m3),
 // 2^-3|x| + 2^-17 s (e5m2); f16/bf16 half an ulp), and, as in the standard quantization-noise model,
 // zero-mean and independent of the other errors and of the queries and weights, with
 // E[e_i^2] <= E_i^2 / 3 (uniform over [-E_i, E_i]; formats whose ulp/2 is below E_i are lower still).

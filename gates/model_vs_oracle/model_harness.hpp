@@ -296,6 +296,20 @@ inline void add_envelope_noise(HalfFormat h, float* row, int H, int D, float ten
         }
       }
       return;
+    case HalfFormat::nvfp4:
+      // Per 16-block: S as the page stores it (oracle scalars, FORMATS.md nvfp4); the grid envelope
+      // 2^-2|x| + 2^-2 S, a saturated element's error is its excess over 6 S.
+      for (int b = 0; b + 16 <= HD; b += 16) {
+        float amax = 0;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(row[b + i]));
+        const double S = double(ko::from_e4m3(ko::to_e4m3(amax / 6.0f / tensor_scale)) * tensor_scale);
+        for (int i = 0; i < 16; ++i) {
+          const double x = row[b + i];
+          const double env = std::fabs(x) > 6 * S ? std::fabs(x) - 6 * S : 0x1p-2 * std::fabs(x) + 0x1p-2 * S;
+          row[b + i] = float(x + sign() * env);
+        }
+      }
+      return;
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot: {
       // Error vector in the (rotated, for q4_0_rot) domain of the stored row.

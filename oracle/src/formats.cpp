@@ -26,6 +26,7 @@ const char* half_name(Half h) {
         case Half::q4_0_rot: return "q4_0_rot";
         case Half::mxfp8: return "mxfp8";
         case Half::mxfp4: return "mxfp4";
+        case Half::nvfp4: return "nvfp4";
     }
     return "?";
 }
@@ -45,7 +46,7 @@ static constexpr Preset kPresets[] = {
     {"q8_0", {Half::q8_0, Half::q8_0}},    {"q4_0", {Half::q4_0, Half::q4_0}},
     {"k8v4", {Half::int8, Half::q4_0_rot}},
     {"mxfp8", {Half::mxfp8, Half::mxfp8}}, {"mxfp4", {Half::mxfp4, Half::mxfp4}},
-    {"k_mxfp8_v_mxfp4", {Half::mxfp8, Half::mxfp4}},
+    {"k_mxfp8_v_mxfp4", {Half::mxfp8, Half::mxfp4}}, {"nvfp4", {Half::nvfp4, Half::nvfp4}},
 };
 
 std::optional<KvPair> parse_preset(std::string_view name) {
@@ -75,6 +76,8 @@ std::optional<std::string> refusal_reason(Half h, PageShape s) {
         return "head_dim_not_power_of_two";
     if (is_block32(h) && (size_t(s.n_kv_heads) * size_t(s.head_dim)) % 32 != 0)
         return "row_not_multiple_of_32";
+    if (h == Half::nvfp4 && (size_t(s.n_kv_heads) * size_t(s.head_dim)) % 16 != 0)
+        return "row_not_multiple_of_16";
     return std::nullopt;
 }
 
@@ -96,7 +99,8 @@ static size_t row_code_bytes(Half h, PageShape s) {
         case Half::q4_0:
         case Half::q4_0_rot: return (n / 32) * kQ4Block;
         case Half::mxfp8: return n;      // one E4M3 byte per element
-        case Half::mxfp4: return n / 2;  // two E2M1 nibbles per byte
+        case Half::mxfp4:
+        case Half::nvfp4: return n / 2;  // two E2M1 nibbles per byte
     }
     return 0;
 }
@@ -107,6 +111,7 @@ size_t page_bytes(Half h, PageShape s) {
     size_t bytes = B * row_code_bytes(h, s);
     if (h == Half::int8) bytes += 2 * B * H;  // scales [B][H] f16 after all codes
     if (is_mx(h)) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 32);  // scales [B][H·D/32] UE8M0
+    if (h == Half::nvfp4) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 16);  // scales [B][H·D/16] E4M3
     return bytes;
 }
 
@@ -127,8 +132,8 @@ std::vector<std::pair<size_t, size_t>> slot_byte_ranges(Half h, PageShape s, int
         size_t H = size_t(s.n_kv_heads);
         r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * H * 2, H * 2);
     }
-    if (is_mx(h)) {
-        size_t nb = size_t(s.n_kv_heads) * size_t(s.head_dim) / 32;
+    if (is_mx(h) || h == Half::nvfp4) {
+        size_t nb = size_t(s.n_kv_heads) * size_t(s.head_dim) / (h == Half::nvfp4 ? 16 : 32);
         r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * nb, nb);
     }
     return r;
@@ -242,6 +247,17 @@ uint8_t quantize_block_mx(Half h, const float* x, uint8_t* codes) {
     return uint8_t(ex + 127);
 }
 
+// ---- nvfp4 16-block: sb = e4m3((amax / 6) / g), S = e4m3(sb)·g, element = e2m1(x / S) -------
+
+uint8_t quantize_block_nvfp4(const float* x, float g, uint8_t* codes) {
+    const float amax = absmax(x, 16);                  // NaN ignored
+    const float t = (amax / 6.0f) / g;                 // binary32, in this order
+    const uint8_t sb = to_e4m3(t);                     // RNE, saturating at 448
+    const float S = from_e4m3(sb) * g;                 // binary32
+    for (int i = 0; i < 16; ++i) codes[i] = S == 0.0f ? uint8_t(0) : to_e2m1(x[i] / S);
+    return sb;
+}
+
 // ---- Walsh–Hadamard -----------------------------------------------------------------------
 
 void hadamard(float* y, int n) {
@@ -283,6 +299,20 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
         case Half::bf16:
             for (int i = 0; i < n; ++i) put_u16(dst + 2 * i, to_bf16(row[i]));
             break;
+        case Half::nvfp4: {
+            if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
+                throw std::invalid_argument("nvfp4 global scale must be finite and > 0");
+            uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int b = 0; b < n / 16; ++b) {
+                uint8_t c[16];
+                scales[b] = quantize_block_nvfp4(row + 16 * b, tensor_scale, c);
+                for (int i = 0; i < 16; ++i) {
+                    const int e = 16 * b + i;
+                    dst[e / 2] = uint8_t(dst[e / 2] | (e % 2 == 0 ? c[i] : c[i] << 4));
+                }
+            }
+            break;
+        }
         case Half::fp8_e4m3:
         case Half::fp8_e5m2:
             if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
@@ -379,6 +409,14 @@ void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, float t
             }
             break;
         }
+        case Half::nvfp4: {
+            const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int e = 0; e < n; ++e) {
+                const float S = from_e4m3(scales[e / 16]) * tensor_scale;  // binary32, as stored
+                row[e] = from_e2m1(uint8_t(src[e / 2] >> (e % 2 ? 4 : 0))) * S;
+            }
+            break;
+        }
     }
 }
 
@@ -431,6 +469,8 @@ float element_scale(Half h, PageShape s, const uint8_t* page, int slot, int head
         case Half::mxfp8:
         case Half::mxfp4:
             return float(from_e8m0(page[r[1].first + (size_t(head) * size_t(s.head_dim) + size_t(i)) / 32]));
+        case Half::nvfp4:
+            return from_e4m3(page[r[1].first + (size_t(head) * size_t(s.head_dim) + size_t(i)) / 16]) * tensor_scale;
     }
     return 0.0f;
 }

@@ -417,7 +417,7 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
         const int n_tok = s.block_size - 1, H = s.n_kv_heads, D = s.head_dim;
         auto x = random_rows(rng, size_t(n_tok) * H * D, 3.0f);
         for (Half h : kAllHalves) {
-            const float ts = (h == Half::fp8_e4m3 || h == Half::fp8_e5m2) ? 0.0625f : 1.0f;
+            const float ts = (h == Half::fp8_e4m3 || h == Half::fp8_e5m2 || h == Half::nvfp4) ? 0.0625f : 1.0f;
             auto page = quantize_page(h, s, x.data(), n_tok, ts);
             // Bytes of unused slots stay zero.
             for (auto [off, len] : slot_byte_ranges(h, s, s.block_size - 1))
@@ -451,6 +451,9 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
                                                                             : std::ldexp(std::fabs(x[k]), -4) + std::ldexp(sc, -10)));
                                 break;
                             case Half::mxfp4: REQUIRE(err <= std::ldexp(std::fabs(x[k]) + sc, -2)); break;
+                            case Half::nvfp4:  // grid 2^-2(|x| + S), or the excess over 6 S (FORMATS.md)
+                                REQUIRE(err <= std::max(std::ldexp(std::fabs(x[k]) + sc, -2), std::fabs(x[k]) - 6 * sc) + slack);
+                                break;
                             case Half::q4_0_rot: {
                                 float d = element_scale(h, s, page.data(), t, c, i, ts);
                                 double e_rot = rot[i] / d > 7.5f ? std::fabs(d) : std::fabs(d) / 2;
@@ -538,6 +541,41 @@ TEST_CASE("mx blocks: hand-computed scale exponents, saturation, zero and inf bl
     auto back = dequantize_page(Half::mxfp4, s, page.data(), 1, 1.0f);
     CHECK(back[0] == 1.0f);
     CHECK(back[1] == -0.5f);
+}
+
+TEST_CASE("nvfp4 blocks: hand-computed two-level scales, zero and saturated blocks", "[oracle][nvfp4]") {
+    float x[16] = {};
+    uint8_t c[16];
+    CHECK(quantize_block_nvfp4(x, 1.0f, c) == 0);  // amax 0: sb = +0, every code 0
+    for (int i = 0; i < 16; ++i) CHECK(c[i] == 0);
+    // amax 3, g 0.5: t = (3/6)/0.5 = 1 -> sb = e4m3(1) = 0x38, S = 0.5; x/S on the E2M1 grid and ties.
+    x[0] = 3.0f;      // 6 -> 7
+    x[1] = -0.125f;   // -0.25: tie 0 | 0.5 -> -0 (8)
+    x[2] = 0.625f;    // 1.25: tie 1 | 1.5 -> 1 (2)
+    x[3] = 1.25f;     // 2.5: tie 2 | 3 -> 2 (4)
+    x[4] = 2.5f;      // 5: tie 4 | 6 -> 4 (6)
+    CHECK(quantize_block_nvfp4(x, 0.5f, c) == 0x38);
+    CHECK(c[0] == 7);
+    CHECK(c[1] == 8);
+    CHECK(c[2] == 2);
+    CHECK(c[3] == 4);
+    CHECK(c[4] == 6);
+    // amax 3.3, g 1: t = 0.55 lies in [0.5, 1), E4M3 step 1/16: rounds up to 0.5625.
+    x[0] = 3.3f;
+    const uint8_t sb = quantize_block_nvfp4(x, 1.0f, c);
+    CHECK(from_e4m3(sb) == 0.5625f);
+    CHECK(c[0] == 7);  // 3.3 / 0.5625 = 5.87 -> 6
+    // A block scale rounded down saturates the extreme: amax 3.1, t = 0.51666 -> 0.5, 3.1/0.5 = 6.2 -> 6.
+    x[0] = 3.1f;
+    CHECK(from_e4m3(quantize_block_nvfp4(x, 1.0f, c)) == 0.5f);
+    CHECK(c[0] == 7);
+    // Page layout: codes run [B][H·D/2], then the scales run [B][H·D/16].
+    PageShape s{2, 1, 16};
+    auto page = quantize_page(Half::nvfp4, s, x, 1, 1.0f);
+    REQUIRE(page.size() == 2 * 8 + 2 * 1);
+    CHECK(page[16] == to_e4m3(3.1f / 6.0f));
+    CHECK(refusal_reason(Half::nvfp4, PageShape{2, 1, 8}) == std::optional<std::string>("row_not_multiple_of_16"));
+    CHECK_THROWS(quantize_page(Half::nvfp4, s, x, 1, 0.0f));
 }
 
 TEST_CASE("q4_0_rot = per-cell Hadamard then q4_0 over the row", "[oracle][q4_0_rot]") {

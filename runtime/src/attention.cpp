@@ -627,7 +627,8 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
       }
       return;
     case HalfFormat::mxfp8:
-    case HalfFormat::mxfp4:  // scalar: the format's own page reader, token by token
+    case HalfFormat::mxfp4:
+    case HalfFormat::nvfp4:  // scalar: the format's own page reader, token by token
       for (int t = 0; t < n; ++t) dequantize_token(f, g, t, page, tensor_scale, out + static_cast<std::size_t>(t) * HD);
       return;
   }
@@ -679,7 +680,8 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
     }
     case HalfFormat::q4_0_rot:
     case HalfFormat::mxfp8:
-    case HalfFormat::mxfp4: return false;
+    case HalfFormat::mxfp4:
+    case HalfFormat::nvfp4: return false;
   }
 #endif
   (void)f, (void)g, (void)nt, (void)page, (void)ts, (void)kt, (void)ks, (void)sc;

@@ -270,6 +270,45 @@ void load_mx(const PageGeometry& g, int slot, const std::uint8_t* page, float, f
   }
 }
 
+
+// ---- nvfp4: E2M1 codes, an E4M3 scale per 16-block, the FP32 global scale per (layer, K|V) ------
+// docs/FORMATS.md "nvfp4". Page: the codes run [B][H*D/2] (element 2j low nibble, 2j+1 high), then
+// the scales run [B][H*D/16] of E4M3 block-scale codes. Block scale sb = e4m3((amax / 6) / global),
+// effective scale S = e4m3(sb) * global (binary32), element = e2m1(x / S); S == 0: every code 0.
+void store_nvfp4(const PageGeometry& g, int slot, const float* row, float global, std::uint8_t* page) {
+  const HalfFormatInfo& fi = info(HalfFormat::nvfp4);
+  const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  std::uint8_t* codes = page + t * nb * fi.block_bytes;
+  std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * nb * fi.block_bytes + t * nb;
+  std::memset(codes, 0, static_cast<std::size_t>(nb) * fi.block_bytes);
+  for (int b = 0; b < nb; ++b) {
+    const float* x = row + b * blk;
+    float amax = 0.0f;
+    for (int i = 0; i < blk; ++i)
+      if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]);  // NaN elements are ignored
+    const std::uint8_t sb = f32_to_fp8_e4m3(amax / 6.0f / global);
+    scales[b] = sb;
+    const float S = fp8_e4m3_to_f32(sb) * global;
+    for (int i = 0; i < blk; ++i) {
+      const int e = b * blk + i;
+      const std::uint8_t c = S == 0.0f ? std::uint8_t{0} : f32_to_e2m1(x[i] / S);
+      codes[e / 2] = static_cast<std::uint8_t>(codes[e / 2] | (e % 2 ? c << 4 : c));
+    }
+  }
+}
+void load_nvfp4(const PageGeometry& g, int slot, const std::uint8_t* page, float global, float* row) {
+  const HalfFormatInfo& fi = info(HalfFormat::nvfp4);
+  const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  const std::uint8_t* codes = page + t * nb * fi.block_bytes;
+  const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * nb * fi.block_bytes + t * nb;
+  for (int e = 0; e < HD; ++e) {
+    const float S = fp8_e4m3_to_f32(scales[e / blk]) * global;
+    row[e] = e2m1_to_f32(static_cast<std::uint8_t>((codes[e / 2] >> (4 * (e % 2))) & 0xF)) * S;
+  }
+}
+
 // ---- The traits table: one row per half format, in enum order (kvgate/format_list.hpp) ----------
 // Envelope constants: docs/FORMATS.md per format; FP slack as in envelope_bound below. The
 // absmax/127 formats (int8 per cell, q8_0 per block) share one envelope, as do q4_0 and q4_0_rot
@@ -281,6 +320,10 @@ constexpr EnvelopeConstants kEnvQ4{.scale = 0.5, .scale_clamped = 1.0, .fp_slack
 // mxfp4: half an E2M1 ulp (2^-2|x|, subnormal 2^-2 X), and |x| - 6X <= 2^-2|x| for |x| < 8X.
 constexpr EnvelopeConstants kEnvMxfp8{.rel = 0x1p-4, .scale = 0x1p-10, .scale_clamped = 32.0};
 constexpr EnvelopeConstants kEnvMxfp4{.rel = 0x1p-2, .scale = 0x1p-2, .scale_clamped = 0x1p-2};
+// nvfp4 with S the stored effective scale: half an E2M1 ulp, 2^-2|x| + 2^-2 S, + FP slack (x/S and
+// code*S are rounded in binary32). The elements a rounded-down block scale saturates err by up to
+// 2^-4 amax + 6*2^-10 g, a term of the block's amax the constants cannot carry (gates/common/bounds.hpp).
+constexpr EnvelopeConstants kEnvNvfp4{.rel = 0x1p-2, .scale = 0x1p-2, .scale_clamped = 0x1p-2, .fp_slack = true};
 
 constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
     {.id = HalfFormat::f32, .block_elems = 1, .block_bytes = 4, .cell_scale_bytes = 0, .block_scale_bytes = 0, .rotated = false,
@@ -353,6 +396,14 @@ constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
      .envelope = "|x^-x| <= 2^-2|x| + 2^-2 X, X = 2^(floor(log2 amax)-2) (saturation included)",
      .per_token_scales = true, .per_tensor_scale = false, .env = kEnvMxfp4,
      .quantize_token = store_mx<false>, .dequantize_token = load_mx<false>},
+    {.id = HalfFormat::nvfp4, .block_elems = kQBlock / 2, .block_bytes = kQBlock / 4, .cell_scale_bytes = 0, .block_scale_bytes = 1,
+     .rotated = false, .name = "nvfp4", .code_type = "e2m1 (sat. +-6)",
+     .scale_granularity = "per 16-block of the token row (e4m3) x per tensor (layer, K|V; f32 global)",
+     .scale_dtype = "e4m3 x f32", .rotation = "none", .storage_precision = "nvfp4 (e2m1 + e4m3 per 16, f32 global)",
+     .transfer_precision = "nvfp4 (e2m1 + e4m3 per 16, f32 global)", .execution_precision = "f32",
+     .envelope = "|x^-x| <= max(2^-2|x| + 2^-2 S, 2^-4 amax + 6*2^-10 g), S = e4m3(amax/6/g)*g",
+     .per_token_scales = true, .per_tensor_scale = true, .env = kEnvNvfp4,
+     .quantize_token = store_nvfp4, .dequantize_token = load_nvfp4},
 }};
 
 // The table is the list: row i is enumerator i. A row's structure is checked here (block size,
@@ -370,7 +421,7 @@ constexpr bool table_rows_consistent() {
     if (i.block_bytes == 0) return false;
     if ((i.cell_scale_bytes != 0 || i.block_elems > 1) != i.per_token_scales) return false;
     if (i.block_scale_bytes != 0 && i.block_elems == 1) return false;
-    if (i.per_tensor_scale && i.per_token_scales) return false;
+    if (i.per_tensor_scale && i.per_token_scales && i.block_scale_bytes == 0) return false;  // nvfp4: both levels
     if (i.quantize_token == nullptr || i.dequantize_token == nullptr) return false;
   }
   return true;
