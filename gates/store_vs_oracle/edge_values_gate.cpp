@@ -108,7 +108,12 @@ EdgeRows make_edge_rows(float scale, float magnitude, std::uint64_t seed) {
       row(9)[i] = j == 0 ? 6.0f : j < 16 ? e2m1_ties[j - 1] : e4m3_ties[j - 16] * 0x1p-6f;
     }
   }
-  // t10: an ordinary gaussian row after the edges (the page keeps its layout past them).
+  // t10: an ordinary gaussian row after the edges (the page keeps its layout past them), but for its
+  // first 16-block: amax = 8.4 * 2^-9 * scale, so nvfp4's block scale (amax/6)/scale = 1.4 * 2^-9 is an
+  // E4M3 subnormal that rounds down to 2^-9 and the extreme is 8.4 S: past 7, the only place where
+  // nvfp4's E2M1 saturation (and not its rounding) decides the code.
+  row(10)[0] = 8.4f * 0x1p-9f * scale;
+  for (int i = 1; i < 16; ++i) row(10)[i] = 0.1f * static_cast<float>(i % 7 - 3) * 0x1p-9f * scale;
   e.tie_tokens = {4, 5, 6, 7, 8, 9};
   return e;
 }
