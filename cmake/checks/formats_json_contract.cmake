@@ -7,8 +7,16 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "kvgate formats --json exited with ${rc}")
 endif()
 string(JSON n LENGTH "${out}")
-if(NOT n EQUAL 9)
-  message(FATAL_ERROR "expected 9 presets, got ${n}")
+# One object per row of KVGATE_PRESETS (the one list; rows are '  X(A, name, k, v, slot, kind)').
+file(STRINGS "${CMAKE_CURRENT_LIST_DIR}/../../runtime/include/kvgate/format_list.hpp" _rows
+     REGEX "^  X\\(A, [a-z0-9_]+, [a-z0-9_]+, [a-z0-9_]+, [0-9]+, [a-z_]+\\)")
+string(REPLACE "\\" "" _rows "${_rows}")  # the rows' line-continuation backslash would escape the list separator
+list(LENGTH _rows expected)
+if(expected LESS 9)
+  message(FATAL_ERROR "read ${expected} rows of KVGATE_PRESETS from format_list.hpp: the row regex no longer matches")
+endif()
+if(NOT n EQUAL expected)
+  message(FATAL_ERROR "expected ${expected} presets (the rows of KVGATE_PRESETS), got ${n}")
 endif()
 math(EXPR last "${n} - 1")
 foreach(i RANGE ${last})

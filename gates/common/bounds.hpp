@@ -39,6 +39,57 @@ inline bool q4_0_clamped_near(double x, double m) { return (x * m < 0) && std::f
 // division and the multiply by s (2u relative each).
 inline double fp8_e4m3_bound(double x, double s) { return 0x1p-4 * std::fabs(x) + 0x1p-10 * s + 4 * kU32 * std::fabs(x); }
 inline double fp8_e5m2_bound(double x, double s) { return 0x1p-3 * std::fabs(x) + 0x1p-17 * s + 4 * kU32 * std::fabs(x); }
+// MX (OCP Microscaling v1.0, FORMATS.md "mxfp8 and mxfp4"): the block scale is the power of two
+// X = 2^(floor(log2 amax) - emax) (emax 8 for E4M3, 2 for E2M1), clamped below at 2^-127. X comes from
+// amax with no rounding, and x/X, code*X are exact in binary32 (a power of two), so no FP slack:
+// the only error is the element rounding. Since 2^floor(log2 amax) <= amax < 2^(floor(log2 amax)+1),
+// amax*2^-(emax+1) < X <= amax*2^-emax, i.e. |x/X| < 2^(emax+1) for every element of the block:
+//   E4M3 (3 mantissa bits): |x/X| in the normal range rounds with half-ulp <= 2^-4 |x/X|, subnormals
+//     (spacing 2^-9) with <= 2^-10: |x^ - x| <= 2^-4|x| + 2^-10 X (<= 2^-4|x| + 2^-18 amax). RNE keeps
+//     |x/X| <= 464 at 448; beyond it, up to the bound 512, the element saturates to 448 X and errs by
+//     |x| - 448X < |x| - 448|x|/512 = 2^-3 |x| (the saturated population, counted apart).
+//   E2M1 (1 mantissa bit): half-ulp 2^-2 |x/X| for |x/X| >= 1, 2^-2 below (spacing 0.5): |x^ - x| <=
+//     2^-2|x| + 2^-2 X (<= 2^-2|x| + 2^-4 amax); a saturated element (6X < |x| < 8X) errs by
+//     |x| - 6X <= |x|/4 since |x| <= 8X, so the one bound covers saturation.
+inline double mx_scale(double amax, int emax) {
+  if (!(amax > 0)) return 0x1p-127;
+  int e2 = 0;
+  std::frexp(amax, &e2);  // amax = f 2^e2, f in [0.5, 1)
+  return std::ldexp(1.0, std::max(e2 - 1 - emax, -127));
+}
+inline constexpr int kMxfp8Emax = 8;
+inline constexpr int kMxfp4Emax = 2;
+inline bool mxfp8_saturated(double x, double amax) { return std::fabs(x) > 448.0 * mx_scale(amax, kMxfp8Emax); }
+inline double mxfp8_bound(double x, double amax) {
+  const double X = mx_scale(amax, kMxfp8Emax);
+  return mxfp8_saturated(x, amax) ? 0x1p-3 * std::fabs(x) : 0x1p-4 * std::fabs(x) + 0x1p-10 * X;
+}
+inline double mxfp4_bound(double x, double amax) {
+  return 0x1p-2 * std::fabs(x) + 0x1p-2 * mx_scale(amax, kMxfp4Emax);
+}
+inline bool mxfp4_saturated(double x, double amax) { return std::fabs(x) > 6.0 * mx_scale(amax, kMxfp4Emax); }
+
+// nvfp4 (FORMATS.md "nvfp4"): two levels of rounding. t = (amax/6)/g in binary32 (2u relative), the
+// block scale sb = e4m3(t): |sb - t| <= 2^-4 t (normal t: half an ulp of a 3-bit mantissa) or 2^-10
+// (subnormal t: half the spacing 2^-9); S = sb*g in binary32 (u). Hence
+//   S <= (amax/6 (1 + 2^-4) + 2^-10 g)(1 + 4u)                                  (nvfp4_scale_hi)
+//   6S >= amax (1 - 2^-4)(1 - 3u) - 6*2^-10 g.
+// An element with |x/S| < 7 rounds onto the E2M1 grid (saturating to 6 costs |x| - 6S <= |x|/4
+// there): |e| <= 2^-2|x| + 2^-2 S <= 2^-2|x| + 2^-2 S_hi. An element beyond (possible only where the
+// block scale was rounded down, amax/S > 6) saturates to 6S: |e| = |x| - 6S <= amax - 6S
+// <= 2^-4 amax + 6*2^-10 g + 3u amax. The binary32 quotient x/S and product code*S add <= u|x/S|
+// code units and u|x^|: 4u(|x| + 6 S_hi) + 4u amax covers all slack with margin. Domain: t <= 448
+// (a calibrated global scale; the gates' scales follow the data).
+inline double nvfp4_scale_hi(double amax, double g) {
+  return (amax / 6 * (1 + 0x1p-4) + 0x1p-10 * g) * (1 + 4 * kU32);
+}
+inline double nvfp4_bound(double x, double amax, double g) {
+  const double S = nvfp4_scale_hi(amax, g);
+  const double grid = 0x1p-2 * std::fabs(x) + 0x1p-2 * S;
+  const double sat = 0x1p-4 * amax + 6 * 0x1p-10 * g;
+  return std::max(grid, sat) + 4 * kU32 * (std::fabs(x) + 6 * S + amax);
+}
+
 inline constexpr double kE4m3Max = 448.0;
 inline constexpr double kE5m2Max = 57344.0;
 inline constexpr double kE4m3MinNormal = 0x1p-6;
@@ -155,7 +206,9 @@ inline double forward_f32_logit_bound(double chain, double max_abs_logit) {
 // MOD — KL divergence and top-1 agreement of a KV format against f32 KV (same runtime, same tokens).
 // Statistical model of the format's KV error: each stored K/V element's error is bounded by the
 // format's envelope E_i (docs/FORMATS.md: int8/q8_0 s/2; q4_0 |d|/2, or |d| for the clamped
-// population, q4_0_rot the same in the rotated domain; fp8 2^-4|x| + 2^-10 s (e4m3),
+// population, q4_0_rot the same in the rotated domain; mxfp8 2^-4|x| + 2^-10 X (saturated: the excess
+// |x| - 448X), mxfp4 2^-2|x| + 2^-2 X, nvfp4 2^-2|x| + 2^-2 S (saturated: the excess |x| - 6S);
+// fp8 2^-4|x| + 2^-10 s (e4m3),
 // 2^-3|x| + 2^-17 s (e5m2); f16/bf16 half an ulp), and, as in the standard quantization-noise model,
 // zero-mean and independent of the other errors and of the queries and weights, with
 // E[e_i^2] <= E_i^2 / 3 (uniform over [-E_i, E_i]; formats whose ulp/2 is below E_i are lower still).

@@ -43,6 +43,8 @@ namespace kc = kvgate::cuda;
 namespace {
 
 using cuda_gate::first_diff;
+using cuda_gate::no_cuda_kernels;
+using cuda_gate::proves_cuda_refusal;
 using DevBuf = cuda_gate::DevFloats;
 ko::Half to_oracle(HalfFormat f) { return cuda_gate::oracle_half(f); }
 
@@ -493,6 +495,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_half(half);                                                                        \
     REQUIRE(f.has_value());                                                                                 \
+    if (proves_cuda_refusal(KvFormat{*f, *f})) return;                                                      \
     run_store_gate(*f, seed);                                                                               \
     run_store_special(*f);                                                                                  \
   }
@@ -506,6 +509,7 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
+    if (proves_cuda_refusal(*f)) return;                                                                    \
     run_decode_gate(*f, seed);                                                                              \
   }                                                                                                         \
   TEST_CASE("ORA.cuda.decode_window." id " GPU sliding-window decode == oracle FP64 windowed SDPA",         \
@@ -513,6 +517,7 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
+    if (proves_cuda_refusal(*f)) return;                                                                    \
     run_decode_gate(*f, seed + 50, true);                                                                   \
   }                                                                                                         \
   TEST_CASE("ORA.cuda.decode_softcap." id " GPU soft-capped decode == oracle FP64 soft-capped SDPA",        \
@@ -520,6 +525,7 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
+    if (proves_cuda_refusal(*f)) return;                                                                    \
     run_decode_gate(*f, seed + 70, false, true);                                                            \
   }                                                                                                         \
   TEST_CASE("PAR.cuda.decode.slow_pool." id " GPU decode over pages in mapped host memory == over device pages, bit for bit", \
@@ -527,6 +533,7 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
+    if (proves_cuda_refusal(*f)) return;                                                                    \
     run_decode_gate(*f, seed + 90, false, false, true);                                                     \
   }
 
@@ -572,13 +579,66 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
   CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 4, 8}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 96}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::store, q8, {16, 8, 128}, 0).ok);
-  // Every pair of half formats is accepted where the geometry allows it.
+  // Every pair of half formats the kernels read is accepted where the geometry allows it; a pair
+  // holding a half without kernels is refused (STO.cuda.no_kernels).
+  long accepted = 0;
   for (HalfFormat kf : all_half_formats())
     for (HalfFormat vf : all_half_formats()) {
       INFO((KvFormat{kf, vf}.name()));
-      CHECK(kc::supports_op(kc::Op::decode, KvFormat{kf, vf}, {16, 8, 128}, 32).ok);
+      const bool refused = no_cuda_kernels(kf) || no_cuda_kernels(vf);
+      CHECK(kc::supports_op(kc::Op::decode, KvFormat{kf, vf}, {16, 8, 128}, 32).ok == !refused);
+      accepted += !refused;
     }
+  CHECK(accepted >= 81);  // anti-vacuity: the nine device formats, every pair
   if (!dev.available) WARN("device checks of STO.cuda.capability SKIPPED: " << dev.reason);
+}
+
+TEST_CASE("STO.cuda.no_kernels a half format without CUDA kernels is refused by every op and by the resolver, never run",
+          "[gate:STO][cuda][fmt:mxfp8][fmt:mxfp4][fmt:nvfp4]") {
+  long refused = 0;
+  for (HalfFormat h : all_half_formats()) {
+    if (!no_cuda_kernels(h)) continue;
+    ++refused;
+    // Alone and paired with a device format on either side.
+    for (const KvFormat f : {KvFormat{h, h}, KvFormat{h, HalfFormat::int8}, KvFormat{HalfFormat::bf16, h}})
+      CHECK(proves_cuda_refusal(f));
+    // The op itself refuses before any device work: store_rows throws the reason (no device needed).
+    std::string msg;
+    try {
+      kc::store_rows(h, PageGeometry{16, 2, 64}, kc::StoreRowsArgs{}, nullptr);
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    INFO(name(h) << ": store_rows said '" << msg << "'");
+    CHECK(msg.find("format_unsupported") != std::string::npos);
+    // The resolver, strict: an error naming the reason and the backend; lenient: a fallback that says why.
+    kc::register_capability();
+    ModelConfig c;
+    c.n_kv_heads = 2;
+    c.n_heads = 8;
+    c.head_dim = 64;
+    c.dim = 8 * 64;
+    KvRequest r;
+    r.flag = KvFormat{h, h};
+    r.strict = true;
+    r.backend = "cuda";
+    msg.clear();
+    try {
+      resolve_kv(r, c, 16);
+    } catch (const KvResolveError& e) {
+      msg = e.what();
+    }
+    INFO(msg);
+    CHECK(msg.find("format_unsupported") != std::string::npos);
+    CHECK(msg.find("backend 'cuda'") != std::string::npos);
+    r.strict = false;
+    const ResolvedKv lenient = resolve_kv(r, c, 16);
+    INFO("fell back to " << lenient.effective.name() << ": " << lenient.fallback_reason);
+    CHECK(lenient.fallback_reason.find("format_unsupported") != std::string::npos);
+    CHECK(lenient.effective == (KvFormat{HalfFormat::f16, HalfFormat::f16}));
+    register_backend_capability("cuda", nullptr);
+  }
+  CHECK(refused == 3);  // mxfp8, mxfp4, nvfp4
 }
 
 TEST_CASE("STO.cuda.resolve resolve_kv on backend cuda refuses what the CUDA ops cannot run, with their reason",

@@ -8,10 +8,12 @@
 #include "kvgate/format_list.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
+#include "kvgate_oracle/scalar.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates;
+namespace ko = kvgate_oracle;
 
 namespace {
 
@@ -86,6 +88,34 @@ void check_half(HalfFormat f, const StoreCase& c, const std::vector<float>& x, c
           for (int i = b; i < b + 32; ++i) amax = std::max(amax, std::fabs(double(row[i])));
           for (int i = b; i < b + 32; ++i)
             note(st, std::fabs(double(rh[i]) - row[i]), absmax127_bound(row[i], amax), where(i));
+        }
+        break;
+      case HalfFormat::mxfp8:
+      case HalfFormat::mxfp4:
+        for (int b = 0; b < HD; b += 32) {
+          double amax = 0;
+          for (int i = b; i < b + 32; ++i)
+            if (!std::isnan(row[i])) amax = std::max(amax, std::fabs(double(row[i])));
+          for (int i = b; i < b + 32; ++i) {
+            const bool e4 = f == HalfFormat::mxfp8;
+            st.clamped += e4 ? mxfp8_saturated(row[i], amax) : mxfp4_saturated(row[i], amax);
+            note(st, std::fabs(double(rh[i]) - row[i]), e4 ? mxfp8_bound(row[i], amax) : mxfp4_bound(row[i], amax),
+                 where(i));
+          }
+        }
+        break;
+      case HalfFormat::nvfp4:
+        for (int b = 0; b < HD; b += 16) {
+          double amax = 0;
+          for (int i = b; i < b + 16; ++i)
+            if (!std::isnan(row[i])) amax = std::max(amax, std::fabs(double(row[i])));
+          // The saturated population (counted for anti-vacuity only): beyond 6 S, with S as the page
+          // stores it, recomputed with the oracle's scalar E4M3 (FORMATS.md nvfp4 steps 2-3).
+          const float S = ko::from_e4m3(ko::to_e4m3(float(amax) / 6.0f / tensor_scale)) * tensor_scale;
+          for (int i = b; i < b + 16; ++i) {
+            st.clamped += std::fabs(row[i]) > 6.0 * S;
+            note(st, std::fabs(double(rh[i]) - row[i]), nvfp4_bound(row[i], amax, tensor_scale), where(i));
+          }
         }
         break;
       case HalfFormat::q4_0:
@@ -195,7 +225,11 @@ void run_env_gate(const KvFormat& fmt, std::uint64_t seed0) {
   CHECK(cases_small_head >= 8);
   for (int h = 0; h < 2; ++h) {
     const HalfFormat hf = h == 0 ? fmt.k : fmt.v;
-    if (hf == HalfFormat::q4_0 || hf == HalfFormat::q4_0_rot) CHECK(agg[h].clamped > 0);
+    // q4_0: the clamp population; MX: the saturated population (amax's significand above 1.75);
+    // nvfp4: the elements a rounded-down block scale saturates.
+    if (hf == HalfFormat::q4_0 || hf == HalfFormat::q4_0_rot || hf == HalfFormat::mxfp8 || hf == HalfFormat::mxfp4 ||
+        hf == HalfFormat::nvfp4)
+      CHECK(agg[h].clamped > 0);
     if (lossy(hf)) CHECK(agg[h].max_use >= kMinEnvelopeUse);
   }
 }

@@ -115,6 +115,12 @@ Decomposed decompose(HalfFormat hf, const PageGeometry& g, const std::uint8_t* p
       d.codes.insert(d.codes.end(), reinterpret_cast<const std::uint8_t*>(b[i].qs),
                      reinterpret_cast<const std::uint8_t*>(b[i].qs) + kQBlock);
     }
+  } else if (hf == HalfFormat::mxfp8 || hf == HalfFormat::mxfp4) {
+    // FORMATS.md: codes run [B][H*D] (mxfp8) or [B][H*D/2] (mxfp4), then UE8M0 scales [B][H*D/32].
+    const std::size_t row = hf == HalfFormat::mxfp8 ? HD : HD / 2;
+    d.codes.assign(page, page + static_cast<std::size_t>(n) * row);
+    const std::uint8_t* sc = page + static_cast<std::size_t>(g.block_size) * row;
+    for (int i = 0; i < n * HD / 32; ++i) d.scales.push_back(std::ldexp(1.0f, int(sc[i]) - 127));
   } else {  // q4_0, q4_0_rot
     const auto* b = reinterpret_cast<const block_q4_0*>(page);
     for (int i = 0; i < n * HD / kQBlock; ++i) {
@@ -126,7 +132,8 @@ Decomposed decompose(HalfFormat hf, const PageGeometry& g, const std::uint8_t* p
 }
 
 bool dynamic_scale(HalfFormat h) {
-  return h == HalfFormat::int8 || h == HalfFormat::q8_0 || h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
+  return h == HalfFormat::int8 || h == HalfFormat::q8_0 || h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot ||
+         h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4;
 }
 
 // Homogeneity of one preset: store x and 2^k x; per half, codes equal and scales x 2^k (dynamic

@@ -190,17 +190,20 @@ TEST_CASE("STO.resolve.precedence.synth synth --kv-algo writes either declaratio
 TEST_CASE("STO.resolve.unknown.inline an unknown inline declaration is refused naming config.json and the field",
           "[gate:STO][fmt:none]") {
   TempDir t;
-  const std::string dir = model_dir(t, "nvfp4", "NVFP4", "");
+  const std::string dir = model_dir(t, "int4", "INT4", "");
   const Model m = load_hf(dir);  // loading records it; resolution refuses it
-  CHECK(m.config.declared_kv == "nvfp4");
+  CHECK(m.config.declared_kv == "int4");
   const std::string msg = error_of<KvResolveError>([&] { resolve_kv(KvRequest{}, m.config, 16); });
   INFO(msg);
   CHECK(has(msg, dir + "/config.json"));
   CHECK(has(msg, "quantization_config.kv_cache_quant_algo"));
-  CHECK(has(msg, "nvfp4"));
+  CHECK(has(msg, "int4"));
   CHECK(has(msg, "--kv"));
   // A flag makes the declaration irrelevant.
   CHECK(resolve_kv(flag("int8"), m.config, 16).effective == fmt("int8"));
+  // Anti-vacuity: a ModelOpt NVFP4 declaration is a known format now, kept as declared.
+  const std::string nv = model_dir(t, "nvfp4", "NVFP4", "");
+  CHECK(resolve_kv(KvRequest{}, load_hf(nv).config, 16).effective == fmt("nvfp4"));
 }
 
 TEST_CASE("STO.resolve.unknown.legacy an unknown legacy declaration is refused naming hf_quant_config.json",

@@ -280,6 +280,36 @@ inline void add_envelope_noise(HalfFormat h, float* row, int H, int D, float ten
         for (int i = 0; i < 32; ++i) row[b + i] = float(row[b + i] + sign() * d / 2);
       }
       return;
+    case HalfFormat::mxfp8:
+    case HalfFormat::mxfp4:
+      // Per 32-block, X from the block's amax (bounds.hpp mx_scale); a saturated mxfp8 element's
+      // error is its excess over 448 X.
+      for (int b = 0; b + 32 <= HD; b += 32) {
+        double amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(double(row[b + i])));
+        for (int i = 0; i < 32; ++i) {
+          const double x = row[b + i];
+          const double env = h == HalfFormat::mxfp4           ? mxfp4_bound(x, amax)
+                             : mxfp8_saturated(x, amax) ? std::fabs(x) - 448.0 * mx_scale(amax, kMxfp8Emax)
+                                                        : mxfp8_bound(x, amax);
+          row[b + i] = float(x + sign() * env);
+        }
+      }
+      return;
+    case HalfFormat::nvfp4:
+      // Per 16-block: S as the page stores it (oracle scalars, FORMATS.md nvfp4); the grid envelope
+      // 2^-2|x| + 2^-2 S, a saturated element's error is its excess over 6 S.
+      for (int b = 0; b + 16 <= HD; b += 16) {
+        float amax = 0;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(row[b + i]));
+        const double S = double(ko::from_e4m3(ko::to_e4m3(amax / 6.0f / tensor_scale)) * tensor_scale);
+        for (int i = 0; i < 16; ++i) {
+          const double x = row[b + i];
+          const double env = std::fabs(x) > 6 * S ? std::fabs(x) - 6 * S : 0x1p-2 * std::fabs(x) + 0x1p-2 * S;
+          row[b + i] = float(x + sign() * env);
+        }
+      }
+      return;
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot: {
       // Error vector in the (rotated, for q4_0_rot) domain of the stored row.

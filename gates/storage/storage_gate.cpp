@@ -26,6 +26,9 @@ std::size_t expected_page_bytes(HalfFormat f, std::size_t B, std::size_t H, std:
     case HalfFormat::q8_0: return B * (H * D / 32) * 34;
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot: return B * (H * D / 32) * 18;
+    case HalfFormat::mxfp8: return B * H * D + B * (H * D / 32);      // E4M3 codes, then UE8M0 scales
+    case HalfFormat::mxfp4: return B * (H * D / 2) + B * (H * D / 32);  // E2M1 nibbles, then UE8M0 scales
+    case HalfFormat::nvfp4: return B * (H * D / 2) + B * (H * D / 16);  // E2M1 nibbles, then E4M3 scales
   }
   return 0;
 }

@@ -1,7 +1,8 @@
 // ORA.bytes_edge: the runtime's page bytes equal the oracle's for inputs placed on every edge a
 // half format has, not only for random data: ±inf, NaN of both signs, ±0, binary16 subnormals,
 // ±FLT_MAX, values past the f16 and fp8 saturation points, and exact rounding ties (binary16,
-// bfloat16, the int8/q8_0 grid, the q4_0 grid, the e4m3 and e5m2 grids). Random inputs almost never
+// bfloat16, the int8/q8_0 grid, the q4_0 grid, the e4m3 and e5m2 grids, the E2M1 and E4M3 grids
+// under a fixed MX block scale). Random inputs almost never
 // land on a tie, so a quantizer that rounds half away from zero, or casts a non-finite quotient to
 // int before clamping, passes every other byte gate.
 //
@@ -95,8 +96,26 @@ EdgeRows make_edge_rows(float scale, float magnitude, std::uint64_t seed) {
                        65519.0f, 65520.0f, -(1.0f + 0x1p-11f), -(1.0f + 0x3p-8f)};
     for (int i = 0; i < kHD; ++i) row(8)[i] = y[i % 8];
   }
-  // t9, t10: ordinary gaussian rows after the edges (the page keeps its layout past them).
-  e.tie_tokens = {4, 5, 6, 7, 8};
+  // t9: the MX grids: every 32-block's element 0 is 6 (amax 6, so X = 2^(2-2) = 1 for mxfp4 and
+  // 2^(2-8) = 2^-6 for mxfp8, exactly); elements 1..15 are E2M1 midpoints of x / 1, elements 16..31
+  // E4M3 midpoints of x / 2^-6 (normal and subnormal), all below the block's amax.
+  {
+    const float e2m1_ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -0.25f,
+                               -0.75f, -1.25f, -1.75f, -2.5f, -3.5f, -5.0f, 0.75f};
+    const float e4m3_ties[] = {1.0625f, 1.1875f, 2.125f, 1.3125f, 3.625f, 0x1p-10f, 0x3p-10f, 200.0f,
+                               368.0f, -1.0625f, -2.125f, -0x1p-10f, 17.0f, 38.0f, 0x5p-10f, 1.4375f};
+    for (int i = 0; i < kHD; ++i) {
+      const int j = i % 32;
+      row(9)[i] = j == 0 ? 6.0f : j < 16 ? e2m1_ties[j - 1] : e4m3_ties[j - 16] * 0x1p-6f;
+    }
+  }
+  // t10: an ordinary gaussian row after the edges (the page keeps its layout past them), but for its
+  // first 16-block: amax = 8.4 * 2^-9 * scale, so nvfp4's block scale (amax/6)/scale = 1.4 * 2^-9 is an
+  // E4M3 subnormal that rounds down to 2^-9 and the extreme is 8.4 S: past 7, the only place where
+  // nvfp4's E2M1 saturation (and not its rounding) decides the code.
+  row(10)[0] = 8.4f * 0x1p-9f * scale;
+  for (int i = 1; i < 16; ++i) row(10)[i] = 0.1f * static_cast<float>(i % 7 - 3) * 0x1p-9f * scale;
+  e.tie_tokens = {4, 5, 6, 7, 8, 9};
   return e;
 }
 
@@ -106,7 +125,7 @@ std::vector<float> nudged(const EdgeRows& e) {
   for (int t : e.tie_tokens)
     for (int i = 0; i < kHD; ++i) {
       float& v = x[static_cast<std::size_t>(t) * kHD + i];
-      if (i % 32 == 0 && (t == 5 || t == 6)) continue;
+      if (i % 32 == 0 && (t == 5 || t == 6 || t == 9)) continue;
       v = std::nextafter(v, INFINITY);
     }
   return x;

@@ -3,6 +3,7 @@
 
 #include <Eigen/Dense>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -23,6 +24,9 @@ const char* half_name(Half h) {
         case Half::q8_0: return "q8_0";
         case Half::q4_0: return "q4_0";
         case Half::q4_0_rot: return "q4_0_rot";
+        case Half::mxfp8: return "mxfp8";
+        case Half::mxfp4: return "mxfp4";
+        case Half::nvfp4: return "nvfp4";
     }
     return "?";
 }
@@ -41,6 +45,8 @@ static constexpr Preset kPresets[] = {
     {"fp8", {Half::fp8_e4m3, Half::fp8_e4m3}}, {"fp8_e5m2", {Half::fp8_e5m2, Half::fp8_e5m2}},
     {"q8_0", {Half::q8_0, Half::q8_0}},    {"q4_0", {Half::q4_0, Half::q4_0}},
     {"k8v4", {Half::int8, Half::q4_0_rot}},
+    {"mxfp8", {Half::mxfp8, Half::mxfp8}}, {"mxfp4", {Half::mxfp4, Half::mxfp4}},
+    {"k_mxfp8_v_mxfp4", {Half::mxfp8, Half::mxfp4}}, {"nvfp4", {Half::nvfp4, Half::nvfp4}},
 };
 
 std::optional<KvPair> parse_preset(std::string_view name) {
@@ -56,7 +62,8 @@ std::string pair_name(KvPair p) {
     return std::string("k=") + half_name(p.k) + ",v=" + half_name(p.v);
 }
 
-bool is_block32(Half h) { return h == Half::q8_0 || h == Half::q4_0 || h == Half::q4_0_rot; }
+bool is_mx(Half h) { return h == Half::mxfp8 || h == Half::mxfp4; }
+bool is_block32(Half h) { return h == Half::q8_0 || h == Half::q4_0 || h == Half::q4_0_rot || is_mx(h); }
 
 // ---- geometry -----------------------------------------------------------------------------
 
@@ -69,6 +76,8 @@ std::optional<std::string> refusal_reason(Half h, PageShape s) {
         return "head_dim_not_power_of_two";
     if (is_block32(h) && (size_t(s.n_kv_heads) * size_t(s.head_dim)) % 32 != 0)
         return "row_not_multiple_of_32";
+    if (h == Half::nvfp4 && (size_t(s.n_kv_heads) * size_t(s.head_dim)) % 16 != 0)
+        return "row_not_multiple_of_16";
     return std::nullopt;
 }
 
@@ -89,6 +98,9 @@ static size_t row_code_bytes(Half h, PageShape s) {
         case Half::q8_0: return (n / 32) * kQ8Block;
         case Half::q4_0:
         case Half::q4_0_rot: return (n / 32) * kQ4Block;
+        case Half::mxfp8: return n;      // one E4M3 byte per element
+        case Half::mxfp4:
+        case Half::nvfp4: return n / 2;  // two E2M1 nibbles per byte
     }
     return 0;
 }
@@ -98,6 +110,8 @@ size_t page_bytes(Half h, PageShape s) {
     size_t B = size_t(s.block_size), H = size_t(s.n_kv_heads);
     size_t bytes = B * row_code_bytes(h, s);
     if (h == Half::int8) bytes += 2 * B * H;  // scales [B][H] f16 after all codes
+    if (is_mx(h)) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 32);  // scales [B][H·D/32] UE8M0
+    if (h == Half::nvfp4) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 16);  // scales [B][H·D/16] E4M3
     return bytes;
 }
 
@@ -117,6 +131,10 @@ std::vector<std::pair<size_t, size_t>> slot_byte_ranges(Half h, PageShape s, int
     if (h == Half::int8) {
         size_t H = size_t(s.n_kv_heads);
         r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * H * 2, H * 2);
+    }
+    if (is_mx(h) || h == Half::nvfp4) {
+        size_t nb = size_t(s.n_kv_heads) * size_t(s.head_dim) / (h == Half::nvfp4 ? 16 : 32);
+        r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * nb, nb);
     }
     return r;
 }
@@ -204,6 +222,42 @@ void dequantize_block_q4_0(const uint8_t* blk, float* x) {
     }
 }
 
+// ---- MX block: X = 2^(floor(log2 amax) - emax), element = RNE(x / X) saturated --------------
+
+uint8_t quantize_block_mx(Half h, const float* x, uint8_t* codes) {
+    const int emax = h == Half::mxfp8 ? 8 : 2;  // largest normal exponent: 448 = 1.75·2^8, 6 = 1.5·2^2
+    double amax = 0;
+    for (int i = 0; i < 32; ++i)
+        if (std::fabs(double(x[i])) > amax) amax = std::fabs(double(x[i]));  // NaN never wins
+    if (std::isinf(amax)) {  // the NaN scale: the whole block reads NaN
+        for (int i = 0; i < 32; ++i) codes[i] = 0;
+        return 0xFF;
+    }
+    int ex = -127;  // all-zero (and tiny) blocks: the smallest scale, code 0
+    if (amax > 0) {
+        int e2;
+        std::frexp(amax, &e2);  // amax = f·2^e2, f in [0.5, 1): floor(log2 amax) = e2 - 1
+        ex = std::max(e2 - 1 - emax, -127);
+    }
+    const double X = std::ldexp(1.0, ex);
+    for (int i = 0; i < 32; ++i) {
+        const float y = float(double(x[i]) / X);  // exact where it matters (X is a power of two)
+        codes[i] = h == Half::mxfp8 ? to_e4m3(y) : to_e2m1(y);
+    }
+    return uint8_t(ex + 127);
+}
+
+// ---- nvfp4 16-block: sb = e4m3((amax / 6) / g), S = e4m3(sb)·g, element = e2m1(x / S) -------
+
+uint8_t quantize_block_nvfp4(const float* x, float g, uint8_t* codes) {
+    const float amax = absmax(x, 16);                  // NaN ignored
+    const float t = (amax / 6.0f) / g;                 // binary32, in this order
+    const uint8_t sb = to_e4m3(t);                     // RNE, saturating at 448
+    const float S = from_e4m3(sb) * g;                 // binary32
+    for (int i = 0; i < 16; ++i) codes[i] = S == 0.0f ? uint8_t(0) : to_e2m1(x[i] / S);
+    return sb;
+}
+
 // ---- Walsh–Hadamard -----------------------------------------------------------------------
 
 void hadamard(float* y, int n) {
@@ -245,6 +299,20 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
         case Half::bf16:
             for (int i = 0; i < n; ++i) put_u16(dst + 2 * i, to_bf16(row[i]));
             break;
+        case Half::nvfp4: {
+            if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
+                throw std::invalid_argument("nvfp4 global scale must be finite and > 0");
+            uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int b = 0; b < n / 16; ++b) {
+                uint8_t c[16];
+                scales[b] = quantize_block_nvfp4(row + 16 * b, tensor_scale, c);
+                for (int i = 0; i < 16; ++i) {
+                    const int e = 16 * b + i;
+                    dst[e / 2] = uint8_t(dst[e / 2] | (e % 2 == 0 ? c[i] : c[i] << 4));
+                }
+            }
+            break;
+        }
         case Half::fp8_e4m3:
         case Half::fp8_e5m2:
             if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
@@ -273,6 +341,20 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
             std::vector<float> rot(row, row + n);  // rotate each cell, then q4_0 over the row
             for (int c = 0; c < H; ++c) hadamard(rot.data() + c * D, D);
             for (int b = 0; b < n / 32; ++b) quantize_block_q4_0(rot.data() + 32 * b, dst + kQ4Block * b);
+            break;
+        }
+        case Half::mxfp8:
+        case Half::mxfp4: {
+            uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int b = 0; b < n / 32; ++b) {
+                uint8_t c[32];
+                scales[b] = quantize_block_mx(h, row + 32 * b, c);
+                for (int i = 0; i < 32; ++i) {
+                    const int e = 32 * b + i;
+                    if (h == Half::mxfp8) dst[e] = c[i];
+                    else dst[e / 2] = uint8_t(dst[e / 2] | (e % 2 == 0 ? c[i] : c[i] << 4));  // 2j low, 2j+1 high
+                }
+            }
             break;
         }
     }
@@ -317,6 +399,24 @@ void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, float t
             if (h == Half::q4_0_rot)
                 for (int c = 0; c < H; ++c) hadamard(row + c * D, D);  // self-inverse
             break;
+        case Half::mxfp8:
+        case Half::mxfp4: {
+            const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int e = 0; e < n; ++e) {
+                const double X = from_e8m0(scales[e / 32]);
+                const float v = h == Half::mxfp8 ? from_e4m3(src[e]) : from_e2m1(uint8_t(src[e / 2] >> (e % 2 ? 4 : 0)));
+                row[e] = float(double(v) * X);  // exact: a power-of-two scale (binary32 range)
+            }
+            break;
+        }
+        case Half::nvfp4: {
+            const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int e = 0; e < n; ++e) {
+                const float S = from_e4m3(scales[e / 16]) * tensor_scale;  // binary32, as stored
+                row[e] = from_e2m1(uint8_t(src[e / 2] >> (e % 2 ? 4 : 0))) * S;
+            }
+            break;
+        }
     }
 }
 
@@ -366,6 +466,11 @@ float element_scale(Half h, PageShape s, const uint8_t* page, int slot, int head
             size_t bb = h == Half::q8_0 ? kQ8Block : kQ4Block;
             return from_f16(get_u16(page + r[0].first + b * bb));
         }
+        case Half::mxfp8:
+        case Half::mxfp4:
+            return float(from_e8m0(page[r[1].first + (size_t(head) * size_t(s.head_dim) + size_t(i)) / 32]));
+        case Half::nvfp4:
+            return from_e4m3(page[r[1].first + (size_t(head) * size_t(s.head_dim) + size_t(i)) / 16]) * tensor_scale;
     }
     return 0.0f;
 }

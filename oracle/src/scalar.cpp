@@ -115,6 +115,20 @@ float from_e5m2(uint8_t c) {
     return from_fp8(c, 2, 15);
 }
 
+uint8_t to_e2m1(float y) {
+    if (std::isnan(y)) return 0x0;                       // no NaN code: the zero code
+    const uint8_t c = to_fp8(y, 1, 1, 0x07, 0x00);       // magnitude in bits 0..2, sign in bit 7
+    return uint8_t(((c & 0x80) ? 0x8 : 0x0) | (c & 0x07));
+}
+float from_e2m1(uint8_t c) {
+    const uint8_t m = uint8_t(c & 0x7);
+    const double v = (m >> 1) ? std::ldexp(double(2 | (m & 1)), (m >> 1) - 2) : 0.5 * double(m & 1);
+    return float((c & 0x8) ? -v : v);
+}
+double from_e8m0(uint8_t c) {
+    return c == 0xFF ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, int(c) - 127);
+}
+
 uint16_t f16_min_scale(float amax, int qmax) {
     if (amax == 0.0f) return 0x0000;
     if (double(amax) > double(qmax) * 65504.0) return 0x7BFF;  // outside the domain: codes clamp

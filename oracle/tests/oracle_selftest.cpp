@@ -417,7 +417,7 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
         const int n_tok = s.block_size - 1, H = s.n_kv_heads, D = s.head_dim;
         auto x = random_rows(rng, size_t(n_tok) * H * D, 3.0f);
         for (Half h : kAllHalves) {
-            const float ts = (h == Half::fp8_e4m3 || h == Half::fp8_e5m2) ? 0.0625f : 1.0f;
+            const float ts = (h == Half::fp8_e4m3 || h == Half::fp8_e5m2 || h == Half::nvfp4) ? 0.0625f : 1.0f;
             auto page = quantize_page(h, s, x.data(), n_tok, ts);
             // Bytes of unused slots stay zero.
             for (auto [off, len] : slot_byte_ranges(h, s, s.block_size - 1))
@@ -446,6 +446,14 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
                                 // clamped population (opposite side beyond 7.5|d|) gets |d|
                                 REQUIRE(err <= (x[k] / element_scale(h, s, page.data(), t, c, i, ts) > 7.5f ? sc : sc / 2) + slack);
                                 break;
+                            case Half::mxfp8:  // FORMATS.md envelope; saturated beyond 448 X: < 2^-3 |x|
+                                REQUIRE(err <= (std::fabs(x[k]) > 448 * sc ? std::ldexp(std::fabs(x[k]), -3)
+                                                                            : std::ldexp(std::fabs(x[k]), -4) + std::ldexp(sc, -10)));
+                                break;
+                            case Half::mxfp4: REQUIRE(err <= std::ldexp(std::fabs(x[k]) + sc, -2)); break;
+                            case Half::nvfp4:  // grid 2^-2(|x| + S), or the excess over 6 S (FORMATS.md)
+                                REQUIRE(err <= std::max(std::ldexp(std::fabs(x[k]) + sc, -2), std::fabs(x[k]) - 6 * sc) + slack);
+                                break;
                             case Half::q4_0_rot: {
                                 float d = element_scale(h, s, page.data(), t, c, i, ts);
                                 double e_rot = rot[i] / d > 7.5f ? std::fabs(d) : std::fabs(d) / 2;
@@ -459,6 +467,115 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
                 }
         }
     }
+}
+
+TEST_CASE("e2m1 and ue8m0: every code, ties to even, saturation, NaN", "[oracle][scalar][mx]") {
+    const float vals[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    for (uint8_t c = 0; c < 16; ++c) {
+        CHECK(from_e2m1(c) == ((c & 8) ? -vals[c & 7] : vals[c & 7]));
+        if ((c & 7) != 0 || c == 0) CHECK(to_e2m1(from_e2m1(c)) == c);
+    }
+    // Midpoints go to the even code (even mantissa bit).
+    const float tie[7][2] = {{0.25f, 0}, {0.75f, 2}, {1.25f, 2}, {1.75f, 4}, {2.5f, 4}, {3.5f, 6}, {5.0f, 6}};
+    for (auto& t : tie) {
+        CHECK(to_e2m1(t[0]) == uint8_t(t[1]));
+        CHECK(to_e2m1(-t[0]) == uint8_t(uint8_t(t[1]) | 8));
+    }
+    CHECK(to_e2m1(0.2500001f) == 1);
+    CHECK(to_e2m1(6.9f) == 7);
+    CHECK(to_e2m1(7.0f) == 7);  // tie 6 | 8 -> saturates to 6
+    CHECK(to_e2m1(1e30f) == 7);
+    CHECK(to_e2m1(-std::numeric_limits<float>::infinity()) == 15);
+    CHECK(to_e2m1(-0.0f) == 8);
+    CHECK(to_e2m1(std::numeric_limits<float>::quiet_NaN()) == 0);
+    CHECK(from_e8m0(127) == 1.0);
+    CHECK(from_e8m0(0) == std::ldexp(1.0, -127));
+    CHECK(from_e8m0(254) == std::ldexp(1.0, 127));
+    CHECK(std::isnan(from_e8m0(0xFF)));
+}
+
+TEST_CASE("mx blocks: hand-computed scale exponents, saturation, zero and inf blocks", "[oracle][mx]") {
+    float x[32] = {};
+    uint8_t c[32];
+    // All zero: the smallest scale, code 0; codes zero.
+    CHECK(quantize_block_mx(Half::mxfp8, x, c) == 0);
+    for (int i = 0; i < 32; ++i) CHECK(c[i] == 0);
+    // amax = 1: floor(log2 1) = 0; mxfp8 X = 2^-8 (code 119), mxfp4 X = 2^-2 (code 125).
+    x[3] = 1.0f;
+    x[5] = -0.3f;
+    CHECK(quantize_block_mx(Half::mxfp8, x, c) == 119);
+    CHECK(c[3] == to_e4m3(256.0f));
+    CHECK(c[5] == to_e4m3(-76.8f));
+    CHECK(quantize_block_mx(Half::mxfp4, x, c) == 125);
+    CHECK(c[3] == 6);       // 1/2^-2 = 4
+    CHECK(c[5] == (8 | 2)); // -0.3/0.25 = -1.2 -> -1
+    // amax = 1.9 (significand above 1.75): mxfp8 y = 486.4 saturates to 448 (0x7E), mxfp4 y = 7.6 -> 6.
+    x[3] = 1.9f;
+    CHECK(quantize_block_mx(Half::mxfp8, x, c) == 119);
+    CHECK(c[3] == 0x7E);
+    CHECK(quantize_block_mx(Half::mxfp4, x, c) == 125);
+    CHECK(c[3] == 7);
+    // A tiny block clamps the exponent at -127 (code 0).
+    float t[32] = {};
+    t[0] = std::ldexp(1.0f, -130);
+    CHECK(quantize_block_mx(Half::mxfp8, t, c) == 0);
+    CHECK(c[0] == to_e4m3(0.125f));
+    // An infinite element: the NaN scale; a NaN element is ignored for the scale.
+    t[1] = std::numeric_limits<float>::infinity();
+    CHECK(quantize_block_mx(Half::mxfp4, t, c) == 0xFF);
+    t[1] = std::numeric_limits<float>::quiet_NaN();
+    t[2] = 2.0f;
+    CHECK(quantize_block_mx(Half::mxfp8, t, c) == 120);
+    CHECK((c[1] & 0x7F) == 0x7F);
+    CHECK(quantize_block_mx(Half::mxfp4, t, c) == 126);
+    CHECK(c[1] == 0);
+    // Page layout: codes run then the scales run; mxfp4 packs element 2j low, 2j+1 high.
+    PageShape s{2, 1, 32};
+    float row[32] = {};
+    row[0] = 1.0f;   // code 6 (4 X)
+    row[1] = -0.5f;  // code 8|4 (-2 X)
+    auto page = quantize_page(Half::mxfp4, s, row, 1, 1.0f);
+    REQUIRE(page.size() == 2 * 16 + 2 * 1);
+    CHECK(page[0] == uint8_t(6 | (12 << 4)));
+    CHECK(page[32] == 125);
+    auto back = dequantize_page(Half::mxfp4, s, page.data(), 1, 1.0f);
+    CHECK(back[0] == 1.0f);
+    CHECK(back[1] == -0.5f);
+}
+
+TEST_CASE("nvfp4 blocks: hand-computed two-level scales, zero and saturated blocks", "[oracle][nvfp4]") {
+    float x[16] = {};
+    uint8_t c[16];
+    CHECK(quantize_block_nvfp4(x, 1.0f, c) == 0);  // amax 0: sb = +0, every code 0
+    for (int i = 0; i < 16; ++i) CHECK(c[i] == 0);
+    // amax 3, g 0.5: t = (3/6)/0.5 = 1 -> sb = e4m3(1) = 0x38, S = 0.5; x/S on the E2M1 grid and ties.
+    x[0] = 3.0f;      // 6 -> 7
+    x[1] = -0.125f;   // -0.25: tie 0 | 0.5 -> -0 (8)
+    x[2] = 0.625f;    // 1.25: tie 1 | 1.5 -> 1 (2)
+    x[3] = 1.25f;     // 2.5: tie 2 | 3 -> 2 (4)
+    x[4] = 2.5f;      // 5: tie 4 | 6 -> 4 (6)
+    CHECK(quantize_block_nvfp4(x, 0.5f, c) == 0x38);
+    CHECK(c[0] == 7);
+    CHECK(c[1] == 8);
+    CHECK(c[2] == 2);
+    CHECK(c[3] == 4);
+    CHECK(c[4] == 6);
+    // amax 3.3, g 1: t = 0.55 lies in [0.5, 1), E4M3 step 1/16: rounds up to 0.5625.
+    x[0] = 3.3f;
+    const uint8_t sb = quantize_block_nvfp4(x, 1.0f, c);
+    CHECK(from_e4m3(sb) == 0.5625f);
+    CHECK(c[0] == 7);  // 3.3 / 0.5625 = 5.87 -> 6
+    // A block scale rounded down saturates the extreme: amax 3.1, t = 0.51666 -> 0.5, 3.1/0.5 = 6.2 -> 6.
+    x[0] = 3.1f;
+    CHECK(from_e4m3(quantize_block_nvfp4(x, 1.0f, c)) == 0.5f);
+    CHECK(c[0] == 7);
+    // Page layout: codes run [B][H·D/2], then the scales run [B][H·D/16].
+    PageShape s{2, 1, 16};
+    auto page = quantize_page(Half::nvfp4, s, x, 1, 1.0f);
+    REQUIRE(page.size() == 2 * 8 + 2 * 1);
+    CHECK(page[16] == to_e4m3(3.1f / 6.0f));
+    CHECK(refusal_reason(Half::nvfp4, PageShape{2, 1, 8}) == std::optional<std::string>("row_not_multiple_of_16"));
+    CHECK_THROWS(quantize_page(Half::nvfp4, s, x, 1, 0.0f));
 }
 
 TEST_CASE("q4_0_rot = per-cell Hadamard then q4_0 over the row", "[oracle][q4_0_rot]") {

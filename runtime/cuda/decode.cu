@@ -41,6 +41,12 @@ decltype(auto) dispatch_decode(const KvFormat& f, int head_dim, Fn&& fn) {
 
 OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads) {
   OpSupport s;
+  for (HalfFormat h : {f.k, f.v})
+    if (!detail::has_device_kernels(h))
+      return {false, "format_unsupported",
+              std::string(name(h)) + " has no CUDA kernels yet (store, decode and prefill read only the formats " +
+                  "of docs/CUDA.md); run it on the CPU backend (--backend cpu) or pick another --kv format",
+              {}};
   for (HalfFormat h : {f.k, f.v}) {
     const Capability c = supports(h, g);
     if (!c.ok) return {false, c.reason, c.detail, {}};

@@ -626,6 +626,11 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
             hadamard_normalized(out + c * g.head_dim, g.head_dim);
       }
       return;
+    case HalfFormat::mxfp8:
+    case HalfFormat::mxfp4:
+    case HalfFormat::nvfp4:  // scalar: the format's own page reader, token by token
+      for (int t = 0; t < n; ++t) dequantize_token(f, g, t, page, tensor_scale, out + static_cast<std::size_t>(t) * HD);
+      return;
   }
 }
 
@@ -673,7 +678,10 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
       transpose_load_avx2(LoadQ4_0{b, block_scales(b, nb), HD / kQBlock}, kt, ks, nt8, HD);
       return true;
     }
-    case HalfFormat::q4_0_rot: return false;
+    case HalfFormat::q4_0_rot:
+    case HalfFormat::mxfp8:
+    case HalfFormat::mxfp4:
+    case HalfFormat::nvfp4: return false;
   }
 #endif
   (void)f, (void)g, (void)nt, (void)page, (void)ts, (void)kt, (void)ks, (void)sc;

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kvgate/blocks.hpp"
 #include "kvgate/limits.hpp"
@@ -180,12 +181,149 @@ void load_q4_0(const PageGeometry& g, int slot, const std::uint8_t* page, float,
     for (int h = 0; h < g.n_kv_heads; ++h) hadamard_normalized(row + h * g.head_dim, g.head_dim);
 }
 
+
+// ---- MX (OCP Microscaling v1.0): a UE8M0 power-of-two scale per 32-block, docs/FORMATS.md "mxfp8, mxfp4"
+
+// E2M1 magnitude code (0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6) of a >= 0, RNE: a midpoint goes to the code
+// with the even mantissa bit (the even code). Beyond 6 the next binade (8) is saturated to 6.
+std::uint8_t e2m1_magnitude(float a) {
+  int mag;
+  if (a <= 0.25f) mag = 0;        // 0.25: tie 0 | 0.5  -> 0
+  else if (a < 0.75f) mag = 1;    // 0.75: tie 0.5 | 1  -> 1
+  else if (a <= 1.25f) mag = 2;   // 1.25: tie 1 | 1.5  -> 1
+  else if (a < 1.75f) mag = 3;    // 1.75: tie 1.5 | 2  -> 2
+  else if (a <= 2.5f) mag = 4;    // 2.5:  tie 2 | 3    -> 2
+  else if (a < 3.5f) mag = 5;     // 3.5:  tie 3 | 4    -> 4
+  else if (a <= 5.0f) mag = 6;    // 5:    tie 4 | 6    -> 4
+  else if (a < 7.0f) mag = 7;     // 7:    tie 6 | 8    -> 8
+  else mag = 8;                   // 8 and beyond (and +inf)
+  mag = std::min(mag, 7);  // saturation: the element format's max normal, 6
+  return static_cast<std::uint8_t>(mag);
+}
+// E2M1 code of y: sign in bit 3 (kept for zero); NaN -> +0 (E2M1 has no NaN).
+std::uint8_t f32_to_e2m1(float y) {
+  if (std::isnan(y)) return 0;
+  return static_cast<std::uint8_t>((std::signbit(y) ? 0x8 : 0x0) | e2m1_magnitude(std::fabs(y)));
+}
+constexpr float kE2m1Value[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+float e2m1_to_f32(std::uint8_t c) { return (c & 0x8) ? -kE2m1Value[c & 0x7] : kE2m1Value[c & 0x7]; }
+
+constexpr int kE8m0Bias = 127;
+constexpr std::uint8_t kE8m0Nan = 0xFF;
+// The UE8M0 scale X = 2^(code - 127); code 0xFF is NaN.
+float e8m0_to_f32(std::uint8_t c) {
+  return c == kE8m0Nan ? std::numeric_limits<float>::quiet_NaN() : std::ldexp(1.0f, int(c) - kE8m0Bias);
+}
+
+// The shared exponent of one block: floor(log2 amax) - emax_elem, clamped below at -127 (an all-zero
+// or tiny block stores code 0); +inf amax gives the NaN scale. NaN elements are ignored.
+template <int kEmax>
+std::uint8_t mx_scale_code(const float* x, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
+  if (std::isinf(amax)) return kE8m0Nan;
+  if (amax == 0.0f) return 0;
+  const int e = std::max(std::ilogb(amax) - kEmax, -kE8m0Bias);
+  return static_cast<std::uint8_t>(e + kE8m0Bias);
+}
+
+// mxfp8 (E4M3 elements, emax 8) and mxfp4 (E2M1 elements, emax 2). Page: the codes run [B][H*D]
+// (mxfp8) or [B][H*D/2] (mxfp4: element 2j in the low nibble, 2j+1 in the high one), then the scales
+// run [B][H*D/32] of UE8M0 codes. Element = RNE(x / X), saturated to the element format's max.
+template <bool E4>
+void store_mx(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+  const HalfFormatInfo& fi = info(E4 ? HalfFormat::mxfp8 : HalfFormat::mxfp4);
+  const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  std::uint8_t* codes = page + t * nb * fi.block_bytes;
+  std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * nb * fi.block_bytes + t * nb;
+  if (!E4) std::memset(codes, 0, static_cast<std::size_t>(nb) * fi.block_bytes);
+  for (int b = 0; b < nb; ++b) {
+    const float* x = row + b * blk;
+    const std::uint8_t sc = mx_scale_code<E4 ? 8 : 2>(x, blk);
+    scales[b] = sc;
+    const float X = e8m0_to_f32(sc);
+    for (int i = 0; i < blk; ++i) {
+      const int e = b * blk + i;
+      if (E4) {
+        const float y = x[i] / X;
+        codes[e] = sc == kE8m0Nan ? std::uint8_t{0} : f32_to_fp8_e4m3(y);
+      } else {
+        const std::uint8_t c = sc == kE8m0Nan ? std::uint8_t{0} : f32_to_e2m1(x[i] / X);
+        codes[e / 2] = static_cast<std::uint8_t>(codes[e / 2] | (e % 2 ? c << 4 : c));
+      }
+    }
+  }
+}
+template <bool E4>
+void load_mx(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+  const HalfFormatInfo& fi = info(E4 ? HalfFormat::mxfp8 : HalfFormat::mxfp4);
+  const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  const std::uint8_t* codes = page + t * nb * fi.block_bytes;
+  const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * nb * fi.block_bytes + t * nb;
+  for (int e = 0; e < HD; ++e) {
+    const float X = e8m0_to_f32(scales[e / blk]);
+    const float v = E4 ? fp8_e4m3_to_f32(codes[e]) : e2m1_to_f32(static_cast<std::uint8_t>((codes[e / 2] >> (4 * (e % 2))) & 0xF));
+    row[e] = v * X;
+  }
+}
+
+
+// ---- nvfp4: E2M1 codes, an E4M3 scale per 16-block, the FP32 global scale per (layer, K|V) ------
+// docs/FORMATS.md "nvfp4". Page: the codes run [B][H*D/2] (element 2j low nibble, 2j+1 high), then
+// the scales run [B][H*D/16] of E4M3 block-scale codes. Block scale sb = e4m3((amax / 6) / global),
+// effective scale S = e4m3(sb) * global (binary32), element = e2m1(x / S); S == 0: every code 0.
+void store_nvfp4(const PageGeometry& g, int slot, const float* row, float global, std::uint8_t* page) {
+  const HalfFormatInfo& fi = info(HalfFormat::nvfp4);
+  const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  std::uint8_t* codes = page + t * nb * fi.block_bytes;
+  std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * nb * fi.block_bytes + t * nb;
+  std::memset(codes, 0, static_cast<std::size_t>(nb) * fi.block_bytes);
+  for (int b = 0; b < nb; ++b) {
+    const float* x = row + b * blk;
+    float amax = 0.0f;
+    for (int i = 0; i < blk; ++i)
+      if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]);  // NaN elements are ignored
+    const std::uint8_t sb = f32_to_fp8_e4m3(amax / 6.0f / global);
+    scales[b] = sb;
+    const float S = fp8_e4m3_to_f32(sb) * global;
+    for (int i = 0; i < blk; ++i) {
+      const int e = b * blk + i;
+      const std::uint8_t c = S == 0.0f ? std::uint8_t{0} : f32_to_e2m1(x[i] / S);
+      codes[e / 2] = static_cast<std::uint8_t>(codes[e / 2] | (e % 2 ? c << 4 : c));
+    }
+  }
+}
+void load_nvfp4(const PageGeometry& g, int slot, const std::uint8_t* page, float global, float* row) {
+  const HalfFormatInfo& fi = info(HalfFormat::nvfp4);
+  const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  const std::uint8_t* codes = page + t * nb * fi.block_bytes;
+  const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * nb * fi.block_bytes + t * nb;
+  for (int e = 0; e < HD; ++e) {
+    const float S = fp8_e4m3_to_f32(scales[e / blk]) * global;
+    row[e] = e2m1_to_f32(static_cast<std::uint8_t>((codes[e / 2] >> (4 * (e % 2))) & 0xF)) * S;
+  }
+}
+
 // ---- The traits table: one row per half format, in enum order (kvgate/format_list.hpp) ----------
 // Envelope constants: docs/FORMATS.md per format; FP slack as in envelope_bound below. The
 // absmax/127 formats (int8 per cell, q8_0 per block) share one envelope, as do q4_0 and q4_0_rot
 // (the latter in the rotated domain).
 constexpr EnvelopeConstants kEnvAbsmax127{.scale = 0.5, .scale_clamped = 0.5, .fp_slack = true};  // |x^-x| <= s/2
 constexpr EnvelopeConstants kEnvQ4{.scale = 0.5, .scale_clamped = 1.0, .fp_slack = true};  // s/2; clamped: s
+// MX: X is a power of two, so x/X and code*X are exact (no FP slack). mxfp8: half an E4M3 ulp
+// (2^-4|x|, subnormals 2^-10 X); saturated elements (448X < |x| < 512X) err by |x| - 448X < 2^-4|x| + 32X.
+// mxfp4: half an E2M1 ulp (2^-2|x|, subnormal 2^-2 X), and |x| - 6X <= 2^-2|x| for |x| < 8X.
+constexpr EnvelopeConstants kEnvMxfp8{.rel = 0x1p-4, .scale = 0x1p-10, .scale_clamped = 32.0};
+constexpr EnvelopeConstants kEnvMxfp4{.rel = 0x1p-2, .scale = 0x1p-2, .scale_clamped = 0x1p-2};
+// nvfp4 with S the stored effective scale: half an E2M1 ulp, 2^-2|x| + 2^-2 S, + FP slack (x/S and
+// code*S are rounded in binary32). The elements a rounded-down block scale saturates err by up to
+// 2^-4 amax + 6*2^-10 g, a term of the block's amax the constants cannot carry (gates/common/bounds.hpp).
+constexpr EnvelopeConstants kEnvNvfp4{.rel = 0x1p-2, .scale = 0x1p-2, .scale_clamped = 0x1p-2, .fp_slack = true};
 
 constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
     {.id = HalfFormat::f32, .block_elems = 1, .block_bytes = 4, .cell_scale_bytes = 0, .rotated = false,
@@ -244,6 +382,28 @@ constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
      .envelope = "q4_0 envelope in the rotated domain; L2 per head in the original domain", .per_token_scales = true,
      .per_tensor_scale = false, .env = kEnvQ4,
      .quantize_token = store_q4_0<true>, .dequantize_token = load_q4_0<true>},
+    {.id = HalfFormat::mxfp8, .block_elems = kQBlock, .block_bytes = kQBlock, .cell_scale_bytes = 0, .block_scale_bytes = 1,
+     .rotated = false, .name = "mxfp8", .code_type = "e4m3fn (sat. +-448)", .scale_granularity = "per 32-block of the token row",
+     .scale_dtype = "ue8m0", .rotation = "none", .storage_precision = "mxfp8 (e4m3 + ue8m0 per 32)",
+     .transfer_precision = "mxfp8 (e4m3 + ue8m0 per 32)", .execution_precision = "f32",
+     .envelope = "|x^-x| <= 2^-4|x| + 2^-10 X, X = 2^(floor(log2 amax)-8); saturated (|x| > 448X): < 2^-3|x|",
+     .per_token_scales = true, .per_tensor_scale = false, .env = kEnvMxfp8,
+     .quantize_token = store_mx<true>, .dequantize_token = load_mx<true>},
+    {.id = HalfFormat::mxfp4, .block_elems = kQBlock, .block_bytes = kQBlock / 2, .cell_scale_bytes = 0, .block_scale_bytes = 1,
+     .rotated = false, .name = "mxfp4", .code_type = "e2m1 (sat. +-6)", .scale_granularity = "per 32-block of the token row",
+     .scale_dtype = "ue8m0", .rotation = "none", .storage_precision = "mxfp4 (e2m1 + ue8m0 per 32)",
+     .transfer_precision = "mxfp4 (e2m1 + ue8m0 per 32)", .execution_precision = "f32",
+     .envelope = "|x^-x| <= 2^-2|x| + 2^-2 X, X = 2^(floor(log2 amax)-2) (saturation included)",
+     .per_token_scales = true, .per_tensor_scale = false, .env = kEnvMxfp4,
+     .quantize_token = store_mx<false>, .dequantize_token = load_mx<false>},
+    {.id = HalfFormat::nvfp4, .block_elems = kQBlock / 2, .block_bytes = kQBlock / 4, .cell_scale_bytes = 0, .block_scale_bytes = 1,
+     .rotated = false, .name = "nvfp4", .code_type = "e2m1 (sat. +-6)",
+     .scale_granularity = "per 16-block of the token row (e4m3) x per tensor (layer, K|V; f32 global)",
+     .scale_dtype = "e4m3 x f32", .rotation = "none", .storage_precision = "nvfp4 (e2m1 + e4m3 per 16, f32 global)",
+     .transfer_precision = "nvfp4 (e2m1 + e4m3 per 16, f32 global)", .execution_precision = "f32",
+     .envelope = "|x^-x| <= max(2^-2|x| + 2^-2 S, 2^-4 amax + 6*2^-10 g), S = e4m3(amax/6/g)*g",
+     .per_token_scales = true, .per_tensor_scale = true, .env = kEnvNvfp4,
+     .quantize_token = store_nvfp4, .dequantize_token = load_nvfp4},
 }};
 
 // The table is the list: row i is enumerator i. A row's structure is checked here (block size,
@@ -257,10 +417,11 @@ constexpr bool table_in_enum_order() {
 static_assert(table_in_enum_order(), "kInfo rows must follow the HalfFormat enum (kvgate/format_list.hpp)");
 constexpr bool table_rows_consistent() {
   for (const auto& i : kInfo) {
-    if (i.block_elems != 1 && i.block_elems != kQBlock) return false;
+    if (i.block_elems != 1 && i.block_elems != kQBlock && i.block_elems != kQBlock / 2) return false;
     if (i.block_bytes == 0) return false;
-    if ((i.cell_scale_bytes != 0 || i.block_elems == kQBlock) != i.per_token_scales) return false;
-    if (i.per_tensor_scale && i.per_token_scales) return false;
+    if ((i.cell_scale_bytes != 0 || i.block_elems > 1) != i.per_token_scales) return false;
+    if (i.block_scale_bytes != 0 && i.block_elems == 1) return false;
+    if (i.per_tensor_scale && i.per_token_scales && i.block_scale_bytes == 0) return false;  // nvfp4: both levels
     if (i.quantize_token == nullptr || i.dequantize_token == nullptr) return false;
   }
   return true;
@@ -320,9 +481,10 @@ Capability supports(HalfFormat f, const PageGeometry& g) {
                 limits::override_hint(limits::kBlockSize) + ") is beyond the limits"};
   const HalfFormatInfo& i = info(f);
   if (i.block_elems > 1 && g.row_elems() % i.block_elems != 0)
-    return {false, "row_not_multiple_of_32",
+    return {false, "row_not_multiple_of_" + std::to_string(i.block_elems),
             std::string(name(f)) + " quantizes the token row (n_kv_heads*head_dim = " + std::to_string(g.row_elems()) +
-                ") in 32-element blocks; the row length must be a multiple of 32"};
+                ") in " + std::to_string(i.block_elems) + "-element blocks; the row length must be a multiple of " +
+                std::to_string(i.block_elems)};
   if (i.rotated && (g.head_dim & (g.head_dim - 1)) != 0)
     return {false, "head_dim_not_power_of_two",
             std::string(i.name) + " applies a Walsh-Hadamard rotation over head_dim, which must be a power of two (got " +
@@ -342,6 +504,8 @@ std::vector<ByteRun> page_runs(HalfFormat f, const PageGeometry& g) {
   const std::size_t H = static_cast<std::size_t>(g.n_kv_heads);
   const std::size_t D = static_cast<std::size_t>(g.head_dim);
   const std::size_t codes = B * (H * D / static_cast<std::size_t>(i.block_elems)) * i.block_bytes;
+  if (i.block_scale_bytes != 0)
+    return {{"codes", 0, codes}, {"scales", codes, B * (H * D / static_cast<std::size_t>(i.block_elems)) * i.block_scale_bytes}};
   if (i.block_elems > 1) return {{"blocks", 0, codes}};
   if (i.cell_scale_bytes != 0) return {{"codes", 0, codes}, {"scales", codes, B * H * i.cell_scale_bytes}};
   return {{"codes", 0, codes}};
@@ -356,6 +520,10 @@ std::vector<ByteRun> token_ranges(HalfFormat f, const PageGeometry& g, int slot)
   const std::size_t t = static_cast<std::size_t>(slot);
   const std::size_t HD = static_cast<std::size_t>(g.row_elems());
   const std::size_t row = (HD / static_cast<std::size_t>(i.block_elems)) * i.block_bytes;
+  if (i.block_scale_bytes != 0) {
+    const std::size_t sc = (HD / static_cast<std::size_t>(i.block_elems)) * i.block_scale_bytes;
+    return {{"codes", t * row, row}, {"scales", static_cast<std::size_t>(g.block_size) * row + t * sc, sc}};
+  }
   if (i.block_elems > 1) return {{"blocks", t * row, row}};
   std::vector<ByteRun> r{{"codes", t * row, row}};
   if (i.cell_scale_bytes != 0) {

@@ -360,6 +360,9 @@ double format_envelope(HalfFormat f) {
     case HalfFormat::q8_0: return 1.0 / 254;  // s/2 with s = amax/127
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot: return 1.0 / 16;  // |d|/2 with |d| = amax/8
+    case HalfFormat::mxfp8: return 0x1p-4;       // half an E4M3 ulp, relative (docs/FORMATS.md mxfp8)
+    case HalfFormat::mxfp4:
+    case HalfFormat::nvfp4: return 0x1p-2;       // half an E2M1 ulp, relative
   }
   return 0;
 }

@@ -21,6 +21,13 @@ float from_e4m3(uint8_t c);  // 0x7F / 0xFF -> NaN
 uint8_t to_e5m2(float y);
 float from_e5m2(uint8_t c);  // exponent 31: ±inf (mantissa 0) or NaN
 
+// fp4 e2m1 (MX element): sign in bit 3, 2 exponent bits (bias 1), 1 mantissa bit; values
+// 0, 0.5, 1, 1.5, 2, 3, 4, 6. RNE on the exact binary32 value, saturating at ±6; NaN -> +0.
+uint8_t to_e2m1(float y);
+float from_e2m1(uint8_t c);  // low 4 bits
+// UE8M0 (MX scale): 2^(c - 127); 0xFF -> NaN.
+double from_e8m0(uint8_t c);
+
 // The smallest positive finite binary16 s with qmax·s >= amax, compared exactly in binary64
 // (FORMATS.md int8 step 3; q8_0 uses qmax = 127, q4_0 uses qmax = 8). Start from
 // f16(amax/qmax) (binary32 division) and step up one ulp at a time. amax == 0 -> +0;

@@ -42,12 +42,20 @@ KVGATE_HD constexpr int cell_bytes(HF f, int D) { return is_block32(f) ? (D / 32
 
 KVGATE_HD constexpr int gcd_c(int a, int b) { return b == 0 ? a : gcd_c(b, a % b); }
 
+// Half formats the CUDA kernels store and read. The others (mxfp8, mxfp4, nvfp4: CPU backend only,
+// docs/CUDA.md) are refused by supports_op (reason "format_unsupported") before anything dispatches,
+// and no kernel is instantiated for them: dispatch_half throws and the decode launchers of a pair
+// that holds one throw instead of launching.
+KVGATE_HD constexpr bool has_device_kernels(HF f) { return f != HF::mxfp8 && f != HF::mxfp4 && f != HF::nvfp4; }
+
 // Runtime HalfFormat -> template argument, one case per row of KVGATE_HALF_FORMATS. fn receives std::integral_constant<HalfFormat, F>.
 template <class Fn>
 decltype(auto) dispatch_half(HF f, Fn&& fn) {
   switch (f) {
-#define KVGATE_DISPATCH_HALF_ROW(A, name, prefill_mma) \
-  case HF::name: return fn(std::integral_constant<HF, HF::name>{});
+#define KVGATE_DISPATCH_HALF_ROW(A, name, prefill_mma)                      \
+  case HF::name:                                                             \
+    if constexpr (has_device_kernels(HF::name)) return fn(std::integral_constant<HF, HF::name>{}); \
+    else throw std::invalid_argument("kvgate::cuda: half format " #name " has no CUDA kernels (supports_op refuses it: format_unsupported)");
     KVGATE_HALF_FORMATS(KVGATE_DISPATCH_HALF_ROW, _)
 #undef KVGATE_DISPATCH_HALF_ROW
   }

@@ -36,7 +36,7 @@ struct ByteRun {
 };
 
 // A format's codec for one token row (H*D floats, head-major) in and out of page slot `slot`;
-// tensor_scale is the per-(layer, K|V) FP32 scale (only fp8 halves use it).
+// tensor_scale is the per-(layer, K|V) FP32 scale (fp8 halves, and nvfp4 as its global scale).
 using QuantizeTokenFn = void (*)(const PageGeometry& g, int slot, const float* row, float tensor_scale,
                                  std::uint8_t* page);
 using DequantizeTokenFn = void (*)(const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale,
@@ -58,9 +58,11 @@ struct EnvelopeConstants {
 // designated-initializer order.
 struct HalfFormatInfo {
   HalfFormat id;
-  int block_elems;               // elements per code block: 1, or kQBlock for the 32-block formats
-  std::size_t block_bytes;       // bytes per block: the element size, or sizeof(block_q8_0 / block_q4_0)
+  int block_elems;               // elements per code block: 1, kQBlock for the 32-block formats, 16 (nvfp4)
+  std::size_t block_bytes;       // bytes per block: the element size, sizeof(block_q8_0 / block_q4_0), or
+                                 // the code bytes of one block when its scale lives in a scales run
   std::size_t cell_scale_bytes;  // bytes per cell (token x kv head) of the page's "scales" run; 0: none
+  std::size_t block_scale_bytes; // bytes per block of the page's "scales" run (MX); 0: none or embedded
   bool rotated;                  // a Walsh-Hadamard rotation per head before quantizing
   std::string_view name;
   std::string_view code_type;          // element code: "f32", "f16", "int8", "e4m3fn", "q4 nibble", ...

@@ -25,7 +25,10 @@
   X(A, fp8_e5m2, mma)             \
   X(A, q8_0, mma)                 \
   X(A, q4_0, mma)                 \
-  X(A, q4_0_rot, mma)
+  X(A, q4_0_rot, mma)             \
+  X(A, mxfp8, none)               \
+  X(A, mxfp4, none)               \
+  X(A, nvfp4, none)
 
 // X(A, name, k, v, slot, kind): one row per preset, in the order every listing prints them.
 //   name   the preset name (--kv <name>); gate IDs end in it (ENV.<name>, ORA.attn.<name>, ...)
@@ -38,8 +41,8 @@
 //          reference      f32 KV, the baseline model-level gates compare against (no MOD.tf2048/kl row)
 //          homogeneous    every half is a float code or has data-driven scales, so storing 2^k x gives
 //                         the same codes and 2^k scales (an INV.<name> homogeneity row)
-//          tensor_scaled  a half uses the caller's per-tensor fp8 scale (its INV gates are written
-//                         per half: INV.fp8, INV.fp8_e5m2)
+//          tensor_scaled  a half uses the caller's per-tensor scale (fp8: its INV gates are written
+//                         per half: INV.fp8, INV.fp8_e5m2; nvfp4: the FP32 global scale)
 #define KVGATE_PRESETS(X, A)                            \
   X(A, f32, f32, f32, 1, reference)                      \
   X(A, f16, f16, f16, 2, homogeneous)                    \
@@ -49,7 +52,11 @@
   X(A, fp8_e5m2, fp8_e5m2, fp8_e5m2, 6, tensor_scaled)   \
   X(A, q8_0, q8_0, q8_0, 7, homogeneous)                 \
   X(A, q4_0, q4_0, q4_0, 8, homogeneous)                 \
-  X(A, k8v4, int8, q4_0_rot, 9, homogeneous)
+  X(A, k8v4, int8, q4_0_rot, 9, homogeneous)            \
+  X(A, mxfp8, mxfp8, mxfp8, 20, homogeneous)             \
+  X(A, mxfp4, mxfp4, mxfp4, 21, homogeneous)             \
+  X(A, k_mxfp8_v_mxfp4, mxfp8, mxfp4, 22, homogeneous)  \
+  X(A, nvfp4, nvfp4, nvfp4, 23, tensor_scaled)
 
 // Helpers every user needs. KVGATE_PRESET_TAG_ROW turns a row into its Catch2 tag, so
 // "[gate:F]" KVGATE_PRESETS(KVGATE_PRESET_TAG_ROW, _) is the tag string of a gate over every preset.
