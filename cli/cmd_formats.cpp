@@ -1,4 +1,5 @@
 // `kvgate formats`: the format catalog as a table or JSON.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -71,11 +72,13 @@ int run_formats(const FormatsOpts& o) {
   }
   std::printf("KV formats at head_dim=%d, kv_heads=%d, block_size=%d (page = K page + V page of one layer)\n",
               o.head_dim, o.kv_heads, o.block_size);
-  std::printf("%-10s %-10s %-10s %10s %10s %10s %12s  %s\n", "preset", "K", "V", "K B/cell", "V B/cell", "B/cell",
+  int w = 10;  // the preset column is as wide as the longest name (k_mxfp8_v_mxfp4)
+  for (const auto& p : presets()) w = std::max(w, static_cast<int>(p.name.size()));
+  std::printf("%-*s %-10s %-10s %10s %10s %10s %12s  %s\n", w, "preset", "K", "V", "K B/cell", "V B/cell", "B/cell",
               "page bytes", "status");
   for (const auto& p : presets()) {
     const Capability ck = supports(p.fmt.k, g), cv = supports(p.fmt.v, g);
-    std::printf("%-10s %-10s %-10s %10.3f %10.3f %10.3f %12zu  %s\n", std::string(p.name).c_str(),
+    std::printf("%-*s %-10s %-10s %10.3f %10.3f %10.3f %12zu  %s\n", w, std::string(p.name).c_str(),
                 std::string(name(p.fmt.k)).c_str(), std::string(name(p.fmt.v)).c_str(), bytes_per_cell(p.fmt.k, g),
                 bytes_per_cell(p.fmt.v, g), bytes_per_cell(p.fmt.k, g) + bytes_per_cell(p.fmt.v, g),
                 page_bytes(p.fmt.k, g) + page_bytes(p.fmt.v, g),
