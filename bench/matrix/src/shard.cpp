@@ -60,10 +60,13 @@ std::vector<std::string> shard_formats(const std::vector<std::string>& formats, 
 
 nlohmann::json merge_matrices(const std::vector<std::pair<std::string, nlohmann::json>>& shards) {
   if (shards.empty()) throw std::runtime_error("no shard folder given; fix: pass every --shard k/n output folder");
-  const auto& [file0, m0] = shards.front();
+  // References, not structured bindings: clang 14 (the sanitizer build) cannot capture a binding.
+  const std::string& file0 = shards.front().first;
+  const nlohmann::json& m0 = shards.front().second;
   std::map<int, std::size_t> by_index;
   for (std::size_t i = 0; i < shards.size(); ++i) {
-    const auto& [file, m] = shards[i];
+    const std::string& file = shards[i].first;
+    const nlohmann::json& m = shards[i].second;
     if (!m.is_object() || m.value("kind", "") != "matrix")
       throw refusal(file, "/kind", "is not \"matrix\": not a kvgate bench matrix.json", "pass the output folders of kvgate bench --shard k/n");
     if (!m.contains("shard") || !m["shard"].is_object() || !m["shard"].value("index", nlohmann::json()).is_number_integer() ||
