@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kv_aliases.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/kv_cache_dir.hpp"
@@ -57,6 +58,7 @@ inline KvCacheDir open_kv_cache(const KvCacheFlags& f) {
 // What `run` and `chat` both take; each command's options struct derives from it.
 struct EngineFlags {
   std::string model, tokenizer, kv;
+  std::string kv_cache_dtype, cache_type_k, cache_type_v;  // other engines' spellings (kv_aliases.hpp)
   std::optional<float> k_scale, v_scale;
   float temperature = 0.0f;
   int top_k = 0;
@@ -78,8 +80,22 @@ inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
         return s.empty() ? std::string("--kv is empty: name a format (" + known_formats_text() + ") or leave --kv out")
                          : std::string();
       });
+  sub->add_option("--kv-cache-dtype", f.kv_cache_dtype,
+                  "vLLM's spelling of the KV format (" + alias_choices(kVllmKvCacheDtype) + "; docs/FORMATS.md)");
+  sub->add_option("--cache-type-k", f.cache_type_k,
+                  "llama.cpp's -ctk: the K half (" + alias_choices(kLlamaCacheType) + "; V defaults to f16)");
+  sub->add_option("--cache-type-v", f.cache_type_v,
+                  "llama.cpp's -ctv: the V half (" + alias_choices(kLlamaCacheType) + "; K defaults to f16)");
   sub->add_option("--k-scale", f.k_scale, "per-tensor K scale for fp8 halves (all layers)");
   sub->add_option("--v-scale", f.v_scale, "per-tensor V scale for fp8 halves (all layers)");
+  // The aliases become the --kv value once the command line is read (a refusal is a usage error).
+  sub->parse_complete_callback([&f] {
+    try {
+      f.kv = kv_from_aliases(f.kv, f.kv_cache_dtype, f.cache_type_k, f.cache_type_v);
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError(e.what());
+    }
+  });
 }
 
 // --temperature, --top-k, --top-p, --seed, --strict-kv, --threads, --block-size, --kv-cache-memory.

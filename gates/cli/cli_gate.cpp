@@ -384,3 +384,59 @@ TEST_CASE("CLI.run.conv a continued --conv-id turn appends the new text without 
   const std::vector<int> ids2 = t2["prompt_ids"].get<std::vector<int>>();
   CHECK(std::count(ids2.begin(), ids2.end(), m.config.bos_id) == 1);
 }
+
+TEST_CASE("CLI.run.kv_aliases vLLM --kv-cache-dtype and llama.cpp -ctk/-ctv name the same formats as --kv",
+          "[gate:CLI][fmt:fp8][fmt:fp8_e5m2][fmt:bf16][fmt:q8_0][fmt:q4_0]") {
+  // The mapping (docs/FORMATS.md "Flag aliases", cli/kv_aliases.hpp) is checked against what the
+  // other engines' documentation says each value is, written here by hand: vLLM fp8 and fp8_e4m3 are
+  // E4M3 with a per-tensor scale (kvgate fp8), fp8_e5m2 is E5M2, bfloat16 is bf16, auto is the model's
+  // own KV (no --kv); llama.cpp's -ctk/-ctv name one half each, the other staying f16. Each alias run
+  // must report the same requested and effective format and generate the same ids as the --kv run.
+  // Anti-vacuity: the expected formats differ pairwise (fp8 vs fp8_e5m2, q8_0/q4_0 vs their swap), so
+  // an alias mapped to a neighbour fails.
+  struct Case {
+    std::string alias, kv;
+  };
+  const std::vector<Case> cases = {
+      {"--kv-cache-dtype fp8", "--kv fp8"},
+      {"--kv-cache-dtype fp8_e4m3", "--kv fp8"},
+      {"--kv-cache-dtype fp8_e5m2", "--kv fp8_e5m2"},
+      {"--kv-cache-dtype bfloat16", "--kv bf16"},
+      {"--kv-cache-dtype auto", ""},
+      {"-ctk q8_0 -ctv q4_0", "--kv k=q8_0,v=q4_0"},
+      {"--cache-type-k=q4_0 --cache-type-v=q8_0", "--kv k=q4_0,v=q8_0"},
+      {"-ctk q8_0", "--kv k=q8_0,v=f16"},
+      {"-ctv=q4_0", "--kv k=f16,v=q4_0"},
+  };
+  const std::string a = model_args() + " --steps 12 --prompt " + q("Once upon a time");
+  std::vector<std::string> effective;
+  for (const Case& c : cases) {
+    const json x = run_json(a + " " + c.alias), y = run_json(a + " " + c.kv);
+    INFO(c.alias << " vs '" << c.kv << "'");
+    CHECK(x["stats"]["requested_kv"] == y["stats"]["requested_kv"]);
+    CHECK(x["stats"]["effective_kv"] == y["stats"]["effective_kv"]);
+    CHECK(x["generated_ids"] == y["generated_ids"]);
+    effective.push_back(x["stats"]["effective_kv"].get<std::string>());
+  }
+  CHECK(effective[0] != effective[2]);  // fp8 != fp8_e5m2
+  CHECK(effective[5] != effective[6]);  // k=q8_0,v=q4_0 != its swap
+  CHECK(effective[7] != effective[8]);
+
+  // No exact equivalent: refused as a usage error naming the flag, the value and the nearest format.
+  struct Refusal {
+    std::string args, needle;
+  };
+  for (const Refusal& r : {Refusal{"-ctk q5_1", "--cache-type-k q5_1 has no exact kvgate equivalent; the nearest is q8_0"},
+                           Refusal{"--cache-type-v iq4_nl", "--cache-type-v iq4_nl has no exact kvgate equivalent; the nearest is q4_0"},
+                           Refusal{"--kv-cache-dtype fp8_ds_mla", "the nearest is fp8"},
+                           Refusal{"--kv-cache-dtype fp9", "is not a value --kv-cache-dtype takes"},
+                           Refusal{"--kv fp8 --kv-cache-dtype fp8", "name the KV format one way"},
+                           Refusal{"--kv-cache-dtype fp8 -ctk q8_0", "name the KV format one way"}}) {
+    const Run run = kvgate_cli("run " + a + " --threads 1 " + r.args);
+    INFO(r.args << "\nstderr: " << run.err);
+    CHECK(run.rc != 0);
+    CHECK(run.rc < 128);
+    CHECK(run.err.find(r.needle) != std::string::npos);
+    CHECK(run.out.find("generated_ids") == std::string::npos);
+  }
+}
