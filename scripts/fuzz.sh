@@ -56,7 +56,7 @@ for exe in "$build"/fuzz/fuzz_*; do
     -artifact_prefix="$work/artifacts/" "$work/corpus" "$seeds" >"$out/$name.log" 2>&1
   rc=$?
   set -e
-  execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/$name.log" | grep -o '[0-9]*$' || echo 0)"
+  execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/$name.log" | grep -o '[0-9]*$' | tail -n 1 || echo 0)"
   last="$(grep -E '^#[0-9]+' "$out/$name.log" | tail -1)"
   cov="$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<<"$last")"; ft="$(sed -n 's/.*ft: \([0-9]*\).*/\1/p' <<<"$last")"
   corp="$(sed -n 's/.*corp: \([0-9]*\/[0-9a-zA-Z]*\).*/\1/p' <<<"$last")"

@@ -97,7 +97,7 @@ std::vector<std::pair<std::string, json>> plot_specs(const ReportInputs& in) {
     json rows = json::array();
     for (const auto& r : m.value("rows", json::array()))
       if (r.value("status", "") == "ok" && field(r, "decode_tok_s").is_number())
-        rows.push_back({{"format", field(r, "format")}, {"context", field(r, "context")}, {"window", "window " + std::to_string(r.value("window", 0))},
+        rows.push_back({{"format", field(r, "format")}, {"context", field(r, "context")}, {"window", "window " + std::to_string(int_field(r, "window"))},
                         {"device", field(r, "device")}, {"decode_tok_s", field(r, "decode_tok_s")}});
     if (!rows.empty()) {
       json s = base_spec("Decode tok/s vs context, per format");
@@ -225,8 +225,8 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
     std::string gpus;
     for (const auto& g : prov.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", "");
     o << "<p>commit <code>" << html_escape(cell(prov.value("git_commit", json(nullptr)))) << "</code> · CPU " << html_escape(prov.value("cpu_model", ""))
-      << " (" << prov.value("cpu_cores", 0) << " cores) · GPU " << html_escape(gpus.empty() ? "none" : gpus) << " · "
-      << html_escape(prov.value("compiler", "")) << " · seed " << prov.value("seed", 0);
+      << " (" << int_field(prov, "cpu_cores") << " cores) · GPU " << html_escape(gpus.empty() ? "none" : gpus) << " · "
+      << html_escape(prov.value("compiler", "")) << " · seed " << int_field(prov, "seed");
     if (field(prov, "model").is_object())
       o << " · model <code>" << html_escape(field(prov, "model").value("name", "")) << "</code> sha256 <code>"
         << html_escape(field(prov, "model").value("sha256", "")) << "</code>";
@@ -235,7 +235,7 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
   if (in.signoff.is_object()) {
     if (in.signoff.contains("policy")) {
       o << "<h2>Verdicts</h2>\n<p>Baseline <b>" << html_escape(in.signoff.value("baseline", "?")) << "</b>, policy <code>"
-        << html_escape(field(in.signoff, "policy").value("path", "")) << "</code>, exit code " << in.signoff.value("exit_code", 0) << ". "
+        << html_escape(field(in.signoff, "policy").value("path", "")) << "</code>, exit code " << int_field(in.signoff, "exit_code") << ". "
         << html_escape(in.signoff.value("exit_codes", "")) << "</p>\n";
       o << "<table><tr><th>format</th><th>verdict</th><th>conformance</th><th>fit</th><th>deciding policy line</th><th>KL mean</th>"
            "<th>top-1</th><th>1-TV</th><th>ppl delta</th></tr>\n";
@@ -266,7 +266,7 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
       const auto& g = field(v, "gates");
       const auto& mu = field(v, "mutation");
       o << "<tr><td>" << html_escape(v.value("format", "")) << "</td><td class=\"" << v.value("verdict", "") << "\">" << v.value("verdict", "")
-        << "</td><td>" << g.value("passed", 0) << "/" << g.value("failed", 0) << "/" << g.value("skipped", 0) << "</td><td>"
+        << "</td><td>" << int_field(g, "passed") << "/" << int_field(g, "failed") << "/" << int_field(g, "skipped") << "</td><td>"
         << mu.value("killed", json::array()).size() << "/" << mu.value("survived", json::array()).size() << "/"
         << mu.value("not_run", json::array()).size() << "</td><td>" << html_escape(reasons) << "</td></tr>\n";
     }
@@ -304,7 +304,7 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
           continue;
         }
         const auto& c = per[f];
-        const int p = c.value("passed", 0), fl = c.value("failed", 0), sk = c.value("skipped", 0);
+        const long long p = int_field(c, "passed"), fl = int_field(c, "failed"), sk = int_field(c, "skipped");
         o << "<td class=\"" << (fl ? "FAIL" : p ? "PASS" : "NOT-VALIDATED") << "\">" << (fl ? "FAIL " + std::to_string(fl) + "/" + std::to_string(p + fl) : p ? "ok " + std::to_string(p) : "skip " + std::to_string(sk)) << "</td>";
       }
       o << "</tr>\n";

@@ -54,10 +54,10 @@ std::string provenance_line(const json& p) {
   std::string gpus;
   for (const auto& g : p.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", "");
   o << "commit `" << str(p.value("git_commit", json(nullptr))).substr(0, 12) << "`" << (p.value("git_dirty", false) ? " (dirty)" : "")
-    << " · CPU " << p.value("cpu_model", "?") << " (" << p.value("cpu_cores", 0) << " cores) · GPU "
+    << " · CPU " << p.value("cpu_model", "?") << " (" << int_field(p, "cpu_cores") << " cores) · GPU "
     << (gpus.empty() ? "none" : gpus) << " · driver " << str(p.value("gpu_driver", json(nullptr))) << " · CUDA "
     << str(p.value("cuda_version", json(nullptr))) << " · " << p.value("compiler", "") << " `" << p.value("cxx_flags", "")
-    << "` · seed " << p.value("seed", 0);
+    << "` · seed " << int_field(p, "seed");
   const auto& m = p.value("model", json(nullptr));
   if (m.is_object())
     o << " · model `" << m.value("name", "") << "` sha256 `" << m.value("sha256", "").substr(0, 16) << "…` fingerprint `"
@@ -84,8 +84,8 @@ json decode_ratio(const json& matrix, const std::string& f) {
   int ctx = -1;
   if (!matrix.is_object()) return best;
   for (const auto& r : matrix.value("rows", json::array()))
-    if (r.value("format", "") == f && r.value("window", 0) == 0 && r.value("status", "") == "ok" && r.value("context", 0) > ctx) {
-      ctx = r.value("context", 0);
+    if (r.value("format", "") == f && int_field(r, "window") == 0 && r.value("status", "") == "ok" && int_field(r, "context") > ctx) {
+      ctx = int_field(r, "context");
       best = r.value("decode_vs_f32", json(nullptr));
     }
   return best;
@@ -107,7 +107,7 @@ void sensitivity_table(std::ostringstream& o, const json& ps) {
       return "–";
     };
     o << "| " << p.value("probe", "") << " | **" << (p.value("vacuous", true) ? "VACUOUS" : "SENSITIVE") << "** | "
-      << p.value("baseline_passed", 0) << "/" << p.value("baseline_ran", 0) << " | " << fam("v_noise") << " | " << fam("v_repeat")
+      << int_field(p, "baseline_passed") << "/" << int_field(p, "baseline_ran") << " | " << fam("v_noise") << " | " << fam("v_repeat")
       << " | " << fam("k_noise_payload") << " | " << p.value("reason", "") << " |\n";
   }
   std::string envf;
@@ -123,7 +123,7 @@ void verdict_table(std::ostringstream& o, const ReportInputs& in) {
   const json nf = so.value("noise_floor", json(nullptr));
   const json worst = nf.is_object() ? nf.value("worst", json::object()) : json::object();
   o << "Baseline: **" << so.value("baseline", "?") << "**. Policy: `" << field(so, "policy").value("path", "") << "`. Exit code "
-    << so.value("exit_code", 0) << ".\n\n";
+    << int_field(so, "exit_code") << ".\n\n";
   o << "| format | verdict | conformance | fit | deciding policy line | KL mean | KL p99 | top-1 | 1-TV | ppl delta | KV saving |\n";
   o << "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|\n";
   for (const auto& v : so.value("verdicts", json::array())) {
@@ -145,7 +145,7 @@ void verdict_table(std::ostringstream& o, const ReportInputs& in) {
   const json qm = so.value("quality_method", json::object());
   if (!qm.empty())
     o << "- quality: " << qm.value("path", "") << "; corpus " << join(qm.value("corpus", json::array()), " + ") << " ("
-      << qm.value("positions", 0) << " positions); depth buckets " << join(qm.value("buckets", json::array())) << "\n";
+      << int_field(qm, "positions") << " positions); depth buckets " << join(qm.value("buckets", json::array())) << "\n";
   o << "- " << so.value("exit_codes", "") << "\n\n";
   sensitivity_table(o, so.value("probe_sensitivity", json(nullptr)));
 }
@@ -164,7 +164,7 @@ void fit_section(std::ostringstream& o, const json& v) {
         o << "| " << name << " | 0 (empty) | | | | | | | |\n";
         return;
       }
-      o << "| " << name << " | " << s.value("positions", 0) << " | " << num(s["kl_mean"]) << " | " << num(s["kl_p99"]) << " | "
+      o << "| " << name << " | " << int_field(s, "positions") << " | " << num(s["kl_mean"]) << " | " << num(s["kl_p99"]) << " | "
         << pct(s["top1"]) << " | " << num(s["one_minus_tv"]) << " | " << num(s["ppl_base"]) << " | " << num(s["ppl_format"])
         << " | " << num(s["ppl_delta"]) << " |\n";
     };
@@ -213,8 +213,8 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     o << "| top-1 agreement | " << pct(field((*fe), "top1")) << " over " << fe->value("kl_positions", 0) << " positions |\n";
     const json probes = fe->value("probes", json::object());
     for (const auto& [pn, p] : probes.items()) {
-      o << "| probe " << pn << " | exact " << pct(field(p, "exact")) << " (" << p.value("passed", 0) << "/" << p.value("ran", 0)
-        << " ran, " << p.value("skipped", 0) << " skipped), same greedy output as f32 " << pct(field(p, "same_as_f32"));
+      o << "| probe " << pn << " | exact " << pct(field(p, "exact")) << " (" << int_field(p, "passed") << "/" << int_field(p, "ran")
+        << " ran, " << int_field(p, "skipped") << " skipped), same greedy output as f32 " << pct(field(p, "same_as_f32"));
       const auto& s = p.value("summary", json::object());
       if (s.contains("repeated")) o << ", repeated numbers " << str(s["repeated"]);
       if (s.contains("dropped_digits")) o << ", dropped digits " << str(s["dropped_digits"]);
@@ -224,7 +224,7 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     const auto& needle = fe->value("probes", json::object()).value("needle", json::object());
     if (needle.contains("summary") && field(needle, "summary").contains("grid")) {
       o << "Needle grid (exact fraction, length × depth): ";
-      for (const auto& c : field(field(needle, "summary"), "grid")) o << "L" << c.value("length", 0) << "@" << num(field(c, "depth"), "%.2g") << "=" << pct(field(c, "exact")) << " ";
+      for (const auto& c : field(field(needle, "summary"), "grid")) o << "L" << int_field(c, "length") << "@" << num(field(c, "depth"), "%.2g") << "=" << pct(field(c, "exact")) << " ";
       o << "\n\n";
     }
   }
@@ -286,7 +286,7 @@ std::string index_markdown(const ReportInputs& in) {
     o << "| [" << f << "](" << file_name_for(f) << ".md) | " << (v ? "**" + v->value("verdict", "?") + "**" : std::string("–")) << " | ";
     if (v) {
       const auto& g = field((*v), "gates");
-      o << g.value("passed", 0) << "/" << g.value("failed", 0) << "/" << g.value("skipped", 0) << " | ";
+      o << int_field(g, "passed") << "/" << int_field(g, "failed") << "/" << int_field(g, "skipped") << " | ";
       const auto& m = field((*v), "mutation");
       o << m.value("killed", json::array()).size() << "/" << m.value("survived", json::array()).size() << "/"
         << m.value("not_run", json::array()).size() << " | ";
@@ -310,7 +310,7 @@ std::string index_markdown(const ReportInputs& in) {
   }
   if (in.gates.is_object()) {
     const auto& t = field(in.gates, "totals");
-    o << "\nGates: " << t.value("passed", 0) << " passed, " << t.value("failed", 0) << " failed, " << t.value("skipped", 0) << " skipped.\n";
+    o << "\nGates: " << int_field(t, "passed") << " passed, " << int_field(t, "failed") << " failed, " << int_field(t, "skipped") << " skipped.\n";
   }
   return o.str();
 }
