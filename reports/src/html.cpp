@@ -278,7 +278,7 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
          "<th>needle</th><th>counting</th><th>echo</th><th>same greedy output as f32 (n/c/e)</th></tr>\n";
     for (const auto& f : in.matrix.value("formats", json::array())) {
       const auto& p = f.value("probes", json::object());
-      auto pe = [&](const char* k, const char* field) { return p.contains(k) ? cell(p[k][field], "%.2f") : std::string("–"); };
+      auto pe = [&](const char* k, const char* key) { return p.contains(k) ? cell(field(field(p, k), key), "%.2f") : std::string("–"); };
       o << "<tr><td>" << html_escape(f.value("format", "")) << "</td><td>" << html_escape(f.value("effective", "")) << "</td><td>"
         << cell(field(f, "kv_bytes_per_token")) << "</td><td>" << cell(field(f, "kl_mean")) << "</td><td>" << cell(field(f, "kl_p99")) << "</td><td>"
         << cell(field(f, "top1")) << "</td><td>" << pe("needle", "exact") << "</td><td>" << pe("counting", "exact") << "</td><td>"
