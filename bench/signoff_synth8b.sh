@@ -4,7 +4,7 @@
 # (depth buckets 0-1K, 1K-4K, 4K-16K, 16K+) and the needle grid to 32K, on one GPU. Prints the
 # elapsed time of every stage (the script's own and, from kvgate, the sign-off's).
 #
-#   bench/signoff_synth8b.sh [--tiny] [--layers N] [--build DIR] [--out DIR] [--gates]
+#   bench/signoff_synth8b.sh [--tiny] [--layers N] [--build DIR] [--out DIR] [--gates] [--synth-only]
 #
 #   --tiny    the same pipeline on a tiny synth model, the CPU engine and a 2K-token grid (checks the
 #             script end to end on a machine without a GPU; a few minutes on two cores)
@@ -15,6 +15,8 @@
 #   --gates   also run the gates (conformance); by default the gate folder is empty, so conformance
 #             reads NOT-VALIDATED and the budget covers what depends on the model: quality, probes,
 #             probe sensitivity and timing. The mutation proof is never part of it (--quick).
+#   --synth-only  write (or reuse) the model and the corpus, then stop: a later run with the same
+#             arguments reuses them, so the synth step can run beside other work
 #
 # Budget: <= 15 minutes of the sign-off on one H200 (the synth step is timed apart). The estimate
 # behind the defaults, Llama-3-8B shape (32 layers, d 4096, FFN 14336, 32/8 heads of 128, vocab
@@ -39,6 +41,7 @@ tiny=0
 build=""
 out=/tmp/kvgate_synth8b
 gates=0
+synth_only=0
 layers=32
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -47,7 +50,8 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift ;;
     --out) out="$2"; shift ;;
     --gates) gates=1 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    --synth-only) synth_only=1 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "signoff_synth8b: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -98,6 +102,7 @@ vocab=$(sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' "$model/config.json" | hea
 awk -v n="$corpus_len" -v v="$vocab" 'BEGIN { x = 12345; for (i = 0; i < n; ++i) { x = (x * 1103515245 + 12345) % 2147483648; printf "%d%s", 3 + x % (v - 3), (i % 32 == 31) ? "\n" : " " } printf "\n" }' \
   > "$out/corpus_ids.txt"
 stage "corpus ($corpus_len token ids)"
+[ $synth_only = 1 ] && { echo "signoff_synth8b: --synth-only: model $model, corpus $out/corpus_ids.txt"; exit 0; }
 
 gate_args=()
 if [ $gates = 0 ]; then

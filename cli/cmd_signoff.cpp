@@ -118,6 +118,14 @@ struct SignoffRun {
   // A mutant that only a GPU gate can kill (requires: cuda-device) belongs to a --device cuda
   // sign-off: on a CPU sign-off its gates skip, so it proves nothing about the CPU path.
   std::map<std::string, int> gpu_only_left_out;
+  // Formats the backend of --device would not hold as asked (resolve_kv on that backend): the engine
+  // would run the fallback, so no probe, timing or quality of theirs is measured (format -> fallback).
+  struct DeviceFallback {
+    std::string effective, reason;
+  };
+  std::map<std::string, DeviceFallback> device_fallback;
+  std::vector<std::string> measured;  // formats minus device_fallback, in order
+  std::string device_missing;         // why --device cuda cannot run here (empty: it can)
   json mj = nullptr;                                       // matrix.json
   std::optional<so::QualityRun> qrun;
   std::string quality_missing;
@@ -178,12 +186,39 @@ struct SignoffRun {
       throw std::invalid_argument("--corpus " + o.corpus + ": no model to check it against (stories260K not found; set KVGATE_MODELS or --model)");
     }
 
+    resolve_on_device();
+
     // --mutants: the mutation proof, as its typed record (checked on read)
     if (!o.mutants.empty()) {
       fs::path p(o.mutants);
       if (fs::is_directory(p)) p /= "outcomes.json";
       outcomes = records::read_outcomes(p);
       mutation_source = "read from " + p.string();
+    }
+  }
+
+  // Each format as the backend of --device holds it for the model. A format without kernels there
+  // (e.g. the MX / NVFP4 formats on cuda) falls back; measuring it would measure the fallback under its
+  // name. A baseline that falls back is refused: every format is judged against it.
+  void resolve_on_device() {
+    measured = formats;
+    if (!model) return;
+    auto fallback_of = [&](const std::string& f) -> std::optional<DeviceFallback> {
+      try {
+        const ResolvedKv r = matrix::resolve_on_device(model->config, *parse_kv_format(f), 16, o.device);
+        if (r.fell_back()) return DeviceFallback{r.effective.name(), r.fallback_reason};
+      } catch (const std::runtime_error&) {
+        // --device cuda in a build without the CUDA backend: NOT-VALIDATED (record_provenance)
+      }
+      return std::nullopt;
+    };
+    if (const auto b = fallback_of(baseline))
+      throw std::invalid_argument("--baseline " + baseline + ": on device " + o.device + " this model's KV would fall back to " +
+                                  b->effective + " (" + b->reason + "); choose a baseline the device holds (--baseline f16|bf16|f32)");
+    measured.clear();
+    for (const auto& f : formats) {
+      if (const auto b = fallback_of(f)) device_fallback[f] = *b;
+      else measured.push_back(f);
     }
   }
 
@@ -198,6 +233,8 @@ struct SignoffRun {
     po.source_dir = src;
     prov = matrix::provenance(po);
     const bool cuda_present = prov.value("cuda_build", false) && !prov.value("gpus", json::array()).empty();
+    if (o.device == "cuda" && !cuda_present)
+      device_missing = std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (this build has no CUDA backend)");
     if (o.device == "cuda" && !cuda_present)
       for (auto& [f, c] : C)
         c.not_validated.push_back(std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (and this build has no CUDA backend)") +
@@ -348,6 +385,9 @@ struct SignoffRun {
     if (!model) {
       quality_missing = "quality not measured: stories260K not found (set KVGATE_MODELS or --model)";
       for (auto& [f, c] : C) c.not_validated.push_back("matrix not run: stories260K not found (set KVGATE_MODELS or --model)");
+    } else if (!device_missing.empty()) {
+      quality_missing = "quality not measured: " + device_missing + "; run on a machine with a GPU, or --device cpu";
+      std::fprintf(stderr, "signoff: matrix and quality not run: %s\n", device_missing.c_str());
     } else {
       matrix::MatrixOptions mo = *mo_base;
       std::optional<Model> probe_subject;
@@ -365,14 +405,14 @@ struct SignoffRun {
         auto& ec = mo.probe_specs["echo"];
         if (ec.seeds.size() > 50) ec.seeds.resize(50);
       }
-      mo.formats = formats;
+      mo.formats = measured;
       if (std::find(mo.formats.begin(), mo.formats.end(), baseline) == mo.formats.end()) mo.formats.push_back(baseline);
       mo.threads = o.threads;
       mo.timing = !o.no_timing;
       matrix::set_device(mo, o.device, o.cuda_weights);  // cuda: probes and timing rows on the CUDA engine
       if (!o.no_sensitivity) {
         mo.sensitivity_baseline = baseline;
-        mo.sensitivity = matrix::sensitivity_options_for(formats);
+        mo.sensitivity = matrix::sensitivity_options_for(measured);
       }
       matrix::apply_grid(mo, o.grid);
       mo.cache_dir = (fs::path(o.out) / ".kvcache").string();
@@ -388,7 +428,7 @@ struct SignoffRun {
         const so::QualityOptions qo =
             matrix::quality_options_for(*model, o.device, corpus, o.quality_tokens, o.decode_path_tokens);
         qrun = so::measure_quality(
-            so::device_engine_factory(*model, o.device, o.threads, qo.prefill_chunk, qo.max_tokens, o.cuda_weights), formats,
+            so::device_engine_factory(*model, o.device, o.threads, qo.prefill_chunk, qo.max_tokens, o.cuda_weights), measured,
             baseline, corpus, buckets, qo, progress_printer("signoff "));
         progress_done();
       }
@@ -411,7 +451,15 @@ struct SignoffRun {
       fi.device = o.device;
       fi.not_measured_reason = quality_missing;
       json s = json::object();
-      if (const json* fe = fentry(f)) {
+      if (const auto fb = device_fallback.find(f); fb != device_fallback.end()) {
+        c.fallback_reason = "on " + o.device + ": " + fb->second.reason;
+        c.fallback_effective = fb->second.effective;
+        fi.not_measured_reason = "not measured: on " + o.device + " the engine holds " + fb->second.effective + " for " + f +
+                                 " (" + fb->second.reason + "), so its probes, timing and quality would be " +
+                                 fb->second.effective + "'s";
+        s["effective"] = fb->second.effective;
+        s["fallback_reason"] = c.fallback_reason;
+      } else if (const json* fe = fentry(f)) {
         if (!fe->value("fallback_reason", "").empty()) {
           c.fallback_reason = fe->value("fallback_reason", "");
           c.fallback_effective = fe->value("effective", "");
@@ -441,7 +489,7 @@ struct SignoffRun {
           }
         if (o.device == "cuda" && !cuda_ran) notes[f].push_back("no CUDA timing row ran" + (cuda_why.empty() ? std::string() : ": " + cuda_why));
       }
-      if (qrun) {
+      if (qrun && qrun->by_format.count(f)) {
         fi.quality = qrun->by_format.at(f);
         fi.noise = qrun->noise;
       }
@@ -473,7 +521,7 @@ struct SignoffRun {
     json bnames = json::array();
     for (const auto& b : buckets) bnames.push_back(b.name);
     rec["quality_method"] = {
-        {"path", matrix::quality_path_text(o.device)},
+        {"path", matrix::quality_path_text(o.device, matrix::signoff_prefill_chunk(o.device))},
         {"device", o.device},
         {"decode_path_positions", qrun ? json(qrun->decode_path_positions) : json(0)},
         {"corpus", corpus_sources},

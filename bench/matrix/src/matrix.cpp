@@ -345,14 +345,33 @@ signoff::QualityOptions quality_options_for(const Model& m, const std::string& d
   if (quality_tokens > 0) q.max_tokens = std::min(q.max_tokens, quality_tokens);
   q.decode_path_tokens = decode_path_tokens >= 0 ? decode_path_tokens : device == "cuda" ? 2048 : 0;
   q.compare_threads = 0;
+  q.prefill_chunk = signoff_prefill_chunk(device);
   return q;
 }
 
-std::string quality_path_text(const std::string& device) {
+int signoff_prefill_chunk(const std::string& device) { return device == "cuda" ? 512 : 128; }
+
+std::string quality_path_text(const std::string& device, int prefill_chunk) {
   const std::string engine = device == "cuda" ? "kvgate::cuda::CudaEngine (GPU)" : "kvgate::Engine (CPU)";
-  return "teacher-forced on " + engine + ": a chunked prefill (128 tokens) whose chunks write K/V into the paged store in "
+  return "teacher-forced on " + engine + ": a chunked prefill (" + std::to_string(prefill_chunk) +
+         " tokens) whose chunks write K/V into the paged store in "
          "the format before attending over it, in windows of 512 positions, every format's engine in step with the "
          "baseline's; noise: the other float KV, and the baseline on the decode path (one decode step per token)";
+}
+
+ResolvedKv resolve_on_device(const ModelConfig& cfg, const KvFormat& format, int block_size, const std::string& device) {
+  if (device != "cpu" && device != "cuda") throw std::invalid_argument("--device must be cpu or cuda, not '" + device + "'");
+  if (device == "cuda") {
+#if KVGATE_CUDA_BUILD
+    kvgate::cuda::register_capability();  // what the CUDA kernels can run (needs no device)
+#else
+    throw std::runtime_error("--device cuda: this build has no CUDA backend (configure with -DKVGATE_CUDA=ON where nvcc is installed)");
+#endif
+  }
+  KvRequest req;
+  req.flag = format;
+  req.backend = device;
+  return resolve_kv(req, cfg, block_size);
 }
 
 StageClock::StageClock() : t0_(std::chrono::duration<double>(Clock::now().time_since_epoch()).count()), last_(t0_) {}
@@ -547,6 +566,7 @@ void format_probes(MatrixRun& r) {
       // Probe outcomes do not depend on the thread count (MOD.engine.threads), so they use every core.
       EngineOptions peo = r.eo_for(pkv, 0);
       peo.threads = 0;
+      if (dev.device == "cuda") peo.prefill_chunk = signoff_prefill_chunk("cuda");
       const auto res = run_probe(pmodel, peo, spec, [&](const std::string& line) { r.say(r.tag(fi) + ": " + line); }, &dev);
       int same = 0, ran = 0;
       for (const auto& c : res["results"]) {
@@ -629,7 +649,9 @@ void cuda_timing_row(MatrixRun& r, const Fmt& F, int L, int w, nlohmann::json& r
         break;
       }
     }
-    why = cuda_row(r.model, r.eo_for(F.kv, w), prompt, o.decode_steps, p2, L, warm_file, ct, r.timing_weights);
+    EngineOptions ceo = r.eo_for(F.kv, w);
+    ceo.prefill_chunk = signoff_prefill_chunk("cuda");
+    why = cuda_row(r.model, ceo, prompt, o.decode_steps, p2, L, warm_file, ct, r.timing_weights);
     ttft.push_back(ct.ttft_ms);
     prefill.push_back(ct.prefill_tok_s);
     decode.push_back(ct.decode_tok_s);

@@ -58,7 +58,11 @@ QualityRun measure_quality(const EngineFactory& make, const std::vector<std::str
   const std::string other = baseline == "f32" ? "f16" : "f32";
   auto base = make(baseline, QualityPath::chunked_prefill);
   auto base_dec = make(baseline, QualityPath::decode_steps);
-  auto other_e = make(other, QualityPath::chunked_prefill);
+  // When the other float KV is one of the formats, its engine serves as the noise run too (the same
+  // engine on the same tokens: the same logits), so it is not run twice.
+  const auto other_at = std::find(formats.begin(), formats.end(), other);
+  const bool other_shared = other_at != formats.end();
+  std::unique_ptr<LogitsEngine> other_e = other_shared ? nullptr : make(other, QualityPath::chunked_prefill);
   std::vector<std::unique_ptr<LogitsEngine>> engines;
   QualityRun run;
   run.device = qo.device;
@@ -79,10 +83,10 @@ QualityRun measure_quality(const EngineFactory& make, const std::vector<std::str
     const std::size_t dec_n = qo.decode_path_tokens > 0 ? std::min<std::size_t>(n, static_cast<std::size_t>(qo.decode_path_tokens)) : n;
     if (progress)
       progress("quality (" + qo.device + "): sequence " + std::to_string(s + 1) + "/" + std::to_string(corpus.size()) + " (" +
-               std::to_string(n) + " tokens, " + std::to_string(formats.size() + 3) + " engines)");
+               std::to_string(n) + " tokens, " + std::to_string(formats.size() + (other_shared ? 2 : 3)) + " engines)");
     base->reset();
     base_dec->reset();
-    other_e->reset();
+    if (other_e) other_e->reset();
     for (auto& e : engines) e->reset();
     for (std::size_t p0 = 0; p0 < n; p0 += static_cast<std::size_t>(qo.window)) {
       const std::size_t w = std::min<std::size_t>(static_cast<std::size_t>(qo.window), n - p0);
@@ -94,7 +98,7 @@ QualityRun measure_quality(const EngineFactory& make, const std::vector<std::str
       const auto depth0 = static_cast<std::int64_t>(p0);
       for (std::size_t f = 0; f < formats.size(); ++f)
         add(pm[f], compare_window(bl, engines[f]->append(toks), targets, depth0, vocab, qo.compare_threads));
-      add(noise_other, compare_window(bl, other_e->append(toks), targets, depth0, vocab, qo.compare_threads));
+      if (other_e) add(noise_other, compare_window(bl, other_e->append(toks), targets, depth0, vocab, qo.compare_threads));
       if (p0 < dec_n) {
         const std::size_t dw = std::min(w, dec_n - p0);
         std::vector<float> d = base_dec->append(toks.first(dw));
@@ -105,6 +109,7 @@ QualityRun measure_quality(const EngineFactory& make, const std::vector<std::str
     run.decode_path_positions += static_cast<std::int64_t>(dec_n);
     ++run.sequences;
   }
+  if (other_shared) noise_other = pm[static_cast<std::size_t>(other_at - formats.begin())];
   for (std::size_t f = 0; f < formats.size(); ++f) run.by_format[formats[f]] = bucket_quality(pm[f], buckets);
   run.noise.runs.push_back({other + " vs " + baseline + " (both chunked prefill, " + qo.device + ")", bucket_quality(noise_other, buckets)});
   run.noise.runs.push_back({baseline + " on the decode path (one decode step per token) vs " + baseline + " chunked prefill (chunk " +
