@@ -454,7 +454,7 @@ struct SignoffRun {
       if (const auto fb = device_fallback.find(f); fb != device_fallback.end()) {
         c.fallback_reason = "on " + o.device + ": " + fb->second.reason;
         c.fallback_effective = fb->second.effective;
-        fi.not_measured_reason = "not measured: on " + o.device + " the engine holds " + fb->second.effective + " for " + f +
+        fi.not_measured_reason = fi.unmeasured_reason = "not measured: on " + o.device + " the engine holds " + fb->second.effective + " for " + f +
                                  " (" + fb->second.reason + "), so its probes, timing and quality would be " +
                                  fb->second.effective + "'s";
         s["effective"] = fb->second.effective;

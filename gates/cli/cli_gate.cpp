@@ -440,3 +440,75 @@ TEST_CASE("CLI.run.kv_aliases vLLM --kv-cache-dtype and llama.cpp -ctk/-ctv name
     CHECK(run.out.find("generated_ids") == std::string::npos);
   }
 }
+
+TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not measured under its name; the others are",
+          "[gate:CLI][fmt:q8_0][fmt:int8][fmt:nvfp4]") {
+  // On a model whose token rows (2 KV heads x head_dim 12 = 24) are no multiple of 32, q8_0 falls
+  // back to f16 on the CPU backend (docs/FORMATS.md, capability rules). A sign-off that measured it
+  // anyway would report f16's quality as q8_0's, and q8_0 could FIT on numbers it never produced.
+  // Expected: q8_0 conformance NOT-VALIDATED naming the fallback, every fit line NOT-MEASURED with
+  // the reason, no quality record and no matrix entry for it; int8 (held as asked) measured.
+  // On --device cuda (a CUDA build; no device needed for the capability check) nvfp4, which has no
+  // CUDA kernels, is reported the same way while int8 is not.
+  Scratch s;
+  SynthOptions so = kvgate::gates::odd_geometry_options(1, 96);
+  so.out = (s.dir / "m").string();
+  synth_hf(so);
+  {
+    std::ofstream ids(s.dir / "ids.txt");
+    for (int i = 0; i < 80; ++i) ids << (3 + (i * 37) % 290) << (i + 1 < 80 ? " " : "\n");
+  }
+  fs::create_directories(s.dir / "no_gates");
+  auto signoff = [&](const std::string& device, const std::string& fmts, const std::string& out) {
+    const Run r = kvgate_cli("signoff --device " + device + " " + fmts + " --quick --no-timing --no-sensitivity --threads 1 --model " +
+                             q(so.out) + " --probe-model none --no-project-corpus --corpus " + q((s.dir / "ids.txt").string()) +
+                             " --gates-dir " + q((s.dir / "no_gates").string()) + " --out " + q((s.dir / out).string()));
+    INFO("kvgate signoff --device " << device << " " << fmts << "\nstderr: " << r.err);
+    REQUIRE((r.rc == 3 || r.rc == 4 || r.rc == 0));
+    return json::parse(slurp(s.dir / out / "signoff.json"));
+  };
+  auto verdict_of = [](const json& rec, const std::string& f) {
+    for (const auto& v : rec["verdicts"])
+      if (v["format"] == f) return v;
+    FAIL("no verdict for " << f);
+    return json();
+  };
+  auto names_fallback = [](const json& v) {
+    bool conf = false;
+    for (const auto& r : v["conformance"]["reasons"]) conf = conf || r.get<std::string>().find("falls back to f16") != std::string::npos;
+    return conf;
+  };
+  const json cpu = signoff("cpu", "--format q8_0 --format int8", "cpu");
+  const json q8 = verdict_of(cpu, "q8_0"), i8 = verdict_of(cpu, "int8");
+  CHECK(names_fallback(q8));
+  CHECK(q8["fit"]["verdict"] == "NOT-MEASURED");
+  CHECK(q8["quality"].is_null());
+  int open_lines = 0;
+  for (const auto& l : q8["fit"]["lines"]) {
+    INFO(l.dump());
+    if (l["status"] == "not_applicable") continue;  // e.g. decode_speedup: a cuda-only budget
+    ++open_lines;
+    CHECK(l["status"] == "not_measured");
+    CHECK(l["reason"].get<std::string>().find("the engine holds f16") != std::string::npos);
+  }
+  CHECK(open_lines > 0);
+  const json mj = json::parse(slurp(s.dir / "cpu" / "matrix.json"));
+  for (const auto& fe : mj["formats"]) CHECK(fe["format"] != "q8_0");
+  // anti-vacuity: the format held as asked is measured and not flagged
+  CHECK_FALSE(names_fallback(i8));
+  CHECK(i8["quality"].is_object());
+  CHECK(i8["fit"]["verdict"] != "NOT-MEASURED");
+
+  const json cu = signoff("cuda", "--format nvfp4 --format int8", "cuda");
+  if (!cu["provenance"].value("cuda_build", false)) {
+    WARN("CLI.signoff.fallback: this build has no CUDA backend: the --device cuda half is not checked");
+    return;
+  }
+  const json nv = verdict_of(cu, "nvfp4"), ci8 = verdict_of(cu, "int8");
+  CHECK(names_fallback(nv));
+  bool on_cuda = false;
+  for (const auto& r : nv["conformance"]["reasons"]) on_cuda = on_cuda || r.get<std::string>().find("on cuda") != std::string::npos;
+  CHECK(on_cuda);
+  CHECK(nv["fit"]["lines"][0]["reason"].get<std::string>().find("the engine holds f16") != std::string::npos);
+  CHECK_FALSE(names_fallback(ci8));
+}

@@ -209,6 +209,9 @@ FitVerdict fit_verdict(const Policy& p, const FitInput& in) {
     if (m == Metric::decode_speedup) value = in.decode_speedup;
     v.lines.push_back(judge_line(b, value, std::nullopt, in.device, ""));
   }
+  if (!in.unmeasured_reason.empty())
+    for (auto& l : v.lines)
+      if (l.status == LineStatus::not_measured) l.reason = in.unmeasured_reason;
   int worst_over = -1, first_open = -1, tightest = -1;
   for (int i = 0; i < static_cast<int>(v.lines.size()); ++i) {
     const auto& l = v.lines[static_cast<std::size_t>(i)];

@@ -216,6 +216,8 @@ struct FitInput {
   std::optional<double> kv_saving;             // 1 - format bytes / baseline bytes
   std::optional<double> decode_speedup;        // format decode tok/s / baseline's, on `device`
   std::string not_measured_reason;             // for the quality columns when quality is nullopt
+  std::string unmeasured_reason;               // for every line: nothing of this format was measured
+                                               // (it falls back to another format on the device)
   NoiseFloor noise;
 };
 
