@@ -67,10 +67,13 @@ QualityRun measure_quality(const EngineFactory& make, const std::vector<std::str
   QualityRun run;
   run.device = qo.device;
   for (const auto& f : formats) {
-    engines.push_back(make(f, QualityPath::chunked_prefill));
-    run.effective[f] = engines.back()->effective();
+    // The baseline among the formats is the baseline's engine itself (same engine, same tokens).
+    engines.push_back(f == baseline ? nullptr : make(f, QualityPath::chunked_prefill));
+    run.effective[f] = (engines.back() ? engines.back() : base)->effective();
   }
   std::vector<std::vector<PositionMetrics>> pm(formats.size());
+  std::size_t n_engines = 2 + (other_e ? 1 : 0);  // the baseline's two paths, the other float KV
+  for (const auto& e : engines) n_engines += e ? 1 : 0;
   std::vector<PositionMetrics> noise_other, noise_dec;
   auto add = [](std::vector<PositionMetrics>& to, const std::vector<PositionMetrics>& m) { to.insert(to.end(), m.begin(), m.end()); };
   // The vocabulary of the logits rows: one window of the first sequence tells (the engines agree).
@@ -83,11 +86,12 @@ QualityRun measure_quality(const EngineFactory& make, const std::vector<std::str
     const std::size_t dec_n = qo.decode_path_tokens > 0 ? std::min<std::size_t>(n, static_cast<std::size_t>(qo.decode_path_tokens)) : n;
     if (progress)
       progress("quality (" + qo.device + "): sequence " + std::to_string(s + 1) + "/" + std::to_string(corpus.size()) + " (" +
-               std::to_string(n) + " tokens, " + std::to_string(formats.size() + (other_shared ? 2 : 3)) + " engines)");
+               std::to_string(n) + " tokens, " + std::to_string(n_engines) + " engines)");
     base->reset();
     base_dec->reset();
     if (other_e) other_e->reset();
-    for (auto& e : engines) e->reset();
+    for (auto& e : engines)
+      if (e) e->reset();
     for (std::size_t p0 = 0; p0 < n; p0 += static_cast<std::size_t>(qo.window)) {
       const std::size_t w = std::min<std::size_t>(static_cast<std::size_t>(qo.window), n - p0);
       const std::span<const int> toks(seq.data() + p0, w);
@@ -97,7 +101,7 @@ QualityRun measure_quality(const EngineFactory& make, const std::vector<std::str
       if (vocab == 0) vocab = static_cast<int>(bl.size() / w);
       const auto depth0 = static_cast<std::int64_t>(p0);
       for (std::size_t f = 0; f < formats.size(); ++f)
-        add(pm[f], compare_window(bl, engines[f]->append(toks), targets, depth0, vocab, qo.compare_threads));
+        add(pm[f], compare_window(bl, engines[f] ? engines[f]->append(toks) : bl, targets, depth0, vocab, qo.compare_threads));
       if (other_e) add(noise_other, compare_window(bl, other_e->append(toks), targets, depth0, vocab, qo.compare_threads));
       if (p0 < dec_n) {
         const std::size_t dw = std::min(w, dec_n - p0);
