@@ -65,6 +65,50 @@ void dequant_bf16(const std::uint16_t* __restrict in, float* __restrict out, std
   for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(in[i]) << 16);
 }
 
+// MX (mxfp8, mxfp4) and nvfp4 pages (format.cpp: the codes [B][nb x block_bytes], then the block
+// scale codes [B][nb]): table lookups and one scale per block, the same binary32 values and products
+// as dequantize_token (e4m3 codes through fp8_table, E2M1 through its 16 values, UE8M0 2^(c-127)).
+const std::array<float, 256>& e8m0_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> a{};
+    for (int c = 0; c < 255; ++c) a[static_cast<std::size_t>(c)] = std::ldexp(1.0f, c - 127);
+    a[255] = std::numeric_limits<float>::quiet_NaN();
+    return a;
+  }();
+  return t;
+}
+constexpr std::array<float, 16> kE2m1 = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+void dequant_microscaled(HalfFormat f, const PageGeometry& g, int n, const std::uint8_t* page, float global, float* out) {
+  const HalfFormatInfo& fi = info(f);
+  const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
+  const std::size_t row_code_bytes = static_cast<std::size_t>(nb) * fi.block_bytes;
+  const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * row_code_bytes;
+  const auto& e4 = fp8_table(HalfFormat::fp8_e4m3);
+  const auto& e8 = e8m0_table();
+  for (int t = 0; t < n; ++t) {
+    const std::uint8_t* codes = page + static_cast<std::size_t>(t) * row_code_bytes;
+    const std::uint8_t* sc = scales + static_cast<std::size_t>(t) * nb;
+    float* row = out + static_cast<std::size_t>(t) * HD;
+    for (int b = 0; b < nb; ++b) {
+      float* o = row + static_cast<std::size_t>(b) * blk;
+      if (f == HalfFormat::mxfp8) {
+        const float X = e8[sc[b]];
+        const std::uint8_t* c = codes + static_cast<std::size_t>(b) * blk;
+        for (int i = 0; i < blk; ++i) o[i] = e4[c[i]] * X;
+        continue;
+      }
+      const float X = f == HalfFormat::nvfp4 ? e4[sc[b]] * global : e8[sc[b]];
+      const std::uint8_t* c = codes + static_cast<std::size_t>(b) * (blk / 2);
+      for (int i = 0; i < blk / 2; ++i) {
+        o[2 * i] = kE2m1[c[i] & 0xF] * X;
+        o[2 * i + 1] = kE2m1[c[i] >> 4] * X;
+      }
+    }
+  }
+}
+
 constexpr int kScaleChunk = 256;
 
 #if KVGATE_X86_AVX2
@@ -628,9 +672,7 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
       return;
     case HalfFormat::mxfp8:
     case HalfFormat::mxfp4:
-    case HalfFormat::nvfp4:  // scalar: the format's own page reader, token by token
-      for (int t = 0; t < n; ++t) dequantize_token(f, g, t, page, tensor_scale, out + static_cast<std::size_t>(t) * HD);
-      return;
+    case HalfFormat::nvfp4: dequant_microscaled(f, g, n, page, tensor_scale, out); return;
   }
 }
 
