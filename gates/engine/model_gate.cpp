@@ -642,6 +642,19 @@ TEST_CASE("ORA.dequant_rows attention's vectorized page read == dequantize_token
         CHECK(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
       }
     }
+  // Every fp8 code (subnormals, -0, NaN, e5m2's inf) read by the vectorized loader == the scalar
+  // decode, at tensor scales 1 and 0.37, bitwise.
+  for (HalfFormat f : {HalfFormat::fp8_e4m3, HalfFormat::fp8_e5m2})
+    for (float ts : {1.0f, 0.37f}) {
+      INFO("all 256 codes of " << name(f) << ", tensor scale " << ts);
+      const PageGeometry g8{1, 1, 256};
+      std::vector<std::uint8_t> codes(256);
+      for (int i = 0; i < 256; ++i) codes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
+      std::vector<float> fast(256), ref(256);
+      dequantize_rows(f, g8, 1, codes.data(), ts, fast.data());
+      dequantize_token(f, g8, 0, codes.data(), ts, ref.data());
+      CHECK(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
+    }
   // The f16 widening over all 65536 codes (incl. subnormals, inf, NaN payloads) is exact.
   const PageGeometry g{1, 1, 65536};
   std::vector<std::uint8_t> page(65536 * 2);

@@ -219,15 +219,34 @@ struct LoadInt8 {  // sf: the page's cell scales, widened
     return _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(sf[t * h + hd0 / d]));
   }
 };
-struct LoadFp8 {  // table: the 256 decoded codes
+struct LoadFp8 {  // the codes rebased by bit shifts, as f16_bits_to_f32 widens binary16 (no table gather)
   const std::uint8_t* p;
-  const float* table;
+  bool e4;  // fp8_e4m3, else fp8_e5m2
   float ts;
   int hd_n;
+  // fp8_e4m3_to_f32 / fp8_e5m2_to_f32 exactly: the exponent and mantissa bits moved into binary32
+  // position and rebased by one exact multiply (2^120: bias 127 - 7; 2^112: 127 - 15), subnormals
+  // included; e4m3's S.1111.111 and e5m2's exponent 31 with a mantissa are the positive quiet NaN,
+  // e5m2's exponent 31 without one is +-inf; then one binary32 multiply by the tensor scale.
   __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
-    const __m256i idx = _mm256_cvtepu8_epi32(
+    const __m256i c = _mm256_cvtepu8_epi32(
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + static_cast<std::size_t>(t) * hd_n + hd0)));
-    return _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), _mm256_set1_ps(ts));
+    const __m256i em = _mm256_and_si256(c, _mm256_set1_epi32(0x7F));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+    const __m256i qnan = _mm256_set1_epi32(0x7FC00000);
+    __m256i bits;
+    if (e4) {
+      const __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), _mm256_set1_ps(0x1p120f));
+      bits = _mm256_or_si256(_mm256_castps_si256(mag), sign);
+      bits = _mm256_blendv_epi8(bits, qnan, _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7F)));
+    } else {
+      const __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 21)), _mm256_set1_ps(0x1p112f));
+      bits = _mm256_or_si256(_mm256_castps_si256(mag), sign);
+      const __m256i inf = _mm256_or_si256(_mm256_set1_epi32(0x7F800000), sign);
+      bits = _mm256_blendv_epi8(bits, inf, _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7C)));
+      bits = _mm256_blendv_epi8(bits, qnan, _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7C)));
+    }
+    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(ts));
   }
 };
 // Block formats: sfb holds every block's scale, widened once (blocks_per_row per token row).
@@ -625,7 +644,7 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
       case HalfFormat::bf16: rows_load_avx2(LoadBF16{reinterpret_cast<const std::uint16_t*>(page), HD}, out, n, HD); return;
       case HalfFormat::fp8_e4m3:
       case HalfFormat::fp8_e5m2:
-        rows_load_avx2(LoadFp8{page, fp8_table(f).data(), tensor_scale, HD}, out, n, HD);
+        rows_load_avx2(LoadFp8{page, f == HalfFormat::fp8_e4m3, tensor_scale, HD}, out, n, HD);
         return;
       case HalfFormat::q8_0: rows_q8_0_avx2(reinterpret_cast<const block_q8_0*>(page), out, cnt / kQBlock); return;
       case HalfFormat::q4_0: rows_q4_0_avx2(reinterpret_cast<const block_q4_0*>(page), out, cnt / kQBlock); return;
@@ -706,7 +725,7 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
     }
     case HalfFormat::fp8_e4m3:
     case HalfFormat::fp8_e5m2:
-      transpose_load_avx2(LoadFp8{page, fp8_table(f).data(), ts, HD}, kt, ks, nt8, HD);
+      transpose_load_avx2(LoadFp8{page, f == HalfFormat::fp8_e4m3, ts, HD}, kt, ks, nt8, HD);
       return true;
     case HalfFormat::q8_0: {
       const auto* b = reinterpret_cast<const block_q8_0*>(page);
