@@ -10,6 +10,7 @@
 
 #include "cmd_bench.hpp"
 #include "commands.hpp"
+#include "kvgate/json_limits.hpp"
 #include "kvgate/matrix.hpp"
 #include "kvgate_mutations/catalog.hpp"
 #include "kvgate_mutations/shard.hpp"
@@ -140,7 +141,8 @@ int run_bench_merge(const std::vector<std::string>& dirs, const std::string& out
         std::filesystem::is_directory(d) ? std::filesystem::path(d) / "matrix.json" : std::filesystem::path(d);
     nlohmann::json doc;
     try {
-      doc = nlohmann::json::parse(mutate::read_text(f));
+      doc = limits::parse_json(mutate::read_text(f), f.string());  // size and depth limits
+      limits::check_records(doc, f.string());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "kvgate bench merge: %s: field / is not a readable JSON document (%s); fix: pass the complete output folder of kvgate bench --shard k/n\nkvgate bench merge: nothing written\n",
                    f.c_str(), e.what());

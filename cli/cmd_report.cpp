@@ -26,7 +26,9 @@ nlohmann::json read_json(const std::string& path) {
   std::ifstream f(p);
   if (!f) throw std::runtime_error("cannot read '" + p.string() + "'");
   try {
-    return limits::parse_json(f, p.string());
+    nlohmann::json doc = limits::parse_json(f, p.string());
+    limits::check_records(doc, p.string());  // before a renderer walks the records
+    return doc;
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error("'" + p.string() + "': not valid JSON (" + e.what() + ")");
   }

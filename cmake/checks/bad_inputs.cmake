@@ -1,7 +1,8 @@
 cmake_minimum_required(VERSION 3.25)  # policies: @VAR@ in literals stays literal (CMP0053)
 # The bad-input corpus (fuzz/bad_inputs/cases.json): every case runs `kvgate ARGS` on a scratch copy
 # of fuzz/bad_inputs/files and must (1) exit non-zero without a signal, (2) print every `expect`
-# string -- the file or flag, and the field --, and (3) leave every input file byte-identical.
+# string -- the file or flag, and the field --, and (3) leave every input file byte-identical. A case
+# may set environment variables ("env", e.g. a KVGATE_LIMIT_<NAME> lowered to fit a small file).
 # -DKVGATE=<kvgate> -DSOURCE=<source dir> -DSCRATCH=<empty folder>. No external model is needed.
 foreach(v KVGATE SOURCE SCRATCH)
   if(NOT DEFINED ${v})
@@ -37,7 +38,21 @@ foreach(i RANGE ${last})
     string(REPLACE "@SCRATCH@" "${SCRATCH}/run" a "${a}")
     list(APPEND args "${a}")
   endforeach()
-  execute_process(COMMAND ${KVGATE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+  # "env": {"KVGATE_LIMIT_X": "N"} runs the case with those variables set (a limit lowered so the
+  # crafted file can stay small).
+  set(env_prefix "")
+  string(JSON env_type ERROR_VARIABLE no_env TYPE "${cases_text}" cases ${i} env)
+  if(NOT no_env AND env_type STREQUAL "OBJECT")
+    string(JSON n_env LENGTH "${cases_text}" cases ${i} env)
+    math(EXPR lv "${n_env} - 1")
+    set(env_prefix ${CMAKE_COMMAND} -E env)
+    foreach(j RANGE ${lv})
+      string(JSON k MEMBER "${cases_text}" cases ${i} env ${j})
+      string(JSON v GET "${cases_text}" cases ${i} env ${k})
+      list(APPEND env_prefix "${k}=${v}")
+    endforeach()
+  endif()
+  execute_process(COMMAND ${env_prefix} ${KVGATE} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
                   TIMEOUT 300 WORKING_DIRECTORY "${SCRATCH}/run")
   math(EXPR ran "${ran} + 1")
   set(text "${out}${err}")

@@ -129,3 +129,33 @@ o = struct.unpack_from("<Q", g, offs[7])[0]  # blk.0.attn_output.weight, F32 [8,
 for k in range(64):
     struct.pack_into("<f", g, data_start + o + 4 * k, float("nan"))
 wr("nan_weights.gguf", bytes(g))
+
+# GGUF whose last vocabulary piece is 65537 bytes, one over TOKEN_BYTES (before: accepted and run,
+# exit 0). 65536 more bytes keep the data section's 32-byte alignment.
+g = rd("fuzz/corpus/gguf/tiny_llama.gguf")
+i = g.index(struct.pack("<Q", 1) + b"c", g.index(b"tokenizer.ggml.tokens"))
+wr("long_piece.gguf", g[:i] + struct.pack("<Q", 65537) + b"c" * 65537 + g[i + 9:])
+
+# tokenizer.json whose longest merged piece is renamed to a 65537-byte one (before: accepted).
+tok = json.loads(rd("fuzz/fixtures/hf_tiny/tokenizer.json"))
+v = tok["model"]["vocab"]
+last = max(v, key=lambda k: v[k])
+v["q" * 65537] = v.pop(last)
+hf_dir("hf_long_piece", **{"tokenizer.json": json.dumps(tok, indent=1)})
+# A valid SentencePiece-style tokenizer.json (the fuzz seed; cases that lower a limit with its
+# KVGATE_LIMIT_ variable).
+wr("sp_valid.json", rd("fuzz/corpus/tokenizer_json/sp_llama2.json"))
+# A small valid catalog of 3 mutants (the first three of mutations/catalog.json).
+cat = json.loads(rd("mutations/catalog.json"))
+cat["mutants"] = [m for m in cat["mutants"] if m.get("category") != "canary"][:3]
+wr("catalog_small.json", json.dumps(cat, indent=1))
+# A gates.json of 8 gates (reports/tests/fixtures) and a matrix.json of 24 rows.
+wr("gates_small.json", rd("reports/tests/fixtures/gates.json"))
+wr("matrix_small.json", rd("reports/tests/fixtures/matrix.json"))
+wr("outcomes_small.json", rd("reports/tests/fixtures/outcomes.json"))
+# A SentencePiece-style tokenizer.json whose last piece has id 2^24 (the old bound of that reader):
+# the id table was sized by it (16 M strings, 512 MB) before anything else was checked.
+tok = json.loads(rd("fuzz/corpus/tokenizer_json/sp_llama2.json"))
+v = tok["model"]["vocab"]
+v[max(v, key=lambda k: v[k])] = 1 << 24
+wr("sp_vocab_id_16m.json", json.dumps(tok, indent=1))

@@ -83,6 +83,9 @@ std::vector<std::string> string_list(const json& rec, const char* key) {
 }  // namespace
 
 Catalog parse_catalog(const json& doc, const json& schema, const std::string& path) {
+  // The number of mutants before the schema walks them or any is copied (CATALOG_MUTANTS).
+  if (doc.is_object() && doc.contains("mutants") && doc["mutants"].is_array())
+    limits::check(limits::kCatalogMutants, doc["mutants"].size(), path, "/mutants (entries)");
   const auto errs = validate_json(doc, schema);
   if (!errs.empty()) {
     std::string msg = path + " does not match its schema:\n";

@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "kvgate/limits.hpp"
 #include "kvgate/outcomes.hpp"
 #include "kvgate_mutations/ci.hpp"
 #include "kvgate_mutations/driver.hpp"
@@ -150,6 +151,8 @@ RunResult merged_run(const MergeOptions& o, std::vector<Shard>& shards, Catalog&
       sh.rec = records::read_outcomes(sh.file);
     } catch (const RecordError& e) {
       throw Refusal{e.file(), e.pointer(), "", "", e.what()};
+    } catch (const limits::LimitError& e) {  // a size or record count over its limit
+      throw Refusal{sh.file.string(), "", "", "", e.what()};
     }
     if (!sh.rec.shard)
       throw Refusal{sh.file.string(), "/shard", "is missing: the run recorded no catalog digest, commit or shard",

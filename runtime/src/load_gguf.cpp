@@ -1,7 +1,11 @@
 // GGUF v2/v3 loader: header, metadata key/values (every value type, arrays included), tensor
 // table, alignment, tensor data (F32, F16, BF16, Q8_0, Q4_0 dequantized to FP32), architecture
 // `llama`, tokenizer from metadata. Every read is bounds-checked against the file size before any
-// allocation, so a corrupted or hostile file gives a ModelError, never a crash.
+// allocation, so a corrupted or hostile file gives a ModelError, never a crash. Every count and
+// length the file states is also checked against its limit (kvgate/limits.hpp: TENSORS, METADATA,
+// ARRAY_LEN, STRING_BYTES, TENSOR_RANK, TENSOR_ELEMS; VOCAB, MERGES and TOKEN_BYTES for the
+// tokenizer.ggml.* arrays) before anything is sized by it, so a large file cannot ask for more
+// than the policy allows either.
 //
 // Conventions: a tensor's dims are ne[0] (innermost, contiguous) first, so a [out][in] row-major
 // weight has ne = {in, out}. llama.cpp's converter stores llama q/k weights permuted for
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "kvgate/blocks.hpp"
+#include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
@@ -137,11 +142,15 @@ class Cursor {
     off_ += sizeof(T);
     return v;
   }
-  std::string str(const std::string& what) {
+  // "model '<path>'": the where of a limits refusal.
+  std::string where() const { return "model '" + path_ + "'"; }
+  // A length-prefixed string of at most `limit` bytes (STRING_BYTES, TOKEN_BYTES for vocabulary pieces).
+  std::string str(const std::string& what, const limits::Limit& limit = limits::kStringBytes) {
     const auto len = rd<std::uint64_t>("length of " + what);
     if (len > left())
       fail("string " + what + " claims " + std::to_string(len) + " bytes, more than the " + std::to_string(left()) +
            " left in the file (truncated file or corrupted length)");
+    limits::check(limit, len, where(), "length of " + what);  // a length the file can hold, over the policy
     std::string s(reinterpret_cast<const char*>(d_ + off_), static_cast<std::size_t>(len));
     off_ += static_cast<std::size_t>(len);
     return s;
@@ -180,9 +189,12 @@ class Cursor {
           fail("metadata key '" + key + "': array of " + std::to_string(v.count) + " " + type_name(v.elem_type) +
                " elements cannot fit in the " + std::to_string(left()) +
                " bytes left (truncated file or corrupted length)");
+        limits::check(array_limit(key), v.count, where(), "array length of '" + key + "'");
         if (v.elem_type == T_STRING) {
           v.strs.reserve(static_cast<std::size_t>(v.count));
-          for (std::uint64_t k = 0; k < v.count; ++k) v.strs.push_back(str("element of '" + key + "'"));
+          const limits::Limit& piece = key == "tokenizer.ggml.tokens" ? limits::kTokenBytes : limits::kStringBytes;
+          for (std::uint64_t k = 0; k < v.count; ++k)
+            v.strs.push_back(str("element " + std::to_string(k) + " of '" + key + "'", piece));
         } else if (v.elem_type == T_ARRAY) {
           v.arrs.reserve(static_cast<std::size_t>(v.count));
           for (std::uint64_t k = 0; k < v.count; ++k) v.arrs.push_back(value(T_ARRAY, key, depth + 1));
@@ -197,6 +209,15 @@ class Cursor {
     return v;
   }
   void seek(std::size_t o) { off_ = o; }
+
+  // The limit on the length of the array under `key`: the vocabulary for the per-token arrays,
+  // MERGES for the merges, ARRAY_LEN for every other key.
+  static const limits::Limit& array_limit(const std::string& key) {
+    if (key == "tokenizer.ggml.tokens" || key == "tokenizer.ggml.token_type" || key == "tokenizer.ggml.scores")
+      return limits::kVocab;
+    if (key == "tokenizer.ggml.merges") return limits::kMerges;
+    return limits::kArrayLen;
+  }
 
  private:
   const std::string& path_;
@@ -353,6 +374,9 @@ class Gguf {
       c.fail("metadata_kv_count = " + std::to_string(n_kv) + " cannot fit in the file");
     if (n_tensors > c.left() / 24)
       c.fail("tensor_count = " + std::to_string(n_tensors) + " cannot fit in the file");
+    // Counts the file can hold, over the policy.
+    limits::check(limits::kTensorCount, n_tensors, c.where(), "tensor_count");
+    limits::check(limits::kMetadataCount, n_kv, c.where(), "metadata_kv_count");
     for (std::uint64_t k = 0; k < n_kv; ++k) {
       std::string key = c.str("metadata key " + std::to_string(k));
       const auto type = c.rd<std::uint32_t>("value type of '" + key + "'");
@@ -376,14 +400,21 @@ class Gguf {
       t.name = c.str("name of tensor " + std::to_string(k));
       const auto nd = c.rd<std::uint32_t>("n_dims of tensor '" + t.name + "'");
       if (nd == 0 || nd > 4) c.fail("tensor '" + t.name + "' has n_dims = " + std::to_string(nd) + " (expected 1..4)");
+      limits::check(limits::kTensorRank, nd, c.where(), "n_dims of tensor '" + t.name + "'");
       t.n_elems = 1;
       for (std::uint32_t d = 0; d < nd; ++d) {
         const auto e = c.rd<std::uint64_t>("dims of tensor '" + t.name + "'");
+        // Structural first (no GGUF tensor comes near), then the policy on the product.
         if (e == 0 || e > (1ull << 40) || t.n_elems > (1ull << 42) / e)
           c.fail("tensor '" + t.name + "' has an absurd dimension " + std::to_string(e) + " (dims so far " +
                  shape_text(t.ne) + ")");
         t.ne.push_back(e);
-        t.n_elems *= e;
+        std::uint64_t n = 0;
+        const bool fits = limits::mul_ok(t.n_elems, e, &n);
+        if (!fits || n > limits::max_of(limits::kTensorElems))
+          limits::refuse(limits::kTensorElems, c.where(), "elements of tensor '" + t.name + "' (dims " + shape_text(t.ne) + ")",
+                         fits ? std::to_string(n) : std::string("more than 2^64"));
+        t.n_elems = n;
       }
       t.type = c.rd<std::uint32_t>("type of tensor '" + t.name + "'");
       t.offset = c.rd<std::uint64_t>("offset of tensor '" + t.name + "'");
@@ -402,6 +433,10 @@ class Gguf {
           throw ModelError("model '" + path_ + "': tensor '" + t.name + "' has type " + ggml_type_name(t.type) +
                            ", which kvgate does not load (supported: F32, F16, BF16, Q8_0, Q4_0)");
       }
+      // The product against the file before anything is sized by it (the exact span is checked below).
+      if (t.n_bytes > map_.size())
+        c.fail("tensor '" + t.name + "' (" + ggml_type_name(t.type) + ", " + shape_text(t.ne) + ") needs " +
+               std::to_string(t.n_bytes) + " bytes, more than the whole file: truncated file or corrupted dims");
       if (t.offset % alignment_ != 0)
         c.fail("tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
                std::to_string(alignment_));
@@ -741,7 +776,8 @@ Model load_gguf(const std::string& path) {
 
   const TensorInfo* emb = g.tensor("token_embd.weight");
   if (!emb) throw ModelError("model '" + path + "': tensor 'token_embd.weight' is missing");
-  if (emb->ne.size() != 2 || emb->ne[0] != static_cast<std::uint64_t>(c.dim) || emb->ne[1] > (1u << 22))
+  if (emb->ne.size() == 2) limits::check(limits::kVocab, emb->ne[1], "model '" + path + "'", "token_embd.weight ne[1] (the vocabulary)");
+  if (emb->ne.size() != 2 || emb->ne[0] != static_cast<std::uint64_t>(c.dim))
     throw ModelError("model '" + path + "': tensor 'token_embd.weight' has shape " + shape_text(emb->ne) +
                      ", expected [" + std::to_string(c.dim) + ", vocab]");
   c.vocab_size = static_cast<int>(emb->ne[1]);

@@ -503,6 +503,7 @@ std::unique_ptr<BpeTokenizer> detail::bpe_from_json(const nlohmann::json& j, con
                      "reader takes byte-level BPE only -- load it with load_tokenizer_json (the Hugging Face "
                      "loader and --tokenizer do)");
   if (!m.contains("vocab") || !m["vocab"].is_object()) throw ModelError(path + ": missing object field model.vocab");
+  detail::check_vocab_limits(m, path);  // before the table is sized by the largest id
 
   std::vector<std::string> vocab;
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {

@@ -286,6 +286,25 @@ bool mentions_sentencepiece(const json& q) {
   return false;
 }
 
+}  // namespace
+
+void detail::check_vocab_limits(const json& m, const std::string& path) {
+  namespace L = limits;
+  if (m.contains("vocab") && m["vocab"].is_object()) {
+    const json& v = m["vocab"];
+    L::check(L::kVocab, v.size(), path, "model.vocab (entries)");
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const std::string& piece = it.key();
+      const std::string shown = "model.vocab[\"" + piece.substr(0, 32) + (piece.size() > 32 ? "...\"]" : "\"]");
+      L::check(L::kTokenBytes, piece.size(), path, "length of the piece " + shown);
+      if (it->is_number_integer() && it->get<long long>() >= 0) L::check(L::kTokenId, it->get<long long>(), path, shown);
+    }
+  }
+  if (m.contains("merges") && m["merges"].is_array()) L::check(L::kMerges, m["merges"].size(), path, "model.merges (entries)");
+}
+
+namespace {
+
 std::unique_ptr<Tokenizer> sp_from_json(const json& j, const std::string& path, int bos_id, int eos_id,
                                         SpecialsRule rule) {
   const auto& m = j["model"];
@@ -297,6 +316,7 @@ std::unique_ptr<Tokenizer> sp_from_json(const json& j, const std::string& path, 
   if (m.contains("dropout") && !m["dropout"].is_null() && !(m["dropout"].is_number() && m["dropout"].get<double>() == 0))
     refuse(path, "model.dropout", "is set (BPE dropout is random); set it to null");
   if (!m.contains("vocab") || !m["vocab"].is_object()) refuse(path, "model.vocab", "is missing (an object)");
+  detail::check_vocab_limits(m, path);  // before the table is sized by the largest id
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<long long>() < 0 || it.value().get<long long>() > (1 << 24))
       refuse(path, "model.vocab[\"" + it.key() + "\"]", "is not a valid token id");

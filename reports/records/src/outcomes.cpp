@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvgate/json_limits.hpp"
 #include "kvgate/json_schema.hpp"
 
 namespace kvgate::records {
@@ -222,10 +223,13 @@ OutcomesRecord read_outcomes(const fs::path& file, const fs::path& schema) {
   ss << in.rdbuf();
   json doc;
   try {
-    doc = json::parse(ss.str());
+    doc = limits::parse_json(ss.str(), file.string());  // size and depth limits
+  } catch (const limits::LimitError&) {
+    throw;  // names the file, the size, the limit and its override already
   } catch (const std::exception& e) {
     throw RecordError(file.string(), "", std::string("is not JSON (") + e.what() + ")", kRerun);
   }
+  limits::check_records(doc, file.string());  // before the schema walks the records
   return parse_outcomes(doc, file.string(), schema);
 }
 

@@ -54,6 +54,25 @@ inline nlohmann::json parse_json(std::istream& in, std::string_view where) {
   return parse_json(std::string_view(text), where);
 }
 
+// The records of a report document (matrix.json cells, gates.json gates, outcomes.json mutants,
+// shard lists, ...): the document itself when it is an array, every array member of it and every
+// array member of those (two levels, no recursion), each at most REPORT_RECORDS long. Called on a
+// parsed document before any reader walks or copies its records.
+inline void check_records(const nlohmann::json& doc, std::string_view where) {
+  const std::uint64_t max = max_of(kReportRecords);
+  auto one = [&](const nlohmann::json& a, const std::string& field) {
+    if (a.is_array() && a.size() > max) refuse(kReportRecords, where, field, std::to_string(a.size()) + " records");
+  };
+  one(doc, "/");
+  if (!doc.is_object()) return;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string field = "/" + it.key();
+    one(*it, field);
+    if (it->is_object())
+      for (auto jt = it->begin(); jt != it->end(); ++jt) one(*jt, field + "/" + jt.key());
+  }
+}
+
 // At most `max_chars` characters describing `v`: scalars as JSON, long strings cut, containers by
 // their size only (no recursion into them).
 inline std::string brief(const nlohmann::json& v, std::size_t max_chars = 80) {
