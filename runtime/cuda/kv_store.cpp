@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kernels/common.cuh"
+#include "kvgate/window_release.hpp"
 
 namespace kvgate::cuda {
 
@@ -130,15 +131,8 @@ int CudaKvStore::release_before(SeqId s, int first_kept_pos) {
   if (external_)
     throw KvStoreError("cuda kv store view: release_before is for stores that own their pages; a streamed window's "
                        "pages are released in its host mirror (PagedKvStore::release_before)");
-  const int B = cfg_.block_size;
-  const int upto = std::min(std::max(0, first_kept_pos) / B, q.length / B);  // whole pages before the first kept position
-  int n = 0;
-  for (int p = q.released; p < upto; ++p, ++n) {
-    free_page(q.blocks[static_cast<std::size_t>(p)]);
-    q.blocks[static_cast<std::size_t>(p)] = kReleasedBlock;
-  }
-  q.released = std::max(q.released, upto);
-  return n;
+  return release_table_prefix(q.blocks, q.released, q.length, cfg_.block_size, first_kept_pos,
+                              [this](int b) { free_page(b); });
 }
 
 void CudaKvStore::kernel_table(std::span<const int> table, int* dst, std::size_t n) {
