@@ -53,6 +53,7 @@
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/sampler.hpp"
+#include "cuda_f32_bound.hpp"
 #include "cuda_gate_common.hpp"
 #include "models.hpp"
 
@@ -60,6 +61,9 @@ using namespace kvgate;
 using namespace kvgate::gates;
 using namespace kvgate::gates::model_level;
 namespace kc = kvgate::cuda;
+using kvgate::gates::cuda_gate::check_f32;
+using kvgate::gates::cuda_gate::describe;
+using kvgate::gates::cuda_gate::F32Check;
 
 namespace {
 
@@ -128,71 +132,7 @@ Model swapped_layers(const Model& m) {  // the wrong-layer model: layers 0 and 1
 
 // ---- f32: elementwise FP32 forward-error bound ------------------------------------------------------
 
-struct F32Check {
-  double worst_ratio = 0, max_abs = 0, max_bound = 0, nmse = 0, nmse_bound = 0, rms = 0, min_std = 1e30;
-  int worst_pos = 0, over = 0, positions = 0, top1_agree = 0, top1_unexplained = 0;
-  long nonfinite = 0;
-};
-
-constexpr double kGpuExtraPerLayer = 8;  // + n_ctx per layer (see the header)
-
-F32Check check_f32(const std::vector<std::vector<float>>& cpu, const std::vector<std::vector<float>>& gpu,
-                   const ModelConfig& c) {
-  F32Check r;
-  const int V = c.vocab_size;
-  double num = 0, den = 0, bnum = 0, sum_sq = 0;
-  long n_vals = 0;
-  for (std::size_t s = 0; s < cpu.size(); ++s) {
-    const int n = static_cast<int>(cpu[s].size() / V);
-    for (int p = 0; p < n; ++p) {
-      const float* a = cpu[s].data() + static_cast<std::size_t>(p) * V;
-      const float* b = gpu[s].data() + static_cast<std::size_t>(p) * V;
-      double zmax = 0, mean = 0, e = 0;
-      for (int v = 0; v < V; ++v) {
-        if (!std::isfinite(b[v])) ++r.nonfinite;
-        zmax = std::max(zmax, std::fabs(double(a[v])));
-        mean += a[v];
-      }
-      mean /= V;
-      double var = 0;
-      for (int v = 0; v < V; ++v) var += (a[v] - mean) * (a[v] - mean);
-      r.min_std = std::min(r.min_std, std::sqrt(var / V));
-      const double chain_cpu = forward_rounding_chain(c.n_layers, c.dim, c.hidden_dim, c.head_dim, c.q_dim(), p);
-      const double chain_gpu = chain_cpu + c.n_layers * (kGpuExtraPerLayer + (p + 1.0));
-      const double bound = forward_f32_logit_bound(chain_cpu, zmax) + forward_f32_logit_bound(chain_gpu, zmax);
-      r.max_bound = std::max(r.max_bound, bound);
-      for (int v = 0; v < V; ++v) {
-        const double d = double(b[v]) - double(a[v]);
-        e = std::max(e, std::fabs(d));
-        num += d * d;
-        den += double(a[v]) * a[v];
-        sum_sq += double(a[v]) * a[v];
-        ++n_vals;
-      }
-      bnum += double(V) * bound * bound;
-      r.max_abs = std::max(r.max_abs, e);
-      if (e > bound) ++r.over;
-      if (e / bound > r.worst_ratio) r.worst_ratio = e / bound, r.worst_pos = p;
-      const int ia = argmax(std::span<const float>(a, V)), ib = argmax(std::span<const float>(b, V));
-      if (ia == ib) ++r.top1_agree;
-      else if (double(a[ia]) - double(a[ib]) > 2 * bound) ++r.top1_unexplained;
-      ++r.positions;
-    }
-  }
-  r.nmse = num / den;
-  r.nmse_bound = bnum / den;
-  r.rms = std::sqrt(sum_sq / double(n_vals));
-  return r;
-}
-
-std::string describe(const F32Check& r) {
-  std::ostringstream o;
-  o << std::setprecision(4) << "nonfinite " << r.nonfinite << ", NMSE " << r.nmse << " (bound " << r.nmse_bound
-    << "), max-abs " << r.max_abs << " (largest bound " << r.max_bound << "), worst max-abs/bound " << r.worst_ratio
-    << " at position " << r.worst_pos << ", positions over the bound " << r.over << "/" << r.positions << ", top-1 "
-    << r.top1_agree << "/" << r.positions << " agree (" << r.top1_unexplained << " unexplained)";
-  return o.str();
-}
+// check_f32, describe: cuda_f32_bound.hpp (shared with MOD.cuda.window_release).
 
 // ---- store bytes: GPU rows quantized by the CPU store == the GPU store's pages ------------------------
 

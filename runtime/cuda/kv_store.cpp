@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kernels/common.cuh"
+#include "kvgate/window_release.hpp"
 
 namespace kvgate::cuda {
 
@@ -108,14 +109,44 @@ void CudaKvStore::free_sequence(SeqId s) {
     seqs_.erase(s);
     return;
   }
-  for (int b : q.blocks) {
-    for (int l = 0; l < cfg_.n_layers; ++l)
-      for (int h = 0; h < 2; ++h)
-        KVGATE_CUDA_CHECK(cudaMemset(pools_[static_cast<std::size_t>(l) * 2 + h] + static_cast<std::size_t>(b) * stride_[h], 0,
-                                     page_bytes_[h]));
-    free_list_.push_back(b);
-  }
+  for (int b : q.blocks)
+    if (b != kReleasedBlock) free_page(b);
   seqs_.erase(s);
+}
+
+// Zeroed on the legacy stream, which waits for the forward's (blocking) stream: no kernel still
+// reads the page, and a later kernel that writes it runs after the zeroing.
+void CudaKvStore::free_page(int b) {
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (int h = 0; h < 2; ++h)
+      KVGATE_CUDA_CHECK(cudaMemset(pools_[static_cast<std::size_t>(l) * 2 + h] + static_cast<std::size_t>(b) * stride_[h], 0,
+                                   page_bytes_[h]));
+  free_list_.push_back(b);
+}
+
+int CudaKvStore::released_tokens(SeqId s) const { return seq(s).released * cfg_.block_size; }
+
+int CudaKvStore::release_before(SeqId s, int first_kept_pos) {
+  Sequence& q = seq(s);
+  if (external_)
+    throw KvStoreError("cuda kv store view: release_before is for stores that own their pages; a streamed window's "
+                       "pages are released in its host mirror (PagedKvStore::release_before)");
+  return release_table_prefix(q.blocks, q.released, q.length, cfg_.block_size, first_kept_pos,
+                              [this](int b) { free_page(b); });
+}
+
+void CudaKvStore::kernel_table(std::span<const int> table, int* dst, std::size_t n) {
+  const int live = table.empty() || table.back() == kReleasedBlock ? 0 : table.back();
+  for (std::size_t i = 0; i < n; ++i) dst[i] = table[i] == kReleasedBlock ? live : table[i];
+}
+
+void CudaKvStore::check_kept(SeqId s, const Sequence& q, int first, const std::string& what) const {
+  if (first >= q.released * cfg_.block_size) return;
+  throw KvStoreError("cuda kv store: " + what + " of sequence " + std::to_string(s) + " starts at position " +
+                     std::to_string(first) + ", but the pages of its first " +
+                     std::to_string(q.released * cfg_.block_size) +
+                     " tokens were released (outside every layer's sliding window); run without the release "
+                     "(EngineOptions::release_outside_window = false) to keep them");
 }
 
 int CudaKvStore::length(SeqId s) const { return seq(s).length; }
@@ -128,12 +159,15 @@ void CudaKvStore::set_sequence(SeqId s, std::vector<int> blocks, int length) {
   if (length < 0 || static_cast<long long>(blocks.size()) * B < length)
     throw KvStoreError("cuda kv store view: a table of " + std::to_string(blocks.size()) + " pages cannot hold " +
                        std::to_string(length) + " tokens");
-  for (int b : blocks)
-    if (b < 0 || b >= cfg_.n_blocks)
-      throw KvStoreError("cuda kv store view: page " + std::to_string(b) + " is outside the view's " +
+  std::size_t released = 0;
+  while (released < blocks.size() && blocks[released] == kReleasedBlock) ++released;
+  for (std::size_t i = released; i < blocks.size(); ++i)
+    if (blocks[i] < 0 || blocks[i] >= cfg_.n_blocks)
+      throw KvStoreError("cuda kv store view: page " + std::to_string(blocks[i]) + " is outside the view's " +
                          std::to_string(cfg_.n_blocks) + " pages");
   q.blocks = std::move(blocks);
   q.length = length;
+  q.released = static_cast<int>(released);
 }
 
 void CudaKvStore::upload_page(int layer, KvHalf h, int block, const std::uint8_t* src, cudaStream_t stream) {
@@ -194,6 +228,7 @@ void CudaKvStore::write(SeqId s, int layer, int pos0, int n, const float* d_k, s
                        ") layer " + std::to_string(layer) + " is outside the sequence (length " +
                        std::to_string(q.length) + ")");
   if (n == 0) return;
+  check_kept(s, q, pos0, "write");
   const int B = cfg_.block_size;
   std::vector<int> map(static_cast<std::size_t>(n));
   for (int t = 0; t < n; ++t) {
@@ -255,8 +290,10 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
   }
   std::vector<int> tables(static_cast<std::size_t>(batch) * max_pages, 0), lens(static_cast<std::size_t>(batch));
   for (int i = 0; i < batch; ++i) {
-    const Sequence& q = seq(seqs[static_cast<std::size_t>(i)]);
-    std::copy(q.blocks.begin(), q.blocks.end(), tables.begin() + static_cast<std::ptrdiff_t>(i) * max_pages);
+    const SeqId s = seqs[static_cast<std::size_t>(i)];
+    const Sequence& q = seq(s);
+    check_kept(s, q, window > 0 ? std::max(0, q.length - window) : 0, "decode attention");
+    kernel_table(q.blocks, tables.data() + static_cast<std::ptrdiff_t>(i) * max_pages, q.blocks.size());
     lens[static_cast<std::size_t>(i)] = q.length;
   }
   auto* d_tables = static_cast<int*>(scratch(3, (tables.size() + lens.size()) * sizeof(int)));
@@ -297,8 +334,11 @@ std::string CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int 
   // The kernel reads pages [0, ceil((pos0 + n_new) / block_size)) of the table. The table shares
   // scratch slot 3 with decode(): like decode, one call at a time per store (same stream).
   const std::size_t n_pages = (static_cast<std::size_t>(pos0) + n_new + cfg_.block_size - 1) / cfg_.block_size;
+  check_kept(s, q, prefill_first_key(pos0, window), "prefill attention");
+  std::vector<int> table(n_pages);
+  kernel_table(q.blocks, table.data(), n_pages);
   auto* d_table = static_cast<int*>(scratch(3, n_pages * sizeof(int)));
-  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_table, q.blocks.data(), n_pages * sizeof(int), cudaMemcpyHostToDevice, stream));
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_table, table.data(), n_pages * sizeof(int), cudaMemcpyHostToDevice, stream));
   PrefillArgs a;
   a.format = cfg_.format;
   a.geometry = geometry();

@@ -26,6 +26,11 @@ void launch_prefill(const detail::PrefillLaunch& L, dim3 grid, int smem, cudaStr
 
 }  // namespace
 
+int prefill_first_key(int n_past, int window) {
+  if (window <= 0) return 0;  // the kernel's t_first for its first CTA (i0 = 0; later CTAs start later)
+  return std::max(0, n_past - window + 1) / detail::kPrefillKvTile * detail::kPrefillKvTile;
+}
+
 void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   const OpSupport sup = supports_op(Op::prefill, a.format, a.geometry, a.n_heads);
   if (!sup.ok) throw std::invalid_argument("kvgate::cuda::prefill_attention: " + sup.reason + ": " + sup.detail);

@@ -108,6 +108,15 @@ EngineOptions engine_options_for(const KvFormat& fmt, int threads) {
   return o;
 }
 
+int widest_window_if_all(const ModelConfig& c) {
+  int w = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (c.window(l) <= 0) return 0;
+    w = std::max(w, c.window(l));
+  }
+  return w;
+}
+
 struct Engine::Impl {
   const Model& model;
   EngineOptions opts;
@@ -148,15 +157,6 @@ struct Engine::Impl {
     if (opts.release_outside_window) release_window = widest_window_if_all(m.config);
   }
 
-  // The widest window when every layer has one; 0 when some layer attends to the whole prefix.
-  static int widest_window_if_all(const ModelConfig& c) {
-    int w = 0;
-    for (int l = 0; l < c.n_layers; ++l) {
-      if (c.window(l) <= 0) return 0;
-      w = std::max(w, c.window(l));
-    }
-    return w;
-  }
   // Before a forward step of queries from position `pos0`: the keys any layer reads start at
   // pos0 - window + 1, so the whole pages before it go back to the pool.
   void release_outside_window() {

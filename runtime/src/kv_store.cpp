@@ -1,4 +1,5 @@
 #include "kvgate/kv_store.hpp"
+#include "kvgate/window_release.hpp"
 
 #include <unistd.h>
 
@@ -119,15 +120,8 @@ int PagedKvStore::release_before(SeqId s, int first_kept_pos) {
   Sequence& q = seq(s);
   if (q.residency != Residency::resident)
     throw KvStoreError("kv store: release of pages of swapped-out sequence " + std::to_string(s));
-  const int B = cfg_.block_size;
-  const int upto = std::min(std::max(0, first_kept_pos) / B, q.length / B);  // whole pages before the first kept position
-  int n = 0;
-  for (int p = q.released; p < upto; ++p, ++n) {
-    release_block(q.blocks[static_cast<std::size_t>(p)]);
-    q.blocks[static_cast<std::size_t>(p)] = kReleasedBlock;
-  }
-  q.released = std::max(q.released, upto);
-  return n;
+  return release_table_prefix(q.blocks, q.released, q.length, cfg_.block_size, first_kept_pos,
+                              [this](int b) { release_block(b); });
 }
 
 namespace {

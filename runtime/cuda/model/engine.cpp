@@ -114,6 +114,7 @@ struct CudaEngine::Impl {
   std::vector<float> logits;
   EngineStats stats;
   std::vector<int> history;  // token ids whose K/V rows the sequence holds (conversations save them)
+  int release_window = 0;    // > 0: every layer is windowed; the widest window (pages before it are released)
 
   Impl(const Model& m, CudaEngineOptions o)
       : model(checked(m)),
@@ -141,6 +142,29 @@ struct CudaEngine::Impl {
     stats.kv_device_bytes = streamed.host ? streamed.host->window()->device_bytes() : store.pool_bytes();
     stats.kv_resident_tokens = std::max(0, opts.engine.kv_resident);
     stats.threads = 1;
+    if (opts.engine.release_outside_window) release_window = widest_window_if_all(m.config);
+  }
+
+  // The leading pages released once the forward call from position pos starts (0 without the
+  // release): the whole pages before the first key the call reads (prefill_first_key: the prefill
+  // kernel's first 32-key tile, at or before pos - window + 1 where a decode step starts), counted as
+  // PagedKvStore::release_before / CudaKvStore::release_before count them.
+  int released_pages_at(int pos) const {
+    const int B = sc.block_size;
+    const int now = (streamed.host ? streamed.host->released_tokens(hseq) : store.released_tokens(seq)) / B;
+    if (release_window <= 0) return now;
+    return std::max(now, std::min(prefill_first_key(pos, release_window) / B, pos / B));
+  }
+  // Before each forward call (prefill chunk or decode step), as the CPU engine: with a window on every
+  // layer the pages wholly before the first key any layer reads go back to the pool -- the device
+  // store's, or the host mirror's when streaming (its window drops their slots; stream_in marks them
+  // released in the view's table). No kernel reads a released entry (the decode kernel starts at
+  // pos - window + 1, the prefill kernel at prefill_first_key); kernel_table points it at a live page.
+  void release_outside_window() {
+    if (release_window <= 0) return;
+    const int keep = prefill_first_key(store.length(seq), release_window);
+    if (streamed.host) streamed.host->release_before(hseq, keep);
+    else store.release_before(seq, keep);
   }
 
   void check_room(std::size_t n) const {
@@ -151,14 +175,21 @@ struct CudaEngine::Impl {
   }
   // Streaming: one attention launch (prefill chunk or decode step) reads every page of the context
   // through the window at once (the kernels' partial softmax states are internal), so the layer's
-  // window must hold the pages the sequence will have after `n` more tokens. Checked before any
-  // state changes; the message names the smallest --kv-resident that works.
+  // window must hold the pages each call of the next `n` tokens reads: those up to its end less the
+  // ones released before it (the sliding-window release). Checked before any state changes; the
+  // message names the smallest --kv-resident that works.
   void check_window(std::size_t n) const {
     if (!streamed.host) return;
     const int B = sc.block_size;
     const int W = streamed.host->window()->window_blocks();
-    const long long len = static_cast<long long>(store.length(seq)) + static_cast<long long>(n);
-    const long long need = (len + B - 1) / B;
+    const std::size_t C = static_cast<std::size_t>(fwd.options().max_rows);
+    long long len = 0, need = 0;  // the end and the pages of the call that reads most
+    for (std::size_t i = 0; i < n; i += C) {
+      const int pos = store.length(seq) + static_cast<int>(i);
+      const long long end = static_cast<long long>(pos) + static_cast<long long>(std::min(C, n - i));
+      const long long pages = (end + B - 1) / B - released_pages_at(pos);
+      if (pages > need) need = pages, len = end;
+    }
     if (need > W)
       throw EngineError("cuda engine: --kv-resident " + std::to_string(opts.engine.kv_resident) + " keeps " +
                         std::to_string(W) + " pages of " + std::to_string(B) + " tokens per layer on the device (" +
@@ -186,13 +217,14 @@ struct CudaEngine::Impl {
     const int len = host.length(hseq);
     host.extend(hseq, n);
     const int pages = pages_for(len + n, sc.block_size);
+    const int first = host.released_tokens(hseq) / sc.block_size;  // released pages: not looked up
     const int W = w.window_blocks();
     const std::size_t sb = pool.slot_bytes(), voff = w.v_offset();
     const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(pool.base());
     const auto table = host.block_table(hseq);
-    std::vector<int> tab(static_cast<std::size_t>(pages), -1);
+    std::vector<int> tab(static_cast<std::size_t>(pages), CudaKvStore::kReleasedBlock);
     for (int l = 0; l < sc.n_layers; ++l)
-      for (int p = 0; p < pages; ++p) {
+      for (int p = first; p < pages; ++p) {
         const int b = table[static_cast<std::size_t>(p)];
         const auto k = reinterpret_cast<std::uintptr_t>(chost.page(l, KvHalf::K, b));
         const auto v = reinterpret_cast<std::uintptr_t>(chost.page(l, KvHalf::V, b));
@@ -208,7 +240,7 @@ struct CudaEngine::Impl {
                                  " in different slots of layers 0 and " + std::to_string(l));
       }
     for (int l = 0; l < sc.n_layers; ++l)
-      for (int p = 0; p < pages; ++p)
+      for (int p = first; p < pages; ++p)
         if (!w.resident(l, table[static_cast<std::size_t>(p)]))
           throw std::logic_error("cuda engine: a page of the step was evicted by another page of the same step");
     store.set_sequence(seq, std::move(tab), len);  // the forward extends the view to len + n
@@ -238,7 +270,9 @@ struct CudaEngine::Impl {
   }
   void refresh() {
     stats.position = store.length(seq);
-    stats.kv_bytes = store.block_table(seq).size() * static_cast<std::size_t>(store.config().n_layers) *
+    const std::size_t held = store.block_table(seq).size() -
+                             static_cast<std::size_t>(store.released_tokens(seq) / sc.block_size);
+    stats.kv_bytes = held * static_cast<std::size_t>(store.config().n_layers) *
                      (store.page_bytes(KvHalf::K) + store.page_bytes(KvHalf::V));
     if (streamed.host) {
       const StreamCounters c = streamed.host->stream_counters();
@@ -258,6 +292,7 @@ struct CudaEngine::Impl {
       const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(C), toks.size() - i));
       const bool last = i + static_cast<std::size_t>(n) == toks.size();
       const int pos0 = store.length(seq);
+      release_outside_window();
       if (streamed.host) stream_in(n);
       if (all) fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), all + i * V, true);
       else fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), last && !argmax ? logits.data() : nullptr,
@@ -277,6 +312,7 @@ struct CudaEngine::Impl {
     const auto t0 = Clock::now();
     const SeqId s = seq;
     const int pos0 = store.length(seq);
+    release_outside_window();
     if (streamed.host) stream_in(1);
     fwd.forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1), argmax ? nullptr : logits.data(),
                        argmax);
@@ -413,6 +449,11 @@ void CudaEngine::save_kv(const std::string& path, std::span<const int> pending) 
   transcript.insert(transcript.end(), pending.begin(), pending.end());
   const int n = d.store.length(d.seq);
   const std::string& fp = d.model.fingerprint;
+  if (d.store.released_tokens(d.seq) > 0)
+    throw KvStoreError("cuda engine: save of the KV cache: the pages of the sequence's first " +
+                       std::to_string(d.store.released_tokens(d.seq)) +
+                       " tokens were released (outside every layer's sliding window); run without the release "
+                       "(EngineOptions::release_outside_window = false; a --conv-id run keeps them) to save it");
   if (d.streamed.host) {  // the mirror holds every page (stream_out after every call)
     save_kv_file(path, *d.streamed.host, d.hseq, n, transcript, fp);
     return;

@@ -242,7 +242,7 @@ void CudaForward::stage(const std::vector<SeqId>& row_seq, const std::vector<int
     h[3 * maxR + r] = pos + 1;  // the row attends to its sequence's tokens 0..pos
     int* t = h + 4 * maxR + r * static_cast<std::size_t>(table_stride);
     const std::size_t n = std::min<std::size_t>(table.size(), static_cast<std::size_t>(table_stride));
-    std::copy(table.begin(), table.begin() + static_cast<std::ptrdiff_t>(n), t);
+    CudaKvStore::kernel_table(table, t, n);  // released pages (window release) read as a live one
     std::fill(t + n, t + table_stride, 0);
   }
   KVGATE_CUDA_CHECK(cudaMemcpyAsync(meta_, meta_host_, (4 * maxR + R * static_cast<std::size_t>(table_stride)) * sizeof(int),

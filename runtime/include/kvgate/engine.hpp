@@ -56,6 +56,11 @@ EngineOptions engine_options_for(const KvFormat& fmt, int threads = 1);
 // that is neither one value nor one per layer.
 StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx, const std::string& who);
 
+// The window the sliding-window release keeps (EngineOptions::release_outside_window; CPU and CUDA
+// engines): the widest window when every layer has one; 0 when some layer attends to the whole
+// prefix (nothing is released).
+int widest_window_if_all(const ModelConfig& c);
+
 struct EngineStats {
   std::string requested_kv;
   std::string requested_source;

@@ -48,7 +48,23 @@ class CudaKvStore {
   std::span<const int> block_table(SeqId s) const;
   bool external() const { return external_; }
   // View only: the sequence's table (page indices of the view) and length; `blocks` must cover it.
+  // Leading kReleasedBlock entries are pages the host mirror released (release_before there).
   void set_sequence(SeqId s, std::vector<int> blocks, int length);
+
+  // Sliding-window release, as PagedKvStore::release_before: every whole page of the sequence whose
+  // positions all lie before `first_kept_pos` (never the page being filled) is zeroed and goes back
+  // to the free list; its block-table entry becomes kReleasedBlock. Writing those positions, or an
+  // attention call whose keys start before the kept ones, is refused afterwards. Stores that own
+  // their pages only (a view's pages belong to its window: the host mirror releases). Returns the
+  // pages released by this call.
+  int release_before(SeqId s, int first_kept_pos);
+  // Tokens [0, released_tokens) of the sequence have had their pages released.
+  int released_tokens(SeqId s) const;
+  static constexpr int kReleasedBlock = PagedKvStore::kReleasedBlock;
+  // The first n entries of a block table as the kernels get them: a released entry becomes a live
+  // page of the table (no kernel reads it: the kept pages start at the first key read), so even a
+  // stray load stays inside the pool instead of at page -1.
+  static void kernel_table(std::span<const int> table, int* dst, std::size_t n);
 
   // Byte copies of one page (persistence), queued on `stream`; the caller synchronizes `stream`
   // before it reads `dst` / reuses `src` (or frees it) and orders `stream` after the kernels that
@@ -93,11 +109,15 @@ class CudaKvStore {
   struct Sequence {
     int length = 0;
     std::vector<int> blocks;
+    int released = 0;  // leading block-table entries given back by release_before (kReleasedBlock)
   };
   std::size_t index(int layer, KvHalf h) const { return static_cast<std::size_t>(layer) * 2 + static_cast<int>(h); }
   Sequence& seq(SeqId s);
   const Sequence& seq(SeqId s) const;
   void* scratch(int which, std::size_t bytes);
+  void free_page(int block);  // zeroed, then on the free list
+  // Refuses an access of `what` starting at position `first` below the released prefix.
+  void check_kept(SeqId s, const Sequence& q, int first, const std::string& what) const;
 
   StoreConfig cfg_;
   std::size_t page_bytes_[2]{}, stride_[2]{};

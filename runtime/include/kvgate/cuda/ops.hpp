@@ -122,6 +122,12 @@ struct PrefillArgs {
 };
 // Throws on an unsupported combination (supports_op(Op::prefill, ...)'s reason) or a CUDA error.
 void prefill_attention(const PrefillArgs& a, cudaStream_t stream = nullptr);
+// The first key position prefill_attention loads for a chunk starting at n_past under a sliding
+// window (0 without one): its 32-key tiles start on multiples of 32, so the first tile may hold
+// masked keys before n_past - window + 1. Keys before it are read by no query of the chunk (nor by a
+// decode step at n_past, which starts at n_past - window + 1); the engine's window release keeps
+// the pages from here on (CudaKvStore::release_before).
+int prefill_first_key(int n_past, int window);
 // The tensor-core prefill kernel (runtime/cuda/prefill_mma.cu, kernels/prefill_mma.cuh) serves
 // every pair without an f32 half at head_dim 64, 128, 256; prefill_attention runs it for those and
 // the CUDA-core kernel for the rest (supports_op(Op::prefill).path names which: "prefill(mma,D=N)"
