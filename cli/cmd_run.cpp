@@ -72,7 +72,7 @@ int run_run(const RunOpts& o) {
   if (o.device != "cpu" && o.device != "cuda")
     throw std::invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
   const bool cuda = o.device == "cuda";
-  if (cuda && (o.pp > 1 || !o.pp_layers.empty()))
+  if (cuda && (o.pp.value_or(1) > 1 || !o.pp_layers.empty()))
     throw std::invalid_argument("--pp / --pp-layers: the layer split runs on the CPU engine only (the CUDA engine "
                                 "is unsplit); run with --device cpu, or leave --pp out");
   const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast

@@ -70,7 +70,7 @@ struct EngineFlags {
   int threads = 0;
   int block_size = 16;
   std::size_t kv_cache_memory = 0;
-  int pp = 0;             // --pp: pipeline stages (0: not given = 1, or the count of --pp-layers)
+  std::optional<int> pp;  // --pp: pipeline stages (not given: 1, or the count of --pp-layers)
   std::string pp_layers;  // --pp-layers: layers per stage, comma separated
   KvCacheFlags cache;
 };
@@ -160,10 +160,10 @@ inline void check_engine_flags(const EngineFlags& f) {
   if (f.k_scale && !(*f.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
   if (f.v_scale && !(*f.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
   if (f.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
-  if (f.pp < 0) throw std::invalid_argument("--pp = " + std::to_string(f.pp) + " must be >= 1 (pipeline stages)");
+  if (f.pp && *f.pp < 1) throw std::invalid_argument("--pp = " + std::to_string(*f.pp) + " must be >= 1 (pipeline stages)");
   const std::vector<int> layers = parse_pp_layers(f.pp_layers);
-  if (f.pp > 0 && !layers.empty() && static_cast<int>(layers.size()) != f.pp)
-    throw std::invalid_argument("--pp " + std::to_string(f.pp) + " with --pp-layers " + f.pp_layers + " (" +
+  if (f.pp && !layers.empty() && static_cast<int>(layers.size()) != *f.pp)
+    throw std::invalid_argument("--pp " + std::to_string(*f.pp) + " with --pp-layers " + f.pp_layers + " (" +
                                 std::to_string(layers.size()) + " stages): give one count per stage, or leave --pp out");
 }
 
@@ -176,7 +176,7 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv) 
   eo.threads = f.threads;
   eo.kv_resident = f.cache.resident;
   eo.pipeline_layers = parse_pp_layers(f.pp_layers);
-  eo.pipeline_stages = f.pp > 0 ? f.pp : std::max<int>(1, static_cast<int>(eo.pipeline_layers.size()));
+  eo.pipeline_stages = f.pp ? *f.pp : std::max<int>(1, static_cast<int>(eo.pipeline_layers.size()));
   // A conversation is saved whole after the turn (its KV file holds every row), so its pages stay
   // even where every layer's sliding window has passed them.
   eo.release_outside_window = f.cache.conv_id.empty();
