@@ -137,8 +137,7 @@ void run_persist(const Model& m, const KvFormat& f) {
     on_par_models(run_persist, fmt_of(preset));                                                                   \
   }
 
-#define PAR_PERSIST_ROW(A, name, k, v, slot, kind) PAR_PERSIST(#name, #name)
-KVGATE_PRESETS(PAR_PERSIST_ROW, _)  // one row per preset: kvgate/format_list.hpp
+KVGATE_PRESETS(PAR_PRESET_ROW, PAR_PERSIST)  // one test case per preset: kvgate/format_list.hpp
 PAR_PERSIST("mixed", "k=q8_0,v=fp8_e5m2")
 PAR_PERSIST("mixed_rot", "k=fp8_e4m3,v=q4_0_rot")
 

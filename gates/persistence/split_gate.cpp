@@ -277,8 +277,7 @@ struct LayerRecorder : KvReadHook {
     on_par_models(run_split_persist, fmt_of(preset));                                                          \
   }
 
-#define PAR_SPLIT_ROW(A, name, k, v, slot, kind) PAR_SPLIT(#name, #name)
-KVGATE_PRESETS(PAR_SPLIT_ROW, _)  // one row per preset: kvgate/format_list.hpp
+KVGATE_PRESETS(PAR_PRESET_ROW, PAR_SPLIT)  // one test case per preset: kvgate/format_list.hpp
 PAR_SPLIT("mixed", "k=q8_0,v=fp8_e5m2")
 
 TEST_CASE("PAR.split.options a stage list that does not split the model is refused; the hook sees model layers",
