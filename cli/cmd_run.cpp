@@ -72,6 +72,9 @@ int run_run(const RunOpts& o) {
   if (o.device != "cpu" && o.device != "cuda")
     throw std::invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
   const bool cuda = o.device == "cuda";
+  if (cuda && (o.pp.value_or(1) > 1 || !o.pp_layers.empty()))
+    throw std::invalid_argument("--pp / --pp-layers: the layer split runs on the CPU engine only (the CUDA engine "
+                                "is unsplit); run with --device cpu, or leave --pp out");
   const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast
   if (cuda) {
 #ifndef KVGATE_WITH_CUDA_MODEL
@@ -211,6 +214,9 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                   {"block_size", st.block_size},
                   {"n_blocks", st.n_blocks},
                   {"threads", st.threads},
+                  {"pipeline_stages", st.pipeline_stages},
+                  {"stage_layers", st.stage_layers},
+                  {"topology", st.topology},
                   {"ttft_ms", st.ttft_ms},
                   {"prefill_tokens", st.prefill_tokens},
                   {"prefill_tok_s", st.prefill_tok_s()},
@@ -246,6 +252,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                  st.fallback_reason.c_str(), st.backend.c_str(), st.kv_bytes, st.ttft_ms, st.prefill_tok_s(),
                  st.decode_tok_s(), r.stop_reason.c_str());
     if (st.kv_layout != "kv_heads") std::fprintf(stderr, "kv layout: %s\n", st.kv_layout.c_str());
+    if (st.pipeline_stages > 1) std::fprintf(stderr, "topology: %s (%d pipeline stages, each its own KV store)\n", st.topology.c_str(), st.pipeline_stages);
     if (conv)
       std::fprintf(stderr, "conversation %s: hydrated %d of %zu prompt tokens (kv load %.3f ms), prefilled %lld, saved %zu to %s\n",
                    conv->conv_id().c_str(), st.hydrated_tokens, prompt_ids.size(), kv_load_ms, st.prefill_tokens,

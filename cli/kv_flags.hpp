@@ -6,10 +6,12 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kv_aliases.hpp"
 #include "kvgate/engine.hpp"
@@ -68,8 +70,35 @@ struct EngineFlags {
   int threads = 0;
   int block_size = 16;
   std::size_t kv_cache_memory = 0;
+  std::optional<int> pp;  // --pp: pipeline stages (not given: 1, or the count of --pp-layers)
+  std::string pp_layers;  // --pp-layers: layers per stage, comma separated
   KvCacheFlags cache;
 };
+
+// --pp-layers "2,3" -> {2, 3}; empty -> {}. Counts are checked against the model by the engine.
+inline std::vector<int> parse_pp_layers(const std::string& s) {
+  std::vector<int> out;
+  if (s.empty()) return out;
+  std::size_t i = 0;
+  while (i <= s.size()) {
+    const std::size_t j = std::min(s.find(',', i), s.size());
+    const std::string item = s.substr(i, j - i);
+    std::size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || n < 1)
+      throw std::invalid_argument("--pp-layers '" + s + "': '" + item +
+                                  "' is not a layer count >= 1; give the layers of each pipeline stage separated by "
+                                  "commas, e.g. --pp-layers 2,3");
+    out.push_back(n);
+    i = j + 1;
+  }
+  return out;
+}
 
 // --model, --tokenizer, --kv (the presets and halves listed from the format table), --k-scale, --v-scale.
 inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
@@ -108,6 +137,10 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_option("--threads", f.threads, "CPU threads (0 = all cores)")->capture_default_str();
   sub->add_option("--block-size", f.block_size, "tokens per KV page")->capture_default_str();
   sub->add_option("--kv-cache-memory", f.kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
+  sub->add_option("--pp", f.pp,
+                  "pipeline (layer) split into N stages, each with its own KV store (CPU engine; default 1 = unsplit, "
+                  "or the count of --pp-layers)");
+  sub->add_option("--pp-layers", f.pp_layers, "layers of each pipeline stage, e.g. 2,3 (default: as even as possible)");
 }
 
 // The checks both commands make before loading anything.
@@ -127,6 +160,11 @@ inline void check_engine_flags(const EngineFlags& f) {
   if (f.k_scale && !(*f.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
   if (f.v_scale && !(*f.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
   if (f.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
+  if (f.pp && *f.pp < 1) throw std::invalid_argument("--pp = " + std::to_string(*f.pp) + " must be >= 1 (pipeline stages)");
+  const std::vector<int> layers = parse_pp_layers(f.pp_layers);
+  if (f.pp && !layers.empty() && static_cast<int>(layers.size()) != *f.pp)
+    throw std::invalid_argument("--pp " + std::to_string(*f.pp) + " with --pp-layers " + f.pp_layers + " (" +
+                                std::to_string(layers.size()) + " stages): give one count per stage, or leave --pp out");
 }
 
 // The engine options of the flags, for the KV format resolved against the model.
@@ -137,6 +175,8 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv) 
   eo.kv_cache_memory = f.kv_cache_memory;
   eo.threads = f.threads;
   eo.kv_resident = f.cache.resident;
+  eo.pipeline_layers = parse_pp_layers(f.pp_layers);
+  eo.pipeline_stages = f.pp ? *f.pp : std::max<int>(1, static_cast<int>(eo.pipeline_layers.size()));
   // A conversation is saved whole after the turn (its KV file holds every row), so its pages stay
   // even where every layer's sliding window has passed them.
   eo.release_outside_window = f.cache.conv_id.empty();

@@ -207,6 +207,27 @@ TEST_CASE("CLI.run.stream --kv-resident streams and --json reports the window's 
   CHECK(st.kv_bytes_moved != st.kv_block_lookups);
 }
 
+TEST_CASE("CLI.run.pp --pp / --pp-layers split the engine into pipeline stages; --json reports the topology",
+          "[gate:CLI][fmt:int8]") {
+  // The split generates the unsplit engine's tokens (PAR.split.* proves the logits bitwise).
+  const json j = run_json(model_args() + " --kv int8 --steps 30 --pp-layers 1,3,1");
+  EngineOptions eo = lib_options("int8");
+  EngineStats st;
+  const std::vector<int> ids = lib_generate(eo, SamplerOptions{}, j["prompt_ids"].get<std::vector<int>>(), 30, &st);
+  const json& s = j["stats"];
+  CHECK(j["generated_ids"].get<std::vector<int>>() == ids);
+  CHECK(s["pipeline_stages"].get<int>() == 3);
+  CHECK(s["stage_layers"].get<std::vector<int>>() == std::vector<int>{1, 3, 1});
+  CHECK(s["topology"].get<std::string>() == "pipeline:1+3+1");
+  CHECK(s["kv_pool_bytes"].get<std::size_t>() == st.kv_pool_bytes);  // the stages' pools add up to one
+  CHECK(st.topology == "single");
+  const json two = run_json(model_args() + " --kv int8 --steps 4 --pp 2");
+  CHECK(two["stats"]["stage_layers"].get<std::vector<int>>() == std::vector<int>{3, 2});
+  const Run bad = kvgate_cli("run " + model_args() + " --steps 1 --pp 2 --pp-layers 4,2");
+  CHECK(bad.rc != 0);
+  CHECK_THAT(bad.err, kvgate_catch::contains("--pp-layers 4,2 does not split the model's 5 layers"));
+}
+
 TEST_CASE("CLI.chat.stream kvgate chat --kv-resident streams the conversation's KV", "[gate:CLI][fmt:f16]") {
   const Run r = kvgate_cli("chat " + model_args() + " --kv f16 --steps 40 --threads 1 --kv-resident 32",
                            "Once upon\n/stats\n/quit\n");

@@ -64,6 +64,18 @@ inline const Model& synth64() {
   return gates::synth_model_once("hd64", o);
 }
 
+// Runs `run(model, f)` in one section per PAR model of the calling test case: stories260K, then the
+// synth head_dim-64 model.
+template <class Run>
+void on_par_models(const Run& run, const KvFormat& f) {
+  SECTION("stories260K") { run(stories(), f); }
+  SECTION("synth head_dim 64") { run(synth64(), f); }
+}
+
+// KVGATE_PRESETS(PAR_PRESET_ROW, MACRO) registers MACRO(id, preset) once per preset
+// (kvgate/format_list.hpp), the preset's name as both.
+#define PAR_PRESET_ROW(MACRO, name, k, v, slot, kind) MACRO(#name, #name)
+
 // --- formats -------------------------------------------------------------------------------------
 inline KvFormat fmt_of(const char* preset) {
   const auto f = parse_kv_format(preset);

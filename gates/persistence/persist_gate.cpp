@@ -134,13 +134,10 @@ void run_persist(const Model& m, const KvFormat& f) {
 #define PAR_PERSIST(id, preset)                                                                                   \
   TEST_CASE("PAR.persist." id " persisted + hydrated 3-turn conversation == live, bitwise",                       \
             "[gate:PAR][fmt:" preset "]") {                                                                       \
-    const KvFormat f = fmt_of(preset);                                                                            \
-    SECTION("stories260K") { run_persist(stories(), f); }                                                         \
-    SECTION("synth head_dim 64") { run_persist(synth64(), f); }                                                   \
+    on_par_models(run_persist, fmt_of(preset));                                                                   \
   }
 
-#define PAR_PERSIST_ROW(A, name, k, v, slot, kind) PAR_PERSIST(#name, #name)
-KVGATE_PRESETS(PAR_PERSIST_ROW, _)  // one row per preset: kvgate/format_list.hpp
+KVGATE_PRESETS(PAR_PRESET_ROW, PAR_PERSIST)  // one test case per preset: kvgate/format_list.hpp
 PAR_PERSIST("mixed", "k=q8_0,v=fp8_e5m2")
 PAR_PERSIST("mixed_rot", "k=fp8_e4m3,v=q4_0_rot")
 

@@ -795,10 +795,10 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
     if (hook) [[unlikely]] {
       // Diagnostics (KvReadHook): the rows are dequantized into the tiles, handed to the hook, then used.
       dequantize_rows(kf, g, nt, kp, ks, ktile);
-      hook->on_read(layer, KvHalf::K, t0, nt, HD, ktile);
+      hook->on_read(store.config().first_layer + layer, KvHalf::K, t0, nt, HD, ktile);
       transpose_rows(ktile, kt, nt, HD, kstride, B);
       dequantize_rows(vf, g, nt, vp, vs, vtile);
-      hook->on_read(layer, KvHalf::V, t0, nt, HD, vtile);
+      hook->on_read(store.config().first_layer + layer, KvHalf::V, t0, nt, HD, vtile);
       attend_page(a, D, HD, kstride, group, t0, nt, scale, q, kt, vtile, m, l, acc);
       continue;
     }

@@ -117,14 +117,78 @@ int widest_window_if_all(const ModelConfig& c) {
   return w;
 }
 
+std::vector<std::pair<int, int>> pipeline_ranges(const ModelConfig& c, const EngineOptions& o) {
+  const int L = c.n_layers, S = o.pipeline_stages;
+  if (S < 1 || S > L)
+    throw EngineError("engine: --pp " + std::to_string(S) + " pipeline stages for a model of " + std::to_string(L) +
+                      " layers: give 1 (no split) to " + std::to_string(L) + " (one layer per stage)");
+  std::vector<int> counts = o.pipeline_layers;
+  if (counts.empty()) {
+    for (int i = 0; i < S; ++i) counts.push_back(L / S + (i < L % S ? 1 : 0));
+  } else {
+    std::string list;
+    long long sum = 0;
+    bool empty_stage = false;
+    for (int n : counts) {
+      list += (list.empty() ? "" : ",") + std::to_string(n);
+      sum += n;
+      empty_stage |= n < 1;
+    }
+    if (static_cast<int>(counts.size()) != S || empty_stage || sum != L)
+      throw EngineError("engine: --pp-layers " + list + " does not split the model's " + std::to_string(L) +
+                        " layers into " + std::to_string(S) + " stages: give " + std::to_string(S) +
+                        " counts, each >= 1, summing to " + std::to_string(L));
+  }
+  std::vector<std::pair<int, int>> ranges;
+  int first = 0;
+  for (int n : counts) {
+    ranges.push_back({first, first + n});
+    first += n;
+  }
+  return ranges;
+}
+
+std::string topology_name(const std::vector<int>& stage_layers) {
+  if (stage_layers.size() <= 1) return "single";
+  std::string t = "pipeline:";
+  for (std::size_t i = 0; i < stage_layers.size(); ++i) t += (i ? "+" : "") + std::to_string(stage_layers[i]);
+  return t;
+}
+
+namespace {
+
+// One pipeline stage: its model layers, its own KV store and sequence, its own forward scratch (as
+// each device of a split would hold them).
+struct Stage {
+  int layer0, layer1;  // model layers [layer0, layer1)
+  PagedKvStore store;
+  SeqId seq;
+  detail::CpuForward fwd;
+  Stage(const Model& m, StoreConfig sc, int l0, int l1, int chunk, detail::ThreadPool& pool)
+      : layer0(l0), layer1(l1), store(std::move(sc)), seq(store.create_sequence()), fwd(m, chunk, pool) {}
+};
+
+// The store of stage [l0, l1): the whole model's config with that range of layers and their scales.
+StoreConfig stage_store_config(const StoreConfig& full, int l0, int l1) {
+  StoreConfig sc = full;
+  sc.n_layers = l1 - l0;
+  sc.first_layer = l0;
+  auto slice = [&](const std::vector<float>& v) {
+    return v.empty() ? v : std::vector<float>(v.begin() + l0, v.begin() + l1);
+  };
+  sc.k_scale = slice(full.k_scale);
+  sc.v_scale = slice(full.v_scale);
+  return sc;
+}
+
+}  // namespace
+
 struct Engine::Impl {
   const Model& model;
   EngineOptions opts;
   int max_ctx;
   detail::ThreadPool pool;
-  PagedKvStore store;
-  SeqId seq;
-  detail::CpuForward fwd;
+  std::vector<std::unique_ptr<Stage>> stages;  // one when unsplit
   std::vector<float> logits;
   EngineStats stats;
   std::vector<int> history;  // token ids of the sequence (conversations save them)
@@ -135,64 +199,123 @@ struct Engine::Impl {
         opts(std::move(o)),
         max_ctx(opts.max_context > 0 ? opts.max_context : m.config.max_seq_len),
         pool(resolve_threads(opts.threads)),
-        store(make_store_config(m, opts, max_ctx, "engine")),
-        seq(store.create_sequence()),
-        fwd(m, std::max(1, std::min(opts.prefill_chunk, max_ctx)), pool),
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
+    const std::vector<std::pair<int, int>> ranges = pipeline_ranges(m.config, opts);
+    const StoreConfig full = make_store_config(m, opts, max_ctx, "engine");
+    const int chunk = std::max(1, std::min(opts.prefill_chunk, max_ctx));
+    for (const auto& [l0, l1] : ranges)
+      stages.push_back(std::make_unique<Stage>(m, stage_store_config(full, l0, l1), l0, l1, chunk, pool));
     stats.requested_kv = opts.kv.requested.name();
     stats.requested_source = opts.kv.requested_source;
     stats.effective_kv = opts.kv.effective.name();
     stats.backend = opts.kv.backend.empty() ? "cpu" : opts.kv.backend;
     stats.fallback_reason = opts.kv.fallback_reason;
     stats.kv_layout = kv_cache_layout(m.config);
-    stats.block_size = store.config().block_size;
-    stats.n_blocks = store.config().n_blocks;
-    stats.kv_pool_bytes = store.pool_bytes();
+    stats.block_size = full.block_size;
+    stats.n_blocks = full.n_blocks;
     stats.threads = pool.size();
     if (opts.kv_resident < 0) throw EngineError("engine: --kv-resident must be >= 0 tokens (0 = off)");
-    if (opts.kv_resident > 0) store.set_streaming(opts.kv_resident);
-    if (opts.kv_read_hook) store.set_read_hook(opts.kv_read_hook);
+    stats.pipeline_stages = static_cast<int>(stages.size());
+    for (auto& st : stages) {
+      if (opts.kv_resident > 0) st->store.set_streaming(opts.kv_resident);
+      if (opts.kv_read_hook) st->store.set_read_hook(opts.kv_read_hook);
+      stats.kv_pool_bytes += st->store.pool_bytes();
+      stats.kv_device_bytes += st->store.window() ? st->store.window()->device_bytes() : st->store.pool_bytes();
+      stats.stage_layers.push_back(st->layer1 - st->layer0);
+    }
+    stats.topology = topology_name(stats.stage_layers);
     stats.kv_resident_tokens = opts.kv_resident;
-    stats.kv_device_bytes = store.window() ? store.window()->device_bytes() : store.pool_bytes();
     if (opts.release_outside_window) release_window = widest_window_if_all(m.config);
   }
 
+  Stage& first() { return *stages.front(); }
+  const Stage& first() const { return *stages.front(); }
+  int length() const { return first().store.length(first().seq); }
+
   // Before a forward step of queries from position `pos0`: the keys any layer reads start at
-  // pos0 - window + 1, so the whole pages before it go back to the pool.
+  // pos0 - window + 1, so the whole pages before it go back to the pool (every stage's).
   void release_outside_window() {
-    if (release_window > 0) store.release_before(seq, store.length(seq) - release_window + 1);
+    if (release_window <= 0) return;
+    const int keep_from = length() - release_window + 1;
+    for (auto& st : stages) st->store.release_before(st->seq, keep_from);
   }
 
   void check_room(std::size_t n) const {
-    const int pos = store.length(seq);
+    const int pos = length();
     if (static_cast<long long>(pos) + static_cast<long long>(n) > max_ctx)
       throw EngineError("engine: " + std::to_string(n) + " more tokens at position " + std::to_string(pos) +
                         " exceed the context of " + std::to_string(max_ctx) + " tokens");
   }
   void refresh() {
-    stats.position = store.length(seq);
-    stats.kv_bytes = store.sequence_bytes(seq);
-    const StreamCounters sc = store.stream_counters();
+    stats.position = length();
+    stats.kv_bytes = 0;
+    StreamCounters sc;
+    for (const auto& st : stages) {
+      stats.kv_bytes += st->store.sequence_bytes(st->seq);
+      const StreamCounters c = st->store.stream_counters();
+      sc.lookups += c.lookups;
+      sc.misses += c.misses;
+      sc.bytes_moved += c.bytes_moved;
+    }
     stats.kv_block_lookups = sc.lookups;
     stats.kv_block_misses = sc.misses;
     stats.kv_bytes_moved = sc.bytes_moved;
+  }
+  // One chunk through every layer. Unsplit: the single-store pass. Split: every stage's sequence
+  // grows by n; the first stage embeds, each stage runs its layers over its own store and hands the
+  // activations to the next; the last computes the logits.
+  void forward(const int* toks, int n, float* out, bool all) {
+    if (stages.size() == 1) {
+      Stage& st = first();
+      st.fwd.forward(st.store, st.seq, toks, n, out, all);
+      return;
+    }
+    first().fwd.check_chunk(toks, n);
+    const int pos0 = length();
+    for (auto& st : stages)
+      if (st->store.extend(st->seq, n) != pos0)
+        throw EngineError("engine: pipeline stage of layers " + std::to_string(st->layer0) + "-" +
+                          std::to_string(st->layer1 - 1) + " is out of step with the first stage");
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      Stage& st = *stages[i];
+      if (i == 0) st.fwd.embed(toks, n, pos0);
+      else st.fwd.receive(stages[i - 1]->fwd.activations(), n, pos0);  // the activations handed over
+      st.fwd.run_layers(st.store, st.seq, st.layer0, st.layer1, n, pos0);
+    }
+    stages.back()->fwd.head(n, out, all);
   }
   // Batched prefill in chunks; `all` receives [n][vocab] when non-null.
   void run(std::span<const int> toks, float* all) {
     check_room(toks.size());
     history.insert(history.end(), toks.begin(), toks.end());
     const auto t0 = Clock::now();
-    const int C = fwd.max_chunk();
+    const int C = first().fwd.max_chunk();
     const std::size_t V = logits.size();
     for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(C)) {
       const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(C), toks.size() - i));
       release_outside_window();
-      if (all) fwd.forward(store, seq, toks.data() + i, n, all + i * V, true);
-      else fwd.forward(store, seq, toks.data() + i, n, logits.data(), false);  // the last chunk's wins
+      if (all) forward(toks.data() + i, n, all + i * V, true);
+      else forward(toks.data() + i, n, logits.data(), false);  // the last chunk's wins
     }
     stats.prefill_seconds += seconds_since(t0);
     stats.prefill_tokens += static_cast<long long>(toks.size());
     refresh();
+  }
+  std::vector<KvStageView> views() const {
+    std::vector<KvStageView> v;
+    for (const auto& st : stages) v.push_back({&st->store, st->seq});
+    return v;
+  }
+  std::vector<KvStageTarget> targets() {
+    std::vector<KvStageTarget> v;
+    for (auto& st : stages) v.push_back({&st->store, st->seq});
+    return v;
+  }
+  const Stage& stage(int i) const {
+    if (i < 0 || i >= static_cast<int>(stages.size()))
+      throw EngineError("engine: no pipeline stage " + std::to_string(i) + " (the engine has " +
+                        std::to_string(stages.size()) + ")");
+    return *stages[static_cast<std::size_t>(i)];
   }
 };
 
@@ -215,7 +338,7 @@ const std::vector<float>& Engine::decode(int token) {
   d.history.push_back(token);
   const auto t0 = Clock::now();
   d.release_outside_window();
-  d.fwd.forward(d.store, d.seq, &token, 1, d.logits.data(), false);
+  d.forward(&token, 1, d.logits.data(), false);
   d.stats.decode_seconds += seconds_since(t0);
   d.stats.decode_tokens += 1;
   return d.logits;
@@ -235,7 +358,7 @@ GenerateResult Engine::generate(std::span<const int> prompt, int steps, const Sa
   Sampler sampler(vocab_size(), so);
   GenerateResult r = generate_loop(
       "engine", prompt.size(), steps, d.model.config.bos_id, d.model.config.eos_id, d.max_ctx, d.stats,
-      [&] { d.run(prompt, nullptr); }, [&] { return sampler.sample(d.logits); }, [&] { return d.store.length(d.seq); }, [&](int t) { decode(t); },
+      [&] { d.run(prompt, nullptr); }, [&] { return sampler.sample(d.logits); }, [&] { return d.length(); }, [&](int t) { decode(t); },
       on_token);
   d.refresh();
   return r;
@@ -243,8 +366,10 @@ GenerateResult Engine::generate(std::span<const int> prompt, int steps, const Sa
 
 void Engine::reset() {
   Impl& d = *impl_;
-  d.store.free_sequence(d.seq);
-  d.seq = d.store.create_sequence();
+  for (auto& st : d.stages) {
+    st->store.free_sequence(st->seq);
+    st->seq = st->store.create_sequence();
+  }
   d.history.clear();
   const EngineStats keep = d.stats;
   d.stats = EngineStats{};
@@ -258,13 +383,16 @@ void Engine::reset() {
   d.stats.n_blocks = keep.n_blocks;
   d.stats.kv_pool_bytes = keep.kv_pool_bytes;
   d.stats.threads = keep.threads;
+  d.stats.pipeline_stages = keep.pipeline_stages;
+  d.stats.stage_layers = keep.stage_layers;
+  d.stats.topology = keep.topology;
   d.stats.kv_resident_tokens = keep.kv_resident_tokens;
   d.stats.kv_device_bytes = keep.kv_device_bytes;
   d.refresh();
 }
 
 void Engine::truncate(int n_tokens) {
-  impl_->store.truncate(impl_->seq, n_tokens);
+  for (auto& st : impl_->stages) st->store.truncate(st->seq, n_tokens);
   impl_->history.resize(static_cast<std::size_t>(n_tokens));
   impl_->refresh();
 }
@@ -273,12 +401,12 @@ std::span<const int> Engine::history() const { return impl_->history; }
 
 int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
-  check_kv_file_compatible(file, d.store, d.model.fingerprint);  // refuse before touching the sequence
+  check_kv_file_compatible(file, d.views(), d.model.fingerprint);  // refuse before touching the sequence
   const int n = hydratable_prefix(file, prompt);
   if (n > d.max_ctx) throw EngineError("engine: the KV file holds more tokens than the context");
   reset();
   const auto t0 = Clock::now();
-  restore_kv_file(file, d.store, d.seq, n, d.model.fingerprint);
+  restore_kv_file(file, d.targets(), n, d.model.fingerprint);
   d.history.assign(prompt.begin(), prompt.begin() + n);
   d.stats.hydrated_tokens = n;
   d.stats.hydrate_ms = seconds_since(t0) * 1e3;
@@ -290,10 +418,10 @@ void Engine::save_kv(const std::string& path, std::span<const int> pending) cons
   const Impl& d = *impl_;
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
-  save_kv_file(path, d.store, d.seq, d.store.length(d.seq), transcript, d.model.fingerprint);
+  save_kv_file(path, d.views(), d.length(), transcript, d.model.fingerprint);
 }
 
-int Engine::position() const { return impl_->store.length(impl_->seq); }
+int Engine::position() const { return impl_->length(); }
 int Engine::max_context() const { return impl_->max_ctx; }
 int Engine::vocab_size() const { return static_cast<int>(impl_->logits.size()); }
 const EngineStats& Engine::stats() const {
@@ -301,8 +429,15 @@ const EngineStats& Engine::stats() const {
   return impl_->stats;
 }
 const Model& Engine::model() const { return impl_->model; }
-const PagedKvStore& Engine::store() const { return impl_->store; }
-PagedKvStore& Engine::store() { return impl_->store; }
-SeqId Engine::sequence() const { return impl_->seq; }
+const PagedKvStore& Engine::store() const { return impl_->first().store; }
+PagedKvStore& Engine::store() { return impl_->first().store; }
+SeqId Engine::sequence() const { return impl_->first().seq; }
+int Engine::stage_count() const { return static_cast<int>(impl_->stages.size()); }
+const PagedKvStore& Engine::stage_store(int stage) const { return impl_->stage(stage).store; }
+SeqId Engine::stage_sequence(int stage) const { return impl_->stage(stage).seq; }
+std::pair<int, int> Engine::stage_layers(int stage) const {
+  const Stage& st = impl_->stage(stage);
+  return {st.layer0, st.layer1};
+}
 
 }  // namespace kvgate

@@ -281,7 +281,7 @@ void CpuForward::rope(float* v, int T, int n_heads, bool local) const {
 // contiguous query range per thread, cut where the causal work (keys per query) is balanced. The
 // per-query arithmetic is the same whatever the split. A streamed store is read from one thread
 // (its page lookups move the resident window).
-void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0) {
+void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int store_layer, int T, int pos0) {
   const int qd = c_.q_dim();
   AttentionArgs aa;
   aa.n_heads = c_.n_heads;
@@ -292,7 +292,7 @@ void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int T, in
   if (parts <= 1 || store.streaming()) {
     aa.n_q = T;
     aa.pos0 = pos0;
-    attention(store, s, layer, aa, q_.data(), att_.data());
+    attention(store, s, store_layer, aa, q_.data(), att_.data());
     return;
   }
   int bounds[65];
@@ -320,42 +320,67 @@ void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int T, in
       AttentionArgs part = aa;
       part.n_q = n;
       part.pos0 = pos0 + i0;
-      attention(store, s, layer, part, q_.data() + static_cast<std::size_t>(i0) * qd,
+      attention(store, s, store_layer, part, q_.data() + static_cast<std::size_t>(i0) * qd,
                 att_.data() + static_cast<std::size_t>(i0) * qd);
     }
   });
 }
 
 void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T, float* logits, bool all_logits) {
+  check_chunk(tokens, T);
+  const int pos0 = store.extend(s, T);
+  embed(tokens, T, pos0);
+  run_layers(store, s, 0, c_.n_layers, T, pos0);
+  head(T, logits, all_logits);
+}
+
+void CpuForward::check_chunk(const int* tokens, int T) const {
   if (T < 1 || T > max_chunk_) throw EngineError("forward: chunk of " + std::to_string(T) + " tokens (max " +
                                                  std::to_string(max_chunk_) + ")");
-  const ModelConfig& c = c_;
-  const ModelWeights& w = m_.weights;
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
   for (int t = 0; t < T; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c.vocab_size)
+    if (tokens[t] < 0 || tokens[t] >= c_.vocab_size)
       throw EngineError("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
-                        std::to_string(c.vocab_size) + ")");
-  const int pos0 = store.extend(s, T);
+                        std::to_string(c_.vocab_size) + ")");
+}
 
+void CpuForward::prepare_chunk(int pos0, int T) {
+  const ModelConfig& c = c_;
+  rope_angles(c.rope, freq_, rope_scale_, pos0, T, cos_.data(), sin_.data());
+  if (c.has_rope_local) rope_angles(c.rope_local, freq_l_, rope_scale_l_, pos0, T, cos_l_.data(), sin_l_.data());
+}
+
+void CpuForward::embed(const int* tokens, int T, int pos0) {
+  const ModelConfig& c = c_;
+  const int dim = c.dim;
   // Token embeddings -> residual stream x[T][dim] (Gemma: times sqrt(hidden)).
   for (int t = 0; t < T; ++t)
     std::memcpy(x_.data() + static_cast<std::size_t>(t) * dim,
-                w.tok_embeddings.data() + static_cast<std::size_t>(tokens[t]) * dim, sizeof(float) * dim);
+                m_.weights.tok_embeddings.data() + static_cast<std::size_t>(tokens[t]) * dim, sizeof(float) * dim);
   if (c.embed_scale > 0)
     for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] *= c.embed_scale;
-  // RoPE angles for the chunk's positions, shared by every layer (and the sliding layers' own).
-  rope_angles(c.rope, freq_, rope_scale_, pos0, T, cos_.data(), sin_.data());
-  if (c.has_rope_local) rope_angles(c.rope_local, freq_l_, rope_scale_l_, pos0, T, cos_l_.data(), sin_l_.data());
+  prepare_chunk(pos0, T);
+}
 
-  for (int l = 0; l < c.n_layers; ++l) {
+void CpuForward::receive(const float* x, int T, int pos0) {
+  if (T < 1 || T > max_chunk_) throw EngineError("forward: chunk of " + std::to_string(T) + " tokens (max " +
+                                                 std::to_string(max_chunk_) + ")");
+  std::memcpy(x_.data(), x, sizeof(float) * static_cast<std::size_t>(T) * static_cast<std::size_t>(c_.dim));
+  prepare_chunk(pos0, T);
+}
+
+void CpuForward::run_layers(PagedKvStore& store, SeqId s, int l0, int l1, int T, int pos0) {
+  const ModelConfig& c = c_;
+  const ModelWeights& w = m_.weights;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
+  for (int l = l0; l < l1; ++l) {
+    const int sl = l - l0;  // the layer's slot in this store
     const LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
     // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
     for (int t = 0; t < T; ++t)
       rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
               L.attn_norm.data(), dim, c.rms_eps);
     if (c.mla.any()) {
-      mla_attention(store, s, L, l, T, pos0);
+      mla_attention(store, s, L, l, sl, T, pos0);
     } else {
       matmul(pool_, q_.data(), xb_.data(), L.wq.data(), c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
       matmul(pool_, k_.data(), xb_.data(), L.wk.data(), c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
@@ -372,8 +397,8 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
       rope(q_.data(), T, c.n_heads, local_rope);
       rope(k_.data(), T, c.n_kv_heads, local_rope);
       // K/V rows go through the KV format; attention reads them back from the store.
-      store.write(s, l, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
-      attend(store, s, l, T, pos0);
+      store.write(s, sl, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
+      attend(store, s, l, sl, T, pos0);
       // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
       if (c.post_norms) {
         matmul(pool_, xb2_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, false);
@@ -410,7 +435,12 @@ void CpuForward::forward(PagedKvStore& store, SeqId s, const int* tokens, int T,
                           ", element " + std::to_string(i % dim) +
                           ": the model's weights or the KV cache hold NaN/inf (check the model file)");
   }
+}
 
+void CpuForward::head(int T, float* logits, bool all_logits) {
+  const ModelConfig& c = c_;
+  const ModelWeights& w = m_.weights;
+  const int dim = c.dim;
   // Final norm and classifier: every row, or the last one only.
   const int first = all_logits ? 0 : T - 1;
   const int n_rows = T - first;
@@ -571,7 +601,8 @@ void CpuForward::route_groups(const float* logits, const float* bias, int* sel, 
 // transformers' apply_rotary_pos_emb_interleave; else rotate-half). Each head's key [k_nope | k_rope]
 // and value [v | 0 ... 0] (zero-padded to the key width) go to the store as an ordinary K/V head, so
 // the KV format applies to those expanded rows (not to a latent); attention's v outputs feed o_proj.
-void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int T, int pos0) {
+void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int store_layer, int T,
+                               int pos0) {
   const ModelConfig& c = c_;
   const MlaConfig& a = c.mla;
   const int dim = c.dim, H = c.n_heads, N = a.nope_dim, R = a.rope_dim, VD = a.v_dim, QK = N + R,
@@ -622,8 +653,8 @@ void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights&
     }
   }
   const std::size_t kvd = static_cast<std::size_t>(c.kv_dim());
-  store.write(s, l, pos0, T, k_.data(), kvd, v_.data(), kvd);
-  attend(store, s, l, T, pos0);
+  store.write(s, store_layer, pos0, T, k_.data(), kvd, v_.data(), kvd);
+  attend(store, s, l, store_layer, T, pos0);
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < H; ++h)
       std::memcpy(attc_.data() + (static_cast<std::size_t>(t) * H + h) * VD,

@@ -25,6 +25,19 @@ class CpuForward {
   // logits of the last token to `logits` ([vocab]), or of every token ([T][vocab]) when all_logits.
   void forward(PagedKvStore& store, SeqId s, const int* tokens, int T, float* logits, bool all_logits);
 
+  // The same pass in pieces, for a pipeline split (the engine's stages, each with its own
+  // CpuForward and store): check_chunk; embed (the first stage) or receive (the activations the
+  // previous stage handed over); run_layers over the stage's layers; head (the last stage).
+  // forward() is check_chunk, extend, embed, run_layers(all layers), head.
+  void check_chunk(const int* tokens, int T) const;
+  void embed(const int* tokens, int T, int pos0);
+  void receive(const float* x, int T, int pos0);
+  // Model layers [l0, l1) over the chunk at pos0; layer l's K/V rows are layer l - l0 of `store`.
+  void run_layers(PagedKvStore& store, SeqId s, int l0, int l1, int T, int pos0);
+  void head(int T, float* logits, bool all_logits);
+  // The residual stream of the chunk, [T][dim]: what a stage hands to the next.
+  const float* activations() const { return x_.data(); }
+
   int max_chunk() const { return max_chunk_; }
   // Width the RoPE turns: head_dim, or MLA's qk_rope_head_dim.
   int rope_width() const { return c_.mla.any() ? c_.mla.rope_dim : c_.head_dim; }
@@ -36,7 +49,10 @@ class CpuForward {
   // cos/sin of the chunk's positions pos0..pos0+T-1 for `r` into cs/sn [T][half].
   void rope_angles(const RopeConfig& r, std::vector<float>& freq, float& scaling, int pos0, int T, float* cs,
                    float* sn) const;
-  void attend(const PagedKvStore& store, SeqId s, int layer, int T, int pos0);
+  // Attention of model layer `layer`, whose K/V rows are layer `store_layer` of the store.
+  void attend(const PagedKvStore& store, SeqId s, int layer, int store_layer, int T, int pos0);
+  // RoPE angles of the chunk's positions, shared by every layer (and the sliding layers' own).
+  void prepare_chunk(int pos0, int T);
   void add_normed(const float* norm_w, int T);
   // Mixture-of-experts FFN of layer L over the chunk: xb_ (normed) -> moe_ (the weighted expert sum).
   void moe_ffn(const LayerWeights& L, int T);
@@ -47,7 +63,7 @@ class CpuForward {
   void route_groups(const float* logits, const float* bias, int* sel, float* weight) const;
   // Latent attention (MLA) of layer l: projections, RoPE on the rope parts, the expanded K/V rows into
   // the store, attention, and x += o_proj(heads' v outputs).
-  void mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int T, int pos0);
+  void mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int store_layer, int T, int pos0);
 
   const Model& m_;
   const ModelConfig& c_;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <utility>
 
 #include "kvgate/atomic_file.hpp"
 #include "kvgate/blocks.hpp"
@@ -150,9 +151,47 @@ KvRegionSizes kv_region_sizes(const KvFileHeader& h) {
   return s;
 }
 
+namespace {
+
+// The stages' combined shape: the first stage's config with every stage's layers. Stages out of
+// layer order (or of different formats or shapes) are a caller's bug.
+StoreConfig combined_config(std::span<const KvStageView> stages) {
+  if (stages.empty()) throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: no stores");
+  StoreConfig c = stages[0].store->config();
+  c.n_layers = 0;
+  for (const KvStageView& st : stages) {
+    const StoreConfig& sc = st.store->config();
+    if (sc.first_layer != c.n_layers || !(sc.format == c.format) || sc.n_kv_heads != c.n_kv_heads ||
+        sc.head_dim != c.head_dim || sc.block_size != c.block_size)
+      throw KvFileError(KvFileError::Kind::io, "",
+                        "KV file: internal error: pipeline stage stores out of layer order or of different shapes "
+                        "(a stage starts at layer " + std::to_string(sc.first_layer) + ", expected " +
+                            std::to_string(c.n_layers) + ")");
+    c.n_layers += sc.n_layers;
+  }
+  return c;
+}
+
+// Stage and layer slot of model layer l.
+std::pair<const PagedKvStore*, int> stage_layer(std::span<const KvStageView> stages, int l) {
+  for (const KvStageView& st : stages) {
+    const int first = st.store->config().first_layer;
+    if (l >= first && l < first + st.store->config().n_layers) return {st.store, l - first};
+  }
+  throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: no stage holds layer " + std::to_string(l));
+}
+
+}  // namespace
+
 std::string encode_kv_file(const PagedKvStore& store, SeqId s, int n_tokens, std::span<const int> tokens,
                            std::string_view fingerprint) {
-  const StoreConfig& c = store.config();
+  const KvStageView one[1] = {{&store, s}};
+  return encode_kv_file(one, n_tokens, tokens, fingerprint);
+}
+
+std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, std::span<const int> tokens,
+                           std::string_view fingerprint) {
+  const StoreConfig c = combined_config(stages);
   if (static_cast<int>(tokens.size()) < n_tokens)
     throw KvFileError(KvFileError::Kind::io, "", "KV file: the transcript holds " + std::to_string(tokens.size()) +
                                                      " token ids, fewer than the " + std::to_string(n_tokens) +
@@ -171,8 +210,9 @@ std::string encode_kv_file(const PagedKvStore& store, SeqId s, int n_tokens, std
   h.token_count = static_cast<int>(tokens.size());
   h.fingerprint = std::string(fingerprint);
   for (int l = 0; l < c.n_layers; ++l) {
-    h.k_scale.push_back(store.tensor_scale(l, KvHalf::K));
-    h.v_scale.push_back(store.tensor_scale(l, KvHalf::V));
+    const auto [st, sl] = stage_layer(stages, l);
+    h.k_scale.push_back(st->tensor_scale(sl, KvHalf::K));
+    h.v_scale.push_back(st->tensor_scale(sl, KvHalf::V));
   }
   const KvRegionSizes sz = kv_region_sizes(h);
 
@@ -181,22 +221,26 @@ std::string encode_kv_file(const PagedKvStore& store, SeqId s, int n_tokens, std
   std::string body, scales;
   body.reserve(sz.body);
   scales.reserve(sz.scales);
-  store.export_pages(s, n_tokens, [&](const PagedKvStore::PageRef& p, const std::uint8_t* page) {
-    const TokenBytes tb = token_bytes(store.half_format(p.half), store.geometry());
-    for (const ByteRun& r : p.runs) {
-      const char* src = reinterpret_cast<const char*>(page + r.offset);
-      if (r.name == "blocks") {  // llama.cpp blocks: the f16 d goes to the scales region, qs to the body
-        for (std::size_t o = 0; o < r.bytes; o += tb.qblock) {
-          scales.append(src + o, sizeof(std::uint16_t));
-          body.append(src + o + sizeof(std::uint16_t), tb.qblock - sizeof(std::uint16_t));
+  // Layer-major regions: the stages' pages one after the other, in layer order.
+  for (const KvStageView& stage : stages) {
+    const PagedKvStore& store = *stage.store;
+    store.export_pages(stage.seq, n_tokens, [&](const PagedKvStore::PageRef& p, const std::uint8_t* page) {
+      const TokenBytes tb = token_bytes(store.half_format(p.half), store.geometry());
+      for (const ByteRun& r : p.runs) {
+        const char* src = reinterpret_cast<const char*>(page + r.offset);
+        if (r.name == "blocks") {  // llama.cpp blocks: the f16 d goes to the scales region, qs to the body
+          for (std::size_t o = 0; o < r.bytes; o += tb.qblock) {
+            scales.append(src + o, sizeof(std::uint16_t));
+            body.append(src + o + sizeof(std::uint16_t), tb.qblock - sizeof(std::uint16_t));
+          }
+        } else if (r.name == "scales") {
+          scales.append(src, r.bytes);
+        } else {
+          body.append(src, r.bytes);
         }
-      } else if (r.name == "scales") {
-        scales.append(src, r.bytes);
-      } else {
-        body.append(src, r.bytes);
       }
-    }
-  });
+    });
+  }
   if (body.size() != sz.body || scales.size() != sz.scales)
     throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: region sizes do not match the layout");
   h.tokens_bytes = sz.tokens;
@@ -216,6 +260,11 @@ std::string encode_kv_file(const PagedKvStore& store, SeqId s, int n_tokens, std
 void save_kv_file(const std::string& path, const PagedKvStore& store, SeqId s, int n_tokens,
                   std::span<const int> tokens, std::string_view fingerprint) {
   write_file_atomic(path, encode_kv_file(store, s, n_tokens, tokens, fingerprint));
+}
+
+void save_kv_file(const std::string& path, std::span<const KvStageView> stages, int n_tokens,
+                  std::span<const int> tokens, std::string_view fingerprint) {
+  write_file_atomic(path, encode_kv_file(stages, n_tokens, tokens, fingerprint));
 }
 
 KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& path) {
@@ -399,8 +448,13 @@ KvFile read_kv_file(const std::string& path) {
 }
 
 void check_kv_file_compatible(const KvFile& f, const PagedKvStore& store, std::string_view fingerprint) {
+  const KvStageView one[1] = {{&store, 0}};
+  check_kv_file_compatible(f, one, fingerprint);
+}
+
+void check_kv_file_compatible(const KvFile& f, std::span<const KvStageView> stages, std::string_view fingerprint) {
   const KvFileHeader& h = f.header;
-  const StoreConfig& c = store.config();
+  const StoreConfig c = combined_config(stages);
   std::vector<std::string> diffs;
   if (h.fingerprint != fingerprint)
     diffs.push_back("model fingerprint " + h.fingerprint + " in the file, " + std::string(fingerprint) + " in this run");
@@ -422,7 +476,8 @@ void check_kv_file_compatible(const KvFile& f, const PagedKvStore& store, std::s
       if (!info(hf).per_tensor_scale) continue;
       for (int l = 0; l < c.n_layers; ++l) {
         const float fs = (half == 0 ? h.k_scale : h.v_scale)[static_cast<std::size_t>(l)];
-        const float rs = store.tensor_scale(l, half == 0 ? KvHalf::K : KvHalf::V);
+        const auto [st, sl] = stage_layer(stages, l);
+        const float rs = st->tensor_scale(sl, half == 0 ? KvHalf::K : KvHalf::V);
         if (std::bit_cast<std::uint32_t>(fs) != std::bit_cast<std::uint32_t>(rs)) {
           diffs.push_back(std::string("per-tensor ") + (half == 0 ? "K" : "V") + " scale of layer " + std::to_string(l) +
                           " " + fmt_float(fs) + " in the file, " + fmt_float(rs) + " in this run (pass --" +
@@ -450,13 +505,20 @@ int hydratable_prefix(const KvFile& f, std::span<const int> prompt) {
 }
 
 void restore_kv_file(const KvFile& f, PagedKvStore& store, SeqId s, int n_tokens, std::string_view fingerprint) {
-  check_kv_file_compatible(f, store, fingerprint);
+  const KvStageTarget one[1] = {{&store, s}};
+  restore_kv_file(f, one, n_tokens, fingerprint);
+}
+
+void restore_kv_file(const KvFile& f, std::span<const KvStageTarget> stages, int n_tokens, std::string_view fingerprint) {
+  std::vector<KvStageView> views;
+  for (const KvStageTarget& st : stages) views.push_back({st.store, st.seq});
+  check_kv_file_compatible(f, views, fingerprint);
   const KvFileHeader& h = f.header;
   if (n_tokens < 0 || n_tokens > h.used_tokens)
     throw KvFileError(KvFileError::Kind::mismatch, "",
                       quoted(f.path) + ": cannot restore " + std::to_string(n_tokens) + " tokens; it holds " +
                           std::to_string(h.used_tokens));
-  const PageGeometry g = store.geometry();
+  const PageGeometry g = stages[0].store->geometry();
   const TokenBytes tb[2] = {token_bytes(h.k_format, g), token_bytes(h.v_format, g)};
   // Region offsets of (layer, half): layer-major, K then V, token-major inside.
   std::vector<std::size_t> body_at(static_cast<std::size_t>(h.n_layers) * 2), scale_at(body_at.size());
@@ -468,28 +530,32 @@ void restore_kv_file(const KvFile& f, PagedKvStore& store, SeqId s, int n_tokens
       bo += static_cast<std::size_t>(h.used_tokens) * tb[half].codes;
       so += static_cast<std::size_t>(h.used_tokens) * tb[half].scales;
     }
-  store.import_pages(s, n_tokens, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
-    const int half = static_cast<int>(p.half);
-    const TokenBytes& t = tb[half];
-    const std::uint8_t* codes =
-        f.body.data() + body_at[static_cast<std::size_t>(p.layer) * 2 + half] + static_cast<std::size_t>(p.first_token) * t.codes;
-    const std::uint8_t* scales = f.scales.data() + scale_at[static_cast<std::size_t>(p.layer) * 2 + half] +
-                                 static_cast<std::size_t>(p.first_token) * t.scales;
-    for (const ByteRun& r : p.runs) {
-      std::uint8_t* dst = page + r.offset;
-      if (r.name == "blocks") {
-        const std::size_t qs = t.qblock - sizeof(std::uint16_t);
-        for (std::size_t i = 0; i < r.bytes / t.qblock; ++i) {
-          std::memcpy(dst + i * t.qblock, scales + i * sizeof(std::uint16_t), sizeof(std::uint16_t));
-          std::memcpy(dst + i * t.qblock + sizeof(std::uint16_t), codes + i * qs, qs);
+  for (const KvStageTarget& stage : stages) {
+    // The stage's layer slot p.layer is model layer first + p.layer of the file.
+    const std::size_t first = static_cast<std::size_t>(stage.store->config().first_layer);
+    stage.store->import_pages(stage.seq, n_tokens, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
+      const int half = static_cast<int>(p.half);
+      const TokenBytes& t = tb[half];
+      const std::size_t fl = first + static_cast<std::size_t>(p.layer);
+      const std::uint8_t* codes = f.body.data() + body_at[fl * 2 + half] + static_cast<std::size_t>(p.first_token) * t.codes;
+      const std::uint8_t* scales =
+          f.scales.data() + scale_at[fl * 2 + half] + static_cast<std::size_t>(p.first_token) * t.scales;
+      for (const ByteRun& r : p.runs) {
+        std::uint8_t* dst = page + r.offset;
+        if (r.name == "blocks") {
+          const std::size_t qs = t.qblock - sizeof(std::uint16_t);
+          for (std::size_t i = 0; i < r.bytes / t.qblock; ++i) {
+            std::memcpy(dst + i * t.qblock, scales + i * sizeof(std::uint16_t), sizeof(std::uint16_t));
+            std::memcpy(dst + i * t.qblock + sizeof(std::uint16_t), codes + i * qs, qs);
+          }
+        } else if (r.name == "scales") {
+          std::memcpy(dst, scales, r.bytes);
+        } else {
+          std::memcpy(dst, codes, r.bytes);
         }
-      } else if (r.name == "scales") {
-        std::memcpy(dst, scales, r.bytes);
-      } else {
-        std::memcpy(dst, codes, r.bytes);
       }
-    }
-  });
+    });
+  }
 }
 
 }  // namespace kvgate

@@ -9,6 +9,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvgate/kv_store.hpp"
@@ -41,6 +42,15 @@ struct EngineOptions {
   // each forward step (PagedKvStore::release_before), so a run longer than the pool works. The
   // sequence can then no longer be saved, swapped or truncated below the released prefix.
   bool release_outside_window = true;
+  // Pipeline (layer) split, laid out as a multi-GPU engine places layers on devices: stage s runs a
+  // contiguous range of the model's layers over its OWN KV store (pool, --kv-resident window, host
+  // mirror; StoreConfig::first_layer) and hands the chunk's activations to stage s + 1; the first
+  // stage embeds, the last computes the logits. Every stage's pool has the unsplit pool's pages per
+  // layer. The logits are bitwise those of the unsplit engine. 1: one store (the unsplit path).
+  int pipeline_stages = 1;
+  // Layers of each stage (pipeline_stages entries, each >= 1, summing to n_layers); empty: as even
+  // as possible, the first n_layers % pipeline_stages stages one layer more.
+  std::vector<int> pipeline_layers;
   // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);
   // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly).
   std::shared_ptr<const KvReadHook> kv_read_hook;
@@ -60,6 +70,13 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
 // engines): the widest window when every layer has one; 0 when some layer attends to the whole
 // prefix (nothing is released).
 int widest_window_if_all(const ModelConfig& c);
+// The model layers [first, second) of each pipeline stage (EngineOptions::pipeline_stages,
+// pipeline_layers). Throws EngineError naming the option and the fix for a stage count < 1 or
+// above the model's layers, or a layer list of the wrong length, with an empty stage, or whose sum
+// is not the model's layers.
+std::vector<std::pair<int, int>> pipeline_ranges(const ModelConfig& c, const EngineOptions& o);
+// "single", or "pipeline:" and the stages' layer counts joined by '+'.
+std::string topology_name(const std::vector<int>& stage_layers);
 
 struct EngineStats {
   std::string requested_kv;
@@ -73,6 +90,10 @@ struct EngineStats {
   int block_size = 0;
   int n_blocks = 0;
   int threads = 1;
+  // Topology: pipeline stages and the layers of each ("single", or "pipeline:2+3": stage layer counts).
+  int pipeline_stages = 1;
+  std::vector<int> stage_layers;
+  std::string topology = "single";
   int position = 0;                // tokens in the sequence
   // Timing since construction / reset() / the start of the last generate().
   double ttft_ms = 0;              // generate(): prompt prefill + first sampled token
@@ -139,9 +160,16 @@ class Engine {
   int vocab_size() const;
   const EngineStats& stats() const;
   const Model& model() const;
+  // The KV store of the first pipeline stage (the only one when unsplit) and its sequence.
   const PagedKvStore& store() const;
   PagedKvStore& store();
   SeqId sequence() const;
+  // Pipeline stages (EngineOptions::pipeline_stages): their count, each stage's store and sequence
+  // (stage 0's are store() and sequence()), and the model layers [first, second) each runs.
+  int stage_count() const;
+  const PagedKvStore& stage_store(int stage) const;
+  SeqId stage_sequence(int stage) const;
+  std::pair<int, int> stage_layers(int stage) const;
 
  private:
   struct Impl;

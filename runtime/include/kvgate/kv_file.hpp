@@ -91,6 +91,25 @@ struct KvFile {
 // from the host copy) and the transcript `tokens` (size >= n_tokens).
 std::string encode_kv_file(const PagedKvStore& store, SeqId s, int n_tokens, std::span<const int> tokens,
                            std::string_view fingerprint);
+
+// A pipeline split (EngineOptions::pipeline_stages) keeps each stage's layers in its own store.
+// The stages, in layer order (stage i's StoreConfig::first_layer is the layers of stages 0..i-1),
+// read and write the file a single store of every layer would: the body and scales regions are
+// layer-major, so a file saved from a split run hydrates into an unsplit one and the reverse.
+struct KvStageView {
+  const PagedKvStore* store = nullptr;
+  SeqId seq = 0;
+};
+struct KvStageTarget {
+  PagedKvStore* store = nullptr;
+  SeqId seq = 0;
+};
+std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, std::span<const int> tokens,
+                           std::string_view fingerprint);
+void save_kv_file(const std::string& path, std::span<const KvStageView> stages, int n_tokens,
+                  std::span<const int> tokens, std::string_view fingerprint);
+void check_kv_file_compatible(const KvFile& f, std::span<const KvStageView> stages, std::string_view fingerprint);
+void restore_kv_file(const KvFile& f, std::span<const KvStageTarget> stages, int n_tokens, std::string_view fingerprint);
 // encode_kv_file + write_file_atomic.
 void save_kv_file(const std::string& path, const PagedKvStore& store, SeqId s, int n_tokens,
                   std::span<const int> tokens, std::string_view fingerprint);

@@ -35,6 +35,10 @@ struct StoreConfig {
   std::vector<float> k_scale;    // [n_layers] per-tensor fp8 scales; empty = 1.0 everywhere
   std::vector<float> v_scale;    // [n_layers]
   std::size_t guard_bytes = 64;  // canary bytes before and after every page
+  // The model layer this store's layer 0 is (a pipeline stage holds layers [first_layer,
+  // first_layer + n_layers) of the model, EngineOptions::pipeline_stages); 0 for a whole model.
+  // Layer arguments of the store are its own (0-based); the read hook is handed the model's layer.
+  int first_layer = 0;
   PageGeometry geometry() const { return {block_size, n_kv_heads, head_dim}; }
 };
 
