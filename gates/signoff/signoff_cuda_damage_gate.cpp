@@ -37,7 +37,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +52,7 @@
 #include "kvgate/matrix.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
+#include "engine_fixtures.hpp"
 #include "models.hpp"
 
 using namespace kvgate;
@@ -71,33 +71,17 @@ namespace kc = kvgate::cuda;
 
 namespace {
 
-const Model& stories() {
-  static std::unique_ptr<Model> m;
-  if (!m) {
-    const auto lk = kvgate::gates::find_model("stories260K/stories260K.bin");
-    if (!lk.found()) FAIL(lk.message);
-    m = std::make_unique<Model>(load_model(lk.path));
-  }
-  return *m;
-}
+using kvgate::gates::signoff_engine::stories;
 
-std::shared_ptr<const kc::CudaModel> stories_weights() {
-  static std::shared_ptr<const kc::CudaModel> w;
-  if (!w) w = std::make_shared<const kc::CudaModel>(stories(), kc::WeightType::f32);
-  return w;
-}
+using Weights = std::shared_ptr<const kc::CudaModel>;
+// stories260K's f32 weights on the device, one upload per test case (shared by its engines).
+Weights stories_weights() { return std::make_shared<const kc::CudaModel>(stories(), kc::WeightType::f32); }
 
-std::vector<int> corpus_seq() {
-  const auto p = std::filesystem::path(kvgate::gates::gate_source_dir()) / "datasets" / "corpora" / "stories260K_tf.json";
-  const auto c = matrix::load_corpus(p.string());
-  REQUIRE(!c.sequences.empty());
-  REQUIRE(c.sequences[0].size() >= 200);
-  return c.sequences[0];
-}
+std::vector<int> corpus_seq() { return kvgate::gates::signoff_engine::corpus_sequences(1)[0]; }
 
 constexpr int kBlock = 16;
 
-kc::CudaEngineOptions cuda_opts(const std::string& fmt, int chunk, std::optional<KvDamage> d) {
+kc::CudaEngineOptions cuda_opts(const Weights& w, const std::string& fmt, int chunk, std::optional<KvDamage> d) {
   KvRequest req;
   req.flag = *parse_kv_format(fmt);
   req.backend = "cuda";
@@ -106,7 +90,7 @@ kc::CudaEngineOptions cuda_opts(const std::string& fmt, int chunk, std::optional
   REQUIRE(co.engine.kv.effective.name() == fmt);
   co.engine.block_size = kBlock;
   co.engine.prefill_chunk = chunk;
-  co.shared_weights = stories_weights();
+  co.shared_weights = w;
   co.damage = d;
   return co;
 }
@@ -150,14 +134,15 @@ bool same_rows(const std::vector<float>& a, const std::vector<float>& b, std::si
 
 TEST_CASE("SGN.cuda.damage.zero a zero-size KV damage on the CUDA engine leaves the logits bit-identical", SGN_DAMAGE_TAGS) {
   SGN_REQUIRE_DEVICE_OR_SKIP();
+  const Weights w = stories_weights();
   const auto seq = corpus_seq();
   const std::vector<int> prompt(seq.begin(), seq.begin() + 150), feed(seq.begin() + 150, seq.begin() + 160);
   for (const auto& f : kFloatFormats) {
-    kc::CudaEngine plain(stories(), cuda_opts(f, 64, std::nullopt));
+    kc::CudaEngine plain(stories(), cuda_opts(w, f, 64, std::nullopt));
     const Run ref = run(plain, prompt, feed);
     for (KvDamageKind k : kFamilies) {
       INFO("format " << f << ", family " << family(k));
-      kc::CudaEngine zero(stories(), cuda_opts(f, 64, damage(k, 0.0)));
+      kc::CudaEngine zero(stories(), cuda_opts(w, f, 64, damage(k, 0.0)));
       const Run got = run(zero, prompt, feed);
       CHECK(got.prefill == ref.prefill);
       CHECK(got.decode == ref.decode);
@@ -170,7 +155,7 @@ TEST_CASE("SGN.cuda.damage.zero a zero-size KV damage on the CUDA engine leaves 
   req.backend = "cuda";
   kc::CudaEngineOptions co;
   co.engine.kv = resolve_kv(req, stories().config, kBlock);
-  co.shared_weights = stories_weights();
+  co.shared_weights = w;
   co.damage = damage(KvDamageKind::v_noise, 1.0);
   try {
     kc::CudaEngine e(stories(), co);
@@ -186,16 +171,17 @@ TEST_CASE("SGN.cuda.damage.zero a zero-size KV damage on the CUDA engine leaves 
 TEST_CASE("SGN.cuda.damage.changes a nonzero KV damage changes the CUDA engine's logits, only where it reaches",
           SGN_DAMAGE_TAGS) {
   SGN_REQUIRE_DEVICE_OR_SKIP();
+  const Weights w = stories_weights();
   const auto seq = corpus_seq();
   const std::vector<int> prompt(seq.begin(), seq.begin() + 150), feed(seq.begin() + 150, seq.begin() + 160);
   const std::size_t V = static_cast<std::size_t>(stories().config.vocab_size);
   for (const auto& f : kFloatFormats) {
-    kc::CudaEngine plain(stories(), cuda_opts(f, 64, std::nullopt));
+    kc::CudaEngine plain(stories(), cuda_opts(w, f, 64, std::nullopt));
     const Run ref = run(plain, prompt, feed);
     for (KvDamageKind k : kFamilies) {
       INFO("format " << f << ", family " << family(k));
       const KvDamage d = damage(k, k == KvDamageKind::v_repeat ? 0.25 : 1.0);
-      kc::CudaEngine hurt(stories(), cuda_opts(f, 64, d));
+      kc::CudaEngine hurt(stories(), cuda_opts(w, f, 64, d));
       const Run got = run(hurt, prompt, feed);
       CHECK(got.prefill != ref.prefill);
       CHECK(got.decode != ref.decode);
@@ -205,7 +191,7 @@ TEST_CASE("SGN.cuda.damage.changes a nonzero KV damage changes the CUDA engine's
         CHECK_FALSE(same_rows(got.prefill, ref.prefill, static_cast<std::size_t>(d.pos0 + 1) * V));
       }
       // The damage replaced on a used engine (its decode graph captured without it) == a fresh engine.
-      kc::CudaEngine reused(stories(), cuda_opts(f, 64, std::nullopt));
+      kc::CudaEngine reused(stories(), cuda_opts(w, f, 64, std::nullopt));
       (void)run(reused, prompt, feed);
       REQUIRE(reused.forward().graph_captures() > 0);
       reused.set_damage(d);
@@ -219,6 +205,7 @@ TEST_CASE("SGN.cuda.damage.changes a nonzero KV damage changes the CUDA engine's
 TEST_CASE("SGN.cuda.damage.pages the CUDA engine's damaged pages == the CPU hook's damage of its own rows, bit for bit",
           SGN_DAMAGE_TAGS) {
   SGN_REQUIRE_DEVICE_OR_SKIP();
+  const Weights w = stories_weights();
   const Model& m = stories();
   const ModelConfig& c = m.config;
   const auto seq = corpus_seq();
@@ -228,7 +215,7 @@ TEST_CASE("SGN.cuda.damage.pages the CUDA engine's damaged pages == the CPU hook
       INFO("format " << f << ", family " << family(k));
       KvDamage d = damage(k, k == KvDamageKind::v_repeat ? 0.5 : 1.0);
       if (k == KvDamageKind::k_noise_span) d.pos0 = 5, d.pos1 = 45;
-      kc::CudaEngine e(m, cuda_opts(f, 64, d));
+      kc::CudaEngine e(m, cuda_opts(w, f, 64, d));
       e.forward().set_capture_kv(true);
       const PageGeometry g = e.store().geometry();
       const int HD = g.row_elems();
@@ -303,6 +290,7 @@ TEST_CASE("SGN.cuda.damage.pages the CUDA engine's damaged pages == the CPU hook
 TEST_CASE("SGN.cuda.damage.cpu_parity CUDA-damaged logits agree with CPU-damaged logits within the f32 forward bound",
           SGN_DAMAGE_TAGS) {
   SGN_REQUIRE_DEVICE_OR_SKIP();
+  const Weights w = stories_weights();
   const Model& m = stories();
   const ModelConfig& c = m.config;
   const auto seq = corpus_seq();
@@ -318,7 +306,7 @@ TEST_CASE("SGN.cuda.damage.cpu_parity CUDA-damaged logits agree with CPU-damaged
     eh.kv_read_hook = matrix::make_damage_hook(d, c.head_dim);
     Engine cpu(m, eh);
     const auto a = cpu.forward_all_logits(seq);
-    kc::CudaEngine gpu_e(m, cuda_opts("f32", 100, d));
+    kc::CudaEngine gpu_e(m, cuda_opts(w, "f32", 100, d));
     const auto b = gpu_e.forward_all_logits(seq);
     REQUIRE(a.size() == seq.size() * V);
     REQUIRE(b.size() == a.size());
@@ -351,29 +339,16 @@ TEST_CASE("SGN.cuda.damage.cpu_parity CUDA-damaged logits agree with CPU-damaged
 TEST_CASE("SGN.cuda.sensitivity.probes_red every probe on the probe model goes red under KV damage on the CUDA engine",
           SGN_DAMAGE_TAGS) {
   SGN_REQUIRE_DEVICE_OR_SKIP();
-  const std::string path = matrix::find_probe_model(kvgate::gates::gate_source_dir());
-  if (path.empty()) FAIL("the probe model (datasets/models/probe) was not found under " << kvgate::gates::gate_source_dir());
-  const Model pm = load_model(path);
-  KvRequest req;
-  req.flag = *parse_kv_format("f16");
-  EngineOptions eo;
-  eo.kv = resolve_kv(req, pm.config, 16);
-  eo.threads = 0;
+  auto subject = kvgate::gates::signoff_engine::probe_subject_f16();
+  const Model& pm = subject.model;
+  EngineOptions& eo = subject.eo;
   eo.prefill_chunk = matrix::signoff_prefill_chunk("cuda");
   matrix::ProbeDevice dev;
   dev.device = "cuda";
   dev.weights = matrix::shared_cuda_weights(pm, "f32");
   const matrix::SensitivityOptions sopt = matrix::sensitivity_options_for({"mxfp4"});  // 2^-2, as the CPU gate
-  std::vector<matrix::ProbeSpec> specs(3);
-  specs[0].kind = probes::ProbeKind::needle;
-  specs[0].lengths = {512};
-  specs[0].depths = {0.5};
-  specs[0].seeds = {1};
-  specs[1].kind = probes::ProbeKind::counting;
-  specs[1].lengths = {10};
-  specs[2].kind = probes::ProbeKind::echo;
-  specs[2].seeds = {1, 2};
-  for (const auto& spec : specs) {
+  // The CPU gate's needle case and two more depths: a near-tie on the GPU cannot empty the baseline.
+  for (const auto& spec : kvgate::gates::signoff_engine::sensitivity_specs({0.25, 0.5, 0.75})) {
     INFO("probe " << probes::to_string(spec.kind));
     const signoff::ProbeSensitivity p = matrix::probe_sensitivity(pm, eo, spec, sopt, {}, nullptr, &dev);
     CHECK(p.engine == "cuda");
