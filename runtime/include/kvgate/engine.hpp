@@ -42,8 +42,7 @@ struct EngineOptions {
   // sequence can then no longer be saved, swapped or truncated below the released prefix.
   bool release_outside_window = true;
   // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);
-  // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly;
-  // its damage is kvgate::cuda::CudaEngineOptions::damage, on the stored rows).
+  // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly).
   std::shared_ptr<const KvReadHook> kv_read_hook;
 };
 
