@@ -277,7 +277,8 @@ TEST_CASE("SGN.cuda.damage.pages the CUDA engine's damaged pages == the CPU hook
             }
           }
         }
-      INFO(pages << " pages compared, " << differing << " differ; rows changed K " << changed[0] << " V " << changed[1]);
+      WARN("pages " << f << " " << family(k) << ": " << pages << " pages compared, " << differing
+                    << " differ; rows changed K " << changed[0] << " V " << changed[1] << " of " << static_cast<long>(L) * at);
       CHECK(pages == 2L * L * ((at + kBlock - 1) / kBlock));
       CHECK(differing == 0);
       const long all = static_cast<long>(L) * at;
@@ -330,7 +331,8 @@ TEST_CASE("SGN.cuda.damage.cpu_parity CUDA-damaged logits agree with CPU-damaged
       over += diff > bound;
       visible += moved > bound;
     }
-    INFO("worst |cuda - cpu| / bound = " << worst << "; largest |damaged - undamaged| / bound (CPU) = " << seen);
+    WARN("cpu_parity " << family(k) << ": worst |cuda - cpu| / bound = " << worst
+                       << "; largest |damaged - undamaged| / bound (CPU) = " << seen);
     CHECK(over == 0);
     CHECK(visible > 0);
   }
@@ -351,6 +353,7 @@ TEST_CASE("SGN.cuda.sensitivity.probes_red every probe on the probe model goes r
   for (const auto& spec : kvgate::gates::signoff_engine::sensitivity_specs({0.25, 0.5, 0.75})) {
     INFO("probe " << probes::to_string(spec.kind));
     const signoff::ProbeSensitivity p = matrix::probe_sensitivity(pm, eo, spec, sopt, {}, nullptr, &dev);
+    WARN("probe " << p.probe << " on " << p.engine << ": " << p.reason);
     CHECK(p.engine == "cuda");
     CHECK(p.baseline_passed > 0);
     CHECK_FALSE(p.vacuous);
