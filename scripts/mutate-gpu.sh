@@ -5,8 +5,9 @@
 #
 #   scripts/mutate-gpu.sh OUT_DIR [extra kvgate mutate options, e.g. --only ID,ID]
 #
-# Environment: JOBS (default: nproc) build jobs and gate processes; KVGATE_MODELS the folder holding
-# stories260K/ (the MOD.cuda gates; without it the model mutant is left out); BUDGET_S (default 570) the
+# Environment: JOBS (default: nproc) build jobs and gate processes; GATE_TARGETS (default gate_cuda)
+# the gate executables to build and run, comma-separated (the KV damage mutants: gate_signoff_engine);
+# KVGATE_MODELS the folder holding stories260K/ (the MOD.cuda gates; without it the model mutant is left out); BUDGET_S (default 570) the
 # wall-clock budget of the whole script -- the driver gets SIGTERM when it runs out, restores the
 # scratch copy and writes what it measured (exit 130); DRIVER_BUILD (default build-mutgpu-drv) the
 # CPU-only build of the driver; XXHASH_DIR a folder with include/xxhash.h (and lib/libxxhash.a) for a
@@ -90,7 +91,7 @@ left=$(( budget - ($(date +%s) - t0) ))
 echo "== 2. kvgate-mutate --only-requires cuda-device (${left}s left)"
 timeout --signal=TERM --kill-after=30 "$left" \
   "$drv/kvgate-mutate" --source-dir "$root" --only-requires cuda-device --expected-gates-only --restore-objects --skip-red-gates \
-  --gate-targets gate_cuda --jobs "$jobs" --min-timeout 60 --cmake-arg -DKVGATE_CUDA=ON --cmake-arg -DKVGATE_BUILD_BENCH=OFF \
+  --gate-targets "${GATE_TARGETS:-gate_cuda}" --jobs "$jobs" --min-timeout 60 --cmake-arg -DKVGATE_CUDA=ON --cmake-arg -DKVGATE_BUILD_BENCH=OFF \
   "${xx[@]}" --out "$out" "$@" 2>&1 | tee "$out/mutate.log"
 rc=${PIPESTATUS[0]}
 

@@ -34,6 +34,7 @@
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
 #include "kvgate/signoff.hpp"
+#include "engine_fixtures.hpp"
 #include "models.hpp"
 
 #if KVGATE_SIGNOFF_GATE_CUDA
@@ -47,22 +48,9 @@ namespace so = kvgate::signoff;
 
 namespace {
 
-const Model& stories() {
-  static std::unique_ptr<Model> m;
-  if (!m) {
-    const auto lk = kvgate::gates::find_model("stories260K/stories260K.bin");
-    if (!lk.found()) FAIL(lk.message);
-    m = std::make_unique<Model>(load_model(lk.path));
-  }
-  return *m;
-}
+using kvgate::gates::signoff_engine::stories;
 
-std::vector<std::vector<int>> corpus2() {
-  const auto p = std::filesystem::path(kvgate::gates::gate_source_dir()) / "datasets" / "corpora" / "stories260K_tf.json";
-  const auto c = matrix::load_corpus(p.string());
-  REQUIRE(c.sequences.size() >= 2);
-  return {c.sequences[0], c.sequences[1]};
-}
+std::vector<std::vector<int>> corpus2() { return kvgate::gates::signoff_engine::corpus_sequences(2); }
 
 std::vector<float> appended(so::LogitsEngine& e, const std::vector<int>& seq, std::size_t window) {
   e.reset();
@@ -161,33 +149,15 @@ TEST_CASE("SGN.sensitivity.hook a zero-size damage on the store read changes not
 
 TEST_CASE("SGN.sensitivity.probes_red every probe on the probe model passes undamaged and goes red under injected KV damage",
           SGN_ENGINE_TAGS) {
-  const std::string path = matrix::find_probe_model(kvgate::gates::gate_source_dir());
-  if (path.empty()) FAIL("the probe model (datasets/models/probe) was not found under " << kvgate::gates::gate_source_dir());
-  const Model pm = load_model(path);
-  KvRequest req;
-  req.flag = *parse_kv_format("f16");
-  EngineOptions eo;
-  eo.kv = resolve_kv(req, pm.config, 16);
-  eo.threads = 0;
+  auto subject = kvgate::gates::signoff_engine::probe_subject_f16();
+  const Model& pm = subject.model;
+  EngineOptions& eo = subject.eo;
   const matrix::SensitivityOptions sopt = matrix::sensitivity_options_for(preset_names());
   // 2^-2 relative (half an E2M1 ulp): the widest envelope of the presets, mxfp4 the first preset with it
   // (nvfp4 ties it; fp8_e5m2's 2^-3 was the widest before the 4-bit float formats).
   CHECK(sopt.envelope_format == "mxfp4");
   CHECK(sopt.envelope == 0x1p-2);
-  struct Row {
-    probes::ProbeKind kind;
-    matrix::ProbeSpec spec;
-  };
-  std::vector<matrix::ProbeSpec> specs(3);
-  specs[0].kind = probes::ProbeKind::needle;
-  specs[0].lengths = {512};
-  specs[0].depths = {0.5};
-  specs[0].seeds = {1};
-  specs[1].kind = probes::ProbeKind::counting;
-  specs[1].lengths = {10};
-  specs[2].kind = probes::ProbeKind::echo;
-  specs[2].seeds = {1, 2};
-  for (const auto& spec : specs) {
+  for (const auto& spec : kvgate::gates::signoff_engine::sensitivity_specs({0.5})) {
     INFO("probe " << probes::to_string(spec.kind));
     const so::ProbeSensitivity p = matrix::probe_sensitivity(pm, eo, spec, sopt);
     CHECK(p.baseline_passed > 0);

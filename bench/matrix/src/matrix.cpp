@@ -594,11 +594,11 @@ void format_probes(MatrixRun& r) {
     }
     r.per_format[fi]["probes"] = pj;
   }
-  r.probe_weights.reset();  // the GPU memory goes back before the timing rows
 }
 
-// Step: each probe's sensitivity -- the smallest injected KV damage that turns it red (CPU engine,
-// the damage on the store read of the sensitivity baseline's KV).
+// Step: each probe's sensitivity -- the smallest injected KV damage that turns it red, on the probe
+// device: the CPU engine (the damage on the store read of the sensitivity baseline's KV) or the CUDA
+// engine (the damage on the stored rows; one weight upload for every case).
 void probe_sensitivities(MatrixRun& r) {
   const Model& pmodel = r.o.probe_model ? *r.o.probe_model : r.model;
   if (!r.o.probes || !pmodel.tokenizer || r.o.sensitivity_baseline.empty()) return;
@@ -608,6 +608,14 @@ void probe_sensitivities(MatrixRun& r) {
   req.flag = *f;
   EngineOptions eo = r.eo_for(resolve_kv(req, pmodel.config, r.block), 0);
   eo.threads = 0;
+  ProbeDevice dev;
+  dev.device = r.o.probe_device;
+  dev.cuda_weights = r.o.cuda_weights;
+  if (dev.device == "cuda") {
+    eo.prefill_chunk = signoff_prefill_chunk("cuda");  // as the format_probes step
+    if (!r.probe_weights) r.probe_weights = shared_cuda_weights(pmodel, r.o.cuda_weights);  // format_probes' upload
+    dev.weights = r.probe_weights;
+  }
   nlohmann::json out = nlohmann::json::array();
   for (const auto& pn : kProbeNames) {
     const auto kind = *probes::parse_probe_kind(pn);
@@ -617,9 +625,9 @@ void probe_sensitivities(MatrixRun& r) {
     const nlohmann::json* base_cases = nullptr;
     for (const auto& fj : r.per_format)
       if (fj.value("format", "") == f->name() && fj["probes"].contains(pn)) base_cases = &fj["probes"][pn]["cases_detail"];
-    out.push_back(signoff::to_json(probe_sensitivity(pmodel, eo, spec, r.o.sensitivity, r.progress, base_cases)));
+    out.push_back(signoff::to_json(probe_sensitivity(pmodel, eo, spec, r.o.sensitivity, r.progress, base_cases, &dev)));
   }
-  r.sensitivity = {{"baseline", f->name()}, {"engine", "cpu"}, {"probes", out}};
+  r.sensitivity = {{"baseline", f->name()}, {"engine", dev.device}, {"probes", out}};
 }
 
 // One timing row of the CUDA engine: `repeats` runs, medians.
@@ -861,6 +869,7 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
   corpus_quality(r);
   format_probes(r);
   probe_sensitivities(r);
+  r.probe_weights.reset();  // the GPU memory goes back before the timing rows
   timing_rows(r);
   r.timing_weights.reset();
   f32_ratios(r);

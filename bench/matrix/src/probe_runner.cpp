@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 
@@ -221,6 +223,26 @@ std::optional<std::string> run_case(E& engine, const Tokenizer& tok, const CaseD
   return text;
 }
 
+#if KVGATE_CUDA_BUILD
+// The CUDA engine of a probe run: `eo` with its KV resolved for backend "cuda", the device's weights
+// (shared when the device holds them). Throws when no device is usable.
+kvgate::cuda::CudaEngineOptions probe_cuda_options(const Model& model, const EngineOptions& eo, const ProbeDevice& device,
+                                                   const std::string& who) {
+  const auto& st = kvgate::cuda::device_status();
+  if (!st.available) throw std::runtime_error(who + " --device cuda: " + st.reason);
+  kvgate::cuda::register_capability();
+  kvgate::cuda::CudaEngineOptions co;
+  co.engine = eo;
+  KvRequest req;
+  req.flag = eo.kv.requested;
+  req.backend = "cuda";
+  co.engine.kv = resolve_kv(req, model.config, eo.block_size);
+  co.weights = device.cuda_weights == "bf16" ? kvgate::cuda::WeightType::bf16 : kvgate::cuda::WeightType::f32;
+  co.shared_weights = device.weights;
+  return co;
+}
+#endif
+
 template <class E>
 nlohmann::json run_probe_on(E& engine, const Model& model, const EngineOptions& eo, const std::string& backend,
                             const ProbeSpec& spec, const Progress& progress) {
@@ -314,17 +336,7 @@ nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const Prob
   if (!model.tokenizer) throw std::runtime_error("probe: model '" + model.path + "' has no tokenizer (pass --tokenizer PATH)");
   if (device && device->device == "cuda") {
 #if KVGATE_CUDA_BUILD
-    const auto& st = kvgate::cuda::device_status();
-    if (!st.available) throw std::runtime_error("probe --device cuda: " + st.reason);
-    kvgate::cuda::register_capability();
-    kvgate::cuda::CudaEngineOptions co;
-    co.engine = eo;
-    KvRequest req;
-    req.flag = eo.kv.requested;
-    req.backend = "cuda";
-    co.engine.kv = resolve_kv(req, model.config, eo.block_size);
-    co.weights = device->cuda_weights == "bf16" ? kvgate::cuda::WeightType::bf16 : kvgate::cuda::WeightType::f32;
-    co.shared_weights = device->weights;
+    const kvgate::cuda::CudaEngineOptions co = probe_cuda_options(model, eo, *device, "probe");
     kvgate::cuda::CudaEngine engine(model, co);
     return run_probe_on(engine, model, co.engine, "cuda", spec, progress);
 #else
@@ -369,56 +381,15 @@ double format_envelope(HalfFormat f) {
 
 namespace {
 
-// Deterministic uniform in [-1, 1) from (layer, position, element, salt): splitmix64.
-inline double unit_noise(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t salt) {
-  std::uint64_t z = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^ (c + salt) * 0x94D049BB133111EBull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1p-52 - 1.0;
-}
-
+// The CPU engine's damage: on every store read, the page's dequantized rows (kvgate/kv_damage.hpp).
 class DamageHook final : public KvReadHook {
  public:
   DamageHook(Damage d, int head_dim) : d_(std::move(d)), hd_(std::max(1, head_dim)) {}
   void on_read(int layer, KvHalf h, int pos0, int n, int row_elems, float* rows) const override {
-    const bool v = h == KvHalf::V;
-    switch (d_.kind) {
-      case DamageKind::v_noise:
-        if (!v) return;
-        for (int t = 0; t < n; ++t) perturb(rows + static_cast<std::size_t>(t) * row_elems, row_elems, d_.size * d_.envelope, layer, pos0 + t, 1);
-        return;
-      case DamageKind::v_repeat:
-        if (!v) return;
-        // Slot t takes slot t-1's row (within the page: the first slot of a page keeps its own).
-        for (int t = n - 1; t >= 1; --t)
-          if (0.5 * (unit_noise(static_cast<std::uint64_t>(pos0 + t), 7, 11, 3) + 1.0) < d_.size)
-            std::copy(rows + static_cast<std::size_t>(t - 1) * row_elems, rows + static_cast<std::size_t>(t) * row_elems,
-                      rows + static_cast<std::size_t>(t) * row_elems);
-        return;
-      case DamageKind::k_noise_span:
-        if (v) return;
-        for (int t = 0; t < n; ++t) {
-          const int p = pos0 + t;
-          if (p >= d_.pos0 && p < d_.pos1) perturb(rows + static_cast<std::size_t>(t) * row_elems, row_elems, d_.size, layer, p, 2);
-        }
-        return;
-    }
+    apply_kv_damage(d_, hd_, layer, h, pos0, n, row_elems, rows);
   }
 
  private:
-  // x += amp * amax(cell) * u per element, u uniform in [-1, 1), cell = one KV head's row.
-  void perturb(float* row, int row_elems, double amp, int layer, int pos, std::uint64_t salt) const {
-    for (int c0 = 0; c0 < row_elems; c0 += hd_) {
-      const int c1 = std::min(row_elems, c0 + hd_);
-      float amax = 0;
-      for (int i = c0; i < c1; ++i) amax = std::max(amax, std::fabs(row[i]));
-      for (int i = c0; i < c1; ++i)
-        row[i] += static_cast<float>(amp * amax *
-                                     unit_noise(static_cast<std::uint64_t>(layer), static_cast<std::uint64_t>(pos),
-                                                static_cast<std::uint64_t>(i), salt));
-    }
-  }
   Damage d_;
   int hd_;
 };
@@ -470,9 +441,38 @@ SensitivityOptions sensitivity_options_for(const std::vector<std::string>& forma
 
 signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOptions& base_eo, const ProbeSpec& spec,
                                             const SensitivityOptions& so, const Progress& progress,
-                                            const nlohmann::json* baseline_cases) {
+                                            const nlohmann::json* baseline_cases, const ProbeDevice* device) {
   if (!model.tokenizer) throw std::runtime_error("probe sensitivity: model '" + model.path + "' has no tokenizer");
   const Tokenizer& tok = *model.tokenizer;
+  const bool on_cuda = device && device->device == "cuda";
+  if (device && !on_cuda && device->device != "cpu")
+    throw std::runtime_error("probe sensitivity: unknown device '" + device->device + "' (cpu, cuda)");
+  // One case, damaged (d) or not: a fresh CPU engine with the damage as its read hook, or the one
+  // CUDA engine (made on first use) with its damage replaced before the case (run_case resets it).
+  std::function<std::optional<std::string>(const CaseDef&, const Damage*, nlohmann::json&)> run;
+#if KVGATE_CUDA_BUILD
+  std::unique_ptr<kvgate::cuda::CudaEngine> cuda_engine;
+#endif
+  if (on_cuda) {
+#if KVGATE_CUDA_BUILD
+    run = [&](const CaseDef& c, const Damage* d, nlohmann::json& r) {
+      if (!cuda_engine)
+        cuda_engine = std::make_unique<kvgate::cuda::CudaEngine>(
+            model, probe_cuda_options(model, base_eo, *device, "probe sensitivity"));
+      cuda_engine->set_damage(d ? std::optional<KvDamage>(*d) : std::nullopt);
+      return run_case(*cuda_engine, tok, c, r);
+    };
+#else
+    throw std::runtime_error("probe sensitivity --device cuda: this build has no CUDA backend (configure with -DKVGATE_CUDA=ON)");
+#endif
+  } else {
+    run = [&](const CaseDef& c, const Damage* d, nlohmann::json& r) {
+      EngineOptions eo = base_eo;
+      if (d) eo.kv_read_hook = make_damage_hook(*d, model.config.head_dim);
+      Engine e(model, eo);
+      return run_case(e, tok, c, r);
+    };
+  }
   const probes::TokenCounter count = [&tok](const std::string& t) { return static_cast<int>(tok.encode(t, true).size()); };
   std::vector<CaseDef> defs = build_cases(spec, count, nullptr);
   // The shortest cases first (the ladder reruns them at every rung).
@@ -497,11 +497,10 @@ signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOpti
       if (it->second) kept.push_back(&c);
     }
   } else {
-    Engine e(model, base_eo);
     for (const auto& c : defs) {
       if (static_cast<int>(kept.size()) >= so.max_cases || ran >= so.max_tries) break;
       nlohmann::json r;
-      const auto out = run_case(e, tok, c, r);
+      const auto out = run(c, nullptr, r);
       if (!out) continue;
       ++ran;
       if (c.score(*out, r)) kept.push_back(&c);
@@ -521,11 +520,8 @@ signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOpti
           d.size = size;
           d.envelope = env;
           if (k == DamageKind::k_noise_span) std::tie(d.pos0, d.pos1) = payload_span(tok, c->prompt, c->payload);
-          EngineOptions eo = base_eo;
-          eo.kv_read_hook = make_damage_hook(d, model.config.head_dim);
-          Engine e(model, eo);
           nlohmann::json r;
-          const auto out = run_case(e, tok, *c, r);
+          const auto out = run(*c, &d, r);
           if (!out) continue;
           ++st.ran;
           st.passed += c->score(*out, r) ? 1 : 0;
@@ -540,7 +536,7 @@ signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOpti
     ladder(DamageKind::k_noise_span, so.k_noise);
   }
   signoff::ProbeSensitivity p = signoff::judge_sensitivity(probe, ran, static_cast<int>(kept.size()), steps);
-  p.engine = "cpu";
+  p.engine = on_cuda ? "cuda" : "cpu";
   p.envelope_format = so.envelope_format;
   return p;
 }

@@ -88,7 +88,7 @@ CudaKvStore make_device_store(const StoreConfig& sc, const Streamed& st) {
 static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const CudaEngineOptions& o) {
   if (o.engine.kv_read_hook)
     throw EngineError("cuda engine: a KV read hook (diagnostics) is a CPU-engine feature: the CUDA kernels read the "
-                      "device pages directly; run the damaged probes on the CPU engine");
+                      "device pages directly; set CudaEngineOptions::damage (the damage on the stored rows) instead");
   if (!o.shared_weights) return std::make_shared<const CudaModel>(m, o.weights);
   const ModelConfig& a = o.shared_weights->config();
   const ModelConfig& b = m.config;
@@ -131,6 +131,7 @@ struct CudaEngine::Impl {
             CudaForwardOptions{std::max(1, std::min(opts.engine.prefill_chunk, max_ctx)), max_ctx, opts.cuda_graphs}),
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
     if (streamed.host) hseq = streamed.host->create_sequence();
+    if (opts.damage) fwd.set_damage(opts.damage);
     stats.requested_kv = opts.engine.kv.requested.name();
     stats.requested_source = opts.engine.kv.requested_source;
     stats.effective_kv = opts.engine.kv.effective.name();
@@ -386,6 +387,11 @@ void CudaEngine::reset() {
   d.refresh();
 }
 
+void CudaEngine::set_damage(const std::optional<KvDamage>& d) {
+  impl_->fwd.set_damage(d);
+  impl_->opts.damage = d;
+}
+
 std::span<const int> CudaEngine::history() const { return impl_->history; }
 
 // The KV file's pages are the CPU store's page bytes, and the CUDA store holds the same bytes
@@ -394,6 +400,9 @@ std::span<const int> CudaEngine::history() const { return impl_->history; }
 // restore writer, and its pages are copied to the device.
 int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
+  if (d.opts.damage)
+    throw EngineError("cuda engine: a KV file cannot be hydrated into an engine with KV damage (diagnostics): the damage "
+                      "is applied to rows as they are written, and a hydrated prefix would carry none");
   const std::string& fp = d.model.fingerprint;
   const int most = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(0, file.header.used_tokens)),
                                                           prompt.size()));

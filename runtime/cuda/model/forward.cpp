@@ -203,7 +203,7 @@ CudaForward::~CudaForward() {
                   static_cast<void*>(meta_), static_cast<void*>(d_argmax_), cublas_ws_,
                   static_cast<void*>(moe_logits_), static_cast<void*>(moe_gate_), static_cast<void*>(moe_acc_),
                   static_cast<void*>(moe_y_), static_cast<void*>(mla_qa_), static_cast<void*>(mla_ckv_),
-                  static_cast<void*>(mla_lat_), static_cast<void*>(mla_kvb_), static_cast<void*>(mla_att_)})
+                  static_cast<void*>(mla_lat_), static_cast<void*>(mla_kvb_), static_cast<void*>(mla_att_), damage_prev_})
     if (p) cudaFree(p);
   if (meta_host_) cudaFreeHost(meta_host_);
   if (rope_row_host_) cudaFreeHost(rope_row_host_);
@@ -314,6 +314,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       a.tensor_scale = store_.tensor_scale(l, half);
       store_rows(store_.half_format(half), g, a, stream_);
     }
+    if (damage_) damage_rows(l, R);  // diagnostics: before attention reads the rows
     if (chunk && R > 1 && opts_.prefill_kernel) {  // one sequence's chunk: the causal prefill kernel
       PrefillArgs pa;
       pa.format = sc.format;
@@ -479,6 +480,56 @@ void CudaForward::set_k_rope_position_offset(int off) {
   k_rope_offset_ = off;
 }
 
+void CudaForward::drop_graphs() {
+  for (auto& [b, g] : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+}
+
+void CudaForward::set_damage(const std::optional<KvDamage>& d) {
+  if (d) {
+    const HalfFormat f = store_.half_format(damaged_half(d->kind));
+    const char* half = damaged_half(d->kind) == KvHalf::K ? "K" : "V";
+    if (f != HalfFormat::f32 && f != HalfFormat::f16 && f != HalfFormat::bf16)
+      throw EngineError(std::string("cuda engine: KV damage (probe sensitivity) is applied to the stored rows of a float KV "
+                                    "half, but the ") +
+                        half + " half is " + std::string(name(f)) + "; run the sensitivity on a f32, f16 or bf16 baseline, or on the CPU engine");
+    if (!(d->size >= 0) || !std::isfinite(d->size) || !(d->envelope >= 0) || !std::isfinite(d->envelope) ||
+        d->pos0 > d->pos1)
+      throw EngineError("cuda engine: KV damage needs a finite size >= 0, a finite envelope >= 0 and pos0 <= pos1");
+    if (!damage_prev_) {
+      const StoreConfig& sc = store_.config();
+      const std::size_t bytes = static_cast<std::size_t>(sc.n_layers) * sc.n_kv_heads * sc.head_dim * sizeof(float);
+      KVGATE_CUDA_CHECK(cudaMalloc(&damage_prev_, bytes));
+      KVGATE_CUDA_CHECK(cudaMemset(damage_prev_, 0, bytes));
+    }
+  }
+  damage_ = d;
+  drop_graphs();
+}
+
+void CudaForward::damage_rows(int layer, int R) {
+  const KvDamage& d = *damage_;
+  const KvHalf h = damaged_half(d.kind);
+  const HalfFormat f = store_.half_format(h);
+  const StoreConfig& sc = store_.config();
+  mk::KvDamageLaunch a;
+  a.damage = d;
+  a.layer = layer;
+  a.format = f == HalfFormat::f32 ? 0 : f == HalfFormat::f16 ? 1 : 2;
+  a.pool = store_.pool(layer, h);
+  a.page_stride = store_.page_stride(h);
+  a.block_size = sc.block_size;
+  a.n_kv_heads = sc.n_kv_heads;
+  a.head_dim = sc.head_dim;
+  a.d_pos = d_pos_;
+  a.d_slot = d_slot_;
+  a.rows = R;
+  const std::size_t row_bytes = static_cast<std::size_t>(sc.n_kv_heads) * sc.head_dim * (f == HalfFormat::f32 ? 4 : 2);
+  a.prev = static_cast<std::uint8_t*>(damage_prev_) + static_cast<std::size_t>(layer) * row_bytes;
+  mk::kv_damage(a, stream_);
+}
+
 namespace {
 void check_tokens(std::span<const int> tokens, int vocab) {
   for (int t : tokens)
@@ -520,6 +571,9 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
     if (store_.length(s) + 1 > max_ctx_)
       throw EngineError("cuda forward: sequence " + std::to_string(s) + " is at the context limit of " +
                         std::to_string(max_ctx_) + " tokens");
+  if (damage_ && B > 1)
+    throw EngineError("cuda forward: KV damage (diagnostics) runs one sequence at a time; got a decode batch of " +
+                      std::to_string(B) + " sequences");
   std::vector<SeqId> rs(seqs.begin(), seqs.end());
   std::vector<int> rp(static_cast<std::size_t>(B));
   int max_len = 1;
@@ -548,9 +602,7 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
       // Graphs bake the workspace address: their own workspace, never reallocated under a live
       // graph (a larger need drops the captured graphs; they are captured again on use).
       if (gr.plan.workspace_bytes > graph_ws_bytes_) {
-        for (auto& [b, g] : graphs_)
-          if (g.exec) cudaGraphExecDestroy(g.exec);
-        graphs_.clear();
+        drop_graphs();
         graph_ws_.reserve(gr.plan.workspace_bytes);
         graph_ws_bytes_ = gr.plan.workspace_bytes;
       }

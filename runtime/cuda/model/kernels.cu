@@ -9,6 +9,7 @@
 
 #include "kernels.hpp"
 #include "kernels/common.cuh"
+#include "kernels/numeric.cuh"
 
 namespace kvgate::cuda::model_kernels {
 
@@ -326,6 +327,62 @@ __global__ void fill_const_kernel(float* p, std::size_t n, float value) {
     p[i] = value;
 }
 
+// ---- injected KV damage (kvgate/kv_damage.hpp) ----
+__device__ __forceinline__ float damage_load(const void* row, int format, int i) {
+  if (format == 0) return static_cast<const float*>(row)[i];
+  const std::uint16_t h = static_cast<const std::uint16_t*>(row)[i];
+  return format == 1 ? dev::f16_to_f32(h) : __uint_as_float(static_cast<std::uint32_t>(h) << 16);
+}
+__device__ __forceinline__ void damage_store(void* row, int format, int i, float x) {
+  if (format == 0) static_cast<float*>(row)[i] = x;
+  else static_cast<std::uint16_t*>(row)[i] = format == 1 ? dev::f32_to_f16_rne(x) : dev::f32_to_bf16_rne(x);
+}
+__device__ __forceinline__ std::uint8_t* damage_row(const KvDamageLaunch& a, int r, int elem_bytes) {
+  const int slot = a.d_slot[r], B = a.block_size;
+  return a.pool + static_cast<std::size_t>(slot / B) * a.page_stride +
+         static_cast<std::size_t>(slot % B) * a.n_kv_heads * a.head_dim * elem_bytes;
+}
+
+// One block per row, one warp per cell (KV head): amax of the stored cell, then every element.
+__global__ void kv_noise_kernel(KvDamageLaunch a) {
+  const int r = blockIdx.x;
+  const int pos = a.d_pos[r];
+  const KvDamage& d = a.damage;
+  if (d.kind == KvDamageKind::k_noise_span && (pos < d.pos0 || pos >= d.pos1)) return;
+  if (a.d_slot[r] < 0) return;
+  void* row = damage_row(a, r, a.format == 0 ? 4 : 2);
+  const int D = a.head_dim, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const double amp = damage_amplitude(d);
+  const std::uint64_t salt = damage_salt(d.kind);
+  for (int h = warp; h < a.n_kv_heads; h += nwarps) {
+    float amax = 0.0f;
+    for (int i = lane; i < D; i += 32) amax = fmaxf(amax, fabsf(damage_load(row, a.format, h * D + i)));
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    for (int i = lane; i < D; i += 32) {
+      const int e = h * D + i;
+      damage_store(row, a.format, e, damage_noisy(damage_load(row, a.format, e), amp, amax, a.layer, pos, e, salt));
+    }
+  }
+}
+
+// One thread per row element, the call's rows in descending order: row r reads row r - 1 before
+// it is changed (or `prev` for r = 0).
+template <class T>
+__global__ void kv_repeat_kernel(KvDamageLaunch a) {
+  const int HD = a.n_kv_heads * a.head_dim;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= HD || a.rows < 1) return;
+  T* prev = static_cast<T*>(a.prev);
+  auto at = [&](int r) { return reinterpret_cast<T*>(damage_row(a, r, sizeof(T))) + i; };
+  const T last = *at(a.rows - 1);
+  for (int r = a.rows - 1; r >= 0; --r) {
+    const int p = a.d_pos[r];
+    if (p % a.block_size == 0 || !damage_repeats(p, a.damage.size)) continue;
+    *at(r) = r > 0 ? *at(r - 1) : prev[i];
+  }
+  prev[i] = last;
+}
+
 int block_for(int n) { return n >= 1024 ? 512 : n >= 256 ? 256 : n >= 64 ? 64 : 32; }
 
 }  // namespace
@@ -434,6 +491,19 @@ void fill_uniform(void* p, bool bf16, std::size_t n, std::uint64_t seed, float s
 
 void fill_const(float* p, std::size_t n, float value, cudaStream_t st) {
   fill_const_kernel<<<grid_for(n), kThreads, 0, st>>>(p, n, value);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void kv_damage(const KvDamageLaunch& a, cudaStream_t st) {
+  if (a.rows <= 0) return;
+  if (a.damage.kind == KvDamageKind::v_repeat) {
+    const int HD = a.n_kv_heads * a.head_dim;
+    const unsigned grid = static_cast<unsigned>((HD + kThreads - 1) / kThreads);
+    if (a.format == 0) kv_repeat_kernel<std::uint32_t><<<grid, kThreads, 0, st>>>(a);
+    else kv_repeat_kernel<std::uint16_t><<<grid, kThreads, 0, st>>>(a);
+  } else {
+    kv_noise_kernel<<<a.rows, kThreads, 0, st>>>(a);
+  }
   KVGATE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvgate/kv_damage.hpp"
+
 namespace kvgate::cuda::model_kernels {
 
 // x[r][:] = emb[tokens[r]][:] (bf16 embeddings widened exactly to f32).
@@ -57,5 +59,26 @@ void mla_assemble(float* q, const float* ckv, const float* kvb, float* k, float*
 // acc[r][:] += y[r][:] * gate[r * n_experts + expert] for the rows that selected the expert.
 void moe_accumulate(float* acc, const float* y, const float* gate, int expert, int n_experts, int rows, int dim,
                     cudaStream_t st);
+
+// Injected KV damage (kvgate/kv_damage.hpp) on the rows one forward call just stored in a float
+// half (f32, f16 or bf16) of layer `layer`: rows r of [0, rows) at positions d_pos[r], store slots
+// d_slot[r] (block * block_size + slot), consecutive positions of one sequence. The noise families
+// read each stored row, take amax per cell from it, add the noise (damage_noisy) and store the result
+// rounded to the half (RNE); v_repeat copies the stored bits of the undamaged previous row of the page
+// (row r - 1 of this call, or `prev`, the undamaged last row of the previous call) and keeps the
+// undamaged last row of this call in `prev` for the next.
+struct KvDamageLaunch {
+  KvDamage damage;
+  int layer = 0;
+  int format = 0;  // 0: f32, 1: f16, 2: bf16
+  std::uint8_t* pool = nullptr;  // page p at pool + p * page_stride
+  std::size_t page_stride = 0;
+  int block_size = 0, n_kv_heads = 0, head_dim = 0;
+  const int* d_pos = nullptr;
+  const int* d_slot = nullptr;
+  int rows = 0;
+  void* prev = nullptr;  // v_repeat: [n_kv_heads * head_dim] stored elements
+};
+void kv_damage(const KvDamageLaunch& a, cudaStream_t st);
 
 }  // namespace kvgate::cuda::model_kernels

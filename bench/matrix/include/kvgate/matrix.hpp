@@ -15,6 +15,7 @@
 
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
+#include "kvgate/kv_damage.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/probes.hpp"
 #include "kvgate/signoff.hpp"
@@ -92,18 +93,11 @@ nlohmann::json run_probe(const Model& model, const EngineOptions& eo, const Prob
 // build without the CUDA backend.
 std::shared_ptr<const cuda::CudaModel> shared_cuda_weights(const Model& model, const std::string& weights);
 
-// --- probe sensitivity: KV damage of known size on the store read (KvReadHook) -------------------
-// v_noise: every V element x += size * envelope * amax(cell) * u; v_repeat: a fraction `size` of
-// the V rows (chosen by position, the same in every layer) replaced by the previous row of their
-// page; k_noise_span: the K elements of positions [pos0, pos1) x += size * amax(cell) * u. u is a
-// deterministic uniform in [-1, 1); a cell is one KV head's row.
-enum class DamageKind { v_noise, v_repeat, k_noise_span };
-struct Damage {
-  DamageKind kind = DamageKind::v_noise;
-  double size = 0;
-  double envelope = 0;  // v_noise: the relative envelope the size multiplies
-  int pos0 = 0, pos1 = 0;
-};
+// --- probe sensitivity: KV damage of known size (kvgate/kv_damage.hpp) ---------------------------
+// The CPU engine applies it on the store read (KvReadHook), the CUDA engine to the stored rows
+// (CudaEngineOptions::damage, float KV halves only).
+using DamageKind = KvDamageKind;
+using Damage = KvDamage;
 std::shared_ptr<const KvReadHook> make_damage_hook(const Damage& d, int head_dim);
 // The format's relative envelope: the largest |x^ - x| / amax(cell) its rounding allows (half an
 // ulp for the floats; s/2 = amax/254 for int8 and q8_0; |d|/2 = amax/16 for q4_0).
@@ -119,13 +113,18 @@ struct SensitivityOptions {
 };
 // The envelope of the lossiest format among `formats` (q4_0 when none parses).
 SensitivityOptions sensitivity_options_for(const std::vector<std::string>& formats);
-// Runs the ladder of every damage family on the CPU engine with `base_eo` (the baseline KV) and judges
-// it (signoff::judge_sensitivity). Each family's ladder stops at its first red rung. The undamaged
+// Runs the ladder of every damage family with `base_eo` (the baseline KV) and judges it
+// (signoff::judge_sensitivity). Each family's ladder stops at its first red rung. The undamaged
 // cases are run here, or read from `baseline_cases` (the matrix's cases_detail of the baseline
-// format, run on the probe device): a baseline that passes none costs no damaged run.
+// format, run on the probe device): a baseline that passes none costs no damaged run. The engine:
+// the CPU engine (damage on the store read), or with `device` "cuda" one CUDA engine (its weights
+// shared when set) whose damage is set before each case (damage on the stored rows; the baseline
+// must be a float KV format, as its `base_eo.kv` resolves for backend "cuda"). The result's engine
+// field names it.
 signoff::ProbeSensitivity probe_sensitivity(const Model& model, const EngineOptions& base_eo, const ProbeSpec& spec,
                                             const SensitivityOptions& so, const Progress& progress = {},
-                                            const nlohmann::json* baseline_cases = nullptr);
+                                            const nlohmann::json* baseline_cases = nullptr,
+                                            const ProbeDevice* device = nullptr);
 
 // --- KL / top-1 against f32 KV ---------------------------------------------------------------------
 struct Quality {

@@ -25,12 +25,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/kv_damage.hpp"
 #include "kvgate/model.hpp"
 
 namespace kvgate::cuda {
@@ -126,6 +128,14 @@ class CudaForward {
   // K rows rotated at position + offset (0 in use; queries keep theirs). Anti-vacuity gates inject a
   // wrong-position bug with it (a uniform shift of q and k would cancel: RoPE is relative).
   void set_k_rope_position_offset(int off);
+  // Diagnostics (probe sensitivity): injected KV damage (kvgate/kv_damage.hpp) applied to the rows
+  // each call stores, right after the store kernel, before attention reads them (kv_damage in
+  // kernels.hpp); nullopt: none. The damaged half must be f32, f16 or bf16 (EngineError otherwise);
+  // the calls must append consecutive positions of one sequence (a decode batch of one), and v_repeat
+  // needs them in order from position 0 (the undamaged last row of one call feeds the next).
+  // Drops the captured decode graphs (they bake the damage in).
+  void set_damage(const std::optional<KvDamage>& d);
+  const std::optional<KvDamage>& damage() const { return damage_; }
 
   cudaStream_t stream() const { return stream_; }
   const CudaForwardOptions& options() const { return opts_; }
@@ -183,6 +193,10 @@ class CudaForward {
   void stage_rope_rows(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos);
   bool capture_kv_ = false;
   std::vector<float> cap_k_, cap_v_;
+  std::optional<KvDamage> damage_;
+  void* damage_prev_ = nullptr;  // v_repeat: per layer the undamaged last stored row of the last call
+  void damage_rows(int layer, int R);
+  void drop_graphs();
   struct Graph {
     cudaGraphExec_t exec = nullptr;
     DecodePlan plan;
@@ -201,6 +215,10 @@ struct CudaEngineOptions {
   // format alive; one upload of an 8B model serves them all). Null: the engine uploads its own
   // (`weights` type). Must have been made from the same model (checked: config shape).
   std::shared_ptr<const CudaModel> shared_weights;
+  // Diagnostics only (probe sensitivity): KV damage on the stored rows (CudaForward::set_damage);
+  // the CPU engine's counterpart is EngineOptions::kv_read_hook (refused here). Nothing in a release
+  // path sets it.
+  std::optional<KvDamage> damage;
 };
 
 class CudaEngine {
@@ -230,6 +248,9 @@ class CudaEngine {
   void save_kv(const std::string& path, std::span<const int> pending = {}) const;
 
   void reset();
+  // Replaces the damage (CudaEngineOptions::damage) for the rows written from now on; call reset()
+  // before the next case so every row of it carries the new damage.
+  void set_damage(const std::optional<KvDamage>& d);
   int position() const;
   int max_context() const;
   int vocab_size() const;
