@@ -1,0 +1,238 @@
+// Refusals and lookups below the loaders, each checked by its exact message:
+//   STO.limits.checks      the limits policy's helpers (override variable, negative / non-positive
+//                          values, overflowing products, doubles out of an integer range)
+//   STO.paths.lookup       where a missing test model was looked for, and the first existing folder
+//   STO.loader.llama2c_header  llama2.c header fields that cannot describe a model
+//   STO.loader.validate    validate_weights: every config/weights inconsistency a loader could hand it
+//   STO.loader.tokenizer_override  load_model(path, tokenizer): a tokenizer.json or tokenizer.bin
+//                          replaces the embedded tokenizer
+// Bound: the message names the file (or the variable) and the field, and says what is wrong (exact
+// substrings); the accepted neighbours of every refused value are accepted (anti-vacuity).
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "catch_compat.hpp"
+#include "fixtures.hpp"
+#include "kvgate/limits.hpp"
+#include "kvgate/loaders.hpp"
+#include "kvgate/model_paths.hpp"
+#include "kvgate/tokenizer_sp.hpp"
+#include "models.hpp"
+
+using namespace kvgate;
+using namespace kvgate::gates;
+namespace fs = std::filesystem;
+
+namespace {
+
+template <class F>
+std::string limit_error(F&& f) {
+  try {
+    f();
+  } catch (const limits::LimitError& e) {
+    return e.what();
+  }
+  return "<no LimitError>";
+}
+
+// Sets an environment variable for the scope, restoring the old value after.
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) {
+    if (const char* o = std::getenv(name)) old_ = o, had_ = true;
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~EnvVar() {
+    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("STO.limits.checks override variable, negative and zero values, overflow, doubles out of range",
+          "[gate:STO][fmt:none]") {
+  namespace L = limits;
+  {
+    EnvVar v("KVGATE_LIMIT_LAYERS", nullptr);
+    CHECK(L::max_of(L::kLayers) == 1024);
+  }
+  for (const char* bad : {"abc", "12x", "0", "-5", " 7", ""}) {  // not a positive integer: the default stays
+    EnvVar v("KVGATE_LIMIT_LAYERS", bad);
+    INFO("KVGATE_LIMIT_LAYERS=" << bad);
+    CHECK(L::max_of(L::kLayers) == 1024);
+  }
+  {
+    EnvVar v("KVGATE_LIMIT_LAYERS", "5");
+    CHECK(L::max_of(L::kLayers) == 5);
+    CHECK(L::check(L::kLayers, 5, "f.json", "n_layers") == 5);
+    const std::string m = limit_error([] { L::check(L::kLayers, 6, "f.json", "n_layers"); });
+    CHECK(m == "f.json: n_layers = 6 exceeds the limit 5 on the number of layers (set KVGATE_LIMIT_LAYERS=N to allow more)");
+  }
+  CHECK(limit_error([] { L::check(L::kVocab, -3, "cfg", "vocab_size"); }) ==
+        "cfg: vocab_size = -3 is negative (it is a vocabulary size)");
+  CHECK(L::check(L::kVocab, 0, "cfg", "vocab_size") == 0);
+  CHECK(limit_error([] { L::check_positive(L::kHeads, 0, "cfg", "n_heads"); }) ==
+        "cfg: n_heads = 0 must be >= 1 (the number of attention heads)");
+  CHECK(L::check_positive(L::kHeads, 1, "cfg", "n_heads") == 1);
+  CHECK(limit_error([] { L::check_positive(L::kHeads, std::uint64_t{0}, "cfg", "n_heads"); }) ==
+        "cfg: n_heads = 0 must be >= 1 (the number of attention heads)");
+  const std::uint64_t big = std::uint64_t{1} << 32;
+  CHECK(L::mul(big - 1, big + 1, "t", "rows * cols") == big * big - 1);
+  CHECK(limit_error([&] { L::mul(big, big, "t", "rows * cols"); }) ==
+        "t: rows * cols = 4294967296 * 4294967296 overflows 64 bits");
+  CHECK(limit_error([] { L::add(~std::uint64_t{0}, 1, "t", "offset"); }) ==
+        "t: offset = 18446744073709551615 + 1 overflows 64 bits");
+  int out = -7;
+  CHECK(L::double_to_int(2147483647.0, 0, std::numeric_limits<int>::max(), &out));
+  CHECK(out == std::numeric_limits<int>::max());
+  CHECK(L::double_to_int(-1.0, -1, 5, &out));
+  CHECK(out == -1);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double d : {2147483648.0, -1.5, std::nan(""), inf, -inf}) {
+    out = 42;
+    INFO(d);
+    CHECK_FALSE(L::double_to_int(d, 0, std::numeric_limits<int>::max(), &out));
+    CHECK(out == 42);  // untouched
+  }
+}
+
+TEST_CASE("STO.paths.lookup a missing model names every folder looked at and the fix", "[gate:STO][fmt:none]") {
+  TempDir t;
+  const fs::path models = t.path() / "models", src = t.path() / "src";
+  fs::create_directories(models / "tiny");
+  fs::create_directories(src);
+  write_bytes(models / "tiny" / "m.bin", "x");
+  {
+    EnvVar v("KVGATE_MODELS", models.string().c_str());
+    const ModelLookup hit = kvgate::find_model("tiny/m.bin", src.string());
+    CHECK(hit.found());
+    CHECK(hit.path == (models / "tiny" / "m.bin").string());
+    const ModelLookup miss = kvgate::find_model("tiny/none.bin", src.string());
+    CHECK_FALSE(miss.found());
+    const std::string shared = (t.path() / "shared" / "models" / "tiny" / "none.bin").string();
+    CHECK(miss.message == "model 'tiny/none.bin' not found; looked at: " + (models / "tiny" / "none.bin").string() +
+                              ", " + shared + ", " + (src / ".models" / "tiny" / "none.bin").string() +
+                              ". Set KVGATE_MODELS to the folder that holds tiny/.");
+    CHECK(existing_model_dir(src.string()) == models.string());
+  }
+  {
+    EnvVar v("KVGATE_MODELS", nullptr);
+    CHECK(kvgate::find_model("tiny/m.bin", "").message ==
+          "model 'tiny/m.bin' not found; looked at: (nowhere). Set KVGATE_MODELS to the folder that holds tiny/.");
+    CHECK(existing_model_dir("").empty());
+    CHECK(existing_model_dir(src.string()).empty());  // neither ../shared/models nor .models exists
+    fs::create_directories(src / ".models");
+    CHECK(existing_model_dir(src.string()) == (src / ".models").string());
+  }
+}
+
+TEST_CASE("STO.loader.llama2c_header header fields that describe no model are refused by name", "[gate:STO][fmt:none]") {
+  TempDir t;
+  auto header = [&](const std::string& name, std::vector<std::int32_t> h) {
+    const fs::path p = t.path() / name;
+    write_bytes(p, std::string(reinterpret_cast<const char*>(h.data()), h.size() * 4));
+    return p.string();
+  };
+  //                     dim hidden layers heads kv vocab seq
+  const auto p1 = header("m1.bin", {10, 8, 1, 3, 1, 16, 8});
+  CHECK(model_error([&] { load_llama2c(p1); }) ==
+        "model '" + p1 + "': header field dim = 10 is not a multiple of n_heads = 3");
+  const auto p2 = header("m2.bin", {6, 8, 1, 2, 1, 16, 8});
+  CHECK(model_error([&] { load_llama2c(p2); }) == "model '" + p2 + "': head_dim = dim/n_heads = 3 is odd; RoPE needs pairs");
+  const auto p3 = header("m3.bin", {8, 8, 1, 2, 1, 16, 8});  // a valid header: only the size is wrong
+  CHECK(has(model_error([&] { load_llama2c(p3); }), "': truncated: the header (dim 8, layers 1, vocab 16) implies "));
+  std::vector<std::int32_t> g = {0, 3, 0, 0, 0, 0, 0};
+  std::memcpy(g.data(), "GGUF", 4);
+  const auto p4 = header("m4.bin", g);
+  CHECK(model_error([&] { load_llama2c(p4); }) ==
+        "model '" + p4 + "': this is a GGUF file; load it with a .gguf name (or via load_model)");
+}
+
+TEST_CASE("STO.loader.validate every config/weights inconsistency is refused naming the model", "[gate:STO][fmt:none]") {
+  TempDir t;
+  synth_hf(tiny_options(t.sub("m")));
+  const Model m = load_hf(t.sub("m"));
+  REQUIRE_NOTHROW(validate_weights("x", m.config, m.weights));  // the loaded model is consistent
+  struct Bad {
+    const char* why;
+    std::function<void(ModelConfig&, ModelWeights&)> edit;
+  };
+  const std::vector<Bad> bad = {
+      {"config has a non-positive size (dim, hidden_dim, layers, heads, kv_heads, head_dim, vocab_size, max_seq_len "
+       "must all be > 0)",
+       [](ModelConfig& c, ModelWeights&) { c.head_dim = 0; }},
+      {"n_heads 2 is not a multiple of n_kv_heads 3", [](ModelConfig& c, ModelWeights&) { c.n_kv_heads = 3; }},
+      {"head_dim 15 is odd", [](ModelConfig& c, ModelWeights&) { c.head_dim = 15; }},
+      {"tensor final_norm has 31 elements, the config implies 32",
+       [](ModelConfig&, ModelWeights& w) { w.final_norm.pop_back(); }},
+      {"tensor layer 1 w2 has 0 elements, the config implies 1536",
+       [](ModelConfig&, ModelWeights& w) { w.layers[1].w2.clear(); }},
+      {"1 layers of weights, config says 2", [](ModelConfig&, ModelWeights& w) { w.layers.pop_back(); }},
+      {"1 per-layer attention windows for 2 layers", [](ModelConfig& c, ModelWeights&) { c.layer_window = {0}; }},
+      {"layer 1 has attention window -4 (0 = full attention, else > 0)",
+       [](ModelConfig& c, ModelWeights&) { c.layer_window = {0, -4}; }},
+      // Layer 0 routed over 2 experts of width 0 (its router present, its empty experts the right size).
+      {"mixture-of-experts config is inconsistent (2 experts, top-k 0, expert width 0, 2 per-layer flags for 2 layers)",
+       [](ModelConfig& c, ModelWeights& w) {
+         c.moe.n_experts = 2;
+         c.moe.layer_moe = {1, 0};
+         w.layers[0].router.assign(2 * 32, 0.0f);
+       }},
+      {"embedding scale, attention scale and soft-caps must be finite and >= 0",
+       [](ModelConfig& c, ModelWeights&) { c.attn_softcap = -1.0f; }},
+      {"embedding scale, attention scale and soft-caps must be finite and >= 0",
+       [](ModelConfig& c, ModelWeights&) { c.embed_scale = INFINITY; }},
+  };
+  for (const Bad& b : bad) {
+    ModelConfig c = m.config;
+    ModelWeights w = m.weights;
+    b.edit(c, w);
+    const std::string msg = model_error([&] { validate_weights("dir/m", c, w); });
+    INFO(msg);
+    CHECK(msg == std::string("model 'dir/m': ") + b.why);
+  }
+  ModelConfig c = m.config;  // the accepted neighbours: windows 0 and > 0, zero scales
+  c.layer_window = {0, 4};
+  c.attn_softcap = 0.0f;
+  CHECK_NOTHROW(validate_weights("dir/m", c, m.weights));
+}
+
+TEST_CASE("STO.loader.tokenizer_override an explicit tokenizer replaces the embedded one", "[gate:STO][fmt:none]") {
+  const ModelLookup gguf = find_model("stories260K/stories260K.gguf"), tok = find_model("stories260K/tok512.bin");
+  REQUIRE(gguf.found());
+  REQUIRE(tok.found());
+  const Model embedded = load_model(gguf.path), over = load_model(gguf.path, tok.path);
+  REQUIRE(embedded.tokenizer);
+  REQUIRE(over.tokenizer);
+  CHECK(dynamic_cast<const SpTokenizer*>(over.tokenizer.get()) != nullptr);
+  CHECK(over.tokenizer.get() != embedded.tokenizer.get());
+  const std::string text = "Once upon a time, there was a little girl named Lily.";
+  const std::vector<int> ids = over.tokenizer->encode(text, true);
+  CHECK(ids == embedded.tokenizer->encode(text, true));  // the same vocabulary, two readers
+  CHECK(ids.front() == 1);
+  // A synth Hugging Face folder with a second folder's tokenizer.json (a different vocabulary).
+  TempDir t;
+  SynthOptions a = tiny_options(t.sub("a")), b = tiny_options(t.sub("b"));
+  b.vocab = 280;
+  synth_hf(a);
+  synth_hf(b);
+  const std::string bt = (fs::path(t.sub("b")) / "tokenizer.json").string();
+  const Model ma = load_model(t.sub("a")), mb = load_model(t.sub("a"), bt);
+  CHECK(ma.tokenizer->vocab_size() == 300);
+  CHECK(mb.tokenizer->vocab_size() == 280);
+  CHECK(mb.tokenizer->encode("hello world", true) == load_model(t.sub("b")).tokenizer->encode("hello world", true));
+}
