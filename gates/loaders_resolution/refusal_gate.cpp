@@ -22,6 +22,7 @@
 #include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/model_paths.hpp"
+#include "kvgate/rope.hpp"
 #include "kvgate/tokenizer_sp.hpp"
 #include "models.hpp"
 
@@ -235,4 +236,97 @@ TEST_CASE("STO.loader.tokenizer_override an explicit tokenizer replaces the embe
   CHECK(ma.tokenizer->vocab_size() == 300);
   CHECK(mb.tokenizer->vocab_size() == 280);
   CHECK(mb.tokenizer->encode("hello world", true) == load_model(t.sub("b")).tokenizer->encode("hello world", true));
+}
+
+// STO.rope.refusals: the RoPE fields of config.json and the RopeConfig checks behind every loader,
+// each refused value named with its field and the reason (bound: the exact message).
+TEST_CASE("STO.rope.refusals bad RoPE fields in config.json and RopeConfig values are refused by name",
+          "[gate:STO][fmt:none]") {
+  TempDir t;
+  synth_hf(tiny_options(t.sub("m")));
+  const fs::path cfg = fs::path(t.sub("m")) / "config.json";
+  const nlohmann::json good = read_json_file(cfg);
+  REQUIRE_NOTHROW(load_hf(t.sub("m")));
+  using J = nlohmann::json;
+  const J yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
+  const auto yarn_with = [&](const J& extra) {
+    J y = yarn;
+    y.update(extra);
+    return y;
+  };
+  struct Bad {
+    const char* msg;  // after "'<config.json>': field "
+    J edit;           // merged into config.json
+  };
+  const std::vector<Bad> bad = {
+      {"'rope_scaling.original_max_position_embeddings' = \"x\" must be a positive integer (a context length in tokens)",
+       {{"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", "x"}}}}},
+      {"'rope_scaling.short_factor' has a non-number entry \"a\"",
+       {{"rope_scaling", {{"rope_type", "longrope"}, {"short_factor", {"a"}}, {"long_factor", {1.0}}}}}},
+      {"'original_max_position_embeddings' = 0 must be a positive integer",
+       {{"original_max_position_embeddings", 0}, {"rope_scaling", yarn}}},
+      {"'rope_scaling.truncate' is not a boolean", {{"rope_scaling", yarn_with({{"truncate", "yes"}})}}},
+      {"'partial_rotary_factor' = 1.500000 must be in (0, 1]", {{"partial_rotary_factor", 1.5}}},
+      {"'rope_theta' must be a positive finite number", {{"rope_theta", -1.0}}},
+      {"'partial_rotary_factor' is not a number", {{"partial_rotary_factor", "half"}}},
+      {"'rope_parameters' is per layer type but has no 'full_attention' object",
+       {{"rope_parameters", {{"sliding_attention", {{"rope_type", "default"}}}}}}},
+      {"'rope_parameters.sliding_attention' is not an object",
+       {{"rope_parameters", {{"full_attention", {{"rope_type", "default"}}}, {"sliding_attention", 3}}}}},
+      {"'rope_local_base_freq' must be a positive number", {{"rope_local_base_freq", -5.0}}},
+  };
+  for (const Bad& b : bad) {
+    J j = good;
+    j.update(b.edit);
+    write_json_file(cfg, j);
+    const std::string msg = model_error([&] { load_hf(t.sub("m")); });
+    INFO(msg);
+    CHECK(msg == "'" + cfg.string() + "': field " + b.msg);
+  }
+  {  // the accepted neighbour of the truncate refusal
+    J j = good;
+    j["rope_scaling"] = yarn_with({{"truncate", false}});
+    write_json_file(cfg, j);
+    const Model m = load_hf(t.sub("m"));
+    CHECK(m.config.rope.type == RopeType::yarn);
+    CHECK_FALSE(m.config.rope.truncate);
+  }
+  // RopeConfig values no config.json spelling reaches (GGUF and defaults feed validate_rope too).
+  auto rope = [](RopeType ty, double factor, int orig, int max_pos) {
+    RopeConfig r;
+    r.type = ty;
+    r.factor = factor;
+    r.original_max = orig;
+    r.max_position = max_pos;
+    return r;
+  };
+  struct BadRope {
+    const char* msg;  // after "'w': field 'f"
+    RopeConfig r;
+  };
+  std::vector<BadRope> rb = {
+      {".factor' = 0.000000 must be a finite number > 0 for rope_type \"linear\" (the scaling factor; 1 means no scaling)",
+       rope(RopeType::linear, 0, 0, 64)},
+      {".factor' = -1.000000 must be a finite number > 0 (or absent: max / original length)", rope(RopeType::yarn, -1, 16, 64)},
+      {"' rope_type \"dynamic\" needs max_position_embeddings >= 1 (its reference length); add it to config.json",
+       rope(RopeType::dynamic, 2, 0, 0)},
+      {".factor' is missing and no max_position_embeddings gives the default (max / original length)",
+       rope(RopeType::yarn, 0, 16, 0)},
+      {".beta_fast' and beta_slow must be > 0 (defaults 32 and 1)", rope(RopeType::yarn, 2, 16, 64)},
+      {".low_freq_factor' and high_freq_factor must be > 0 (Llama 3.1: 1 and 4)", rope(RopeType::llama3, 8, 16, 64)},
+      {".partial_rotary_factor' gives 3 rotated dims of head_dim 16; it must be an even count in [2, head_dim] (fix "
+       "partial_rotary_factor)",
+       rope(RopeType::plain, 0, 0, 64)},
+      {".rope_freqs' has 3 entries, expected rotary_dim / 2 = 8", rope(RopeType::plain, 0, 0, 64)},
+  };
+  rb[4].r.beta_fast = 0;
+  rb[5].r.low_freq_factor = 0;
+  rb[6].r.rotary_dim = 3;
+  rb[7].r.freq_divisors = {1, 1, 1};
+  for (const BadRope& b : rb) {
+    const std::string msg = model_error([&] { validate_rope(b.r, 16, "w", "f"); });
+    INFO(msg);
+    CHECK(msg == std::string("'w': field 'f") + b.msg);
+  }
+  CHECK_NOTHROW(validate_rope(rope(RopeType::yarn, 2, 16, 64), 16, "w", "f"));  // the same yarn with its betas
 }
