@@ -330,3 +330,93 @@ TEST_CASE("STO.rope.refusals bad RoPE fields in config.json and RopeConfig value
   }
   CHECK_NOTHROW(validate_rope(rope(RopeType::yarn, 2, 16, 64), 16, "w", "f"));  // the same yarn with its betas
 }
+
+// STO.loader.config_fields: config.json architecture and shape fields refused by exact message;
+// model_type stands in for a missing architectures list; an index whose weight_map is broken is
+// refused naming the index; F16 / BF16 weights load within their rounding (bound: half an ulp,
+// 2^-11 / 2^-8 relative, plus the f16 subnormal step 2^-25) and do differ from the f32 file.
+TEST_CASE("STO.loader.config_fields architecture, head and bias fields, shard index and weight dtypes",
+          "[gate:STO][fmt:none]") {
+  TempDir t;
+  synth_hf(tiny_options(t.sub("m")));
+  const fs::path cfg = fs::path(t.sub("m")) / "config.json";
+  const nlohmann::json good = read_json_file(cfg);
+  const Model base = load_hf(t.sub("m"));
+  using J = nlohmann::json;
+  struct Bad {
+    const char* msg;  // after "'<config.json>': field "
+    std::function<void(J&)> edit;
+  };
+  const std::vector<Bad> bad = {
+      {"'architectures' is not a non-empty list of names", [](J& j) { j["architectures"] = "LlamaForCausalLM"; }},
+      {"'architectures' is missing (and no model_type)", [](J& j) { j.erase("architectures"), j.erase("model_type"); }},
+      {"'num_key_value_heads' = 3 does not divide num_attention_heads = 4",
+       [](J& j) { j["num_attention_heads"] = 4, j["num_key_value_heads"] = 3; }},
+      {"'hidden_size' = 33 is not a multiple of num_attention_heads = 2 (and no head_dim is given)",
+       [](J& j) { j.erase("head_dim"), j["hidden_size"] = 33; }},
+      {"'attention_bias' is true: biases on q/k/v/o projections are supported for Qwen2 (q/k/v) only",
+       [](J& j) { j["attention_bias"] = true; }},
+  };
+  for (const Bad& b : bad) {
+    J j = good;
+    b.edit(j);
+    write_json_file(cfg, j);
+    const std::string msg = model_error([&] { load_hf(t.sub("m")); });
+    INFO(msg);
+    CHECK(msg == "'" + cfg.string() + "': field " + b.msg);
+  }
+  {
+    J j = good;
+    j.erase("architectures");
+    j["model_type"] = "llama";
+    write_json_file(cfg, j);
+    const Model m = load_hf(t.sub("m"));
+    CHECK(m.config.arch == "llama");
+    CHECK(m.fingerprint == base.fingerprint);
+    write_json_file(cfg, good);
+  }
+  // A sharded checkpoint: the index must be JSON with a weight_map of file names.
+  const fs::path dir = t.sub("m"), index = dir / "model.safetensors.index.json";
+  fs::rename(dir / "model.safetensors", dir / "model-00001-of-00001.safetensors");
+  J map = J::object();
+  const J shard_header = read_st(dir / "model-00001-of-00001.safetensors").header;
+  for (auto it = shard_header.begin(); it != shard_header.end(); ++it)
+    if (it.key() != "__metadata__") map[it.key()] = "model-00001-of-00001.safetensors";
+  write_json_file(index, {{"weight_map", map}});
+  CHECK(load_hf(dir.string()).fingerprint == base.fingerprint);  // the same weights through the index
+  write_bytes(index, "{\"weight_map\": ");
+  CHECK(has(model_error([&] { load_hf(dir.string()); }), "'" + index.string() + "': not valid JSON ("));
+  write_json_file(index, {{"metadata", J::object()}});
+  CHECK(model_error([&] { load_hf(dir.string()); }) == "'" + index.string() + "': field 'weight_map' is missing or not an object");
+  J m2 = map;
+  m2["lm_head.weight"] = 7;
+  write_json_file(index, {{"weight_map", m2}});
+  CHECK(model_error([&] { load_hf(dir.string()); }) == "'" + index.string() + "': weight_map[\"lm_head.weight\"] is not a file name");
+  // Half-precision weights.
+  for (const char* dt : {"f16", "bf16"}) {
+    SynthOptions o = tiny_options(t.sub(dt));
+    o.dtype = dt;
+    synth_hf(o);
+    const Model h = load_hf(t.sub(dt));
+    const bool bf = std::string(dt) == "bf16";
+    const double rel = bf ? 0x1p-8 : 0x1p-11, abs_floor = bf ? 0.0 : 0x1p-25;
+    const auto& a = base.weights.layers[1].wq;
+    const auto& b = h.weights.layers[1].wq;
+    REQUIRE(a.size() == b.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO(dt << " wq[" << i << "] " << a[i] << " vs " << b[i]);
+      CHECK(std::fabs(static_cast<double>(a[i]) - b[i]) <= rel * std::fabs(static_cast<double>(a[i])) + abs_floor);
+      differ += a[i] != b[i];
+    }
+    CHECK(differ > a.size() / 2);  // rounded, not copied
+  }
+  // A weight of a dtype kvgate does not read (the bytes still tile the data section).
+  const fs::path st = fs::path(t.sub("f16")) / "model.safetensors";
+  StFile f = read_st(st);
+  f.header["model.layers.0.mlp.up_proj.weight"]["dtype"] = "I16";
+  write_st_raw(st, f);
+  CHECK(has(model_error([&] { load_hf(t.sub("f16")); }),
+            "tensor 'model.layers.0.mlp.up_proj.weight' field 'dtype' = I16 is not supported for weights (kvgate reads F32, "
+            "F16 and BF16)"));
+}
