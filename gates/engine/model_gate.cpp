@@ -222,6 +222,48 @@ TEST_CASE("MOD.engine.sampler seeded sampling is reproducible and respects top-k
   CHECK(seen.size() == 3);  // anti-vacuity: the sampler is not greedy, all three admitted ids appear
 }
 
+// MOD.engine.options_refused: engine options that cannot describe a KV pool, and a generate with
+// no prompt, are refused with an EngineError naming the option and the numbers (bound: the exact
+// text); the accepted neighbours (one block's bytes, one scale per layer) construct.
+TEST_CASE("MOD.engine.options_refused a pool budget buying no block, per-layer scales of the wrong count, no prompt",
+          "[gate:MOD]") {
+  const Model& m = stories("stories260K.bin");
+  auto has_text = [](const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; };
+  auto refused = [&](const EngineOptions& o) -> std::string {
+    try {
+      Engine e(m, o);
+    } catch (const EngineError& e) {
+      return e.what();
+    }
+    return "<no EngineError>";
+  };
+  const KvFormat f32 = *parse_kv_format("f32");
+  EngineOptions o = opts(f32);
+  o.kv_cache_memory = 100;
+  const std::string small = refused(o);
+  INFO(small);
+  const std::size_t block = static_cast<std::size_t>(m.config.n_layers) * 2 *
+                            page_bytes(HalfFormat::f32, {o.block_size, m.config.n_kv_heads, m.config.head_dim});
+  CHECK(has_text(small, "--kv-cache-memory 100 bytes buys no KV block of f32 (one block of all layers needs " +
+                            std::to_string(block) + " bytes)"));
+  o.kv_cache_memory = block;
+  CHECK(Engine(m, o).store().config().n_blocks == 1);
+  o = opts(f32);
+  o.k_scale = {1.0f, 2.0f};
+  CHECK(has_text(refused(o), "k_scale has 2 entries; give one, or one per layer (" + std::to_string(m.config.n_layers) + ")"));
+  o.k_scale.assign(static_cast<std::size_t>(m.config.n_layers), 1.0f);
+  Engine e(m, o);
+  const std::vector<int> none;
+  std::string msg;
+  try {
+    e.generate(none, 4, SamplerOptions{});
+  } catch (const EngineError& x) {
+    msg = x.what();
+  }
+  CHECK(has_text(msg, ": generate needs at least one prompt token (e.g. BOS)"));
+  CHECK(e.generate(std::vector<int>{1}, 2, SamplerOptions{}).tokens.size() == 2);
+}
+
 TEST_CASE("MOD.engine.context generation stops at the context, prefill past it is refused", "[gate:MOD]") {
   const Model& m = stories("stories260K.bin");
   EngineOptions o = opts(KvFormat{HalfFormat::f32, HalfFormat::f32});
