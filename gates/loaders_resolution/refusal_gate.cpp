@@ -62,6 +62,22 @@ class EnvVar {
   bool had_ = false;
 };
 
+// A tiny synth Hugging Face folder whose config.json the case edits; refusal(j) loads it with j.
+struct ConfigDir {
+  TempDir t;
+  std::string dir = t.sub("m");
+  fs::path cfg = fs::path(dir) / "config.json";
+  nlohmann::json good;
+  ConfigDir() {
+    synth_hf(tiny_options(dir));
+    good = read_json_file(cfg);
+  }
+  std::string refusal(const nlohmann::json& j) {
+    write_json_file(cfg, j);
+    return model_error([&] { load_hf(dir); });
+  }
+};
+
 }  // namespace
 
 TEST_CASE("STO.limits.checks override variable, negative and zero values, overflow, doubles out of range",
@@ -242,11 +258,10 @@ TEST_CASE("STO.loader.tokenizer_override an explicit tokenizer replaces the embe
 // each refused value named with its field and the reason (bound: the exact message).
 TEST_CASE("STO.rope.refusals bad RoPE fields in config.json and RopeConfig values are refused by name",
           "[gate:STO][fmt:none]") {
-  TempDir t;
-  synth_hf(tiny_options(t.sub("m")));
-  const fs::path cfg = fs::path(t.sub("m")) / "config.json";
-  const nlohmann::json good = read_json_file(cfg);
-  REQUIRE_NOTHROW(load_hf(t.sub("m")));
+  ConfigDir d;
+  const fs::path& cfg = d.cfg;
+  const nlohmann::json& good = d.good;
+  REQUIRE_NOTHROW(load_hf(d.dir));
   using J = nlohmann::json;
   const J yarn = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
   const auto yarn_with = [&](const J& extra) {
@@ -278,8 +293,7 @@ TEST_CASE("STO.rope.refusals bad RoPE fields in config.json and RopeConfig value
   for (const Bad& b : bad) {
     J j = good;
     j.update(b.edit);
-    write_json_file(cfg, j);
-    const std::string msg = model_error([&] { load_hf(t.sub("m")); });
+    const std::string msg = d.refusal(j);
     INFO(msg);
     CHECK(msg == "'" + cfg.string() + "': field " + b.msg);
   }
@@ -287,7 +301,7 @@ TEST_CASE("STO.rope.refusals bad RoPE fields in config.json and RopeConfig value
     J j = good;
     j["rope_scaling"] = yarn_with({{"truncate", false}});
     write_json_file(cfg, j);
-    const Model m = load_hf(t.sub("m"));
+    const Model m = load_hf(d.dir);
     CHECK(m.config.rope.type == RopeType::yarn);
     CHECK_FALSE(m.config.rope.truncate);
   }
@@ -337,11 +351,11 @@ TEST_CASE("STO.rope.refusals bad RoPE fields in config.json and RopeConfig value
 // 2^-11 / 2^-8 relative, plus the f16 subnormal step 2^-25) and do differ from the f32 file.
 TEST_CASE("STO.loader.config_fields architecture, head and bias fields, shard index and weight dtypes",
           "[gate:STO][fmt:none]") {
-  TempDir t;
-  synth_hf(tiny_options(t.sub("m")));
-  const fs::path cfg = fs::path(t.sub("m")) / "config.json";
-  const nlohmann::json good = read_json_file(cfg);
-  const Model base = load_hf(t.sub("m"));
+  ConfigDir d;
+  const TempDir& t = d.t;
+  const fs::path& cfg = d.cfg;
+  const nlohmann::json& good = d.good;
+  const Model base = load_hf(d.dir);
   using J = nlohmann::json;
   struct Bad {
     const char* msg;  // after "'<config.json>': field "
@@ -360,8 +374,7 @@ TEST_CASE("STO.loader.config_fields architecture, head and bias fields, shard in
   for (const Bad& b : bad) {
     J j = good;
     b.edit(j);
-    write_json_file(cfg, j);
-    const std::string msg = model_error([&] { load_hf(t.sub("m")); });
+    const std::string msg = d.refusal(j);
     INFO(msg);
     CHECK(msg == "'" + cfg.string() + "': field " + b.msg);
   }
@@ -370,13 +383,13 @@ TEST_CASE("STO.loader.config_fields architecture, head and bias fields, shard in
     j.erase("architectures");
     j["model_type"] = "llama";
     write_json_file(cfg, j);
-    const Model m = load_hf(t.sub("m"));
+    const Model m = load_hf(d.dir);
     CHECK(m.config.arch == "llama");
     CHECK(m.fingerprint == base.fingerprint);
     write_json_file(cfg, good);
   }
   // A sharded checkpoint: the index must be JSON with a weight_map of file names.
-  const fs::path dir = t.sub("m"), index = dir / "model.safetensors.index.json";
+  const fs::path dir = d.dir, index = dir / "model.safetensors.index.json";
   fs::rename(dir / "model.safetensors", dir / "model-00001-of-00001.safetensors");
   J map = J::object();
   const J shard_header = read_st(dir / "model-00001-of-00001.safetensors").header;
