@@ -8,6 +8,10 @@
 # (gcovr's JSON summary), OUT/html/index.html (per-file pages) and prints the totals. The build goes
 # to build-coverage/ (CUDA off: device code is not measured here; on a GPU machine the CUDA host code
 # would need a CUDA build with --coverage, which this script does not do). Models: $KVGATE_MODELS.
+#
+# A scoped run (a loaded machine, or one library's figure): KVGATE_COVERAGE_TARGETS="gate_x gate_y"
+# builds only those targets, KVGATE_COVERAGE_TESTS=REGEX runs only the ctest tests it matches.
+# Tests not run can only lower the figures (a lower bound); OUT/scope.txt records the scope.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-$here/kvgate.out/coverage}"
@@ -28,7 +32,13 @@ fi
 flags="--coverage -O2 -fprofile-update=atomic"
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None -DKVGATE_CUDA=OFF \
   -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="--coverage"
-cmake --build "$build" -j"$(nproc)"
+targets="${KVGATE_COVERAGE_TARGETS:-}"
+tests="${KVGATE_COVERAGE_TESTS:-}"
+if [ -n "$targets" ]; then
+  for t in $targets; do cmake --build "$build" -j"$(nproc)" --target "$t"; done
+else
+  cmake --build "$build" -j"$(nproc)"
+fi
 find "$build" -name '*.gcda' -delete
 # Notes files of objects the build no longer has (a folder renamed since the last coverage build)
 # make gcovr's merge fail: keep only those of the current objects.
@@ -36,11 +46,16 @@ find "$build" -name '*.gcda' -delete
   find . -name '*.gcno' | sed 's|^\./||; s|\.gcno$|.o|' | sort | comm -13 objects.txt - | sed 's|\.o$|.gcno|' | xargs -r rm -f)
 # Every test, as CI runs them (a failing test still leaves its counts; the script says so).
 rc=0
-ctest --test-dir "$build" -j"$(nproc)" --output-on-failure > "$build/ctest.log" 2>&1 || rc=$?
+ctest --test-dir "$build" -j"$(nproc)" --output-on-failure ${tests:+-R "$tests"} > "$build/ctest.log" 2>&1 || rc=$?
 tail -n 5 "$build/ctest.log"
 [ "$rc" -eq 0 ] || echo "kvgate coverage: WARNING: some tests failed (see $build/ctest.log); the figures still count what ran" >&2
 
 mkdir -p "$out/html"
+{
+  echo "targets: ${targets:-all}"
+  echo "tests: ${tests:-all}"
+  grep -E '^ *[0-9]+/[0-9]+ Test' "$build/ctest.log" | sed -E 's/^ *//; s/ +[0-9.]+ sec$//' || true
+} > "$out/scope.txt"
 # What ships: the runtime, the harness libraries (mutation driver, reports, matrix, probes), the CLI.
 # Not counted: the gates and tests themselves, the oracle (a reference, not shipped code),
 # benchmarks, the scratch trees the mutation tests copy.

@@ -30,6 +30,11 @@ struct GgufWriter {
   void kv_u32(const std::string& k, std::uint32_t v) { str(k), pod<std::uint32_t>(4), pod(v); }
   void kv_f32(const std::string& k, float v) { str(k), pod<std::uint32_t>(6), pod(v); }
   void kv_bool(const std::string& k, bool v) { str(k), pod<std::uint32_t>(7), pod<std::uint8_t>(v ? 1 : 0); }
+  // A scalar of any GGUF value type (0 u8, 1 i8, 2 u16, 3 i16, 4 u32, 5 i32, 6 f32, 10 u64, 11 i64, 12 f64).
+  template <class T>
+  void kv_typed(const std::string& k, std::uint32_t type, T v) {
+    str(k), pod(type), pod(v);
+  }
   void kv_strs(const std::string& k, const std::vector<std::string>& v) {
     str(k), pod<std::uint32_t>(9), pod<std::uint32_t>(8), pod<std::uint64_t>(v.size());
     for (const auto& s : v) str(s);

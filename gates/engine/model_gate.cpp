@@ -225,6 +225,48 @@ TEST_CASE("MOD.engine.sampler seeded sampling is reproducible and respects top-k
   CHECK(seen.size() == 3);  // anti-vacuity: the sampler is not greedy, all three admitted ids appear
 }
 
+// MOD.engine.options_refused: engine options that cannot describe a KV pool, and a generate with
+// no prompt, are refused with an EngineError naming the option and the numbers (bound: the exact
+// text); the accepted neighbours (one block's bytes, one scale per layer) construct.
+TEST_CASE("MOD.engine.options_refused a pool budget buying no block, per-layer scales of the wrong count, no prompt",
+          "[gate:MOD]") {
+  const Model& m = stories("stories260K.bin");
+  auto has_text = [](const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; };
+  auto refused = [&](const EngineOptions& o) -> std::string {
+    try {
+      Engine e(m, o);
+    } catch (const EngineError& e) {
+      return e.what();
+    }
+    return "<no EngineError>";
+  };
+  const KvFormat f32 = *parse_kv_format("f32");
+  EngineOptions o = opts(f32);
+  o.kv_cache_memory = 100;
+  const std::string small = refused(o);
+  INFO(small);
+  const std::size_t block = static_cast<std::size_t>(m.config.n_layers) * 2 *
+                            page_bytes(HalfFormat::f32, {o.block_size, m.config.n_kv_heads, m.config.head_dim});
+  CHECK(has_text(small, "--kv-cache-memory 100 bytes buys no KV block of f32 (one block of all layers needs " +
+                            std::to_string(block) + " bytes)"));
+  o.kv_cache_memory = block;
+  CHECK(Engine(m, o).store().config().n_blocks == 1);
+  o = opts(f32);
+  o.k_scale = {1.0f, 2.0f};
+  CHECK(has_text(refused(o), "k_scale has 2 entries; give one, or one per layer (" + std::to_string(m.config.n_layers) + ")"));
+  o.k_scale.assign(static_cast<std::size_t>(m.config.n_layers), 1.0f);
+  Engine e(m, o);
+  const std::vector<int> none;
+  std::string msg;
+  try {
+    e.generate(none, 4, SamplerOptions{});
+  } catch (const EngineError& x) {
+    msg = x.what();
+  }
+  CHECK(has_text(msg, ": generate needs at least one prompt token (e.g. BOS)"));
+  CHECK(e.generate(std::vector<int>{1}, 2, SamplerOptions{}).tokens.size() == 2);
+}
+
 TEST_CASE("MOD.engine.context generation stops at the context, prefill past it is refused", "[gate:MOD]") {
   const Model& m = stories("stories260K.bin");
   EngineOptions o = opts(KvFormat{HalfFormat::f32, HalfFormat::f32});
@@ -879,9 +921,9 @@ TEST_CASE("ORA.attn_read attention over a quantized store == attention over f32 
 
 namespace {
 
-// A tiny F32 llama GGUF (dim 32, 4 heads of 8, 2 KV heads, 1 layer, a 16-token byte-less vocab);
-// `kv` adds metadata (count given), `extra` tensors.
-std::vector<std::uint8_t> rope_gguf(int n_extra_kv, const std::function<void(GgufWriter&)>& kv,
+// A tiny F32 llama GGUF (dim 32, 4 heads of 8, 2 KV heads, 1 layer, a 16-token byte-less vocab):
+// general.architecture, then the `n_kv` keys `kv` writes, the tensors (`extra` appended).
+std::vector<std::uint8_t> tiny_gguf(int n_kv, const std::function<void(GgufWriter&)>& kv,
                                     std::vector<SynthTensor> extra = {}) {
   std::mt19937 rng(5);
   std::vector<SynthTensor> ts;
@@ -896,12 +938,23 @@ std::vector<std::uint8_t> rope_gguf(int n_extra_kv, const std::function<void(Ggu
   ts.push_back(make_tensor(p + "ffn_norm.weight", {32}, 0, rng, 1.0f));
   for (auto& t : extra) ts.push_back(std::move(t));
   GgufWriter w;
-  w.header(3, ts.size(), 8 + static_cast<std::uint64_t>(n_extra_kv));
+  w.header(3, ts.size(), 1 + static_cast<std::uint64_t>(n_kv));
   w.kv_str("general.architecture", "llama");
-  w.llama_shape(32, 64, 1, 4, 2, 64, 10000.0f);
   kv(w);
   w.tensors(ts, 32);
   return w.b;
+}
+
+// tiny_gguf with its seven shape keys; `kv` adds metadata (count given), `extra` tensors.
+std::vector<std::uint8_t> rope_gguf(int n_extra_kv, const std::function<void(GgufWriter&)>& kv,
+                                    std::vector<SynthTensor> extra = {}) {
+  return tiny_gguf(
+      7 + n_extra_kv,
+      [&](GgufWriter& w) {
+        w.llama_shape(32, 64, 1, 4, 2, 64, 10000.0f);
+        kv(w);
+      },
+      std::move(extra));
 }
 
 }  // namespace
@@ -954,6 +1007,212 @@ TEST_CASE("MOD.loader.gguf_rope rope.scaling linear/yarn, partial rotary and rop
     w.kv_f32("llama.rope.scaling.factor", 4.0f);
   }));
   check_message(load_error(no_orig), no_orig, "original_context_length");
+}
+
+// MOD.loader.gguf_refusals: each GGUF metadata value, key type, shape key and tensor the loader checks
+// is refused naming the file and the key or tensor, with the reason (bound: exact substrings, one
+// line). Anti-vacuity: the unedited tiny file loads, and so does every integer / float key written in
+// each other GGUF scalar type (the same config and fingerprint).
+TEST_CASE("MOD.loader.gguf_refusals bad metadata types, shape keys and tensors are refused by name", "[gate:MOD][loader]") {
+  TempDir td;
+  const Model plain = load_model(td.write("plain.gguf", rope_gguf(0, [](GgufWriter&) {})));
+  // Every integer key in another integer type, the float keys in f64: the same model.
+  const Model typed = load_model(td.write("typed.gguf", tiny_gguf(9, [](GgufWriter& w) {
+    w.kv_typed<std::uint16_t>("llama.embedding_length", 2, 32);
+    w.kv_typed<std::uint64_t>("llama.feed_forward_length", 10, 64);
+    w.kv_typed<std::uint8_t>("llama.block_count", 0, 1);
+    w.kv_typed<std::int8_t>("llama.attention.head_count", 1, 4);
+    w.kv_typed<std::int16_t>("llama.attention.head_count_kv", 3, 2);
+    w.kv_typed<std::int64_t>("llama.context_length", 11, 64);
+    w.kv_typed<double>("llama.rope.freq_base", 12, 10000.0);
+    w.kv_typed<double>("llama.attention.layer_norm_rms_epsilon", 12, 1e-5);
+    // An array of arrays (an unread key: parsed, then ignored).
+    w.str("general.nested"), w.pod<std::uint32_t>(9), w.pod<std::uint32_t>(9), w.pod<std::uint64_t>(2);
+    for (int k = 0; k < 2; ++k) w.pod<std::uint32_t>(4), w.pod<std::uint64_t>(1), w.pod<std::uint32_t>(7);
+  })));
+  CHECK(typed.config.dim == 32);
+  CHECK(typed.config.hidden_dim == 64);
+  CHECK(typed.config.n_layers == 1);
+  CHECK(typed.config.n_heads == 4);
+  CHECK(typed.config.n_kv_heads == 2);
+  CHECK(typed.config.max_seq_len == 64);
+  CHECK(typed.fingerprint == plain.fingerprint);
+
+  const std::vector<std::uint64_t> shape = {32, 64, 1, 4, 2, 64};
+  struct Bad {
+    const char* name;
+    const char* why;
+    std::vector<std::uint8_t> bytes;
+  };
+  auto one = [](const std::function<void(GgufWriter&)>& f) { return rope_gguf(1, f); };
+  auto shaped = [](std::uint32_t dim, std::uint32_t heads, std::uint32_t kv, std::function<void(GgufWriter&)> f = {},
+                   int n = 0) {
+    return tiny_gguf(7 + n, [=](GgufWriter& w) {
+      w.llama_shape(dim, 64, 1, heads, kv, 64, 10000.0f);
+      if (f) f(w);
+    });
+  };
+  std::mt19937 rng(9);
+  std::vector<Bad> bad = {
+      {"elem_type", "'general.x': array element type 13 is not a GGUF type", one([](GgufWriter& w) {
+         w.str("general.x"), w.pod<std::uint32_t>(9), w.pod<std::uint32_t>(13), w.pod<std::uint64_t>(0);
+       })},
+      {"value_type", "'general.x': value type 99 is not a GGUF type",
+       one([](GgufWriter& w) { w.kv_typed<std::uint32_t>("general.x", 99, 0); })},
+      {"int_type", "'llama.rope.dimension_count' has type string, expected an integer",
+       one([](GgufWriter& w) { w.kv_str("llama.rope.dimension_count", "8"); })},
+      {"float_type", "'llama.attention.layer_norm_rms_epsilon' has type string, expected a number",
+       one([](GgufWriter& w) { w.kv_str("llama.attention.layer_norm_rms_epsilon", "1e-5"); })},
+      {"string_type", "'llama.rope.scaling.type' has type u32, expected a string",
+       one([](GgufWriter& w) { w.kv_u32("llama.rope.scaling.type", 1); })},
+      {"align_type", "'general.alignment' has type f32, expected u32",
+       one([](GgufWriter& w) { w.kv_f32("general.alignment", 32.0f); })},
+      {"range", "'llama.block_count' = 5000 is outside the plausible range [1, 1024]",
+       tiny_gguf(7, [](GgufWriter& w) { w.llama_shape(32, 64, 5000, 4, 2, 64, 10000.0f); })},
+      {"kv_divides", "'llama.attention.head_count' = 4 is not a multiple of 'llama.attention.head_count_kv' = 3",
+       shaped(32, 4, 3)},
+      {"dim_divides", "'llama.embedding_length' = 32 is not a multiple of 'llama.attention.head_count' = 3",
+       shaped(32, 3, 1)},
+      {"value_length", "'llama.attention.value_length' differs from key_length; not supported",
+       shaped(32, 4, 2, [](GgufWriter& w) {
+         w.kv_u32("llama.attention.key_length", 8);
+         w.kv_u32("llama.attention.value_length", 16);
+       }, 2)},
+      {"rope_dims", "'llama.rope.dimension_count' = 3 must be an even count in [2, head_dim 8]",
+       one([](GgufWriter& w) { w.kv_u32("llama.rope.dimension_count", 3); })},
+      {"eps", "rms epsilon and rope.freq_base must be > 0",
+       one([](GgufWriter& w) { w.kv_f32("llama.attention.layer_norm_rms_epsilon", 0.0f); })},
+      {"vocab_size", "'llama.vocab_size' = 20 but token_embd.weight has 16 rows",
+       one([](GgufWriter& w) { w.kv_u32("llama.vocab_size", 20); })},
+      {"yarn_attn", "'llama.rope.scaling.yarn_attn_factor' must be > 0 (1 when absent)", rope_gguf(4, [](GgufWriter& w) {
+         w.kv_str("llama.rope.scaling.type", "yarn");
+         w.kv_f32("llama.rope.scaling.factor", 4.0f);
+         w.kv_u32("llama.rope.scaling.original_context_length", 16);
+         w.kv_f32("llama.rope.scaling.yarn_attn_factor", 0.0f);
+       })},
+      {"dup_tensor", "duplicate tensor 'blk.0.attn_norm.weight'",
+       rope_gguf(0, [](GgufWriter&) {}, {make_tensor("blk.0.attn_norm.weight", {32}, 0, rng, 1.0f)})},
+      {"bias", "layer 0 has some but not all of attn_q/k/v.bias",
+       rope_gguf(0, [](GgufWriter&) {}, {make_tensor("blk.0.attn_q.bias", {32}, 0, rng, 0.1f)})},
+      {"longrope_type", "rope_factors_long / _short (longrope) together with 'llama.rope.scaling.type' = linear",
+       rope_gguf(2, [](GgufWriter& w) {
+         w.kv_str("llama.rope.scaling.type", "linear");
+         w.kv_f32("llama.rope.scaling.factor", 2.0f);
+       }, {make_tensor("rope_factors_long.weight", {4}, 0, rng, 1.0f), make_tensor("rope_factors_short.weight", {4}, 0, rng, 1.0f)})},
+      {"longrope_orig", "'llama.rope.scaling.original_context_length' is missing or outside [1, context_length]",
+       rope_gguf(0, [](GgufWriter&) {},
+                 {make_tensor("rope_factors_long.weight", {4}, 0, rng, 1.0f), make_tensor("rope_factors_short.weight", {4}, 0, rng, 1.0f)})},
+  };
+  {  // the metadata count (after magic, version and tensor count) far past what the file holds
+    auto b = rope_gguf(0, [](GgufWriter&) {});
+    put<std::uint64_t>(b, 16, std::uint64_t{1} << 40);
+    bad.push_back({"kv_count", "metadata_kv_count = 1099511627776 cannot fit in the file", b});
+  }
+  {  // token_embd.weight [16, 16] where the model is 32 wide
+    auto b = rope_gguf(0, [](GgufWriter&) {});
+    put<std::uint64_t>(b, tensor_info(b, "token_embd.weight").dims, 16);
+    put<std::uint64_t>(b, tensor_info(b, "token_embd.weight").dims + 8, 32);
+    bad.push_back({"embd_shape", "tensor 'token_embd.weight' has shape [16, 32], expected [32, vocab]", b});
+  }
+  {  // an F32 [32] tensor relabelled Q8_0 [16, 2]: rows of 16 are no whole Q8_0 block
+    auto b = rope_gguf(0, [](GgufWriter&) {});
+    const auto ti = tensor_info(b, "output_norm.weight");
+    put<std::uint64_t>(b, ti.dims, 16);
+    b.insert(b.begin() + static_cast<std::ptrdiff_t>(ti.dims + 8), 8, 0);  // a second dimension
+    put<std::uint32_t>(b, ti.n_dims, 2);
+    put<std::uint64_t>(b, ti.dims + 8, 2);
+    put<std::uint32_t>(b, ti.dims + 16, 8);
+    bad.push_back({"q8_row", "tensor 'output_norm.weight' of type Q8_0 (8) has ne[0] = 16, not a multiple of 32", b});
+  }
+  {  // cut right after the tensor infos, before the aligned data start
+    auto b = rope_gguf(0, [](GgufWriter&) {});
+    const std::size_t end = tensor_info(b, "blk.0.ffn_norm.weight").offset + 8;
+    REQUIRE(end % 32 != 0);
+    b.resize(end);
+    bad.push_back({"data_start", "truncated: the tensor data section would start at byte", b});
+  }
+  for (const Bad& b : bad) {
+    const auto p = td.write(std::string(b.name) + ".gguf", b.bytes);
+    const std::string msg = load_error(p);
+    INFO(b.name);
+    check_message(msg, "model '" + p + "': ", b.why);
+  }
+  // A directory is not a GGUF file (load_model would take it as a Hugging Face folder).
+  fs::create_directories(td.dir / "dir.gguf");
+  std::string msg;
+  try {
+    load_gguf((td.dir / "dir.gguf").string());
+  } catch (const ModelError& e) {
+    msg = e.what();
+  }
+  CHECK(msg == "model '" + (td.dir / "dir.gguf").string() + "': not a regular file");
+}
+
+// MOD.loader.gguf_tokenizer: a gpt2 GGUF vocabulary's tokenizer.ggml.pre picks the split (exact ids
+// per pre-tokenizer, all four different on the same text), and the tokenizer keys are checked
+// against each other and the model (refusals by name).
+TEST_CASE("MOD.loader.gguf_tokenizer tokenizer.ggml.pre picks the split; inconsistent tokenizer keys are refused",
+          "[gate:MOD][loader]") {
+  TempDir td;
+  // 16 tokens (the tiny model's vocab): merges "a 1" (rank 0) and "1 2".
+  std::vector<std::string> vocab = {"a", "1", "2", "\xC4\xA0", "a1", "12", "<s>", "</s>"};
+  while (vocab.size() < 16) vocab.push_back("x" + std::to_string(vocab.size()));
+  const int a = 0, one = 1, two = 2, a1 = 4, twelve = 5;
+  auto file = [&](const std::string& name, int n_kv, const std::function<void(GgufWriter&)>& kv) {
+    return td.write(name + ".gguf", rope_gguf(2 + n_kv, [&](GgufWriter& w) {
+      w.kv_strs("tokenizer.ggml.tokens", vocab);
+      w.kv_strs("tokenizer.ggml.merges", {"a 1", "1 2"});
+      kv(w);
+    }));
+  };
+  auto gpt2 = [&](const std::string& pre) {
+    return file("pre_" + (pre.empty() ? std::string("absent") : pre), pre.empty() ? 1 : 2, [&](GgufWriter& w) {
+      w.kv_str("tokenizer.ggml.model", "gpt2");
+      if (!pre.empty()) w.kv_str("tokenizer.ggml.pre", pre);
+    });
+  };
+  using V = std::vector<int>;
+  struct Want {
+    const char* pre;
+    V a12, n1212;
+  };
+  for (const Want& c : {Want{"", {a, twelve}, {twelve, twelve}}, Want{"gpt2", {a, twelve}, {twelve, twelve}},
+                        Want{"llama-bpe", {a, twelve}, {twelve, one, two}}, Want{"qwen2", {a, one, two}, {one, two, one, two}},
+                        Want{"none", {a1, two}, {twelve, twelve}}}) {
+    const Model m = load_model(gpt2(c.pre));
+    REQUIRE(m.tokenizer);
+    INFO("tokenizer.ggml.pre = " << c.pre);
+    CHECK(m.tokenizer->encode("a12", false) == c.a12);
+    CHECK(m.tokenizer->encode("1212", false) == c.n1212);
+  }
+  struct Bad {
+    const char* name;
+    const char* why;
+    int n_kv;
+    std::function<void(GgufWriter&)> kv;
+  };
+  const std::vector<Bad> bad = {
+      {"pre", "metadata key 'tokenizer.ggml.pre' = 'tekken' is a pre-tokenizer kvgate does not implement", 2,
+       [](GgufWriter& w) { w.kv_str("tokenizer.ggml.model", "gpt2"), w.kv_str("tokenizer.ggml.pre", "tekken"); }},
+      {"model", "metadata key 'tokenizer.ggml.model' = 'bert' is not supported (llama, gpt2)", 1,
+       [](GgufWriter& w) { w.kv_str("tokenizer.ggml.model", "bert"); }},
+      {"types", "'tokenizer.ggml.token_type' has 3 entries, 'tokenizer.ggml.tokens' has 16", 2,
+       [](GgufWriter& w) { w.kv_str("tokenizer.ggml.model", "gpt2"), w.kv_i32s("tokenizer.ggml.token_type", {1, 1, 1}); }},
+      {"types_kind", "'tokenizer.ggml.token_type' has type array of string, expected an array of numbers", 2,
+       [](GgufWriter& w) { w.kv_str("tokenizer.ggml.model", "gpt2"), w.kv_strs("tokenizer.ggml.token_type", {"1"}); }},
+      {"scores", "'tokenizer.ggml.scores' has 2 entries, 'tokenizer.ggml.tokens' has 16", 2,
+       [](GgufWriter& w) { w.kv_str("tokenizer.ggml.model", "llama"), w.kv_i32s("tokenizer.ggml.scores", {0, 0}); }},
+      {"add_bos", "metadata key 'tokenizer.ggml.add_bos_token' has type u32, expected a bool", 2,
+       [](GgufWriter& w) { w.kv_str("tokenizer.ggml.model", "gpt2"), w.kv_u32("tokenizer.ggml.add_bos_token", 1); }},
+  };
+  for (const Bad& b : bad) {
+    const auto p = file(std::string("bad_") + b.name, b.n_kv, b.kv);
+    INFO(b.name);
+    check_message(load_error(p), "model '" + p + "': ", b.why);
+  }
+  vocab.pop_back();  // 15 tokens for a vocab of 16
+  const auto p = file("short", 1, [](GgufWriter& w) { w.kv_str("tokenizer.ggml.model", "gpt2"); });
+  check_message(load_error(p), "model '" + p + "': ", "'tokenizer.ggml.tokens' has 15 entries, the model's vocab (token_embd) has 16");
 }
 
 // MOD.loader.gguf_added_tokens: a GGUF gpt2 vocabulary's added tokens, control (type 3) and

@@ -426,3 +426,264 @@ TEST_CASE("MOD.tok.added_strip lstrip/rstrip added tokens swallow the whitespace
   CHECK(l->encode(text, false) == plain->encode("a</s>  b", false));
   CHECK(r->encode(text, false) == plain->encode("a  </s>b", false));
 }
+
+// ---- refusals of the tokenizer.json readers, field by field ---------------------------------------------
+
+// MOD.tok.refusals: every malformed special-token rule, tokenizer_config.json token, SentencePiece-style
+// and byte-level BPE field the readers check is refused with a ModelError naming the file, the field
+// and what is wrong (bound: the exact field and reason text). Anti-vacuity: each base file loads
+// unedited, and each edit is applied to a copy of it (one fault per file).
+TEST_CASE("MOD.tok.refusals each malformed tokenizer.json / tokenizer_config.json field is refused by name",
+          "[gate:MOD][fmt:none]") {
+  TempDir t;
+  using J = nlohmann::json;
+  std::map<std::string, J> base;
+  for (const char* k : {"sp_llama2", "sp_metaspace", "bytelevel_qwen"}) base[k] = read_json_file(refs_dir() / k / "tokenizer.json");
+  const fs::path p = t.path() / "tokenizer.json", cfg = t.path() / "tokenizer_config.json";
+  for (const auto& [k, j] : base) {
+    write_json_file(p, j);
+    REQUIRE(load_tokenizer_json(p.string(), -1, -1)->vocab_size() > 256);
+  }
+  const J tpl_s = {{"SpecialToken", {{"id", "<s>"}}}}, tpl_a = {{"Sequence", {{"id", "A"}}}};
+  struct Bad {
+    const char* base;
+    const char* field;
+    const char* why;
+    std::function<void(J&)> edit;
+    J config = nullptr;          // a tokenizer_config.json beside the file, when not null
+    bool byte_level_reader = false;  // BpeTokenizer::from_tokenizer_json instead of load_tokenizer_json
+  };
+  const std::vector<Bad> bad = {
+      // post_processor (both readers share it)
+      {"sp_llama2", "post_processor.single", "must be a list",
+       [](J& j) { j["post_processor"] = {{"type", "TemplateProcessing"}}; }},
+      {"sp_llama2", "post_processor.single[0]", "is neither",
+       [](J& j) { j["post_processor"]["single"][0] = {{"Foo", 1}}; }},
+      {"sp_llama2", "post_processor.special_tokens[\"<s>\"].ids", "is missing",
+       [](J& j) { j["post_processor"]["special_tokens"] = J::object(); }},
+      {"sp_llama2", "post_processor.special_tokens[\"<s>\"].ids", "not a token id",
+       [](J& j) { j["post_processor"]["special_tokens"]["<s>"]["ids"] = {"one"}; }},
+      {"sp_llama2", "post_processor.single", "has no {\"Sequence\"",
+       [&](J& j) { j["post_processor"]["single"] = {tpl_s}; }},
+      {"sp_llama2", "post_processor.cls", "must be [\"token\", id]",
+       [](J& j) { j["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"</s>", 2}}}; }},
+      {"sp_llama2", "post_processor.processors", "must be a list of post-processors",
+       [](J& j) { j["post_processor"] = {{"type", "Sequence"}}; }},
+      {"sp_llama2", "the special-token rule", "outside the vocabulary",
+       [](J& j) { j["post_processor"]["special_tokens"]["<s>"]["ids"] = {4000}; }},
+      // tokenizer_config.json
+      {"sp_llama2", "bos_token", "must be a token string or {\"content\"", [](J&) {},
+       J{{"add_bos_token", true}, {"bos_token", 5}}},
+      {"sp_llama2", "bos_token", "is not a token of", [](J&) {}, J{{"add_bos_token", true}, {"bos_token", "<nope>"}}},
+      {"sp_llama2", "add_bos_token", "must be true or false", [](J&) {}, J{{"add_bos_token", "yes"}, {"bos_token", "<s>"}}},
+      // SentencePiece-style BPE
+      {"sp_metaspace", "pre_tokenizer.prepend_scheme", "is not one of always, first, never",
+       [](J& j) { j["pre_tokenizer"]["prepend_scheme"] = "sometimes"; }},
+      {"sp_metaspace", "pre_tokenizer.type", "Metaspace or no pre_tokenizer",
+       [](J& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }},
+      {"sp_metaspace", "pre_tokenizer.replacement", "must be a string",
+       [](J& j) { j["pre_tokenizer"].erase("replacement"); }},
+      {"sp_llama2", "normalizer.normalizers", "must be a list of normalizers",
+       [](J& j) { j["normalizer"].erase("normalizers"); }},
+      {"sp_llama2", "decoder.decoders", "must be a list of decoders", [](J& j) { j["decoder"].erase("decoders"); }},
+      {"sp_llama2", "decoder.decoders[3]", "start/stop must be >= 0",
+       [](J& j) { j["decoder"]["decoders"][3]["start"] = -1; }},
+      {"sp_llama2", "added_tokens[0]", "needs integer 'id' and string 'content'",
+       [](J& j) { j["added_tokens"][0]["id"] = "zero"; }},
+      {"sp_llama2", "added_tokens", "must be a list", [](J& j) { j["added_tokens"] = J::object(); }},
+      {"sp_llama2", "model.continuing_subword_prefix", "is set", [](J& j) { j["model"]["continuing_subword_prefix"] = "##"; }},
+      {"sp_llama2", "model.vocab[\"<unk>\"]", "is not a valid token id", [](J& j) { j["model"]["vocab"]["<unk>"] = "zero"; }},
+      {"sp_llama2", "model.vocab", "is missing", [](J& j) { j["model"].erase("vocab"); }},
+      {"sp_llama2", "model.merges", "is missing (a list)", [](J& j) { j["model"].erase("merges"); }},
+      {"sp_llama2", "model.merges[0]", "is not \"left right\"", [](J& j) { j["model"]["merges"][0] = "h e x"; }},
+      {"sp_llama2", "model.merges[1]", "is neither \"a b\" nor", [](J& j) { j["model"]["merges"][1] = {1, 2}; }},
+      {"sp_llama2", "model.merges[0]", "is not in model.vocab", [](J& j) { j["model"]["merges"][0] = {"h", "\xC3\xBF"}; }},
+      {"sp_llama2", "model.unk_token", "is not in model.vocab", [](J& j) { j["model"]["unk_token"] = "<nope>"; }},
+      {"sp_llama2", "model.type", "BPE tokenizers only", [](J& j) { j["model"]["type"] = "WordPiece"; }},
+      {"sp_llama2", "'model'", "missing object field", [](J& j) { j.erase("model"); }},
+      // byte-level BPE (load_tokenizer_json and the byte-level reader itself)
+      {"bytelevel_qwen", "model.vocab[\"a\"]", "is not a valid token id", [](J& j) { j["model"]["vocab"]["a"] = -1; }},
+      {"bytelevel_qwen", "model.merges[0]", "is not \"left right\"", [](J& j) { j["model"]["merges"][0] = "he"; }},
+      {"bytelevel_qwen", "model.merges[1]", "is neither \"a b\" nor", [](J& j) { j["model"]["merges"][1] = 7; }},
+      {"bytelevel_qwen", "model.merges", "missing array field", [](J& j) { j["model"].erase("merges"); }},
+      {"bytelevel_qwen", "added_tokens[1]", "needs integer 'id' and string 'content'",
+       [](J& j) { j["added_tokens"][1].erase("content"); }},
+      {"bytelevel_qwen", "added_tokens[2].rstrip", "matches added tokens verbatim only",
+       [](J& j) { j["added_tokens"][2]["rstrip"] = true; }},
+      {"bytelevel_qwen", "normalizer.type \"NFKC\"", "is not supported", [](J& j) { j["normalizer"] = {{"type", "NFKC"}}; }},
+      {"bytelevel_qwen", "pre_tokenizer.pretokenizers[0].pattern.Regex", "is missing (string split patterns",
+       [](J& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", " "}}; }},
+      {"bytelevel_qwen", "pre_tokenizer.pretokenizers[0].pattern.Regex", "split regex kvgate does not implement",
+       [](J& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+"; }},
+      {"bytelevel_qwen", "pre_tokenizer.type \"Punctuation\"", "is not supported by kvgate's byte-level BPE",
+       [](J& j) { j["pre_tokenizer"] = {{"type", "Punctuation"}}; }},
+      {"bytelevel_qwen", "model.vocab", "lacks the byte-level base tokens", [](J& j) { j["model"]["vocab"].erase("a"); }},
+      {"bytelevel_qwen", "model.type", "byte-level BPE tokenizers only", [](J& j) { j["model"]["type"] = "Unigram"; }, nullptr,
+       true},
+      {"bytelevel_qwen", "'model'", "missing object field", [](J& j) { j["model"] = 3; }, nullptr, true},
+  };
+  for (const Bad& b : bad) {
+    J j = base.at(b.base);
+    b.edit(j);
+    write_json_file(p, j);
+    if (!b.config.is_null()) write_json_file(cfg, b.config);
+    const std::string msg = model_error([&] {
+      if (b.byte_level_reader) BpeTokenizer::from_tokenizer_json(p.string(), -1, -1);
+      else load_tokenizer_json(p.string(), -1, -1, b.config.is_null() ? std::string() : cfg.string());
+    });
+    INFO(b.base << " " << b.field << ": " << esc(msg));
+    CHECK(has(msg, (b.config.is_null() ? p : cfg).string() + ": "));
+    CHECK(has(msg, b.field));
+    CHECK(has(msg, b.why));
+    fs::remove(cfg);
+  }
+  // A file that is not JSON, through the byte-level reader.
+  write_bytes(p, "{\"model\": ");
+  const std::string msg = model_error([&] { BpeTokenizer::from_tokenizer_json(p.string(), -1, -1); });
+  CHECK(has(msg, p.string() + ": not valid JSON"));
+}
+
+// MOD.tok.variants: the accepted variants of a field encode as their definition says (bound: exact
+// token ids). Each variant is compared with an equivalent spelling or a hand-computed id list; the
+// anti-vacuity checks show each edit changes the encoding where the definition says it must.
+TEST_CASE("MOD.tok.variants equivalent spellings of a tokenizer.json field encode identically",
+          "[gate:MOD][fmt:none]") {
+  TempDir t;
+  using J = nlohmann::json;
+  const J sp = read_json_file(refs_dir() / "sp_llama2" / "tokenizer.json");
+  const J ms = read_json_file(refs_dir() / "sp_metaspace" / "tokenizer.json");
+  const J bl = read_json_file(refs_dir() / "bytelevel_qwen" / "tokenizer.json");
+  int n = 0;
+  auto load = [&](const J& j, const J& config = nullptr) {
+    const fs::path p = t.path() / ("v" + std::to_string(n++) + ".json");
+    write_json_file(p, j);
+    fs::path c;
+    if (!config.is_null()) write_json_file(c = t.path() / ("c" + std::to_string(n) + ".json"), config);
+    return load_tokenizer_json(p.string(), -1, -1, c.string());
+  };
+  const std::vector<std::string> texts = {"hello world", " the cat sat", "it's 12345 caf\xC3\xA9!", "a\n\nb  c"};
+  auto same = [&](const Tokenizer& a, const Tokenizer& b) {
+    for (const auto& s : texts)
+      if (a.encode(s, true) != b.encode(s, true)) return false;
+    return true;
+  };
+  const auto sp0 = load(sp), ms0 = load(ms), bl0 = load(bl);
+  const auto id = [](const J& j, const std::string& piece) { return j["model"]["vocab"].at(piece).get<int>(); };
+
+  SECTION("RobertaProcessing: cls before, sep after") {
+    J j = sp;
+    j["post_processor"] = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 1}}, {"sep", {"</s>", 2}}};
+    const auto r = load(j);
+    std::vector<int> want = {1};
+    for (int x : sp0->encode("hello", false)) want.push_back(x);
+    want.push_back(2);
+    CHECK(r->encode("hello", true) == want);
+    CHECK(sp0->encode("hello", true).back() != 2);
+  }
+  SECTION("tokenizer_config.json: {\"content\"} tokens, and a token found in model.vocab") {
+    const auto r = load(sp, J{{"add_bos_token", true}, {"bos_token", {{"content", "<s>"}}},
+                              {"add_eos_token", true}, {"eos_token", "\xE2\x96\x81t"}});
+    std::vector<int> want = {1};
+    for (int x : sp0->encode("hello", false)) want.push_back(x);
+    want.push_back(id(sp, "\xE2\x96\x81t"));
+    CHECK(r->encode("hello", true) == want);
+    CHECK(r->eos_id() == id(sp, "\xE2\x96\x81t"));
+  }
+  SECTION("Metaspace prepend_scheme never / always, the older add_prefix_space, a one-item Sequence") {
+    auto with = [&](const std::function<void(J&)>& f) {
+      J j = ms;
+      f(j["pre_tokenizer"]);
+      return load(j);
+    };
+    const auto never = with([](J& q) { q["prepend_scheme"] = "never"; });
+    const auto always = with([](J& q) { q["prepend_scheme"] = "always"; });
+    CHECK(never->encode(" hello", false) == always->encode("hello", false));
+    CHECK(never->encode("hello", false) != always->encode("hello", false));  // the prefix matters
+    const auto old_no = with([](J& q) { q.erase("prepend_scheme"), q["add_prefix_space"] = false; });
+    const auto old_yes = with([](J& q) { q.erase("prepend_scheme"), q["add_prefix_space"] = true; });
+    CHECK(same(*old_no, *never));
+    CHECK(same(*old_yes, *always));
+    const auto seq = with([](J& q) { q = {{"type", "Sequence"}, {"pretokenizers", {q}}}; });
+    CHECK(same(*seq, *ms0));
+  }
+  SECTION("merges as \"a b\" strings == merges as pairs") {
+    J j = sp;
+    for (auto& m : j["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+    CHECK(same(*load(j), *sp0));
+  }
+  SECTION("ignore_merges: a word in the vocabulary is one token, with no merge at all") {
+    std::string word;  // the longest vocabulary piece "▁" + lowercase letters
+    for (auto it = sp["model"]["vocab"].begin(); it != sp["model"]["vocab"].end(); ++it) {
+      const std::string& k = it.key();
+      if (k.rfind("\xE2\x96\x81", 0) == 0 && k.size() > word.size() &&
+          std::all_of(k.begin() + 3, k.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
+        word = k;
+    }
+    REQUIRE(word.size() >= 6);
+    J j = sp;
+    j["model"]["merges"] = J::array();
+    const auto plain = load(j);
+    j["model"]["ignore_merges"] = true;
+    const auto whole = load(j);
+    CHECK(whole->encode(word.substr(3), false) == std::vector<int>{id(sp, word)});
+    CHECK(plain->encode(word.substr(3), false).size() == word.size() - 2);  // one token per character
+    // The byte-level reader, the same rule.
+    J b = bl;
+    b["model"]["merges"] = J::array();
+    const auto bplain = load(b);
+    b["model"]["ignore_merges"] = true;
+    const auto bwhole = load(b);
+    CHECK(bwhole->encode(" the", false) == std::vector<int>{id(bl, "\xC4\xA0the")});
+    CHECK(bplain->encode(" the", false).size() == 4);
+  }
+  SECTION("no byte fallback: an unknown character is <unk>, fused when fuse_unk") {
+    J j = sp;
+    j["model"]["byte_fallback"] = false;
+    const std::string two = "\xE4\xB8\x80\xE4\xB8\x81";  // two CJK characters outside the vocabulary
+    const auto fused = load(j);
+    j["model"]["fuse_unk"] = false;
+    const auto unfused = load(j);
+    const int unk = id(sp, "<unk>");
+    auto count = [&](const std::vector<int>& v) { return std::count(v.begin(), v.end(), unk); };
+    CHECK(count(fused->encode(two, false)) == 1);
+    CHECK(count(unfused->encode(two, false)) == 2);
+    CHECK(count(sp0->encode(two, false)) == 0);  // with byte fallback: bytes, no unk
+  }
+  SECTION("an added token with normalized = true matches the normalized text") {
+    J j = sp;
+    const int tid = id(sp, "\xE2\x96\x81t");
+    j["added_tokens"].push_back({{"id", tid}, {"content", "hello world"}, {"normalized", true}, {"special", false}});
+    const auto r = load(j);
+    CHECK(r->encode("hello world", false) == std::vector<int>{tid});
+    CHECK(sp0->encode("hello world", false).size() > 1);
+  }
+  SECTION("byte-level: ByteLevel use_regex == a Split with the GPT-2 pattern") {
+    const std::string gpt2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+    J x = bl;  // a merge across the word boundary, so a missing split shows in the ids
+    x["model"]["vocab"]["e\xC4\xA0"] = static_cast<int>(x["model"]["vocab"].size());
+    x["model"]["merges"].insert(x["model"]["merges"].begin(), J{"e", "\xC4\xA0"});
+    J a = x, b = x, c = x;
+    a["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+    b["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = gpt2;
+    c["pre_tokenizer"] = nullptr;  // no split at all
+    const auto ta = load(a), tb = load(b), tc = load(c);
+    CHECK(same(*ta, *tb));
+    CHECK(!same(*ta, *tc));
+  }
+  SECTION("byte-level: a merge whose result is not a token falls back to the byte tokens") {
+    J j = bl;
+    REQUIRE(!j["model"]["vocab"].contains("xq"));
+    j["model"]["merges"].insert(j["model"]["merges"].begin(), J{"x", "q"});
+    CHECK(load(j)->encode("xq", false) == std::vector<int>{id(bl, "x"), id(bl, "q")});
+    j = bl;
+    j["model"]["vocab"].erase("q");  // 'a' and the space stay: the file loads, "q" cannot be encoded
+    for (auto& m : j["model"]["merges"]) {
+      const std::string l = m[0], r = m[1];
+      if (l.find('q') != std::string::npos || r.find('q') != std::string::npos) m = J{"\xC4\xA0", "\xC4\xA0"};
+    }
+    const auto noq = load(j);
+    CHECK(noq->encode("a", false) == std::vector<int>{id(bl, "a")});
+    const std::string msg = model_error([&] { noq->encode("q", false); });
+    CHECK(has(msg, "no token for byte 0x71"));
+  }
+}

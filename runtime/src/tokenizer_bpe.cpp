@@ -18,20 +18,12 @@ namespace kvgate {
 namespace {
 
 // ---- UTF-8 ------------------------------------------------------------------------------------
+// One code point below U+0800: the byte map's code points end at U+0143 (68 shifted bytes from U+0100).
 void append_utf8(std::string* s, std::uint32_t cp) {
   if (cp < 0x80) {
     s->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    s->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    s->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   } else {
-    s->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    s->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    s->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    s->push_back(static_cast<char>(0xC0 | (cp >> 6)));
     s->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
   }
 }

@@ -63,10 +63,11 @@ inline constexpr Limit kKvPoolBytes{"KV_POOL_BYTES", "KV pool bytes (--kv-cache-
 inline constexpr Limit kCacheBudgetBytes{"CACHE_BUDGET_BYTES", "KV cache folder budget (--kv-cache-budget)",
                                          1ull << 50};
 
-// The limit in force: the default, or KVGATE_LIMIT_<NAME> when set to a positive integer.
+// The limit in force: the default, or KVGATE_LIMIT_<NAME> when set to a positive integer (digits
+// only: strtoull alone would read "-5" as 2^64 - 5, lifting the limit).
 inline std::uint64_t max_of(const Limit& l) {
   const std::string env = std::string("KVGATE_LIMIT_") + l.name;
-  if (const char* e = std::getenv(env.c_str()); e && *e) {
+  if (const char* e = std::getenv(env.c_str()); e && *e >= '0' && *e <= '9') {
     char* end = nullptr;
     const unsigned long long v = std::strtoull(e, &end, 10);
     if (end && *end == '\0' && v > 0) return v;
