@@ -1124,12 +1124,13 @@ TEST_CASE("MOD.loader.gguf_refusals bad metadata types, shape keys and tensors a
     put<std::uint32_t>(b, ti.dims + 16, 8);
     bad.push_back({"q8_row", "tensor 'output_norm.weight' of type Q8_0 (8) has ne[0] = 16, not a multiple of 32", b});
   }
-  {  // cut right after the tensor infos, before the aligned data start
+  {  // cut right after the tensor infos, before the aligned data start: the first tensor whose bytes
+     // exceed the whole file is refused as its info is read (STO.loader.gguf_dims)
     auto b = rope_gguf(0, [](GgufWriter&) {});
     const std::size_t end = tensor_info(b, "blk.0.ffn_norm.weight").offset + 8;
     REQUIRE(end % 32 != 0);
     b.resize(end);
-    bad.push_back({"data_start", "truncated: the tensor data section would start at byte", b});
+    bad.push_back({"data_start", "more than the whole file: truncated file or corrupted dims", b});
   }
   for (const Bad& b : bad) {
     const auto p = td.write(std::string(b.name) + ".gguf", b.bytes);
