@@ -464,7 +464,8 @@ TEST_CASE("MOD.tok.refusals each malformed tokenizer.json / tokenizer_config.jso
       {"sp_llama2", "post_processor.special_tokens[\"<s>\"].ids", "not a token id",
        [](J& j) { j["post_processor"]["special_tokens"]["<s>"]["ids"] = {"one"}; }},
       {"sp_llama2", "post_processor.single", "has no {\"Sequence\"",
-       [&](J& j) { j["post_processor"]["single"] = {tpl_s}; }},
+       // J::array, not {tpl_s}: clang reads a one-element brace list of a json as a copy of it
+       [&](J& j) { j["post_processor"]["single"] = J::array({tpl_s}); }},
       {"sp_llama2", "post_processor.cls", "must be [\"token\", id]",
        [](J& j) { j["post_processor"] = {{"type", "RobertaProcessing"}, {"sep", {"</s>", 2}}}; }},
       {"sp_llama2", "post_processor.processors", "must be a list of post-processors",
