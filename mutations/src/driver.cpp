@@ -18,6 +18,7 @@
 #include "kvgate_mutations/gate_files.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
+#include "kvgate_mutations/schemata.hpp"
 #include "kvgate_mutations/scratch.hpp"
 #include "kvgate_mutations/shard.hpp"
 
@@ -130,6 +131,10 @@ struct Env {
   fs::path object_backup;                  // --restore-objects: baseline copies of every object
   std::set<std::string> red;               // --skip-red-gates: gate IDs red in the baseline
   std::map<std::string, Variant> variants; // by name: the environments gate programs run in
+  SchemaPlan schema;                       // the mutants compiled in as switches (--no-schemata: none)
+  // KVGATE_MUTANT for the gate runs of the moment: empty (no mutant on) except while a schema
+  // mutant runs.
+  std::vector<std::pair<std::string, std::string>> mutant_env{{"KVGATE_MUTANT", ""}};
   std::ostream* log = nullptr;
 };
 
@@ -142,8 +147,12 @@ std::string spec_for(const std::vector<std::string>& ids) {
 
 std::string rel_to(const fs::path& p, const fs::path& base) { return fs::relative(p, base).generic_string(); }
 
-bool run_build(Env& e, const fs::path& log_path, double* seconds) {
+// The generated switch header lives in the scratch build (the mirror step keeps the build).
+fs::path schema_header_path(const Env& e) { return e.build / "kvgate_mutant_schema.hpp"; }
+
+bool run_build(Env& e, const fs::path& log_path, double* seconds, bool keep_going = false) {
   std::vector<std::string> argv{"ninja", "-C", e.build.string(), "-j", std::to_string(e.o.jobs)};
+  if (keep_going) argv.insert(argv.end(), {"-k", "0"});  // every failing TU reports (schemata)
   for (const auto& t : e.targets) argv.push_back(t);
   const ProcResult r = run_process({argv, {}, e.build_env, log_path.string(), 0});
   if (seconds) *seconds = r.seconds;
@@ -155,6 +164,7 @@ std::vector<std::pair<std::string, std::string>> env_for(const Env& e, const std
   auto env = e.gate_env;
   if (const auto it = e.variants.find(variant); it != e.variants.end())
     for (const auto& kv : it->second.env) env.push_back(kv);
+  for (const auto& kv : e.mutant_env) env.push_back(kv);
   return env;
 }
 
@@ -456,6 +466,74 @@ void restore_objects_after_revert(Env& e, const fs::path& file, fs::file_time_ty
   for (const auto& p : linked) fs::remove(p, ec);
 }
 
+// Killed / timeout / survived from the gate outcomes, and the expected killers that did not kill.
+void classify_mutant(const Env& e, const Mutant& m, MutantOutcome& mo) {
+  bool any_timeout = false;
+  for (const auto& [id, g] : mo.gates) {
+    if (is_kill(g.status)) {
+      mo.killed_by.push_back(id);
+      mo.killed_in[id] = g.kill_variants.empty() ? std::vector<std::string>{g.variant} : g.kill_variants;
+    }
+    any_timeout = any_timeout || g.status == GateStatus::timeout;
+  }
+  if (!mo.killed_by.empty()) {
+    mo.status = MutantStatus::killed;
+  } else if (any_timeout) {
+    mo.status = MutantStatus::timeout;
+    mo.reason = "no gate failed and at least one timed out";
+  } else {
+    mo.status = MutantStatus::survived;
+    mo.reason = "every gate stayed green";
+  }
+  for (const auto& id : m.expect_killed_by) {
+    if (!e.gates.count(id) || e.red.count(id)) {
+      mo.expected_unknown.push_back(id);
+    } else if (std::find(mo.killed_by.begin(), mo.killed_by.end(), id) == mo.killed_by.end()) {
+      mo.expected_not_killing.push_back(id);
+    }
+  }
+}
+
+// The gates a mutant runs: with --expected-gates-only its own expected gates (the canary, which
+// names none: every focused gate), less the red ones; null: every gate.
+const std::vector<std::string>* gates_for(const Env& e, const Mutant& m, std::vector<std::string>& wanted) {
+  if (!e.o.expected_gates_only) return nullptr;
+  wanted = m.expect_killed_by.empty() ? e.focus : m.expect_killed_by;
+  std::erase_if(wanted, [&](const std::string& id) { return e.red.count(id) > 0; });
+  return &wanted;
+}
+
+// A schema mutant: no patch, no build; the gates run with KVGATE_MUTANT=<id>. The switch creates
+// `reached` the first time the mutated code runs: a survivor whose code no gate ran is a no-op of
+// the gates (nothing exercises it), not an equivalent mutant.
+MutantOutcome run_schema_mutant(Env& e, const Mutant& m, const fs::path& dir, Clock::time_point t0) {
+  MutantOutcome mo;
+  mo.mutant = &m;
+  mo.path = "schema";
+  const SchemaPlan::Entry* entry = e.schema.find(m.id);
+  mo.path_reason = std::string(to_string(entry->candidates[entry->chosen].form)) + " switch";
+  const std::string original = e.schema.originals.at(m.file);
+  write_text(dir / "diff.patch", unified_diff(original, apply_mutant(original, m), m.file));
+  mo.diff_path = rel_to(dir / "diff.patch", e.out);
+  const fs::path reached = dir / "reached";
+  e.mutant_env = {{"KVGATE_MUTANT", m.id}, {"KVGATE_MUTANT_REACHED", reached.string()}};
+  std::vector<std::string> wanted;
+  mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s, gates_for(e, m, wanted));
+  e.mutant_env = {{"KVGATE_MUTANT", ""}};
+  if (interrupted()) {
+    mo.status = MutantStatus::interrupted;
+    mo.wall_s = since(t0);
+    return mo;
+  }
+  classify_mutant(e, m, mo);
+  if (mo.status == MutantStatus::survived && !fs::exists(reached)) {
+    mo.status = MutantStatus::noop;
+    mo.reason = "no gate reached the mutated code (its schema switch was never evaluated as on)";
+  }
+  mo.wall_s = since(t0);
+  return mo;
+}
+
 MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   MutantOutcome mo;
   mo.mutant = &m;
@@ -467,10 +545,17 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   }
   fs::remove_all(dir);
   fs::create_directories(dir);
+  if (e.schema.has(m.id)) return run_schema_mutant(e, m, dir, t0);
+  if (const auto it = e.schema.fallback.find(m.id); it != e.schema.fallback.end()) mo.path_reason = it->second;
   const fs::path file = e.scratch / m.file;
   const auto orig_mtime = fs::last_write_time(file);
   RevertGuard guard{file, read_text(file), false};
-  const std::string mutated = apply_mutant(guard.original, m);
+  // In an instrumented file the anchor may sit inside another mutant's switch: then the patch goes
+  // onto the unmutated text (the other switches are off anyway) and the revert restores the switches.
+  const auto orig_it = e.schema.originals.find(m.file);
+  const bool on_original = orig_it != e.schema.originals.end() &&
+                           count_occurrences(guard.original, m.anchor) != static_cast<std::size_t>(m.occurrences);
+  const std::string mutated = apply_mutant(on_original ? orig_it->second : guard.original, m);
   write_text(dir / "diff.patch", unified_diff(guard.original, mutated, m.file));
   mo.diff_path = rel_to(dir / "diff.patch", e.out);
   guard.armed = true;
@@ -505,16 +590,8 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
     mo.wall_s = since(t0);
     return mo;
   }
-  // --expected-gates-only: the mutant's own expected gates (the canary, which names none: every
-  // focused gate).
-  const std::vector<std::string>* focus = nullptr;
-  std::vector<std::string> wanted_gates;
-  if (e.o.expected_gates_only) {
-    wanted_gates = m.expect_killed_by.empty() ? e.focus : m.expect_killed_by;
-    std::erase_if(wanted_gates, [&](const std::string& id) { return e.red.count(id) > 0; });
-    focus = &wanted_gates;
-  }
-  mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s, focus);
+  std::vector<std::string> wanted;
+  mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s, gates_for(e, m, wanted));
   guard.revert();
   restore_objects_after_revert(e, file, orig_mtime);
   if (interrupted()) {
@@ -522,30 +599,7 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
     mo.wall_s = since(t0);
     return mo;
   }
-  bool any_timeout = false;
-  for (const auto& [id, g] : mo.gates) {
-    if (is_kill(g.status)) {
-      mo.killed_by.push_back(id);
-      mo.killed_in[id] = g.kill_variants.empty() ? std::vector<std::string>{g.variant} : g.kill_variants;
-    }
-    any_timeout = any_timeout || g.status == GateStatus::timeout;
-  }
-  if (!mo.killed_by.empty()) {
-    mo.status = MutantStatus::killed;
-  } else if (any_timeout) {
-    mo.status = MutantStatus::timeout;
-    mo.reason = "no gate failed and at least one timed out";
-  } else {
-    mo.status = MutantStatus::survived;
-    mo.reason = "every gate stayed green";
-  }
-  for (const auto& id : m.expect_killed_by) {
-    if (!e.gates.count(id) || e.red.count(id)) {
-      mo.expected_unknown.push_back(id);
-    } else if (std::find(mo.killed_by.begin(), mo.killed_by.end(), id) == mo.killed_by.end()) {
-      mo.expected_not_killing.push_back(id);
-    }
-  }
+  classify_mutant(e, m, mo);
   mo.wall_s = since(t0);
   return mo;
 }
@@ -619,6 +673,17 @@ struct Run {
   bool want_cuda = false;                 // a selected mutant needs a device and one is present
   std::unique_ptr<ScratchLock> lock;      // held for the whole run
   std::optional<InterruptGuard> interrupt_guard;
+  // The scratch copy leaves the run as the source is: the instrumented files go back to their text
+  // (the next run instruments its own selection again).
+  ~Run() {
+    for (const auto& [file, text] : e.schema.originals) {
+      try {
+        const fs::path p = e.scratch / file;
+        if (fs::exists(p) && read_text(p) != text) write_text(p, text);
+      } catch (...) {
+      }
+    }
+  }
 };
 
 // The run state under the short names every step uses, declared by one line at the top of each step.
@@ -888,6 +953,26 @@ Stop sync_scratch(Run& s) {
   return std::nullopt;
 }
 
+// Mutant schemata: the selected mutants (not the canary, which proves the rebuild path) written
+// into the scratch copy as run-time switches where they can be; the others are patched and rebuilt.
+Stop instrument_scratch(Run& s) {
+  KVGATE_RUN_NAMES(s);
+  if (!o.schemata) return std::nullopt;
+  std::vector<const Mutant*> ms;
+  for (const Mutant* m : selected)
+    if (requirement_gap(e, *m, false).empty()) ms.push_back(m);
+  try {
+    e.schema = plan_schemata(e.scratch, ms);
+    write_schemata(e.scratch, e.schema, schema_header_path(e));
+  } catch (const std::exception& ex) {
+    log << "kvgate mutate: schemata: " << ex.what() << "\n";
+    return kExitError;
+  }
+  log << "kvgate mutate: schemata: " << e.schema.switched.size() << " of " << ms.size()
+      << " mutant(s) compiled in as switches, " << e.schema.fallback.size() << " patched and rebuilt\n";
+  return std::nullopt;
+}
+
 // The build's and the gates' environment (ccache base, source dir, models).
 Stop set_environments(Run& s) {
   KVGATE_RUN_NAMES(s);
@@ -1015,11 +1100,34 @@ Stop restrict_gate_targets(Run& s) {
   return std::nullopt;
 }
 
+// The baseline build with the schemata: while it fails, each switch the compiler's errors name
+// moves to its next form or to patch-and-rebuild, and the build runs again (only the files whose
+// switches changed recompile). Errors that name no switch are the tree's own: the build is red.
+bool build_with_schemata(Run& s) {
+  KVGATE_RUN_NAMES(s);
+  for (int round = 1;; ++round) {
+    double secs = 0;
+    const fs::path lp = bl / (round == 1 ? "build.log" : "build." + std::to_string(round) + ".log");
+    const bool ok = run_build(e, lp, &secs, !e.schema.switched.empty());
+    r.baseline_build_s += secs;
+    if (ok) {
+      if (round > 1) fs::copy_file(lp, bl / "build.log", fs::copy_options::overwrite_existing);
+      return true;
+    }
+    if (e.schema.switched.empty() || interrupted()) return false;
+    const int moved = demote_on_errors(e.schema, error_locations(read_text(lp)), e.scratch, log);
+    if (moved == 0) return false;
+    write_schemata(e.scratch, e.schema, schema_header_path(e));
+    log << "kvgate mutate: schemata: build round " << round << " failed (" << lp.filename().string() << "): " << moved
+        << " switch(es) moved; " << e.schema.switched.size() << " left\n";
+  }
+}
+
 // Build the unmutated gate programs; snapshot their objects (and copy them for --restore-objects).
 Stop build_baseline(Run& s) {
   KVGATE_RUN_NAMES(s);
   log << "kvgate mutate: building " << e.exes.size() << " gate executable(s) in " << e.build.string() << "\n";
-  if (!run_build(e, bl / "build.log", &r.baseline_build_s)) {
+  if (!build_with_schemata(s)) {
     log << "kvgate mutate: the unmutated scratch tree does not build, see " << (bl / "build.log").string() << "\n";
     r.baseline_red.push_back("build");
     r.exit_code = interrupted() ? kExitInterrupted : kExitBaselineRed;
@@ -1267,6 +1375,21 @@ Stop run_mutants(Run& s) {
   // --- mutants ---------------------------------------------------------------------------
   const auto t_mut = Clock::now();
   const int N = static_cast<int>(selected.size());
+  const std::vector<const Mutant*> selection_order = selected;
+  if (!e.schema.switched.empty()) {
+    // The switches first (no build between them), then the patched ones; and the canary's patch,
+    // reverted, is built away first so the switches run in the baseline binaries.
+    std::stable_partition(selected.begin(), selected.end(), [&](const Mutant* m) { return e.schema.has(m->id); });
+    double secs = 0;
+    if (!run_build(e, bl / "build.after_canary.log", &secs)) {
+      log << "kvgate mutate: rebuilding the unmutated tree after the canary failed, see "
+          << (bl / "build.after_canary.log").string() << "\n";
+      r.exit_code = kExitError;
+      write_outputs(r, e, log);
+      return r.exit_code;
+    }
+    r.baseline_build_s += secs;
+  }
   double done_wall = 0;
   int done = 0;
   for (const Mutant* m : selected) {
@@ -1298,7 +1421,7 @@ Stop run_mutants(Run& s) {
       r.outcomes.push_back(std::move(mo));
       continue;
     }
-    log << " " << to_string(mo.status) << (kb.empty() ? "" : " by " + kb) << " [build " << fmt_s(mo.build_s)
+    log << " " << to_string(mo.status) << (kb.empty() ? "" : " by " + kb) << " [" << mo.path << ", build " << fmt_s(mo.build_s)
         << ", gates " << fmt_s(mo.test_s) << ", " << fmt_s(mo.wall_s) << "]  | killed " << r.summary.killed
         << " survived " << r.summary.survived << " timeout " << r.summary.timeout << " unviable "
         << r.summary.unviable << " noop " << r.summary.noop << (r.summary.skipped ? " skipped " : "")
@@ -1317,6 +1440,11 @@ Stop run_mutants(Run& s) {
   }
   r.mutation_s = since(t_mut);
   if (interrupted()) r.interrupted = true;
+  // The outcomes in selection order, whatever order the paths ran them in.
+  std::map<const Mutant*, std::size_t> pos;
+  for (std::size_t i = 0; i < selection_order.size(); ++i) pos[selection_order[i]] = i;
+  std::stable_sort(r.outcomes.begin(), r.outcomes.end(),
+                   [&](const MutantOutcome& a, const MutantOutcome& b) { return pos[a.mutant] < pos[b.mutant]; });
 
   return std::nullopt;
 }
@@ -1343,6 +1471,18 @@ Stop print_summary(Run& s) {
       << (r.mutation_s > 0 ? ", " + std::to_string(r.summary.run() * 60.0 / r.mutation_s).substr(0, 5) + " mutants/min"
                            : std::string())
       << "\n";
+  {
+    // Per path: how many, and the median wall time per mutant (the schemata's speed-up).
+    std::map<std::string, std::vector<double>> by_path;
+    for (const auto& mo : r.outcomes)
+      if (mo.status != MutantStatus::skipped) by_path[mo.path].push_back(mo.wall_s);
+    for (auto& [path, w] : by_path) {
+      std::sort(w.begin(), w.end());
+      log << "  " << path << ": " << w.size() << " mutant(s), median " << fmt_s(w[w.size() / 2]) << "\n";
+    }
+    if (!e.schema.switched.empty() || !e.schema.fallback.empty())
+      log << "  schemata: baseline build (with every switch) " << fmt_s(r.baseline_build_s) << "\n";
+  }
   for (const auto& mo : r.outcomes)
     if (mo.status == MutantStatus::survived || mo.status == MutantStatus::timeout ||
         mo.status == MutantStatus::unviable || mo.status == MutantStatus::noop)
@@ -1380,7 +1520,7 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   for (Stop (*step)(Run&) : {resolve_options, load_and_check_catalog}) if (Stop rc = step(s)) return *rc;
   if (s.e.o.list) return *list_catalog(s);
   for (Stop (*step)(Run&) : {select_mutants, shard_mutants, refuse_stale_anchors, prepare_scratch, probe_device, sync_scratch,
-                             set_environments, configure_scratch_build, list_gate_programs, restrict_gate_targets,
+                             instrument_scratch, set_environments, configure_scratch_build, list_gate_programs, restrict_gate_targets,
                              build_baseline, refuse_ungated_mutants, list_variants, focus_gates, run_baseline, run_canary, run_mutants, check_run})
     if (Stop rc = step(s)) return *rc;
   print_summary(s);

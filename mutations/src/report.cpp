@@ -44,6 +44,8 @@ records::MutantRecord mutant_record(const MutantOutcome& mo) {
   r.diff = mo.diff_path;
   r.build_log = mo.build_log;
   r.changed_objects = mo.changed_objects;
+  r.path = mo.path;
+  r.path_reason = mo.path_reason;
   for (const auto& [id, g] : mo.gates) r.gates[id] = gate_cell(g);
   return r;
 }

@@ -112,6 +112,8 @@ MutantOutcome outcome_of(const records::MutantRecord& m, const Mutant* cat, cons
   mo.expected_not_killing = m.expected_not_killing;
   mo.expected_unknown = m.expected_unknown;
   mo.changed_objects = m.changed_objects;
+  mo.path = m.path;
+  mo.path_reason = m.path_reason;
   auto rebase = [&](const std::string& p) {
     return p.empty() ? p : fs::relative(fs::absolute(sh.dir / p), out).lexically_normal().generic_string();
   };

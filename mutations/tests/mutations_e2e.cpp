@@ -233,6 +233,73 @@ TEST_CASE("fixture: killed, crashed, survived, timeout, unviable, noop, mismatch
   }
 }
 
+TEST_CASE("fixture: schemata and patch-and-rebuild give the same verdicts; the report names each path",
+          "[fixture]") {
+  const fs::path w = kWork / "fixture_schemata";
+  // The fixture catalog (less the 120 s sleeper) plus a mutant of code no gate calls.
+  json cat = json::parse(read_text(kSource / "mutations" / "tests" / "fixture" / "catalog.json"));
+  json& ms = cat["mutants"];
+  ms.erase(std::remove_if(ms.begin(), ms.end(), [](const json& m) { return m["id"] == "FIX.timeout"; }), ms.end());
+  json un = ms[1];
+  REQUIRE(un["id"] == "FIX.killed");
+  un["id"] = "FIX.unreached";
+  un["anchor"] = "int unreached(int x) { return x + 1; }";
+  un["replacement"] = "int unreached(int x) { return x + 2; }";
+  un["expect_killed_by"] = json::array({"FIX.add"});
+  ms.push_back(un);
+  fs::create_directories(w);
+  write_text(w / "catalog.json", cat.dump(2));
+  auto args = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = fixture_args(extra);
+    a[3] = (w / "catalog.json").string();
+    return a;
+  };
+  const Run sch = mutate(w / "schema", args({}));
+  INFO(sch.log);
+  const Run reb = mutate(w / "rebuild", args({"--no-schemata"}));
+  INFO(reb.log);
+  REQUIRE(sch.outcomes.contains("mutants"));
+  REQUIRE(reb.outcomes.contains("mutants"));
+  CHECK(sch.rc == reb.rc);
+  REQUIRE(sch.outcomes["mutants"].size() == reb.outcomes["mutants"].size());
+  REQUIRE(sch.outcomes["mutants"].size() == ms.size() - 1);  // less the canary
+  std::map<std::string, std::string> path;
+  for (std::size_t i = 0; i < sch.outcomes["mutants"].size(); ++i) {
+    const json& a = sch.outcomes["mutants"][i];
+    const json& b = reb.outcomes["mutants"][i];
+    INFO(a["id"] << ": " << a["path"] << " (" << a["path_reason"] << ")");
+    REQUIRE(a["id"] == b["id"]);  // selection order, whatever order the paths ran in
+    path[a["id"]] = a["path"];
+    CHECK(b["path"] == "rebuild");
+    if (a["id"] == "FIX.unreached") continue;
+    CHECK(a["status"] == b["status"]);
+    CHECK(a["killed_by"] == b["killed_by"]);
+    CHECK(a["expected_not_killing"] == b["expected_not_killing"]);
+  }
+  // Anti-vacuity: both paths ran, and the switched mutants needed no build.
+  CHECK(path["FIX.killed"] == "schema");
+  CHECK(path["FIX.survived"] == "schema");
+  CHECK(path["FIX.portable_only"] == "schema");  // killed only in the FX_PORTABLE=1 variant, as a switch
+  CHECK(path["FIX.noop"] == "rebuild");          // a comment: only the rebuild can tell a no-op
+  CHECK(path["FIX.unviable"] == "rebuild");      // no switch form compiles: moved to the rebuild path
+  CHECK(mutant(sch.outcomes, "FIX.unviable")["path_reason"].get<std::string>().find("no switch form compiles") !=
+        std::string::npos);
+  CHECK(mutant(sch.outcomes, "FIX.killed")["build_s"] == 0);
+  CHECK(mutant(sch.outcomes, "FIX.killed")["status"] == "killed");
+  CHECK(mutant(sch.outcomes, "FIX.portable_only")["killed_in"]["FIX.triple"] == json::array({"portable"}));
+  // A switch no gate reaches is a finding (noop: nothing runs that code), where the rebuild path
+  // can only say "survived".
+  CHECK(mutant(sch.outcomes, "FIX.unreached")["status"] == "noop");
+  CHECK(mutant(sch.outcomes, "FIX.unreached")["reason"].get<std::string>().find("no gate reached") !=
+        std::string::npos);
+  CHECK(mutant(reb.outcomes, "FIX.unreached")["status"] == "survived");
+  CHECK(sch.log.find("schemata: ") != std::string::npos);
+  // The scratch copy leaves the run as the source is.
+  CHECK(read_text(w / "schema" / "tree" / "src" / "lib.cpp") ==
+        read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));
+  check_report(w / "schema" / "out");
+}
+
 TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objects", "[fixture]") {
   const fs::path w = kWork / "fixture_device";
   fs::remove_all(w);  // the first run must find no scratch build
@@ -278,7 +345,8 @@ TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objec
   }
   {
     INFO("--expected-gates-only --restore-objects: only the named gates run; the objects come back");
-    const Run r = mutate(w, args({"--only", "FIX.killed", "--expected-gates-only", "--restore-objects"}));
+    // (The rebuild path: --no-schemata.)
+    const Run r = mutate(w, args({"--only", "FIX.killed", "--expected-gates-only", "--restore-objects", "--no-schemata"}));
     INFO(r.log);
     REQUIRE(r.rc == 0);
     const json& k = mutant(r.outcomes, "FIX.killed");
@@ -291,7 +359,7 @@ TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objec
           read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));
     // The next run's baseline relinks but does not recompile lib.cpp, and is green: the restored
     // object is the unmutated one.
-    const Run r2 = mutate(w, args({"--only", "FIX.survived", "--expected-gates-only"}));
+    const Run r2 = mutate(w, args({"--only", "FIX.survived", "--expected-gates-only", "--no-schemata"}));
     INFO(r2.log);
     CHECK(r2.rc == 2);  // FIX.survived survives, as in the plain run
     const std::string blog = read_text(w / "out" / "baseline" / "build.log");

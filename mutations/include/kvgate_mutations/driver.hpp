@@ -65,6 +65,11 @@ struct MutateOptions {
   // --shard k/n: run only the selected mutants whose index in the selection is k modulo n (the
   // baseline and the canary run on every shard); `kvgate mutate merge` joins the n outputs.
   int shard_index = 0, shard_count = 1;
+  // Mutant schemata (mutations/include/kvgate_mutations/schemata.hpp): the selected mutants that
+  // can be a run-time switch are compiled into the scratch build once and turned on per gate run by
+  // KVGATE_MUTANT=<id>; the others are patched and rebuilt. false (--no-schemata): every mutant
+  // is patched and rebuilt.
+  bool schemata = true;
   std::filesystem::path junit;  // --junit FILE: one JUnit testcase per mutant (written atomically)
   std::string format = "text";  // --format github: ::error annotations for survivors on stdout
 };
@@ -131,6 +136,10 @@ struct MutantOutcome {
   std::vector<std::string> expected_unknown;      // expect_killed_by IDs that are not gates of this run
   std::string diff_path, build_log;               // relative to the out dir
   std::vector<std::string> changed_objects;
+  // How the mutant was run: "schema" (a switch in the scratch build, no rebuild) or "rebuild"
+  // (patched and rebuilt); path_reason says why a mutant could not be a switch.
+  std::string path = "rebuild";
+  std::string path_reason;
 };
 
 struct RunSummary {

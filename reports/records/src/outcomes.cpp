@@ -44,6 +44,8 @@ const std::vector<Field<MutantRecord>>& FieldTable<MutantRecord>::fields() {
       KVGATE_FIELD(R, build_log, string, true, "its build log, relative to the outcomes folder"),
       KVGATE_FIELD(R, changed_objects, array, true, "object files whose bytes the mutant changed"),
       KVGATE_FIELD(R, gates, object, true, "gate ID -> its result on this mutant"),
+      KVGATE_FIELD(R, path, string, false, "schema (a run-time switch in the scratch build) or rebuild (patched and rebuilt)"),
+      KVGATE_FIELD(R, path_reason, string, false, "the switch form, or why the mutant could not be a switch"),
   };
   return f;
 }

@@ -41,6 +41,8 @@ struct MutantRecord {
   std::string diff, build_log;
   std::vector<std::string> changed_objects;
   std::map<std::string, GateCell> gates;  // by gate ID
+  std::string path = "rebuild";  // schema (a run-time switch, no rebuild) | rebuild (patched and rebuilt)
+  std::string path_reason;       // the switch form, or why the mutant could not be a switch
 };
 
 // One environment variant a gate program runs in (the product ships each).
