@@ -326,13 +326,22 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
   // 2. statement form: the whole lines that hold the change
   {
     const std::size_t lb = b == 0 ? 0 : f.rfind('\n', b - 1) == std::string_view::npos ? 0 : f.rfind('\n', b - 1) + 1;
-    const std::size_t last = ea0 > b ? ea0 - 1 : b;
-    std::size_t le = f[std::min(last, f.size() - 1)] == '\n' ? last : f.find('\n', last);
-    if (le == std::string_view::npos) le = f.size();
-    const std::size_t tail = f.size() - le;
-    if (le >= lb && fm.size() >= tail + lb) {
+    // The region's end: the end of its last line, or, when whole lines (with their newline) go or
+    // come, the newline before the common rest.
+    std::size_t le, lem;
+    const bool whole_lines = ea0 > lb && f[ea0 - 1] == '\n' && (er0 == lb || (er0 > lb && fm[er0 - 1] == '\n'));
+    if (whole_lines) {
+      le = ea0 - 1;
+      lem = er0 > lb ? er0 - 1 : lb;
+    } else {
+      const std::size_t last = ea0 > b ? ea0 - 1 : b;
+      le = f[std::min(last, f.size() - 1)] == '\n' ? last : f.find('\n', last);
+      if (le == std::string_view::npos) le = f.size();
+      lem = le + er0 >= ea0 + lb ? le + er0 - ea0 : std::string_view::npos;
+    }
+    if (le >= lb && lem != std::string_view::npos && lem >= lb && lem <= fm.size()) {
       const std::string_view off = f.substr(lb, le - lb);
-      const std::string_view on = std::string_view(fm).substr(lb, fm.size() - tail - lb);
+      const std::string_view on = std::string_view(fm).substr(lb, lem - lb);
       const auto off_clean = clean(off, false), on1 = clean(on, true);
       if (off_clean && on1 && statement_sequence(off) && statement_sequence(on) &&
           statement_may_start_at(f, cls, lb)) {

@@ -18,6 +18,7 @@
 #include "kvgate_mutations/json_schema.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/report.hpp"
+#include "kvgate_mutations/schemata.hpp"
 #include "kvgate_mutations/scratch.hpp"
 #include "kvgate_mutations/ci.hpp"
 #include "kvgate_mutations/shard.hpp"
@@ -573,4 +574,130 @@ TEST_CASE("ci: JUnit per mutant and GitHub annotations at the anchor line") {
   b.description = "50% off\nnext line";
   CHECK(github_annotations(r, ctx).find("50%25 off%0Anext line") != std::string::npos);
   fs::remove_all(d);
+}
+
+namespace {
+Mutant text_mutant(const std::string& anchor, const std::string& replacement) {
+  Mutant m;
+  m.id = "X.sw";
+  m.file = "a.cpp";
+  m.anchor = anchor;
+  m.replacement = replacement;
+  return m;
+}
+int lines(const std::string& t) { return static_cast<int>(std::count(t.begin(), t.end(), '\n')); }
+}  // namespace
+
+TEST_CASE("schemata: character classes (comments, literals, separators, raw strings, directives)") {
+  const std::string t = "#define X 1 \\\n  2\nint a = 1'000; // c\nconst char* s = \"x;//\" R\"d(;)d\"; /* b */ char c = ';';\n";
+  const auto c = classify_chars(t);
+  auto at = [&](const std::string& needle, std::size_t from = 0) { return c[t.find(needle, from)]; };
+  CHECK(at("define") == CharClass::directive);
+  CHECK(at("  2") == CharClass::directive);  // the continuation line
+  CHECK(at("int") == CharClass::code);
+  CHECK(at("'000") == CharClass::code);       // a digit separator, not a character literal
+  CHECK(at("// c") == CharClass::comment);
+  CHECK(at("x;//") == CharClass::literal);
+  CHECK(at("(;)d") == CharClass::literal);    // inside the raw string
+  CHECK(at("b */") == CharClass::comment);
+  CHECK(at("';'") == CharClass::literal);
+  CHECK(at("char c") == CharClass::code);
+}
+
+TEST_CASE("schemata: the expression form keeps type, precedence and lines") {
+  const std::string f = "int f(int a, int b) {\n  return 2 * a + b;  // sum\n}\n";
+  std::string why;
+  const auto c = switch_candidates(f, text_mutant("2 * a + b", "2 * a - b"), 7, &why);
+  REQUIRE(!c.empty());
+  CHECK(c[0].form == SwitchForm::expression);
+  CHECK(c[0].text == "(::kvgate_mutant_schema::on(7) ? static_cast<::std::decay_t<decltype(2 * a + b)>>(2 * a - b) : ( 2 * a + b))");
+  CHECK(f.substr(c[0].begin, c[0].end - c[0].begin) == " 2 * a + b");  // after `return`, before `;`
+  REQUIRE(c.size() == 2);
+  CHECK(c[1].form == SwitchForm::statement);
+  CHECK(c[1].first_line == 2);
+  CHECK(c[1].last_line == 2);
+  // A change inside a call argument: the slot is that argument, not the whole call.
+  const std::string g = "void g() {\n  h(x, y + 1, z);\n}\n";
+  const auto d = switch_candidates(g, text_mutant("y + 1", "y + 2"), 1, &why);
+  REQUIRE(!d.empty());
+  CHECK(g.substr(d[0].begin, d[0].end - d[0].begin) == " y + 1");
+  // The instrumented text: same line count, the header included on a comment line at file scope.
+  const std::string file = "// a file\n#include <x>\n\n" + f;
+  const auto e = switch_candidates(file, text_mutant("2 * a + b", "2 * a - b"), 7, &why);
+  REQUIRE(!e.empty());
+  const std::string out = instrument_text(file, {e[0]}, "/tmp/h.hpp");
+  CHECK(lines(out) == lines(file));
+  CHECK(out.rfind("#include \"/tmp/h.hpp\"\n#include <x>\n", 0) == 0);
+  CHECK(out.find("return(::kvgate_mutant_schema::on(7)") != std::string::npos);
+}
+
+TEST_CASE("schemata: the statement form, and the changes that cannot be a switch") {
+  std::string why;
+  // A deleted statement: if (on) { } else { <it> }.
+  const std::string f = "void f(int* p) {\n  p[0] = 1;\n  p[1] = 2;\n}\n";
+  const auto c = switch_candidates(f, text_mutant("  p[1] = 2;\n", ""), 3, &why);
+  REQUIRE(!c.empty());
+  CHECK(c.back().form == SwitchForm::statement);
+  CHECK(c.back().text == "if (::kvgate_mutant_schema::on(3)) {  } else {   p[1] = 2; }");
+  // Only a comment changes: the rebuild path decides (no-op).
+  CHECK(switch_candidates(f + "// note\n", text_mutant("// note", "// other"), 1, &why).empty());
+  CHECK(why.find("only comments") != std::string::npos);
+  // The anchor occurs twice.
+  CHECK(switch_candidates("int a = 1;\nint b = 1;\n", text_mutant("= 1;", "= 2;"), 1, &why).empty());
+  CHECK(why.find("occurs 2 times") != std::string::npos);
+  // A preprocessor line.
+  CHECK(switch_candidates("#define N 4\n", text_mutant("N 4", "N 5"), 1, &why).empty());
+  CHECK(why.find("preprocessor") != std::string::npos);
+  // A keyword is not an expression: `return` -> `throw` has no expression slot, and a whole-line
+  // change at file scope has no statement form.
+  CHECK(switch_candidates("int x = 1;\n", text_mutant("int x = 1;", "long x = 1;"), 1, &why).empty());
+}
+
+TEST_CASE("schemata: compiler error locations move a switch to its next form, then to the rebuild") {
+  const auto locs = error_locations(
+      "../src/a.cpp:12:5: error: 'y' was not declared in this scope\n"
+      "/x/src/b.hpp:3:1:   required from here\n"
+      "/x/src/k.cu(40): error: calling a __host__ function from a __device__ function\n"
+      "../src/a.cpp:14:2: warning: unused\n");
+  REQUIRE(locs.size() == 3);
+  CHECK(locs[0].file == "../src/a.cpp");
+  CHECK(locs[0].line == 12);
+  CHECK(locs[1].line == 3);
+  CHECK(locs[2].file == "/x/src/k.cu");
+  CHECK(locs[2].line == 40);
+
+  const fs::path d = temp_dir("schemata");
+  fs::create_directories(d / "src");
+  const std::string text = "// f\nint f(int a) {\n  int y = a + 1;\n  return y;\n}\n";
+  write_text(d / "src" / "a.cpp", text);
+  Mutant m = text_mutant("a + 1", "a + 2");
+  m.file = "src/a.cpp";
+  SchemaPlan plan = plan_schemata(d, {&m});
+  REQUIRE(plan.switched.size() == 1);
+  REQUIRE(plan.switched[0].candidates.size() == 2);
+  write_schemata(d, plan, d / "h.hpp");
+  CHECK(read_text(d / "src" / "a.cpp").find("on(1)") != std::string::npos);
+  CHECK(read_text(d / "h.hpp").find("\"X.sw\"") != std::string::npos);
+  std::ostringstream log;
+  // An error on the switch's line: the statement form next.
+  CHECK(demote_on_errors(plan, {{"../src/a.cpp", 3}}, d, log) == 1);
+  REQUIRE(plan.switched.size() == 1);
+  CHECK(plan.switched[0].candidates[plan.switched[0].chosen].form == SwitchForm::statement);
+  // An error after it (the statement form put `y` out of scope): charged to it, now the rebuild.
+  CHECK(demote_on_errors(plan, {{d.string() + "/src/a.cpp", 4}}, d, log) == 1);
+  CHECK(plan.switched.empty());
+  CHECK(plan.fallback.at("X.sw").find("no switch form compiles") != std::string::npos);
+  // An error in a file without switches is not the schema's.
+  CHECK(demote_on_errors(plan, {{"../src/other.cpp", 1}}, d, log) == 0);
+  write_schemata(d, plan, d / "h.hpp");
+  CHECK(read_text(d / "src" / "a.cpp") == text);  // back to the original
+  fs::remove_all(d);
+}
+
+TEST_CASE("schemata: the generated header turns exactly one mutant on") {
+  const std::string h = schema_header({"", "A.one", "B.two"});
+  CHECK(h.find("kCount = 2") != std::string::npos);
+  CHECK(h.find("\"A.one\",") != std::string::npos);
+  CHECK(h.find("std::getenv(\"KVGATE_MUTANT\")") != std::string::npos);
+  CHECK(h.find("KVGATE_MUTANT_REACHED") != std::string::npos);
 }
