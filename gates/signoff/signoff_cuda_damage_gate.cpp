@@ -46,6 +46,7 @@
 #include "catch_compat.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
+#include "kvgate/cuda/ops.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/kv_damage.hpp"
@@ -81,12 +82,20 @@ std::vector<int> corpus_seq() { return kvgate::gates::signoff_engine::corpus_seq
 
 constexpr int kBlock = 16;
 
+// resolve_kv(backend "cuda") asks the CUDA capability check, which each program registers itself;
+// a test case run alone (a filter, as the mutation driver runs it) must not depend on another one
+// having done it first.
+ResolvedKv resolve_on_cuda(KvRequest req) {
+  kc::register_capability();
+  req.backend = "cuda";
+  return resolve_kv(req, stories().config, kBlock);
+}
+
 kc::CudaEngineOptions cuda_opts(const Weights& w, const std::string& fmt, int chunk, std::optional<KvDamage> d) {
   KvRequest req;
   req.flag = *parse_kv_format(fmt);
-  req.backend = "cuda";
   kc::CudaEngineOptions co;
-  co.engine.kv = resolve_kv(req, stories().config, kBlock);
+  co.engine.kv = resolve_on_cuda(req);
   REQUIRE(co.engine.kv.effective.name() == fmt);
   co.engine.block_size = kBlock;
   co.engine.prefill_chunk = chunk;
@@ -152,9 +161,8 @@ TEST_CASE("SGN.cuda.damage.zero a zero-size KV damage on the CUDA engine leaves 
   // Only float halves take the damage: k8v4's V half (q4_0) is refused, naming it and the way out.
   KvRequest req;
   req.flag = *parse_kv_format("k8v4");
-  req.backend = "cuda";
   kc::CudaEngineOptions co;
-  co.engine.kv = resolve_kv(req, stories().config, kBlock);
+  co.engine.kv = resolve_on_cuda(req);
   co.shared_weights = w;
   co.damage = damage(KvDamageKind::v_noise, 1.0);
   try {

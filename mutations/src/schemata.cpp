@@ -519,6 +519,10 @@ SchemaPlan plan_schemata(const fs::path& root, const std::vector<const Mutant*>&
       plan.fallback[m->id] = "a CUDA source (device code cannot read the switch)";
       continue;
     }
+    if (ext != ".cpp" && ext != ".cc" && ext != ".cxx" && ext != ".hpp" && ext != ".h" && ext != ".hh" && ext != ".inl") {
+      plan.fallback[m->id] = "not a C++ source (a script or data file the gates read: patched as it is)";
+      continue;
+    }
     if (!plan.originals.count(m->file)) {
       try {
         plan.originals[m->file] = read_text(root / m->file);
