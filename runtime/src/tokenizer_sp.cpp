@@ -1,5 +1,6 @@
 #include "kvgate/tokenizer_sp.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -92,18 +93,58 @@ int SpTokenizer::piece_id(const std::string& s) const {
   return it == lookup_.end() ? -1 : it->second;
 }
 
+void SpTokenizer::set_gguf_rules(bool add_space_prefix, const std::vector<int>& specials) {
+  space_prefix_ = add_space_prefix;
+  strip_first_ = true;
+  for (auto& v : specials_) v.clear();
+  for (int id : specials) {
+    if (id < 0 || id >= vocab_size()) continue;
+    const std::string& p = pieces_[static_cast<std::size_t>(id)];
+    if (!p.empty()) specials_[static_cast<unsigned char>(p[0])].emplace_back(p, id);
+  }
+  for (auto& v : specials_)
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+}
+
 std::vector<int> SpTokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int> out;
   out.reserve(text.size() + 2);
   if (add_special && adds_bos()) out.push_back(bos_);
-  const std::size_t first = out.size();  // merges never involve BOS
+  // Cut the special pieces out of the text (llama.cpp's tokenizer_st_partition): each fragment
+  // between them is encoded alone, with the prefix when it starts the text or follows a special.
+  bool prev_special = true;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::pair<std::string, int>* hit = nullptr;
+    for (const auto& sp : specials_[static_cast<unsigned char>(text[i])])
+      if (text.compare(i, sp.first.size(), sp.first) == 0) {
+        hit = &sp;
+        break;
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    if (i > start) encode_fragment(text.substr(start, i - start), space_prefix_ && prev_special, out);
+    out.push_back(hit->second);
+    prev_special = true;
+    i += hit->first.size();
+    start = i;
+  }
+  if (text.size() > start) encode_fragment(text.substr(start), space_prefix_ && prev_special, out);
+  if (add_special && adds_eos()) out.push_back(eos_);
+  return out;
+}
+
+void SpTokenizer::encode_fragment(const std::string& text, bool prefix, std::vector<int>& out) const {
+  const std::size_t first = out.size();  // merges never reach back past the fragment
   auto push_bytes = [&](const std::string& s) {
     for (unsigned char c : s) {
       const int id = byte_id_[c];
       out.push_back(id >= 0 ? id : unk_);
     }
   };
-  if (!text.empty()) {  // dummy prefix, as SentencePiece's add_dummy_prefix
+  if (prefix) {  // dummy prefix, as SentencePiece's add_dummy_prefix
     const int sp = piece_id(" ");
     if (sp >= 0) out.push_back(sp);
     else push_bytes(" ");
@@ -141,8 +182,6 @@ std::vector<int> SpTokenizer::encode(const std::string& text, bool add_special) 
     out[best_idx] = best_id;
     out.erase(out.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
   }
-  if (add_special && adds_eos()) out.push_back(eos_);
-  return out;
 }
 
 std::string SpTokenizer::decode_piece(int prev, int token) const {
@@ -150,7 +189,10 @@ std::string SpTokenizer::decode_piece(int prev, int token) const {
   const std::string& p = pieces_[static_cast<std::size_t>(token)];
   const int b = parse_byte_piece(p);
   if (b >= 0) return std::string(1, static_cast<char>(b));
-  if (prev == bos_ && !p.empty() && p[0] == ' ') return p.substr(1);  // SentencePiece strips it after BOS
+  // llama2.c strips the prefix after BOS; llama.cpp's detokenizer (GGUF rules) at the first token only,
+  // keeping it after a BOS inside the sequence as the tokenizers library's Strip decoder does.
+  const bool strip = strip_first_ ? prev < 0 : prev == bos_;
+  if (space_prefix_ && strip && !p.empty() && p[0] == ' ') return p.substr(1);
   return p;
 }
 

@@ -5,11 +5,19 @@
 //   merge the adjacent pair whose concatenation is a piece with the highest score;
 // - decode_piece: strips the leading space of the first piece after BOS; byte tokens <0xXX> decode
 //   to the raw byte.
+// A GGUF "llama" vocabulary adds llama.cpp's rules (llama-vocab.cpp, LLAMA_VOCAB_TYPE_SPM), set by
+// set_gguf_rules: its CONTROL / USER_DEFINED / UNKNOWN pieces are cut out of the text first (longest
+// match first) and emitted as themselves; every remaining text fragment that starts the text or
+// follows such a token gets the " " prefix when tokenizer.ggml.add_space_prefix (default true), and
+// none at all when false (Gemma); merges stay inside a fragment; decoding strips the leading space
+// of the first piece (prev < 0) instead of the one after BOS, as llama.cpp's detokenizer does, and
+// only with the prefix on.
 #pragma once
 #include <array>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvgate/model.hpp"
@@ -39,6 +47,9 @@ class SpTokenizer : public Tokenizer {
     add_bos_ = bos;
     add_eos_ = eos;
   }
+  // llama.cpp's SentencePiece rules of a GGUF vocabulary (see above); `specials` are token ids.
+  void set_gguf_rules(bool add_space_prefix, const std::vector<int>& specials);
+  bool adds_space_prefix() const { return space_prefix_; }
 
   const std::string& piece(int id) const { return pieces_.at(static_cast<std::size_t>(id)); }
   float score(int id) const { return scores_.at(static_cast<std::size_t>(id)); }
@@ -50,8 +61,14 @@ class SpTokenizer : public Tokenizer {
   std::vector<float> scores_;
   std::unordered_map<std::string, int> lookup_;
   std::array<int, 256> byte_id_{};
+  // One text fragment (no special token inside) in SentencePiece's way, appended to `out`.
+  void encode_fragment(const std::string& text, bool prefix, std::vector<int>& out) const;
+
   int bos_, eos_, unk_;
   bool add_bos_ = true, add_eos_ = false;
+  bool space_prefix_ = true, strip_first_ = false;
+  // Special pieces by first byte, longest first: (piece, id).
+  std::array<std::vector<std::pair<std::string, int>>, 256> specials_{};
 };
 
 }  // namespace kvgate
