@@ -34,7 +34,28 @@ key llama.cpp defines for it (llama-arch.cpp) is written, and the tool prints it
   {arch}.attention.sliding_window           for Mistral and Qwen2 windows (llama.cpp's llama / qwen2
                                             converters drop it).
 Refused (exit 2, naming the field): rope_type dynamic (no GGUF spelling), MoE / MLA architectures.
-No tokenizer is written (the gates feed token ids); tokenizer.ggml.bos/eos_token_id are.
+Tokenizer (convert_hf_to_gguf.py's _set_vocab_gpt2 / _set_vocab_llama_hf with gguf-py's SpecialVocab),
+from <hf directory>/tokenizer.json + tokenizer_config.json, or from --tokenizer DIR (one of
+datasets/models/hf_refs/tokenizers/*: for a directory without a tokenizer, or another one of the same
+vocabulary size); without either, only bos/eos_token_id from config.json are written and the tool says so:
+  byte-level BPE (byte_fallback false, ByteLevel decoder) -> tokenizer.ggml.model "gpt2": tokens as stored
+      (byte-level strings), merges in rank order ("a b", a space inside a half as U+0120), token_type, and
+      tokenizer.ggml.pre named from the Split regex ("llama-bpe", "qwen2"; llama.cpp names it by hashing
+      the tokenizer's output, which needs the tokenizers library);
+  SentencePiece-style BPE (byte_fallback true, Sequence decoder) -> "llama": tokens with their U+2581,
+      token_type (<0xXX> pieces BYTE), scores, and add_space_prefix (true for a Prepend("\u2581")
+      normalizer or a prepending Metaspace, false for Gemma's Replace-only one; Gemma2Model writes false).
+      Scores: -rank of the first merge that makes the piece, 0 for pieces no merge makes, so llama.cpp's
+      SentencePiece merge (highest score first) applies the merges in tokenizer.json's order; llama.cpp's
+      LlamaHfVocab writes the placeholder -1000 for every piece instead. Metaspace prepend_scheme "first"
+      has no GGUF spelling: llama.cpp prefixes every text fragment, which the tool prints.
+  Both: token ids past the vocabulary become "[PAD<i>]" (UNUSED); added tokens CONTROL when special, else
+      USER_DEFINED; bos/eos/unknown/padding_token_id from tokenizer_config.json's *_token (looked up in
+      added_tokens), then config.json's *_token_id; add_bos_token / add_eos_token from the post_processor
+      (TemplateProcessing's first / last special token, RobertaProcessing both), replaced by
+      tokenizer_config.json's add_bos_token / add_eos_token (the rule kvgate's tokenizer.json loader uses).
+  Refused (naming the field): another model type, a byte_fallback vocabulary without all 256 <0xXX>
+      pieces, an unnamed pre-tokenizer regex, a token id past config.json's vocab_size.
 Tensors are written as F32 (the reference checkpoints are f32). The output is written atomically.
 """
 import array

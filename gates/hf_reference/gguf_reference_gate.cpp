@@ -19,8 +19,20 @@
 // (the bound is below kOraSensitivity of the logit RMS; the reference is not constant), the loaded
 // GGUF declares the architecture the converter names, and the case's distinguishing feature is
 // non-trivial in the loaded config (a window, a cap, a scale, QK-norm, fused split...).
+// Each case's GGUF also carries the directory's tokenizer (tokenizer.ggml.*): its BOS/EOS rule must be
+// transformers' (ref.json bos_added) and the tokenizer.json load's.
 // MOD.gguf.tool_refuses: the converter refuses what GGUF cannot spell (dynamic NTK) instead of
 // writing a plain-RoPE file.
+// MOD.gguf.tokenizer.<kind>: each datasets/models/hf_refs/tokenizers/<kind> converted with
+// --tokenizer (into a reference model of the same vocabulary size) and loaded by the GGUF loader:
+// encode(text, true / false), decode and decode_piece give exactly the `tokenizers` library's ids and
+// text (tok_ref.json; bound: exact equality, ids are integers and text is bytes), and the BOS/EOS rule
+// is the tokenizer.json path's. sp_metaspace is checked against sp_llama2's references (same
+// vocabulary and merges, checked): Metaspace(prepend_scheme "first") has no GGUF spelling and
+// llama.cpp prefixes every text fragment, as sp_llama2's Prepend normalizer does. Anti-vacuity: at
+// least 8 non-empty texts, multi-byte UTF-8, >= 10 merged tokens, >= 2 texts with special tokens
+// inside, byte-fallback tokens for the SentencePiece kinds, and all (sp_metaspace: >= 5) texts equal
+// to the kind's own references.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -443,4 +455,37 @@ TEST_CASE("MOD.gguf.tokenizer.sp_gemma converted tokenizer (llama, no space pref
 TEST_CASE("MOD.gguf.tokenizer.sp_metaspace converted tokenizer (llama): ids == the tokenizers library's under llama.cpp's prefix rule",
           "[gate:MOD][fmt:none]") {
   gguf_tokenizer_case("sp_metaspace", "mistral_swa", true, "sp_llama2");
+}
+
+// The converter refuses a tokenizer it cannot write faithfully, naming the file and the field.
+TEST_CASE("MOD.gguf.tool_refuses_tokenizer missing byte pieces, a vocabulary past the model's, no tokenizer.json: refused",
+          "[gate:MOD][fmt:none]") {
+  fs::create_directories(out_dir());
+  const fs::path work = fs::path(out_dir()) / "tokenizer_refusals";
+  std::error_code ec;
+  fs::remove_all(work, ec);
+  fs::create_directories(work);
+  auto refused = [&](const std::string& name, const std::string& model_case, const fs::path& tok,
+                     const std::vector<std::string>& words) {
+    const std::string dst = (work / (name + ".gguf")).string();
+    std::string log;
+    const int status = run_tool(load_case(model_case).dir, dst, &log, tok.string());
+    INFO(name << ":\n" << log);
+    CHECK(status != 0);
+    CHECK(!fs::exists(dst));
+    for (const auto& w : words) CHECK(log.find(w) != std::string::npos);
+  };
+  // sp_llama2 without its <0x41> piece (the id left to a [PAD] slot).
+  const fs::path nb = work / "no_byte";
+  fs::create_directories(nb);
+  json tj = read_json(tokenizers_dir() / "sp_llama2" / "tokenizer.json");
+  REQUIRE(tj.at("model").at("vocab").erase("<0x41>") == 1);
+  std::ofstream(nb / "tokenizer.json") << tj.dump();
+  fs::copy_file(tokenizers_dir() / "sp_llama2" / "tokenizer_config.json", nb / "tokenizer_config.json");
+  refused("no_byte", "llama_sp", nb, {"tokenizer.json", "model.vocab", "<0x41>"});
+  // A 596-piece tokenizer into a 420-token model.
+  refused("too_big", "llama_default", tokenizers_dir() / "sp_llama2", {"tokenizer.json", "vocab_size"});
+  // --tokenizer naming a folder without tokenizer.json.
+  refused("no_file", "llama_sp", work, {"--tokenizer", "no tokenizer.json"});
+  fs::remove_all(work, ec);
 }

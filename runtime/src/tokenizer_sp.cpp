@@ -93,14 +93,17 @@ int SpTokenizer::piece_id(const std::string& s) const {
   return it == lookup_.end() ? -1 : it->second;
 }
 
-void SpTokenizer::set_gguf_rules(bool add_space_prefix, const std::vector<int>& specials) {
+void SpTokenizer::set_gguf_rules(bool add_space_prefix, const std::vector<int>& types) {
   space_prefix_ = add_space_prefix;
   strip_first_ = true;
   for (auto& v : specials_) v.clear();
-  for (int id : specials) {
-    if (id < 0 || id >= vocab_size()) continue;
-    const std::string& p = pieces_[static_cast<std::size_t>(id)];
-    if (!p.empty()) specials_[static_cast<unsigned char>(p[0])].emplace_back(p, id);
+  not_byte_.assign(types.empty() ? 0 : pieces_.size(), false);
+  for (std::size_t id = 0; id < types.size() && id < pieces_.size(); ++id) {
+    const int t = types[id];
+    not_byte_[id] = t != 6;
+    const std::string& p = pieces_[id];
+    if ((t == 2 || t == 3 || t == 4) && !p.empty())  // unknown, control, user-defined
+      specials_[static_cast<unsigned char>(p[0])].emplace_back(p, static_cast<int>(id));
   }
   for (auto& v : specials_)
     std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
@@ -187,7 +190,7 @@ void SpTokenizer::encode_fragment(const std::string& text, bool prefix, std::vec
 std::string SpTokenizer::decode_piece(int prev, int token) const {
   if (token < 0 || token >= vocab_size()) return {};
   const std::string& p = pieces_[static_cast<std::size_t>(token)];
-  const int b = parse_byte_piece(p);
+  const int b = not_byte_.empty() || !not_byte_[static_cast<std::size_t>(token)] ? parse_byte_piece(p) : -1;
   if (b >= 0) return std::string(1, static_cast<char>(b));
   // llama2.c strips the prefix after BOS; llama.cpp's detokenizer (GGUF rules) at the first token only,
   // keeping it after a BOS inside the sequence as the tokenizers library's Strip decoder does.

@@ -11,7 +11,7 @@
 // follows such a token gets the " " prefix when tokenizer.ggml.add_space_prefix (default true), and
 // none at all when false (Gemma); merges stay inside a fragment; decoding strips the leading space
 // of the first piece (prev < 0) instead of the one after BOS, as llama.cpp's detokenizer does, and
-// only with the prefix on.
+// only with the prefix on; a <0xXX> piece decodes to its byte only when it is typed BYTE.
 #pragma once
 #include <array>
 #include <memory>
@@ -47,8 +47,10 @@ class SpTokenizer : public Tokenizer {
     add_bos_ = bos;
     add_eos_ = eos;
   }
-  // llama.cpp's SentencePiece rules of a GGUF vocabulary (see above); `specials` are token ids.
-  void set_gguf_rules(bool add_space_prefix, const std::vector<int>& specials);
+  // llama.cpp's SentencePiece rules of a GGUF vocabulary (see above). `types`: tokenizer.ggml.token_type
+  // per id (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte), or empty when the file
+  // has none (then no piece is special and every <0xXX> piece decodes as its byte).
+  void set_gguf_rules(bool add_space_prefix, const std::vector<int>& types);
   bool adds_space_prefix() const { return space_prefix_; }
 
   const std::string& piece(int id) const { return pieces_.at(static_cast<std::size_t>(id)); }
@@ -69,6 +71,7 @@ class SpTokenizer : public Tokenizer {
   bool space_prefix_ = true, strip_first_ = false;
   // Special pieces by first byte, longest first: (piece, id).
   std::array<std::vector<std::pair<std::string, int>>, 256> specials_{};
+  std::vector<bool> not_byte_;  // ids typed other than BYTE (llama.cpp prints their text, even "<0xXX>")
 };
 
 }  // namespace kvgate
