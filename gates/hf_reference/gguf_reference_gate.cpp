@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "printable.hpp"
 #include "hf_ref_harness.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/loaders.hpp"
@@ -271,20 +272,7 @@ namespace {
 
 fs::path tokenizers_dir() { return fs::path(refs_root()) / "tokenizers"; }
 
-// Printable ASCII for the report (Catch2 2.x's console wrapper can loop on raw tabs/UTF-8).
-std::string esc(const std::string& s) {
-  std::string o;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') {
-      o.push_back(static_cast<char>(c));
-    } else {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02X", c);
-      o += b;
-    }
-  }
-  return o;
-}
+std::string esc(const std::string& s) { return gates::printable(s); }
 
 std::vector<std::vector<int>> ids_of(const json& ref, const char* key) {
   std::vector<std::vector<int>> out;
@@ -377,7 +365,7 @@ void gguf_tokenizer_case(const std::string& kind, const std::string& model_case,
     CHECK(ref.bos_added == own.bos_added);
   }
   const std::size_t n = ref.texts.size();
-  int non_empty = 0, multibyte = 0, byte_tokens = 0, merged = 0, specials_in_text = 0;
+  int non_empty = 0, multibyte = 0, byte_tokens = 0, merged = 0, specials_in_text = 0, streamed_checked = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::string& text = ref.texts[i];
     INFO(kind << " text " << i << ": \"" << esc(text) << "\"");
@@ -386,10 +374,15 @@ void gguf_tokenizer_case(const std::string& kind, const std::string& model_case,
     CHECK(plain == ref.plain[i]);
     agree += plain == own.plain[i] && with == own.ids[i];
     CHECK(esc(tk.decode(ref.plain[i])) == esc(ref.decoded[i]));
-    std::string streamed;  // decode_piece, token by token, as `kvgate run` prints
-    for (std::size_t k = 0; k < ref.plain[i].size(); ++k)
-      streamed += tk.decode_piece(k ? ref.plain[i][k - 1] : -1, ref.plain[i][k]);
-    CHECK(esc(streamed) == esc(ref.decoded[i]));
+    // decode_piece, token by token, as `kvgate run` prints: the same text, except that streaming also
+    // strips the prefix after a BOS (where a generation starts), so texts with a BOS inside are left out.
+    if (std::find(ref.plain[i].begin(), ref.plain[i].end(), tk.bos_id()) == ref.plain[i].end()) {
+      std::string streamed;
+      for (std::size_t k = 0; k < ref.plain[i].size(); ++k)
+        streamed += tk.decode_piece(k ? ref.plain[i][k - 1] : -1, ref.plain[i][k]);
+      CHECK(esc(streamed) == esc(ref.decoded[i]));
+      ++streamed_checked;
+    }
     non_empty += !text.empty();
     multibyte += std::any_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) >= 0xC0; });
     bool special = false;
@@ -423,6 +416,7 @@ void gguf_tokenizer_case(const std::string& kind, const std::string& model_case,
   CHECK(multibyte >= 1);
   CHECK(merged >= 10);
   CHECK(specials_in_text >= 2);
+  CHECK(streamed_checked >= 8);
   if (sentencepiece) CHECK(byte_tokens >= 1);
   if (rule_kind.empty()) CHECK(agree == static_cast<int>(n));
   else CHECK(agree >= 5);  // the rules differ only after a special token and before a leading space

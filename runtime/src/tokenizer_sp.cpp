@@ -187,16 +187,28 @@ void SpTokenizer::encode_fragment(const std::string& text, bool prefix, std::vec
   }
 }
 
-std::string SpTokenizer::decode_piece(int prev, int token) const {
+std::string SpTokenizer::piece_text(int token, bool strip) const {
   if (token < 0 || token >= vocab_size()) return {};
   const std::string& p = pieces_[static_cast<std::size_t>(token)];
   const int b = not_byte_.empty() || !not_byte_[static_cast<std::size_t>(token)] ? parse_byte_piece(p) : -1;
   if (b >= 0) return std::string(1, static_cast<char>(b));
-  // llama2.c strips the prefix after BOS; llama.cpp's detokenizer (GGUF rules) at the first token only,
-  // keeping it after a BOS inside the sequence as the tokenizers library's Strip decoder does.
-  const bool strip = strip_first_ ? prev < 0 : prev == bos_;
   if (space_prefix_ && strip && !p.empty() && p[0] == ' ') return p.substr(1);
   return p;
+}
+
+// Streaming (`kvgate run` prints each token as it comes): the prefix is stripped after BOS, where a
+// generation starts (llama2.c run.c), and at the first token under the GGUF rules.
+std::string SpTokenizer::decode_piece(int prev, int token) const {
+  return piece_text(token, prev == bos_ || (strip_first_ && prev < 0));
+}
+
+// A whole sequence under the GGUF rules: llama.cpp's detokenizer strips the first token's prefix only,
+// keeping it after a BOS inside the sequence (as the tokenizers library's Strip decoder does).
+std::string SpTokenizer::decode(const std::vector<int>& ids) const {
+  if (!strip_first_) return Tokenizer::decode(ids);
+  std::string s;
+  for (std::size_t k = 0; k < ids.size(); ++k) s += piece_text(ids[k], k == 0);
+  return s;
 }
 
 }  // namespace kvgate

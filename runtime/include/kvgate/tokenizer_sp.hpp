@@ -9,9 +9,10 @@
 // set_gguf_rules: its CONTROL / USER_DEFINED / UNKNOWN pieces are cut out of the text first (longest
 // match first) and emitted as themselves; every remaining text fragment that starts the text or
 // follows such a token gets the " " prefix when tokenizer.ggml.add_space_prefix (default true), and
-// none at all when false (Gemma); merges stay inside a fragment; decoding strips the leading space
-// of the first piece (prev < 0) instead of the one after BOS, as llama.cpp's detokenizer does, and
-// only with the prefix on; a <0xXX> piece decodes to its byte only when it is typed BYTE.
+// none at all when false (Gemma); merges stay inside a fragment; decode(ids) strips the leading space
+// of the first piece only (not the one after a BOS inside the sequence), as llama.cpp's detokenizer
+// does, and only with the prefix on; decode_piece strips it after BOS and at the first token (prev < 0);
+// a <0xXX> piece decodes to its byte only when it is typed BYTE.
 #pragma once
 #include <array>
 #include <memory>
@@ -38,6 +39,7 @@ class SpTokenizer : public Tokenizer {
   // last when adds_eos().
   std::vector<int> encode(const std::string& text, bool add_special) const override;
   std::string decode_piece(int prev, int token) const override;
+  std::string decode(const std::vector<int>& ids) const override;
   int vocab_size() const override { return static_cast<int>(pieces_.size()); }
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
@@ -63,6 +65,9 @@ class SpTokenizer : public Tokenizer {
   std::vector<float> scores_;
   std::unordered_map<std::string, int> lookup_;
   std::array<int, 256> byte_id_{};
+  // A piece's text: its byte for a byte piece, else the piece less its leading space when `strip`
+  // (and the prefix rule is on).
+  std::string piece_text(int token, bool strip) const;
   // One text fragment (no special token inside) in SentencePiece's way, appended to `out`.
   void encode_fragment(const std::string& text, bool prefix, std::vector<int>& out) const;
 
