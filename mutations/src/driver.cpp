@@ -456,12 +456,6 @@ void restore_objects_after_revert(Env& e, const fs::path& file, fs::file_time_ty
   for (const auto& p : linked) fs::remove(p, ec);
 }
 
-// A file the gate programs run rather than compile (a script such as datasets/tools/hf_to_gguf.py,
-// which MOD.gguf.* execute from the source tree, listed as a non-compiled source of their target so
-// the catalog check counts it): no object can change, so the gates run on the mutated tree as it is
-// instead of the mutant being called noop.
-bool read_at_test_time(const std::string& file) { return fs::path(file).extension() == ".py"; }
-
 MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   MutantOutcome mo;
   mo.mutant = &m;
@@ -501,7 +495,10 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   }
   const ObjectChanges ch = compare_objects(e.build, e.objects);
   for (const auto& p : ch.different) mo.changed_objects.push_back(rel_to(p, e.build));
-  if (ch.different.empty() && !read_at_test_time(m.file)) {
+  // A .py file is one the gate programs run rather than compile (datasets/tools/hf_to_gguf.py, which
+  // MOD.gguf.* execute from the source tree; a non-compiled source of their target, so the catalog
+  // check counts it): no object can change, so the gates run on the mutated tree as it is.
+  if (ch.different.empty() && fs::path(m.file).extension() != ".py") {
     mo.status = MutantStatus::noop;
     mo.reason = ch.rebuilt.empty() ? "no object of the gate targets is compiled from " + m.file
                                    : "the rebuilt objects are byte-identical to the baseline (dead code or an "
