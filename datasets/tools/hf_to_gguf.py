@@ -4,7 +4,7 @@ llama.cpp's convert_hf_to_gguf.py does, with the Python standard library only (n
 package): the GGUF writer follows the GGUF v3 specification (ggml's docs/gguf.md). The gates run it at
 test time and write the files into the build directory; nothing it makes is committed.
 
-    python3 datasets/tools/hf_to_gguf.py <hf directory> <out.gguf>
+    python3 datasets/tools/hf_to_gguf.py [--tokenizer DIR] <hf directory> <out.gguf>
 
 What it does per architecture (llama.cpp's converter classes LlamaModel, Qwen2Model, Qwen3Model,
 Phi3MiniModel, Gemma2Model, Gemma3Model and TextModel.set_gguf_parameters):
@@ -34,7 +34,28 @@ key llama.cpp defines for it (llama-arch.cpp) is written, and the tool prints it
   {arch}.attention.sliding_window           for Mistral and Qwen2 windows (llama.cpp's llama / qwen2
                                             converters drop it).
 Refused (exit 2, naming the field): rope_type dynamic (no GGUF spelling), MoE / MLA architectures.
-No tokenizer is written (the gates feed token ids); tokenizer.ggml.bos/eos_token_id are.
+Tokenizer (convert_hf_to_gguf.py's _set_vocab_gpt2 / _set_vocab_llama_hf with gguf-py's SpecialVocab),
+from <hf directory>/tokenizer.json + tokenizer_config.json, or from --tokenizer DIR (one of
+datasets/models/hf_refs/tokenizers/*: for a directory without a tokenizer, or another one of the same
+vocabulary size); without either, only bos/eos_token_id from config.json are written and the tool says so:
+  byte-level BPE (byte_fallback false, ByteLevel decoder) -> tokenizer.ggml.model "gpt2": tokens as stored
+      (byte-level strings), merges in rank order ("a b", a space inside a half as U+0120), token_type, and
+      tokenizer.ggml.pre named from the Split regex ("llama-bpe", "qwen2"; llama.cpp names it by hashing
+      the tokenizer's output, which needs the tokenizers library);
+  SentencePiece-style BPE (byte_fallback true, Sequence decoder) -> "llama": tokens with their U+2581,
+      token_type (<0xXX> pieces BYTE), scores, and add_space_prefix (true for a Prepend("\u2581")
+      normalizer or a prepending Metaspace, false for Gemma's Replace-only one; Gemma2Model writes false).
+      Scores: -rank of the first merge that makes the piece, 0 for pieces no merge makes, so llama.cpp's
+      SentencePiece merge (highest score first) applies the merges in tokenizer.json's order; llama.cpp's
+      LlamaHfVocab writes the placeholder -1000 for every piece instead. Metaspace prepend_scheme "first"
+      has no GGUF spelling: llama.cpp prefixes every text fragment, which the tool prints.
+  Both: token ids past the vocabulary become "[PAD<i>]" (UNUSED); added tokens CONTROL when special, else
+      USER_DEFINED; bos/eos/unknown/padding_token_id from tokenizer_config.json's *_token (looked up in
+      added_tokens), then config.json's *_token_id; add_bos_token / add_eos_token from the post_processor
+      (TemplateProcessing's first / last special token, RobertaProcessing both), replaced by
+      tokenizer_config.json's add_bos_token / add_eos_token (the rule kvgate's tokenizer.json loader uses).
+  Refused (naming the field): another model type, a byte_fallback vocabulary without all 256 <0xXX>
+      pieces, an unnamed pre-tokenizer regex, a token id past config.json's vocab_size.
 Tensors are written as F32 (the reference checkpoints are f32). The output is written atomically.
 """
 import array
@@ -115,6 +136,18 @@ class Writer:
 
     def string(self, k, v):
         self.kv.append((k, T_STRING, self._str(v)))
+
+    def boolean(self, k, v):
+        self.kv.append((k, T_BOOL, bytes([1 if v else 0])))
+
+    def strings(self, k, vs):
+        self.kv.append((k, T_ARRAY, struct.pack("<IQ", T_STRING, len(vs)) + b"".join(self._str(v) for v in vs)))
+
+    def i32s(self, k, vs):
+        self.kv.append((k, T_ARRAY, struct.pack("<IQ", T_I32, len(vs)) + struct.pack(f"<{len(vs)}i", *vs)))
+
+    def f32s(self, k, vs):
+        self.kv.append((k, T_ARRAY, struct.pack("<IQ", T_F32, len(vs)) + struct.pack(f"<{len(vs)}f", *vs)))
 
     def bools(self, k, vs):
         self.kv.append((k, T_ARRAY, struct.pack("<IQ", T_BOOL, len(vs)) + bytes(1 if v else 0 for v in vs)))
@@ -203,7 +236,192 @@ def llama3_factors(rp, head_dim):
     return array.array("f", out)
 
 
-def convert(src, dst):
+# ---- tokenizer (convert_hf_to_gguf.py's _set_vocab_gpt2 / _set_vocab_llama_hf, gguf-py's SpecialVocab) ----
+# llama.cpp's token types (gguf-py TokenType).
+TT_NORMAL, TT_UNKNOWN, TT_CONTROL, TT_USER_DEFINED, TT_UNUSED, TT_BYTE = 1, 2, 3, 4, 5, 6
+# The Split regexes of the byte-level pre-tokenizers kvgate runs, by the name llama.cpp gives them
+# (llama.cpp names a pre-tokenizer by hashing the tokenizer's output on a test text; these are the
+# regexes behind "llama-bpe" and "qwen2").
+PRE_REGEX = {
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+": "llama-bpe",
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+": "qwen2",
+}
+
+
+def is_byte_piece(p):
+    return len(p) == 6 and p.startswith("<0x") and p.endswith(">") and all(c in "0123456789abcdefABCDEF" for c in p[3:5])
+
+
+def gpt2_pre(tj, path):
+    """tokenizer.ggml.pre of a byte-level tokenizer.json: the name of its Split regex."""
+    pre = tj.get("pre_tokenizer") or {}
+    items = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    for it in items:
+        if it.get("type") == "Split":
+            rx = (it.get("pattern") or {}).get("Regex")
+            if rx in PRE_REGEX:
+                return PRE_REGEX[rx]
+            raise Refused(f"{path}: field 'pre_tokenizer' Split pattern {rx!r} is not a pre-tokenizer this tool names "
+                          f"(known: {sorted(set(PRE_REGEX.values()))})")
+    if len(items) == 1 and items[0].get("type") == "ByteLevel" and items[0].get("use_regex", True):
+        return "gpt-2"
+    raise Refused(f"{path}: field 'pre_tokenizer' ({pre.get('type')!r}) is not a pre-tokenizer this tool names")
+
+
+def token_content(entry):
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+        return entry["content"]
+    return None
+
+
+def special_ids_and_rule(tj, tc, cfg):
+    """SpecialVocab: ids of bos/eos/unk/pad (tokenizer_config.json's *_token looked up in added_tokens,
+    then config.json's *_token_id), and add_bos/add_eos (post_processor TemplateProcessing /
+    RobertaProcessing, then tokenizer_config.json add_bos_token / add_eos_token replace a side)."""
+    added = tj.get("added_tokens") or []
+    ids = {}
+    for typ in ("bos", "eos", "unk", "pad"):
+        content = token_content(tc.get(f"{typ}_token"))
+        if content is not None:
+            tid = next((a["id"] for a in added if a.get("content") == content), None)
+            if isinstance(tid, int):
+                ids[typ] = tid
+    for typ in ("bos", "eos", "unk", "pad"):
+        tid = cfg.get(f"{typ}_token_id")
+        if typ not in ids and isinstance(tid, int) and tid >= 0:
+            ids[typ] = tid
+    add = {}
+    post = tj.get("post_processor") or {}
+    bos_c, eos_c = token_content(tc.get("bos_token")), token_content(tc.get("eos_token"))
+    for pr in post.get("processors", [post]) if post else []:
+        if pr.get("type") == "RobertaProcessing":
+            add["bos"] = add["eos"] = True
+        elif pr.get("type") == "TemplateProcessing":
+            single = pr.get("single") or []
+            if len(single) > 1:
+                first = (single[0].get("SpecialToken") or {}).get("id")
+                last = (single[-1].get("SpecialToken") or {}).get("id")
+                if first:
+                    add["bos"] = first == (bos_c if tc else first)
+                if last:
+                    add["eos"] = last == (eos_c if tc else last)
+    for typ in ("bos", "eos"):
+        if isinstance(tc.get(f"add_{typ}_token"), bool):
+            add[typ] = tc[f"add_{typ}_token"]
+    return ids, add
+
+
+def merge_pairs(model, path):
+    out = []
+    for i, m in enumerate(model.get("merges") or []):
+        if isinstance(m, str):
+            parts = m.split(" ")
+        elif isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m):
+            parts = m
+        else:
+            parts = None
+        if not parts or len(parts) != 2:
+            raise Refused(f"{path}: field 'model.merges[{i}]' = {m!r} is not a pair")
+        out.append((parts[0], parts[1]))
+    return out
+
+
+def write_tokenizer(w, tok_dir, cfg, n_vocab):
+    """Writes tokenizer.ggml.* from tok_dir/tokenizer.json (+ tokenizer_config.json), as llama.cpp's
+    converter: "gpt2" for byte-level BPE, "llama" for SentencePiece-style BPE with byte_fallback."""
+    path = os.path.join(tok_dir, "tokenizer.json")
+    tj = json.load(open(path, encoding="utf-8"))
+    tc_path = os.path.join(tok_dir, "tokenizer_config.json")
+    tc = json.load(open(tc_path, encoding="utf-8")) if os.path.isfile(tc_path) else {}
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise Refused(f"{path}: field 'model.type' = {model.get('type')!r}: this tool converts BPE tokenizers only")
+    decoder = (tj.get("decoder") or {}).get("type")
+    if model.get("byte_fallback", False) and decoder == "Sequence":
+        kind = "llama"  # LlamaHfVocab
+    elif not model.get("byte_fallback", False) and decoder == "ByteLevel":
+        kind = "gpt2"  # BpeVocab / get_vocab_base
+    else:
+        raise Refused(f"{path}: fields 'model.byte_fallback' = {model.get('byte_fallback')!r} and 'decoder.type' = "
+                      f"{decoder!r}: neither byte-level BPE (false, ByteLevel) nor SentencePiece-style BPE (true, Sequence)")
+    pieces = {}
+    for piece, i in (model.get("vocab") or {}).items():
+        pieces[i] = piece
+    added = {}
+    for a in tj.get("added_tokens") or []:
+        pieces.setdefault(a["id"], a["content"])
+        added[a["id"]] = a
+    if pieces and max(pieces) >= n_vocab:
+        raise Refused(f"{path}: token id {max(pieces)} is past the model's vocab_size {n_vocab} (config.json); "
+                      "pass the tokenizer the model was trained with")
+    tokens, types = [], []
+    for i in range(n_vocab):
+        p = pieces.get(i)
+        if p is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(TT_UNUSED)
+        elif i in added:
+            tokens.append(p)
+            types.append(TT_CONTROL if added[i].get("special") else TT_USER_DEFINED)
+        elif kind == "llama" and is_byte_piece(p):
+            tokens.append(p)
+            types.append(TT_BYTE)
+        else:
+            tokens.append(p)
+            types.append(TT_NORMAL)
+    merges = merge_pairs(model, path)
+    w.string("tokenizer.ggml.model", kind)
+    if kind == "gpt2":
+        w.string("tokenizer.ggml.pre", gpt2_pre(tj, path))
+    w.strings("tokenizer.ggml.tokens", tokens)
+    if kind == "llama":
+        missing = [b for b in range(256) if f"<0x{b:02X}>" not in model.get("vocab", {})]
+        if missing:
+            raise Refused(f"{path}: field 'model.vocab' has byte_fallback but no byte token <0x{missing[0]:02X}> "
+                          f"({len(missing)} of 256 missing): add the <0x00>..<0xFF> pieces")
+        # Scores that make llama.cpp's SentencePiece merge (the adjacent pair whose concatenation has the
+        # highest score) apply the merges in their tokenizer.json order: -rank of the first merge making
+        # the piece, 0 for pieces no merge makes. llama.cpp's LlamaHfVocab writes the placeholder -1000
+        # for every piece, which merges leftmost-first instead of by rank.
+        rank = {}
+        for r, (a, b) in enumerate(merges):
+            rank.setdefault(a + b, r)
+        w.f32s("tokenizer.ggml.scores", [-float(rank[t]) if t in rank else 0.0 for t in tokens])
+    w.i32s("tokenizer.ggml.token_type", types)
+    if kind == "gpt2":
+        # SpecialVocab: a space inside a merge half is written as chr(ord(' ') + 256), U+0120.
+        w.strings("tokenizer.ggml.merges", [" ".join("".join(chr(ord(c) + 256) if c == " " else c for c in h)
+                                                       for h in m) for m in merges])
+    ids, add = special_ids_and_rule(tj, tc, cfg)
+    for typ, key in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("unk", "unknown_token_id"),
+                     ("pad", "padding_token_id")):
+        if typ in ids and ids[typ] < n_vocab:
+            w.u32("tokenizer.ggml." + key, ids[typ])
+    for typ in ("bos", "eos"):
+        if typ in add:
+            w.boolean(f"tokenizer.ggml.add_{typ}_token", add[typ])
+    if kind == "llama":
+        # The dummy "▁" prefix: SentencePiece's add_dummy_prefix, spelled in tokenizer.json as a Prepend("▁")
+        # normalizer or a Metaspace pre-tokenizer that prepends (Gemma's Replace-only normalizer: none).
+        norm = tj.get("normalizer") or {}
+        norms = norm.get("normalizers", [norm]) if norm.get("type") == "Sequence" else [norm]
+        pre = tj.get("pre_tokenizer") or {}
+        scheme = pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never")
+        prefix = any(n.get("type") == "Prepend" and n.get("prepend") == "\u2581" for n in norms) or \
+            (pre.get("type") == "Metaspace" and scheme != "never")
+        w.boolean("tokenizer.ggml.add_space_prefix", prefix)
+        if pre.get("type") == "Metaspace" and scheme == "first":
+            print("hf_to_gguf:   differs from the tokenizers library: Metaspace prepend_scheme 'first' has no GGUF "
+                  "spelling; llama.cpp's rule prefixes every text fragment (also after a special token, and a text "
+                  "that already starts with a space)")
+    return kind, len(tokens), len(merges)
+
+
+def convert(src, dst, tok_dir=None):
     cfg = json.load(open(os.path.join(src, "config.json")))
     hf_arch = (cfg.get("architectures") or [""])[0]
     if hf_arch not in ARCHS:
@@ -236,11 +454,19 @@ def convert(src, dst):
         w.u32(p + "attention.key_length", head_dim)
         w.u32(p + "attention.value_length", head_dim)
     w.f32(p + "rope.freq_base", rp_full.get("rope_theta", 10000.0))
-    if "bos_token_id" in cfg and isinstance(cfg["bos_token_id"], int):
-        w.u32("tokenizer.ggml.bos_token_id", cfg["bos_token_id"])
-    eos = cfg.get("eos_token_id")
-    if isinstance(eos, int):
-        w.u32("tokenizer.ggml.eos_token_id", eos)
+    if tok_dir is None and os.path.isfile(os.path.join(src, "tokenizer.json")):
+        tok_dir = src
+    if tok_dir is not None:
+        kind, n_tok, n_merges = write_tokenizer(w, tok_dir, cfg, cfg.get("vocab_size", 0))
+        print(f"hf_to_gguf: tokenizer {os.path.join(tok_dir, 'tokenizer.json')} -> tokenizer.ggml.model {kind} "
+              f"({n_tok} tokens, {n_merges} merges{' as scores' if kind == 'llama' else ''})")
+    else:
+        print(f"hf_to_gguf: {src} has no tokenizer.json: no tokenizer written (pass --tokenizer DIR)")
+        if "bos_token_id" in cfg and isinstance(cfg["bos_token_id"], int):
+            w.u32("tokenizer.ggml.bos_token_id", cfg["bos_token_id"])
+        eos = cfg.get("eos_token_id")
+        if isinstance(eos, int):
+            w.u32("tokenizer.ggml.eos_token_id", eos)
 
     # RoPE scaling (TextModel.set_gguf_parameters; llama3 and longrope come as tensors below).
     if rope_type == "linear":
@@ -373,15 +599,23 @@ def convert(src, dst):
 
 
 def main(argv):
-    if len(argv) != 3:
+    args = argv[1:]
+    tok_dir = None
+    if len(args) >= 2 and args[0] == "--tokenizer":
+        tok_dir = args[1]
+        args = args[2:]
+    if len(args) != 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    if tok_dir is not None and not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
+        print(f"hf_to_gguf: --tokenizer {tok_dir}: no tokenizer.json there", file=sys.stderr)
+        return 2
     try:
-        arch, notes = convert(argv[1], argv[2])
+        arch, notes = convert(args[0], args[1], tok_dir)
     except Refused as e:
         print(f"hf_to_gguf: {e}", file=sys.stderr)
         return 2
-    print(f"hf_to_gguf: {argv[1]} -> {argv[2]} (arch {arch})")
+    print(f"hf_to_gguf: {args[0]} -> {args[1]} (arch {arch})")
     for n in notes:
         print(f"hf_to_gguf:   beyond llama.cpp's converter: {n}")
     return 0

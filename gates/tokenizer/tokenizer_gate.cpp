@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "printable.hpp"
 #include "../loaders_resolution/fixtures.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
@@ -43,20 +44,7 @@ fs::path source_dir() {
 fs::path refs_dir() { return source_dir() / "datasets" / "models" / "hf_refs" / "tokenizers"; }
 
 
-// Printable ASCII for the report (Catch2 2.x's console wrapper can loop on raw tabs/UTF-8).
-std::string esc(const std::string& s) {
-  std::string o;
-  for (unsigned char c : s) {
-    if (c >= 0x20 && c < 0x7F && c != '\\') {
-      o.push_back(static_cast<char>(c));
-    } else {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02X", c);
-      o += b;
-    }
-  }
-  return o;
-}
+std::string esc(const std::string& s) { return printable(s); }
 
 // A synthetic byte-level model whose tokenizer.json gets `post_processor` (config.json declares
 // bos_token_id = vocab - 2 either way, as Qwen2/2.5/3 configs do).

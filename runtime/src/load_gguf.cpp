@@ -552,6 +552,12 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int
     const int unk = static_cast<int>(unk64);
     auto tok = std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos, eos, unk);
     tok->set_adds(add_bos, add_eos);
+    // llama.cpp's SentencePiece rules (token types: UNKNOWN / CONTROL / USER_DEFINED pieces cut out
+    // of the text, BYTE pieces decoded to their byte) and tokenizer.ggml.add_space_prefix (default true).
+    std::vector<int> type_ids;
+    if (types)
+      for (double t : types->nums) type_ids.push_back(static_cast<int>(t));
+    tok->set_gguf_rules(g.get_bool("tokenizer.ggml.add_space_prefix").value_or(true), type_ids);
     return tok;
   }
   if (*model == "gpt2") {

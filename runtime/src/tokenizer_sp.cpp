@@ -1,5 +1,6 @@
 #include "kvgate/tokenizer_sp.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -92,18 +93,61 @@ int SpTokenizer::piece_id(const std::string& s) const {
   return it == lookup_.end() ? -1 : it->second;
 }
 
+void SpTokenizer::set_gguf_rules(bool add_space_prefix, const std::vector<int>& types) {
+  space_prefix_ = add_space_prefix;
+  strip_first_ = true;
+  for (auto& v : specials_) v.clear();
+  not_byte_.assign(types.empty() ? 0 : pieces_.size(), false);
+  for (std::size_t id = 0; id < types.size() && id < pieces_.size(); ++id) {
+    const int t = types[id];
+    not_byte_[id] = t != 6;
+    const std::string& p = pieces_[id];
+    if ((t == 2 || t == 3 || t == 4) && !p.empty())  // unknown, control, user-defined
+      specials_[static_cast<unsigned char>(p[0])].emplace_back(p, static_cast<int>(id));
+  }
+  for (auto& v : specials_)
+    std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+}
+
 std::vector<int> SpTokenizer::encode(const std::string& text, bool add_special) const {
   std::vector<int> out;
   out.reserve(text.size() + 2);
   if (add_special && adds_bos()) out.push_back(bos_);
-  const std::size_t first = out.size();  // merges never involve BOS
+  // Cut the special pieces out of the text (llama.cpp's tokenizer_st_partition): each fragment
+  // between them is encoded alone, with the prefix when it starts the text or follows a special.
+  bool prev_special = true;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::pair<std::string, int>* hit = nullptr;
+    for (const auto& sp : specials_[static_cast<unsigned char>(text[i])])
+      if (text.compare(i, sp.first.size(), sp.first) == 0) {
+        hit = &sp;
+        break;
+      }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    if (i > start) encode_fragment(text.substr(start, i - start), space_prefix_ && prev_special, out);
+    out.push_back(hit->second);
+    prev_special = true;
+    i += hit->first.size();
+    start = i;
+  }
+  if (text.size() > start) encode_fragment(text.substr(start), space_prefix_ && prev_special, out);
+  if (add_special && adds_eos()) out.push_back(eos_);
+  return out;
+}
+
+void SpTokenizer::encode_fragment(const std::string& text, bool prefix, std::vector<int>& out) const {
+  const std::size_t first = out.size();  // merges never reach back past the fragment
   auto push_bytes = [&](const std::string& s) {
     for (unsigned char c : s) {
       const int id = byte_id_[c];
       out.push_back(id >= 0 ? id : unk_);
     }
   };
-  if (!text.empty()) {  // dummy prefix, as SentencePiece's add_dummy_prefix
+  if (prefix) {  // dummy prefix, as SentencePiece's add_dummy_prefix
     const int sp = piece_id(" ");
     if (sp >= 0) out.push_back(sp);
     else push_bytes(" ");
@@ -141,17 +185,30 @@ std::vector<int> SpTokenizer::encode(const std::string& text, bool add_special) 
     out[best_idx] = best_id;
     out.erase(out.begin() + static_cast<std::ptrdiff_t>(best_idx) + 1);
   }
-  if (add_special && adds_eos()) out.push_back(eos_);
-  return out;
 }
 
-std::string SpTokenizer::decode_piece(int prev, int token) const {
+std::string SpTokenizer::piece_text(int token, bool strip) const {
   if (token < 0 || token >= vocab_size()) return {};
   const std::string& p = pieces_[static_cast<std::size_t>(token)];
-  const int b = parse_byte_piece(p);
+  const int b = not_byte_.empty() || !not_byte_[static_cast<std::size_t>(token)] ? parse_byte_piece(p) : -1;
   if (b >= 0) return std::string(1, static_cast<char>(b));
-  if (prev == bos_ && !p.empty() && p[0] == ' ') return p.substr(1);  // SentencePiece strips it after BOS
+  if (space_prefix_ && strip && !p.empty() && p[0] == ' ') return p.substr(1);
   return p;
+}
+
+// Streaming (`kvgate run` prints each token as it comes): the prefix is stripped after BOS, where a
+// generation starts (llama2.c run.c), and at the first token under the GGUF rules.
+std::string SpTokenizer::decode_piece(int prev, int token) const {
+  return piece_text(token, prev == bos_ || (strip_first_ && prev < 0));
+}
+
+// A whole sequence under the GGUF rules: llama.cpp's detokenizer strips the first token's prefix only,
+// keeping it after a BOS inside the sequence (as the tokenizers library's Strip decoder does).
+std::string SpTokenizer::decode(const std::vector<int>& ids) const {
+  if (!strip_first_) return Tokenizer::decode(ids);
+  std::string s;
+  for (std::size_t k = 0; k < ids.size(); ++k) s += piece_text(ids[k], k == 0);
+  return s;
 }
 
 }  // namespace kvgate
