@@ -961,9 +961,11 @@ Stop sync_scratch(Run& s) {
 Stop instrument_scratch(Run& s) {
   KVGATE_RUN_NAMES(s);
   if (!o.schemata) return std::nullopt;
+  // The whole selection before --shard: every shard of a run then compiles the same switches, so
+  // shards run one after another on one machine share one scratch build.
   std::vector<const Mutant*> ms;
-  for (const Mutant* m : selected)
-    if (requirement_gap(e, *m, false).empty()) ms.push_back(m);
+  for (const auto& id : r.shard.selection)
+    if (const Mutant* m = cat.find(id); m && requirement_gap(e, *m, false).empty()) ms.push_back(m);
   try {
     e.schema = plan_schemata(e.scratch, ms);
     write_schemata(e.scratch, e.schema, schema_header_path(e));
