@@ -19,7 +19,7 @@ struct MutateCli {
   // Both cores by default: the gate executables run side by side (the longest starts first).
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false, skip_red_gates = false,
-       no_schemata = false;
+       no_schemata = false, all_gates = false;
   double min_timeout = 20;
   std::vector<std::string> cmake_args;
 };
@@ -72,6 +72,7 @@ int run_mutate_cmd(const MutateCli& c) {
   o.restore_objects = c.restore_objects;
   o.skip_red_gates = c.skip_red_gates;
   o.schemata = !c.no_schemata;
+  o.all_gates = c.all_gates;
   if (!c.shard.empty()) {
     std::string err;
     const auto sh = mutate::parse_shard(c.shard, &err);
@@ -131,6 +132,9 @@ void register_mutate(CLI::App& app) {
   sub->add_flag("--no-schemata", c->no_schemata,
                 "patch and rebuild every mutant (default: the mutants that can be a run-time switch are compiled "
                 "into the scratch build once and turned on by KVGATE_MUTANT=<id>; docs/MUTATIONS.md, Schemata)");
+  sub->add_flag("--all-gates", c->all_gates,
+                "with schemata: run every gate program for every switched mutant (default: only the programs whose "
+                "baseline evaluated its switch; the others' gates are 'not reached')");
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");

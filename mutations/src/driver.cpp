@@ -132,6 +132,11 @@ struct Env {
   std::set<std::string> red;               // --skip-red-gates: gate IDs red in the baseline
   std::map<std::string, Variant> variants; // by name: the environments gate programs run in
   SchemaPlan schema;                       // the mutants compiled in as switches (--no-schemata: none)
+  // Coverage from the baseline: run unit ("gate_model", "gate_model@no_avx2") -> the IDs of the
+  // switches it evaluated. unit_filter, while set: only these units run (the others' gates are
+  // "not reached").
+  std::map<std::string, std::set<std::string>> reach;
+  const std::set<std::string>* unit_filter = nullptr;
   // KVGATE_MUTANT for the gate runs of the moment: empty (no mutant on) except while a schema
   // mutant runs.
   std::vector<std::pair<std::string, std::string>> mutant_env{{"KVGATE_MUTANT", ""}};
@@ -190,6 +195,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
   std::vector<ProcSpec> specs;
   std::vector<Unit> started;
   std::vector<std::vector<std::string>> wanted;  // per started unit: the gate IDs it must report
+  std::map<std::string, GateOutcome> skipped_units;  // gates of units the coverage filter left out
   for (std::size_t i = 0; i < e.exes.size(); ++i) {
     const auto& x = e.exes[i];
     std::vector<std::string> ids = x.gate_ids;
@@ -208,11 +214,22 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     }
     for (const auto& v : x.variants) {
       const std::string stem = unit_stem(x, v);
+      if (e.unit_filter && !e.unit_filter->count(stem)) {
+        for (const auto& id : ids)
+          skipped_units.emplace(id, GateOutcome{GateStatus::not_run, 0, "", "not reached: " + stem +
+                                                  " never evaluated the mutant's switch in the baseline", v, {}});
+        continue;
+      }
       ProcSpec s;
       s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
       if (!filter.empty()) s.argv.insert(s.argv.begin() + 1, filter);
       s.cwd = x.path.parent_path().string();
       s.env = env_for(e, v);
+      if (baseline && !e.schema.switched.empty()) {
+        // Which switches this unit evaluates (appended at exit by every process it starts).
+        fs::remove(dir / (stem + ".reach"));
+        s.env.emplace_back("KVGATE_MUTANT_COVERAGE", (dir / (stem + ".reach")).string());
+      }
       s.log_path = (dir / (stem + ".log")).string();
       s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
       fs::remove(dir / (stem + ".xml"));
@@ -222,7 +239,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     }
   }
   const auto res = run_processes(specs, e.o.jobs);
-  std::map<std::string, GateOutcome> out;
+  std::map<std::string, GateOutcome> out = skipped_units;
   struct Rerun {
     std::size_t exe;
     std::string variant;
@@ -516,10 +533,22 @@ MutantOutcome run_schema_mutant(Env& e, const Mutant& m, const fs::path& dir, Cl
   write_text(dir / "diff.patch", unified_diff(original, apply_mutant(original, m), m.file));
   mo.diff_path = rel_to(dir / "diff.patch", e.out);
   const fs::path reached = dir / "reached";
+  std::set<std::string> units;  // coverage selection: the run units whose baseline evaluated the switch
+  for (const auto& [stem, ids] : e.reach)
+    if (ids.count(m.id)) units.insert(stem);
+  const bool select = !e.o.all_gates && !e.reach.empty();
+  if (select && units.empty()) {
+    mo.status = MutantStatus::noop;
+    mo.reason = "no gate program reaches the mutated code (none evaluated its switch in the baseline): not run";
+    mo.wall_s = since(t0);
+    return mo;
+  }
   e.mutant_env = {{"KVGATE_MUTANT", m.id}, {"KVGATE_MUTANT_REACHED", reached.string()}};
+  e.unit_filter = select ? &units : nullptr;
   std::vector<std::string> wanted;
   mo.gates = run_gates(e, dir / "gates", m.timeout_scale, false, &mo.test_s, gates_for(e, m, wanted));
   e.mutant_env = {{"KVGATE_MUTANT", ""}};
+  e.unit_filter = nullptr;
   if (interrupted()) {
     mo.status = MutantStatus::interrupted;
     mo.wall_s = since(t0);
@@ -1279,6 +1308,25 @@ Stop run_baseline(Run& s) {
   }
   r.exes = e.exes;
   for (const auto& id : e.gate_order) r.gates.push_back(e.gates[id]);
+  if (!e.schema.switched.empty() && !o.all_gates) {
+    // Coverage: which switches each run unit evaluated.
+    for (const auto& x : e.exes)
+      for (const auto& v : x.variants) {
+        const std::string stem = unit_stem(x, v);
+        std::set<std::string>& ids = e.reach[stem];
+        std::error_code ec;
+        if (!fs::exists(bl / "gates" / (stem + ".reach"), ec)) continue;
+        std::istringstream in(read_text(bl / "gates" / (stem + ".reach")));
+        for (std::string line; std::getline(in, line);)
+          if (!line.empty()) ids.insert(line);
+      }
+    std::size_t reached_any = 0;
+    for (const auto& en : e.schema.switched)
+      reached_any += std::any_of(e.reach.begin(), e.reach.end(), [&](const auto& kv) { return kv.second.count(en.mutant->id) > 0; });
+    log << "kvgate mutate: coverage: " << reached_any << " of " << e.schema.switched.size()
+        << " switches evaluated by some gate program in the baseline; a switched mutant runs only the programs that "
+           "reach it (--all-gates: every program)\n";
+  }
   // Longest first: with --jobs > 1 the slowest executable starts at once (shorter makespan).
   std::stable_sort(e.exes.begin(), e.exes.end(),
                    [](const GateExe& a, const GateExe& b) { return a.baseline_s > b.baseline_s; });

@@ -290,10 +290,28 @@ TEST_CASE("fixture: schemata and patch-and-rebuild give the same verdicts; the r
   // A switch no gate reaches is a finding (noop: nothing runs that code), where the rebuild path
   // can only say "survived".
   CHECK(mutant(sch.outcomes, "FIX.unreached")["status"] == "noop");
-  CHECK(mutant(sch.outcomes, "FIX.unreached")["reason"].get<std::string>().find("no gate reached") !=
-        std::string::npos);
+  CHECK(mutant(sch.outcomes, "FIX.unreached")["reason"].get<std::string>().find("reach") != std::string::npos);
   CHECK(mutant(reb.outcomes, "FIX.unreached")["status"] == "survived");
   CHECK(sch.log.find("schemata: ") != std::string::npos);
+  // Coverage selection (the default) against --all-gates: the same verdicts; the program that never
+  // evaluates a switch does not run for it.
+  const Run all = mutate(w / "all", args({"--all-gates"}));
+  INFO(all.log);
+  REQUIRE(all.outcomes.contains("mutants"));
+  REQUIRE(all.outcomes["mutants"].size() == sch.outcomes["mutants"].size());
+  for (std::size_t i = 0; i < all.outcomes["mutants"].size(); ++i) {
+    const json& a = all.outcomes["mutants"][i];
+    const json& b = sch.outcomes["mutants"][i];
+    INFO(a["id"]);
+    CHECK(a["status"] == b["status"]);
+    CHECK(a["killed_by"] == b["killed_by"]);
+  }
+  CHECK(sch.log.find("kvgate mutate: coverage: ") != std::string::npos);
+  CHECK(mutant(sch.outcomes, "FIX.killed")["gates"]["FIX.identity"]["status"] == "not_run");  // gate_misc never calls add()
+  CHECK(mutant(all.outcomes, "FIX.killed")["gates"]["FIX.identity"]["status"] == "passed");
+  CHECK(mutant(sch.outcomes, "FIX.unreached")["reason"].get<std::string>().find("no gate program reaches") !=
+        std::string::npos);
+  CHECK(mutant(all.outcomes, "FIX.unreached")["reason"].get<std::string>().find("no gate reached") != std::string::npos);
   // The scratch copy leaves the run as the source is.
   CHECK(read_text(w / "schema" / "tree" / "src" / "lib.cpp") ==
         read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));

@@ -70,6 +70,11 @@ struct MutateOptions {
   // KVGATE_MUTANT=<id>; the others are patched and rebuilt. false (--no-schemata): every mutant
   // is patched and rebuilt.
   bool schemata = true;
+  // With schemata: each gate program (and environment variant) records in the baseline which
+  // switches it evaluates (KVGATE_MUTANT_COVERAGE); a switched mutant then runs only the programs
+  // that reach it, the others' gates are "not reached", and a mutant no program reaches is noop
+  // without running anything. true (--all-gates): every gate runs for every mutant.
+  bool all_gates = false;
   std::filesystem::path junit;  // --junit FILE: one JUnit testcase per mutant (written atomically)
   std::string format = "text";  // --format github: ::error annotations for survivors on stdout
 };
