@@ -320,6 +320,7 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
       ed.last_line = line_of(f, ed.end == ed.begin ? ed.end : ed.end - 1);
       ed.text = "(" + on_call + " ? static_cast<::std::decay_t<decltype(" + std::string(trim(*off1)) + ")>>(" +
                 std::string(trim(*on1)) + ") : (" + *clean(off, false) + "))";
+      ed.off_pos = ed.text.size() - 2 - off.size();
       out.push_back(std::move(ed));
     }
   }
@@ -339,7 +340,19 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
       if (le == std::string_view::npos) le = f.size();
       lem = le + er0 >= ea0 + lb ? le + er0 - ea0 : std::string_view::npos;
     }
-    if (le >= lb && lem != std::string_view::npos && lem >= lb && lem <= fm.size()) {
+    // A change inside a statement that goes on over the next lines: the region grows line by line
+    // (up to 8) until both versions are whole statements.
+    for (int grow_lines = 0; grow_lines <= 8 && le >= lb && lem != std::string_view::npos && lem >= lb &&
+                             lem <= fm.size();
+         ++grow_lines) {
+      if (grow_lines > 0) {
+        if (whole_lines || le >= f.size()) break;
+        const std::size_t next = f.find('\n', le + 1);
+        const std::size_t nle = next == std::string_view::npos ? f.size() : next;
+        lem += nle - le;
+        le = nle;
+        if (lem > fm.size()) break;
+      }
       const std::string_view off = f.substr(lb, le - lb);
       const std::string_view on = std::string_view(fm).substr(lb, lem - lb);
       const auto off_clean = clean(off, false), on1 = clean(on, true);
@@ -352,7 +365,9 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
         ed.first_line = line_of(f, lb);
         ed.last_line = line_of(f, le == lb ? le : le - 1);
         ed.text = "if (" + on_call + ") { " + std::string(trim(*on1)) + " } else { " + *off_clean + " }";
+        ed.off_pos = ed.text.size() - 2 - off.size();
         out.push_back(std::move(ed));
+        break;
       }
     }
   }
@@ -404,17 +419,49 @@ std::string schema_header(const std::vector<std::string>& ids) {
   return t;
 }
 
+namespace {
+// `t` with the edits applied (positions relative to t; edits may nest).
+std::string nest_edits(std::string t, std::vector<SwitchEdit> edits) {
+  std::sort(edits.begin(), edits.end(), [](const SwitchEdit& a, const SwitchEdit& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end > b.end;
+  });
+  std::vector<SwitchEdit> top;
+  std::vector<std::vector<SwitchEdit>> inner;
+  for (auto& ed : edits) {
+    if (!top.empty() && top.back().begin <= ed.begin && ed.end <= top.back().end) {
+      inner.back().push_back(std::move(ed));
+      continue;
+    }
+    if (!top.empty() && ed.begin < top.back().end) throw CatalogError("schemata: overlapping switches in one file");
+    top.push_back(std::move(ed));
+    inner.emplace_back();
+  }
+  for (std::size_t i = top.size(); i-- > 0;) {
+    SwitchEdit& o = top[i];
+    if (!inner[i].empty()) {
+      std::vector<SwitchEdit> rel = inner[i];
+      for (auto& r : rel) {
+        r.begin -= o.begin;
+        r.end -= o.begin;
+      }
+      o.text.replace(o.off_pos, o.end - o.begin, nest_edits(o.text.substr(o.off_pos, o.end - o.begin), std::move(rel)));
+    }
+    t.replace(o.begin, o.end - o.begin, o.text);
+  }
+  return t;
+}
+}  // namespace
+
 std::string instrument_text(std::string_view f, std::vector<SwitchEdit> edits, const fs::path& header) {
   if (edits.empty()) return std::string(f);
-  std::sort(edits.begin(), edits.end(), [](const SwitchEdit& a, const SwitchEdit& b) { return a.begin < b.begin; });
-  for (std::size_t i = 1; i < edits.size(); ++i)
-    if (edits[i].begin < edits[i - 1].end) throw CatalogError("schemata: overlapping switches in one file");
+  std::size_t first = edits.front().begin;
+  for (const auto& ed : edits) first = std::min(first, ed.begin);
   // The include line: blank or comment-only, at brace depth 0 and outside conditional groups
   // (else inside one level, e.g. a classic include guard), before the first edit.
   const auto cls = classify_chars(f);
   std::size_t best = std::string_view::npos, best1 = std::string_view::npos;
   int depth = 0, pp = 0;
-  for (std::size_t ls = 0; ls < edits.front().begin;) {
+  for (std::size_t ls = 0; ls < first;) {
     std::size_t le = f.find('\n', ls);
     if (le == std::string_view::npos) le = f.size();
     // Blank, or a `//` comment from its first non-blank character to its end.
@@ -423,7 +470,7 @@ std::string instrument_text(std::string_view f, std::vector<SwitchEdit> edits, c
     bool blank = k == le || (f.substr(k, 2) == "//" && cls[k] == CharClass::comment);
     const bool in_block_comment = ls > 0 && cls[ls - 1] == CharClass::comment;
     const bool continued = ls > 0 && cls[ls - 1] == CharClass::directive;
-    if (blank && depth == 0 && !in_block_comment && !continued && le < edits.front().begin) {
+    if (blank && depth == 0 && !in_block_comment && !continued && le < first) {
       if (pp == 0 && best == std::string_view::npos) best = ls;
       if (pp == 1 && best1 == std::string_view::npos) best1 = ls;
     }
@@ -443,8 +490,7 @@ std::string instrument_text(std::string_view f, std::vector<SwitchEdit> edits, c
   if (best == std::string_view::npos) best = best1;
   if (best == std::string_view::npos)
     throw CatalogError("schemata: no blank or comment-only line at file scope before the first switch");
-  std::string out(f);
-  for (auto it = edits.rbegin(); it != edits.rend(); ++it) out.replace(it->begin, it->end - it->begin, it->text);
+  std::string out = nest_edits(std::string(f), std::move(edits));  // the include line lies before every edit
   std::size_t le = out.find('\n', best);
   if (le == std::string::npos) le = out.size();
   out.replace(best, le - best, "#include \"" + header.string() + "\"");
@@ -498,7 +544,10 @@ void resolve_overlaps(SchemaPlan& plan) {
         const auto& a = plan.switched[i];
         const auto& b = plan.switched[j];
         if (a.mutant->file != b.mutant->file) continue;
-        if (overlaps(a.candidates[a.chosen], b.candidates[b.chosen])) {
+        const SwitchEdit& ea = a.candidates[a.chosen];
+        const SwitchEdit& eb = b.candidates[b.chosen];
+        const bool nested = (ea.begin <= eb.begin && eb.end <= ea.end) || (eb.begin <= ea.begin && ea.end <= eb.end);
+        if (overlaps(ea, eb) && !nested) {
           demote(plan, j, "its switch would overlap " + a.mutant->id + "'s in " + a.mutant->file);
           changed = true;
         }
@@ -581,7 +630,10 @@ int demote_on_errors(SchemaPlan& plan, const std::vector<LogLocation>& errors, c
       if (!same_file(loc.file, e.mutant->file)) continue;
       file_instrumented = true;
       const auto& c = e.candidates[e.chosen];
-      if (loc.line >= c.first_line && loc.line <= c.last_line) inside = &e;
+      if (loc.line >= c.first_line && loc.line <= c.last_line &&
+          (!inside || c.last_line - c.first_line <=
+                          inside->candidates[inside->chosen].last_line - inside->candidates[inside->chosen].first_line))
+        inside = &e;  // the innermost (nested switches share lines)
       if (c.last_line < loc.line && (!before || before->candidates[before->chosen].last_line < c.last_line))
         before = &e;
     }

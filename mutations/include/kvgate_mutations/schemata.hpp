@@ -41,6 +41,9 @@ struct SwitchEdit {
   std::size_t begin = 0, end = 0;  // in the original file text
   int first_line = 1, last_line = 1;  // 1-based lines of [begin, end)
   std::string text;                // what goes in its place (keeps the line count)
+  // Where the unmutated text [begin, end) sits, unchanged in length, inside `text`: a switch whose
+  // region lies inside this one is written there (it is off whenever this one is on).
+  std::size_t off_pos = 0;
 };
 
 // The candidate switches of mutant number `n` in `original` (its file's text), most preferred
