@@ -3,6 +3,8 @@
 #include "kvgate/json_limits.hpp"
 #include "kvgate_mutations/catalog.hpp"
 
+#include <cctype>
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -192,6 +194,38 @@ std::string apply_mutant(std::string_view original, const Mutant& m) {
     pos = hit + m.anchor.size();
   }
   out.append(original.substr(pos));
+  return out;
+}
+
+std::map<std::string, std::vector<std::pair<int, int>>> changed_lines(std::string_view diff) {
+  std::map<std::string, std::vector<std::pair<int, int>>> out;
+  std::string file;
+  std::size_t pos = 0;
+  while (pos < diff.size()) {
+    std::size_t nl = diff.find('\n', pos);
+    if (nl == std::string_view::npos) nl = diff.size();
+    const std::string_view line = diff.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.substr(0, 6) == "+++ b/") {
+      file = std::string(line.substr(6));
+    } else if (line.substr(0, 4) == "+++ ") {
+      file.clear();  // /dev/null: the file was deleted
+    } else if (line.substr(0, 3) == "@@ " && !file.empty()) {
+      // @@ -a[,b] +c[,d] @@
+      const std::size_t plus = line.find(" +");
+      if (plus == std::string_view::npos) continue;
+      int c = 0, d = 1;
+      std::size_t i = plus + 2;
+      while (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i]))) c = c * 10 + (line[i++] - '0');
+      if (i < line.size() && line[i] == ',') {
+        d = 0;
+        ++i;
+        while (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i]))) d = d * 10 + (line[i++] - '0');
+      }
+      if (d == 0) out[file].push_back({c, c + 1});  // a deletion after line c
+      else out[file].push_back({c, c + d - 1});
+    }
+  }
   return out;
 }
 

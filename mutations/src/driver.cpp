@@ -836,12 +836,37 @@ Stop select_mutants(Run& s) {
       log << "kvgate mutate: git diff --name-only " << o.since << " failed (is it a revision?)\n";
       return kExitError;
     }
-    std::set<std::string> changed;
-    std::istringstream a(diff + "\n" + (rc2 == 0 ? untracked : std::string()));
+    std::set<std::string> changed, new_files;
+    std::istringstream a(diff);
     for (std::string line; std::getline(a, line);)
       if (!line.empty()) changed.insert(line);
-    std::erase_if(selected, [&](const Mutant* m) { return !changed.count(m->file); });
-    log << "kvgate mutate: --since " << o.since << ": " << selected.size() << " mutant(s) on changed files\n";
+    std::istringstream u(rc2 == 0 ? untracked : std::string());
+    for (std::string line; std::getline(u, line);)
+      if (!line.empty()) new_files.insert(line);
+    // By line: a mutant runs when the lines its anchor spans (in the tree now) touch a changed line;
+    // an untracked file counts whole.
+    const auto [rc3, hunks_text] =
+        capture_output({"git", "-C", o.source_dir.string(), "diff", "-U0", "--relative", o.since, "--"});
+    const auto hunks = changed_lines(rc3 == 0 ? hunks_text : std::string());
+    std::size_t by_file = 0;
+    std::erase_if(selected, [&](const Mutant* m) {
+      if (new_files.count(m->file)) return false;
+      if (!changed.count(m->file)) return true;
+      ++by_file;
+      const auto it = hunks.find(m->file);
+      if (rc3 != 0 || it == hunks.end()) return false;  // no hunks to read: the file counts whole
+      std::string text;
+      try {
+        text = read_text(o.source_dir / m->file);
+      } catch (...) {
+        return false;
+      }
+      const TextSpan sp = anchor_span(text, m->anchor);
+      return std::none_of(it->second.begin(), it->second.end(),
+                          [&](const auto& r) { return sp.start.line <= r.second && r.first <= sp.end.line; });
+    });
+    log << "kvgate mutate: --since " << o.since << ": " << selected.size() << " mutant(s) on changed lines (of "
+        << by_file << " on changed files" << (new_files.empty() ? "" : ", untracked files whole") << ")\n";
   }
 
   return std::nullopt;

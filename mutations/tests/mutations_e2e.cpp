@@ -180,7 +180,7 @@ TEST_CASE("fixture: killed, crashed, survived, timeout, unviable, noop, mismatch
     const Run r = mutate(w, fixture_args({"--since", "HEAD"}));
     INFO(r.log);
     CHECK(r.rc == 0);
-    CHECK(r.log.find("--since HEAD: 0 mutant(s) on changed files") != std::string::npos);
+    CHECK(r.log.find("--since HEAD: 0 mutant(s) on changed lines") != std::string::npos);
     CHECK(r.outcomes["full_run"] == false);
   }
   {
@@ -316,6 +316,36 @@ TEST_CASE("fixture: schemata and patch-and-rebuild give the same verdicts; the r
   CHECK(read_text(w / "schema" / "tree" / "src" / "lib.cpp") ==
         read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));
   check_report(w / "schema" / "out");
+}
+
+TEST_CASE("fixture: --since selects the mutants on changed lines, not every mutant of a changed file", "[fixture]") {
+  const fs::path w = kWork / "fixture_since";
+  const fs::path repo = w / "repo";
+  fs::remove_all(repo);
+  fs::create_directories(w);
+  fs::copy(kSource / "mutations" / "tests" / "fixture", repo, fs::copy_options::recursive);
+  auto git = [&](std::vector<std::string> a) {
+    a.insert(a.begin(), {"git", "-C", repo.string(), "-c", "user.name=kvgate", "-c", "user.email=kvgate@localhost"});
+    return run_process({a, {}, {}, (w / "git.log").string(), 60}).ok();
+  };
+  REQUIRE(git({"init", "-q"}));
+  REQUIRE(git({"add", "-A"}));
+  REQUIRE(git({"commit", "-q", "-m", "fixture"}));
+  // One line changes (the anchor on it stays intact): only the mutant on that line runs.
+  const std::string lib = read_text(repo / "src" / "lib.cpp");
+  const std::string from = "\"value \" + std::to_string(x);";
+  REQUIRE(lib.find(from) != std::string::npos);
+  std::string changed = lib;
+  changed.replace(changed.find(from), from.size(), "\"value \" + std::to_string(x + 0);");
+  write_text(repo / "src" / "lib.cpp", changed);
+  const Run r = mutate(w, {"--source-dir", repo.string(), "--catalog", (repo / "catalog.json").string(), "--min-timeout", "2",
+                           "--since", "HEAD"});
+  INFO(r.log);
+  CHECK(r.log.find("--since HEAD: 1 mutant(s) on changed lines") != std::string::npos);
+  REQUIRE(r.outcomes.contains("mutants"));
+  REQUIRE(r.outcomes["mutants"].size() == 1);
+  CHECK(r.outcomes["mutants"][0]["id"] == "FIX.survived");
+  CHECK(r.outcomes["full_run"] == false);
 }
 
 TEST_CASE("fixture: requires cuda-device, --expected-gates-only, --restore-objects", "[fixture]") {

@@ -752,3 +752,17 @@ TEST_CASE("schemata: nested and multi-line switches compile, and each mutant alo
   CHECK(run_with("X.unknown") == "1093\n");    // an ID the build does not hold turns nothing on
   fs::remove_all(d);
 }
+
+TEST_CASE("catalog: changed lines of a git diff -U0 (the --since selection)") {
+  const auto ch = changed_lines(
+      "diff --git a/src/a.cpp b/src/a.cpp\n--- a/src/a.cpp\n+++ b/src/a.cpp\n"
+      "@@ -3 +3 @@ int f\n-x\n+y\n@@ -10,2 +10,3 @@\n-a\n-b\n+c\n+d\n+e\n@@ -20,2 +21,0 @@\n-g\n-h\n"
+      "diff --git a/old.cpp b/old.cpp\n--- a/old.cpp\n+++ /dev/null\n@@ -1 +0,0 @@\n-z\n");
+  REQUIRE(ch.count("src/a.cpp"));
+  CHECK_FALSE(ch.count("old.cpp"));
+  const auto& r = ch.at("src/a.cpp");
+  REQUIRE(r.size() == 3);
+  CHECK(r[0] == std::pair<int, int>{3, 3});
+  CHECK(r[1] == std::pair<int, int>{10, 12});
+  CHECK(r[2] == std::pair<int, int>{21, 22});  // a pure deletion touches the lines around the cut
+}

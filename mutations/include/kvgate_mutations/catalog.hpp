@@ -2,6 +2,7 @@
 // docs/MUTATIONS.md): one record per named mutant, an exact-text patch of one source file.
 #pragma once
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -66,6 +67,10 @@ struct TextSpan {
 };
 // Location of the first occurrence of the anchor (for reports).
 TextSpan anchor_span(std::string_view original, std::string_view anchor);
+
+// The lines of the new side that a `git diff -U0` touches, per file (1-based, inclusive ranges); a
+// hunk that only deletes counts the lines on both sides of the cut.
+std::map<std::string, std::vector<std::pair<int, int>>> changed_lines(std::string_view diff_u0);
 
 // Unified diff (3 lines of context) between two texts, with ---/+++ labels a/<path>, b/<path>.
 std::string unified_diff(std::string_view a, std::string_view b, const std::string& path, int context = 3);
