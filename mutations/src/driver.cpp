@@ -1302,8 +1302,11 @@ Stop list_variants(Run& s) {
 Stop focus_gates(Run& s) {
   KVGATE_RUN_NAMES(s);
   if (o.expected_gates_only) {
-    for (const Mutant* m : selected) {
-      if (!requirement_gap(e, *m, false).empty()) continue;
+    // Over the whole selection before --shard, so every shard runs the same baseline gates (the
+    // merge requires one gate set).
+    for (const auto& sid : r.shard.selection) {
+      const Mutant* m = cat.find(sid);
+      if (!m || !requirement_gap(e, *m, false).empty()) continue;
       for (const auto& id : m->expect_killed_by)
         if (std::find(e.focus.begin(), e.focus.end(), id) == e.focus.end()) e.focus.push_back(id);
     }
