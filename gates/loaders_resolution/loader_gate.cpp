@@ -720,7 +720,8 @@ TEST_CASE("STO.loader.limits config sizes over the runtime limits refused before
   };
   for (const Case& c : {Case{"vocab_size", 1LL << 23, "VOCAB"}, Case{"num_hidden_layers", 2000, "LAYERS"},
                         Case{"hidden_size", 1LL << 17, "DIM"}, Case{"intermediate_size", 1LL << 19, "HIDDEN_DIM"},
-                        Case{"max_position_embeddings", 1LL << 21, "CONTEXT"}}) {
+                        Case{"max_position_embeddings", 1LL << 21, "CONTEXT"}, Case{"num_attention_heads", 2048, "HEADS"},
+                        Case{"head_dim", 8192, "HEAD_DIM"}}) {
     nlohmann::json cj = good;
     cj[c.field] = c.value;
     write_json_file(cfg, cj);

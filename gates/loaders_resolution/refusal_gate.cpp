@@ -1,6 +1,7 @@
 // Refusals and lookups below the loaders, each checked by its exact message:
 //   STO.limits.checks      the limits policy's helpers (override variable, negative / non-positive
 //                          values, overflowing products, doubles out of an integer range)
+//   STO.limits.json        JSON_BYTES and JSON_DEPTH (brackets inside strings do not count)
 //   STO.paths.lookup       where a missing test model was looked for, and the first existing folder
 //   STO.loader.llama2c_header  llama2.c header fields that cannot describe a model
 //   STO.loader.validate    validate_weights: every config/weights inconsistency a loader could hand it
@@ -19,6 +20,8 @@
 
 #include "catch_compat.hpp"
 #include "fixtures.hpp"
+#include "limit_fixtures.hpp"
+#include "kvgate/json_limits.hpp"
 #include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/model_paths.hpp"
@@ -125,6 +128,41 @@ TEST_CASE("STO.limits.checks override variable, negative and zero values, overfl
     CHECK_FALSE(L::double_to_int(d, 0, std::numeric_limits<int>::max(), &out));
     CHECK(out == 42);  // untouched
   }
+}
+
+TEST_CASE("STO.limits.json JSON_BYTES and JSON_DEPTH refuse a document before it is parsed", "[gate:STO][fmt:none]") {
+  // Bound: JSON_BYTES and JSON_DEPTH of runtime/limits, lowered through their override to exactly
+  // what a small document holds: at the limit it parses, one below it is refused naming the file,
+  // the value, the limit and the override; at the default depth (128), 128 nested arrays parse and
+  // 129 (or 100000) are refused without recursion.
+  namespace L = limits;
+  // Depth 5 ({ [ { [ [), and a string full of brackets and an escaped quote that must not count.
+  const std::string doc = R"({"a": [1, {"b": [[2]]}], "s": "\"[[[[[[[[[[{{{{"})";
+  const auto parse = [&](const std::string& text) { return limit_refusal([&] { (void)L::parse_json(text, "d.json"); }); };
+  CHECK(L::parse_json(doc, "d.json")["a"][1]["b"][0][0] == 2);
+  {
+    const ScopedLimit at("JSON_DEPTH", 5);
+    CHECK(parse(doc) == "<ok>");
+  }
+  {
+    const ScopedLimit below("JSON_DEPTH", 4);
+    CHECK(parse(doc) == "d.json: nesting depth = 5 or more exceeds the limit 4 on the JSON nesting depth (set "
+                        "KVGATE_LIMIT_JSON_DEPTH=N to allow more)");
+  }
+  {
+    const ScopedLimit at("JSON_BYTES", doc.size());
+    CHECK(parse(doc) == "<ok>");
+  }
+  {
+    const ScopedLimit below("JSON_BYTES", doc.size() - 1);
+    CHECK(parse(doc) == "d.json: size = " + std::to_string(doc.size()) + " bytes exceeds the limit " +
+                            std::to_string(doc.size() - 1) +
+                            " on the bytes of a JSON document (set KVGATE_LIMIT_JSON_BYTES=N to allow more)");
+  }
+  const auto nested = [](std::size_t n) { return std::string(n, '[') + std::string(n, ']'); };
+  CHECK(parse(nested(128)) == "<ok>");
+  CHECK(has(parse(nested(129)), "d.json: nesting depth = 129 or more exceeds the limit 128"));
+  CHECK(has(parse(nested(100000)), "KVGATE_LIMIT_JSON_DEPTH"));
 }
 
 TEST_CASE("STO.paths.lookup a missing model names every folder looked at and the fix", "[gate:STO][fmt:none]") {
