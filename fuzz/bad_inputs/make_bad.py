@@ -188,3 +188,8 @@ wr("tok_fewer_tokens.bin", tok8(n=3))  # 3 tokens for the model's 8
 # llama2.c headers (no weights) over the CONTEXT and DIM limits.
 wr("llama2c_seq_len_over_limit.bin", struct.pack("<7i", 8, 8, 1, 2, 1, 8, (1 << 20) + 1))
 wr("llama2c_dim_over_limit.bin", struct.pack("<7i", 65538, 8, 1, 2, 1, 8, 8))
+# GGUF whose vocabulary score 3 is NaN (before: accepted, exit 0; refused now, as in tokenizer.bin).
+g = bytearray(rd("fuzz/corpus/gguf/tiny_llama.gguf"))
+i = g.index(b"tokenizer.ggml.scores") + len(b"tokenizer.ggml.scores") + 16  # type, element type, count
+struct.pack_into("<f", g, i + 4 * 3, float("nan"))
+wr("gguf_nan_score.gguf", bytes(g))
