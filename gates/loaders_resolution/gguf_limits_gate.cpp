@@ -42,9 +42,10 @@ constexpr std::uint64_t kTensors = 11, kKv = 14, kNameBytes = 200, kArray = 100,
 
 // A tiny F32 llama GGUF (dim 32, 4 heads, 2 KV heads, FFN 64, 1 layer) with a SentencePiece
 // vocabulary of 16 pieces (the last `piece_bytes` long), a 200-byte general.name, an unread
-// i32 array of 100 and 3 merges. `scores` (when given) replaces the scores -1, as f64 when `f64`.
+// i32 array of 100 and 3 merges. `scores` (when given) replaces the scores -1, as f64 when `f64`;
+// without `tokenizer`, the four tokenizer keys are left out.
 std::vector<std::uint8_t> tiny_gguf(std::size_t piece_bytes = kLongPiece, const std::vector<double>& scores = {},
-                                    bool f64 = false) {
+                                    bool f64 = false, bool tokenizer = true) {
   std::vector<SynthTensor> ts;
   ts.push_back(f32_tensor("token_embd.weight", {32, kVocabN}, 0.0f));
   ts.push_back(f32_tensor("output_norm.weight", {32}, 1.0f));
@@ -62,17 +63,19 @@ std::vector<std::uint8_t> tiny_gguf(std::size_t piece_bytes = kLongPiece, const 
   for (char ch = 'a'; pieces.size() < kVocabN - 1; ++ch) pieces.push_back(std::string(1, ch));
   pieces.push_back(std::string(piece_bytes, 'z'));
   GgufWriter w;
-  w.header(3, ts.size(), kKv);
+  w.header(3, ts.size(), tokenizer ? kKv : kKv - 4);
   w.kv_str("general.architecture", "llama");
   w.llama_shape(32, 64, 1, 4, 2, 64, 10000.0f);
   w.kv_str("general.name", std::string(kNameBytes, 'n'));
   w.kv_i32s("kvgate.test.unread", std::vector<std::int32_t>(kArray, 7));
-  w.kv_str("tokenizer.ggml.model", "llama");
-  w.kv_strs("tokenizer.ggml.tokens", pieces);
-  if (scores.empty()) w.kv_f32s("tokenizer.ggml.scores", std::vector<float>(kVocabN, -1.0f));
-  else if (f64) w.kv_f64s("tokenizer.ggml.scores", scores);
-  else w.kv_f32s("tokenizer.ggml.scores", std::vector<float>(scores.begin(), scores.end()));
-  w.kv_strs("tokenizer.ggml.merges", {"a b", "b c", "c d"});
+  if (tokenizer) {
+    w.kv_str("tokenizer.ggml.model", "llama");
+    w.kv_strs("tokenizer.ggml.tokens", pieces);
+    if (scores.empty()) w.kv_f32s("tokenizer.ggml.scores", std::vector<float>(kVocabN, -1.0f));
+    else if (f64) w.kv_f64s("tokenizer.ggml.scores", scores);
+    else w.kv_f32s("tokenizer.ggml.scores", std::vector<float>(scores.begin(), scores.end()));
+    w.kv_strs("tokenizer.ggml.merges", {"a b", "b c", "c d"});
+  }
   w.tensors(ts, 32);
   return w.b;
 }
@@ -130,6 +133,15 @@ TEST_CASE("STO.loader.gguf_limits GGUF counts, lengths and tensor sizes over the
   const std::string big = write_gguf(t, "piece.gguf", tiny_gguf(max_piece + 1));
   check_refusal(limit_refusal([&] { load_gguf(big); }), big, "'tokenizer.ggml.tokens'", max_piece + 1, "TOKEN_BYTES");
   CHECK(limit_refusal([&] { load_gguf(write_gguf(t, "piece_at.gguf", tiny_gguf(max_piece))); }) == "<ok>");
+  // Without a tokenizer, the vocabulary is token_embd.weight's rows: VOCAB before the int cast.
+  const std::string bare = write_gguf(t, "bare.gguf", tiny_gguf(kLongPiece, {}, false, false));
+  {
+    const ScopedLimit at("VOCAB", kVocabN);
+    CHECK(limit_refusal([&] { load_gguf(bare); }) == "<ok>");
+  }
+  const ScopedLimit below("VOCAB", kVocabN - 1);
+  check_refusal(limit_refusal([&] { load_gguf(bare); }), bare, "token_embd.weight ne[1] (the vocabulary)", kVocabN,
+                "VOCAB");
 }
 
 TEST_CASE("STO.loader.gguf_dims tensor dims whose product passes the element limit or the file are refused",
