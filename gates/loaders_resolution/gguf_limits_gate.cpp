@@ -221,7 +221,7 @@ TEST_CASE("STO.loader.tokenizer_limits tokenizer.json vocabulary, merges and pie
   // the synth model and the SentencePiece-style BPE of the committed fuzz seed (byte_fallback).
   TempDir t;
   synth_hf(tiny_options(t.sub("m")));
-  for (const fs::path tok : {fs::path(t.sub("m")) / "tokenizer.json",
+  for (const fs::path& tok : {fs::path(t.sub("m")) / "tokenizer.json",
                              fs::path(KVGATE_GGUF_LIMITS_SOURCE_DIR) / "fuzz/corpus/tokenizer_json/sp_llama2.json"}) {
     INFO(tok.string());
     const nlohmann::json j = read_json_file(tok);

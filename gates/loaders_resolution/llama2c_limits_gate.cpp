@@ -9,6 +9,7 @@
 // finite score) load.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
