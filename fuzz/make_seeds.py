@@ -62,6 +62,20 @@ put("llama2c_tokenizer", "tiny.bin", bytes([len(pieces)]) + tokbin(pieces))
 if models and os.path.exists(os.path.join(models, "stories260K", "tok512.bin")):
     with open(os.path.join(models, "stories260K", "tok512.bin"), "rb") as f:
         put("llama2c_tokenizer", "tok512.bin", b"\x00" + f.read())  # first byte 0: vocab 512
+# The edges of the reader's checks, valid (the fuzzer mutates across them): an empty piece, a piece of
+# exactly max_token_length, the largest finite scores, -0 and the smallest denormal; max_token_length
+# at the TOKEN_BYTES limit (65536). Vocab 5, as fuzz/corpus/llama2c/tiny_unshared.bin.
+def tokbin_scored(max_len, toks):
+    b = struct.pack("<i", max_len)
+    for score, p in toks:
+        b += struct.pack("<fi", score, len(p)) + p
+    return b
+
+
+flt_max = struct.unpack("<f", b"\xff\xff\x7f\x7f")[0]
+edge = [(flt_max, b"<unk>"), (-flt_max, b"<s>"), (-0.0, b"</s>"), (1e-45, b""), (-4.0, b"abcde")]
+put("llama2c_tokenizer", "edges.bin", bytes([len(edge)]) + tokbin_scored(5, edge))
+put("llama2c_tokenizer", "max_len_at_limit.bin", bytes([len(edge)]) + tokbin_scored(65536, edge))
 
 
 # --- GGUF v3, architecture llama, F32 tensors, SentencePiece tokenizer in metadata.

@@ -159,3 +159,37 @@ tok = json.loads(rd("fuzz/corpus/tokenizer_json/sp_llama2.json"))
 v = tok["model"]["vocab"]
 v[max(v, key=lambda k: v[k])] = 1 << 24
 wr("sp_vocab_id_16m.json", json.dumps(tok, indent=1))
+
+# llama2.c: the tiny checkpoint (vocab 8) and tokenizer.bin files for it (max_token_length, then per
+# token a float32 score, an int32 length and the bytes), each with one field out of bounds. Named
+# apart from tok8.bin / tokenizer.bin so the loader never picks one up beside the checkpoint.
+wr("llama2c_tiny.bin", rd("fuzz/corpus/llama2c/tiny_shared.bin"))
+def tok8(max_len=5, edit=None, n=8):
+    pieces = [b"<unk>", b"<s>", b"</s>", b" a", b"b", b"ab", b" ab", b"c"][:n]
+    toks = [[-float(i), len(p), p] for i, p in enumerate(pieces)]
+    if edit: edit(toks)
+    b = struct.pack("<i", max_len)
+    for score, ln, p in toks:
+        b += struct.pack("<fi", score, ln) + p
+    return b
+def set_tok(i, **kw):
+    def f(toks):
+        if "score" in kw: toks[i][0] = kw["score"]
+        if "length" in kw: toks[i][1] = kw["length"]
+        if "piece" in kw: toks[i][2] = kw["piece"]; toks[i][1] = kw.get("length", len(kw["piece"]))
+    return f
+wr("tok_nan_score.bin", tok8(edit=set_tok(3, score=float("nan"))))  # before: accepted, exit 0
+wr("tok_inf_score.bin", tok8(edit=set_tok(3, score=float("inf"))))  # before: accepted, exit 0
+wr("tok_negative_length.bin", tok8(edit=set_tok(3, length=-1)))
+wr("tok_length_past_end.bin", tok8(edit=set_tok(3, length=2**31 - 1)))
+wr("tok_max_len_over_limit.bin", tok8(max_len=65537))  # TOKEN_BYTES is 65536
+wr("tok_piece_over_limit.bin", tok8(max_len=65536, edit=set_tok(7, piece=b"q" * 65537)))
+wr("tok_fewer_tokens.bin", tok8(n=3))  # 3 tokens for the model's 8
+# llama2.c headers (no weights) over the CONTEXT and DIM limits.
+wr("llama2c_seq_len_over_limit.bin", struct.pack("<7i", 8, 8, 1, 2, 1, 8, (1 << 20) + 1))
+wr("llama2c_dim_over_limit.bin", struct.pack("<7i", 65538, 8, 1, 2, 1, 8, 8))
+# GGUF whose vocabulary score 3 is NaN (before: accepted, exit 0; refused now, as in tokenizer.bin).
+g = bytearray(rd("fuzz/corpus/gguf/tiny_llama.gguf"))
+i = g.index(b"tokenizer.ggml.scores") + len(b"tokenizer.ggml.scores") + 16  # type, element type, count
+struct.pack_into("<f", g, i + 4 * 3, float("nan"))
+wr("gguf_nan_score.gguf", bytes(g))

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catch_compat.hpp"
+#include "limit_fixtures.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/model.hpp"
@@ -185,6 +186,35 @@ TEST_CASE("CLI.run.pool --kv-cache-memory and --block-size size the pool", "[gat
   CHECK(j["stats"]["block_size"].get<int>() == 8);
   CHECK(st.n_blocks != def.n_blocks);  // anti-vacuity: the budget changes the pool
   CHECK(st.kv_pool_bytes <= 98304u);
+}
+
+TEST_CASE("CLI.run.flag_limits --top-k, --threads, --block-size and --kv-cache-memory over their limits are refused",
+          "[gate:CLI][fmt:f16]") {
+  // Bound: TOP_K, THREADS, BLOCK_SIZE and KV_POOL_BYTES of runtime/limits, lowered through their
+  // override (inherited by the child) to exactly the value given: at the limit the run succeeds, one
+  // over it exits 1 naming the flag, the value, the limit and the override -- the flag check's own
+  // message, before the model is loaded or the engine sees the value.
+  struct Case {
+    const char* limit;
+    const char* flag;
+    std::uint64_t at;
+  };
+  for (const Case& c : {Case{"TOP_K", "--top-k", 8}, Case{"THREADS", "--threads", 2}, Case{"BLOCK_SIZE", "--block-size", 16},
+                        Case{"KV_POOL_BYTES", "--kv-cache-memory", 1u << 20}}) {
+    INFO("KVGATE_LIMIT_" << c.limit << ", " << c.flag);
+    const gates::ScopedLimit lim(c.limit, c.at);
+    const std::string base = "run " + model_args() + " --kv f16 --prompt Once --steps 2 " +
+                             (std::string(c.flag) == "--threads" ? "" : "--threads 1 ") + c.flag + " ";
+    const Run ok = kvgate_cli(base + std::to_string(c.at));
+    INFO("at the limit: " << ok.err);
+    CHECK(ok.rc == 0);
+    const Run over = kvgate_cli(base + std::to_string(c.at + 1));
+    INFO("over: " << over.err);
+    CHECK(over.rc == 1);
+    CHECK(over.err.find(std::string(c.flag) + ": value = " + std::to_string(c.at + 1) + " exceeds the limit " +
+                        std::to_string(c.at) + " on the ") != std::string::npos);
+    CHECK(over.err.find(std::string("KVGATE_LIMIT_") + c.limit + "=N") != std::string::npos);
+  }
 }
 
 TEST_CASE("CLI.run.stream --kv-resident streams and --json reports the window's own counters", "[gate:CLI][fmt:f16]") {

@@ -47,6 +47,10 @@ struct GgufWriter {
     str(k), pod<std::uint32_t>(9), pod<std::uint32_t>(6), pod<std::uint64_t>(v.size());
     for (auto x : v) pod(x);
   }
+  void kv_f64s(const std::string& k, const std::vector<double>& v) {
+    str(k), pod<std::uint32_t>(9), pod<std::uint32_t>(12), pod<std::uint64_t>(v.size());
+    for (auto x : v) pod(x);
+  }
   void pad(std::size_t a) { b.resize((b.size() + a - 1) / a * a, 0); }
   // Magic, version and the two counts.
   void header(std::uint32_t version, std::uint64_t n_tensors, std::uint64_t n_kv) {

@@ -26,6 +26,7 @@
 #include "kvgate/attention.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
+#include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/numeric.hpp"
@@ -389,11 +390,14 @@ TensorInfoAt tensor_info(const std::vector<std::uint8_t>& b, const std::string& 
   return {p, p + 4, p + 4 + 8 * nd, p + 8 + 8 * nd};
 }
 
-// Runs the loader and returns the ModelError message (fails the test on no error / another type).
+// Runs the loader and returns the ModelError message, or the LimitError one of a size over its
+// limit (fails the test on no error / another type).
 std::string load_error(const std::string& path, const std::string& tok = {}) {
   try {
     (void)load_model(path, tok);
   } catch (const ModelError& e) {
+    return e.what();
+  } catch (const limits::LimitError& e) {
     return e.what();
   } catch (const std::exception& e) {
     FAIL("expected ModelError, got another exception: " << e.what());

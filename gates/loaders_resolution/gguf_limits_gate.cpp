@@ -1,9 +1,12 @@
-// STO.loader.gguf_limits and STO.loader.tokenizer_limits: every count and length a GGUF file or a
-// tokenizer.json states is checked against its limit in runtime/limits (kvgate/limits.hpp) before
-// anything is sized by it, and the refusal names the file, the field, the value, the limit and the
-// KVGATE_LIMIT_<NAME> override. Anti-vacuity: with each limit lowered (the override) to exactly
-// what the file holds, the file loads; one below, it is refused.
+// STO.loader.gguf_limits, STO.loader.gguf_dims and STO.loader.tokenizer_limits: every count and
+// length a GGUF file or a tokenizer.json states is checked against its limit in runtime/limits
+// (kvgate/limits.hpp) before anything is sized by it, and the refusal names the file, the field, the
+// value, the limit and the KVGATE_LIMIT_<NAME> override. Anti-vacuity: with each limit lowered (the
+// override) to exactly what the file holds, the file loads; one below, it is refused.
+// STO.loader.gguf_scores: every tokenizer.ggml.scores element finite and within float32's range.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -39,8 +42,10 @@ constexpr std::uint64_t kTensors = 11, kKv = 14, kNameBytes = 200, kArray = 100,
 
 // A tiny F32 llama GGUF (dim 32, 4 heads, 2 KV heads, FFN 64, 1 layer) with a SentencePiece
 // vocabulary of 16 pieces (the last `piece_bytes` long), a 200-byte general.name, an unread
-// i32 array of 100 and 3 merges.
-std::vector<std::uint8_t> tiny_gguf(std::size_t piece_bytes = kLongPiece) {
+// i32 array of 100 and 3 merges. `scores` (when given) replaces the scores -1, as f64 when `f64`;
+// without `tokenizer`, the four tokenizer keys are left out.
+std::vector<std::uint8_t> tiny_gguf(std::size_t piece_bytes = kLongPiece, const std::vector<double>& scores = {},
+                                    bool f64 = false, bool tokenizer = true) {
   std::vector<SynthTensor> ts;
   ts.push_back(f32_tensor("token_embd.weight", {32, kVocabN}, 0.0f));
   ts.push_back(f32_tensor("output_norm.weight", {32}, 1.0f));
@@ -58,15 +63,19 @@ std::vector<std::uint8_t> tiny_gguf(std::size_t piece_bytes = kLongPiece) {
   for (char ch = 'a'; pieces.size() < kVocabN - 1; ++ch) pieces.push_back(std::string(1, ch));
   pieces.push_back(std::string(piece_bytes, 'z'));
   GgufWriter w;
-  w.header(3, ts.size(), kKv);
+  w.header(3, ts.size(), tokenizer ? kKv : kKv - 4);
   w.kv_str("general.architecture", "llama");
   w.llama_shape(32, 64, 1, 4, 2, 64, 10000.0f);
   w.kv_str("general.name", std::string(kNameBytes, 'n'));
   w.kv_i32s("kvgate.test.unread", std::vector<std::int32_t>(kArray, 7));
-  w.kv_str("tokenizer.ggml.model", "llama");
-  w.kv_strs("tokenizer.ggml.tokens", pieces);
-  w.kv_f32s("tokenizer.ggml.scores", std::vector<float>(kVocabN, -1.0f));
-  w.kv_strs("tokenizer.ggml.merges", {"a b", "b c", "c d"});
+  if (tokenizer) {
+    w.kv_str("tokenizer.ggml.model", "llama");
+    w.kv_strs("tokenizer.ggml.tokens", pieces);
+    if (scores.empty()) w.kv_f32s("tokenizer.ggml.scores", std::vector<float>(kVocabN, -1.0f));
+    else if (f64) w.kv_f64s("tokenizer.ggml.scores", scores);
+    else w.kv_f32s("tokenizer.ggml.scores", std::vector<float>(scores.begin(), scores.end()));
+    w.kv_strs("tokenizer.ggml.merges", {"a b", "b c", "c d"});
+  }
   w.tensors(ts, 32);
   return w.b;
 }
@@ -124,6 +133,15 @@ TEST_CASE("STO.loader.gguf_limits GGUF counts, lengths and tensor sizes over the
   const std::string big = write_gguf(t, "piece.gguf", tiny_gguf(max_piece + 1));
   check_refusal(limit_refusal([&] { load_gguf(big); }), big, "'tokenizer.ggml.tokens'", max_piece + 1, "TOKEN_BYTES");
   CHECK(limit_refusal([&] { load_gguf(write_gguf(t, "piece_at.gguf", tiny_gguf(max_piece))); }) == "<ok>");
+  // Without a tokenizer, the vocabulary is token_embd.weight's rows: VOCAB before the int cast.
+  const std::string bare = write_gguf(t, "bare.gguf", tiny_gguf(kLongPiece, {}, false, false));
+  {
+    const ScopedLimit at("VOCAB", kVocabN);
+    CHECK(limit_refusal([&] { load_gguf(bare); }) == "<ok>");
+  }
+  const ScopedLimit below("VOCAB", kVocabN - 1);
+  check_refusal(limit_refusal([&] { load_gguf(bare); }), bare, "token_embd.weight ne[1] (the vocabulary)", kVocabN,
+                "VOCAB");
 }
 
 TEST_CASE("STO.loader.gguf_dims tensor dims whose product passes the element limit or the file are refused",
@@ -162,14 +180,48 @@ TEST_CASE("STO.loader.gguf_dims tensor dims whose product passes the element lim
   CHECK_NOTHROW(load_gguf(write_gguf(t, "good.gguf", good)));
 }
 
+TEST_CASE("STO.loader.gguf_scores NaN, infinite and beyond-float vocabulary scores are refused by element",
+          "[gate:STO][fmt:none]") {
+  // Bound: every tokenizer.ggml.scores element finite and within float32's range (the tokenizer.bin
+  // rule); the refusal names the file, the key and the element. Anti-vacuity: the largest float32
+  // score (f32 and f64 arrays) and -0 load.
+  TempDir t;
+  const double fmax = std::numeric_limits<float>::max(), inf = std::numeric_limits<double>::infinity();
+  auto scores_with = [](double x) {
+    std::vector<double> s(kVocabN, -1.0);
+    s[5] = x;
+    return s;
+  };
+  for (const bool f64 : {false, true}) {
+    INFO((f64 ? "f64" : "f32") << " scores");
+    for (const double ok : {fmax, -fmax, -0.0}) {
+      const std::string p = write_gguf(t, "ok.gguf", tiny_gguf(kLongPiece, scores_with(ok), f64));
+      CHECK(limit_refusal([&] { load_gguf(p); }) == "<ok>");
+    }
+    struct Bad {
+      double v;
+      const char* shown;
+    };
+    std::vector<Bad> bad = {{std::nan(""), "nan"}, {inf, "inf"}, {-inf, "-inf"}};
+    if (f64) bad.push_back({1e300, "1e+300"});
+    for (const Bad& b : bad) {
+      const std::string p = write_gguf(t, "bad.gguf", tiny_gguf(kLongPiece, scores_with(b.v), f64));
+      const std::string msg = model_error([&] { load_gguf(p); });
+      INFO(msg);
+      CHECK(msg == "model '" + p + "': element 5 of 'tokenizer.ggml.scores' = " + b.shown +
+                       " is not a finite float32 score (a corrupted file)");
+    }
+  }
+}
+
 TEST_CASE("STO.loader.tokenizer_limits tokenizer.json vocabulary, merges and piece length over their limits are refused",
           "[gate:STO][fmt:none]") {
-  // Bound: VOCAB, MERGES and TOKEN_BYTES of runtime/limits, lowered to exactly what each file holds:
-  // at the limit it loads, one below it is refused. Both readers: the byte-level BPE of the synth
-  // model and the SentencePiece-style BPE of the committed fuzz seed (byte_fallback).
+  // Bound: VOCAB, MERGES, TOKEN_BYTES and TOKEN_ID of runtime/limits, lowered to exactly what each
+  // file holds: at the limit it loads, one below it is refused. Both readers: the byte-level BPE of
+  // the synth model and the SentencePiece-style BPE of the committed fuzz seed (byte_fallback).
   TempDir t;
   synth_hf(tiny_options(t.sub("m")));
-  for (const fs::path tok : {fs::path(t.sub("m")) / "tokenizer.json",
+  for (const fs::path& tok : {fs::path(t.sub("m")) / "tokenizer.json",
                              fs::path(KVGATE_GGUF_LIMITS_SOURCE_DIR) / "fuzz/corpus/tokenizer_json/sp_llama2.json"}) {
     INFO(tok.string());
     const nlohmann::json j = read_json_file(tok);
@@ -182,13 +234,24 @@ TEST_CASE("STO.loader.tokenizer_limits tokenizer.json vocabulary, merges and pie
     REQUIRE(longest > 1);
     const auto load = [&] { (void)load_tokenizer_json(tok.string(), 1, 2); };
     REQUIRE(limit_refusal(load) == "<ok>");  // anti-vacuity
+    // TOKEN_ID: the largest id, a vocabulary entry's or an added token's (checked before any table is sized).
+    std::uint64_t max_id = 0;
+    std::string id_field;
+    for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it)
+      if (it->get<std::uint64_t>() > max_id) max_id = it->get<std::uint64_t>(), id_field = "model.vocab[\"" + it.key() + "\"]";
+    if (j.contains("added_tokens"))
+      for (std::size_t k = 0; k < j["added_tokens"].size(); ++k)
+        if (j["added_tokens"][k]["id"].get<std::uint64_t>() > max_id)
+          max_id = j["added_tokens"][k]["id"].get<std::uint64_t>(), id_field = "added_tokens[" + std::to_string(k) + "].id";
+    REQUIRE(max_id > 1);
     struct Case {
       const char* limit;
       std::uint64_t held;
       const char* field;
     };
     for (const Case& c : {Case{"VOCAB", n_vocab, "model.vocab (entries)"}, Case{"MERGES", n_merges, "model.merges (entries)"},
-                          Case{"TOKEN_BYTES", longest, "length of the piece model.vocab["}}) {
+                          Case{"TOKEN_BYTES", longest, "length of the piece model.vocab["},
+                          Case{"TOKEN_ID", max_id, id_field.c_str()}}) {
       INFO("KVGATE_LIMIT_" << c.limit);
       {
         const ScopedLimit at(c.limit, c.held);

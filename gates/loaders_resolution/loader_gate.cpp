@@ -11,6 +11,7 @@
 
 #include "catch_compat.hpp"
 #include "fixtures.hpp"
+#include "limit_fixtures.hpp"
 #include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
@@ -720,7 +721,8 @@ TEST_CASE("STO.loader.limits config sizes over the runtime limits refused before
   };
   for (const Case& c : {Case{"vocab_size", 1LL << 23, "VOCAB"}, Case{"num_hidden_layers", 2000, "LAYERS"},
                         Case{"hidden_size", 1LL << 17, "DIM"}, Case{"intermediate_size", 1LL << 19, "HIDDEN_DIM"},
-                        Case{"max_position_embeddings", 1LL << 21, "CONTEXT"}}) {
+                        Case{"max_position_embeddings", 1LL << 21, "CONTEXT"}, Case{"num_attention_heads", 2048, "HEADS"},
+                        Case{"head_dim", 8192, "HEAD_DIM"}}) {
     nlohmann::json cj = good;
     cj[c.field] = c.value;
     write_json_file(cfg, cj);
@@ -742,4 +744,17 @@ TEST_CASE("STO.loader.limits config sizes over the runtime limits refused before
   }
   write_json_file(cfg, good);
   CHECK_NOTHROW(load_hf(dir));
+  // KV_ROW, a product of two fields, lowered to what the model holds: it loads; one below, refused.
+  const Model m = load_hf(dir);
+  const std::uint64_t row = static_cast<std::uint64_t>(m.config.n_kv_heads) * m.config.head_dim;
+  {
+    const ScopedLimit at("KV_ROW", row);
+    CHECK(limit_refusal([&] { load_hf(dir); }) == "<ok>");
+  }
+  const ScopedLimit below("KV_ROW", row - 1);
+  const std::string msg = limit_refusal([&] { load_hf(dir); });
+  INFO(msg);
+  CHECK(has(msg, cfg.string() + "': n_kv_heads * head_dim = " + std::to_string(row) + " exceeds the limit " +
+                     std::to_string(row - 1)));
+  CHECK(has(msg, "KVGATE_LIMIT_KV_ROW=N"));
 }

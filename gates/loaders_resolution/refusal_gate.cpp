@@ -1,6 +1,8 @@
 // Refusals and lookups below the loaders, each checked by its exact message:
 //   STO.limits.checks      the limits policy's helpers (override variable, negative / non-positive
 //                          values, overflowing products, doubles out of an integer range)
+//   STO.limits.json        JSON_BYTES and JSON_DEPTH (brackets inside strings do not count)
+//   STO.limits.engine      the engine's own checks: BLOCK_SIZE, KV_ROW, KV_POOL_BYTES, CONTEXT
 //   STO.paths.lookup       where a missing test model was looked for, and the first existing folder
 //   STO.loader.llama2c_header  llama2.c header fields that cannot describe a model
 //   STO.loader.validate    validate_weights: every config/weights inconsistency a loader could hand it
@@ -19,9 +21,14 @@
 
 #include "catch_compat.hpp"
 #include "fixtures.hpp"
+#include "limit_fixtures.hpp"
+#include "kvgate/engine.hpp"
+#include "kvgate/format.hpp"
+#include "kvgate/json_limits.hpp"
 #include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/model_paths.hpp"
+#include "kvgate/resolve.hpp"
 #include "kvgate/rope.hpp"
 #include "kvgate/tokenizer_sp.hpp"
 #include "models.hpp"
@@ -124,6 +131,83 @@ TEST_CASE("STO.limits.checks override variable, negative and zero values, overfl
     INFO(d);
     CHECK_FALSE(L::double_to_int(d, 0, std::numeric_limits<int>::max(), &out));
     CHECK(out == 42);  // untouched
+  }
+}
+
+TEST_CASE("STO.limits.json JSON_BYTES and JSON_DEPTH refuse a document before it is parsed", "[gate:STO][fmt:none]") {
+  // Bound: JSON_BYTES and JSON_DEPTH of runtime/limits, lowered through their override to exactly
+  // what a small document holds: at the limit it parses, one below it is refused naming the file,
+  // the value, the limit and the override; at the default depth (128), 128 nested arrays parse and
+  // 129 (or 100000) are refused without recursion.
+  namespace L = limits;
+  // Depth 5 ({ [ { [ [), and a string full of brackets and an escaped quote that must not count.
+  const std::string doc = R"({"a": [1, {"b": [[2]]}], "s": "\"[[[[[[[[[[{{{{"})";
+  const auto parse = [&](const std::string& text) { return limit_refusal([&] { (void)L::parse_json(text, "d.json"); }); };
+  CHECK(L::parse_json(doc, "d.json")["a"][1]["b"][0][0] == 2);
+  {
+    const ScopedLimit at("JSON_DEPTH", 5);
+    CHECK(parse(doc) == "<ok>");
+  }
+  {
+    const ScopedLimit below("JSON_DEPTH", 4);
+    CHECK(parse(doc) == "d.json: nesting depth = 5 or more exceeds the limit 4 on the JSON nesting depth (set "
+                        "KVGATE_LIMIT_JSON_DEPTH=N to allow more)");
+  }
+  {
+    const ScopedLimit at("JSON_BYTES", doc.size());
+    CHECK(parse(doc) == "<ok>");
+  }
+  {
+    const ScopedLimit below("JSON_BYTES", doc.size() - 1);
+    CHECK(parse(doc) == "d.json: size = " + std::to_string(doc.size()) + " bytes exceeds the limit " +
+                            std::to_string(doc.size() - 1) +
+                            " on the bytes of a JSON document (set KVGATE_LIMIT_JSON_BYTES=N to allow more)");
+  }
+  const auto nested = [](std::size_t n) { return std::string(n, '[') + std::string(n, ']'); };
+  CHECK(parse(nested(128)) == "<ok>");
+  CHECK(has(parse(nested(129)), "d.json: nesting depth = 129 or more exceeds the limit 128"));
+  CHECK(has(parse(nested(100000)), "KVGATE_LIMIT_JSON_DEPTH"));
+}
+
+TEST_CASE("STO.limits.engine block size, KV row, pool bytes and context are checked when the engine is built",
+          "[gate:STO][fmt:f16]") {
+  // Bound: BLOCK_SIZE, KV_ROW, KV_POOL_BYTES and CONTEXT of runtime/limits, lowered through their
+  // override to exactly what the engine is asked for (after the model is loaded): at the limit the
+  // engine is built, one below it is refused naming the option or the product, the value and the
+  // override -- the engine's own checks, for callers of the library that pass no CLI flag check.
+  TempDir t;
+  synth_hf(tiny_options(t.sub("m")));
+  const Model m = load_hf(t.sub("m"));
+  KvRequest req;
+  req.flag = parse_kv_format("f16");
+  EngineOptions base;
+  base.kv = resolve_kv(req, m.config, 16);
+  base.block_size = 16;
+  const std::uint64_t row = static_cast<std::uint64_t>(m.config.n_kv_heads) * m.config.head_dim;
+  const std::uint64_t ctx = static_cast<std::uint64_t>(m.config.max_seq_len);
+  REQUIRE(row > 1);
+  REQUIRE(ctx > 1);
+  struct Case {
+    const char* limit;
+    std::uint64_t held;
+    std::string field;
+    std::size_t pool;  // kv_cache_memory (0: sized from the context)
+  };
+  for (const Case& c : {Case{"BLOCK_SIZE", 16, "--block-size", 0}, Case{"KV_ROW", row, "n_kv_heads * head_dim", 0},
+                        Case{"KV_POOL_BYTES", 1u << 20, "--kv-cache-memory", 1u << 20},
+                        Case{"CONTEXT", ctx, "context length (max_position_embeddings)", 0}}) {
+    INFO("KVGATE_LIMIT_" << c.limit);
+    EngineOptions eo = base;
+    eo.kv_cache_memory = c.pool;
+    {
+      const ScopedLimit at(c.limit, c.held);
+      CHECK(limit_refusal([&] { Engine e(m, eo); }) == "<ok>");
+    }
+    const ScopedLimit below(c.limit, c.held - 1);
+    const std::string msg = limit_refusal([&] { Engine e(m, eo); });
+    INFO(msg);
+    CHECK(has(msg, c.field + " = " + std::to_string(c.held) + " exceeds the limit " + std::to_string(c.held - 1)));
+    CHECK(has(msg, std::string("KVGATE_LIMIT_") + c.limit + "=N"));
   }
 }
 

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "kvgate/format_list.hpp"
+#include "limit_fixtures.hpp"
 #include "par_common.hpp"
 
 using namespace kvgate;
@@ -230,6 +231,33 @@ TEST_CASE("PAR.corrupt.flip every flipped byte of every region is detected and n
     CHECK(flipped["tokens"] > 0);
     CHECK(flipped["body"] > 0);
     if (uses_token_scales(fmt_of(p))) CHECK(flipped["scales"] > 0);
+  }
+}
+
+TEST_CASE("PAR.corrupt.token_count_limit a header whose token count passes CONTEXT is refused before any region is sized",
+          "[gate:PAR][fmt:int8]") {
+  // Bound: CONTEXT of runtime/limits, lowered through its override to exactly the file's token count:
+  // at the limit the file parses, one below it is refused (corrupt, region "header") naming the file,
+  // the count, the limit and the override.
+  TempDir dir;
+  const Saved s = small_file(fmt_of("int8"), dir.file("a.kvf"));
+  const std::uint64_t n = static_cast<std::uint64_t>(s.file.header.token_count);
+  REQUIRE(n > 1);
+  {
+    const kvgate::gates::ScopedLimit at("CONTEXT", n);
+    CHECK(refusal([&] { parse_kv_file(s.bytes, "a.kvf"); }) == "(no refusal)");
+  }
+  const kvgate::gates::ScopedLimit below("CONTEXT", n - 1);
+  try {
+    parse_kv_file(s.bytes, "a.kvf");
+    FAIL("accepted a token count over CONTEXT");
+  } catch (const KvFileError& e) {
+    CHECK(e.kind() == KvFileError::Kind::corrupt);
+    CHECK(e.region() == "header");
+    CHECK_THAT(std::string(e.what()), kvgate_catch::contains("a.kvf"));
+    CHECK_THAT(std::string(e.what()), kvgate_catch::contains("token ids = " + std::to_string(n) + " exceeds the limit " +
+                                                              std::to_string(n - 1)));
+    CHECK_THAT(std::string(e.what()), kvgate_catch::contains("KVGATE_LIMIT_CONTEXT=N"));
   }
 }
 

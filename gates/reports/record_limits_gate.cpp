@@ -3,6 +3,7 @@
 // checked against runtime/limits before any reader walks them; the refusal names the file, the
 // field, the count, the limit and the KVGATE_LIMIT_<NAME> override. Anti-vacuity: with the limit
 // lowered (the override) to exactly what the committed file holds it is read; one below, refused.
+// RPT.limits.pattern_subject: a string longer than PATTERN_SUBJECT is reported, not matched.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include "catch_compat.hpp"
 #include "kvgate/json_limits.hpp"
+#include "kvgate/json_schema.hpp"
 #include "limit_fixtures.hpp"
 #include "kvgate/outcomes.hpp"
 #include "kvgate_mutations/catalog.hpp"
@@ -89,4 +91,26 @@ TEST_CASE("RPT.limits.catalog a catalog with more mutants than CATALOG_MUTANTS i
   CHECK(has(msg, "/mutants (entries) = " + std::to_string(n)));
   CHECK(has(msg, "exceeds the limit " + std::to_string(n - 1)));
   CHECK(has(msg, "KVGATE_LIMIT_CATALOG_MUTANTS"));
+}
+
+TEST_CASE("RPT.limits.pattern_subject a string over PATTERN_SUBJECT is reported by the schema check, not matched",
+          "[gate:RPT][fmt:none]") {
+  // Bound: PATTERN_SUBJECT of runtime/limits (std::regex recurses per character): lowered to 8, a
+  // subject of 8 bytes is matched and one of 9 is reported with the limit and the override; at the
+  // default (4096) a 40000-byte subject is reported (it overflowed the stack before the limit).
+  using kvgate::json_schema::validate_json;
+  const nlohmann::json schema = nlohmann::json::parse(R"({"type":"object","properties":{"s":{"type":"string","pattern":"^a+$"}}})");
+  const auto doc = [](std::size_t n, char ch = 'a') { return nlohmann::json{{"s", std::string(n, ch)}}; };
+  CHECK(validate_json(doc(4096), schema).empty());
+  CHECK(validate_json(doc(5, 'b'), schema).size() == 1);  // anti-vacuity: the pattern is matched
+  const auto big = validate_json(doc(40000), schema);  // the limit, then the failed match it stands for
+  REQUIRE(big.size() == 2);
+  CHECK(has(big[0].message, "string of 40000 bytes exceeds the limit 4096"));
+  const ScopedLimit lim("PATTERN_SUBJECT", 8);
+  CHECK(validate_json(doc(8), schema).empty());
+  const auto over = validate_json(doc(9), schema);
+  REQUIRE(over.size() == 2);
+  CHECK(over[0].instance_path == "/s");
+  CHECK(over[0].message == "string of 9 bytes exceeds the limit 8 on the bytes of a string matched against a schema "
+                           "pattern (pattern ^a+$; set KVGATE_LIMIT_PATTERN_SUBJECT=N to allow more)");
 }

@@ -19,6 +19,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -527,7 +528,18 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const Gguf& g, int vocab, int bos, int
       if (sc->nums.size() != tokens->strs.size())
         throw ModelError("model '" + g.path() + "': 'tokenizer.ggml.scores' has " + std::to_string(sc->nums.size()) +
                          " entries, 'tokenizer.ggml.tokens' has " + std::to_string(tokens->strs.size()));
-      for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = static_cast<float>(sc->nums[i]);
+      for (std::size_t i = 0; i < scores.size(); ++i) {
+        // Finite and within float's range, as in tokenizer.bin: a NaN or infinite score silently
+        // changes every merge, and a double beyond float's range has no float (an undefined cast).
+        const double d = sc->nums[i];
+        if (!(std::fabs(d) <= static_cast<double>(std::numeric_limits<float>::max()))) {
+          char shown[32];
+          std::snprintf(shown, sizeof shown, "%g", d);
+          throw ModelError("model '" + g.path() + "': element " + std::to_string(i) + " of 'tokenizer.ggml.scores' = " +
+                           shown + " is not a finite float32 score (a corrupted file)");
+        }
+        scores[i] = static_cast<float>(d);
+      }
     }
     std::vector<std::string> pieces = tokens->strs;
     static const std::string kSpm = "\xE2\x96\x81";  // U+2581 LOWER ONE EIGHTH BLOCK: SentencePiece's space

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/tokenizer_sp.hpp"
 
@@ -71,13 +72,20 @@ Model load_llama2c(const std::string& path, const std::string& tokenizer_path) {
   if (std::memcmp(h, "GGUF", 4) == 0)
     throw ModelError("model '" + path + "': this is a GGUF file; load it with a .gguf name (or via load_model)");
   const auto [dim, hidden, n_layers, n_heads, n_kv_heads, vocab_raw, seq_len] = h;
-  check_field(path, "dim", dim, 1, 1 << 16);
-  check_field(path, "hidden_dim", hidden, 1, 1 << 18);
-  check_field(path, "n_layers", n_layers, 1, 1024);
-  check_field(path, "n_heads", n_heads, 1, 1024);
+  // Every size field against its limit (runtime/limits) before anything is sized or multiplied by it.
+  namespace lim = limits;
+  const std::string where = "model '" + path + "'";
+  const auto field = [&](const lim::Limit& l, std::int64_t v, const char* name) {
+    lim::check_positive(l, v, where, std::string("llama2.c header field ") + name);
+  };
+  field(lim::kDim, dim, "dim");
+  field(lim::kHiddenDim, hidden, "hidden_dim");
+  field(lim::kLayers, n_layers, "n_layers");
+  field(lim::kHeads, n_heads, "n_heads");
+  field(lim::kHeads, n_kv_heads, "n_kv_heads");
+  field(lim::kVocab, std::llabs(static_cast<long long>(vocab_raw)), "|vocab_size|");
+  field(lim::kContext, seq_len, "seq_len");
   check_field(path, "n_kv_heads", n_kv_heads, 1, n_heads);
-  check_field(path, "|vocab_size|", std::llabs(static_cast<long long>(vocab_raw)), 1, 1 << 22);
-  check_field(path, "seq_len", seq_len, 1, 1 << 22);
   if (dim % n_heads != 0)
     throw ModelError("model '" + path + "': header field dim = " + std::to_string(dim) +
                      " is not a multiple of n_heads = " + std::to_string(n_heads));
@@ -96,10 +104,14 @@ Model load_llama2c(const std::string& path, const std::string& tokenizer_path) {
   const std::uint64_t L = static_cast<std::uint64_t>(n_layers), D = static_cast<std::uint64_t>(dim),
                       F = static_cast<std::uint64_t>(hidden), V = static_cast<std::uint64_t>(vocab),
                       KV = static_cast<std::uint64_t>(kv_dim);
-  const std::uint64_t n_floats = V * D + L * (D + D * D + 2 * KV * D + D * D + D + 3 * F * D) + D +
-                                 static_cast<std::uint64_t>(seq_len) * static_cast<std::uint64_t>(head_dim) +
-                                 (shared ? 0 : V * D);
-  const std::uint64_t expect = 28 + 4 * n_floats;
+  // Checked products: a limit raised by its override must not let the implied size wrap.
+  const auto mul = [&](std::uint64_t a, std::uint64_t b) { return lim::mul(a, b, where, "the size implied by the header"); };
+  const auto add = [&](std::uint64_t a, std::uint64_t b) { return lim::add(a, b, where, "the size implied by the header"); };
+  const std::uint64_t per_layer = add(add(add(D, mul(D, D)), mul(mul(2, KV), D)), add(add(mul(D, D), D), mul(mul(3, F), D)));
+  std::uint64_t n_floats = add(add(mul(V, D), mul(L, per_layer)), D);
+  n_floats = add(add(n_floats, mul(static_cast<std::uint64_t>(seq_len), static_cast<std::uint64_t>(head_dim))),
+                 shared ? 0 : mul(V, D));
+  const std::uint64_t expect = add(28, mul(4, n_floats));
   if (r.size < expect)
     throw ModelError("model '" + path + "': truncated: the header (dim " + std::to_string(dim) + ", layers " +
                      std::to_string(n_layers) + ", vocab " + std::to_string(vocab) + ") implies " +

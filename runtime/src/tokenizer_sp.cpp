@@ -1,10 +1,13 @@
 #include "kvgate/tokenizer_sp.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+
+#include "kvgate/limits.hpp"
 
 namespace kvgate {
 
@@ -46,14 +49,18 @@ SpTokenizer::SpTokenizer(std::vector<std::string> pieces, std::vector<float> sco
 
 std::unique_ptr<SpTokenizer> SpTokenizer::from_llama2c_file(const std::string& path, int vocab_size, int bos_id,
                                                             int eos_id) {
+  namespace L = limits;
+  const std::string where = "tokenizer '" + path + "'";
+  // The vocabulary size comes from the model header: VOCAB before anything is read or sized by it.
+  const std::uint64_t n_tok = L::check_positive(L::kVocab, vocab_size, where, "vocab_size (from the model header)");
   std::ifstream f(path, std::ios::binary);
-  if (!f) throw ModelError("tokenizer '" + path + "': cannot open the file (pass --tokenizer PATH)");
+  if (!f) throw ModelError(where + ": cannot open the file (pass --tokenizer PATH)");
   std::vector<char> buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::size_t off = 0;
   auto need = [&](std::size_t n, const std::string& what) {
     if (buf.size() - off < n)
-      throw ModelError("tokenizer '" + path + "': truncated at byte " + std::to_string(off) + " while reading " + what +
-                       " (file has " + std::to_string(buf.size()) + " bytes; expected " + std::to_string(vocab_size) +
+      throw ModelError(where + ": truncated at byte " + std::to_string(off) + " while reading " + what + " (file has " +
+                       std::to_string(buf.size()) + " bytes; expected " + std::to_string(vocab_size) +
                        " tokens in llama2.c tokenizer.bin format)");
   };
   auto rd_i32 = [&](const std::string& what) {
@@ -63,27 +70,42 @@ std::unique_ptr<SpTokenizer> SpTokenizer::from_llama2c_file(const std::string& p
     off += 4;
     return v;
   };
-  if (vocab_size <= 0) throw ModelError("tokenizer '" + path + "': model vocab_size must be > 0");
   const std::int32_t max_len = rd_i32("max_token_length");
-  if (max_len <= 0 || max_len > (1 << 16))
-    throw ModelError("tokenizer '" + path + "': field max_token_length = " + std::to_string(max_len) +
-                     " is not plausible (expected 1..65536); is this a llama2.c tokenizer.bin?");
-  std::vector<std::string> pieces(static_cast<std::size_t>(vocab_size));
-  std::vector<float> scores(static_cast<std::size_t>(vocab_size));
+  L::check_positive(L::kTokenBytes, max_len, where, "max_token_length");
+  // Every token takes at least 8 bytes (its score and its length): the vocabulary must fit in what is
+  // left before it sizes the tables.
+  if (n_tok > (buf.size() - off) / 8)
+    throw ModelError(where + ": truncated: vocab_size = " + std::to_string(vocab_size) + " tokens need at least " +
+                     std::to_string(off + 8 * n_tok) + " bytes, the file has " + std::to_string(buf.size()) +
+                     " (the tokenizer does not match the model's vocab_size, or the file is cut)");
+  std::vector<std::string> pieces(static_cast<std::size_t>(n_tok));
+  std::vector<float> scores(static_cast<std::size_t>(n_tok));
   for (int i = 0; i < vocab_size; ++i) {
-    need(4, "score of token " + std::to_string(i));
-    std::memcpy(&scores[static_cast<std::size_t>(i)], buf.data() + off, 4);
+    const std::string tok = "token " + std::to_string(i);
+    need(4, "score of " + tok);
+    float& score = scores[static_cast<std::size_t>(i)];
+    std::memcpy(&score, buf.data() + off, 4);
     off += 4;
-    const std::int32_t len = rd_i32("length of token " + std::to_string(i));
-    if (len < 0 || len > max_len)
-      throw ModelError("tokenizer '" + path + "': token " + std::to_string(i) + " has length " + std::to_string(len) +
-                       ", outside [0, max_token_length=" + std::to_string(max_len) + "]");
-    need(static_cast<std::size_t>(len), "bytes of token " + std::to_string(i));
+    // Refused, not accepted: SentencePiece writes finite log-probabilities; a NaN score would drop the
+    // piece from every merge (each comparison false) and +inf would make it win every one, so the
+    // encoding would silently differ from llama2.c's. A non-finite score is a corrupted file.
+    if (!std::isfinite(score))
+      throw ModelError(where + ": score of " + tok + " = " + std::to_string(score) +
+                       " is not finite (a corrupted file, or not a llama2.c tokenizer.bin)");
+    const std::int32_t len = rd_i32("length of " + tok);
+    if (len < 0) throw ModelError(where + ": length of " + tok + " = " + std::to_string(len) + " is negative");
+    if (static_cast<std::size_t>(len) > buf.size() - off)
+      throw ModelError(where + ": length of " + tok + " = " + std::to_string(len) + " bytes, more than the " +
+                       std::to_string(buf.size() - off) + " left in the file (truncated file or corrupted length)");
+    L::check(L::kTokenBytes, len, where, "length of " + tok);
+    if (len > max_len)
+      throw ModelError(where + ": length of " + tok + " = " + std::to_string(len) + " exceeds max_token_length = " +
+                       std::to_string(max_len) + " stated at the start of the file");
     pieces[static_cast<std::size_t>(i)].assign(buf.data() + off, static_cast<std::size_t>(len));
     off += static_cast<std::size_t>(len);
   }
   if (off != buf.size())
-    throw ModelError("tokenizer '" + path + "': " + std::to_string(buf.size() - off) + " trailing bytes after " +
+    throw ModelError(where + ": " + std::to_string(buf.size() - off) + " trailing bytes after " +
                      std::to_string(vocab_size) + " tokens; the tokenizer does not match the model's vocab_size");
   return std::make_unique<SpTokenizer>(std::move(pieces), std::move(scores), bos_id, eos_id, 0);
 }

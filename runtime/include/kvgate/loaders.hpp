@@ -1,6 +1,7 @@
 // The individual model loaders behind kvgate::load_model (model.hpp). Each returns a Model in FP32
 // with config, weights, tokenizer (when found) and fingerprint filled, or throws ModelError with a
-// message naming the file and the field at fault.
+// message naming the file and the field at fault (limits::LimitError, with the limit and its
+// override too, for a count or size over the limits policy).
 #pragma once
 #include <string>
 

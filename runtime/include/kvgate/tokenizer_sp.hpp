@@ -31,7 +31,9 @@ class SpTokenizer : public Tokenizer {
   SpTokenizer(std::vector<std::string> pieces, std::vector<float> scores, int bos_id, int eos_id, int unk_id = 0);
 
   // llama2.c tokenizer.bin (e.g. tok512.bin): int32 max_token_length, then per token: float32 score,
-  // int32 length, bytes. `vocab_size` comes from the model header. Throws ModelError naming the file.
+  // int32 length, bytes. `vocab_size` comes from the model header. Throws ModelError naming the file
+  // and the field (the token index), limits::LimitError for vocab_size, max_token_length or a piece
+  // over VOCAB / TOKEN_BYTES; a negative length or a NaN / infinite score is refused.
   static std::unique_ptr<SpTokenizer> from_llama2c_file(const std::string& path, int vocab_size, int bos_id = 1,
                                                         int eos_id = 2);
 
