@@ -848,13 +848,14 @@ Stop select_mutants(Run& s) {
     const auto [rc3, hunks_text] =
         capture_output({"git", "-C", o.source_dir.string(), "diff", "-U0", "--relative", o.since, "--"});
     const auto hunks = changed_lines(rc3 == 0 ? hunks_text : std::string());
+    const bool have_hunks = rc3 == 0;  // (not the binding itself: clang 14 cannot capture one)
     std::size_t by_file = 0;
     std::erase_if(selected, [&](const Mutant* m) {
       if (new_files.count(m->file)) return false;
       if (!changed.count(m->file)) return true;
       ++by_file;
       const auto it = hunks.find(m->file);
-      if (rc3 != 0 || it == hunks.end()) return false;  // no hunks to read: the file counts whole
+      if (!have_hunks || it == hunks.end()) return false;  // no hunks to read: the file counts whole
       std::string text;
       try {
         text = read_text(o.source_dir / m->file);

@@ -318,8 +318,8 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
       ed.end = slot->s1;
       ed.first_line = line_of(f, ed.begin);
       ed.last_line = line_of(f, ed.end == ed.begin ? ed.end : ed.end - 1);
-      ed.text = "(" + on_call + " ? static_cast<::std::decay_t<decltype(" + std::string(trim(*off1)) + ")>>(" +
-                std::string(trim(*on1)) + ") : (" + *clean(off, false) + "))";
+      ed.text = "(" + on_call + " ? static_cast<::kvgate_mutant_schema::same_t<decltype((" + std::string(trim(*off1)) +
+                "))>>(" + std::string(trim(*on1)) + ") : (" + *clean(off, false) + "))";
       ed.off_pos = ed.text.size() - 2 - off.size();
       out.push_back(std::move(ed));
     }
@@ -382,7 +382,15 @@ std::string schema_header(const std::vector<std::string>& ids) {
       "// KVGATE_MUTANT_REACHED=<file>: the file is created when the active mutant's code first runs.\n"
       "// KVGATE_MUTANT_COVERAGE=<file>: at exit, the IDs of every switch evaluated are appended to it.\n"
       "#pragma once\n#include <atomic>\n#include <cstdio>\n#include <cstdlib>\n#include <cstring>\n"
-      "#include <type_traits>\n\nnamespace kvgate_mutant_schema {\n\ninline constexpr int kCount = " +
+      "#include <cstddef>\n#include <type_traits>\n\nnamespace kvgate_mutant_schema {\n\n"
+      "// The type an expression switch casts the mutated operand to: the unmutated operand's own type and\n"
+      "// value category (decltype((e))), so the switch, off, is that very operand (an lvalue stays the\n"
+      "// object, never a copy: a returned or bound reference keeps pointing at it); an array (a string\n"
+      "// literal) decays to a pointer, as it does in the conditional anyway.\n"
+      "template <class T> struct same { using type = T; };\n"
+      "template <class T, std::size_t N> struct same<T (&)[N]> { using type = T*; };\n"
+      "template <class T> using same_t = typename same<T>::type;\n\n"
+      "inline constexpr int kCount = " +
       std::to_string(ids.size() - 1) + ";\ninline constexpr const char* kIds[kCount + 1] = {\n";
   for (const auto& id : ids) t += "    \"" + id + "\",\n";
   t +=

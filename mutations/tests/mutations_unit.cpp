@@ -610,7 +610,7 @@ TEST_CASE("schemata: the expression form keeps type, precedence and lines") {
   const auto c = switch_candidates(f, text_mutant("2 * a + b", "2 * a - b"), 7, &why);
   REQUIRE(!c.empty());
   CHECK(c[0].form == SwitchForm::expression);
-  CHECK(c[0].text == "(::kvgate_mutant_schema::on(7) ? static_cast<::std::decay_t<decltype(2 * a + b)>>(2 * a - b) : ( 2 * a + b))");
+  CHECK(c[0].text == "(::kvgate_mutant_schema::on(7) ? static_cast<::kvgate_mutant_schema::same_t<decltype((2 * a + b))>>(2 * a - b) : ( 2 * a + b))");
   CHECK(f.substr(c[0].begin, c[0].end - c[0].begin) == " 2 * a + b");  // after `return`, before `;`
   REQUIRE(c.size() == 2);
   CHECK(c[1].form == SwitchForm::statement);
@@ -716,7 +716,13 @@ TEST_CASE("schemata: nested and multi-line switches compile, and each mutant alo
       "  r += 1000;\n"
       "  return r;\n"
       "}\n"
-      "int main(int argc, char**) { std::printf(\"%d\\n\", f(7 + argc - 1, 2)); }\n";
+      "struct Lim { int v; };\n"
+      "const Lim kA{1}, kB{2};\n"
+      "const Lim& pick(bool a) {\n"
+      "  if (a) return kA;\n"
+      "  return kB;\n"
+      "}\n"
+      "int main(int argc, char**) { std::printf(\"%d %d\\n\", f(7 + argc - 1, 2), &pick(false) == &kB ? 1 : &pick(false) == &kA ? 2 : 0); }\n";
   Mutant m1 = text_mutant("a + b;", "a - b;");
   m1.id = "X.minus";
   Mutant m2 = text_mutant("a + b;", "a * b;");
@@ -725,13 +731,17 @@ TEST_CASE("schemata: nested and multi-line switches compile, and each mutant alo
   m3.id = "X.hundred";
   Mutant m4 = text_mutant("  r += 1000;\n", "");
   m4.id = "X.no_thousand";
+  // A function returning a reference: the switch, off, must return the object itself (a copy of
+  // kB would dangle; this was a real baseline crash: a `const Limit&` returned through a switch).
+  Mutant m5 = text_mutant("return kB;", "return kA;");
+  m5.id = "X.other_ref";
   const fs::path d = temp_dir("schemata_cc");
   fs::create_directories(d / "src");
   write_text(d / "src" / "a.cpp", src);
-  for (Mutant* m : {&m1, &m2, &m3, &m4}) m->file = "src/a.cpp";
-  SchemaPlan plan = plan_schemata(d, {&m1, &m2, &m3, &m4});
+  for (Mutant* m : {&m1, &m2, &m3, &m4, &m5}) m->file = "src/a.cpp";
+  SchemaPlan plan = plan_schemata(d, {&m1, &m2, &m3, &m4, &m5});
   INFO("fallbacks: " << plan.fallback.size());
-  REQUIRE(plan.switched.size() == 4);  // none sent to the rebuild path, the nested pair included
+  REQUIRE(plan.switched.size() == 5);  // none sent to the rebuild path, the nested pair included
   write_schemata(d, plan, d / "kvgate_mutant_schema.hpp");
   const std::string inst = read_text(d / "src" / "a.cpp");
   CHECK(lines(inst) == lines(src));
@@ -744,12 +754,13 @@ TEST_CASE("schemata: nested and multi-line switches compile, and each mutant alo
     run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
     return read_text(d / "out.txt");
   };
-  CHECK(run_with("") == "1093\n");            // (7 + 2) * 10 + 3 + 1000: the unmutated program
-  CHECK(run_with("X.minus") == "1053\n");      // (7 - 2) * 10 + 3 + 1000
-  CHECK(run_with("X.times") == "1143\n");      // (7 * 2) * 10 + 3 + 1000
-  CHECK(run_with("X.hundred") == "1903\n");    // 9 * 100 + 3 + 1000
-  CHECK(run_with("X.no_thousand") == "93\n");
-  CHECK(run_with("X.unknown") == "1093\n");    // an ID the build does not hold turns nothing on
+  CHECK(run_with("") == "1093 1\n");          // (7 + 2) * 10 + 3 + 1000: the unmutated program
+  CHECK(run_with("X.minus") == "1053 1\n");      // (7 - 2) * 10 + 3 + 1000
+  CHECK(run_with("X.times") == "1143 1\n");      // (7 * 2) * 10 + 3 + 1000
+  CHECK(run_with("X.hundred") == "1903 1\n");    // 9 * 100 + 3 + 1000
+  CHECK(run_with("X.no_thousand") == "93 1\n");
+  CHECK(run_with("X.other_ref") == "1093 2\n");  // on: the other object, by reference
+  CHECK(run_with("X.unknown") == "1093 1\n");    // an ID the build does not hold turns nothing on
   fs::remove_all(d);
 }
 

@@ -8,8 +8,9 @@
 // Two forms, tried in this order for each mutant (docs/MUTATIONS.md, "Schemata"):
 //  - expression: the smallest expression slot around the changed tokens (between a `(`, `[`, `{`,
 //    `,`, `=`, `return` or `;` and the matching `)`, `]`, `}`, `,` or `;`) becomes
-//      (on(N) ? static_cast<std::decay_t<decltype(OFF)>>(ON) : (OFF))
-//    so the unmutated value keeps its type and precedence;
+//      (on(N) ? static_cast<same_t<decltype((OFF))>>(ON) : (OFF))
+//    so the unmutated operand keeps its type, value category and precedence (an lvalue stays the
+//    object itself: a reference returned or bound to it does not dangle);
 //  - statement: the whole lines that hold the change, when they are complete statements, become
 //      if (on(N)) { ON } else { OFF }
 // Both keep every original line where it was (the mutated text is folded onto the first line),
