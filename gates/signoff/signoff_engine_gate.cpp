@@ -232,6 +232,38 @@ TEST_CASE("SGN.cuda.quality.paths_agree the quality runner's prefill and decode 
 }
 #endif
 
+// ---- provenance outside a git work tree ------------------------------------------------------------------
+
+TEST_CASE("SGN.matrix.no_git the matrix report renders a provenance whose commit and dirty flag are null",
+          SGN_ENGINE_TAGS) {
+  // A kvgate run outside a git work tree (an installed binary, an unpacked release, the mutation
+  // driver's scratch copy) records git_commit and git_dirty as null (matrix::provenance). The
+  // Markdown writer read git_dirty as a bool and `kvgate signoff` died with a bare
+  // "[json.exception.type_error.302] type must be boolean, but is null" after the whole matrix ran
+  // (found when the mutation driver ran gate_cli from a scratch copy outside any git repository).
+  // Expected: the report says there is no commit, and a real provenance still shows its commit.
+  // Bound: exact text. Anti-vacuity: the same matrix with a commit renders it, dirty or not.
+  const Model& m = stories();
+  matrix::MatrixOptions mo;
+  mo.formats = {"f16"};
+  mo.lengths = {};
+  mo.timing = mo.probes = mo.quality = false;
+  nlohmann::json mj = matrix::run_matrix(m, mo, nlohmann::json::object());
+  REQUIRE(mj.contains("provenance"));
+  mj["provenance"]["git_commit"] = nullptr;
+  mj["provenance"]["git_dirty"] = nullptr;
+  std::string md;
+  REQUIRE_NOTHROW(md = matrix::matrix_markdown(mj));
+  CHECK(md.find("Commit: none (not a git work tree)") != std::string::npos);
+  mj["provenance"]["git_commit"] = "0123456789abcdef0123";
+  mj["provenance"]["git_dirty"] = true;
+  CHECK(matrix::matrix_markdown(mj).find("Commit `0123456789ab` (dirty)") != std::string::npos);
+  mj["provenance"]["git_dirty"] = false;
+  const std::string clean = matrix::matrix_markdown(mj);
+  CHECK(clean.find("Commit `0123456789ab`,") != std::string::npos);
+  CHECK(clean.find("(dirty)") == std::string::npos);
+}
+
 // ---- the matrix's capacity column against the pool the engine builds ------------------------------------
 
 TEST_CASE("SGN.matrix.capacity capacity_tokens == the tokens a pool of the budget holds (blocks x block size), every preset",

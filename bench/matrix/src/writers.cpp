@@ -141,8 +141,15 @@ std::string matrix_markdown(const nlohmann::json& m) {
   if (model.is_object())
     o << "Model `" << model.value("name", "") << "` (fingerprint `" << model.value("fingerprint", "") << "`, sha256 `"
       << model.value("sha256", "").substr(0, 16) << "…`). ";
-  o << "Commit `" << cell(p.value("git_commit", nlohmann::json(nullptr))).substr(0, 12)
-    << (p.value("git_dirty", false) ? "` (dirty)" : "`") << ", CPU " << p.value("cpu_model", "") << " ("
+  // Outside a git work tree (an installed kvgate, an unpacked release, a scratch copy) the
+  // provenance holds null for both: say so instead of reading null as a bool.
+  const auto& commit = p.value("git_commit", nlohmann::json(nullptr));
+  const auto& dirty = p.value("git_dirty", nlohmann::json(nullptr));
+  if (commit.is_string())
+    o << "Commit `" << commit.get<std::string>().substr(0, 12) << (dirty.is_boolean() && dirty.get<bool>() ? "` (dirty)" : "`");
+  else
+    o << "Commit: none (not a git work tree)";
+  o << ", CPU " << p.value("cpu_model", "") << " ("
     << p.value("cpu_cores", 0) << " cores, " << p.value("threads", 1) << " threads)";
   std::string gpus;
   for (const auto& g : p.value("gpus", nlohmann::json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", "");
