@@ -136,7 +136,7 @@ int run_field(const FieldOpts& o) {
      << (env.value("cuda_build", false) ? "yes" : "no") << "\n";
   md << "- OS: " << env.value("os", "") << "; compiler " << env.value("compiler", "") << " `" << env.value("cxx_flags", "") << "`\n";
   md << "- kvgate commit " << (env["git_commit"].is_string() ? env["git_commit"].get<std::string>() : "–")
-     << (env.value("git_dirty", false) ? " (dirty)" : "") << "\n";
+     << (env["git_dirty"].is_boolean() && env["git_dirty"].get<bool>() ? " (dirty)" : "") << "\n";
   if (!gsum.is_null())
     md << "- gates: " << gsum["totals"]["passed"] << " passed, " << gsum["totals"]["failed"] << " failed, " << gsum["totals"]["skipped"] << " skipped\n";
   md << "\n" << matrix::matrix_markdown(m);

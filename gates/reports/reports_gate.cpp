@@ -115,6 +115,24 @@ TEST_CASE("RPT.index.columns every index column shows its own record value", RPT
         std::string::npos);
 }
 
+TEST_CASE("RPT.provenance.no_git the reports render a provenance whose commit and dirty flag are null", RPT_TAGS) {
+  // A kvgate run outside a git work tree records git_commit and git_dirty as null; the renderers read
+  // git_dirty as a bool and `kvgate signoff` / `kvgate report` died with a bare JSON type error.
+  // Bound: exact text. Anti-vacuity: the same record with a commit renders it, dirty or not.
+  ReportInputs in = fixture();
+  in.signoff["provenance"] = json{{"kvgate_version", "test"}, {"git_commit", nullptr}, {"git_dirty", nullptr}};
+  std::string md;
+  REQUIRE_NOTHROW(md = index_markdown(in));
+  CHECK(md.find("no commit (not a git work tree)") != std::string::npos);
+  in.signoff["provenance"]["git_commit"] = "0123456789abcdef";
+  in.signoff["provenance"]["git_dirty"] = true;
+  CHECK(index_markdown(in).find("commit `0123456789ab` (dirty)") != std::string::npos);
+  in.signoff["provenance"]["git_dirty"] = false;
+  const std::string clean = index_markdown(in);
+  CHECK(clean.find("commit `0123456789ab`") != std::string::npos);
+  CHECK(clean.find("(dirty)") == std::string::npos);
+}
+
 TEST_CASE("RPT.html.gate_cells a family with any failure is FAIL, all passes PASS, none NOT-VALIDATED", RPT_TAGS) {
   require_presets({"int8"});
   ReportInputs in;
