@@ -160,13 +160,18 @@ std::string case_output(std::string_view xml, std::size_t from, std::size_t limi
     if (find_tag(xml, "Expression", p) == p) {
       std::string ok;
       if (!attribute(tag, "success", ok) || ok != "false") continue;
-      const std::size_t close = std::min(xml.find("</Expression>", e), limit);
+      // A crashed program's XML ends inside the element: read what is there and stop (with no limit,
+      // `p = close` would wrap to the start of the text: an endless loop the driver hung in).
+      const std::size_t close_tag = xml.find("</Expression>", e);
+      const bool cut = close_tag == std::string_view::npos || close_tag >= limit;
+      const std::size_t close = cut ? std::min(xml.size(), limit) : close_tag;
       std::string type;
       attribute(tag, "type", type);
       const std::size_t o = find_tag(xml, "Original", e), x = find_tag(xml, "Expanded", e);
       const std::string orig = o < close ? element_text(xml, "Original", o, close + 1) : std::string();
       const std::string exp = x < close ? element_text(xml, "Expanded", x, close + 1) : std::string();
       add(where(tag) + (type.empty() ? "CHECK" : type) + "( " + orig + " )" + (exp.empty() || exp == orig ? "" : "  with expansion: " + exp));
+      if (cut) break;
       p = close;
       continue;
     }

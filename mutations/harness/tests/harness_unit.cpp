@@ -118,3 +118,18 @@ TEST_CASE("gate runner: a failed gate's whole report reaches its JUnit <failure>
   CHECK(x.find("<skipped message=\"SKIPPED: no CUDA device\">") != std::string::npos);
   CHECK(x.find("<failure") == x.rfind("<failure"));  // one failure element: the passing cases have none
 }
+
+TEST_CASE("catch_xml: a report cut inside a failed expression (the program died) is read, not looped over") {
+  // A heap-corrupting mutant killed gate_storage while Catch2 wrote an <Expression>: the reader's
+  // scan wrapped from the end of the text to its start and the mutation driver spun forever.
+  const std::string xml =
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Catch name=\"g\">\n  <Group name=\"g\">\n"
+      "    <TestCase name=\"STO.errors impossible requests fail\" tags=\"[gate:STO]\" filename=\"s.cpp\" line=\"1\">\n"
+      "      <Expression success=\"false\" type=\"CHECK\" filename=\"s.cpp\" line=\"2\">\n"
+      "        <Original>\n          a == 10\n        </Original>\n";
+  const auto cases = kvgate::harness::parse_catch_xml(xml);
+  REQUIRE(cases.size() == 1);
+  CHECK(cases[0].name == "STO.errors impossible requests fail");
+  CHECK_FALSE(cases[0].has_result);  // no OverallResult: the driver calls it a crash
+  CHECK(cases[0].output.find("a == 10") != std::string::npos);
+}
