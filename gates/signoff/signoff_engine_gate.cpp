@@ -264,6 +264,52 @@ TEST_CASE("SGN.matrix.no_git the matrix report renders a provenance whose commit
   CHECK(clean.find("(dirty)") == std::string::npos);
 }
 
+// ---- the matrix's KV bytes columns against the page sizes, K and V halves apart -------------------------
+
+TEST_CASE("SGN.matrix.kv_bytes kv_bytes_per_token == n_layers x (K page + V page) / block and bytes_per_cell == K cell + V cell, every preset and mixed pairs",
+          SGN_ENGINE_TAGS) {
+  // The reference is the page geometry: page_bytes / bytes_per_cell of each half (STO.bytes proves them
+  // against the docs/FORMATS.md formulas), summed over the K and the V half and the model's layers and
+  // divided by the tokens of a page. The class it closes: a bytes column that assumes K and V are
+  // stored alike (K counted twice, V counted twice, one half only, one layer only), which every
+  // symmetric preset hides; written after an adversarial mutant (the matrix counting the K page twice)
+  // survived every gate. Bound: exact (integers).
+  // Anti-vacuity: at least two of the formats checked have a K page that differs from their V page,
+  // and for them K counted twice (or V twice) gives another number than the reference.
+  const Model& m = stories();
+  const ModelConfig& c = m.config;
+  matrix::MatrixOptions mo;
+  for (const Preset& p : presets()) mo.formats.emplace_back(p.name);
+  mo.formats.emplace_back("k=q8_0,v=q4_0");
+  mo.formats.emplace_back("k=f16,v=fp8_e4m3");
+  mo.formats.emplace_back("k=q4_0,v=f32");
+  mo.lengths = {};
+  mo.timing = mo.probes = mo.quality = false;
+  const nlohmann::json mj = matrix::run_matrix(m, mo, nlohmann::json::object());
+  int checked = 0, asymmetric = 0;
+  for (const auto& fj : mj["formats"]) {
+    const std::string name = fj["format"].get<std::string>();
+    INFO("format " << name << " effective " << fj["effective"]);
+    const auto fmt = parse_kv_format(fj["effective"].get<std::string>());
+    REQUIRE(fmt.has_value());
+    const int block = mj["config"]["block_size"].get<int>();  // the matrix's page size, from its own record
+    REQUIRE(block > 1);
+    const PageGeometry g{block, c.n_kv_heads, c.head_dim};
+    const std::size_t pk = page_bytes(fmt->k, g), pv = page_bytes(fmt->v, g);
+    const std::size_t layers = static_cast<std::size_t>(c.n_layers);
+    CHECK(fj["kv_bytes_per_token"].get<std::size_t>() == layers * (pk + pv) / block);
+    CHECK(fj["bytes_per_cell"].get<double>() == bytes_per_cell(fmt->k, g) + bytes_per_cell(fmt->v, g));
+    if (pk != pv) {
+      ++asymmetric;
+      CHECK(layers * (pk + pv) / block != layers * 2 * pk / block);
+      CHECK(layers * (pk + pv) / block != layers * 2 * pv / block);
+    }
+    ++checked;
+  }
+  CHECK(checked == static_cast<int>(presets().size()) + 3);
+  CHECK(asymmetric >= 2);
+}
+
 // ---- the matrix's capacity column against the pool the engine builds ------------------------------------
 
 TEST_CASE("SGN.matrix.capacity capacity_tokens == the tokens a pool of the budget holds (blocks x block size), every preset",
