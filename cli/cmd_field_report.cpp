@@ -135,8 +135,8 @@ int run_field(const FieldOpts& o) {
      << "; CUDA " << (env["cuda_version"].is_string() ? env["cuda_version"].get<std::string>() : "–") << "; CUDA build "
      << (env.value("cuda_build", false) ? "yes" : "no") << "\n";
   md << "- OS: " << env.value("os", "") << "; compiler " << env.value("compiler", "") << " `" << env.value("cxx_flags", "") << "`\n";
-  md << "- kvgate commit " << (env["git_commit"].is_string() ? env["git_commit"].get<std::string>() : "–")
-     << (env["git_dirty"].is_boolean() && env["git_dirty"].get<bool>() ? " (dirty)" : "") << "\n";
+  const matrix::CommitStamp stamp = matrix::commit_stamp(env);
+  md << "- kvgate commit " << (stamp.known() ? stamp.commit : std::string("–")) << (stamp.dirty ? " (dirty)" : "") << "\n";
   if (!gsum.is_null())
     md << "- gates: " << gsum["totals"]["passed"] << " passed, " << gsum["totals"]["failed"] << " failed, " << gsum["totals"]["skipped"] << " skipped\n";
   md << "\n" << matrix::matrix_markdown(m);

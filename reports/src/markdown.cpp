@@ -54,10 +54,9 @@ std::string provenance_line(const json& p) {
   std::string gpus;
   for (const auto& g : p.value("gpus", json::array())) gpus += (gpus.empty() ? "" : ", ") + g.value("name", "");
   // Outside a git work tree the provenance holds null for the commit and the dirty flag.
-  const json& commit = p.value("git_commit", json(nullptr));
-  const json& dirty = p.value("git_dirty", json(nullptr));
-  o << (commit.is_string() ? "commit `" + commit.get<std::string>().substr(0, 12) + "`" : std::string("no commit (not a git work tree)"))
-    << (dirty.is_boolean() && dirty.get<bool>() ? " (dirty)" : "")
+  const matrix::CommitStamp stamp = matrix::commit_stamp(p);
+  o << (stamp.known() ? "commit `" + stamp.commit.substr(0, 12) + "`" : std::string("no commit (not a git work tree)"))
+    << (stamp.dirty ? " (dirty)" : "")
     << " · CPU " << p.value("cpu_model", "?") << " (" << int_field(p, "cpu_cores") << " cores) · GPU "
     << (gpus.empty() ? "none" : gpus) << " · driver " << str(p.value("gpu_driver", json(nullptr))) << " · CUDA "
     << str(p.value("cuda_version", json(nullptr))) << " · " << p.value("compiler", "") << " `" << p.value("cxx_flags", "")

@@ -165,6 +165,16 @@ std::string find_probe_model(const std::string& source_dir) {
   return std::filesystem::exists(p / "config.json") ? p.string() : std::string();
 }
 
+CommitStamp commit_stamp(const nlohmann::json& p) {
+  CommitStamp s;
+  if (!p.is_object()) return s;
+  const nlohmann::json& commit = p.value("git_commit", nlohmann::json(nullptr));
+  const nlohmann::json& dirty = p.value("git_dirty", nlohmann::json(nullptr));
+  if (commit.is_string()) s.commit = commit.get<std::string>();
+  s.dirty = dirty.is_boolean() && dirty.get<bool>();
+  return s;
+}
+
 nlohmann::json provenance(const ProvenanceOptions& o) {
   nlohmann::json j;
   const std::string src = o.source_dir.empty() ? default_source_dir() : o.source_dir;

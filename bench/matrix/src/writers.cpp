@@ -143,10 +143,9 @@ std::string matrix_markdown(const nlohmann::json& m) {
       << model.value("sha256", "").substr(0, 16) << "…`). ";
   // Outside a git work tree (an installed kvgate, an unpacked release, a scratch copy) the
   // provenance holds null for both: say so instead of reading null as a bool.
-  const auto& commit = p.value("git_commit", nlohmann::json(nullptr));
-  const auto& dirty = p.value("git_dirty", nlohmann::json(nullptr));
-  if (commit.is_string())
-    o << "Commit `" << commit.get<std::string>().substr(0, 12) << (dirty.is_boolean() && dirty.get<bool>() ? "` (dirty)" : "`");
+  const CommitStamp stamp = commit_stamp(p);
+  if (stamp.known())
+    o << "Commit `" << stamp.commit.substr(0, 12) << (stamp.dirty ? "` (dirty)" : "`");
   else
     o << "Commit: none (not a git work tree)";
   o << ", CPU " << p.value("cpu_model", "") << " ("

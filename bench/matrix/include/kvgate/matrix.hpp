@@ -42,6 +42,15 @@ struct ProvenanceOptions {
 // {git_commit, git_dirty, kvgate_version, cpu_model, cpu_cores, os, gpus[], gpu_driver, cuda_runtime,
 //  compiler, cxx_flags, build_type, cuda_build, seed, threads, model{path, kind, sha256, fingerprint, ...}}
 nlohmann::json provenance(const ProvenanceOptions& o);
+// The commit a provenance (or an environment record) names, read the one way every renderer reads
+// it. Outside a git work tree (an installed kvgate, an unpacked release, a scratch copy) both
+// git_commit and git_dirty are null: commit is then empty and dirty false.
+struct CommitStamp {
+  std::string commit;  // full hash; empty: not a git work tree
+  bool dirty = false;  // uncommitted changes to tracked files
+  bool known() const { return !commit.empty(); }
+};
+CommitStamp commit_stamp(const nlohmann::json& provenance);
 // The per-row subset (llama-bench style): commit, cpu, gpu, compiler, seed, model hash.
 nlohmann::json provenance_brief(const nlohmann::json& full);
 // The environment fingerprint of field reports: provenance plus memory and nvidia-smi lines.
