@@ -96,7 +96,7 @@ int run_run(const RunOpts& o) {
   req.flag = flag;
   req.strict = o.strict;
   req.backend = o.device;
-  const EngineOptions eo = engine_options(o, resolve_kv(req, model.config, o.block_size));
+  const EngineOptions eo = engine_options(o, resolve_kv(req, model.config, o.block_size), model.config);
   if (cuda && eo.kv.fell_back())  // allowed without --strict-kv, but never silent
     std::fprintf(stderr, "kvgate run: KV format %s cannot run on device cuda (%s); using %s (--strict-kv refuses)\n",
                  eo.kv.requested.name().c_str(), eo.kv.fallback_reason.c_str(), eo.kv.effective.name().c_str());
@@ -230,6 +230,10 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                   {"kv_block_lookups", st.kv_block_lookups},
                   {"kv_block_misses", st.kv_block_misses},
                   {"kv_bytes_moved", st.kv_bytes_moved}};
+    if (!st.layer_kv.empty())  // a per-layer map (--kv-layers): the map, each layer's format and bytes
+      j["stats"]["kv_layers"] = {{"map", st.kv_layer_map},
+                                 {"formats", st.layer_kv},
+                                 {"kv_bytes_per_token", st.layer_kv_bytes_per_token}};
     if (conv) {
       nlohmann::json ev = nlohmann::json::array();
       for (const auto& e : budget.evicted) ev.push_back({{"conv_id", e.conv_id}, {"bytes", e.bytes}});
@@ -253,6 +257,12 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                  st.decode_tok_s(), r.stop_reason.c_str());
     if (st.kv_layout != "kv_heads") std::fprintf(stderr, "kv layout: %s\n", st.kv_layout.c_str());
     if (st.pipeline_stages > 1) std::fprintf(stderr, "topology: %s (%d pipeline stages, each its own KV store)\n", st.topology.c_str(), st.pipeline_stages);
+    if (!st.kv_layer_map.empty()) {
+      std::fprintf(stderr, "kv layers: %s; KV bytes per token by layer:", st.kv_layer_map.c_str());
+      for (std::size_t l = 0; l < st.layer_kv_bytes_per_token.size(); ++l)
+        std::fprintf(stderr, " %zu:%g", l, st.layer_kv_bytes_per_token[l]);
+      std::fprintf(stderr, "\n");
+    }
     if (conv)
       std::fprintf(stderr, "conversation %s: hydrated %d of %zu prompt tokens (kv load %.3f ms), prefilled %lld, saved %zu to %s\n",
                    conv->conv_id().c_str(), st.hydrated_tokens, prompt_ids.size(), kv_load_ms, st.prefill_tokens,

@@ -17,6 +17,7 @@
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/kv_cache_dir.hpp"
+#include "kvgate/kv_layer_map.hpp"
 #include "kvgate/limits.hpp"
 #include "kvgate/sampler.hpp"
 
@@ -61,6 +62,8 @@ inline KvCacheDir open_kv_cache(const KvCacheFlags& f) {
 struct EngineFlags {
   std::string model, tokenizer, kv;
   std::string kv_cache_dtype, cache_type_k, cache_type_v;  // other engines' spellings (kv_aliases.hpp)
+  std::string kv_layers;       // --kv-layers "0-1:bf16,*:fp8" (kvgate/kv_layer_map.hpp)
+  std::string kv_skip_layers;  // vLLM's --kv-cache-dtype-skip-layers "0,1": those keep the model's own KV
   std::optional<float> k_scale, v_scale;
   float temperature = 0.0f;
   int top_k = 0;
@@ -115,6 +118,12 @@ inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
                   "llama.cpp's -ctk: the K half (" + alias_choices(kLlamaCacheType) + "; V defaults to f16)");
   sub->add_option("--cache-type-v", f.cache_type_v,
                   "llama.cpp's -ctv: the V half (" + alias_choices(kLlamaCacheType) + "; K defaults to f16)");
+  sub->add_option("--kv-layers", f.kv_layers,
+                  "a KV format per layer, e.g. \"0-1:bf16,*:fp8\" (N, N-M or * : a preset or K/V halves; CPU "
+                  "engine; instead of --kv; docs/FORMATS.md)");
+  sub->add_option("--kv-cache-dtype-skip-layers", f.kv_skip_layers,
+                  "vLLM's spelling: these layers (e.g. 0,1 or 0-1) keep the model's own KV, the others hold the --kv "
+                  "/ --kv-cache-dtype format");
   sub->add_option("--k-scale", f.k_scale, "per-tensor K scale for fp8 halves (all layers)");
   sub->add_option("--v-scale", f.v_scale, "per-tensor V scale for fp8 halves (all layers)");
   // The aliases become the --kv value once the command line is read (a refusal is a usage error).
@@ -167,10 +176,41 @@ inline void check_engine_flags(const EngineFlags& f) {
                                 std::to_string(layers.size()) + " stages): give one count per stage, or leave --pp out");
 }
 
-// The engine options of the flags, for the KV format resolved against the model.
-inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv) {
+// The per-layer KV map of --kv-layers or --kv-cache-dtype-skip-layers (empty: neither given). `kv` is
+// the format --kv resolved to; the skipped layers keep what the model gets without --kv. A map that
+// gives every layer one format is that format (the engine then runs as with --kv).
+inline KvLayerMap kv_layer_map_of_flags(const EngineFlags& f, const ResolvedKv& kv, const ModelConfig& c) {
+  if (!f.kv_layers.empty() && !f.kv_skip_layers.empty())
+    throw std::invalid_argument("--kv-layers and --kv-cache-dtype-skip-layers both given: name the per-layer map one way");
+  if (!f.kv_layers.empty()) {
+    if (!f.kv.empty())
+      throw std::invalid_argument("--kv-layers with --kv " + f.kv + ": the map names every layer's format; put the rest "
+                                  "in the map as '*:" + f.kv + "' and leave --kv out");
+    return parse_kv_layer_map(f.kv_layers, c.n_layers);
+  }
+  if (!f.kv_skip_layers.empty()) {
+    if (f.kv.empty())
+      throw std::invalid_argument("--kv-cache-dtype-skip-layers " + f.kv_skip_layers +
+                                  " without a KV format for the other layers: add --kv-cache-dtype (or --kv)");
+    KvRequest none;
+    none.backend = kv.backend.empty() ? "cpu" : kv.backend;
+    const ResolvedKv own = resolve_kv(none, c, f.block_size);
+    return kv_skip_layers_map(f.kv_skip_layers, c.n_layers, own.effective, kv.effective);
+  }
+  return {};
+}
+
+// The engine options of the flags, for the KV format resolved against the model (`c`: the layers of
+// a per-layer map).
+inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, const ModelConfig& c) {
   EngineOptions eo;
   eo.kv = kv;
+  if (KvLayerMap map = kv_layer_map_of_flags(f, kv, c); !map.empty()) {
+    eo.kv.requested = eo.kv.effective = map.front();
+    eo.kv.requested_source = f.kv_layers.empty() ? "flag:--kv-cache-dtype-skip-layers" : "flag:--kv-layers";
+    eo.kv.fallback_reason.clear();
+    if (!kv_layer_map_uniform(map)) eo.kv_layers = std::move(map);
+  }
   eo.block_size = f.block_size;
   eo.kv_cache_memory = f.kv_cache_memory;
   eo.threads = f.threads;

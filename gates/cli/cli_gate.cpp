@@ -492,6 +492,60 @@ TEST_CASE("CLI.run.kv_aliases vLLM --kv-cache-dtype and llama.cpp -ctk/-ctv name
   }
 }
 
+TEST_CASE("CLI.run.kv_layers --kv-layers and vLLM's --kv-cache-dtype-skip-layers reach the engine as the per-layer map",
+          "[gate:CLI][fmt:int8][fmt:fp8][fmt:f16][fmt:q4_0]") {
+  // The flags as docs/FORMATS.md ("Per-layer maps") says: --kv-layers names every layer's format
+  // (instead of --kv); --kv-cache-dtype-skip-layers keeps the listed layers on the model's own KV
+  // (stories260K declares none: f16) and gives the others the --kv-cache-dtype format. The run's JSON
+  // stats carry the map, each layer's format and KV bytes per token (K + V page bytes / block, from
+  // the page sizes), and kv_bytes adds the layers' pages. A map with one format everywhere runs as
+  // --kv of that format (same ids, no map). Anti-vacuity: the mapped run's ids or KV bytes differ
+  // from the uniform runs of either of its formats. Exact.
+  const std::string a = model_args() + " --steps 12 --prompt " + q("Once upon a time");
+  const json m = run_json(a + " --kv-layers " + q("0-1:f32,*:q4_0"));
+  const json& st = m["stats"];
+  CHECK(st["effective_kv"] == "0-1:f32,2-4:q4_0");
+  CHECK(st["requested_source"] == "flag:--kv-layers");
+  REQUIRE(st.contains("kv_layers"));
+  CHECK(st["kv_layers"]["map"] == "0-1:f32,2-4:q4_0");
+  CHECK(st["kv_layers"]["formats"] == json({"f32", "f32", "q4_0", "q4_0", "q4_0"}));
+  const PageGeometry g{16, 4, 8};  // stories260K: 4 KV heads of 8
+  const double f32b = static_cast<double>(2 * page_bytes(HalfFormat::f32, g)) / 16.0;
+  const double q4b = static_cast<double>(2 * page_bytes(HalfFormat::q4_0, g)) / 16.0;
+  CHECK(st["kv_layers"]["kv_bytes_per_token"] == json({f32b, f32b, q4b, q4b, q4b}));
+  const json f32run = run_json(a + " --kv f32"), q4run = run_json(a + " --kv q4_0");
+  CHECK(f32run["stats"]["kv_bytes"].get<double>() / 5 * 2 + q4run["stats"]["kv_bytes"].get<double>() / 5 * 3 ==
+        st["kv_bytes"].get<double>());
+  CHECK(st["kv_bytes"] != f32run["stats"]["kv_bytes"]);
+  CHECK(st["kv_bytes"] != q4run["stats"]["kv_bytes"]);
+  CHECK(!f32run["stats"].contains("kv_layers"));
+
+  const json skip = run_json(a + " --kv-cache-dtype fp8 --kv-cache-dtype-skip-layers 0,4");
+  CHECK(skip["stats"]["kv_layers"]["formats"] == json({"f16", "fp8", "fp8", "fp8", "f16"}));
+  CHECK(skip["stats"]["effective_kv"] == "0:f16,1-3:fp8,4:f16");
+  const json uniform = run_json(a + " --kv-layers " + q("*:int8")), int8run = run_json(a + " --kv int8");
+  CHECK(uniform["stats"]["effective_kv"] == "int8");
+  CHECK(uniform["generated_ids"] == int8run["generated_ids"]);
+  CHECK(!uniform["stats"].contains("kv_layers"));
+
+  struct Refusal {
+    std::string args, needle;
+  };
+  for (const Refusal& r : {Refusal{"--kv-layers " + q("0-1:f32,1:q4_0"), "--kv-layers: layer 1 is named twice"},
+                           Refusal{"--kv-layers " + q("0-2:int8"), "layers 3,4 have no format"},
+                           Refusal{"--kv-layers " + q("0-7:int8"), "layer 7 is out of range: the model has 5 layers"},
+                           Refusal{"--kv int8 --kv-layers " + q("*:int8"), "put the rest in the map as '*:int8'"},
+                           Refusal{"--kv-cache-dtype-skip-layers 0", "without a KV format for the other layers"},
+                           Refusal{"--kv-layers " + q("*:int8") + " --kv-cache-dtype-skip-layers 0", "name the per-layer map one way"}}) {
+    const Run run = kvgate_cli("run " + a + " " + r.args);
+    INFO(r.args << "\nstderr: " << run.err);
+    CHECK(run.rc != 0);
+    CHECK(run.rc < 128);
+    CHECK(run.err.find(r.needle) != std::string::npos);
+    CHECK(run.out.find("generated_ids") == std::string::npos);
+  }
+}
+
 TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not measured under its name; the others are",
           "[gate:CLI][fmt:q8_0][fmt:int8][fmt:nvfp4]") {
   // On a model whose token rows (2 KV heads x head_dim 12 = 24) are no multiple of 32, q8_0 falls

@@ -37,6 +37,40 @@ static std::uint64_t available_memory_bytes() {
   return 0;
 }
 
+const KvFormat& layer_kv_format(const EngineOptions& o, int layer) {
+  return o.kv_layers.empty() ? o.kv.effective : o.kv_layers.at(static_cast<std::size_t>(layer));
+}
+
+namespace {
+
+// K + V page bytes of every layer: one block of the whole pool (the per-layer map's formats).
+std::uint64_t pool_bytes_per_block(const EngineOptions& o, const ModelConfig& c, const PageGeometry& g,
+                                   const std::string& who) {
+  std::uint64_t sum = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const KvFormat& f = layer_kv_format(o, l);
+    sum = limits::add(sum, page_bytes(f.k, g) + page_bytes(f.v, g), who, "KV bytes per block");
+  }
+  return sum;
+}
+
+// A per-layer map must give every layer a format its pages can hold (no silent fallback per layer).
+void check_layer_map(const EngineOptions& o, const ModelConfig& c, const PageGeometry& g, const std::string& who) {
+  if (o.kv_layers.empty()) return;
+  if (static_cast<int>(o.kv_layers.size()) != c.n_layers)
+    throw EngineError(who + ": the per-layer KV map gives " + std::to_string(o.kv_layers.size()) +
+                      " formats for a model of " + std::to_string(c.n_layers) + " layers (--kv-layers: one per layer)");
+  for (const KvLayerRun& r : kv_layer_runs(o.kv_layers))
+    for (const HalfFormat h : {r.format.k, r.format.v})
+      if (const Capability cap = supports(h, g); !cap.ok)
+        throw EngineError(who + ": --kv-layers: layers " + std::to_string(r.first) + "-" + std::to_string(r.end - 1) +
+                          " hold " + r.format.name() + ", whose " + std::string(name(h)) +
+                          " half cannot store this model's KV rows (" + cap.reason + ": " + cap.detail +
+                          "); give those layers another format");
+}
+
+}  // namespace
+
 StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ctx, const std::string& who) {
   const ModelConfig& c = m.config;
   StoreConfig sc;
@@ -54,16 +88,17 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
                          who, "n_kv_heads * head_dim");
   limits::check(limits::kKvPoolBytes, o.kv_cache_memory, who, "--kv-cache-memory");
   sc.block_size = o.block_size;
+  check_layer_map(o, c, sc.geometry(), who);
   if (o.n_blocks > 0) {
     sc.n_blocks = o.n_blocks;
   } else if (o.kv_cache_memory > 0) {
-    sc.n_blocks = blocks_for_budget(sc.format, sc.geometry(), c.n_layers, o.kv_cache_memory);
+    const std::uint64_t per_block = pool_bytes_per_block(o, c, sc.geometry(), who);
+    sc.n_blocks = o.kv_layers.empty() ? blocks_for_budget(sc.format, sc.geometry(), c.n_layers, o.kv_cache_memory)
+                                      : static_cast<int>(o.kv_cache_memory / per_block);  // as blocks_for_budget
     if (sc.n_blocks < 1)
       throw EngineError(who + ": --kv-cache-memory " + std::to_string(o.kv_cache_memory) + " bytes buys no KV block of " +
-                        sc.format.name() + " (one block of all layers needs " +
-                        std::to_string(static_cast<std::size_t>(c.n_layers) *
-                                       (page_bytes(sc.format.k, sc.geometry()) + page_bytes(sc.format.v, sc.geometry()))) +
-                        " bytes)");
+                        (o.kv_layers.empty() ? sc.format.name() : kv_layer_map_name(o.kv_layers)) +
+                        " (one block of all layers needs " + std::to_string(per_block) + " bytes)");
   } else {
     const std::uint64_t ctx = limits::check(limits::kContext, max_ctx, who, "context length (max_position_embeddings)");
     const std::uint64_t bs = static_cast<std::uint64_t>(o.block_size);
@@ -72,9 +107,7 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
   // The pool is allocated (and zero-filled) up front: refuse what the machine does not have.
   {
     const PageGeometry g = sc.geometry();
-    const std::uint64_t per_block =
-        limits::mul(static_cast<std::uint64_t>(c.n_layers), page_bytes(sc.format.k, g) + page_bytes(sc.format.v, g), who,
-                    "KV bytes per block");
+    const std::uint64_t per_block = pool_bytes_per_block(o, c, g, who);
     const std::uint64_t pool = limits::mul(per_block, static_cast<std::uint64_t>(sc.n_blocks), who, "KV pool bytes");
     const std::uint64_t avail = available_memory_bytes();
     if (avail > 0 && pool > avail)
@@ -168,9 +201,11 @@ struct Stage {
       : layer0(l0), layer1(l1), store(std::move(sc)), seq(store.create_sequence()), fwd(m, chunk, pool) {}
 };
 
-// The store of stage [l0, l1): the whole model's config with that range of layers and their scales.
-StoreConfig stage_store_config(const StoreConfig& full, int l0, int l1) {
+// The store of stage [l0, l1): the whole model's config with that range of layers, their format
+// (the per-layer map's, else the engine's one) and their scales.
+StoreConfig stage_store_config(const StoreConfig& full, const EngineOptions& o, int l0, int l1) {
   StoreConfig sc = full;
+  sc.format = layer_kv_format(o, l0);
   sc.n_layers = l1 - l0;
   sc.first_layer = l0;
   auto slice = [&](const std::vector<float>& v) {
@@ -179,6 +214,23 @@ StoreConfig stage_store_config(const StoreConfig& full, int l0, int l1) {
   sc.k_scale = slice(full.k_scale);
   sc.v_scale = slice(full.v_scale);
   return sc;
+}
+
+// The stores' layer ranges: the pipeline stages, each cut further where the per-layer map changes
+// format (a stage boundary is always a store boundary; a map without changes cuts nothing).
+std::vector<std::pair<int, int>> store_ranges(const std::vector<std::pair<int, int>>& stages, const KvLayerMap& map) {
+  if (map.empty()) return stages;
+  std::vector<std::pair<int, int>> out;
+  for (const auto& [l0, l1] : stages) {
+    int first = l0;
+    for (int l = l0 + 1; l < l1; ++l)
+      if (!(map[static_cast<std::size_t>(l)] == map[static_cast<std::size_t>(l - 1)])) {
+        out.push_back({first, l});
+        first = l;
+      }
+    out.push_back({first, l1});
+  }
+  return out;
 }
 
 }  // namespace
@@ -203,11 +255,24 @@ struct Engine::Impl {
     const std::vector<std::pair<int, int>> ranges = pipeline_ranges(m.config, opts);
     const StoreConfig full = make_store_config(m, opts, max_ctx, "engine");
     const int chunk = std::max(1, std::min(opts.prefill_chunk, max_ctx));
-    for (const auto& [l0, l1] : ranges)
-      stages.push_back(std::make_unique<Stage>(m, stage_store_config(full, l0, l1), l0, l1, chunk, pool));
+    for (const auto& [l0, l1] : store_ranges(ranges, opts.kv_layers))
+      stages.push_back(std::make_unique<Stage>(m, stage_store_config(full, opts, l0, l1), l0, l1, chunk, pool));
+    if (!opts.kv_layers.empty()) {
+      if (!kv_layer_map_uniform(opts.kv_layers)) stats.kv_layer_map = kv_layer_map_name(opts.kv_layers);
+      for (int l = 0; l < m.config.n_layers; ++l) {
+        const KvFormat& f = layer_kv_format(opts, l);
+        stats.layer_kv.push_back(f.name());
+        stats.layer_kv_bytes_per_token.push_back(
+            static_cast<double>(page_bytes(f.k, full.geometry()) + page_bytes(f.v, full.geometry())) / full.block_size);
+      }
+    }
     stats.requested_kv = opts.kv.requested.name();
     stats.requested_source = opts.kv.requested_source;
     stats.effective_kv = opts.kv.effective.name();
+    // A per-layer map is what the stores hold: its name (or its one format when uniform).
+    if (!opts.kv_layers.empty())
+      stats.effective_kv = stats.kv_layer_map.empty() ? opts.kv_layers.front().name() : stats.kv_layer_map;
+    if (!stats.kv_layer_map.empty()) stats.requested_kv = stats.kv_layer_map;
     stats.backend = opts.kv.backend.empty() ? "cpu" : opts.kv.backend;
     stats.fallback_reason = opts.kv.fallback_reason;
     stats.kv_layout = kv_cache_layout(m.config);
@@ -215,13 +280,13 @@ struct Engine::Impl {
     stats.n_blocks = full.n_blocks;
     stats.threads = pool.size();
     if (opts.kv_resident < 0) throw EngineError("engine: --kv-resident must be >= 0 tokens (0 = off)");
-    stats.pipeline_stages = static_cast<int>(stages.size());
+    stats.pipeline_stages = static_cast<int>(ranges.size());
+    for (const auto& [l0, l1] : ranges) stats.stage_layers.push_back(l1 - l0);
     for (auto& st : stages) {
       if (opts.kv_resident > 0) st->store.set_streaming(opts.kv_resident);
       if (opts.kv_read_hook) st->store.set_read_hook(opts.kv_read_hook);
       stats.kv_pool_bytes += st->store.pool_bytes();
       stats.kv_device_bytes += st->store.window() ? st->store.window()->device_bytes() : st->store.pool_bytes();
-      stats.stage_layers.push_back(st->layer1 - st->layer0);
     }
     stats.topology = topology_name(stats.stage_layers);
     stats.kv_resident_tokens = opts.kv_resident;
@@ -386,6 +451,9 @@ void Engine::reset() {
   d.stats.pipeline_stages = keep.pipeline_stages;
   d.stats.stage_layers = keep.stage_layers;
   d.stats.topology = keep.topology;
+  d.stats.kv_layer_map = keep.kv_layer_map;
+  d.stats.layer_kv = keep.layer_kv;
+  d.stats.layer_kv_bytes_per_token = keep.layer_kv_bytes_per_token;
   d.stats.kv_resident_tokens = keep.kv_resident_tokens;
   d.stats.kv_device_bytes = keep.kv_device_bytes;
   d.refresh();
@@ -399,8 +467,18 @@ void Engine::truncate(int n_tokens) {
 
 std::span<const int> Engine::history() const { return impl_->history; }
 
+namespace {
+void refuse_kv_file_of_map(const EngineOptions& o, const char* what) {
+  if (!kv_layer_map_uniform(o.kv_layers))
+    throw EngineError(std::string("engine: a run with a per-layer KV map (--kv-layers ") + kv_layer_map_name(o.kv_layers) +
+                      ") cannot " + what + " a KV file (the file holds one format for every layer): run the "
+                      "conversation with one --kv format, or without --conv-id");
+}
+}  // namespace
+
 int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
+  refuse_kv_file_of_map(d.opts, "be hydrated from");
   check_kv_file_compatible(file, d.views(), d.model.fingerprint);  // refuse before touching the sequence
   const int n = hydratable_prefix(file, prompt);
   if (n > d.max_ctx) throw EngineError("engine: the KV file holds more tokens than the context");
@@ -416,6 +494,7 @@ int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
 
 void Engine::save_kv(const std::string& path, std::span<const int> pending) const {
   const Impl& d = *impl_;
+  refuse_kv_file_of_map(d.opts, "be saved to");
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
   save_kv_file(path, d.views(), d.length(), transcript, d.model.fingerprint);

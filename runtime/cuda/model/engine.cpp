@@ -86,6 +86,10 @@ CudaKvStore make_device_store(const StoreConfig& sc, const Streamed& st) {
 }  // namespace
 
 static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const CudaEngineOptions& o) {
+  if (!kv_layer_map_uniform(o.engine.kv_layers))
+    throw EngineError("cuda engine: a per-layer KV map (--kv-layers " + kv_layer_map_name(o.engine.kv_layers) +
+                      ") runs on the CPU engine only: the CUDA kernels take one format for every layer; run it with "
+                      "--device cpu, or give one --kv format");
   if (o.engine.kv_read_hook)
     throw EngineError("cuda engine: a KV read hook (diagnostics) is a CPU-engine feature: the CUDA kernels read the "
                       "device pages directly; set CudaEngineOptions::damage (the damage on the stored rows) instead");

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvgate/kv_layer_map.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/resolve.hpp"
@@ -51,6 +52,11 @@ struct EngineOptions {
   // Layers of each stage (pipeline_stages entries, each >= 1, summing to n_layers); empty: as even
   // as possible, the first n_layers % pipeline_stages stages one layer more.
   std::vector<int> pipeline_layers;
+  // Per-layer KV formats (kvgate/kv_layer_map.hpp, --kv-layers): one per model layer; empty: every
+  // layer holds kv.effective. Each run of layers with one format gets its own store (a pipeline
+  // stage is cut further where the format changes). A map can be neither saved to nor hydrated
+  // from a KV file (the file holds one format).
+  KvLayerMap kv_layers;
   // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);
   // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly).
   std::shared_ptr<const KvReadHook> kv_read_hook;
@@ -75,6 +81,8 @@ int widest_window_if_all(const ModelConfig& c);
 // above the model's layers, or a layer list of the wrong length, with an empty stage, or whose sum
 // is not the model's layers.
 std::vector<std::pair<int, int>> pipeline_ranges(const ModelConfig& c, const EngineOptions& o);
+// The KV format of model layer `layer`: EngineOptions::kv_layers[layer], else kv.effective.
+const KvFormat& layer_kv_format(const EngineOptions& o, int layer);
 // "single", or "pipeline:" and the stages' layer counts joined by '+'.
 std::string topology_name(const std::vector<int>& stage_layers);
 
@@ -94,6 +102,11 @@ struct EngineStats {
   int pipeline_stages = 1;
   std::vector<int> stage_layers;
   std::string topology = "single";
+  // Per-layer KV (EngineOptions::kv_layers): the map's canonical name ("" when every layer holds
+  // effective_kv), each layer's format and its KV bytes per token (K + V page bytes / block size).
+  std::string kv_layer_map;
+  std::vector<std::string> layer_kv;
+  std::vector<double> layer_kv_bytes_per_token;
   int position = 0;                // tokens in the sequence
   // Timing since construction / reset() / the start of the last generate().
   double ttft_ms = 0;              // generate(): prompt prefill + first sampled token
@@ -165,7 +178,9 @@ class Engine {
   PagedKvStore& store();
   SeqId sequence() const;
   // Pipeline stages (EngineOptions::pipeline_stages): their count, each stage's store and sequence
-  // (stage 0's are store() and sequence()), and the model layers [first, second) each runs.
+  // (stage 0's are store() and sequence()), and the model layers [first, second) each runs. With a
+  // per-layer KV map (EngineOptions::kv_layers) a stage is cut further where the format changes:
+  // these are then the stores, one per run of layers with one format.
   int stage_count() const;
   const PagedKvStore& stage_store(int stage) const;
   SeqId stage_sequence(int stage) const;
