@@ -21,6 +21,7 @@ namespace {
 
 struct BenchOpts {
   std::string model, tokenizer, probe_model, formats, lengths, windows, devices = "cpu", corpus, out = "kvgate.out/bench";
+  std::string layer_ablation;  // --layer-ablation FMT[,FMT]
   std::string needle_lengths, needle_depths, needle_seeds, counting_n, echo_seeds, shard;
   int decode_steps = 0, repeats = 0, threads = 1;
   double budget_mib = 1024;
@@ -84,6 +85,7 @@ int run_bench(const BenchOpts& o) {
   std::optional<Model> probe_subject;
   load_probe_subject(o.probe_model, src, o.quick, mo, probe_subject);
   if (!o.formats.empty()) mo.formats = matrix::split_csv(o.formats);
+  if (!o.layer_ablation.empty()) mo.layer_ablation = matrix::split_csv(o.layer_ablation);
   std::optional<mutate::ShardSpec> shard;
   std::vector<std::string> all_formats;
   if (!o.shard.empty()) {  // the formats by position mod n; f32 (the baseline) on every shard
@@ -175,6 +177,9 @@ void register_bench(CLI::App& app) {
   sub->add_option("--tokenizer", o->tokenizer, "tokenizer file when it is not beside the model");
   sub->add_option("--formats", o->formats, "presets and pairs, e.g. f16,int8,k8v4,k=q8_0;v=q4_0 (default: every preset + k=q8_0,v=q4_0)");
   sub->add_option("--lengths", o->lengths, "context lengths of the timing rows");
+  sub->add_option("--layer-ablation", o->layer_ablation,
+                  "formats measured one layer at a time, the other layers on f32 (KL/top-1 per layer vs f32 KV over "
+                  "the corpus: which layer the loss comes from), e.g. q4_0,int8");
   sub->add_option("--windows", o->windows, "--kv-resident windows in tokens (0 = resident); used when the engine streams");
   sub->add_option("--devices", o->devices, "cpu[,cuda]")->capture_default_str();
   sub->add_option("--decode-steps", o->decode_steps, "decode tokens timed at depth (default 32)");

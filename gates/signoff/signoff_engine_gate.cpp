@@ -310,6 +310,93 @@ TEST_CASE("SGN.matrix.kv_bytes kv_bytes_per_token == n_layers x (K page + V page
   CHECK(asymmetric >= 2);
 }
 
+// ---- the per-layer ablation ------------------------------------------------------------------------------
+
+TEST_CASE("SGN.matrix.layer_ablation each entry is its format on that one layer, the rest f32, with the KL/top-1 of that engine",
+          SGN_ENGINE_TAGS) {
+  // The reference: for each layer l, an engine whose per-layer map holds the format on layer l and f32
+  // everywhere else (the map is parsed back from the entry), run over the same corpus sequences as the
+  // matrix's f32 baseline; KL(f32 || mapped) per position computed here in binary64 from the two
+  // engines' logits (own log-softmax), its mean and top-1 agreement. The class it closes: an ablation
+  // that puts the format on the wrong layer (off by one, every layer, none), measures against the wrong
+  // baseline, or files a layer's numbers under another. Bound: |matrix - reference| <= 1e-9 x the
+  // reference + 1e-15 (the same float logits summed in binary64 in another order: at most ~vocab x
+  // 2^-53 relative; a wrong layer moves the KL by far more). Anti-vacuity: every layer's KL > 0 and at
+  // least three layers' KLs differ (the layers are not interchangeable on stories260K).
+  const Model& m = stories();
+  const ModelConfig& c = m.config;
+  matrix::MatrixOptions mo;
+  mo.formats = {"int8"};
+  mo.lengths = {};
+  mo.timing = mo.probes = false;
+  mo.quality = true;
+  mo.corpus_path = matrix::default_source_dir() + "/datasets/corpora/stories260K_tf.json";
+  mo.layer_ablation = {"q4_0"};
+  const nlohmann::json mj = matrix::run_matrix(m, mo, nlohmann::json::object());
+  REQUIRE(mj.contains("layer_ablation"));
+  const auto& ab = mj["layer_ablation"];
+  REQUIRE(ab.size() == static_cast<std::size_t>(c.n_layers));
+  const matrix::Corpus corpus = matrix::load_corpus(mo.corpus_path);
+  REQUIRE(!corpus.sequences.empty());
+  const KvFormat f32{HalfFormat::f32, HalfFormat::f32}, q4{HalfFormat::q4_0, HalfFormat::q4_0};
+  auto logits_of = [&](const EngineOptions& eo) {
+    std::vector<std::vector<float>> out;
+    Engine e(m, eo);
+    for (const auto& seq : corpus.sequences) {
+      e.reset();
+      const int n = std::min<int>(static_cast<int>(seq.size()), e.max_context());
+      out.push_back(e.forward_all_logits(std::span<const int>(seq).first(static_cast<std::size_t>(n))));
+    }
+    return out;
+  };
+  const std::vector<std::vector<float>> ref = logits_of(engine_options_for(f32));
+  const std::size_t V = static_cast<std::size_t>(c.vocab_size);
+  std::set<double> kls;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto& a = ab[static_cast<std::size_t>(l)];
+    INFO("layer " << l << " entry " << a.dump());
+    CHECK(a["layer"] == l);
+    CHECK(a["format"] == "q4_0");
+    KvLayerMap want(static_cast<std::size_t>(c.n_layers), f32);
+    want[static_cast<std::size_t>(l)] = q4;
+    CHECK(parse_kv_layer_map(a["map"].get<std::string>(), c.n_layers) == want);
+    EngineOptions eo = engine_options_for(f32);
+    eo.kv_layers = want;
+    const std::vector<std::vector<float>> got = logits_of(eo);
+    double kl_sum = 0;
+    long long positions = 0, agree = 0;
+    for (std::size_t s = 0; s < ref.size(); ++s)
+      for (std::size_t t = 0; t < ref[s].size() / V; ++t) {
+        const float* p = ref[s].data() + t * V;
+        const float* q = got[s].data() + t * V;
+        double mp = p[0], mq = q[0];
+        std::size_t ap = 0, aq = 0;
+        for (std::size_t i = 1; i < V; ++i) {
+          if (p[i] > mp) mp = p[i], ap = i;
+          if (q[i] > mq) mq = q[i], aq = i;
+        }
+        double zp = 0, zq = 0;
+        for (std::size_t i = 0; i < V; ++i) zp += std::exp(p[i] - mp), zq += std::exp(q[i] - mq);
+        double kl = 0;
+        for (std::size_t i = 0; i < V; ++i) {
+          const double lp = p[i] - mp - std::log(zp), lq = q[i] - mq - std::log(zq);
+          kl += std::exp(lp) * (lp - lq);
+        }
+        kl_sum += std::max(0.0, kl);
+        ++positions;
+        agree += ap == aq;
+      }
+    REQUIRE(positions > 0);
+    const double kl_mean = kl_sum / static_cast<double>(positions);
+    CHECK(a["kl_positions"] == positions);
+    CHECK(std::abs(a["kl_mean"].get<double>() - kl_mean) <= 1e-9 * kl_mean + 1e-15);
+    CHECK(a["top1"].get<double>() == static_cast<double>(agree) / static_cast<double>(positions));
+    CHECK(kl_mean > 0);
+    kls.insert(kl_mean);
+  }
+  CHECK(kls.size() >= 3);
+}
+
 // ---- the matrix's capacity column against the pool the engine builds ------------------------------------
 
 TEST_CASE("SGN.matrix.capacity capacity_tokens == the tokens a pool of the budget holds (blocks x block size), every preset",

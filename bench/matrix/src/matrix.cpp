@@ -426,6 +426,8 @@ struct MatrixRun {
   nlohmann::json per_format = nlohmann::json::array();
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json sensitivity = nullptr;
+  std::vector<std::vector<float>> ref_logits;  // f32 KV's corpus logits (corpus_quality)
+  nlohmann::json ablation = nlohmann::json::array();
   std::vector<std::string> notes;
   std::shared_ptr<const cuda::CudaModel> probe_weights;   // --device cuda probes: one upload for every format
   std::shared_ptr<const cuda::CudaModel> timing_weights;  // cuda timing rows: one upload for every row
@@ -528,6 +530,7 @@ void corpus_quality(MatrixRun& r) {
     r.say(r.tag(fi) + ": KL/top-1 over " + std::to_string(r.corpus->sequences.size()) + " corpus sequences");
     auto logits = corpus_logits(r.model, r.eo_for(r.fmts[fi].kv, 0), *r.corpus);
     if (fi == 0) ref = logits;
+    if (fi == 0) r.ref_logits = logits;
     const Quality q = compare_logits(ref, logits, r.model.config.vocab_size);
     auto& fj = r.per_format[fi];
     fj["kl_mean"] = q.kl_mean;
@@ -535,6 +538,47 @@ void corpus_quality(MatrixRun& r) {
     fj["kl_max"] = q.kl_max;
     fj["top1"] = q.top1;
     fj["kl_positions"] = q.positions;
+  }
+}
+
+// Step: the per-layer ablation -- each --layer-ablation format on one layer at a time, the rest on the
+// f32 baseline, KL / top-1 against f32 KV over the corpus (the CPU engine's per-layer map).
+void layer_ablation(MatrixRun& r) {
+  if (r.o.layer_ablation.empty()) return;
+  if (!r.o.quality || !r.corpus || r.ref_logits.empty()) {
+    r.notes.push_back("layer ablation not measured: it needs the corpus quality step (a corpus, quality on)");
+    return;
+  }
+  const ModelConfig& c = r.model.config;
+  const PageGeometry g{r.block, c.n_kv_heads, c.head_dim};
+  const KvFormat f32{HalfFormat::f32, HalfFormat::f32};
+  for (const std::string& name : r.o.layer_ablation) {
+    const auto f = parse_kv_format(name);
+    if (!f) throw std::invalid_argument("--layer-ablation: unknown KV format '" + name + "' (" + known_formats_text() + ")");
+    std::string refused;
+    for (const HalfFormat h : {f->k, f->v})
+      if (const Capability cap = supports(h, g); !cap.ok) refused = cap.reason;
+    if (!refused.empty()) {
+      r.notes.push_back("layer ablation of " + name + " not measured: its pages cannot hold this model's rows (" + refused + ")");
+      continue;
+    }
+    for (int l = 0; l < c.n_layers; ++l) {
+      r.say("layer ablation: " + name + " on layer " + std::to_string(l) + " of " + std::to_string(c.n_layers));
+      EngineOptions eo = r.eo_for(r.fmts[0].kv, 0);  // the f32 baseline's options
+      eo.kv_layers.assign(static_cast<std::size_t>(c.n_layers), f32);
+      eo.kv_layers[static_cast<std::size_t>(l)] = *f;
+      const Quality q = compare_logits(r.ref_logits, corpus_logits(r.model, eo, *r.corpus), c.vocab_size);
+      r.ablation.push_back({{"format", f->name()},
+                            {"layer", l},
+                            {"map", kv_layer_map_name(eo.kv_layers)},
+                            {"kl_mean", q.kl_mean},
+                            {"kl_p99", q.kl_p99},
+                            {"kl_max", q.kl_max},
+                            {"top1", q.top1},
+                            {"kl_positions", q.positions},
+                            {"layer_kv_bytes_per_token",
+                             static_cast<double>(page_bytes(f->k, g) + page_bytes(f->v, g)) / r.block}});
+    }
   }
 }
 
@@ -853,6 +897,7 @@ nlohmann::json matrix_record(const MatrixRun& r) {
   m["notes"] = notes;
   m["formats"] = r.per_format;
   m["rows"] = r.rows;
+  if (!r.o.layer_ablation.empty()) m["layer_ablation"] = r.ablation;
   if (!r.sensitivity.is_null()) m["probe_sensitivity"] = r.sensitivity;
   return m;
 }
@@ -867,6 +912,7 @@ nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nloh
   load_prompt(r);
   format_bytes(r);
   corpus_quality(r);
+  layer_ablation(r);
   format_probes(r);
   probe_sensitivities(r);
   r.probe_weights.reset();  // the GPU memory goes back before the timing rows

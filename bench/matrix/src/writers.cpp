@@ -175,6 +175,14 @@ std::string matrix_markdown(const nlohmann::json& m) {
       << " | " << probe("needle") << " | " << probe("counting") << " | " << probe("echo") << " | " << same("needle")
       << " / " << same("counting") << " / " << same("echo") << " |\n";
   }
+  if (m.contains("layer_ablation")) {
+    o << "\n## Per-layer ablation (one layer in the format, the others f32; vs the f32 KV baseline)\n\n";
+    o << "| format | layer | map | layer B/token | KL mean | KL p99 | top-1 |\n|---|---:|---|---:|---:|---:|---:|\n";
+    for (const auto& a : m.at("layer_ablation"))
+      o << "| " << a.value("format", "") << " | " << cell(a["layer"]) << " | " << a.value("map", "") << " | "
+        << cell(a["layer_kv_bytes_per_token"]) << " | " << md(a["kl_mean"]) << " | " << md(a["kl_p99"]) << " | "
+        << pct(a["top1"]) << " |\n";
+  }
   o << "\n## Timing rows\n\n" << rows_markdown(m.at("rows"));
   o << "\nTTFT warm: a second turn of " << m["config"].value("warm_turn", 0)
     << " new tokens after the context was restored from a KV file. Single runs unless `repeats` > 1 (median): read "

@@ -176,6 +176,10 @@ struct MatrixOptions {
   // of (empty: not measured) and the ladder.
   std::string sensitivity_baseline;
   SensitivityOptions sensitivity;
+  // Per-layer ablation (`--layer-ablation`): each of these formats on one layer at a time, every other
+  // layer on the f32 baseline (a per-layer map, kvgate/kv_layer_map.hpp), KL / top-1 against f32 KV
+  // over the corpus: which layer a format's quality loss comes from. CPU engine; needs the corpus.
+  std::vector<std::string> layer_ablation;
 };
 
 // Overrides of the matrix grids from the command line (empty / 0: keep the defaults).
