@@ -318,7 +318,6 @@ struct MmaState {
   float o[T::MT][4];
   float m[2], l[2];  // heads 2t, 2t+1
   float vref[T::NVREF];
-  float vinv[T::NVREF];  // 1 / vref (0 before the first raise), kept so no tile divides
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -326,7 +325,7 @@ struct MmaState {
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
 #pragma unroll
-    for (int k = 0; k < T::NVREF; ++k) vref[k] = vinv[k] = 0.0f;
+    for (int k = 0; k < T::NVREF; ++k) vref[k] = 0.0f;
   }
   // Raises reference k to cover the tile's largest V scale (rescaling its O rows exactly) and
   // returns 1 / vref[k]. Each lane passes the largest scale of its own tokens (mx_lane); lanes
@@ -339,7 +338,13 @@ struct MmaState {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       raise_vref_to(k, mx);
     }
-    return vinv[k];
+    return vref_inverse(vref[k]);
+  }
+  // 1 / r for the references pow2_norm makes (0 before the first raise, a normal power of two
+  // 2^e after, or -0 when an infinite scale overflowed the exponent), without a division: 2^-e
+  // is the exponent field's complement to 254, exact; anything not > 0 gives 0, like 1 / r did.
+  __device__ static __forceinline__ float vref_inverse(float r) {
+    return r > 0.0f ? __uint_as_float((254u << 23) - __float_as_uint(r)) : 0.0f;
   }
   // Warp-uniform mx: the reference rises to a power of two above it, O rescaled exactly.
   __device__ __forceinline__ void raise_vref_to(int k, float mx) {
@@ -356,7 +361,6 @@ struct MmaState {
           o[i][3] *= f;
         }
       vref[k] = sc;
-      vinv[k] = vref[k] > 0.0f ? 1.0f / vref[k] : 0.0f;  // exact: a power of two
     }
   }
 };

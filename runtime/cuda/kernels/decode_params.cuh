@@ -99,9 +99,10 @@ struct MmaCfg {
   static constexpr int SMEM = kDecodeWarps * WARP_SMEM;
   static constexpr int KSTEPS = D / 16, MTILES = D / 16, NBLK = D / 32;
   // Resident CTAs per SM the registers are budgeted for (__launch_bounds__): the kernel is bound by
-  // per-tile latency, so 16 warps/SM (<= 128 registers) at D <= 128; D = 256 holds twice the O and
-  // q fragments and stays at 12 warps (<= 168 registers).
-  static constexpr int MIN_CTAS = D <= 128 ? 4 : 3;
+  // per-tile latency, so 16 warps/SM (<= 128 registers) at D <= 128. D = 256 holds twice the O and
+  // q fragments and stays at 12 warps (<= 168 registers); so does a q8_0 K with a block-scaled V,
+  // which spills at 128 registers (48 B for q8_0/q8_0 at D = 128, ptxas 13.0).
+  static constexpr int MIN_CTAS = D <= 128 && !(KF == HF::q8_0 && is_block32(VF)) ? 4 : 3;
 };
 
 // Which kernel a (K, V, D) instantiation runs: generic (D == 0), tensor-core (both halves narrow),
