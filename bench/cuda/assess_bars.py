@@ -5,16 +5,60 @@ Bars (at >= 32K context and batch >= 16):
   - bf16/f16/int8/fp8 decode attention >= 85% of the measured copy bandwidth; q4_0/k8v4 >= 75%
   - speedup over PyTorch bf16 SDPA (flash, same shapes, same run): int8 and fp8 >= 1.8x,
     k8v4 >= 2.2x, q4_0 >= 2.8x
-Writes a JSON summary and prints a Markdown table.
+Then the decode-attention bars of the memory-wall work (issue bars: absolute KV-read rates, the
+speedups at 32K x 16 and 128K x 16, the batch-1 latencies), each row also against an earlier run's
+JSON when one is given (`--before OLD_BENCH.json`, e.g. the committed bench/results/cuda_decode_h200.json).
+Writes a JSON summary and prints Markdown tables.
+
+  assess_bars.py BENCH.json PEER.json OUT.json [--before OLD_BENCH.json]
 """
 import json
 import sys
 
 BW_BARS = {"bf16": 0.85, "f16": 0.85, "int8": 0.85, "fp8": 0.85, "q4_0": 0.75, "k8v4": 0.75}
 SPEEDUP_BARS = {"int8": 1.8, "fp8": 1.8, "k8v4": 2.2, "q4_0": 2.8}
+# Memory-wall bars: KV read rate at >= 32K context, batch 16 and 64 (GB/s); speedup over the
+# PyTorch bf16 peer at 32K x 16 and 128K x 16; batch-1 latency (us) at 32K, 128K and 4K.
+RATE_BARS = {"int8": 3700, "fp8": 3700, "fp8_e5m2": 3700, "q8_0": 3700, "k8v4": 3400, "q4_0": 3400, "bf16": 4000, "f16": 4000}
+WALL_SPEEDUP_BARS = {"int8": 1.9, "fp8": 1.9, "k8v4": 2.4, "q4_0": 3.2, "bf16": 1.0}
+B1_BARS = {32768: {"int8": 25, "fp8": 25, "q4_0": 20, "k8v4": 20}, 131072: {"int8": 70, "fp8": 70, "q4_0": 50, "k8v4": 50}}
+B1_4K_BAR = 15
 
 
-def main(bench_path, peer_path, out_path):
+def wall_bars(dec, torch_bf16, before):
+    """Rows of the memory-wall bars: (format, ctx, batch, kind, value, bar, met, before value)."""
+    rows = []
+    for (fmt, c, b), r in sorted(dec.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
+        old = before.get((fmt, c, b))
+        if fmt in RATE_BARS and c >= 32768 and b in (16, 64):
+            rows.append({"format": fmt, "context": c, "batch": b, "kind": "GB/s", "value": r["GBps"],
+                         "bar": RATE_BARS[fmt], "met": r["GBps"] >= RATE_BARS[fmt],
+                         "before": old["GBps"] if old else None})
+        tb = torch_bf16.get((c, b))
+        if fmt in WALL_SPEEDUP_BARS and b == 16 and c in (32768, 131072) and tb:
+            sp = tb["time_us"] / r["time_us"]
+            rows.append({"format": fmt, "context": c, "batch": b, "kind": "x torch bf16", "value": sp,
+                         "bar": WALL_SPEEDUP_BARS[fmt], "met": sp >= WALL_SPEEDUP_BARS[fmt],
+                         "before": tb["time_us"] / old["time_us"] if old else None})
+        if b == 1:
+            bar = B1_4K_BAR if c == 4096 else B1_BARS.get(c, {}).get(fmt)
+            if bar is not None:
+                rows.append({"format": fmt, "context": c, "batch": b, "kind": "us (<=)", "value": r["time_us"],
+                             "bar": bar, "met": r["time_us"] <= bar, "before": old["time_us"] if old else None})
+    return rows
+
+
+def main(bench_path, peer_path, out_path, *opts):
+    before = {}
+    if opts:
+        if len(opts) != 2 or opts[0] != "--before":
+            sys.exit("usage: assess_bars.py BENCH.json PEER.json OUT.json [--before OLD_BENCH.json]")
+        try:
+            old = json.load(open(opts[1]))
+            before = {(r["format"], r["context"], r["batch"]): r for r in old["decode"]}
+        except (OSError, ValueError, KeyError) as e:
+            sys.exit(f"assess_bars.py: --before {opts[1]}: not a bench_decode_attn JSON ({e}); "
+                     "give the file bench_decode_attn --out wrote")
     bench = json.load(open(bench_path))
     peer = json.load(open(peer_path))
     copy = bench["limits"]["copy_d2d_GBps"]
@@ -53,7 +97,7 @@ def main(bench_path, peer_path, out_path):
             rows.append(row)
     doc = {"schema": "kvgate.bench.cuda_bars/1", "device": bench["device"], "copy_d2d_GBps": copy,
            "read_probe_GBps": bench["limits"].get("read_probe_GBps"), "bench_when": bench.get("when"),
-           "torch": peer.get("torch"), "rows": rows}
+           "torch": peer.get("torch"), "rows": rows, "wall_bars": wall_bars(dec, torch_bf16, before)}
     json.dump(doc, open(out_path, "w"), indent=1)
     print(f"copy D2D {copy:.0f} GB/s, read probe {bench['limits'].get('read_probe_GBps', 0):.0f} GB/s; "
           f"{bench['device']['name']}, driver CUDA {bench['device']['driver_cuda']}, torch {peer.get('torch')}\n")
@@ -68,7 +112,20 @@ def main(bench_path, peer_path, out_path):
         tb = f"{r['torch_bf16_us']:.0f}" if r["torch_bf16_us"] else "-"
         print(f"| {r['format']} | {r['context']} | {r['batch']} | {r['time_us']:.0f} | {r['GBps']:.0f} | "
               f"{r['frac_of_copy']*100:.1f}% | {bw} | {tb} | {sp} | {spb} | {sd} |")
+    wb = doc["wall_bars"]
+    print(f"\nMemory-wall bars: {sum(r['met'] for r in wb)} of {len(wb)} met"
+          + (f" (before: the run in {opts[1]})" if before else ""))
+    print("| format | ctx | batch | measure | value | bar | verdict | before | change |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in wb:
+        v, o = r["value"], r["before"]
+        fmt_v = (lambda x: f"{x:.2f}") if r["kind"].startswith("x") else (lambda x: f"{x:.0f}" if x >= 100 else f"{x:.1f}")
+        ch = "-" if o is None else (f"{o / v:.2f}x faster" if r["kind"].startswith("us") else f"{v / o:.2f}x")
+        print(f"| {r['format']} | {r['context']} | {r['batch']} | {r['kind']} | {fmt_v(v)} | {r['bar']} | "
+              f"{'met' if r['met'] else 'MISSED'} | {'-' if o is None else fmt_v(o)} | {ch} |")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    if len(sys.argv) < 4:
+        sys.exit("usage: assess_bars.py BENCH.json PEER.json OUT.json [--before OLD_BENCH.json]")
+    main(*sys.argv[1:])

@@ -1,5 +1,8 @@
 // Split-K merge of the decode partials, per-tensor V scale, and the inverse rotation of the output
 // for a Walsh-Hadamard-rotated V (the accumulation ran in the rotated domain).
+#include <stdexcept>
+#include <string>
+
 #include "kernels/decode_params.cuh"
 
 namespace kvgate::cuda::detail {
@@ -7,13 +10,18 @@ namespace kvgate::cuda::detail {
 __device__ __forceinline__ float safe_exp2_diff_c(float m, float M) { return m == -INFINITY ? 0.0f : exp2f(m - M); }
 
 // ---- split merge + output transform --------------------------------------------------------------
+inline constexpr int kCombineWarps = 8;       // warps per (query head, sequence): splits spread over them
+inline constexpr int kCombineMaxPerLane = 8;  // dims per lane (head_dim <= 256)
+inline int combine_warps(int splits) { return splits < kCombineWarps ? (splits < 1 ? 1 : splits) : kCombineWarps; }
+
 template <bool RotV>
 __global__ void decode_combine_kernel(CombineLaunch a) {
-  extern __shared__ float sm[];  // [D] output, [splits] weights, [32] reduction scratch
+  extern __shared__ float sm[];  // [D] output, [splits] weights, [32] reduction scratch, [warps][D] partial sums
   const int hq = blockIdx.x, b = blockIdx.y, D = a.head_dim, S = a.splits;
   float* o_s = sm;
   float* w_s = sm + D;
   float* red = w_s + S;
+  float* o_w = red + 32;
   const std::size_t base = static_cast<std::size_t>(b) * S * a.n_heads + hq;  // + s * n_heads
   const int tid = threadIdx.x, nthr = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = (nthr + 31) / 32;
   // 1. M = max_s m_s (all splits loaded in parallel, block reduction).
@@ -41,18 +49,42 @@ __global__ void decode_combine_kernel(CombineLaunch a) {
   __syncthreads();
   L = 0.0f;
   for (int w = 0; w < nw; ++w) L += red[w];
-  // 3. o[d] = sum_s o_s[d] w_s / L: independent loads, unrolled so several are in flight.
+  // 3. o[d] = sum_s o_s[d] w_s / L. Warp w sums the splits w, w + nw, ... (lane: dims lane + 32k,
+  //    so a split's row is one coalesced read per warp), four splits' loads in flight at a time;
+  //    the warps' sums then meet in warp order. At batch 1 (hundreds of splits, few CTAs) this is
+  //    nw x the loads in flight of one thread per dim walking every split.
+  {
+    const float* po = a.part_o + base * D;  // split s: po + s * n_heads * D
+    const std::size_t ss = static_cast<std::size_t>(a.n_heads) * D;
+    float acc[kCombineMaxPerLane];
+#pragma unroll
+    for (int k = 0; k < kCombineMaxPerLane; ++k) acc[k] = 0.0f;
+    int s = warp;
+    for (; s + 3 * nw < S; s += 4 * nw) {
+      float v[4][kCombineMaxPerLane];
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int k = 0; k < kCombineMaxPerLane; ++k)
+          v[u][k] = lane + 32 * k < D ? po[static_cast<std::size_t>(s + u * nw) * ss + lane + 32 * k] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int k = 0; k < kCombineMaxPerLane; ++k) acc[k] += v[u][k] * w_s[s + u * nw];
+    }
+    for (; s < S; s += nw) {
+#pragma unroll
+      for (int k = 0; k < kCombineMaxPerLane; ++k)
+        if (lane + 32 * k < D) acc[k] += po[static_cast<std::size_t>(s) * ss + lane + 32 * k] * w_s[s];
+    }
+#pragma unroll
+    for (int k = 0; k < kCombineMaxPerLane; ++k)
+      if (lane + 32 * k < D) o_w[warp * D + lane + 32 * k] = acc[k];
+  }
+  __syncthreads();
   for (int d = tid; d < D; d += nthr) {
     float acc = 0.0f;
-    int s = 0;
-    for (; s + 4 <= S; s += 4) {
-      float v[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = a.part_o[(base + static_cast<std::size_t>(s + k) * a.n_heads) * D + d];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) acc += v[k] * w_s[s + k];
-    }
-    for (; s < S; ++s) acc += a.part_o[(base + static_cast<std::size_t>(s) * a.n_heads) * D + d] * w_s[s];
+    for (int w = 0; w < nw; ++w) acc += o_w[w * D + d];
     o_s[d] = L > 0.0f || L != L ? acc / L * a.v_mul : 0.0f;  // a query with no visible key gets 0
   }
   __syncthreads();
@@ -74,8 +106,10 @@ __global__ void decode_combine_kernel(CombineLaunch a) {
 
 void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
   const dim3 grid(a.n_heads, a.batch);
-  const int threads = a.head_dim < 32 ? 32 : (a.head_dim > 256 ? 256 : a.head_dim);
-  const std::size_t smem = static_cast<std::size_t>(a.head_dim + a.splits + 32) * sizeof(float);
+  if (a.head_dim > 32 * kCombineMaxPerLane)
+    throw std::invalid_argument("kvgate::cuda decode combine: head_dim " + std::to_string(a.head_dim) + " > 256");
+  const int nw = combine_warps(a.splits), threads = 32 * nw;
+  const std::size_t smem = static_cast<std::size_t>(a.head_dim + a.splits + 32 + nw * a.head_dim) * sizeof(float);
   if (smem > 48 * 1024) {
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -269,6 +269,7 @@ struct WarpKvPipe {
   const int* table;
   std::uint8_t* wpipe;  // this warp's STAGES * STAGE_AL bytes
   int kvh, t_begin, t_end, n_steps, ctau, csub;
+  int bshift;              // log2(block_size) for a power-of-two block size, else -1 (a division)
   int nxt_page, nxt_slot;  // lookup of the next step to issue
 
   __device__ WarpKvPipe(const DecodeLaunch& a_, const int* table_, std::uint8_t* wpipe_, int kvh_, int t_begin_,
@@ -278,16 +279,47 @@ struct WarpKvPipe {
     n_steps = (n_tok + Cfg::TOK - 1) / Cfg::TOK;
     ctau = lane / Cfg::LPT;  // copy role of this lane: token ctau of the stage, sub-lane csub
     csub = lane % Cfg::LPT;
+    const int B = a.block_size;
+    bshift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
   }
   // Page and slot of this lane's copy token of step st (page -1: past the range, zero-filled).
   __device__ __forceinline__ void lookup(int st, int& page, int& slot) const {
     const int tk = t_begin + st * Cfg::TOK + ctau;
     if (st < n_steps && tk < t_end) {
-      page = __ldg(table + tk / a.block_size);
-      slot = tk % a.block_size;
+      // A power-of-two block size (every preset's 16) shifts and masks instead of the ~20
+      // instructions of an integer division by a runtime divisor; the branch is uniform.
+      const int blk = bshift >= 0 ? tk >> bshift : tk / a.block_size;
+      page = __ldg(table + blk);
+      slot = tk - blk * a.block_size;
     } else {
       page = -1;
       slot = 0;
+    }
+  }
+  // The copies of one half (K or V) of a stage, coalesced: chunk idx = lane + 32 i of the stage's
+  // TOK x NCH chunks (NCH = CB / CG per cell) is chunk idx % NCH of token idx / NCH, so one warp
+  // instruction moves whole consecutive cells (int8 at D = 128: 4 cells of 128 B, 4 cache lines)
+  // instead of 32 B of each of 16 cells (16 lines): the L1 handles a quarter of the wavefronts for
+  // the same bytes. A token's lookup lives in its copy lanes (token tau: lane tau * LPT) and
+  // reaches the chunk's lane by shuffles.
+  template <int CB, int CG, int S>
+  __device__ __forceinline__ void copy_half(std::uint8_t* dst, const std::uint8_t* pool, std::size_t page_stride, int page,
+                                            int slot) const {
+    constexpr int NCH = CB / CG, TOTAL = Cfg::TOK * NCH;
+    const int lane = ctau * Cfg::LPT + csub;
+    const std::size_t cell_base = static_cast<std::size_t>(kvh) * CB;
+#pragma unroll
+    for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
+      const int idx = lane + 32 * i;
+      const int tau = min(idx / NCH, Cfg::TOK - 1), c = idx - (idx / NCH) * NCH;
+      const int pg = __shfl_sync(0xffffffffu, page, tau * Cfg::LPT);
+      const int sl = __shfl_sync(0xffffffffu, slot, tau * Cfg::LPT);
+      const bool valid = pg >= 0;
+      const std::uint8_t* src =
+          pool + (valid ? static_cast<std::size_t>(pg) * page_stride + static_cast<std::size_t>(sl) * a.n_kv_heads * CB +
+                              cell_base + c * CG
+                        : 0);
+      if (TOTAL % 32 == 0 || idx < TOTAL) cp_async<CG>(dst + tau * S + c * CG, src, valid);
     }
   }
   __device__ __forceinline__ void issue(int st, int page, int slot) const {
@@ -295,14 +327,8 @@ struct WarpKvPipe {
     std::uint8_t* sb = wpipe + (st % Cfg::STAGES) * Cfg::STAGE_AL;
     const bool valid = page >= 0;
     const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
-    const std::uint8_t* kc = a.k_pool + (valid ? static_cast<std::size_t>(page) * a.k_page_stride + cell * Cfg::CBK : 0);
-    const std::uint8_t* vc = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + cell * Cfg::CBV : 0);
-    std::uint8_t* kd = sb + ctau * Cfg::SK;
-    std::uint8_t* vd = sb + Cfg::TOK * Cfg::SK + ctau * Cfg::SV;
-#pragma unroll
-    for (int u = csub; u < Cfg::CBK / Cfg::CGK; u += Cfg::LPT) cp_async<Cfg::CGK>(kd + u * Cfg::CGK, kc + u * Cfg::CGK, valid);
-#pragma unroll
-    for (int u = csub; u < Cfg::CBV / Cfg::CGV; u += Cfg::LPT) cp_async<Cfg::CGV>(vd + u * Cfg::CGV, vc + u * Cfg::CGV, valid);
+    copy_half<Cfg::CBK, Cfg::CGK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, slot);
+    copy_half<Cfg::CBV, Cfg::CGV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, slot);
     if (csub == 0) {
       std::uint8_t* scw = sb + Cfg::TOK * (Cfg::SK + Cfg::SV);
       std::uint8_t* par = scw + Cfg::TOK * 8;
@@ -341,15 +367,20 @@ struct WarpKvPipe {
   // After the step's last read of its stage (the stage is refilled STAGES - 1 steps later).
   __device__ __forceinline__ void release() const { __syncwarp(); }
   __device__ __forceinline__ void drain() const { cp_async_wait<0>(); }
+  // The ring's last stage, which prologue() leaves unwritten: scratch for the caller until its
+  // first acquire() (which issues the copies of step STAGES - 1 into it) after a __syncwarp().
+  __device__ __forceinline__ std::uint8_t* spare_stage() const { return wpipe + (Cfg::STAGES - 1) * Cfg::STAGE_AL; }
   // Views of a stage.
   __device__ static const std::uint8_t* k_cells(const std::uint8_t* sb) { return sb; }
   __device__ static const std::uint8_t* v_cells(const std::uint8_t* sb) { return sb + Cfg::TOK * Cfg::SK; }
   __device__ static const std::uint8_t* scale_words(const std::uint8_t* sb) { return sb + Cfg::TOK * (Cfg::SK + Cfg::SV); }
   __device__ static const std::uint8_t* parity(const std::uint8_t* sb) { return scale_words(sb) + Cfg::TOK * 8; }
 };
-// The int8 cell scale of token u of a stage (h = 0: K, 1: V).
+// The int8 cell scale of token u of a stage (h = 0: K, 1: V): the scale word and the parity byte
+// are two independent shared loads (the parity selects the half by a shift, not an address).
 __device__ __forceinline__ float stage_int8_scale(const std::uint8_t* scw, const std::uint8_t* par, int u, int h) {
-  return h2f(reinterpret_cast<const std::uint16_t*>(scw + u * 8 + 4 * h)[par[u]]);
+  const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(scw + u * 8 + 4 * h);
+  return h2f(static_cast<std::uint16_t>(w >> (16 * par[u])));
 }
 
 // ---- fast path ----------------------------------------------------------------------------------

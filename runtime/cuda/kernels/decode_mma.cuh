@@ -327,8 +327,27 @@ struct MmaState {
 #pragma unroll
     for (int k = 0; k < T::NVREF; ++k) vref[k] = 0.0f;
   }
-  // Warp-uniform: raises reference k to cover mx (rescaling its O rows exactly), inv = 1 / vref[k].
-  __device__ __forceinline__ void raise_vref(int k, float mx, float& inv) {
+  // Raises reference k to cover the tile's largest V scale (rescaling its O rows exactly) and
+  // returns 1 / vref[k]. Each lane passes the largest scale of its own tokens (mx_lane); lanes
+  // t = 0..3 of a row hold the tile's 16 tokens (every row alike). A vote skips the reduction
+  // when no lane's scale exceeds the reference: then neither does the tile's maximum, so the
+  // result is the one the reduction would give.
+  __device__ __forceinline__ float raise_vref(int k, float mx_lane) {
+    if (__any_sync(0xffffffffu, mx_lane > vref[k])) {
+      float mx = fmaxf(mx_lane, __shfl_xor_sync(0xffffffffu, mx_lane, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      raise_vref_to(k, mx);
+    }
+    return vref_inverse(vref[k]);
+  }
+  // 1 / r for the references pow2_norm makes (0 before the first raise, a normal power of two
+  // 2^e after, or -0 when an infinite scale overflowed the exponent), without a division: 2^-e
+  // is the exponent field's complement to 254, exact; anything not > 0 gives 0, like 1 / r did.
+  __device__ static __forceinline__ float vref_inverse(float r) {
+    return r > 0.0f ? __uint_as_float((254u << 23) - __float_as_uint(r)) : 0.0f;
+  }
+  // Warp-uniform mx: the reference rises to a power of two above it, O rescaled exactly.
+  __device__ __forceinline__ void raise_vref_to(int k, float mx) {
     if (mx > vref[k]) {
       float sc, iv;
       pow2_norm(mx, sc, iv);
@@ -343,7 +362,6 @@ struct MmaState {
         }
       vref[k] = sc;
     }
-    inv = vref[k] > 0.0f ? 1.0f / vref[k] : 0.0f;  // exact: a power of two
   }
 };
 
@@ -468,24 +486,39 @@ __device__ __forceinline__ void mma_update_local_state(const float (&s)[MmaTrait
                                                        MmaState<KF, VF, D>& st,
                                                        float (&p)[MmaTraits<KF, VF, D>::NT][4]) {
   using T = MmaTraits<KF, VF, D>;
+  // The lane's own maximum per head; the tile's (over the 8 rows g) only when some lane's exceeds
+  // the running max: otherwise no head's maximum grows and the reduction would change nothing
+  // (the max rarely grows after the first tiles, so most tiles skip its three dependent shuffles).
+  float mx[2];
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    float mx = -INFINITY;
+    mx[hh] = -INFINITY;
 #pragma unroll
-    for (int tl = 0; tl < T::NT; ++tl) mx = fmaxf(mx, fmaxf(s[tl][hh], s[tl][2 + hh]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    if (mx > st.m[hh]) {
-      const float corr = safe_exp2_diff(st.m[hh], mx);
-      st.l[hh] *= corr;
+    for (int tl = 0; tl < T::NT; ++tl) mx[hh] = fmaxf(mx[hh], fmaxf(s[tl][hh], s[tl][2 + hh]));
+  }
+  if (__any_sync(0xffffffffu, mx[0] > st.m[0] || mx[1] > st.m[1])) {
 #pragma unroll
-      for (int i = 0; i < T::MT; ++i) {
-        st.o[i][hh] *= corr;
-        st.o[i][2 + hh] *= corr;
-      }
-      st.m[hh] = mx;
+    for (int hh = 0; hh < 2; ++hh) {
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 4));
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 8));
+      mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 16));
     }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      if (mx[hh] > st.m[hh]) {
+        const float corr = safe_exp2_diff(st.m[hh], mx[hh]);
+        st.l[hh] *= corr;
+#pragma unroll
+        for (int i = 0; i < T::MT; ++i) {
+          st.o[i][hh] *= corr;
+          st.o[i][2 + hh] *= corr;
+        }
+        st.m[hh] = mx[hh];
+      }
+    }
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
     const bool live = st.m[hh] != -INFINITY;
 #pragma unroll
     for (int tl = 0; tl < T::NT; ++tl) {
@@ -554,10 +587,7 @@ __device__ __forceinline__ void mma_compute_pv(const std::uint8_t* sb, const flo
         sv[tl][k] = stage_int8_scale(scw, par, 16 * tl + tk[k], 1);
         mx = fmaxf(mx, sv[tl][k]);
       }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float inv;
-    st.raise_vref(0, mx, inv);
+    const float inv = st.raise_vref(0, mx);
 #pragma unroll
     for (int tl = 0; tl < NT; ++tl) {
       set_pf(tl, 0, bt[tl][0] * (sv[tl][0] * inv), bt[tl][1] * (sv[tl][1] * inv));
@@ -604,10 +634,7 @@ __device__ __forceinline__ void mma_compute_pv(const std::uint8_t* sb, const flo
             dv[tl][k] = h2f(lds16(vcell + (16 * tl + tk[k]) * Cfg::SV + bb * blk));
             mx = fmaxf(mx, fabsf(dv[tl][k]));
           }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        float inv;
-        st.raise_vref(blk, mx, inv);
+        const float inv = st.raise_vref(blk, mx);
         // the sign of d travels with the weight (q4_0 d is negative for positive extremes)
 #pragma unroll
         for (int tl = 0; tl < NT; ++tl) {
@@ -672,7 +699,7 @@ __device__ __forceinline__ void mma_write_partials(const DecodeLaunch& a, MmaSta
 }
 
 template <HF KF, HF VF, int D>
-__global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(DecodeLaunch a) {
+__global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS) decode_mma_kernel(DecodeLaunch a) {
   using T = MmaTraits<KF, VF, D>;
   using Cfg = typename T::Cfg;
   extern __shared__ __align__(16) std::uint8_t smem[];
@@ -690,16 +717,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 3) decode_mma_kernel(Decode
   const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
   const MmaLane ln = mma_lane<KF, VF, D>(lane);
 
-  float* q_s = reinterpret_cast<float*>(smem) + warp * kHeadsPerCta * D;
+  // The first KV copies go out before q is read, so q's load hides behind them; q is staged in the
+  // ring's spare stage, which the first acquire() refills only after the __syncwarp below.
+  typename T::Pipe kv(a, a.block_tables + static_cast<std::size_t>(b) * a.table_stride, smem + warp * Cfg::WARP_SMEM,
+                      kvh, t_begin, t_end, lane);
+  kv.prologue();
+  float* q_s = reinterpret_cast<float*>(kv.spare_stage());
   load_q_warp<is_rot(KF)>(a, b, hq0, nh, q_s, lane);
   typename T::QFrag qf;
   mma_q_fragments<KF, VF, D>(q_s, ln, qf);
+  __syncwarp();  // every lane's reads of q_s before the copies of step STAGES - 1 overwrite it
 
   MmaState<KF, VF, D> st;
   st.init();
-  typename T::Pipe kv(a, a.block_tables + static_cast<std::size_t>(b) * a.table_stride,
-                      smem + Cfg::Q_SMEM + warp * Cfg::WARP_SMEM, kvh, t_begin, t_end, lane);
-  kv.prologue();
   for (int step = 0; step < kv.n_steps; ++step) {
     const std::uint8_t* sb = kv.acquire(step);
     float s[T::NT][4], p[T::NT][4], bt[T::NT][4];

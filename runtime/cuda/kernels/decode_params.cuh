@@ -92,10 +92,17 @@ struct MmaCfg {
   static constexpr int STAGE = TOK * (SK + SV) + TOK * 8 + TOK * 2;
   static constexpr int STAGE_AL = (STAGE + 15) / 16 * 16;
   static constexpr int WARP_SMEM = STAGES * STAGE_AL;
-  static constexpr int Q_SMEM = kDecodeWarps * kHeadsPerCta * D * 4;  // each warp its own KV head's q
-  static constexpr int PIPE_SMEM = kDecodeWarps * WARP_SMEM;
-  static constexpr int SMEM = Q_SMEM + PIPE_SMEM;
+  // Each warp stages its KV head's q (kHeadsPerCta x D floats) in its ring's last stage, which the
+  // prologue leaves free (WarpKvPipe::spare_stage): no shared memory of its own, so four CTAs of
+  // int8/fp8 at D = 128 (4 x 57 KB) fit in an SM's 228 KB.
+  static_assert(STAGE_AL >= kHeadsPerCta * D * 4, "q must fit in one pipeline stage");
+  static constexpr int SMEM = kDecodeWarps * WARP_SMEM;
   static constexpr int KSTEPS = D / 16, MTILES = D / 16, NBLK = D / 32;
+  // Resident CTAs per SM the registers are budgeted for (__launch_bounds__): the kernel is bound by
+  // per-tile latency, so 16 warps/SM (<= 128 registers) at D <= 128. D = 256 holds twice the O and
+  // q fragments and stays at 12 warps (<= 168 registers); so does a q8_0 K with a block-scaled V,
+  // which spills at 128 registers (48 B for q8_0/q8_0 at D = 128, ptxas 13.0).
+  static constexpr int MIN_CTAS = D <= 128 && !(KF == HF::q8_0 && is_block32(VF)) ? 4 : 3;
 };
 
 // Which kernel a (K, V, D) instantiation runs: generic (D == 0), tensor-core (both halves narrow),
