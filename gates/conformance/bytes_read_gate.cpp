@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "catch_compat.hpp"
+#include "conformance_fixtures.hpp"
 #include "format_bytes.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format_list.hpp"
@@ -25,19 +26,6 @@ using namespace kvgate;
 using namespace kvgate::gates;
 
 namespace {
-
-// stories260K, loaded once per window layout (a copy of the model with per-layer windows set).
-const Model& stories_with_windows(const std::vector<int>& windows) {
-  static std::map<std::vector<int>, std::unique_ptr<Model>> cache;
-  auto& m = cache[windows];
-  if (!m) {
-    const auto lk = find_model("stories260K/stories260K.bin");
-    if (!lk.found()) FAIL(lk.message);
-    m = std::make_unique<Model>(load_model(lk.path));
-    if (!windows.empty()) m->config.layer_window = windows;
-  }
-  return *m;
-}
 
 // The first page a query at position n - 1 can see on a layer with window w (0: every page).
 int first_page(int n, int w, int B) { return w > 0 && n > w ? (n - w) / B : 0; }
@@ -76,7 +64,7 @@ void check_reads(const KvReadCounter& cnt, const KvFormat& f, const ModelConfig&
 }
 
 void run_bytes_read(const KvFormat& f, const std::vector<int>& windows) {
-  const Model& m = stories_with_windows(windows);
+  const Model& m = stories260k(windows);
   std::vector<int> ids = kStories260KGreedy64;
   ids.insert(ids.end(), kStories260KGreedy64.begin(), kStories260KGreedy64.end());
   for (int B : {16, 8, 5}) {

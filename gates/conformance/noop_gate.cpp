@@ -30,6 +30,7 @@
 
 #include "bounds.hpp"
 #include "catch_compat.hpp"
+#include "conformance_fixtures.hpp"
 #include "format_bytes.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format_list.hpp"
@@ -362,21 +363,11 @@ void check_rotation(const KvFormat& f) {
 }
 
 // 4. The engine: its store's page bytes, and each half's effect on the logits.
-const Model& stories() {
-  static std::unique_ptr<Model> m;
-  if (!m) {
-    const auto lk = find_model("stories260K/stories260K.bin");
-    if (!lk.found()) FAIL(lk.message);
-    m = std::make_unique<Model>(load_model(lk.path));
-  }
-  return *m;
-}
-
 std::vector<float> logits_of(const KvFormat& f, std::size_t* k_page = nullptr, std::size_t* v_page = nullptr) {
   const std::vector<int>& ids = kStories260KGreedy64;
   std::vector<int> toks{1};
   toks.insert(toks.end(), ids.begin(), ids.begin() + 40);
-  Engine e(stories(), engine_options_for(f, 1));
+  Engine e(stories260k(), engine_options_for(f, 1));
   std::vector<float> out = e.forward_all_logits(toks);
   if (k_page) *k_page = e.store().page_bytes(KvHalf::K);
   if (v_page) *v_page = e.store().page_bytes(KvHalf::V);
@@ -384,7 +375,7 @@ std::vector<float> logits_of(const KvFormat& f, std::size_t* k_page = nullptr, s
 }
 
 void check_engine(const KvFormat& f) {
-  const ModelConfig& c = stories().config;
+  const ModelConfig& c = stories260k().config;
   std::size_t kp = 0, vp = 0;
   logits_of(f, &kp, &vp);
   const std::size_t B = 16, H = static_cast<std::size_t>(c.n_kv_heads), D = static_cast<std::size_t>(c.head_dim);

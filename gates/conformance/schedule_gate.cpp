@@ -26,6 +26,7 @@
 
 #include "bounds.hpp"
 #include "catch_compat.hpp"
+#include "conformance_fixtures.hpp"
 #include "kvgate/attention.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format_list.hpp"
@@ -38,16 +39,6 @@ using namespace kvgate;
 using namespace kvgate::gates;
 
 namespace {
-
-const Model& stories() {
-  static std::unique_ptr<Model> m;
-  if (!m) {
-    const auto lk = find_model("stories260K/stories260K.bin");
-    if (!lk.found()) FAIL(lk.message);
-    m = std::make_unique<Model>(load_model(lk.path));
-  }
-  return *m;
-}
 
 struct Schedule {
   int threads = 1, chunk = 128, block = 16;
@@ -64,7 +55,7 @@ struct Request {
 };
 
 Request run_request(const KvFormat& f, const Schedule& s) {
-  const Model& m = stories();
+  const Model& m = stories260k();
   const std::vector<int>& ids = kStories260KGreedy64;
   std::vector<int> prompt{1};
   for (int r = 0; r < 2; ++r) prompt.insert(prompt.end(), ids.begin(), ids.end());
@@ -105,7 +96,7 @@ long first_logit_diff(const std::vector<float>& a, const std::vector<float>& b, 
 }
 
 void check_engine_schedules(const KvFormat& f) {
-  const std::size_t V = static_cast<std::size_t>(stories().config.vocab_size);
+  const std::size_t V = static_cast<std::size_t>(stories260k().config.vocab_size);
   const Schedule ref{};
   const Request base = run_request(f, ref);
   // Anti-vacuity: the request is not trivial (its logits vary over positions), the bytes are there.
