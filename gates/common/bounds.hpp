@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 
 namespace kvgate::gates {
 
@@ -228,5 +229,21 @@ inline double mod_top1_allowed(long n_reference_disagreements) {
 }
 // The quantile used for the tail metric (nearest rank over all compared positions).
 inline constexpr double kModKlQuantile = 0.99;
+
+// STO.noop (gates/conformance/noop_gate.cpp) — a half really quantized on its declared grid. Each
+// element's round-trip error r = (x^ - x) / step, in units of the declared grid's step at x (the ulp
+// of a float code, the scale of an integer code), is a rounding residual: |r| <= 1/2, and for data
+// whose position between grid points is spread (gaussian values, thousands of elements) r is
+// uniform on [-1/2, 1/2], RMS 1/sqrt(12) = 0.2887 (the standard quantization-noise model). A grid
+// one bit finer halves it (0.144), one bit coarser doubles it (0.577); not quantizing gives 0. The
+// gate accepts the residual RMS within half a bit of the declared grid, a factor sqrt(2) either way.
+// Sampling: over >= 4096 elements the RMS's relative spread is < 2%, far inside that factor; the
+// few elements that saturate or clamp (errors up to 2 steps) move it by less.
+inline constexpr double kNoopResidualRms = 0.28867513459481287;  // 1 / sqrt(12)
+inline constexpr double kNoopResidualRmsLo = kNoopResidualRms / 1.4142135623730951;
+inline constexpr double kNoopResidualRmsHi = kNoopResidualRms * 1.4142135623730951;
+// The code symbols of a page of gaussian data take more values than a constant, a sign and zero:
+// at least 4 (a page that is all zero, or one constant code per group, fails).
+inline constexpr std::size_t kNoopMinDistinctCodes = 4;
 
 }  // namespace kvgate::gates

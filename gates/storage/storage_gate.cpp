@@ -7,31 +7,13 @@
 #include "catch_compat.hpp"
 #include "kvgate/format_list.hpp"
 #include "kvgate/kv_store.hpp"
+#include "format_bytes.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates;
 
 namespace {
-
-// FORMATS.md "Geometry" table, per half page.
-std::size_t expected_page_bytes(HalfFormat f, std::size_t B, std::size_t H, std::size_t D) {
-  switch (f) {
-    case HalfFormat::f32: return B * H * D * 4;
-    case HalfFormat::f16:
-    case HalfFormat::bf16: return B * H * D * 2;
-    case HalfFormat::int8: return B * H * D + 2 * B * H;
-    case HalfFormat::fp8_e4m3:
-    case HalfFormat::fp8_e5m2: return B * H * D;
-    case HalfFormat::q8_0: return B * (H * D / 32) * 34;
-    case HalfFormat::q4_0:
-    case HalfFormat::q4_0_rot: return B * (H * D / 32) * 18;
-    case HalfFormat::mxfp8: return B * H * D + B * (H * D / 32);      // E4M3 codes, then UE8M0 scales
-    case HalfFormat::mxfp4: return B * (H * D / 2) + B * (H * D / 32);  // E2M1 nibbles, then UE8M0 scales
-    case HalfFormat::nvfp4: return B * (H * D / 2) + B * (H * D / 16);  // E2M1 nibbles, then E4M3 scales
-  }
-  return 0;
-}
 
 void run_bytes(const KvFormat& fmt) {
   const int geoms[][3] = {{16, 8, 128}, {1, 4, 8}, {7, 2, 64}, {16, 1, 256}, {3, 8, 64}};

@@ -176,6 +176,10 @@ const std::uint8_t* PagedKvStore::page(int layer, KvHalf h, int block) const {
   if (block < 0)
     throw KvStoreError("kv store: read of a released page (block-table entry " + std::to_string(block) +
                        "): a page outside every layer's sliding window was given back to the pool");
+  if (read_counter_) [[unlikely]] {
+    read_counter_->pages[static_cast<int>(h)].fetch_add(1, std::memory_order_relaxed);
+    read_counter_->bytes[static_cast<int>(h)].fetch_add(page_bytes_[static_cast<int>(h)], std::memory_order_relaxed);
+  }
   if (!window_) return pool_page(layer, h, block);
   return window_->lookup(layer, static_cast<int>(h), block, [this](int l, int hh, int b) {
     return pool_page(l, static_cast<KvHalf>(hh), b);

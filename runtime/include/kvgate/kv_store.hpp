@@ -2,6 +2,7 @@
 // one for V in their half formats, each page with its scale region (docs/FORMATS.md); block
 // tables per sequence; append/write, dequantized read, truncate, swap out/in, byte accounting.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -56,6 +57,19 @@ class KvReadHook {
  public:
   virtual ~KvReadHook() = default;
   virtual void on_read(int layer, KvHalf h, int pos0, int n, int row_elems, float* rows) const = 0;
+};
+
+// A diagnostic count of the read path (off unless a caller sets one): every lookup of a page for
+// reading (page() const, what attention reads) adds one page and that page's bytes to its half.
+// The bytes-moved gates compare it with the pages a decode step needs; nothing in a release path
+// sets one (one null check per lookup when none is set). Relaxed atomics: prefill attention reads
+// from several threads.
+struct KvReadCounter {
+  std::atomic<std::uint64_t> pages[2] = {0, 0};  // [KvHalf]
+  std::atomic<std::uint64_t> bytes[2] = {0, 0};
+  void reset() {
+    for (int h = 0; h < 2; ++h) pages[h] = 0, bytes[h] = 0;
+  }
 };
 
 // Byte storage of the host page pools: page-aligned and padded to whole OS pages. The CUDA backend
@@ -140,6 +154,8 @@ class PagedKvStore {
   // Sets (null: clears) the read hook attention applies to every page it reads (KvReadHook).
   void set_read_hook(std::shared_ptr<const KvReadHook> h) { read_hook_ = std::move(h); }
   const KvReadHook* read_hook() const { return read_hook_.get(); }
+  // Sets (null: clears) the counter of page lookups for reading (KvReadCounter).
+  void set_read_counter(std::shared_ptr<KvReadCounter> c) { read_counter_ = std::move(c); }
 
   // --- streaming (kv_stream.hpp) ---------------------------------------------------------------
   // resident_tokens > 0: a window of that many tokens' blocks per layer lives in a device pool
@@ -204,6 +220,7 @@ class PagedKvStore {
   std::map<SeqId, Sequence> seqs_;
   SeqId next_id_ = 0;
   std::shared_ptr<const KvReadHook> read_hook_;  // diagnostics only; null in every release path
+  std::shared_ptr<KvReadCounter> read_counter_;   // diagnostics only; null in every release path
   mutable std::unique_ptr<KvWindow> window_;  // streaming: the device window (lookups update its LRU)
 };
 
