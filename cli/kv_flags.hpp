@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kv_aliases.hpp"
+#include "kv_scales_file.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/kv_cache_dir.hpp"
@@ -62,6 +63,7 @@ struct EngineFlags {
   std::string model, tokenizer, kv;
   std::string kv_cache_dtype, cache_type_k, cache_type_v;  // other engines' spellings (kv_aliases.hpp)
   std::optional<float> k_scale, v_scale;
+  std::string kv_scales;  // --kv-scales FILE (kv_scales_file.hpp)
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
@@ -117,6 +119,9 @@ inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
                   "llama.cpp's -ctv: the V half (" + alias_choices(kLlamaCacheType) + "; K defaults to f16)");
   sub->add_option("--k-scale", f.k_scale, "per-tensor K scale for fp8 halves (all layers)");
   sub->add_option("--v-scale", f.v_scale, "per-tensor V scale for fp8 halves (all layers)");
+  sub->add_option("--kv-scales", f.kv_scales,
+                  "JSON file of the fp8 KV scales per layer, K and V, one per layer or per KV head "
+                  "(schema reports/schema/kv-scales.schema.json); --k-scale/--v-scale override its half");
   // The aliases become the --kv value once the command line is read (a refusal is a usage error).
   sub->parse_complete_callback([&f] {
     try {
@@ -167,8 +172,9 @@ inline void check_engine_flags(const EngineFlags& f) {
                                 std::to_string(layers.size()) + " stages): give one count per stage, or leave --pp out");
 }
 
-// The engine options of the flags, for the KV format resolved against the model.
-inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv) {
+// The engine options of the flags, for the KV format resolved against the model. Scales of each half:
+// --k-scale / --v-scale, else --kv-scales FILE, else the checkpoint's, else 1.0 (docs/FORMATS.md).
+inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, const ModelConfig& mc) {
   EngineOptions eo;
   eo.kv = kv;
   eo.block_size = f.block_size;
@@ -180,6 +186,11 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv) 
   // A conversation is saved whole after the turn (its KV file holds every row), so its pages stay
   // even where every layer's sliding window has passed them.
   eo.release_outside_window = f.cache.conv_id.empty();
+  if (!f.kv_scales.empty()) {
+    const KvScalesFile file = load_kv_scales_file(f.kv_scales);
+    eo.k_scale = kv_scales_for_model(file, true, mc.n_layers, mc.n_kv_heads);
+    eo.v_scale = kv_scales_for_model(file, false, mc.n_layers, mc.n_kv_heads);
+  }
   if (f.k_scale) eo.k_scale = {*f.k_scale};
   if (f.v_scale) eo.v_scale = {*f.v_scale};
   return eo;

@@ -175,7 +175,8 @@ inline void write_bytes(const std::string& p, std::span<const std::uint8_t> b) {
   out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
-// Rewrites a header (with a valid checksum) in front of the given regions.
+// Rewrites a header (with a valid checksum) in front of the given regions (and, from version 3,
+// the head-scales region of the header's scales).
 inline std::vector<std::uint8_t> assemble(const KvFileHeader& h, std::span<const std::uint8_t> tokens,
                                           std::span<const std::uint8_t> body, std::span<const std::uint8_t> scales) {
   const std::string hb = encode_kv_header(h);
@@ -183,6 +184,15 @@ inline std::vector<std::uint8_t> assemble(const KvFileHeader& h, std::span<const
   out.insert(out.end(), tokens.begin(), tokens.end());
   out.insert(out.end(), body.begin(), body.end());
   out.insert(out.end(), scales.begin(), scales.end());
+  const std::string hs = encode_kv_head_scales(h);  // version 3: the head scales of h.k_scale/v_scale
+  out.insert(out.end(), hs.begin(), hs.end());
+  return out;
+}
+
+// Per-layer scales as a parsed file holds them: each layer's scale on each of its n_kv_heads heads.
+inline std::vector<float> on_every_head(const std::vector<float>& per_layer, int n_kv_heads) {
+  std::vector<float> out;
+  for (float x : per_layer) out.insert(out.end(), static_cast<std::size_t>(n_kv_heads), x);
   return out;
 }
 

@@ -65,10 +65,12 @@ TEST_CASE("STO.store.refusals swapped-out, out-of-range and released-page operat
   {
     StoreConfig c = small_config();
     c.k_scale = {1.0f};
-    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: k_scale/v_scale must have one entry per layer (2), got 1");
+    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: k_scale/v_scale must have one entry per layer (2) or one per layer and KV head (2 x " +
+                                                                std::to_string(c.n_kv_heads) + " = " + std::to_string(2 * c.n_kv_heads) +
+                                                                "), got 1 for k_scale");
     c = small_config();
     c.v_scale = {1.0f, 0.0f};
-    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: per-tensor KV scales must be finite and > 0, got 0.000000");
+    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: KV scales must be finite and > 0, got 0.000000 for v_scale of layer 1 KV head 0");
     c.v_scale = {1.0f, 0.5f};
     CHECK_NOTHROW(PagedKvStore(c));
   }
