@@ -10,7 +10,6 @@
 // Anti-vacuity: the same engine with each layer's head-0 scale on every head gives other logits
 // (the heads' scales matter on this model), the file's head-scales region holds every (layer,
 // half, head) scale, and a doctored file whose head scales were reset to 1.0 is refused.
-#include <random>
 
 #include "head_scales.hpp"
 #include "par_common.hpp"
@@ -45,6 +44,15 @@ std::vector<float> scales_of(const Engine& e) {
   return s;
 }
 
+std::string hydrate_refusal(Engine& e, const KvFile& file, std::span<const int> prompt) {
+  try {
+    e.hydrate(file, prompt);
+  } catch (const KvFileError& err) {
+    return err.what();
+  }
+  return "(no refusal)";
+}
+
 void run_head_scales(const Model& m, const KvFormat& f) {
   INFO("model " << m.path << ", format " << f.name());
   const auto turns = three_turns(m);
@@ -74,15 +82,7 @@ void run_head_scales(const Model& m, const KvFormat& f) {
     PagedKvStore& st = s.store();
     const std::vector<int> before(st.block_table(s.sequence()).begin(), st.block_table(s.sequence()).end());
     st.swap_out(s.sequence());
-    const SeqId other = st.create_sequence();
-    const int n_other = static_cast<int>(before.size()) * st.config().block_size;
-    st.extend(other, n_other);
-    std::mt19937 rng(3);
-    std::normal_distribution<float> d(0.0f, 1.0f);
-    const int HD = m.config.n_kv_heads * m.config.head_dim;
-    std::vector<float> rows(static_cast<std::size_t>(n_other) * HD);
-    for (auto& x : rows) x = d(rng);
-    for (int l = 0; l < m.config.n_layers; ++l) st.write(other, l, 0, n_other, rows.data(), HD, rows.data(), HD);
+    const SeqId other = scribble_sequence(st, m.config, static_cast<int>(before.size()) * st.config().block_size, 3, 1.0f);
     st.swap_in(s.sequence());
     CHECK(std::vector<int>(st.block_table(s.sequence()).begin(), st.block_table(s.sequence()).end()) != before);
     greedy_turn(u, std::span<const int>(prompt).subspan(n0), 8, tu);
@@ -142,44 +142,20 @@ void run_head_scales(const Model& m, const KvFormat& f) {
         EngineOptions o = head_options(m, f);
         o.v_scale[static_cast<std::size_t>(1 * m.config.n_kv_heads + 2)] *= 1.5f;
         Engine other(m, o);
-        std::string msg;
-        try {
-          other.hydrate(file, p);
-        } catch (const KvFileError& err) {
-          msg = err.what();
-        }
-        CHECK_THAT(msg, kvgate_catch::contains("V scale of layer 1 KV head 2"));
-        // Head scales reset to 1.0 in a doctored file: refused the same way.
+        CHECK_THAT(hydrate_refusal(other, file, p), kvgate_catch::contains("V scale of layer 1 KV head 2"));
+        // Head scales reset to 1.0 in a doctored file (checksums made to match): refused the same way.
         KvFileHeader h = file.header;
         std::fill(h.k_scale.begin(), h.k_scale.end(), 1.0f);
-        const std::string hb = encode_kv_header(h), hs = encode_kv_head_scales(h);
-        std::vector<std::uint8_t> bytes(hb.begin(), hb.end());
         const std::vector<std::uint8_t> orig = read_bytes(c.path());
-        const std::size_t body_end = orig.size() - h.head_scales_bytes;
-        bytes.insert(bytes.end(), orig.begin() + static_cast<std::ptrdiff_t>(kKvFileHeaderBytes),
-                     orig.begin() + static_cast<std::ptrdiff_t>(body_end));
-        bytes.insert(bytes.end(), hs.begin(), hs.end());
-        const KvFile doctored = parse_kv_file(bytes, "doctored.kvf");
+        const Regions r = regions_of(orig, file.header);
+        const KvFile doctored = parse_kv_file(assemble(h, r.tokens, r.body, r.scales), "doctored.kvf");
         Engine fresh(m, head_options(m, f));
-        std::string msg2;
-        try {
-          fresh.hydrate(doctored, p);
-        } catch (const KvFileError& err) {
-          msg2 = err.what();
-        }
-        CHECK_THAT(msg2, kvgate_catch::contains("K scale of layer 0 KV head 0"));
+        CHECK_THAT(hydrate_refusal(fresh, doctored, p), kvgate_catch::contains("K scale of layer 0 KV head 0"));
       }
     }
     // The same three turns live, in one engine.
     Engine live(m, head_options(m, f));
-    Trace tl;
-    int pending = -1;
-    for (const auto& t : turns) {
-      std::vector<int> p;
-      if (pending >= 0) p.push_back(pending);
-      p.insert(p.end(), t.begin(), t.end());
-      pending = greedy_turn(live, p, 8, tl);
-    }
+    const Trace tl = live_turns(live, turns, 8);
     CHECK(first_difference(tl, tc) == -1);
   }
 }

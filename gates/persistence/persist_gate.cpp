@@ -19,17 +19,8 @@ constexpr int kSteps = 10;
 
 // The live conversation: one engine, three turns, the pending sample opens the next turn.
 Trace live_conversation(const Model& m, const KvFormat& f) {
-  const auto turns = three_turns(m);
   Engine e(m, options(m, f));
-  Trace tr;
-  int pending = -1;
-  for (const auto& t : turns) {
-    std::vector<int> toks;
-    if (pending >= 0) toks.push_back(pending);
-    toks.insert(toks.end(), t.begin(), t.end());
-    pending = greedy_turn(e, toks, kSteps, tr);
-  }
-  return tr;
+  return live_turns(e, three_turns(m), kSteps);
 }
 
 struct Persisted {
