@@ -187,7 +187,7 @@ TEST_CASE("CLI.run.kv_scales --kv-scales FILE gives every layer and KV head its 
   for (int l = 0; l < L; ++l) {
     json k = json::array(), v = json::array();
     for (int h = 0; h < H; ++h) k.push_back(ks[static_cast<std::size_t>(l * H + h)]), v.push_back(vs[static_cast<std::size_t>(l * H + h)]);
-    layers.push_back({{"k", k}, {"v", l == 2 ? json(64.0) : v}});  // layer 2's V: one number for every head
+    layers.push_back({{"k", l == 2 ? json(0.00390625) : k}, {"v", v}});  // layer 2's K: one number for every head
   }
   Scratch sc;
   const fs::path file = sc.dir / "scales.json";
@@ -197,15 +197,18 @@ TEST_CASE("CLI.run.kv_scales --kv-scales FILE gives every layer and KV head its 
   EngineOptions eo = lib_options("fp8");
   eo.k_scale = ks;
   eo.v_scale = vs;
-  for (int h = 0; h < H; ++h) eo.v_scale[static_cast<std::size_t>(2 * H + h)] = 64.0f;
+  for (int h = 0; h < H; ++h) eo.k_scale[static_cast<std::size_t>(2 * H + h)] = 0.00390625f;
   CHECK(got == lib_generate(eo, SamplerOptions{}, prompt, 40));
   // --k-scale wins over the file for K; V stays the file's.
   const json jk = run_json(model_args() + " --kv fp8 --steps 40 --k-scale 0.5 --kv-scales " + q(file.string()));
   EngineOptions ek = eo;
   ek.k_scale = {0.5f};
   CHECK(std::vector<int>(jk["generated_ids"]) == lib_generate(ek, SamplerOptions{}, prompt, 40));
-  // Anti-vacuity: head 0's scale on every head (per layer), or K and V swapped, give other ids.
-  EngineOptions head0 = eo, swapped = eo;
+  // Anti-vacuity: head 0's scale on every head (per layer), K and V swapped, or layer 2's one number
+  // on its head 0 only (1.0 on the others) give other ids.
+  EngineOptions head0 = eo, swapped = eo, layer2_head0 = eo;
+  for (int h = 1; h < H; ++h) layer2_head0.k_scale[static_cast<std::size_t>(2 * H + h)] = 1.0f;
+  CHECK(lib_generate(layer2_head0, SamplerOptions{}, prompt, 40) != got);
   for (auto* s : {&head0.k_scale, &head0.v_scale})
     for (std::size_t i = 0; i < s->size(); ++i) (*s)[i] = (*s)[i / static_cast<std::size_t>(H) * static_cast<std::size_t>(H)];
   std::swap(swapped.k_scale, swapped.v_scale);
