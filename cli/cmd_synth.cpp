@@ -27,6 +27,8 @@ void register_synth(CLI::App& app) {
                   "where to declare it: config (config.json quantization_config) | hf_quant_config (legacy file)")
       ->capture_default_str();
   sub->add_option("--kv-scale", o->kv_scale, "write per-layer self_attn.k_scale/v_scale = S (0: none)");
+  sub->add_flag("--kv-scale-per-head", o->kv_scale_per_head,
+                "with --kv-scale S: [kv_heads] scales, layer i head h: K = S(1+i/8)(1+h/4), V = 0.75 K");
   sub->add_flag("--tie", o->tie_embeddings, "tie_word_embeddings (no lm_head.weight)");
   sub->add_option("--rope-theta", o->rope_theta, "rope_theta (0: 1e4 for llama/mistral, 1e6 for qwen)");
   sub->add_option("--rope", o->rope,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kv_aliases.hpp"
+#include "kv_scales_file.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/kv_cache_dir.hpp"
@@ -65,6 +66,7 @@ struct EngineFlags {
   std::string kv_layers;       // --kv-layers "0-1:bf16,*:fp8" (kvgate/kv_layer_map.hpp)
   std::string kv_skip_layers;  // vLLM's --kv-cache-dtype-skip-layers "0,1": those keep the model's own KV
   std::optional<float> k_scale, v_scale;
+  std::string kv_scales;  // --kv-scales FILE (kv_scales_file.hpp)
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
@@ -126,6 +128,9 @@ inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
                   "/ --kv-cache-dtype format");
   sub->add_option("--k-scale", f.k_scale, "per-tensor K scale for fp8 halves (all layers)");
   sub->add_option("--v-scale", f.v_scale, "per-tensor V scale for fp8 halves (all layers)");
+  sub->add_option("--kv-scales", f.kv_scales,
+                  "JSON file of the fp8 KV scales per layer, K and V, one per layer or per KV head "
+                  "(schema reports/schema/kv-scales.schema.json); --k-scale/--v-scale override its half");
   // The aliases become the --kv value once the command line is read (a refusal is a usage error).
   sub->parse_complete_callback([&f] {
     try {
@@ -200,12 +205,13 @@ inline KvLayerMap kv_layer_map_of_flags(const EngineFlags& f, const ResolvedKv& 
   return {};
 }
 
-// The engine options of the flags, for the KV format resolved against the model (`c`: the layers of
-// a per-layer map).
-inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, const ModelConfig& c) {
+// The engine options of the flags, for the KV format resolved against the model (`mc`: the layers of
+// a per-layer map). Scales of each half: --k-scale / --v-scale, else --kv-scales FILE, else the
+// checkpoint's, else 1.0 (docs/FORMATS.md).
+inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, const ModelConfig& mc) {
   EngineOptions eo;
   eo.kv = kv;
-  if (KvLayerMap map = kv_layer_map_of_flags(f, kv, c); !map.empty()) {
+  if (KvLayerMap map = kv_layer_map_of_flags(f, kv, mc); !map.empty()) {
     eo.kv.requested = eo.kv.effective = map.front();
     eo.kv.requested_source = f.kv_layers.empty() ? "flag:--kv-cache-dtype-skip-layers" : "flag:--kv-layers";
     eo.kv.fallback_reason.clear();
@@ -220,6 +226,11 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, 
   // A conversation is saved whole after the turn (its KV file holds every row), so its pages stay
   // even where every layer's sliding window has passed them.
   eo.release_outside_window = f.cache.conv_id.empty();
+  if (!f.kv_scales.empty()) {
+    const KvScalesFile file = load_kv_scales_file(f.kv_scales);
+    eo.k_scale = kv_scales_for_model(file, true, mc.n_layers, mc.n_kv_heads);
+    eo.v_scale = kv_scales_for_model(file, false, mc.n_layers, mc.n_kv_heads);
+  }
   if (f.k_scale) eo.k_scale = {*f.k_scale};
   if (f.v_scale) eo.v_scale = {*f.v_scale};
   return eo;

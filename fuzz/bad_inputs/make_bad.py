@@ -193,3 +193,11 @@ g = bytearray(rd("fuzz/corpus/gguf/tiny_llama.gguf"))
 i = g.index(b"tokenizer.ggml.scores") + len(b"tokenizer.ggml.scores") + 16  # type, element type, count
 struct.pack_into("<f", g, i + 4 * 3, float("nan"))
 wr("gguf_nan_score.gguf", bytes(g))
+# --kv-scales files for llama2c_tiny.bin (1 layer, 1 KV head): a per-head list of the wrong length,
+# a layer too many, a negative and a zero scale (docs/FORMATS.md "Static scales per KV head").
+def kv_scales(layers):
+    return json.dumps({"schema": "kvgate.kv-scales/1", "layers": layers}, indent=1)
+wr("kv_scales_heads.json", kv_scales([{"k": [0.5, 0.25], "v": 0.5}]))
+wr("kv_scales_layers.json", kv_scales([{"k": 0.5, "v": 0.5}, {"k": 0.5, "v": 0.5}]))
+wr("kv_scales_negative.json", kv_scales([{"k": 0.5, "v": [-0.25]}]))
+wr("kv_scales_zero.json", kv_scales([{"k": 0, "v": 0.5}]))

@@ -169,6 +169,78 @@ TEST_CASE("CLI.run.scales --k-scale and --v-scale reach their own half", "[gate:
   CHECK(lib_generate(no_k, SamplerOptions{}, prompt, 40) != got);
 }
 
+TEST_CASE("CLI.run.kv_scales --kv-scales FILE gives every layer and KV head its own scale; --k-scale overrides its "
+          "half; a bad file is refused naming the file and the field",
+          "[gate:CLI][fmt:fp8]") {
+  const ModelConfig& c = stories().model.config;
+  const int L = c.n_layers, H = c.n_kv_heads;
+  // Scales far from 1 on some heads (as CLI.run.scales: K / 2^-8 saturates e4m3, V / 64 is mostly
+  // subnormal), others near the data's range, distinct per layer: whether each head gets its own
+  // scale then changes the greedy ids.
+  std::vector<float> ks, vs;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      ks.push_back((h % 2 ? 0.00390625f : 0.37f) * (1.0f + 0.125f * static_cast<float>(l)));
+      vs.push_back(((h + l) % 2 ? 64.0f : 0.0213f) * (1.0f + 0.125f * static_cast<float>(l)));
+    }
+  json layers = json::array();
+  for (int l = 0; l < L; ++l) {
+    json k = json::array(), v = json::array();
+    for (int h = 0; h < H; ++h) k.push_back(ks[static_cast<std::size_t>(l * H + h)]), v.push_back(vs[static_cast<std::size_t>(l * H + h)]);
+    layers.push_back({{"k", l == 2 ? json(0.00390625) : k}, {"v", v}});  // layer 2's K: one number for every head
+  }
+  Scratch sc;
+  const fs::path file = sc.dir / "scales.json";
+  std::ofstream(file) << json{{"schema", "kvgate.kv-scales/1"}, {"layers", layers}}.dump(1);
+  const json j = run_json(model_args() + " --kv fp8 --steps 40 --kv-scales " + q(file.string()));
+  const std::vector<int> prompt = j["prompt_ids"], got = j["generated_ids"];
+  EngineOptions eo = lib_options("fp8");
+  eo.k_scale = ks;
+  eo.v_scale = vs;
+  for (int h = 0; h < H; ++h) eo.k_scale[static_cast<std::size_t>(2 * H + h)] = 0.00390625f;
+  CHECK(got == lib_generate(eo, SamplerOptions{}, prompt, 40));
+  // --k-scale wins over the file for K; V stays the file's.
+  const json jk = run_json(model_args() + " --kv fp8 --steps 40 --k-scale 0.5 --kv-scales " + q(file.string()));
+  EngineOptions ek = eo;
+  ek.k_scale = {0.5f};
+  CHECK(std::vector<int>(jk["generated_ids"]) == lib_generate(ek, SamplerOptions{}, prompt, 40));
+  // Anti-vacuity: head 0's scale on every head (per layer), K and V swapped, or layer 2's one number
+  // on its head 0 only (1.0 on the others) give other ids.
+  EngineOptions head0 = eo, swapped = eo, layer2_head0 = eo;
+  for (int h = 1; h < H; ++h) layer2_head0.k_scale[static_cast<std::size_t>(2 * H + h)] = 1.0f;
+  CHECK(lib_generate(layer2_head0, SamplerOptions{}, prompt, 40) != got);
+  for (auto* s : {&head0.k_scale, &head0.v_scale})
+    for (std::size_t i = 0; i < s->size(); ++i) (*s)[i] = (*s)[i / static_cast<std::size_t>(H) * static_cast<std::size_t>(H)];
+  std::swap(swapped.k_scale, swapped.v_scale);
+  CHECK(lib_generate(head0, SamplerOptions{}, prompt, 40) != got);
+  CHECK(lib_generate(swapped, SamplerOptions{}, prompt, 40) != got);
+  CHECK(std::vector<int>(jk["generated_ids"]) != got);
+  // Refusals name the file, the field and the fix.
+  auto refused = [&](const json& doc, const std::string& field, const std::string& what) {
+    const fs::path bad = sc.dir / "bad.json";
+    std::ofstream(bad) << doc.dump();
+    const Run r = kvgate_cli("run " + model_args() + " --kv fp8 --steps 2 --kv-scales " + q(bad.string()));
+    INFO(r.err);
+    CHECK(r.rc != 0);
+    CHECK_THAT(r.err, kvgate_catch::contains(bad.string()));
+    CHECK_THAT(r.err, kvgate_catch::contains("field '" + field + "'"));
+    CHECK_THAT(r.err, kvgate_catch::contains(what));
+  };
+  json short_heads = layers;
+  short_heads[1]["k"] = json::array({0.5, 0.5});
+  refused({{"schema", "kvgate.kv-scales/1"}, {"layers", short_heads}}, "layers[1].k", "give one scale per KV head (" + std::to_string(H) + ")");
+  json missing = layers;
+  missing.erase(missing.size() - 1);
+  refused({{"schema", "kvgate.kv-scales/1"}, {"layers", missing}}, "layers", "the model has " + std::to_string(L) + " layers");
+  json neg = layers;
+  neg[0]["v"][1] = -0.5;
+  refused({{"schema", "kvgate.kv-scales/1"}, {"layers", neg}}, "layers[0].v[1]", "not a finite KV scale > 0");
+  json huge = layers;
+  huge[3]["k"] = 1e300;  // inf in binary32
+  refused({{"schema", "kvgate.kv-scales/1"}, {"layers", huge}}, "layers[3].k", "not a finite KV scale > 0");
+  refused({{"layers", layers}}, "schema", "kvgate.kv-scales/1");
+}
+
 TEST_CASE("CLI.run.pool --kv-cache-memory and --block-size size the pool", "[gate:CLI][fmt:int8]") {
   // 96 KiB for int8 at block 8: the engine's own arithmetic decides the page count; the CLI must
   // report the same pool as the library given the same bytes, and not the default (context-sized) pool.

@@ -690,3 +690,43 @@ TEST_CASE("STO.cuda.resolve resolve_kv on backend cuda refuses what the CUDA ops
   CHECK_FALSE(resolve_kv(cpu, cfg(256, 256), 16).fell_back());
   register_backend_capability("cuda", nullptr);
 }
+
+TEST_CASE("STO.cuda.head_scales per-KV-head fp8 scales are refused by supports_op and the CUDA store, by name (no "
+          "device needed); heads that agree run as one scale per layer",
+          "[gate:STO][fmt:fp8]") {
+  // The CUDA kernels take one fp8 scale per (layer, K|V): a store whose scales differ across the KV
+  // heads of a layer must be refused with reason "per_head_scales_unsupported" before any device
+  // memory is touched, never run with one head's scale.
+  StoreConfig c;
+  c.format = {HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3};
+  c.n_layers = 2;
+  c.n_kv_heads = 4;
+  c.head_dim = 64;
+  c.block_size = 16;
+  c.n_blocks = 4;
+  c.k_scale = {0.5f, 0.5f, 0.5f, 0.5f, 0.25f, 0.25f, 0.25f, 0.25f};  // per head, but every head agrees
+  c.v_scale = {0.1f, 0.2f, 0.3f, 0.4f, 0.1f, 0.1f, 0.1f, 0.1f};      // layer 0's heads differ
+  const kc::OpSupport s = kc::supports_op(kc::Op::store, c);
+  INFO("reason '" << s.reason << "' detail '" << s.detail << "'");
+  CHECK_FALSE(s.ok);
+  CHECK(s.reason == "per_head_scales_unsupported");
+  CHECK_THAT(s.detail, kvgate_catch::contains("V half"));
+  CHECK_FALSE(kc::supports_op(kc::Op::decode, c, 8).ok);
+  std::string msg;
+  try {
+    kc::CudaKvStore st(c);
+  } catch (const KvStoreError& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, kvgate_catch::contains("per_head_scales_unsupported"));
+  // Anti-vacuity: heads that agree collapse to one scale per layer and pass; a V half that reads no
+  // scale (int8) ignores the list.
+  CHECK(kc::per_layer_scales(c.k_scale, 2, 4) == std::vector<float>{0.5f, 0.25f});
+  CHECK(kc::per_layer_scales(c.v_scale, 2, 4) == c.v_scale);
+  StoreConfig agree = c;
+  agree.v_scale = {0.1f, 0.1f, 0.1f, 0.1f, 0.2f, 0.2f, 0.2f, 0.2f};
+  CHECK(kc::supports_op(kc::Op::store, agree).ok);
+  StoreConfig int8_v = c;
+  int8_v.format.v = HalfFormat::int8;
+  CHECK(kc::supports_op(kc::Op::store, int8_v).ok);
+}

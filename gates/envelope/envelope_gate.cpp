@@ -4,11 +4,13 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <string>
 
 #include "kvgate/format_list.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "kvgate_oracle/scalar.hpp"
+#include "head_scales.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
@@ -282,4 +284,47 @@ TEST_CASE("ENV.fp8.saturation values past 448 clamp to +-448*s", "[gate:ENV][fmt
 }
 TEST_CASE("ENV.fp8_e5m2.saturation values past 57344 clamp to +-57344*s", "[gate:ENV][fmt:fp8_e5m2]") {
   run_saturation(HalfFormat::fp8_e5m2, kE5m2Max);
+}
+
+TEST_CASE("ENV.fp8.head_scales per-KV-head scales: every element within the envelope of its own head's scale",
+          "[gate:ENV][fmt:fp8][fmt:fp8_e5m2]") {
+  // Bound: FORMATS.md "fp8" with s the element's head's scale: |x^ - x| <= 2^-4 |x| + 2^-10 s (e4m3),
+  // 2^-3 |x| + 2^-17 s (e5m2), + 4u|x| (bounds.hpp fp8_e4m3_bound / fp8_e5m2_bound); every x / s is
+  // normal and unsaturated (head_scales.hpp). Scales distinct per head, layer and half.
+  // Anti-vacuity: the worst element uses more than a quarter of its bound (the bound is not loose by
+  // orders of magnitude), and the same codes read with head 0's scale on every head break the bound
+  // on some element of every (layer, half).
+  const int L = 3, H = 4, D = 16, B = 16, n = 40;
+  for (HalfFormat hf : {HalfFormat::fp8_e4m3, HalfFormat::fp8_e5m2}) {
+    const bool e4 = hf == HalfFormat::fp8_e4m3;
+    const auto ks = gate_head_scales(L, H, KvHalf::K), vs = gate_head_scales(L, H, KvHalf::V);
+    const HeadScaledStore st = fill_head_scaled({hf, hf}, L, H, D, B, n, ks, vs, 23);
+    for (int l = 0; l < L; ++l)
+      for (KvHalf kh : {KvHalf::K, KvHalf::V}) {
+        INFO(name(hf) << " layer " << l << (kh == KvHalf::K ? " K" : " V"));
+        const auto& x = kh == KvHalf::K ? st.k[static_cast<std::size_t>(l)] : st.v[static_cast<std::size_t>(l)];
+        std::vector<float> xh(x.size());
+        st.store->read(st.seq, l, kh, 0, n, xh.data());
+        const auto hs = st.store->head_scales(l, kh);
+        double worst = 0;
+        bool wrong_breaks = false;
+        long violations = 0;
+        std::string first;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          const std::size_t h = (i % static_cast<std::size_t>(H * D)) / D;
+          const double b = e4 ? fp8_e4m3_bound(x[i], hs[h]) : fp8_e5m2_bound(x[i], hs[h]);
+          const double err = std::fabs(double(xh[i]) - x[i]);
+          if (!(err <= b) && violations++ == 0)
+            first = "element " + std::to_string(i) + " (head " + std::to_string(h) + "): x " + std::to_string(x[i]) +
+                    " read " + std::to_string(xh[i]) + " bound " + std::to_string(b);
+          worst = std::max(worst, err / b);
+          const double wrong = double(xh[i]) / hs[h] * hs[0];  // the codes with head 0's scale
+          wrong_breaks |= std::fabs(wrong - x[i]) > b;
+        }
+        INFO(violations << " elements outside the envelope; first: " << first);
+        CHECK(violations == 0);
+        CHECK(worst > 0.25);
+        CHECK(wrong_breaks);
+      }
+  }
 }

@@ -12,6 +12,7 @@
 #include "kvgate/blocks.hpp"
 #include "kvgate/format_list.hpp"
 #include "kvgate/numeric.hpp"
+#include "head_scales.hpp"
 #include "store_harness.hpp"
 
 using namespace kvgate;
@@ -233,4 +234,58 @@ TEST_CASE("INV.rotation normalized Walsh-Hadamard round trip and orthogonality",
       CHECK(moved > 0.1);
     }
   }
+}
+
+TEST_CASE("INV.fp8.head_scales moving each KV head's scale by its own power of two leaves reads and attention "
+          "bit-identical",
+          "[gate:INV][fmt:fp8][fmt:fp8_e5m2]") {
+  // Static scales per KV head, distinct per head, layer and half (head_scales.hpp); head h of layer l
+  // moves by 2^e with e different per (layer, head, half), so a reader that took another head's
+  // scale, or one scale for the layer, would give other values. Every scaled value stays normal and
+  // unsaturated under both scale sets (x / s in [0.5, 60], e in [-2, 2]: [2^-3, 240]).
+  // Anti-vacuity: each head's stored codes change (its scale reached its own elements).
+  const int L = 2, H = 4, D = 16, B = 16, n = 37, Hq = 8;
+  long heads_moved = 0;
+  for (HalfFormat hf : {HalfFormat::fp8_e4m3, HalfFormat::fp8_e5m2}) {
+    const auto ks = gate_head_scales(L, H, KvHalf::K), vs = gate_head_scales(L, H, KvHalf::V);
+    std::vector<float> ks2 = ks, vs2 = vs;
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      ks2[i] = std::ldexp(ks[i], static_cast<int>(i % 5) - 2);
+      vs2[i] = std::ldexp(vs[i], 2 - static_cast<int>((i + 1) % 5));
+    }
+    const HeadScaledStore base = fill_head_scaled({hf, hf}, L, H, D, B, n, ks, vs, 5);
+    StoreConfig c2 = base.store->config();
+    c2.k_scale = ks2;
+    c2.v_scale = vs2;
+    PagedKvStore moved(c2);
+    const SeqId s2 = moved.create_sequence();
+    moved.extend(s2, n);
+    Rng r(6);
+    std::vector<float> q(static_cast<std::size_t>(2) * Hq * D);
+    for (auto& x : q) x = r.normal();
+    for (int l = 0; l < L; ++l) {
+      moved.write(s2, l, 0, n, base.k[static_cast<std::size_t>(l)].data(), H * D, base.v[static_cast<std::size_t>(l)].data(), H * D);
+      for (KvHalf kh : {KvHalf::K, KvHalf::V}) {
+        INFO(name(hf) << " layer " << l << (kh == KvHalf::K ? " K" : " V"));
+        std::vector<float> a(static_cast<std::size_t>(n) * H * D), b(a.size());
+        base.store->read(base.seq, l, kh, 0, n, a.data());
+        moved.read(s2, l, kh, 0, n, b.data());
+        CHECK(bit_equal(a, b));
+        const std::uint8_t* pa = base.store->page(l, kh, base.store->block_table(base.seq)[0]);
+        const std::uint8_t* pb = moved.page(l, kh, moved.block_table(s2)[0]);
+        for (int h = 0; h < H; ++h) {
+          const float sa = base.store->head_scales(l, kh)[static_cast<std::size_t>(h)], sb = moved.head_scales(l, kh)[static_cast<std::size_t>(h)];
+          if (sa == sb) continue;
+          CHECK(std::memcmp(pa + h * D, pb + h * D, static_cast<std::size_t>(D)) != 0);  // slot 0, head h
+          ++heads_moved;
+        }
+      }
+      const AttentionArgs args{2, Hq, n - 2, 0};
+      std::vector<float> o1(q.size()), o2(q.size());
+      attention(*base.store, base.seq, l, args, q.data(), o1.data());
+      attention(moved, s2, l, args, q.data(), o2.data());
+      CHECK(bit_equal(o1, o2));
+    }
+  }
+  CHECK(heads_moved >= 2 * L * 2 * (H - 1));
 }

@@ -5,13 +5,16 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "catch_compat.hpp"
 #include "fixtures.hpp"
+#include "model_fixtures.hpp"
 #include "limit_fixtures.hpp"
+#include "kvgate/engine.hpp"
 #include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
@@ -387,6 +390,71 @@ TEST_CASE("STO.loader.kv_scales per-layer k_scale/v_scale are read, partial sets
   INFO(msg);
   CHECK(has(msg, "v_scale"));
   CHECK(has(msg, "incomplete"));
+}
+
+TEST_CASE("STO.loader.kv_head_scales [n_kv_heads] k_scale/v_scale are read per head; a wrong shape or a value <= 0, "
+          "NaN or inf is refused naming the file, the tensor and the fix",
+          "[gate:STO][fmt:fp8]") {
+  TempDir t;
+  SynthOptions o = tiny_options(t.sub("h"));
+  o.kv_algo = "FP8";
+  o.kv_scale = 0.5f;
+  o.kv_scale_per_head = true;  // layer i head h: K = 0.5 (1 + i/8)(1 + h/4), V = 0.75 K
+  synth_hf(o);
+  const Model m = load_hf(o.out);
+  const int H = o.kv_heads;
+  REQUIRE(m.config.k_scale.size() == static_cast<std::size_t>(o.layers * H));
+  REQUIRE(m.config.v_scale.size() == static_cast<std::size_t>(o.layers * H));
+  for (int i = 0; i < o.layers; ++i)
+    for (int h = 0; h < H; ++h) {
+      const float k = 0.5f * (1.0f + 0.125f * static_cast<float>(i)) * (1.0f + 0.25f * static_cast<float>(h));
+      const float v = 0.5f * 0.75f * (1.0f + 0.125f * static_cast<float>(i)) * (1.0f + 0.25f * static_cast<float>(h));
+      CHECK(m.config.k_scale[static_cast<std::size_t>(i * H + h)] == k);
+      CHECK(m.config.v_scale[static_cast<std::size_t>(i * H + h)] == v);
+    }
+  // The engine's store holds them per head, and a scalar checkpoint fills every head.
+  {
+    Engine e(m, resolved_engine_options(m, KvFormat{HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3}, 16, 64));
+    CHECK(e.store().per_head_scales());
+    CHECK(e.store().head_scales(1, KvHalf::V)[1] == m.config.v_scale[3]);
+    SynthOptions os = tiny_options(t.sub("scalar"));
+    os.kv_algo = "FP8";
+    os.kv_scale = 0.5f;
+    synth_hf(os);
+    const Model ms = load_hf(os.out);
+    REQUIRE(ms.config.k_scale.size() == static_cast<std::size_t>(os.layers));
+    Engine es(ms, resolved_engine_options(ms, KvFormat{HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3}, 16, 64));
+    CHECK_FALSE(es.store().per_head_scales());
+    for (int h = 0; h < H; ++h) CHECK(es.store().head_scales(1, KvHalf::K)[static_cast<std::size_t>(h)] == 0.5f);
+  }
+  const fs::path st = fs::path(o.out) / "model.safetensors";
+  const StFile good = read_st(st);
+  const std::string name = "model.layers.1.self_attn.k_scale";
+  {  // shape [1, H]: neither a scalar nor [n_kv_heads]
+    StFile f = good;
+    f.header[name]["shape"] = {1, H};
+    write_st(st, f);
+    const std::string msg = model_error([&] { load_hf(o.out); });
+    INFO(msg);
+    CHECK(has(msg, "model.safetensors"));
+    CHECK(has(msg, name));
+    CHECK(has(msg, "field 'shape' = [1, 2]"));
+    CHECK(has(msg, "one scale per KV head ([2]"));
+  }
+  const float bad_values[] = {0.0f, -0.25f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()};
+  for (float bad : bad_values) {
+    StFile f = good;
+    const auto off = f.header[name]["data_offsets"][0].get<std::size_t>() + 4;  // head 1
+    std::memcpy(f.data.data() + off, &bad, 4);
+    write_st(st, f);
+    const std::string msg = model_error([&] { load_hf(o.out); });
+    INFO(msg);
+    CHECK(has(msg, "model.safetensors"));
+    CHECK(has(msg, name + "' element 1 (KV head 1)"));
+    CHECK(has(msg, "not a positive finite KV scale"));
+  }
+  write_st(st, good);
+  CHECK_NOTHROW(load_hf(o.out));
 }
 
 TEST_CASE("STO.loader.tokenizer a broken tokenizer.json is named", "[gate:STO][fmt:none]") {

@@ -1,5 +1,6 @@
 // The KV file's rules (docs/KV_FILE.md):
-//   PAR.version.*  the current version reads; a version-1 file (no scales region, written by the
+//   PAR.version.*  the current version reads; a version-2 file (no head-scales region) reads for
+//                  every format; a version-1 file (no scales region, written by the
 //                  test's own v1 writer) reads for formats without per-token scales and is refused
 //                  for the others; newer versions, other models, formats, rotations, shapes and
 //                  per-tensor scales are refused -- each message names the file, its version, the
@@ -101,6 +102,25 @@ TEST_CASE("PAR.version.v1_unscaled a version-1 file of a format without per-toke
   }
 }
 
+TEST_CASE("PAR.version.v2 a version-2 file (no head-scales region) reads and hydrates bitwise, each layer's scale on "
+          "every KV head",
+          PAR_ALL_FMT_TAGS) {
+  TempDir dir;
+  for (const char* p : kAll) {
+    INFO(p);
+    const KvFormat f = fmt_of(p);
+    const Saved s = small_file(f, dir.file("v3.kvf"));
+    write_bytes(dir.file("v2.kvf"), as_version2(s.bytes));
+    const KvFile f2 = read_kv_file(dir.file("v2.kvf"));
+    CHECK(f2.header.version == 2);
+    CHECK(f2.file_bytes + s.file.header.head_scales_bytes == s.file.file_bytes);
+    CHECK(s.file.header.head_scales_bytes > 0);
+    CHECK(f2.header.k_scale == s.file.header.k_scale);  // per-tensor: the header's scale on every head
+    CHECK(f2.header.v_scale == s.file.header.v_scale);
+    CHECK(bitwise_equal(continue_from(dir.file("v2.kvf"), f), continue_from(dir.file("v3.kvf"), f)));
+  }
+}
+
 TEST_CASE("PAR.version.v1_scaled a version-1 file of a format with per-token scales is refused with what to do",
           "[gate:PAR][fmt:int8][fmt:q8_0][fmt:q4_0][fmt:k8v4]") {
   TempDir dir;
@@ -159,7 +179,7 @@ TEST_CASE("PAR.version.mismatch files of another model, format, rotation, shape 
     other.fingerprint = "0123456789abcdef";
     const std::string msg = hydrate_msg(other, options(other, fmt_of("int8")), dir.file("m.kvf"));
     CHECK_THAT(msg, kvgate_catch::contains("m.kvf"));
-    CHECK_THAT(msg, kvgate_catch::contains("version 2, format int8"));
+    CHECK_THAT(msg, kvgate_catch::contains("version " + std::to_string(kKvFileVersion) + ", format int8"));
     CHECK_THAT(msg, kvgate_catch::contains("model fingerprint " + m.fingerprint));
     CHECK_THAT(msg, kvgate_catch::contains("delete the file"));
   }
@@ -196,7 +216,7 @@ TEST_CASE("PAR.version.mismatch files of another model, format, rotation, shape 
     EngineOptions o = options(m, fmt_of("fp8"));
     o.k_scale = {1.0f};
     const std::string msg = hydrate_msg(m, o, dir.file("p.kvf"));
-    CHECK_THAT(msg, kvgate_catch::contains("per-tensor K scale of layer 0 0.370000005 in the file, 1 in this run"));
+    CHECK_THAT(msg, kvgate_catch::contains("K scale of layer 0 KV head 0 0.370000005 in the file, 1 in this run"));
     CHECK_THAT(msg, kvgate_catch::contains("--k-scale"));
   }
 }
@@ -208,8 +228,10 @@ TEST_CASE("PAR.corrupt.flip every flipped byte of every region is detected and n
     INFO(p);
     const Saved s = small_file(fmt_of(p), dir.file("a.kvf"));
     const KvFileHeader& h = s.file.header;
-    const std::size_t t0 = kKvFileHeaderBytes, b0 = t0 + h.tokens_bytes, s0 = b0 + h.body_bytes;
-    auto region_of = [&](std::size_t i) { return i < t0 ? "header" : i < b0 ? "tokens" : i < s0 ? "body" : "scales"; };
+    const std::size_t t0 = kKvFileHeaderBytes, b0 = t0 + h.tokens_bytes, s0 = b0 + h.body_bytes, h0 = s0 + h.scales_bytes;
+    auto region_of = [&](std::size_t i) {
+      return i < t0 ? "header" : i < b0 ? "tokens" : i < s0 ? "body" : i < h0 ? "scales" : "head_scales";
+    };
     std::map<std::string, int> flipped, named;
     std::vector<std::uint8_t> b = s.bytes;
     std::string first_bad;
@@ -231,6 +253,7 @@ TEST_CASE("PAR.corrupt.flip every flipped byte of every region is detected and n
     CHECK(flipped["tokens"] > 0);
     CHECK(flipped["body"] > 0);
     if (uses_token_scales(fmt_of(p))) CHECK(flipped["scales"] > 0);
+    CHECK(flipped["head_scales"] == static_cast<int>(h.n_layers * 2 * h.n_kv_heads * 4));  // version 3
   }
 }
 

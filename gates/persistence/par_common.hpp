@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -138,6 +139,33 @@ inline int greedy_turn(Engine& e, std::span<const int> tokens, int steps, Trace&
   return next;
 }
 
+// The live conversation: one engine, the turns in order, each turn's pending sample opening the next.
+inline Trace live_turns(Engine& e, const std::vector<std::vector<int>>& turns, int steps) {
+  Trace tr;
+  int pending = -1;
+  for (const auto& t : turns) {
+    std::vector<int> toks;
+    if (pending >= 0) toks.push_back(pending);
+    toks.insert(toks.end(), t.begin(), t.end());
+    pending = greedy_turn(e, toks, steps, tr);
+  }
+  return tr;
+}
+
+// What a swapped-out sequence's freed blocks see meanwhile: another sequence takes n tokens of
+// blocks and fills every layer's K and V with N(0, sigma) rows. Returns it (free it afterwards).
+inline SeqId scribble_sequence(PagedKvStore& st, const ModelConfig& c, int n, unsigned seed, float sigma) {
+  const SeqId other = st.create_sequence();
+  st.extend(other, n);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sigma);
+  const int HD = c.n_kv_heads * c.head_dim;
+  std::vector<float> rows(static_cast<std::size_t>(n) * HD);
+  for (auto& x : rows) x = d(rng);
+  for (int l = 0; l < st.config().n_layers; ++l) st.write(other, l, 0, n, rows.data(), HD, rows.data(), HD);
+  return other;
+}
+
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -175,7 +203,8 @@ inline void write_bytes(const std::string& p, std::span<const std::uint8_t> b) {
   out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
-// Rewrites a header (with a valid checksum) in front of the given regions.
+// Rewrites a header (with a valid checksum) in front of the given regions (and, from version 3,
+// the head-scales region of the header's scales).
 inline std::vector<std::uint8_t> assemble(const KvFileHeader& h, std::span<const std::uint8_t> tokens,
                                           std::span<const std::uint8_t> body, std::span<const std::uint8_t> scales) {
   const std::string hb = encode_kv_header(h);
@@ -183,6 +212,15 @@ inline std::vector<std::uint8_t> assemble(const KvFileHeader& h, std::span<const
   out.insert(out.end(), tokens.begin(), tokens.end());
   out.insert(out.end(), body.begin(), body.end());
   out.insert(out.end(), scales.begin(), scales.end());
+  const std::string hs = encode_kv_head_scales(h);  // version 3: the head scales of h.k_scale/v_scale
+  out.insert(out.end(), hs.begin(), hs.end());
+  return out;
+}
+
+// Per-layer scales as a parsed file holds them: each layer's scale on each of its n_kv_heads heads.
+inline std::vector<float> on_every_head(const std::vector<float>& per_layer, int n_kv_heads) {
+  std::vector<float> out;
+  for (float x : per_layer) out.insert(out.end(), static_cast<std::size_t>(n_kv_heads), x);
   return out;
 }
 
@@ -195,15 +233,24 @@ inline Regions regions_of(std::span<const std::uint8_t> file, const KvFileHeader
           {file.begin() + s0, file.begin() + s0 + h.scales_bytes}};
 }
 
-// The "version 1 writer" of the tests: the same content in the older layout (no scales region).
-inline std::vector<std::uint8_t> as_version1(std::span<const std::uint8_t> v2file) {
-  KvFile f = parse_kv_file(v2file, "v2");
-  Regions r = regions_of(v2file, f.header);
+// The "older version writer" of the tests: the same content in an older layout. Version 2 has no
+// head-scales region (each layer's header scale is then every KV head's: only per-tensor scales
+// survive it); version 1 has no scales region either.
+inline std::vector<std::uint8_t> as_older_version(std::span<const std::uint8_t> file, std::uint32_t version) {
+  KvFile f = parse_kv_file(file, "current");
+  Regions r = regions_of(file, f.header);
   KvFileHeader h = f.header;
-  h.version = 1;
-  h.scales_bytes = 0;
-  h.scales_xxh64 = kv_checksum(nullptr, 0);
-  return assemble(h, r.tokens, r.body, {});
+  h.version = version;
+  h.head_scales_bytes = 0;
+  h.head_scales_xxh64 = 0;
+  if (version < 2) {
+    h.scales_bytes = 0;
+    h.scales_xxh64 = kv_checksum(nullptr, 0);
+    r.scales.clear();
+  }
+  return assemble(h, r.tokens, r.body, r.scales);
 }
+inline std::vector<std::uint8_t> as_version1(std::span<const std::uint8_t> file) { return as_older_version(file, 1); }
+inline std::vector<std::uint8_t> as_version2(std::span<const std::uint8_t> file) { return as_older_version(file, 2); }
 
 }  // namespace kvgate::par

@@ -19,17 +19,8 @@ constexpr int kSteps = 10;
 
 // The live conversation: one engine, three turns, the pending sample opens the next turn.
 Trace live_conversation(const Model& m, const KvFormat& f) {
-  const auto turns = three_turns(m);
   Engine e(m, options(m, f));
-  Trace tr;
-  int pending = -1;
-  for (const auto& t : turns) {
-    std::vector<int> toks;
-    if (pending >= 0) toks.push_back(pending);
-    toks.insert(toks.end(), t.begin(), t.end());
-    pending = greedy_turn(e, toks, kSteps, tr);
-  }
-  return tr;
+  return live_turns(e, three_turns(m), kSteps);
 }
 
 struct Persisted {
@@ -94,8 +85,8 @@ void run_persist(const Model& m, const KvFormat& f) {
   CHECK(f1.header.v_rotation == rotation_of(f.v));
   CHECK(f1.header.fingerprint == m.fingerprint);
   if (uses_tensor_scale(f)) {
-    CHECK(f1.header.k_scale == k_scales(m.config.n_layers));
-    CHECK(f1.header.v_scale == v_scales(m.config.n_layers));
+    CHECK(f1.header.k_scale == on_every_head(k_scales(m.config.n_layers), m.config.n_kv_heads));
+    CHECK(f1.header.v_scale == on_every_head(v_scales(m.config.n_layers), m.config.n_kv_heads));
   }
   CHECK(f1.scales.size() == (uses_token_scales(f) ? f1.header.scales_bytes : 0u));
   if (uses_token_scales(f)) CHECK(!f1.scales.empty());
@@ -125,7 +116,7 @@ void run_persist(const Model& m, const KvFormat& f) {
     std::fill(h.k_scale.begin(), h.k_scale.end(), 1.0f);
     std::fill(h.v_scale.begin(), h.v_scale.end(), 1.0f);
     write_bytes(doctored, assemble(h, r.tokens, r.body, r.scales));
-    CHECK_THROWS_WITH(turn2_from(m, f, doctored), kvgate_catch::contains("per-tensor"));
+    CHECK_THROWS_WITH(turn2_from(m, f, doctored), kvgate_catch::contains("scale of layer 0 KV head 0"));
   }
 }
 

@@ -214,7 +214,7 @@ void run_split_persist(const Model& m, const KvFormat& f) {
   CHECK(bytes_split == bytes_single);  // the same file whoever holds the layers
   const KvFile fsplit = read_kv_file(dir.file("split.kvf")), fsingle = read_kv_file(dir.file("single.kvf"));
   CHECK(fsplit.header.n_layers == m.config.n_layers);
-  if (uses_tensor_scale(f)) CHECK(fsplit.header.k_scale == k_scales(m.config.n_layers));
+  if (uses_tensor_scale(f)) CHECK(fsplit.header.k_scale == on_every_head(k_scales(m.config.n_layers), m.config.n_kv_heads));
   // Turn 2 live (the single engine continues) vs hydrated across topologies.
   std::vector<int> prompt = fsplit.tokens;
   prompt.insert(prompt.end(), turns[1].begin(), turns[1].end());

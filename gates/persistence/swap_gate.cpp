@@ -32,15 +32,7 @@ void run_swap(const Model& m, const KvFormat& f, int resident) {
   st.swap_out(s.sequence());
   CHECK(st.residency(s.sequence()) == Residency::swapped);
   // Another sequence takes the freed blocks and fills them with different K/V.
-  const SeqId other = st.create_sequence();
-  const int n_other = static_cast<int>(before.size()) * st.config().block_size;
-  st.extend(other, n_other);
-  std::mt19937 rng(7);
-  std::normal_distribution<float> d(0.0f, 2.0f);
-  const int HD = m.config.n_kv_heads * m.config.head_dim;
-  std::vector<float> rows(static_cast<std::size_t>(n_other) * HD);
-  for (auto& x : rows) x = d(rng);
-  for (int l = 0; l < m.config.n_layers; ++l) st.write(other, l, 0, n_other, rows.data(), HD, rows.data(), HD);
+  const SeqId other = scribble_sequence(st, m.config, static_cast<int>(before.size()) * st.config().block_size, 7, 2.0f);
   st.swap_in(s.sequence());
   const std::vector<int> after(st.block_table(s.sequence()).begin(), st.block_table(s.sequence()).end());
   CHECK(after != before);  // anti-vacuity: the pages really moved

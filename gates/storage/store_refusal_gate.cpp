@@ -2,10 +2,14 @@
 // sequence, a released page read and bad per-tensor scales are refused with a KvStoreError naming the
 // operation, the sequence and the numbers (bound: the exact message); after swap_in the same calls
 // succeed and read back what was written (anti-vacuity).
+// STO.store.head_scale_refusals: per-KV-head scales of the wrong count, a head scale <= 0, NaN or
+// inf, and per-head scales on an nvfp4 half (one global scale per layer) are refused naming the
+// field, layer and head (bound: the message); heads that agree are accepted (anti-vacuity).
 // STO.store.copy: a copied (or assigned) store holds the same bytes and the same streaming window,
 // and is independent of the original (a write to one leaves the other bit-identical).
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -65,10 +69,12 @@ TEST_CASE("STO.store.refusals swapped-out, out-of-range and released-page operat
   {
     StoreConfig c = small_config();
     c.k_scale = {1.0f};
-    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: k_scale/v_scale must have one entry per layer (2), got 1");
+    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: k_scale/v_scale must have one entry per layer (2) or one per layer and KV head (2 x " +
+                                                                std::to_string(c.n_kv_heads) + " = " + std::to_string(2 * c.n_kv_heads) +
+                                                                "), got 1 for k_scale");
     c = small_config();
     c.v_scale = {1.0f, 0.0f};
-    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: per-tensor KV scales must be finite and > 0, got 0.000000");
+    CHECK(store_error([&] { PagedKvStore st(c); }) == "kv store: KV scales must be finite and > 0, got 0.000000 for v_scale of layer 1 KV head 0");
     c.v_scale = {1.0f, 0.5f};
     CHECK_NOTHROW(PagedKvStore(c));
   }
@@ -148,4 +154,37 @@ TEST_CASE("STO.store.copy a copied or assigned store holds the same bytes and wi
   c.set_streaming(0);  // 0 turns the window off
   CHECK(c.window() == nullptr);
   CHECK(read_all(c, s, 6) == before);
+}
+
+TEST_CASE("STO.store.head_scale_refusals per-KV-head scales: a wrong count, a head scale <= 0, NaN or inf, and per-head "
+          "scales on an nvfp4 half are refused naming the field, the layer and the head",
+          "[gate:STO][fmt:fp8][fmt:nvfp4]") {
+  StoreConfig c = small_config();  // 2 layers x 2 KV heads
+  c.format = {HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3};
+  c.k_scale = {0.5f, 0.25f, 0.125f, 0.75f};
+  c.v_scale = {0.5f, 0.5f, 0.5f};
+  CHECK(store_error([&] { PagedKvStore st(c); }) ==
+        "kv store: k_scale/v_scale must have one entry per layer (2) or one per layer and KV head (2 x 2 = 4), got 3 for v_scale");
+  for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    c.v_scale = {0.5f, 0.5f, 0.5f, bad};
+    const std::string msg = store_error([&] { PagedKvStore st(c); });
+    INFO(msg);
+    CHECK_THAT(msg, kvgate_catch::contains("for v_scale of layer 1 KV head 1"));
+  }
+  c.v_scale = {0.5f, 0.5f, 0.5f, 0.5f};
+  const PagedKvStore ok(c);
+  CHECK(ok.per_head_scales());
+  CHECK(ok.head_scales(1, KvHalf::K)[1] == 0.75f);
+  CHECK_THROWS_AS(ok.tensor_scale(1, KvHalf::K), KvStoreError);  // a per-tensor reader cannot use them
+  CHECK(ok.tensor_scale(1, KvHalf::V) == 0.5f);
+  // nvfp4 keeps one global scale per (layer, K|V): per-head scales are refused for its half.
+  c.format = {HalfFormat::fp8_e4m3, HalfFormat::nvfp4};
+  c.head_dim = 16;
+  c.v_scale = {0.5f, 0.5f, 0.5f, 0.25f};
+  const std::string msg = store_error([&] { PagedKvStore st(c); });
+  INFO(msg);
+  CHECK_THAT(msg, kvgate_catch::contains("V half is nvfp4"));
+  CHECK_THAT(msg, kvgate_catch::contains("layer 1's v_scale differs per KV head"));
+  c.v_scale = {0.5f, 0.5f, 0.25f, 0.25f};  // heads agree: accepted
+  CHECK_NOTHROW(PagedKvStore(c));
 }

@@ -283,8 +283,23 @@ void hadamard_f64(double* x, int n) {
 
 // ---- one token slot --------------------------------------------------------------------------
 
+// Head h's scale from the per-head list (size checked); fp8 divides head h's elements by it.
+static void check_head_scales(Half h, PageShape s, const std::vector<float>& hs) {
+    if (int(hs.size()) != s.n_kv_heads) throw std::invalid_argument("one scale per KV head expected");
+    for (float x : hs)
+        if (!(x > 0.0f) || !std::isfinite(x)) throw std::invalid_argument("KV scales must be finite and > 0");
+    if (h == Half::nvfp4)
+        for (float x : hs)
+            if (x != hs[0]) throw std::invalid_argument("nvfp4's global scale is one per (layer, K|V)");
+}
+
 void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slot,
                    float tensor_scale) {
+    quantize_slot(h, s, row, page, slot, std::vector<float>(size_t(std::max(s.n_kv_heads, 1)), tensor_scale));
+}
+
+void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slot,
+                   const std::vector<float>& head_scales) {
     require(h, s);
     check_slot(s, slot);
     const int H = s.n_kv_heads, D = s.head_dim, n = H * D;
@@ -300,8 +315,8 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
             for (int i = 0; i < n; ++i) put_u16(dst + 2 * i, to_bf16(row[i]));
             break;
         case Half::nvfp4: {
-            if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
-                throw std::invalid_argument("nvfp4 global scale must be finite and > 0");
+            check_head_scales(h, s, head_scales);
+            const float tensor_scale = head_scales[0];
             uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
             for (int b = 0; b < n / 16; ++b) {
                 uint8_t c[16];
@@ -315,10 +330,9 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
         }
         case Half::fp8_e4m3:
         case Half::fp8_e5m2:
-            if (!(tensor_scale > 0.0f) || !std::isfinite(tensor_scale))
-                throw std::invalid_argument("fp8 tensor_scale must be finite and > 0");
+            check_head_scales(h, s, head_scales);
             for (int i = 0; i < n; ++i) {
-                float y = row[i] / tensor_scale;  // binary32
+                float y = row[i] / head_scales[size_t(i / D)];  // binary32, the element's head's scale
                 dst[i] = h == Half::fp8_e4m3 ? to_e4m3(y) : to_e5m2(y);
             }
             break;
@@ -362,7 +376,13 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
 
 void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, float tensor_scale,
                      float* row) {
+    dequantize_slot(h, s, page, slot, std::vector<float>(size_t(std::max(s.n_kv_heads, 1)), tensor_scale), row);
+}
+
+void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, const std::vector<float>& head_scales,
+                     float* row) {
     require(h, s);
+    if (int(head_scales.size()) != s.n_kv_heads) throw std::invalid_argument("one scale per KV head expected");
     check_slot(s, slot);
     const int H = s.n_kv_heads, D = s.head_dim, n = H * D;
     const uint8_t* src = page + slot_byte_ranges(h, s, slot)[0].first;
@@ -377,10 +397,10 @@ void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, float t
             for (int i = 0; i < n; ++i) row[i] = from_bf16(get_u16(src + 2 * i));
             break;
         case Half::fp8_e4m3:
-            for (int i = 0; i < n; ++i) row[i] = from_e4m3(src[i]) * tensor_scale;
+            for (int i = 0; i < n; ++i) row[i] = from_e4m3(src[i]) * head_scales[size_t(i / D)];
             break;
         case Half::fp8_e5m2:
-            for (int i = 0; i < n; ++i) row[i] = from_e5m2(src[i]) * tensor_scale;
+            for (int i = 0; i < n; ++i) row[i] = from_e5m2(src[i]) * head_scales[size_t(i / D)];
             break;
         case Half::int8: {
             const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
@@ -412,7 +432,7 @@ void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, float t
         case Half::nvfp4: {
             const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
             for (int e = 0; e < n; ++e) {
-                const float S = from_e4m3(scales[e / 16]) * tensor_scale;  // binary32, as stored
+                const float S = from_e4m3(scales[e / 16]) * head_scales[0];  // binary32, as stored (one global)
                 row[e] = from_e2m1(uint8_t(src[e / 2] >> (e % 2 ? 4 : 0))) * S;
             }
             break;
@@ -427,22 +447,32 @@ static void check_tokens(PageShape s, int n_tokens) {
 }
 
 std::vector<uint8_t> quantize_page(Half h, PageShape s, const float* x, int n_tokens,
-                                   float tensor_scale) {
+                                   const std::vector<float>& head_scales) {
     std::vector<uint8_t> page(page_bytes(h, s), 0);
     check_tokens(s, n_tokens);
     const size_t row = size_t(s.n_kv_heads) * size_t(s.head_dim);
-    for (int t = 0; t < n_tokens; ++t) quantize_slot(h, s, x + t * row, page.data(), t, tensor_scale);
+    for (int t = 0; t < n_tokens; ++t) quantize_slot(h, s, x + t * row, page.data(), t, head_scales);
     return page;
 }
 
 std::vector<float> dequantize_page(Half h, PageShape s, const uint8_t* page, int n_tokens,
-                                   float tensor_scale) {
+                                   const std::vector<float>& head_scales) {
     require(h, s);
     check_tokens(s, n_tokens);
     const size_t row = size_t(s.n_kv_heads) * size_t(s.head_dim);
     std::vector<float> out(size_t(n_tokens) * row);
-    for (int t = 0; t < n_tokens; ++t) dequantize_slot(h, s, page, t, tensor_scale, out.data() + t * row);
+    for (int t = 0; t < n_tokens; ++t) dequantize_slot(h, s, page, t, head_scales, out.data() + t * row);
     return out;
+}
+
+std::vector<uint8_t> quantize_page(Half h, PageShape s, const float* x, int n_tokens,
+                                   float tensor_scale) {
+    return quantize_page(h, s, x, n_tokens, std::vector<float>(size_t(std::max(s.n_kv_heads, 1)), tensor_scale));
+}
+
+std::vector<float> dequantize_page(Half h, PageShape s, const uint8_t* page, int n_tokens,
+                                   float tensor_scale) {
+    return dequantize_page(h, s, page, n_tokens, std::vector<float>(size_t(std::max(s.n_kv_heads, 1)), tensor_scale));
 }
 
 float element_scale(Half h, PageShape s, const uint8_t* page, int slot, int head, int i,

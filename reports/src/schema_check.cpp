@@ -45,6 +45,7 @@ std::string schema_file_for(const nlohmann::json& doc) {
   if (s == "kvgate.signoff/2") return "signoff.schema.json";
   if (s == "kvgate.policy/1") return "policy.schema.json";
   if (s == "kvgate.field-report/1") return "field-report.schema.json";
+  if (s == "kvgate.kv-scales/1") return "kv-scales.schema.json";
   if (doc.contains("totals") && doc.contains("per_format") && doc.contains("gates")) return "gate.schema.json";
   return {};
 }

@@ -32,7 +32,7 @@ TEST_CASE("every published schema is valid JSON and names itself") {
     CHECK(j.value("$id", "") == e.path().filename().string());
     ++n;
   }
-  CHECK(n == 7);
+  CHECK(n == 8);
 }
 
 TEST_CASE("the committed fixtures validate against their schemas") {
@@ -45,6 +45,23 @@ TEST_CASE("the committed fixtures validate against their schemas") {
   const auto g = fixture("gates.json");
   CHECK(schema_file_for(g) == "gate.schema.json");
   CHECK(s.validate(g, "gate.schema.json").empty());
+}
+
+TEST_CASE("the kv-scales schema accepts per-layer and per-head scales and rejects a scale <= 0 or a stray field") {
+  const auto s = schemas();
+  json doc = json::parse(R"({"schema": "kvgate.kv-scales/1",
+                             "layers": [{"k": 0.0625, "v": [0.031, 0.027]}, {"k": [0.07, 0.06], "v": 0.03}]})");
+  CHECK(schema_file_for(doc) == "kv-scales.schema.json");
+  CHECK(s.validate(doc, "kv-scales.schema.json").empty());
+  json neg = doc;
+  neg["layers"][0]["v"][1] = -0.5;
+  CHECK_FALSE(s.validate(neg, "kv-scales.schema.json").empty());
+  json zero = doc;
+  zero["layers"][1]["k"][0] = 0;
+  CHECK_FALSE(s.validate(zero, "kv-scales.schema.json").empty());
+  json stray = doc;
+  stray["layers"][0]["q"] = 1.0;
+  CHECK_FALSE(s.validate(stray, "kv-scales.schema.json").empty());
 }
 
 TEST_CASE("the schema checker rejects what the schemas forbid") {

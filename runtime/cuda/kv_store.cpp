@@ -17,12 +17,13 @@ constexpr std::size_t kPageAlign = 256;  // every page starts 256-byte aligned (
 
 CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
   const PageGeometry g = cfg_.geometry();
-  const OpSupport sup = supports_op(Op::store, cfg_.format, g);
+  const OpSupport sup = supports_op(Op::store, cfg_);
   if (!sup.ok)
     throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
                        "): " + sup.detail);
   if (cfg_.n_layers < 1 || cfg_.n_blocks < 0) throw KvStoreError("cuda kv store: n_layers must be >= 1 and n_blocks >= 0");
   for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
+    *sc = per_layer_scales(*sc, cfg_.n_layers, cfg_.n_kv_heads);  // heads that agree: one per layer
     if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
     if (static_cast<int>(sc->size()) != cfg_.n_layers)
       throw KvStoreError("cuda kv store: k_scale/v_scale must have one entry per layer");
@@ -54,12 +55,13 @@ CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
 
 CudaKvStore::CudaKvStore(StoreConfig cfg, External ext) : cfg_(std::move(cfg)), external_(true) {
   const PageGeometry g = cfg_.geometry();
-  const OpSupport sup = supports_op(Op::store, cfg_.format, g);
+  const OpSupport sup = supports_op(Op::store, cfg_);
   if (!sup.ok)
     throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
                        "): " + sup.detail);
   if (cfg_.n_layers < 1) throw KvStoreError("cuda kv store: n_layers must be >= 1");
   for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
+    *sc = per_layer_scales(*sc, cfg_.n_layers, cfg_.n_kv_heads);  // heads that agree: one per layer
     if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
     if (static_cast<int>(sc->size()) != cfg_.n_layers)
       throw KvStoreError("cuda kv store: k_scale/v_scale must have one entry per layer");

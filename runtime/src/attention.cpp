@@ -32,6 +32,16 @@ namespace kvgate {
 
 namespace {
 
+// The scale of every element of a token row, [H*D]: element h*D + i takes head h's scale (what the
+// fp8 readers multiply by), written into `buf`.
+const float* head_scale_row(std::span<const float> head_scales, const PageGeometry& g, std::vector<float>& buf) {
+  const std::size_t D = static_cast<std::size_t>(g.head_dim);
+  buf.resize(head_scales.size() * D);
+  for (std::size_t h = 0; h < head_scales.size(); ++h)
+    std::fill_n(buf.begin() + static_cast<std::ptrdiff_t>(h * D), D, head_scales[h]);
+  return buf.data();
+}
+
 // binary16 -> binary32, bit-identical to f16_to_f32 (numeric.cpp) and branch-free: the exponent
 // is rebased by one exact multiply by 2^112 (subnormals included); inf/NaN keep their payload.
 inline float f16_bits_to_f32(std::uint16_t h) {
@@ -222,12 +232,12 @@ struct LoadInt8 {  // sf: the page's cell scales, widened
 struct LoadFp8 {  // the codes rebased by bit shifts, as f16_bits_to_f32 widens binary16 (no table gather)
   const std::uint8_t* p;
   bool e4;  // fp8_e4m3, else fp8_e5m2
-  float ts;
+  const float* srow;  // [hd_n]: element e's KV head's scale (head_scale_row)
   int hd_n;
   // fp8_e4m3_to_f32 / fp8_e5m2_to_f32 exactly: the exponent and mantissa bits moved into binary32
   // position and rebased by one exact multiply (2^120: bias 127 - 7; 2^112: 127 - 15), subnormals
   // included; e4m3's S.1111.111 and e5m2's exponent 31 with a mantissa are the positive quiet NaN,
-  // e5m2's exponent 31 without one is +-inf; then one binary32 multiply by the tensor scale.
+  // e5m2's exponent 31 without one is +-inf; then one binary32 multiply by the element's head scale.
   __attribute__((target("avx2"), always_inline)) __m256 operator()(int t, int hd0) const {
     const __m256i c = _mm256_cvtepu8_epi32(
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + static_cast<std::size_t>(t) * hd_n + hd0)));
@@ -246,7 +256,7 @@ struct LoadFp8 {  // the codes rebased by bit shifts, as f16_bits_to_f32 widens 
       bits = _mm256_blendv_epi8(bits, inf, _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7C)));
       bits = _mm256_blendv_epi8(bits, qnan, _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7C)));
     }
-    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(ts));
+    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_loadu_ps(srow + hd0));
   }
 };
 // Block formats: sfb holds every block's scale, widened once (blocks_per_row per token row).
@@ -393,7 +403,7 @@ void dequant_q4_0(const block_q4_0* __restrict b, float* __restrict out, std::si
 }
 
 struct Scratch {
-  std::vector<float> m, l, acc, ktile, kt, vtile, kscales;
+  std::vector<float> m, l, acc, ktile, kt, vtile, kscales, k_srow;
   template <class V>
   static float* grow(V& v, std::size_t n) {
     if (v.size() < n) v.resize(n);
@@ -635,8 +645,20 @@ void transpose_rows(const float* __restrict rows, float* __restrict kt, int nt, 
 
 void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint8_t* page, float tensor_scale,
                      float* out) {
+  const std::vector<float> hs(static_cast<std::size_t>(std::max(g.n_kv_heads, 1)), tensor_scale);
+  dequantize_rows(f, g, n, page, std::span<const float>(hs), out);
+}
+
+void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint8_t* page,
+                     std::span<const float> head_scales, float* out) {
   const int HD = g.row_elems();
   const std::size_t cnt = static_cast<std::size_t>(n) * HD;
+  if (static_cast<int>(head_scales.size()) != g.n_kv_heads)
+    throw KvStoreError("dequantize_rows: " + std::to_string(head_scales.size()) + " head scales for " +
+                       std::to_string(g.n_kv_heads) + " KV heads");
+  const bool fp8 = f == HalfFormat::fp8_e4m3 || f == HalfFormat::fp8_e5m2;
+  thread_local std::vector<float> srow_buf;
+  const float* srow = fp8 ? head_scale_row(head_scales, g, srow_buf) : nullptr;
 #if KVGATE_X86_AVX2
   if (kHaveAvx2 && HD % 8 == 0) {
     switch (f) {
@@ -644,7 +666,7 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
       case HalfFormat::bf16: rows_load_avx2(LoadBF16{reinterpret_cast<const std::uint16_t*>(page), HD}, out, n, HD); return;
       case HalfFormat::fp8_e4m3:
       case HalfFormat::fp8_e5m2:
-        rows_load_avx2(LoadFp8{page, f == HalfFormat::fp8_e4m3, tensor_scale, HD}, out, n, HD);
+        rows_load_avx2(LoadFp8{page, f == HalfFormat::fp8_e4m3, srow, HD}, out, n, HD);
         return;
       case HalfFormat::q8_0: rows_q8_0_avx2(reinterpret_cast<const block_q8_0*>(page), out, cnt / kQBlock); return;
       case HalfFormat::q4_0: rows_q4_0_avx2(reinterpret_cast<const block_q4_0*>(page), out, cnt / kQBlock); return;
@@ -674,7 +696,7 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
     case HalfFormat::fp8_e4m3:
     case HalfFormat::fp8_e5m2: {
       const auto& t = fp8_table(f);
-      for (std::size_t i = 0; i < cnt; ++i) out[i] = t[page[i]] * tensor_scale;
+      for (std::size_t i = 0; i < cnt; ++i) out[i] = t[page[i]] * srow[i % static_cast<std::size_t>(HD)];
       return;
     }
     case HalfFormat::q8_0: dequant_q8_0(reinterpret_cast<const block_q8_0*>(page), out, cnt / kQBlock); return;
@@ -691,7 +713,7 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
       return;
     case HalfFormat::mxfp8:
     case HalfFormat::mxfp4:
-    case HalfFormat::nvfp4: dequant_microscaled(f, g, n, page, tensor_scale, out); return;
+    case HalfFormat::nvfp4: dequant_microscaled(f, g, n, page, head_scales[0], out); return;  // one global scale
   }
 }
 
@@ -700,8 +722,8 @@ namespace {
 // The K tile of tokens [0, nt) of a page, read through the format's AVX2 loader and transposed in
 // one pass (whole 8-token blocks: slots up to the block size are read, their lanes never used).
 // False when no fused path applies (no AVX2, odd geometry, q4_0_rot which needs the rotation).
-bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_t* page, float ts, float* kt, int ks,
-                  Scratch& sc) {
+bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_t* page, const float* srow, float* kt,
+                  int ks, Scratch& sc) {
 #if KVGATE_X86_AVX2
   const int HD = g.row_elems(), B = g.block_size;
   if (!kHaveAvx2 || HD % 8 != 0 || B % 8 != 0) return false;
@@ -725,7 +747,7 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
     }
     case HalfFormat::fp8_e4m3:
     case HalfFormat::fp8_e5m2:
-      transpose_load_avx2(LoadFp8{page, f == HalfFormat::fp8_e4m3, ts, HD}, kt, ks, nt8, HD);
+      transpose_load_avx2(LoadFp8{page, f == HalfFormat::fp8_e4m3, srow, HD}, kt, ks, nt8, HD);
       return true;
     case HalfFormat::q8_0: {
       const auto* b = reinterpret_cast<const block_q8_0*>(page);
@@ -745,7 +767,7 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
     case HalfFormat::nvfp4: return false;
   }
 #endif
-  (void)f, (void)g, (void)nt, (void)page, (void)ts, (void)kt, (void)ks, (void)sc;
+  (void)f, (void)g, (void)nt, (void)page, (void)srow, (void)kt, (void)ks, (void)sc;
   return false;
 }
 
@@ -766,7 +788,7 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const auto table = store.block_table(s);
   const HalfFormat kf = store.half_format(KvHalf::K), vf = store.half_format(KvHalf::V);
-  const float ks = store.tensor_scale(layer, KvHalf::K), vs = store.tensor_scale(layer, KvHalf::V);
+  const std::span<const float> ks = store.head_scales(layer, KvHalf::K), vs = store.head_scales(layer, KvHalf::V);
 
   // Online-softmax state per (query, head), in per-thread scratch.
   thread_local Scratch sc;
@@ -781,6 +803,7 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
   const int kstride = (B + kW - 1) / kW * kW;  // K tile row stride: whole chunks, padding never used
   float* kt = Scratch::grow(sc.kt, static_cast<std::size_t>(kstride) * HD);
   float* vtile = Scratch::grow(sc.vtile, static_cast<std::size_t>(B) * HD);
+  const float* k_srow = head_scale_row(ks, g, sc.k_srow);  // K's per-element head scales (fused fp8 loader)
 
   // Pages no query can see are skipped: with a window, those wholly before the first query's
   // window (without one, a chunk that starts late still attends from position 0).
@@ -803,7 +826,7 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
       continue;
     }
     // K tile as [kv head][d][token]: read and transposed in one pass where the format has a loader.
-    if (!k_tile_fused(kf, g, nt, kp, ks, kt, kstride, sc)) {
+    if (!k_tile_fused(kf, g, nt, kp, k_srow, kt, kstride, sc)) {
       if (kf == HalfFormat::f32) {
         transpose_rows(reinterpret_cast<const float*>(kp), kt, nt, HD, kstride, B);
       } else {

@@ -121,9 +121,11 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
     const std::vector<float>& s = !opt.empty() ? opt : model_s;
     if (s.empty()) return std::vector<float>{};
     if (s.size() == 1) return std::vector<float>(static_cast<std::size_t>(c.n_layers), s[0]);
-    if (static_cast<int>(s.size()) != c.n_layers)
+    const std::size_t per_head = static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads);
+    if (static_cast<int>(s.size()) != c.n_layers && s.size() != per_head)
       throw EngineError(who + ": " + which + " has " + std::to_string(s.size()) +
-                        " entries; give one, or one per layer (" + std::to_string(c.n_layers) + ")");
+                        " entries; give one, or one per layer (" + std::to_string(c.n_layers) +
+                        "), or one per layer and KV head (" + std::to_string(per_head) + ")");
     return s;
   };
   sc.k_scale = scales(o.k_scale, c.k_scale, "k_scale");
@@ -208,8 +210,12 @@ StoreConfig stage_store_config(const StoreConfig& full, const EngineOptions& o, 
   sc.format = layer_kv_format(o, l0);
   sc.n_layers = l1 - l0;
   sc.first_layer = l0;
+  // [n_layers] per layer or [n_layers * n_kv_heads] per KV head: the stage's layers either way.
   auto slice = [&](const std::vector<float>& v) {
-    return v.empty() ? v : std::vector<float>(v.begin() + l0, v.begin() + l1);
+    const std::size_t per = v.size() / static_cast<std::size_t>(full.n_layers);
+    return v.empty() ? v
+                     : std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(l0)),
+                                          v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(l1)));
   };
   sc.k_scale = slice(full.k_scale);
   sc.v_scale = slice(full.v_scale);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "kvgate/blocks.hpp"
 #include "kvgate/limits.hpp"
@@ -70,41 +71,41 @@ void dequantize_q4_0_block(const block_q4_0* b, float* y) {
 
 // ---- The page writer and reader of each half format (one token row, docs/FORMATS.md) ---------
 
-void store_f32(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+void store_f32(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
   const int HD = g.row_elems();
   const std::size_t t = static_cast<std::size_t>(slot);
   std::memcpy(page + t * HD * 4, row, static_cast<std::size_t>(HD) * 4);
 }
-void load_f32(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+void load_f32(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
   const int HD = g.row_elems();
   const std::size_t t = static_cast<std::size_t>(slot);
   std::memcpy(row, page + t * HD * 4, static_cast<std::size_t>(HD) * 4);
 }
 
-void store_f16(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+void store_f16(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
   const int HD = g.row_elems();
   auto* out = reinterpret_cast<std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
   for (int i = 0; i < HD; ++i) out[i] = f32_to_f16_rne(row[i]);
 }
-void load_f16(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+void load_f16(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
   const int HD = g.row_elems();
   const auto* in = reinterpret_cast<const std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
   for (int i = 0; i < HD; ++i) row[i] = f16_to_f32(in[i]);
 }
 
-void store_bf16(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+void store_bf16(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
   const int HD = g.row_elems();
   auto* out = reinterpret_cast<std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
   for (int i = 0; i < HD; ++i) out[i] = f32_to_bf16_rne(row[i]);
 }
-void load_bf16(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+void load_bf16(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
   const int HD = g.row_elems();
   const auto* in = reinterpret_cast<const std::uint16_t*>(page) + static_cast<std::size_t>(slot) * HD;
   for (int i = 0; i < HD; ++i) row[i] = bf16_to_f32(in[i]);
 }
 
 // int8: the codes run (B x H x D) then the scales run (B x H binary16), docs/FORMATS.md "int8".
-void store_int8(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+void store_int8(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
   const int HD = g.row_elems();
   const std::size_t t = static_cast<std::size_t>(slot);
   auto* codes = reinterpret_cast<std::int8_t*>(page) + t * HD;
@@ -113,7 +114,7 @@ void store_int8(const PageGeometry& g, int slot, const float* row, float, std::u
   for (int h = 0; h < g.n_kv_heads; ++h)
     quantize_absmax127(row + h * g.head_dim, g.head_dim, codes + h * g.head_dim, scales + h);
 }
-void load_int8(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+void load_int8(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
   const int HD = g.row_elems();
   const std::size_t t = static_cast<std::size_t>(slot);
   const auto* codes = reinterpret_cast<const std::int8_t*>(page) + t * HD;
@@ -126,30 +127,37 @@ void load_int8(const PageGeometry& g, int slot, const std::uint8_t* page, float,
   }
 }
 
-// fp8: one code per element of x / tensor_scale (saturating), docs/FORMATS.md "fp8".
+// fp8: one code per element of x / s, s the element's KV head's scale (per tensor: every head holds
+// the layer's one scale), saturating; docs/FORMATS.md "fp8".
 template <bool E4>
-void store_fp8(const PageGeometry& g, int slot, const float* row, float tensor_scale, std::uint8_t* page) {
-  const int HD = g.row_elems();
+void store_fp8(const PageGeometry& g, int slot, const float* row, const float* head_scale, std::uint8_t* page) {
+  const int HD = g.row_elems(), D = g.head_dim;
   auto* out = page + static_cast<std::size_t>(slot) * HD;
-  for (int i = 0; i < HD; ++i) {
-    const float y = row[i] / tensor_scale;
-    out[i] = E4 ? f32_to_fp8_e4m3(y) : f32_to_fp8_e5m2(y);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    const float s = head_scale[h];
+    for (int i = h * D; i < (h + 1) * D; ++i) {
+      const float y = row[i] / s;
+      out[i] = E4 ? f32_to_fp8_e4m3(y) : f32_to_fp8_e5m2(y);
+    }
   }
 }
 template <bool E4>
-void load_fp8(const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale, float* row) {
-  const int HD = g.row_elems();
+void load_fp8(const PageGeometry& g, int slot, const std::uint8_t* page, const float* head_scale, float* row) {
+  const int HD = g.row_elems(), D = g.head_dim;
   const auto* in = page + static_cast<std::size_t>(slot) * HD;
-  for (int i = 0; i < HD; ++i) row[i] = (E4 ? fp8_e4m3_to_f32(in[i]) : fp8_e5m2_to_f32(in[i])) * tensor_scale;
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    const float s = head_scale[h];
+    for (int i = h * D; i < (h + 1) * D; ++i) row[i] = (E4 ? fp8_e4m3_to_f32(in[i]) : fp8_e5m2_to_f32(in[i])) * s;
+  }
 }
 
 // q8_0: the token row in 32-element blocks (llama.cpp layout), docs/FORMATS.md "q8_0".
-void store_q8_0(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+void store_q8_0(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
   const int HD = g.row_elems();
   auto* blocks = reinterpret_cast<block_q8_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
   for (int b = 0; b < HD / kQBlock; ++b) quantize_absmax127(row + b * kQBlock, kQBlock, blocks[b].qs, &blocks[b].d);
 }
-void load_q8_0(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+void load_q8_0(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
   const int HD = g.row_elems();
   const auto* blocks = reinterpret_cast<const block_q8_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
   for (int b = 0; b < HD / kQBlock; ++b) {
@@ -160,7 +168,7 @@ void load_q8_0(const PageGeometry& g, int slot, const std::uint8_t* page, float,
 
 // q4_0 and q4_0_rot (q4_0 of the per-head Walsh-Hadamard rotated row), docs/FORMATS.md.
 template <bool Rot>
-void store_q4_0(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+void store_q4_0(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
   const int HD = g.row_elems();
   auto* blocks = reinterpret_cast<block_q4_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
   const float* src = row;
@@ -173,7 +181,7 @@ void store_q4_0(const PageGeometry& g, int slot, const float* row, float, std::u
   for (int b = 0; b < HD / kQBlock; ++b) quantize_q4_0_block(src + b * kQBlock, &blocks[b]);
 }
 template <bool Rot>
-void load_q4_0(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+void load_q4_0(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
   const int HD = g.row_elems();
   const auto* blocks = reinterpret_cast<const block_q4_0*>(page) + static_cast<std::size_t>(slot) * (HD / kQBlock);
   for (int b = 0; b < HD / kQBlock; ++b) dequantize_q4_0_block(&blocks[b], row + b * kQBlock);
@@ -232,7 +240,7 @@ std::uint8_t mx_scale_code(const float* x, int n) {
 // (mxfp8) or [B][H*D/2] (mxfp4: element 2j in the low nibble, 2j+1 in the high one), then the scales
 // run [B][H*D/32] of UE8M0 codes. Element = RNE(x / X), saturated to the element format's max.
 template <bool E4>
-void store_mx(const PageGeometry& g, int slot, const float* row, float, std::uint8_t* page) {
+void store_mx(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
   const HalfFormatInfo& fi = info(E4 ? HalfFormat::mxfp8 : HalfFormat::mxfp4);
   const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
   const std::size_t t = static_cast<std::size_t>(slot);
@@ -257,7 +265,7 @@ void store_mx(const PageGeometry& g, int slot, const float* row, float, std::uin
   }
 }
 template <bool E4>
-void load_mx(const PageGeometry& g, int slot, const std::uint8_t* page, float, float* row) {
+void load_mx(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
   const HalfFormatInfo& fi = info(E4 ? HalfFormat::mxfp8 : HalfFormat::mxfp4);
   const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
   const std::size_t t = static_cast<std::size_t>(slot);
@@ -275,7 +283,10 @@ void load_mx(const PageGeometry& g, int slot, const std::uint8_t* page, float, f
 // docs/FORMATS.md "nvfp4". Page: the codes run [B][H*D/2] (element 2j low nibble, 2j+1 high), then
 // the scales run [B][H*D/16] of E4M3 block-scale codes. Block scale sb = e4m3((amax / 6) / global),
 // effective scale S = e4m3(sb) * global (binary32), element = e2m1(x / S); S == 0: every code 0.
-void store_nvfp4(const PageGeometry& g, int slot, const float* row, float global, std::uint8_t* page) {
+// The global scale is one per (layer, K|V): the store refuses per-head scales for an nvfp4 half, so
+// every head holds the same value and head 0's is read.
+void store_nvfp4(const PageGeometry& g, int slot, const float* row, const float* head_scale, std::uint8_t* page) {
+  const float global = head_scale[0];
   const HalfFormatInfo& fi = info(HalfFormat::nvfp4);
   const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
   const std::size_t t = static_cast<std::size_t>(slot);
@@ -297,7 +308,8 @@ void store_nvfp4(const PageGeometry& g, int slot, const float* row, float global
     }
   }
 }
-void load_nvfp4(const PageGeometry& g, int slot, const std::uint8_t* page, float global, float* row) {
+void load_nvfp4(const PageGeometry& g, int slot, const std::uint8_t* page, const float* head_scale, float* row) {
+  const float global = head_scale[0];
   const HalfFormatInfo& fi = info(HalfFormat::nvfp4);
   const int HD = g.row_elems(), blk = fi.block_elems, nb = HD / blk;
   const std::size_t t = static_cast<std::size_t>(slot);
@@ -577,14 +589,32 @@ void hadamard_normalized(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] *= c;
 }
 
+void quantize_token(HalfFormat f, const PageGeometry& g, int slot, const float* row, std::span<const float> head_scales,
+                    std::uint8_t* page) {
+  if (static_cast<int>(head_scales.size()) != g.n_kv_heads)
+    throw std::invalid_argument("quantize_token: " + std::to_string(head_scales.size()) + " head scales for " +
+                                std::to_string(g.n_kv_heads) + " KV heads");
+  info(f).quantize_token(g, slot, row, head_scales.data(), page);
+}
+
+void dequantize_token(HalfFormat f, const PageGeometry& g, int slot, const std::uint8_t* page,
+                      std::span<const float> head_scales, float* row) {
+  if (static_cast<int>(head_scales.size()) != g.n_kv_heads)
+    throw std::invalid_argument("dequantize_token: " + std::to_string(head_scales.size()) + " head scales for " +
+                                std::to_string(g.n_kv_heads) + " KV heads");
+  info(f).dequantize_token(g, slot, page, head_scales.data(), row);
+}
+
 void quantize_token(HalfFormat f, const PageGeometry& g, int slot, const float* row, float tensor_scale,
                     std::uint8_t* page) {
-  info(f).quantize_token(g, slot, row, tensor_scale, page);
+  const std::vector<float> hs(static_cast<std::size_t>(std::max(g.n_kv_heads, 1)), tensor_scale);
+  info(f).quantize_token(g, slot, row, hs.data(), page);
 }
 
 void dequantize_token(HalfFormat f, const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale,
                       float* row) {
-  info(f).dequantize_token(g, slot, page, tensor_scale, row);
+  const std::vector<float> hs(static_cast<std::size_t>(std::max(g.n_kv_heads, 1)), tensor_scale);
+  info(f).dequantize_token(g, slot, page, hs.data(), row);
 }
 
 double envelope_bound(HalfFormat f, float x, float scale, bool clamped) {

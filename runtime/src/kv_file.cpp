@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -26,7 +27,8 @@ constexpr std::size_t kOffLayers = 28, kOffHeads = 32, kOffHeadDim = 36, kOffBlo
 constexpr std::size_t kOffUsed = 44, kOffTokenCount = 48, kOffReserved0 = 52;
 constexpr std::size_t kOffTokensBytes = 56, kOffBodyBytes = 64, kOffScalesBytes = 72;
 constexpr std::size_t kOffTokensHash = 80, kOffBodyHash = 88, kOffScalesHash = 96;
-constexpr std::size_t kOffFingerprint = 104, kOffScaleCount = 136, kOffReserved1 = 140, kOffScales = 256;
+constexpr std::size_t kOffFingerprint = 104, kOffScaleCount = 136, kOffHeadScalesBytes = 140, kOffHeadScalesHash = 148;
+constexpr std::size_t kOffReserved1 = 156, kOffScales = 256;
 static_assert(kOffScales + 8 * kKvFileMaxLayers == kKvFileHeaderBytes);
 
 void put32(std::string& b, std::size_t off, std::uint32_t v) {
@@ -101,6 +103,30 @@ std::string_view rotation_name(KvRotation r) {
 
 std::uint64_t kv_checksum(const void* data, std::size_t n) { return XXH64(data, n, 0); }
 
+namespace {
+// Scale of (layer l, head hd) from a header's k_scale/v_scale: [n_layers * n_kv_heads] per head,
+// [n_layers] per layer, else 1.0 (what an unused half records).
+float header_scale(const std::vector<float>& s, const KvFileHeader& h, int l, int hd) {
+  const std::size_t H = static_cast<std::size_t>(std::max(h.n_kv_heads, 1));
+  if (s.size() == static_cast<std::size_t>(h.n_layers) * H) return s[static_cast<std::size_t>(l) * H + static_cast<std::size_t>(hd)];
+  if (s.size() == static_cast<std::size_t>(h.n_layers)) return s[static_cast<std::size_t>(l)];
+  return 1.0f;
+}
+}  // namespace
+
+std::string encode_kv_head_scales(const KvFileHeader& h) {
+  if (h.version < 3) return {};
+  std::string out;
+  out.reserve(static_cast<std::size_t>(h.n_layers) * 2 * static_cast<std::size_t>(h.n_kv_heads) * 4);
+  for (int l = 0; l < h.n_layers; ++l)
+    for (const std::vector<float>* s : {&h.k_scale, &h.v_scale})
+      for (int hd = 0; hd < h.n_kv_heads; ++hd) {
+        const std::uint32_t u = std::bit_cast<std::uint32_t>(header_scale(*s, h, l, hd));
+        for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((u >> (8 * i)) & 0xFF));
+      }
+  return out;
+}
+
 std::string encode_kv_header(const KvFileHeader& h) {
   if (h.n_layers < 1 || h.n_layers > kKvFileMaxLayers)
     throw KvFileError(KvFileError::Kind::io, "", "KV file: " + std::to_string(h.n_layers) +
@@ -130,11 +156,14 @@ std::string encode_kv_header(const KvFileHeader& h) {
   put64(b, kOffScalesHash, h.scales_xxh64);
   std::memcpy(b.data() + kOffFingerprint, h.fingerprint.data(), h.fingerprint.size());
   put32(b, kOffScaleCount, static_cast<std::uint32_t>(h.n_layers));
-  for (int l = 0; l < h.n_layers; ++l) {
-    const float k = l < static_cast<int>(h.k_scale.size()) ? h.k_scale[static_cast<std::size_t>(l)] : 1.0f;
-    const float v = l < static_cast<int>(h.v_scale.size()) ? h.v_scale[static_cast<std::size_t>(l)] : 1.0f;
-    put32(b, kOffScales + 8 * static_cast<std::size_t>(l), std::bit_cast<std::uint32_t>(k));
-    put32(b, kOffScales + 8 * static_cast<std::size_t>(l) + 4, std::bit_cast<std::uint32_t>(v));
+  for (int l = 0; l < h.n_layers; ++l) {  // head 0's scale of each layer (the whole scale before version 3)
+    put32(b, kOffScales + 8 * static_cast<std::size_t>(l), std::bit_cast<std::uint32_t>(header_scale(h.k_scale, h, l, 0)));
+    put32(b, kOffScales + 8 * static_cast<std::size_t>(l) + 4, std::bit_cast<std::uint32_t>(header_scale(h.v_scale, h, l, 0)));
+  }
+  if (h.version >= 3) {
+    const std::string hs = encode_kv_head_scales(h);
+    put64(b, kOffHeadScalesBytes, hs.size());
+    put64(b, kOffHeadScalesHash, kv_checksum(hs.data(), hs.size()));
   }
   put64(b, kOffHeaderHash, kv_checksum(b.data(), b.size()));  // computed with the field at zero
   return b;
@@ -148,6 +177,7 @@ KvRegionSizes kv_region_sizes(const KvFileHeader& h) {
   const std::uint64_t rows = static_cast<std::uint64_t>(h.n_layers) * static_cast<std::uint64_t>(h.used_tokens);
   s.body = rows * (tk.codes + tv.codes);
   s.scales = h.version >= 2 ? rows * (tk.scales + tv.scales) : 0;
+  s.head_scales = h.version >= 3 ? static_cast<std::uint64_t>(h.n_layers) * 2 * static_cast<std::uint64_t>(h.n_kv_heads) * 4 : 0;
   return s;
 }
 
@@ -211,8 +241,8 @@ std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, st
   h.fingerprint = std::string(fingerprint);
   for (int l = 0; l < c.n_layers; ++l) {
     const auto [st, sl] = stage_layer(stages, l);
-    h.k_scale.push_back(st->tensor_scale(sl, KvHalf::K));
-    h.v_scale.push_back(st->tensor_scale(sl, KvHalf::V));
+    for (KvHalf hf : {KvHalf::K, KvHalf::V})
+      for (float x : st->head_scales(sl, hf)) (hf == KvHalf::K ? h.k_scale : h.v_scale).push_back(x);
   }
   const KvRegionSizes sz = kv_region_sizes(h);
 
@@ -250,10 +280,12 @@ std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, st
   h.body_xxh64 = kv_checksum(body.data(), body.size());
   h.scales_xxh64 = kv_checksum(scales.data(), scales.size());
   std::string out = encode_kv_header(h);
-  out.reserve(out.size() + tok.size() + body.size() + scales.size());
+  const std::string head_scales = encode_kv_head_scales(h);
+  out.reserve(out.size() + tok.size() + body.size() + scales.size() + head_scales.size());
   out += tok;
   out += body;
   out += scales;
+  out += head_scales;
   return out;
 }
 
@@ -331,6 +363,8 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
   h.tokens_xxh64 = get64(b, kOffTokensHash);
   h.body_xxh64 = get64(b, kOffBodyHash);
   h.scales_xxh64 = get64(b, kOffScalesHash);
+  h.head_scales_bytes = get64(b, kOffHeadScalesBytes);
+  h.head_scales_xxh64 = get64(b, kOffHeadScalesHash);
   {
     const char* fp = reinterpret_cast<const char*>(b + kOffFingerprint);
     h.fingerprint.assign(fp, strnlen(fp, kKvFileFingerprintBytes));
@@ -340,7 +374,8 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
                         get32(b, kOffScaleCount) == static_cast<std::uint32_t>(h.n_layers) &&
                         get32(b, kOffReserved0) == 0;
   bool reserved_zero = true;
-  for (std::size_t i = kOffReserved1; i < kOffScales; ++i) reserved_zero = reserved_zero && b[i] == 0;
+  for (std::size_t i = h.version >= 3 ? kOffReserved1 : kOffHeadScalesBytes; i < kOffScales; ++i)
+    reserved_zero = reserved_zero && b[i] == 0;
   for (std::size_t i = kOffScales + 8 * static_cast<std::size_t>(std::clamp(h.n_layers, 0, kKvFileMaxLayers));
        i < kKvFileHeaderBytes; ++i)
     reserved_zero = reserved_zero && b[i] == 0;
@@ -351,10 +386,13 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
              ", block size " + std::to_string(h.block_size) + ", used tokens " + std::to_string(h.used_tokens) +
              ", token ids " + std::to_string(h.token_count) + (reserved_zero ? "" : ", reserved bytes not zero") +
              "). Delete it.");
-  for (int l = 0; l < h.n_layers; ++l) {
-    h.k_scale.push_back(std::bit_cast<float>(get32(b, kOffScales + 8 * static_cast<std::size_t>(l))));
-    h.v_scale.push_back(std::bit_cast<float>(get32(b, kOffScales + 8 * static_cast<std::size_t>(l) + 4)));
-  }
+  // Before version 3 the header's per-layer scale is every KV head's (version 3 reads its
+  // head-scales region below, after the checksums).
+  for (int l = 0; l < h.n_layers; ++l)
+    for (int hd = 0; hd < h.n_kv_heads && h.version < 3; ++hd) {
+      h.k_scale.push_back(std::bit_cast<float>(get32(b, kOffScales + 8 * static_cast<std::size_t>(l))));
+      h.v_scale.push_back(std::bit_cast<float>(get32(b, kOffScales + 8 * static_cast<std::size_t>(l) + 4)));
+    }
   // The rotation is metadata of its own: a file whose rotation disagrees with its format holds
   // codes in another domain than its format says, and is never restored.
   for (int half = 0; half < 2; ++half) {
@@ -393,16 +431,18 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
              std::to_string(limits::max_of(limits::kContext)) + " on the " + limits::kContext.what + " (" +
              limits::override_hint(limits::kContext) + "). Delete it.");
   const KvRegionSizes want = kv_region_sizes(h);
-  if (h.tokens_bytes != want.tokens || h.body_bytes != want.body || h.scales_bytes != want.scales)
+  if (h.tokens_bytes != want.tokens || h.body_bytes != want.body || h.scales_bytes != want.scales ||
+      h.head_scales_bytes != want.head_scales)
     fail(K::corrupt, "header",
-         who + " (" + describe(h) + "): header region inconsistent: region sizes tokens/body/scales " +
+         who + " (" + describe(h) + "): header region inconsistent: region sizes tokens/body/scales/head_scales " +
              std::to_string(h.tokens_bytes) + "/" + std::to_string(h.body_bytes) + "/" + std::to_string(h.scales_bytes) +
-             " where the shape implies " + std::to_string(want.tokens) + "/" + std::to_string(want.body) + "/" +
-             std::to_string(want.scales) + ". Delete it.");
-  const std::uint64_t total = kKvFileHeaderBytes + want.tokens + want.body + want.scales;
+             "/" + std::to_string(h.head_scales_bytes) + " where the shape implies " + std::to_string(want.tokens) + "/" +
+             std::to_string(want.body) + "/" + std::to_string(want.scales) + "/" + std::to_string(want.head_scales) +
+             ". Delete it.");
+  const std::uint64_t total = kKvFileHeaderBytes + want.tokens + want.body + want.scales + want.head_scales;
   if (n < total) {
-    const std::uint64_t t_end = kKvFileHeaderBytes + want.tokens, b_end = t_end + want.body;
-    const char* region = n < t_end ? "tokens" : n < b_end ? "body" : "scales";
+    const std::uint64_t t_end = kKvFileHeaderBytes + want.tokens, b_end = t_end + want.body, s_end = b_end + want.scales;
+    const char* region = n < t_end ? "tokens" : n < b_end ? "body" : n < s_end ? "scales" : "head_scales";
     fail(K::truncated, region,
          who + " (" + describe(h) + ") is truncated: " + std::to_string(n) + " bytes of " + std::to_string(total) +
              " (cut inside the " + region + " region). Delete it; the next turn writes a new one.");
@@ -414,14 +454,16 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
   const std::uint8_t* tp = b + kKvFileHeaderBytes;
   const std::uint8_t* bp = tp + want.tokens;
   const std::uint8_t* sp = bp + want.body;
+  const std::uint8_t* hp = sp + want.scales;
   struct Region {
     const char* name;
     const std::uint8_t* p;
     std::uint64_t n, hash;
   };
   for (const Region& r : {Region{"tokens", tp, want.tokens, h.tokens_xxh64}, Region{"body", bp, want.body, h.body_xxh64},
-                          Region{"scales", sp, want.scales, h.scales_xxh64}})
-    if (kv_checksum(r.p, r.n) != r.hash)
+                          Region{"scales", sp, want.scales, h.scales_xxh64},
+                          Region{"head_scales", hp, want.head_scales, h.head_scales_xxh64}})
+    if ((h.version >= 3 || std::string_view(r.name) != "head_scales") && kv_checksum(r.p, r.n) != r.hash)
       fail(K::corrupt, r.name,
            who + " (" + describe(h) + "): checksum mismatch in the " + r.name +
                " region (the file is damaged). Delete it; the next turn writes a new one.");
@@ -432,6 +474,17 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
       fail(K::corrupt, "tokens",
            who + " (" + describe(h) + "): transcript token " + std::to_string(i) + " is " + std::to_string(f.tokens[i]) +
                ", not a token id (ids are >= 0; the file is damaged or not written by kvgate). Delete it.");
+  }
+  // Version 3: the head-scales region, layer-major, K's n_kv_heads scales then V's.
+  for (std::uint64_t o = 0; o < want.head_scales; o += 4) {
+    const float x = std::bit_cast<float>(get32(hp, static_cast<std::size_t>(o)));
+    const std::uint64_t i = o / 4, H = static_cast<std::uint64_t>(h.n_kv_heads);
+    if (!(x > 0.0f) || !std::isfinite(x))
+      fail(K::corrupt, "head_scales",
+           who + " (" + describe(h) + "): the " + ((i / H) % 2 == 0 ? "K" : "V") + " scale of layer " +
+               std::to_string(i / (2 * H)) + " KV head " + std::to_string(i % H) + " is " + fmt_float(x) +
+               ", not a finite scale > 0 (the file is damaged or not written by kvgate). Delete it.");
+    ((i / H) % 2 == 0 ? h.k_scale : h.v_scale).push_back(x);
   }
   f.body.assign(bp, bp + want.body);
   f.scales.assign(sp, sp + want.scales);
@@ -470,19 +523,24 @@ void check_kv_file_compatible(const KvFile& f, std::span<const KvStageView> stag
                     " KV heads x head_dim " + std::to_string(h.head_dim) + " in the file, " +
                     std::to_string(c.n_layers) + " x " + std::to_string(c.n_kv_heads) + " x " +
                     std::to_string(c.head_dim) + " in this run");
-  if (diffs.empty()) {  // per-tensor scales matter for the halves that use them (fp8)
+  if (diffs.empty()) {  // the scales matter for the halves that use them (fp8 per KV head, nvfp4's global)
     for (int half = 0; half < 2; ++half) {
       const HalfFormat hf = half == 0 ? c.format.k : c.format.v;
       if (!info(hf).per_tensor_scale) continue;
-      for (int l = 0; l < c.n_layers; ++l) {
-        const float fs = (half == 0 ? h.k_scale : h.v_scale)[static_cast<std::size_t>(l)];
+      const std::vector<float>& fsv = half == 0 ? h.k_scale : h.v_scale;
+      const std::size_t H = static_cast<std::size_t>(c.n_kv_heads);
+      bool differs = false;
+      for (int l = 0; l < c.n_layers && !differs; ++l) {
         const auto [st, sl] = stage_layer(stages, l);
-        const float rs = st->tensor_scale(sl, half == 0 ? KvHalf::K : KvHalf::V);
-        if (std::bit_cast<std::uint32_t>(fs) != std::bit_cast<std::uint32_t>(rs)) {
-          diffs.push_back(std::string("per-tensor ") + (half == 0 ? "K" : "V") + " scale of layer " + std::to_string(l) +
-                          " " + fmt_float(fs) + " in the file, " + fmt_float(rs) + " in this run (pass --" +
-                          (half == 0 ? "k" : "v") + "-scale " + fmt_float(fs) + " to match)");
-          break;
+        const std::span<const float> rs = st->head_scales(sl, half == 0 ? KvHalf::K : KvHalf::V);
+        for (std::size_t hd = 0; hd < H && !differs; ++hd) {
+          const float fs = fsv[static_cast<std::size_t>(l) * H + hd];
+          if (std::bit_cast<std::uint32_t>(fs) == std::bit_cast<std::uint32_t>(rs[hd])) continue;
+          differs = true;
+          diffs.push_back(std::string(half == 0 ? "K" : "V") + " scale of layer " + std::to_string(l) + " KV head " +
+                          std::to_string(hd) + " " + fmt_float(fs) + " in the file, " + fmt_float(rs[hd]) +
+                          " in this run (pass the scales it was saved with: --" + (half == 0 ? "k" : "v") + "-scale " +
+                          fmt_float(fs) + " when every layer and head shares it, else --kv-scales FILE)");
         }
       }
     }

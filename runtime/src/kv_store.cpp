@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -48,15 +49,16 @@ PagedKvStore::PagedKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
                          std::string(name(half_format(h))) + "' is not supported here (" + c.reason + "): " + c.detail);
   }
   if (cfg_.n_layers < 1 || cfg_.n_blocks < 0) throw KvStoreError("kv store: n_layers must be >= 1 and n_blocks >= 0");
-  for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
-    if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
-    if (static_cast<int>(sc->size()) != cfg_.n_layers)
-      throw KvStoreError("kv store: k_scale/v_scale must have one entry per layer (" + std::to_string(cfg_.n_layers) +
-                         "), got " + std::to_string(sc->size()));
-    for (float s : *sc)
-      if (!(s > 0.0f) || !std::isfinite(s))
-        throw KvStoreError("kv store: per-tensor KV scales must be finite and > 0, got " + std::to_string(s));
-  }
+  normalize_kv_scales(cfg_, "kv store");
+  for (KvHalf h : {KvHalf::K, KvHalf::V})
+    if (half_format(h) == HalfFormat::nvfp4)
+      for (int l = 0; l < cfg_.n_layers; ++l)
+        if (!uniform_heads(head_scales(l, h)))
+          throw KvStoreError(std::string("kv store: the ") + (h == KvHalf::K ? "K" : "V") +
+                             " half is nvfp4, whose FP32 global scale is one per (layer, K|V), but layer " +
+                             std::to_string(l) + "'s " + (h == KvHalf::K ? "k_scale" : "v_scale") +
+                             " differs per KV head: per-head scales apply to fp8_e4m3/fp8_e5m2 halves only; give one "
+                             "scale per layer for it");
   page_bytes_[0] = kvgate::page_bytes(cfg_.format.k, g);
   page_bytes_[1] = kvgate::page_bytes(cfg_.format.v, g);
   pools_.resize(static_cast<std::size_t>(cfg_.n_layers) * 2);
@@ -85,8 +87,63 @@ PagedKvStore& PagedKvStore::operator=(const PagedKvStore& o) {
 
 PagedKvStore::~PagedKvStore() = default;
 
+bool uniform_heads(std::span<const float> s) {
+  for (float x : s)
+    if (std::bit_cast<std::uint32_t>(x) != std::bit_cast<std::uint32_t>(s[0])) return false;
+  return true;
+}
+
+void normalize_kv_scales(StoreConfig& c, const std::string& who) {
+  const std::size_t L = static_cast<std::size_t>(c.n_layers), H = static_cast<std::size_t>(std::max(c.n_kv_heads, 1));
+  for (auto* sc : {&c.k_scale, &c.v_scale}) {
+    const char* field = sc == &c.k_scale ? "k_scale" : "v_scale";
+    if (sc->empty()) sc->assign(L, 1.0f);
+    if (sc->size() == L && H > 1) {  // per tensor: every head of a layer holds the layer's scale
+      std::vector<float> full;
+      full.reserve(L * H);
+      for (float x : *sc) full.insert(full.end(), H, x);
+      *sc = std::move(full);
+    }
+    if (sc->size() != L * H)
+      throw KvStoreError(who + ": k_scale/v_scale must have one entry per layer (" + std::to_string(L) +
+                         ") or one per layer and KV head (" + std::to_string(L) + " x " + std::to_string(H) + " = " +
+                         std::to_string(L * H) + "), got " + std::to_string(sc->size()) + " for " + field);
+    for (std::size_t i = 0; i < sc->size(); ++i)
+      if (!((*sc)[i] > 0.0f) || !std::isfinite((*sc)[i]))
+        throw KvStoreError(who + ": KV scales must be finite and > 0, got " + std::to_string((*sc)[i]) + " for " + field +
+                           " of layer " + std::to_string(i / H) + " KV head " + std::to_string(i % H));
+  }
+}
+
+std::vector<float> flatten_kv_scales(const std::vector<std::vector<float>>& per_layer, int n_kv_heads) {
+  bool any_head = false;
+  for (const auto& v : per_layer) any_head = any_head || v.size() > 1;
+  std::vector<float> out;
+  for (const auto& v : per_layer)
+    if (any_head && v.size() == 1) out.insert(out.end(), static_cast<std::size_t>(n_kv_heads), v[0]);
+    else out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
+
+std::span<const float> PagedKvStore::head_scales(int layer, KvHalf h) const {
+  const std::vector<float>& v = h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale;
+  const std::size_t H = static_cast<std::size_t>(cfg_.n_kv_heads);
+  return {v.data() + static_cast<std::size_t>(layer) * H, H};
+}
+
+bool PagedKvStore::per_head_scales() const {
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      if (!uniform_heads(head_scales(l, h))) return true;
+  return false;
+}
+
 float PagedKvStore::tensor_scale(int layer, KvHalf h) const {
-  return (h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale)[static_cast<std::size_t>(layer)];
+  const std::span<const float> s = head_scales(layer, h);
+  if (!uniform_heads(s))
+    throw KvStoreError("kv store: layer " + std::to_string(layer) + "'s " + (h == KvHalf::K ? "K" : "V") +
+                       " scale differs per KV head; a per-tensor reader cannot use it (read head_scales())");
+  return s[0];
 }
 
 PagedKvStore::Sequence& PagedKvStore::seq(SeqId s) {
@@ -229,9 +286,9 @@ void PagedKvStore::write(SeqId s, int layer, int pos0, int n, const float* k, st
     const int pos = pos0 + t;
     const int block = q.blocks[static_cast<std::size_t>(pos / B)];
     const int slot = pos % B;
-    quantize_token(cfg_.format.k, g, slot, k + t * k_stride, tensor_scale(layer, KvHalf::K),
+    quantize_token(cfg_.format.k, g, slot, k + t * k_stride, head_scales(layer, KvHalf::K),
                    pool_page(layer, KvHalf::K, block));
-    quantize_token(cfg_.format.v, g, slot, v + t * v_stride, tensor_scale(layer, KvHalf::V),
+    quantize_token(cfg_.format.v, g, slot, v + t * v_stride, head_scales(layer, KvHalf::V),
                    pool_page(layer, KvHalf::V, block));
     if (window_) {  // streaming: the device copy gets the same token bytes (both copies written)
       push_runs(layer, KvHalf::K, block, token_ranges(cfg_.format.k, g, slot));
@@ -253,7 +310,7 @@ void PagedKvStore::read(SeqId s, int layer, KvHalf h, int pos0, int n, float* ou
   for (int t = 0; t < n; ++t) {
     const int pos = pos0 + t;
     dequantize_token(half_format(h), g, pos % B, pool_page(layer, h, q.blocks[static_cast<std::size_t>(pos / B)]),
-                     tensor_scale(layer, h), out + t * HD);
+                     head_scales(layer, h), out + t * HD);
   }
 }
 

@@ -29,6 +29,7 @@
 
 #include "kvgate/json_limits.hpp"
 #include "kvgate/loaders.hpp"
+#include "kvgate/kv_store.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
 #include "rope_json.hpp"
@@ -860,22 +861,30 @@ Model load_hf(const std::string& dir_str) {
                        SafetensorsFile::shape_str(shape));
     to_f32(*f->file, name, *f->t, out);
   };
-  // Optional scalar (shape [] or [1]); returns false when absent.
-  auto load_scalar = [&](const std::string& name, float* out) {
+  // Optional KV scale tensor: a scalar (shape [] or [1]) or one per KV head (shape [n_kv_heads],
+  // llm-compressor / ModelOpt); returns false when absent. Every value finite and > 0.
+  const int H = c.n_kv_heads;
+  auto load_kv_scale = [&](const std::string& name, std::vector<float>* out) {
     std::string where;
     auto f = src.find(name, &where);
     if (!f) return false;
     std::uint64_t numel = 1;
     for (auto d : f->t->shape) numel *= static_cast<std::uint64_t>(d);
-    if (numel != 1)
+    const bool per_head = f->t->shape.size() == 1 && f->t->shape[0] == H;
+    if (numel != 1 && !per_head)
       throw ModelError("'" + f->file->path() + "': tensor '" + name + "' field 'shape' = " +
-                       SafetensorsFile::shape_str(f->t->shape) + ", expected a scalar");
+                       SafetensorsFile::shape_str(f->t->shape) + ", expected a scalar ([] or [1]) or one scale per KV " +
+                       "head ([" + std::to_string(H) + "], config.json num_key_value_heads); re-export the KV scales " +
+                       "with that shape");
     std::vector<float> v;
     to_f32(*f->file, name, *f->t, &v);
-    if (!std::isfinite(v[0]) || v[0] <= 0)
-      throw ModelError("'" + f->file->path() + "': tensor '" + name + "' = " + std::to_string(v[0]) +
-                       " is not a positive finite KV scale");
-    *out = v[0];
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (!std::isfinite(v[i]) || v[i] <= 0)
+        throw ModelError("'" + f->file->path() + "': tensor '" + name + "'" +
+                         (v.size() > 1 ? " element " + std::to_string(i) + " (KV head " + std::to_string(i) + ")" : "") +
+                         " = " + std::to_string(v[i]) + " is not a positive finite KV scale; recalibrate it (a KV " +
+                         "scale divides the cached values, so it must be > 0)");
+    *out = std::move(v);
     return true;
   };
 
@@ -886,7 +895,7 @@ Model load_hf(const std::string& dir_str) {
   load("model.embed_tokens.weight", {V, D}, &w.tok_embeddings);
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
   int n_k_scales = 0, n_v_scales = 0;
-  std::vector<float> ks(static_cast<std::size_t>(c.n_layers), 1.0f), vs(static_cast<std::size_t>(c.n_layers), 1.0f);
+  std::vector<std::vector<float>> ks(static_cast<std::size_t>(c.n_layers)), vs(static_cast<std::size_t>(c.n_layers));
   // Phi-3 stores q/k/v as one qkv_proj [q_dim + 2 kv_dim, dim] (rows q, then k, then v) and the
   // gate/up pair as gate_up_proj [2 intermediate, dim] (gate rows first): split here.
   auto load_fused = [&](const std::string& name, const std::vector<std::int64_t>& parts, std::int64_t cols,
@@ -959,26 +968,25 @@ Model load_hf(const std::string& dir_str) {
     }
     if (!c.moe.is_moe(i)) load(layer_name(i, "mlp.down_proj.weight"), {D, F}, &L.w2);
     // Per-layer FP8 KV scales under the names checkpoints use for them.
-    float s = 0;
     const auto ui = static_cast<std::size_t>(i);
-    if (load_scalar(layer_name(i, "self_attn.k_scale"), &s) || load_scalar(layer_name(i, "self_attn.k_proj.k_scale"), &s) ||
-        load_scalar(layer_name(i, "self_attn.kv_scale"), &s)) {
-      ks[ui] = s;
+    if (load_kv_scale(layer_name(i, "self_attn.k_scale"), &ks[ui]) ||
+        load_kv_scale(layer_name(i, "self_attn.k_proj.k_scale"), &ks[ui]) ||
+        load_kv_scale(layer_name(i, "self_attn.kv_scale"), &ks[ui]))
       ++n_k_scales;
-    }
-    if (load_scalar(layer_name(i, "self_attn.v_scale"), &s) || load_scalar(layer_name(i, "self_attn.v_proj.v_scale"), &s) ||
-        load_scalar(layer_name(i, "self_attn.kv_scale"), &s)) {
-      vs[ui] = s;
+    if (load_kv_scale(layer_name(i, "self_attn.v_scale"), &vs[ui]) ||
+        load_kv_scale(layer_name(i, "self_attn.v_proj.v_scale"), &vs[ui]) ||
+        load_kv_scale(layer_name(i, "self_attn.kv_scale"), &vs[ui]))
       ++n_v_scales;
-    }
   }
   if (n_k_scales != 0 || n_v_scales != 0) {
     if (n_k_scales != c.n_layers || n_v_scales != c.n_layers)
       throw ModelError("'" + dir_str + "': KV scales are incomplete: " + std::to_string(n_k_scales) + " layers carry " +
                        "k_scale and " + std::to_string(n_v_scales) + " carry v_scale, of " +
                        std::to_string(c.n_layers) + " layers (model.layers.{i}.self_attn.k_scale / v_scale)");
-    c.k_scale = std::move(ks);
-    c.v_scale = std::move(vs);
+    // [n_layers] when every layer's tensors are scalars; else [n_layers * n_kv_heads], a scalar layer's
+    // scale on each of its heads (K and V decided apart).
+    c.k_scale = flatten_kv_scales(ks, H);
+    c.v_scale = flatten_kv_scales(vs, H);
   }
   load("model.norm.weight", {D}, &w.final_norm);
   if (gemma) {

@@ -216,7 +216,7 @@ std::uint64_t write_text_atomic(const fs::path& p, const std::string& text) {
 
 // ---- tensors -------------------------------------------------------------------------------------
 
-enum class Init { normal, ones, constant };
+enum class Init { normal, ones, constant, ramp };  // ramp: element i = value * (1 + i/4)
 
 struct TensorSpec {
   std::string name;
@@ -258,7 +258,11 @@ std::vector<TensorSpec> tensor_specs(const SynthOptions& o, int head_dim) {
       t.push_back({p + "self_attn.q_norm.weight", {head_dim}, Init::ones, 1});
       t.push_back({p + "self_attn.k_norm.weight", {head_dim}, Init::ones, 1});
     }
-    if (o.kv_scale > 0) {
+    if (o.kv_scale > 0 && o.kv_scale_per_head) {  // [kv_heads]: distinct per head and layer, K != V
+      const float layer_f = 1.0f + 0.125f * static_cast<float>(i);
+      t.push_back({p + "self_attn.k_scale", {std::int64_t{o.kv_heads}}, Init::ramp, o.kv_scale * layer_f});
+      t.push_back({p + "self_attn.v_scale", {std::int64_t{o.kv_heads}}, Init::ramp, o.kv_scale * 0.75f * layer_f});
+    } else if (o.kv_scale > 0) {
       t.push_back({p + "self_attn.k_scale", {}, Init::constant, o.kv_scale});
       t.push_back({p + "self_attn.v_scale", {}, Init::constant, o.kv_scale});
     }
@@ -301,6 +305,9 @@ void generate_chunk(const ChunkJob& j, const SynthOptions& o, std::vector<float>
   if (t.init == Init::normal) {
     SynthRng rng(chunk_stream_seed(o.seed, t.name, j.index));
     synth_normals(rng, t.value, v, j.count);
+  } else if (t.init == Init::ramp) {
+    for (std::size_t i = 0; i < j.count; ++i)
+      v[i] = t.value * (1.0f + 0.25f * static_cast<float>(j.index * kSynthChunk + i));
   } else {
     std::fill(v, v + j.count, t.value);
   }

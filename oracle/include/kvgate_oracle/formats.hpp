@@ -60,6 +60,13 @@ std::vector<uint8_t> quantize_page(Half h, PageShape s, const float* x, int n_to
 // page (FORMATS.md layout) -> out[n_tokens][H][D].
 std::vector<float> dequantize_page(Half h, PageShape s, const uint8_t* page, int n_tokens,
                                    float tensor_scale);
+// Static scales per KV head (FORMATS.md "Static scales per KV head"): head_scales[H], fp8 elements
+// of head h divided (stored) and multiplied (read) by head_scales[h]; nvfp4 takes one global scale
+// (every entry equal, else std::invalid_argument). The tensor_scale overloads give every head it.
+std::vector<uint8_t> quantize_page(Half h, PageShape s, const float* x, int n_tokens,
+                                   const std::vector<float>& head_scales);
+std::vector<float> dequantize_page(Half h, PageShape s, const uint8_t* page, int n_tokens,
+                                   const std::vector<float>& head_scales);
 
 // Scale governing element (slot, h, i) as stored: int8 the cell's f16 scale; q8_0/q4_0/q4_0_rot
 // the signed f16 d of its 32-block (for q4_0_rot, element i of the *rotated* cell);
@@ -73,6 +80,10 @@ float element_scale(Half h, PageShape s, const uint8_t* page, int slot, int head
 void quantize_slot(Half h, PageShape s, const float* row /*[H*D]*/, uint8_t* page, int slot,
                    float tensor_scale);
 void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, float tensor_scale,
+                     float* row /*[H*D]*/);
+void quantize_slot(Half h, PageShape s, const float* row /*[H*D]*/, uint8_t* page, int slot,
+                   const std::vector<float>& head_scales);
+void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, const std::vector<float>& head_scales,
                      float* row /*[H*D]*/);
 
 // 32-block kernels: x[32] -> 34 / 18 bytes, and back.

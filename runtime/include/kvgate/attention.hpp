@@ -22,6 +22,10 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
 
 // Dequantizes slots [0, n) of a page into out[n][n_kv_heads * head_dim]: the vectorized read path
 // attention uses, bit-identical to dequantize_token (format.hpp) slot by slot (gated).
+// head_scales: the (layer, half)'s scale of each KV head (n_kv_heads entries, PagedKvStore::head_scales);
+// the overload with one tensor_scale gives every head that scale.
+void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint8_t* page,
+                     std::span<const float> head_scales, float* out);
 void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint8_t* page, float tensor_scale,
                      float* out);
 

@@ -32,7 +32,9 @@ struct EngineOptions {
   int block_size = 16;             // tokens per KV page
   int n_blocks = 0;                // pages per layer; 0: from kv_cache_memory, else enough for max_context
   std::size_t kv_cache_memory = 0; // bytes for the whole pool (all layers, K and V); used when n_blocks == 0
-  std::vector<float> k_scale;      // per-layer fp8 scales; empty: the model's (ModelConfig), else 1.0
+  // fp8 scales: one (every layer), [n_layers], or [n_layers * n_kv_heads] per KV head (l * H + h);
+  // empty: the model's (ModelConfig), else 1.0. Chosen per half (K and V independently).
+  std::vector<float> k_scale;
   std::vector<float> v_scale;
   int threads = 1;                 // 0: std::thread::hardware_concurrency()
   int max_context = 0;             // 0: the model's max_seq_len

@@ -36,10 +36,12 @@ struct ByteRun {
 };
 
 // A format's codec for one token row (H*D floats, head-major) in and out of page slot `slot`;
-// tensor_scale is the per-(layer, K|V) FP32 scale (fp8 halves, and nvfp4 as its global scale).
-using QuantizeTokenFn = void (*)(const PageGeometry& g, int slot, const float* row, float tensor_scale,
+// head_scale[n_kv_heads] holds the (layer, K|V) FP32 scale of each KV head: fp8 halves divide the
+// elements of head h by head_scale[h]; nvfp4 takes head_scale[0] as its global scale (one per
+// (layer, K|V): the store refuses per-head scales for it); the other formats ignore it.
+using QuantizeTokenFn = void (*)(const PageGeometry& g, int slot, const float* row, const float* head_scale,
                                  std::uint8_t* page);
-using DequantizeTokenFn = void (*)(const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale,
+using DequantizeTokenFn = void (*)(const PageGeometry& g, int slot, const std::uint8_t* page, const float* head_scale,
                                    float* row);
 
 // The declared per-element envelope as constants (docs/FORMATS.md, envelope_bound below):
@@ -74,7 +76,7 @@ struct HalfFormatInfo {
   std::string_view execution_precision;  // what attention computes in
   std::string_view envelope;           // the error envelope, as text for reports
   bool per_token_scales;               // needs a scales region that must be persisted/swapped with codes
-  bool per_tensor_scale;               // uses the caller's per-(layer, K|V) FP32 scale
+  bool per_tensor_scale;               // uses the caller's (layer, K|V) FP32 scale (fp8: one per KV head)
   EnvelopeConstants env;
   QuantizeTokenFn quantize_token;      // the page writer of one token row
   DequantizeTokenFn dequantize_token;  // the page reader of one token row (scalar reference)
@@ -119,7 +121,13 @@ std::optional<KvFormat> parse_kv_format(std::string_view s);
 std::string known_formats_text();  // for error messages
 
 // --- Codecs: one token row (H*D floats, head-major) in and out of page slot `slot` -----------
-// tensor_scale is the per-(layer, K|V) FP32 scale; only fp8 halves use it.
+// head_scales: one FP32 scale per KV head (n_kv_heads entries, else std::invalid_argument); only
+// fp8 halves (per head) and nvfp4 (head 0's, its global scale) use them. The overloads with one
+// tensor_scale give every head that scale (the per-tensor case).
+void quantize_token(HalfFormat f, const PageGeometry& g, int slot, const float* row, std::span<const float> head_scales,
+                    std::uint8_t* page);
+void dequantize_token(HalfFormat f, const PageGeometry& g, int slot, const std::uint8_t* page,
+                      std::span<const float> head_scales, float* row);
 void quantize_token(HalfFormat f, const PageGeometry& g, int slot, const float* row, float tensor_scale,
                     std::uint8_t* page);
 void dequantize_token(HalfFormat f, const PageGeometry& g, int slot, const std::uint8_t* page, float tensor_scale,

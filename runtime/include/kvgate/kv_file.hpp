@@ -1,8 +1,9 @@
 // The versioned KV file (docs/KV_FILE.md has the byte table): a fixed 2048-byte header (magic,
-// version, K and V half formats, rotation kinds, per-tensor fp8 scales, model fingerprint, shape,
+// version, K and V half formats, rotation kinds, per-layer fp8 scales, model fingerprint, shape,
 // block size, used tokens, byte size and xxHash64 of every region), then the token ids, the KV
 // body (codes) and the scales region (every per-token scale: int8 cell scales, q8_0/q4_0 block
-// scales). Written atomically (atomic_file.hpp).
+// scales), then (version 3) the head-scales region: the fp8 scale of every (layer, K|V, KV head).
+// Written atomically (atomic_file.hpp).
 //
 // Reading verifies everything before a byte reaches the store: structure and region sizes, the
 // checksum of every region (a mismatch names the region), the version rules (version 1 has no
@@ -24,7 +25,7 @@
 namespace kvgate {
 
 inline constexpr char kKvFileMagic[8] = {'K', 'V', 'G', 'A', 'T', 'E', 'K', 'V'};
-inline constexpr std::uint32_t kKvFileVersion = 2;  // written for every format
+inline constexpr std::uint32_t kKvFileVersion = 3;  // written for every format
 inline constexpr std::uint32_t kKvFileOldestVersion = 1;
 inline constexpr std::size_t kKvFileHeaderBytes = 2048;
 inline constexpr int kKvFileMaxLayers = 224;  // per-tensor scale slots in the header
@@ -62,18 +63,26 @@ struct KvFileHeader {
   int token_count = 0;  // ids in the tokens region: the transcript (>= used_tokens)
   std::uint64_t tokens_bytes = 0, body_bytes = 0, scales_bytes = 0;
   std::uint64_t tokens_xxh64 = 0, body_xxh64 = 0, scales_xxh64 = 0;
+  std::uint64_t head_scales_bytes = 0, head_scales_xxh64 = 0;  // version 3: the head-scales region
   std::string fingerprint;              // Model::fingerprint (<= 32 ASCII bytes)
-  std::vector<float> k_scale, v_scale;  // [n_layers] per-tensor scales (fp8 halves use them)
+  // The store's scales per KV head, [n_layers * n_kv_heads] (l * H + h): fp8 halves decode with
+  // them, nvfp4 uses them as its global scale. A parsed file always has that size (before version 3
+  // each layer's one header scale on every head); a writer may give [n_layers] (every head the layer's).
+  std::vector<float> k_scale, v_scale;
   KvFormat format() const { return {k_format, v_format}; }
 };
 
 // The header's 2048 bytes with its checksum filled in (any version; for tests that write old layouts).
+// Version 3: its head-scales size and checksum are those of encode_kv_head_scales(h).
 std::string encode_kv_header(const KvFileHeader& h);
+// Version 3's head-scales region of h.k_scale/v_scale (layer-major: K's n_kv_heads f32, then V's);
+// empty before version 3.
+std::string encode_kv_head_scales(const KvFileHeader& h);
 std::uint64_t kv_checksum(const void* data, std::size_t n);  // xxHash64, seed 0
 
 // Region sizes that a header's shape, format, token counts and version imply.
 struct KvRegionSizes {
-  std::uint64_t tokens = 0, body = 0, scales = 0;
+  std::uint64_t tokens = 0, body = 0, scales = 0, head_scales = 0;
 };
 KvRegionSizes kv_region_sizes(const KvFileHeader& h);
 

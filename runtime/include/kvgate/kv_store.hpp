@@ -33,8 +33,11 @@ struct StoreConfig {
   int head_dim = 64;
   int block_size = 16;
   int n_blocks = 64;             // pool capacity per layer (pages of K, and as many of V)
-  std::vector<float> k_scale;    // [n_layers] per-tensor fp8 scales; empty = 1.0 everywhere
-  std::vector<float> v_scale;    // [n_layers]
+  // FP32 scales of the fp8 halves (nvfp4: its global scale): [n_layers] per tensor (every KV head of
+  // a layer takes the layer's), or [n_layers * n_kv_heads] per KV head, layer-major (l * H + h);
+  // empty = 1.0 everywhere. The store keeps them as [n_layers * n_kv_heads] (normalize_kv_scales).
+  std::vector<float> k_scale;
+  std::vector<float> v_scale;
   std::size_t guard_bytes = 64;  // canary bytes before and after every page
   // The model layer this store's layer 0 is (a pipeline stage holds layers [first_layer,
   // first_layer + n_layers) of the model, EngineOptions::pipeline_stages); 0 for a whole model.
@@ -42,6 +45,17 @@ struct StoreConfig {
   int first_layer = 0;
   PageGeometry geometry() const { return {block_size, n_kv_heads, head_dim}; }
 };
+
+// Expands StoreConfig::k_scale/v_scale to [n_layers * n_kv_heads] (empty: 1.0; [n_layers]: each
+// layer's scale on every head) and refuses another length or a scale that is not finite and > 0
+// (KvStoreError, prefixed with `who`).
+void normalize_kv_scales(StoreConfig& c, const std::string& who);
+// Per-layer scale lists (each one number, or n_kv_heads numbers) as StoreConfig::k_scale/v_scale:
+// [n_layers] when every list is one number, else [n_layers * n_kv_heads] with a one-number layer's
+// scale on each of its heads.
+std::vector<float> flatten_kv_scales(const std::vector<std::vector<float>>& per_layer, int n_kv_heads);
+// True when every entry has the bits of the first.
+bool uniform_heads(std::span<const float> s);
 
 // Blocks a memory budget buys: budget / (n_layers * (K page + V page)).
 int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, std::size_t budget_bytes);
@@ -103,6 +117,11 @@ class PagedKvStore {
   const KvFormat& format() const { return cfg_.format; }
   PageGeometry geometry() const { return cfg_.geometry(); }
   HalfFormat half_format(KvHalf h) const { return h == KvHalf::K ? cfg_.format.k : cfg_.format.v; }
+  // The scale of each KV head of (layer, half): n_kv_heads entries (what every reader uses).
+  std::span<const float> head_scales(int layer, KvHalf h) const;
+  // True when some (layer, half) has scales that differ across KV heads.
+  bool per_head_scales() const;
+  // The one scale of (layer, half) for per-tensor readers; throws KvStoreError when its heads differ.
   float tensor_scale(int layer, KvHalf h) const;
 
   // --- sequences -------------------------------------------------------------------------

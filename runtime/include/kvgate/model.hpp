@@ -97,7 +97,8 @@ struct ModelConfig {
   int bos_id = 1;
   int eos_id = 2;
   // KV format the checkpoint declares (config.json quantization_config.kv_cache_quant_algo or
-  // hf_quant_config.json); empty when it declares none. Per-layer fp8 scales when it ships them.
+  // hf_quant_config.json); empty when it declares none. The fp8 scales when it ships them:
+  // [n_layers] (scalar tensors) or [n_layers * n_kv_heads] (a layer with a [n_kv_heads] tensor).
   std::string declared_kv;
   std::string declared_kv_source;  // which file/field declared it
   std::vector<float> k_scale, v_scale;

@@ -31,6 +31,9 @@ struct SynthOptions {
   std::string kv_algo;        // empty: no KV declaration; else written verbatim (e.g. "FP8", "INT8")
   std::string kv_algo_file = "config";  // config (quantization_config) | hf_quant_config (legacy file)
   float kv_scale = 0.0f;      // > 0: write per-layer self_attn.k_scale / v_scale tensors with this value
+  // With kv_scale > 0: the tensors are [kv_heads] per-head scales instead, layer i head h:
+  // K = kv_scale * (1 + i/8) * (1 + h/4), V = 0.75 * that (distinct per head and layer, K != V).
+  bool kv_scale_per_head = false;
   bool tie_embeddings = false;
   double rope_theta = 0.0;    // 0: 10000 (llama, mistral) or 1000000 (qwen2, qwen3)
   std::string rope;           // empty: plain RoPE; "llama3": Llama 3.1's rope_parameters (factor 8,

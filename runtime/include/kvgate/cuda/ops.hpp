@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kvgate/format.hpp"
+#include "kvgate/kv_store.hpp"
 
 namespace kvgate::cuda {
 
@@ -17,7 +18,8 @@ enum class Op : std::uint8_t { store, decode, prefill };
 struct OpSupport {
   bool ok = true;
   std::string reason;  // stable code: "row_not_multiple_of_32", "head_dim_not_power_of_two",
-                       // "gqa_ratio_invalid", "head_dim_unsupported", "row_too_large", "arch_unsupported"
+                       // "gqa_ratio_invalid", "head_dim_unsupported", "row_too_large", "arch_unsupported",
+                       // "format_unsupported", "per_head_scales_unsupported"
   std::string detail;  // one human sentence
   std::string path;    // which kernel runs: "fast(D=128)", "generic", "store"
 };
@@ -25,6 +27,14 @@ struct OpSupport {
 // Static capability (format x geometry x query heads); when a device is present its compute
 // capability is checked too (the kernels are built for sm_90a + compute_90 PTX).
 OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads = 0);
+
+// The same for a store configuration, its scales included: the kernels take one fp8 scale per
+// (layer, K|V), so scales that differ across the KV heads of a layer (StoreConfig::k_scale/v_scale
+// of [n_layers * n_kv_heads]) are refused with reason "per_head_scales_unsupported" (no device needed).
+OpSupport supports_op(Op op, const StoreConfig& c, int n_heads = 0);
+// A [n_layers * n_kv_heads] scale list whose heads agree in every layer, as [n_layers] (what the
+// kernels take); any other list is returned as it is.
+std::vector<float> per_layer_scales(const std::vector<float>& s, int n_layers, int n_kv_heads);
 
 // Registers the CUDA capability with kvgate::resolve_kv as backend "cuda" (runtime/cuda/capability.cpp):
 // resolve_kv(backend "cuda") then refuses what these ops cannot run, with supports_op's reason.
