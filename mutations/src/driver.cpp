@@ -949,6 +949,10 @@ Stop refuse_stale_anchors(Run& s) {
       stale += runs ? 1 : 0;
     }
     if (stale) return kExitStale;
+    if (o.prove_gates) {  // the stale mutants left out are not instrumented either
+      r.shard.selection.clear();
+      for (const Mutant* m : selected) r.shard.selection.push_back(m->id);
+    }
   }
 
   return std::nullopt;

@@ -702,7 +702,10 @@ TEST_CASE("fixture: --prove-gates proves each gate by any mutant, names the gate
     if (m["id"] == "FIX.portable_only") portable = m;
   REQUIRE(portable.is_object());
   ms.erase(std::remove_if(ms.begin(), ms.end(), [](const json& m) { return m["id"] == "FIX.portable_only"; }), ms.end());
-  c2["mutants"] = json::array({c1["mutants"][0], portable});
+  json stale = portable;  // an anchor the tree no longer has: left out by name, the proof goes on
+  stale["id"] = "FIX.stale";
+  stale["anchor"] = "int no_such_function(int x) { return x; }";
+  c2["mutants"] = json::array({c1["mutants"][0], portable, stale});
   REQUIRE(c2["mutants"][0]["category"] == "canary");
   write_text(w / "c1.json", c1.dump(2));
   write_text(w / "c2.json", c2.dump(2));
@@ -741,6 +744,8 @@ TEST_CASE("fixture: --prove-gates proves each gate by any mutant, names the gate
         for (const auto& t : u["tried"]) identity_timed_out = identity_timed_out || (t["mutant"] == "FIX.timeout" && t["status"] == "timeout");
     }
     CHECK(identity_timed_out);  // a timeout is not a proof
+    REQUIRE(proof["skipped_mutants"].size() == 1);
+    CHECK(proof["skipped_mutants"][0].get<std::string>().rfind("FIX.stale: stale anchor", 0) == 0);
     const std::string md = read_text(w / "all" / "out" / "proof.md");
     CHECK(md.find("- **FIX.never** (gate_misc)") != std::string::npos);
     CHECK(md.find("| FIX.add | gate_math | FIX.killed | schema |") != std::string::npos);
