@@ -1262,6 +1262,20 @@ Stop refuse_ungated_mutants(Run& s) {
   std::erase_if(ms, [&](const Mutant* m) { return !requirement_gap(e, *m, false).empty(); });
   std::vector<std::string> why;
   const auto bad = ungated_mutants(gf, ms, e.targets, &why);
+  if (e.o.prove_gates && !e.o.gate_targets.empty()) {
+    // A proof over some programs (--gate-targets): the mutants none of them compiles are no
+    // candidates here, not an error (the canary must still be compiled by them).
+    for (const auto& id : bad) {
+      if (const Mutant* c = s.cat.canary(); c && c->id == id) continue;
+      std::erase_if(s.selected, [&](const Mutant* m) { return m->id == id; });
+      s.left_out.push_back(id + ": no gate program of --gate-targets compiles its file");
+    }
+    const Mutant* c = s.cat.canary();
+    const bool canary_bad = c && std::find(bad.begin(), bad.end(), c->id) != bad.end();
+    if (!bad.empty()) log << "kvgate mutate: --prove-gates: " << bad.size() - (canary_bad ? 1 : 0)
+                          << " mutant(s) in files no gate program of --gate-targets compiles: left out\n";
+    return canary_bad ? Stop{kExitStale} : Stop{};
+  }
   for (const auto& w : why) log << w << "\n";
   return bad.empty() ? Stop{} : Stop{kExitStale};
 }

@@ -166,17 +166,63 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
   }
   if (stop()) rec.interrupted = true;
   rec.unproven.clear();
+  rec.candidates_left.clear();
   for (const auto& g : rec.gates)
     if (open.count(g.id)) rec.unproven.push_back(g.id);
+  // After an interrupt, which unproven gates still had untried candidates (not a finding yet).
+  for (std::size_t i = 0; i < candidates.size(); ++i)
+    if (!done[i])
+      for (const auto& [id, a] : reach[i])
+        if (open.count(id)) ++rec.candidates_left[id];
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (candidates[i].rebuild && !rebuild) rec.rebuild_not_tried.push_back(candidates[i].mutant->id);
 }
 
+namespace {
+// An earlier proof (proof.json): its proven gates start proven (a proof resumed, or one per program
+// joined). Refuses a file that is not a proof record, naming the field.
+int seed_from_proof(ProofRecord& rec, const fs::path& file, const std::map<std::string, std::string>& program_of,
+                    std::ostream& log) {
+  json doc;
+  try {
+    doc = json::parse(read_text(file));
+  } catch (const std::exception& ex) {
+    throw CatalogError("--prove-seed " + file.string() + ": not JSON (" + ex.what() +
+                       "); fix: pass the proof.json or outcomes.json that kvgate mutate wrote");
+  }
+  if (!doc.is_object() || doc.value("tool", "") != "kvgate mutate --prove-gates" || !doc.contains("proven") ||
+      !doc["proven"].is_array())
+    throw CatalogError("--prove-seed " + file.string() +
+                       ": /tool is not \"kvgate mutate --prove-gates\" or /proven is not an array; fix: pass the "
+                       "proof.json that kvgate mutate --prove-gates wrote");
+  rec.seeds.push_back(file.string() + " (commit " + doc.value("commit", std::string("unknown")).substr(0, 12) + ")");
+  int n = 0;
+  for (const auto& p : doc["proven"]) {
+    const std::string id = p.value("gate", "");
+    if (!program_of.count(id) || rec.proven.count(id) || rec.not_provable.count(id)) continue;
+    GateProof g;
+    g.mutant = p.value("mutant", "");
+    g.program = program_of.at(id);
+    g.path = "seed";
+    g.status = p.value("status", "");
+    g.variants = p.value("variants", std::vector<std::string>{});
+    g.detail = p.value("detail", "");
+    g.log = p.value("log", "");
+    g.seed_file = file.string();
+    rec.proven[id] = g;
+    ++n;
+  }
+  log << "kvgate mutate: --prove-seed " << file.string() << ": " << n << " gate(s) proven by the earlier proof\n";
+  return n;
+}
+}  // namespace
+
 int seed_proofs(ProofRecord& rec, const fs::path& outcomes, std::ostream& log) {
-  const fs::path file = fs::is_directory(outcomes) ? outcomes / "outcomes.json" : outcomes;
-  const records::OutcomesRecord oc = records::read_outcomes(file);
   std::map<std::string, std::string> program_of;
   for (const auto& g : rec.gates) program_of[g.id] = g.program;
+  if (!fs::is_directory(outcomes) && outcomes.filename() == "proof.json") return seed_from_proof(rec, outcomes, program_of, log);
+  const fs::path file = fs::is_directory(outcomes) ? outcomes / "outcomes.json" : outcomes;
+  const records::OutcomesRecord oc = records::read_outcomes(file);
   const std::string commit = oc.shard ? oc.shard->commit : std::string();
   rec.seeds.push_back(file.string() + " (commit " + (commit.empty() ? "unknown" : commit.substr(0, 12)) +
                       (oc.shard && oc.shard->dirty ? " + uncommitted changes" : "") + ")");
@@ -234,7 +280,11 @@ json proof_json(const ProofRecord& rec) {
     json tried = json::array();
     if (const auto it = rec.tried.find(id); it != rec.tried.end())
       for (const auto& t : it->second) tried.push_back({{"mutant", t.mutant}, {"status", t.status}, {"detail", t.detail}});
-    unproven.push_back({{"gate", id}, {"program", program_of[id]}, {"tried", tried}});
+    const auto left = rec.candidates_left.find(id);
+    unproven.push_back({{"gate", id},
+                        {"program", program_of[id]},
+                        {"tried", tried},
+                        {"candidates_left", left == rec.candidates_left.end() ? 0 : left->second}});
   }
   return json{{"tool", "kvgate mutate --prove-gates"},
               {"format_version", 1},
@@ -294,7 +344,10 @@ std::string proof_md(const ProofRecord& rec) {
     }
     std::vector<std::string> ts;
     for (const auto& t : it->second) ts.push_back(t.mutant + (t.status == "passed" ? "" : " (" + t.status + ")"));
-    o << it->second.size() << " mutant(s) tried: " << join(ts, ", ") << "\n";
+    o << it->second.size() << " mutant(s) tried: " << join(ts, ", ");
+    if (const auto left = rec.candidates_left.find(id); left != rec.candidates_left.end())
+      o << "; **" << left->second << " candidate(s) not tried yet** (interrupted)";
+    o << "\n";
   }
   if (!rec.not_provable.empty()) {
     o << "\n## Not provable here\n\n";

@@ -67,6 +67,13 @@ std::vector<std::string> fixture_args(const std::vector<std::string>& extra, con
   return a;
 }
 
+// The fixture tree with another catalog.
+std::vector<std::string> fixture_args_for(const fs::path& catalog, const std::vector<std::string>& extra) {
+  std::vector<std::string> a = fixture_args(extra);
+  a[3] = catalog.string();
+  return a;
+}
+
 void check_report(const fs::path& out) {
   const json report = json::parse(read_text(out / "mutation-report.json"));
   const json schema = json::parse(read_text(kSource / "mutations" / "schema" / "mutation-testing-report-schema.json"));
@@ -709,11 +716,7 @@ TEST_CASE("fixture: --prove-gates proves each gate by any mutant, names the gate
   REQUIRE(c2["mutants"][0]["category"] == "canary");
   write_text(w / "c1.json", c1.dump(2));
   write_text(w / "c2.json", c2.dump(2));
-  auto args = [&](std::vector<std::string> extra) {
-    std::vector<std::string> a = fixture_args(extra);
-    a[3] = (w / "c1.json").string();
-    return a;
-  };
+  auto args = [&](const std::vector<std::string>& extra) { return fixture_args_for(w / "c1.json", extra); };
   {
     INFO("the whole proof, switches then rebuilds: a gate no mutant kills is a finding (exit 7)");
     const Run r = mutate(w / "all", args({"--prove-gates", "--prove-rebuild", "--catalog", (w / "c2.json").string()}));
@@ -766,6 +769,14 @@ TEST_CASE("fixture: --prove-gates proves each gate by any mutant, names the gate
     CHECK(unproven_of(proof).count("FIX.twice") == 1);  // only a patched mutant kills it
     const auto& nt = proof["rebuild_not_tried"];
     CHECK(std::find(nt.begin(), nt.end(), "FIX.mismatch") != nt.end());
+    // Resumed from the whole proof: its 4 proven gates are not run again.
+    const Run again = mutate(w / "resumed", args({"--prove-gates", "--prove-seed", (w / "all" / "out" / "proof.json").string()}));
+    INFO(again.log);
+    CHECK(again.rc == 7);
+    const json p2 = json::parse(read_text(w / "resumed" / "out" / "proof.json"));
+    CHECK(p2["summary"]["seeded"] == 4);
+    CHECK(proof_of(p2, "FIX.twice")["mutant"] == "FIX.mismatch");
+    CHECK(unproven_of(p2) == std::set<std::string>{"FIX.describe", "FIX.identity", "FIX.never"});
   }
   {
     INFO("refusals: two catalogs without --prove-gates; a mutant ID in both catalogs");

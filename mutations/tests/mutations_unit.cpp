@@ -858,6 +858,15 @@ TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a
   prove_gates(r3, {{&sib, {"P1"}, true}, {&far, {"P1"}, false}}, run, true, [] { return false; }, log);
   REQUIRE(calls.size() == 2);
   CHECK(calls[0].first == "M.far");
+  // Interrupted after the first run: the open gates say how many candidates were never tried.
+  ProofRecord r4;
+  r4.gates = {{"ENV.int8", "P1"}};
+  calls.clear();
+  prove_gates(r4, {{&sib, {"P1"}, false}, {&far, {"P1"}, false}}, run, false, [&] { return !calls.empty(); }, log);
+  CHECK(r4.interrupted);
+  CHECK(r4.unproven == std::vector<std::string>{"ENV.int8"});
+  CHECK(r4.candidates_left.at("ENV.int8") == 1);
+  CHECK(proof_json(r4)["unproven"][0]["candidates_left"] == 1);
 }
 
 TEST_CASE("prove: joining catalogs keeps one canary and refuses an ID twice") {

@@ -56,6 +56,7 @@ struct ProofRecord {
   std::map<std::string, GateProof> proven;               // gate -> its proof
   std::map<std::string, std::vector<GateTry>> tried;     // unproven gate -> every mutant tried on it
   std::vector<std::string> unproven;                     // baseline order
+  std::map<std::string, int> candidates_left;            // unproven gate -> candidates not tried (interrupted)
   std::vector<std::string> rebuild_not_tried;            // rebuild-path candidates left out (no --prove-rebuild)
   std::vector<std::string> skipped_mutants;              // "<id>: why" (stale anchor, needs CUDA, ...)
   std::vector<std::string> seeds;                        // "<file> (commit X)": the outcomes.json read
@@ -89,9 +90,10 @@ using ProofRunner = std::function<std::map<std::string, GateOutcome>(const Proof
 void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates, const ProofRunner& run,
                  bool rebuild, const std::function<bool()>& stop, std::ostream& log);
 
-// Seeds the record from an earlier run's outcomes.json: every gate of this run that one of its
-// mutants killed (its own case failed or crashed) is proven with path "seed". Throws
-// records::RecordError (the file, the field, the fix) on a file that is not an outcomes.json.
+// Seeds the record from an earlier run's outcomes.json (a file or its folder): every gate of this
+// run that one of its mutants killed (its own case failed or crashed) is proven with path "seed".
+// A file named proof.json is an earlier proof instead: its proven gates start proven (resume, or
+// join proofs run per program). Throws (the file, the field, the fix) on anything else.
 // Returns how many gates it proved.
 int seed_proofs(ProofRecord& rec, const std::filesystem::path& outcomes, std::ostream& log);
 
