@@ -1535,7 +1535,7 @@ Stop prove_every_gate(Run& s) {
   rec.skipped_mutants = s.left_out;
   for (const auto& id : e.gate_order) {
     const Gate& g = e.gates[id];
-    rec.gates.push_back({id, g.exe});
+    rec.gates.push_back({id, g.exe, g.baseline_s});
     if (g.skipped) rec.not_provable[id] = "skipped in the baseline: " + g.skip_reason;
   }
   for (const auto& seed : o.prove_seeds) {

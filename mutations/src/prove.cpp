@@ -71,9 +71,11 @@ int affinity(const Mutant& m, const std::string& gate, const std::map<std::strin
 void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates, const ProofRunner& run,
                  bool rebuild, const std::function<bool()>& stop, std::ostream& log) {
   std::map<std::string, std::string> program_of;
+  std::map<std::string, double> cost;  // the gate's baseline seconds
   std::set<std::string> open;
   for (const auto& g : rec.gates) {
     program_of[g.id] = g.program;
+    cost[g.id] = g.seconds;
     if (!rec.proven.count(g.id) && !rec.not_provable.count(g.id)) open.insert(g.id);
   }
   // Which files the mutants naming each gate patch (the "same file" resemblance).
@@ -95,20 +97,24 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
       rec.interrupted = true;
       break;
     }
-    // The best candidate: switches before rebuilds, then the summed affinity, then catalog order.
-    long best = -1;
+    // The best candidate: switches before rebuilds, then the summed affinity per second of the run
+    // (the baseline seconds of the gates it would run, plus one for the process starts), then
+    // catalog order.
+    double best = -1;
     std::size_t pick = candidates.size();
     bool pick_rebuild = true;
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       if (done[i]) continue;
-      long score = 0;
+      double aff = 0, secs = 1;
       bool any = false;
       for (const auto& [id, a] : reach[i])
         if (open.count(id)) {
           any = true;
-          score += a;
+          aff += a;
+          secs += cost[id];
         }
       if (!any) continue;
+      const double score = aff / secs;
       const bool better = pick == candidates.size() || (pick_rebuild && !candidates[i].rebuild) ||
                           (pick_rebuild == candidates[i].rebuild && score > best);
       if (better) {
@@ -125,7 +131,7 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
       if (open.count(id)) focus.push_back(id);
     ++rec.runs;
     log << "[prove " << rec.runs << "] " << c.mutant->id << " (" << (c.rebuild ? "rebuild" : "schema") << ", score "
-        << best << "): " << focus.size() << " unproven gate(s) in " << join({c.programs.begin(), c.programs.end()}, ",")
+        << std::fixed << std::setprecision(1) << best << std::defaultfloat << "): " << focus.size() << " unproven gate(s) in " << join({c.programs.begin(), c.programs.end()}, ",")
         << " ..." << std::flush;
     auto res = run(c, focus);
     // A process that failed with every case green names no gate: run such gates alone.
@@ -181,20 +187,12 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
 namespace {
 // An earlier proof (proof.json): its proven gates start proven (a proof resumed, or one per program
 // joined). Refuses a file that is not a proof record, naming the field.
-int seed_from_proof(ProofRecord& rec, const fs::path& file, const std::map<std::string, std::string>& program_of,
-                    std::ostream& log) {
-  json doc;
-  try {
-    doc = json::parse(read_text(file));
-  } catch (const std::exception& ex) {
-    throw CatalogError("--prove-seed " + file.string() + ": not JSON (" + ex.what() +
-                       "); fix: pass the proof.json or outcomes.json that kvgate mutate wrote");
-  }
-  if (!doc.is_object() || doc.value("tool", "") != "kvgate mutate --prove-gates" || !doc.contains("proven") ||
-      !doc["proven"].is_array())
+int seed_from_proof(ProofRecord& rec, const fs::path& file, const json& doc,
+                    const std::map<std::string, std::string>& program_of, std::ostream& log) {
+  if (!doc.contains("proven") || !doc["proven"].is_array())
     throw CatalogError("--prove-seed " + file.string() +
-                       ": /tool is not \"kvgate mutate --prove-gates\" or /proven is not an array; fix: pass the "
-                       "proof.json that kvgate mutate --prove-gates wrote");
+                       ": /proven is missing or not an array; fix: pass the proof.json that kvgate mutate --prove-gates "
+                       "wrote, unedited");
   rec.seeds.push_back(file.string() + " (commit " + doc.value("commit", std::string("unknown")).substr(0, 12) + ")");
   int n = 0;
   for (const auto& p : doc["proven"]) {
@@ -220,7 +218,16 @@ int seed_from_proof(ProofRecord& rec, const fs::path& file, const std::map<std::
 int seed_proofs(ProofRecord& rec, const fs::path& outcomes, std::ostream& log) {
   std::map<std::string, std::string> program_of;
   for (const auto& g : rec.gates) program_of[g.id] = g.program;
-  if (!fs::is_directory(outcomes) && outcomes.filename() == "proof.json") return seed_from_proof(rec, outcomes, program_of, log);
+  if (!fs::is_directory(outcomes)) {
+    // A proof record (by its /tool), whatever the file is called; anything else must be an outcomes.json.
+    json doc;
+    try {
+      doc = json::parse(read_text(outcomes));
+    } catch (...) {
+    }
+    if (doc.is_object() && doc.value("tool", "") == "kvgate mutate --prove-gates")
+      return seed_from_proof(rec, outcomes, doc, program_of, log);
+  }
   const fs::path file = fs::is_directory(outcomes) ? outcomes / "outcomes.json" : outcomes;
   const records::OutcomesRecord oc = records::read_outcomes(file);
   const std::string commit = oc.shard ? oc.shard->commit : std::string();

@@ -858,6 +858,14 @@ TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a
   prove_gates(r3, {{&sib, {"P1"}, true}, {&far, {"P1"}, false}}, run, true, [] { return false; }, log);
   REQUIRE(calls.size() == 2);
   CHECK(calls[0].first == "M.far");
+  // Per second: a mutant naming the gate that would also run a slow program waits for one that does not.
+  ProofRecord r5;
+  r5.gates = {{"ENV.int8", "P1", 0.1}, {"SLOW.gate", "P2", 100}};
+  const Mutant wide = mk("M.wide", "a.cpp", {"ENV.int8"}), narrow = mk("M.narrow", "a.cpp", {"ENV.int8"});
+  calls.clear();
+  prove_gates(r5, {{&wide, {"P1", "P2"}, false}, {&narrow, {"P1"}, false}}, run, false, [] { return false; }, log);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[0].first == "M.narrow");
   // Interrupted after the first run: the open gates say how many candidates were never tried.
   ProofRecord r4;
   r4.gates = {{"ENV.int8", "P1"}};

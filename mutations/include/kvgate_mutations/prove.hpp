@@ -26,6 +26,7 @@ namespace kvgate::mutate {
 struct ProofGate {
   std::string id;
   std::string program;  // the gate executable whose test cases carry the ID
+  double seconds = 0;   // its test cases' baseline time (the cost of running it once)
 };
 
 struct ProofCandidate {
@@ -83,8 +84,8 @@ int affinity(const Mutant& m, const std::string& gate, const std::map<std::strin
 using ProofRunner = std::function<std::map<std::string, GateOutcome>(const ProofCandidate&, const std::vector<std::string>&)>;
 
 // The proof loop: while some candidate reaches an unproven gate, run the best one (highest summed
-// affinity over the unproven gates it reaches; catalog order on ties) on every unproven gate of
-// the programs it reaches; record the gates it proves. Each candidate runs at most once. The
+// affinity over the unproven gates it reaches per second those gates took in the baseline; catalog
+// order on ties) on every unproven gate of the programs it reaches; record the gates it proves. Each candidate runs at most once. The
 // rebuild candidates come after every switch candidate, only when `rebuild` is set.
 // `stop()` true ends the loop early (Ctrl-C): the record says interrupted.
 void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates, const ProofRunner& run,
@@ -92,8 +93,8 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
 
 // Seeds the record from an earlier run's outcomes.json (a file or its folder): every gate of this
 // run that one of its mutants killed (its own case failed or crashed) is proven with path "seed".
-// A file named proof.json is an earlier proof instead: its proven gates start proven (resume, or
-// join proofs run per program). Throws (the file, the field, the fix) on anything else.
+// A proof.json (a file whose /tool is "kvgate mutate --prove-gates", whatever its name) is an
+// earlier proof instead: its proven gates start proven (resume, or join proofs run per program). Throws (the file, the field, the fix) on anything else.
 // Returns how many gates it proved.
 int seed_proofs(ProofRecord& rec, const std::filesystem::path& outcomes, std::ostream& log);
 
