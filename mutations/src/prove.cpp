@@ -51,7 +51,13 @@ bool crash_outside_cases(const GateOutcome& g) {
   return g.status == GateStatus::crashed && g.detail.find(kOutsideCases) != std::string::npos;
 }
 
-bool proves_gate(const GateOutcome& g) { return is_kill(g.status) && !crash_outside_cases(g); }
+// Ctrl-C kills the running gate process: the driver then sees a case without a result, which is
+// no evidence about the mutant.
+bool interrupted_kill(const GateOutcome& g) {
+  return g.status == GateStatus::crashed && g.detail.rfind("interrupted", 0) == 0;
+}
+
+bool proves_gate(const GateOutcome& g) { return is_kill(g.status) && !crash_outside_cases(g) && !interrupted_kill(g); }
 
 int affinity(const Mutant& m, const std::string& gate, const std::map<std::string, std::set<std::string>>& files_naming) {
   if (std::find(m.expect_killed_by.begin(), m.expect_killed_by.end(), gate) != m.expect_killed_by.end()) return 100;
@@ -134,6 +140,12 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
         << std::fixed << std::setprecision(1) << best << std::defaultfloat << "): " << focus.size() << " unproven gate(s) in " << join({c.programs.begin(), c.programs.end()}, ",")
         << " ..." << std::flush;
     auto res = run(c, focus);
+    if (stop()) {  // an interrupted run proves nothing: its gates were killed by the interrupt
+      --rec.runs;
+      done[pick] = false;  // not tried: a resumed proof runs it again
+      rec.interrupted = true;
+      break;
+    }
     // A process that failed with every case green names no gate: run such gates alone.
     if (focus.size() > 1)
       for (const auto& id : focus)
@@ -198,6 +210,10 @@ int seed_from_proof(ProofRecord& rec, const fs::path& file, const json& doc,
   for (const auto& p : doc["proven"]) {
     const std::string id = p.value("gate", "");
     if (!program_of.count(id) || rec.proven.count(id) || rec.not_provable.count(id)) continue;
+    GateOutcome o;
+    o.status = p.value("status", "") == "failed" ? GateStatus::failed : GateStatus::crashed;
+    o.detail = p.value("detail", "");
+    if (!proves_gate(o)) continue;  // e.g. a gate an interrupt killed (a proof.json of an older driver)
     GateProof g;
     g.mutant = p.value("mutant", "");
     g.program = program_of.at(id);

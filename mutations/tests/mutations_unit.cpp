@@ -872,9 +872,12 @@ TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a
   calls.clear();
   prove_gates(r4, {{&sib, {"P1"}, false}, {&far, {"P1"}, false}}, run, false, [&] { return !calls.empty(); }, log);
   CHECK(r4.interrupted);
+  CHECK(r4.runs == 0);  // the interrupted run is not counted, and proves nothing
   CHECK(r4.unproven == std::vector<std::string>{"ENV.int8"});
-  CHECK(r4.candidates_left.at("ENV.int8") == 1);
-  CHECK(proof_json(r4)["unproven"][0]["candidates_left"] == 1);
+  CHECK_FALSE(proves_gate(GateOutcome{GateStatus::crashed, 0, "", "interrupted during: ENV.int8 x", "default", {}}));
+  CHECK(proves_gate(GateOutcome{GateStatus::crashed, 0, "", "killed by signal 11 (Segmentation fault) during: ENV.int8 x", "default", {}}));
+  CHECK(r4.candidates_left.at("ENV.int8") == 2);
+  CHECK(proof_json(r4)["unproven"][0]["candidates_left"] == 2);
 }
 
 TEST_CASE("prove: joining catalogs keeps one canary and refuses an ID twice") {

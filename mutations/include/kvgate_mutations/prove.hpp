@@ -70,7 +70,8 @@ struct ProofRecord {
 
 // What counts as a kill of the gate itself: its own test case failed, or the program crashed while
 // running it (or while running it alone). A process that failed with every test case green (a
-// crash after the last case, in a static destructor) names no gate: not a proof, rerun alone.
+// crash after the last case, in a static destructor) names no gate: not a proof, rerun alone. A
+// gate process killed by Ctrl-C proves nothing either.
 bool proves_gate(const GateOutcome& g);
 bool crash_outside_cases(const GateOutcome& g);
 
