@@ -147,8 +147,8 @@ void register_mutate(CLI::App& app) {
                 "proven (a Catch2 filter) until none is left; writes proof.json and proof.md; exit 7 when a gate "
                 "stays unproven (docs/MUTATIONS.md, Proving every gate)");
   sub->add_option("--prove-seed", c->prove_seeds,
-                  "with --prove-gates: an earlier run's outcomes.json (or its folder); the gates its mutants killed "
-                  "count as proven (repeatable)");
+                  "with --prove-gates: an earlier run's outcomes.json (or its folder), whose kills count as proven, or "
+                  "an earlier proof.json (resume; join proofs run per program); repeatable");
   sub->add_flag("--prove-rebuild", c->prove_rebuild,
                 "with --prove-gates: after the switches, try the patch-and-rebuild mutants on the gates still unproven "
                 "(slow: one build each)");
