@@ -51,13 +51,16 @@ Run mutate(const fs::path& work, const std::vector<std::string>& args,
   return r;
 }
 
-const json& mutant(const json& oc, const std::string& id) {
-  for (const auto& m : oc.at("mutants"))
-    if (m.at("id") == id) return m;
-  FAIL("no outcome for " << id);
+// The element of array `list` whose `key` is `value` (a test failure when there is none).
+const json& entry(const json& list, const char* key, const std::string& value) {
+  for (const auto& m : list)
+    if (m.at(key) == value) return m;
+  FAIL("no entry with " << key << " = " << value);
   static json none;
   return none;
 }
+
+const json& mutant(const json& oc, const std::string& id) { return entry(oc.at("mutants"), "id", id); }
 
 std::vector<std::string> fixture_args(const std::vector<std::string>& extra, const std::string& min_timeout = "2") {
   std::vector<std::string> a{"--source-dir", (kSource / "mutations" / "tests" / "fixture").string(), "--catalog",
@@ -679,13 +682,7 @@ TEST_CASE("fixture: --shard 3 ways + merge (through docs/ci/kvgate-ci.sh) equals
 }
 
 namespace {
-const json& proof_of(const json& proof, const std::string& gate) {
-  for (const auto& p : proof.at("proven"))
-    if (p.at("gate") == gate) return p;
-  FAIL("no proof for " << gate);
-  static json none;
-  return none;
-}
+const json& proof_of(const json& proof, const std::string& gate) { return entry(proof.at("proven"), "gate", gate); }
 std::set<std::string> unproven_of(const json& proof) {
   std::set<std::string> s;
   for (const auto& u : proof.at("unproven")) s.insert(u.at("gate").get<std::string>());
