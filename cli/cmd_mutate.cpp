@@ -14,12 +14,13 @@ namespace kvgate::cli {
 
 namespace {
 struct MutateCli {
-  std::string catalog, out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets,
+  std::vector<std::string> catalogs, prove_seeds;
+  std::string out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets,
       only_requires, shard, junit, format = "text";
   // Both cores by default: the gate executables run side by side (the longest starts first).
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false, skip_red_gates = false,
-       no_schemata = false, all_gates = false;
+       no_schemata = false, all_gates = false, prove_gates = false, prove_rebuild = false;
   double min_timeout = 20;
   std::vector<std::string> cmake_args;
 };
@@ -36,7 +37,11 @@ std::string default_source_dir() {
 int run_mutate_cmd(const MutateCli& c) {
   mutate::MutateOptions o;
   o.source_dir = c.source_dir.empty() ? default_source_dir() : c.source_dir;
-  o.catalog = c.catalog;
+  if (!c.catalogs.empty()) o.catalog = c.catalogs.front();
+  for (std::size_t i = 1; i < c.catalogs.size(); ++i) o.extra_catalogs.emplace_back(c.catalogs[i]);
+  o.prove_gates = c.prove_gates;
+  o.prove_rebuild = c.prove_rebuild;
+  for (const auto& f : c.prove_seeds) o.prove_seeds.emplace_back(f);
   o.out_dir = c.out;
   o.since = c.since;
   o.build_dir = c.build_dir;
@@ -102,7 +107,9 @@ void register_mutate(CLI::App& app) {
       "and prove every gate can go red (docs/MUTATIONS.md). Exit 0 all killed, 2 survived, 3 timeout, "
       "4 baseline red / canary not red, 5 stale catalog, 6 unviable or noop, 7 expectation mismatch, "
       "130 interrupted");
-  sub->add_option("--catalog", c->catalog, "catalog JSON (default <source>/mutations/catalog.json)");
+  sub->add_option("--catalog", c->catalogs,
+                  "catalog JSON (default <source>/mutations/catalog.json); with --prove-gates repeatable: the catalogs "
+                  "are joined (the canary once)");
   sub->add_option("--only", c->only, "comma-separated mutant IDs to run (the canary always runs)");
   sub->add_option("--jobs,-j", c->jobs, "parallel build jobs and gate processes")->capture_default_str();
   sub->add_option("--out", c->out, "output folder")->capture_default_str();
@@ -135,6 +142,16 @@ void register_mutate(CLI::App& app) {
   sub->add_flag("--all-gates", c->all_gates,
                 "with schemata: run every gate program for every switched mutant (default: only the programs whose "
                 "baseline evaluated its switch; the others' gates are 'not reached')");
+  sub->add_flag("--prove-gates", c->prove_gates,
+                "prove every gate ID can go red: per gate program, run candidate mutants on exactly its gates not yet "
+                "proven (a Catch2 filter) until none is left; writes proof.json and proof.md; exit 7 when a gate "
+                "stays unproven (docs/MUTATIONS.md, Proving every gate)");
+  sub->add_option("--prove-seed", c->prove_seeds,
+                  "with --prove-gates: an earlier run's outcomes.json (or its folder), whose kills count as proven, or "
+                  "an earlier proof.json (resume; join proofs run per program); repeatable");
+  sub->add_flag("--prove-rebuild", c->prove_rebuild,
+                "with --prove-gates: after the switches, try the patch-and-rebuild mutants on the gates still unproven "
+                "(slow: one build each)");
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");

@@ -17,6 +17,7 @@
 #include "kvgate_mutations/ci.hpp"
 #include "kvgate_mutations/gate_files.hpp"
 #include "kvgate_mutations/process.hpp"
+#include "kvgate_mutations/prove.hpp"
 #include "kvgate_mutations/report.hpp"
 #include "kvgate_mutations/schemata.hpp"
 #include "kvgate_mutations/scratch.hpp"
@@ -140,6 +141,8 @@ struct Env {
   // KVGATE_MUTANT for the gate runs of the moment: empty (no mutant on) except while a schema
   // mutant runs.
   std::vector<std::pair<std::string, std::string>> mutant_env{{"KVGATE_MUTANT", ""}};
+  // --prove-gates: the gate IDs the mutant of the moment runs (the unproven ones it reaches).
+  const std::vector<std::string>* prove_focus = nullptr;
   std::ostream* log = nullptr;
 };
 
@@ -511,9 +514,11 @@ void classify_mutant(const Env& e, const Mutant& m, MutantOutcome& mo) {
   }
 }
 
-// The gates a mutant runs: with --expected-gates-only its own expected gates (the canary, which
-// names none: every focused gate), less the red ones; null: every gate.
+// The gates a mutant runs: with --prove-gates the unproven gates it reaches; with
+// --expected-gates-only its own expected gates (the canary, which names none: every focused gate),
+// less the red ones; null: every gate.
 const std::vector<std::string>* gates_for(const Env& e, const Mutant& m, std::vector<std::string>& wanted) {
+  if (e.prove_focus) return e.prove_focus;
   if (!e.o.expected_gates_only) return nullptr;
   wanted = m.expect_killed_by.empty() ? e.focus : m.expect_killed_by;
   std::erase_if(wanted, [&](const std::string& id) { return e.red.count(id) > 0; });
@@ -701,6 +706,7 @@ struct Run {
   Catalog cat;
   std::vector<AnchorCheck> checks;        // one per catalog mutant
   std::vector<const Mutant*> selected;    // the mutants to run (not the canary)
+  std::vector<std::string> left_out;      // --prove-gates: "<id>: why" for mutants it cannot run
   Clock::time_point t_setup = Clock::now();
   bool want_cuda = false;                 // a selected mutant needs a device and one is present
   std::unique_ptr<ScratchLock> lock;      // held for the whole run
@@ -749,6 +755,20 @@ Stop resolve_options(Run& s) {
   if (o.report_schema.empty())
     o.report_schema = o.source_dir / "mutations" / "schema" / "mutation-testing-report-schema.json";
   if (o.jobs < 1) o.jobs = 1;
+  if (!o.extra_catalogs.empty() && !o.prove_gates) {
+    log << "kvgate mutate: --catalog is given " << o.extra_catalogs.size() + 1
+        << " times; only --prove-gates joins catalogs (run one catalog at a time otherwise)\n";
+    return kExitError;
+  }
+  if (o.prove_gates && (o.expected_gates_only || o.shard_count > 1)) {
+    log << "kvgate mutate: --prove-gates runs every unproven gate a mutant reaches; it does not combine with "
+        << (o.expected_gates_only ? "--expected-gates-only" : "--shard") << " (drop it)\n";
+    return kExitError;
+  }
+  if (!o.prove_gates && (!o.prove_seeds.empty() || o.prove_rebuild)) {
+    log << "kvgate mutate: --prove-seed and --prove-rebuild need --prove-gates\n";
+    return kExitError;
+  }
 
   return std::nullopt;
 }
@@ -759,6 +779,11 @@ Stop load_and_check_catalog(Run& s) {
   // --- catalog: schema, ids, anchors ------------------------------------------------------
   try {
     cat = load_catalog(o.catalog, o.schema);
+    if (!o.extra_catalogs.empty()) {
+      std::vector<Catalog> all{cat};
+      for (const auto& c : o.extra_catalogs) all.push_back(load_catalog(fs::absolute(c), o.schema));
+      cat = join_catalogs(all);
+    }
   } catch (const std::exception& ex) {
     log << "kvgate mutate: " << ex.what() << "\n";
     return kExitStale;
@@ -912,12 +937,22 @@ Stop refuse_stale_anchors(Run& s) {
     for (std::size_t i = 0; i < cat.mutants.size(); ++i) {
       if (checks[i].ok()) continue;
       const Mutant* m = &cat.mutants[i];
+      if (o.prove_gates && !m->is_canary() && std::erase(selected, m) > 0) {
+        // The proof runs what it can: a stale mutant is left out by name (proof.md lists it).
+        log << "kvgate mutate: --prove-gates: left out: " << checks[i].message() << "\n";
+        s.left_out.push_back(m->id + ": stale anchor (" + checks[i].message() + ")");
+        continue;
+      }
       const bool runs = (m->is_canary() && o.canary) ||
                         std::find(selected.begin(), selected.end(), m) != selected.end();
       log << "kvgate mutate: " << (runs ? "" : "warning (not selected): ") << checks[i].message() << "\n";
       stale += runs ? 1 : 0;
     }
     if (stale) return kExitStale;
+    if (o.prove_gates) {  // the stale mutants left out are not instrumented either
+      r.shard.selection.clear();
+      for (const Mutant* m : selected) r.shard.selection.push_back(m->id);
+    }
   }
 
   return std::nullopt;
@@ -944,7 +979,7 @@ Stop prepare_scratch(Run& s) {
   }
   s.interrupt_guard.emplace();
   fs::create_directories(e.out);
-  for (const char* stale : {"baseline", "canary", "mutants"}) fs::remove_all(e.out / stale);
+  for (const char* stale : {"baseline", "canary", "mutants", "prove"}) fs::remove_all(e.out / stale);
   fs::create_directories(e.out / "baseline");
 
   return std::nullopt;
@@ -1227,6 +1262,20 @@ Stop refuse_ungated_mutants(Run& s) {
   std::erase_if(ms, [&](const Mutant* m) { return !requirement_gap(e, *m, false).empty(); });
   std::vector<std::string> why;
   const auto bad = ungated_mutants(gf, ms, e.targets, &why);
+  if (e.o.prove_gates && !e.o.gate_targets.empty()) {
+    // A proof over some programs (--gate-targets): the mutants none of them compiles are no
+    // candidates here, not an error (the canary must still be compiled by them).
+    for (const auto& id : bad) {
+      if (const Mutant* c = s.cat.canary(); c && c->id == id) continue;
+      std::erase_if(s.selected, [&](const Mutant* m) { return m->id == id; });
+      s.left_out.push_back(id + ": no gate program of --gate-targets compiles its file");
+    }
+    const Mutant* c = s.cat.canary();
+    const bool canary_bad = c && std::find(bad.begin(), bad.end(), c->id) != bad.end();
+    if (!bad.empty()) log << "kvgate mutate: --prove-gates: " << bad.size() - (canary_bad ? 1 : 0)
+                          << " mutant(s) in files no gate program of --gate-targets compiles: left out\n";
+    return canary_bad ? Stop{kExitStale} : Stop{};
+  }
   for (const auto& w : why) log << w << "\n";
   return bad.empty() ? Stop{} : Stop{kExitStale};
 }
@@ -1451,6 +1500,118 @@ Stop run_canary(Run& s) {
   return std::nullopt;
 }
 
+// The canary's patch, reverted, is built away before the switches run, so they run in the baseline
+// binaries.
+Stop build_after_canary(Run& s) {
+  KVGATE_RUN_NAMES(s);
+  if (e.schema.switched.empty()) return std::nullopt;
+  double secs = 0;
+  if (!run_build(e, bl / "build.after_canary.log", &secs)) {
+    log << "kvgate mutate: rebuilding the unmutated tree after the canary failed, see "
+        << (bl / "build.after_canary.log").string() << "\n";
+    r.exit_code = kExitError;
+    write_outputs(r, e, log);
+    return r.exit_code;
+  }
+  r.baseline_build_s += secs;
+  return std::nullopt;
+}
+
+// --prove-gates: every gate ID shown able to go red (prove.hpp), in place of the mutant-by-mutant
+// run. The candidates are the selected mutants the environment can run: a switch reaches the
+// programs whose baseline evaluated it, a patched mutant the programs that compile its file.
+Stop prove_every_gate(Run& s) {
+  KVGATE_RUN_NAMES(s);
+  if (Stop rc = build_after_canary(s)) return rc;
+  const auto t0 = Clock::now();
+  ProofRecord rec;
+  rec.started_at = r.started_at;
+  rec.commit = r.shard.commit;
+  rec.dirty = r.shard.dirty;
+  rec.catalogs.push_back(o.catalog.string());
+  for (const auto& c : o.extra_catalogs) rec.catalogs.push_back(fs::absolute(c).string());
+  rec.baseline_build_s = r.baseline_build_s;
+  rec.baseline_test_s = r.baseline_test_s;
+  rec.skipped_mutants = s.left_out;
+  for (const auto& id : e.gate_order) {
+    const Gate& g = e.gates[id];
+    rec.gates.push_back({id, g.exe, g.baseline_s});
+    if (g.skipped) rec.not_provable[id] = "skipped in the baseline: " + g.skip_reason;
+  }
+  for (const auto& seed : o.prove_seeds) {
+    try {
+      seed_proofs(rec, seed, log);
+    } catch (const std::exception& ex) {
+      log << "kvgate mutate: --prove-seed: " << ex.what() << "\n";
+      return kExitError;
+    }
+  }
+  const GateFiles gf(e.build);
+  std::vector<ProofCandidate> cands;
+  for (const Mutant* m : selected) {
+    if (const std::string gap = requirement_gap(e, *m, true); !gap.empty()) {
+      rec.skipped_mutants.push_back(m->id + ": " + gap);
+      continue;
+    }
+    ProofCandidate c;
+    c.mutant = m;
+    c.rebuild = !e.schema.has(m->id);
+    for (const auto& x : e.exes) {
+      bool reaches = e.reach.empty();  // --all-gates (or no switches): no coverage, every program
+      if (!c.rebuild)
+        for (const auto& v : x.variants)
+          if (const auto it = e.reach.find(unit_stem(x, v)); it != e.reach.end() && it->second.count(m->id)) reaches = true;
+      if (c.rebuild) {
+        const auto progs = gf.loaded() ? gf.gates_compiling(m->file, {x.target}) : std::vector<std::string>{x.target};
+        reaches = !progs.empty() || fs::path(m->file).extension() == ".py";
+      }
+      if (reaches) c.programs.insert(x.target);
+    }
+    if (!c.programs.empty()) cands.push_back(std::move(c));
+    else rec.skipped_mutants.push_back(m->id + ": no gate program reaches it (none evaluated its switch in the baseline)");
+  }
+  std::map<std::string, int> runs_of;  // per mutant: how many runs so far (a rerun alone gets its own folder)
+  const ProofRunner runner = [&](const ProofCandidate& c, const std::vector<std::string>& gates) {
+    const int k = runs_of[c.mutant->id]++;
+    const fs::path dir = e.out / "prove" / (k == 0 ? c.mutant->id : c.mutant->id + ".alone." + gates.front());
+    e.prove_focus = &gates;
+    MutantOutcome mo;
+    try {
+      mo = run_mutant(e, *c.mutant, dir);
+    } catch (...) {
+      e.prove_focus = nullptr;
+      throw;
+    }
+    e.prove_focus = nullptr;
+    if (mo.status == MutantStatus::unviable || (mo.status == MutantStatus::noop && mo.gates.empty()))
+      for (const auto& id : gates)
+        mo.gates[id] = GateOutcome{GateStatus::not_run, 0, mo.build_log, std::string(to_string(mo.status)) + ": " + mo.reason, "default", {}};
+    return mo.gates;
+  };
+  log << "kvgate mutate: --prove-gates: " << rec.gates.size() << " gates (" << rec.proven.size() << " seeded, "
+      << rec.not_provable.size() << " skipped in the baseline), " << cands.size() << " candidate mutant(s)\n";
+  try {
+    prove_gates(rec, cands, runner, o.prove_rebuild, [] { return interrupted(); }, log);
+  } catch (const std::exception& ex) {
+    log << "kvgate mutate: --prove-gates: " << ex.what() << "\n";
+    return kExitError;
+  }
+  rec.wall_s = since(t0);
+  int rc = kExitError;
+  try {
+    rc = write_proof(rec, e.out);
+  } catch (const std::exception& ex) {
+    log << "kvgate mutate: error writing the proof: " << ex.what() << "\n";
+    return kExitError;
+  }
+  log << "kvgate mutate: --prove-gates: " << rec.proven.size() << " of " << rec.gates.size() << " gates proven, "
+      << rec.unproven.size() << " unproven, " << rec.not_provable.size() << " not provable here; " << rec.runs
+      << " mutant run(s) in " << fmt_s(rec.wall_s) << "\n";
+  for (const auto& id : rec.unproven) log << "  unproven: " << id << "\n";
+  log << "kvgate mutate: outputs in " << e.out.string() << " (proof.md, proof.json); exit " << rc << "\n";
+  return rc;
+}
+
 // Each selected mutant: apply, rebuild, run the gates, classify, revert.
 Stop run_mutants(Run& s) {
   KVGATE_RUN_NAMES(s);
@@ -1459,18 +1620,9 @@ Stop run_mutants(Run& s) {
   const int N = static_cast<int>(selected.size());
   const std::vector<const Mutant*> selection_order = selected;
   if (!e.schema.switched.empty()) {
-    // The switches first (no build between them), then the patched ones; and the canary's patch,
-    // reverted, is built away first so the switches run in the baseline binaries.
+    // The switches first (no build between them), then the patched ones.
     std::stable_partition(selected.begin(), selected.end(), [&](const Mutant* m) { return e.schema.has(m->id); });
-    double secs = 0;
-    if (!run_build(e, bl / "build.after_canary.log", &secs)) {
-      log << "kvgate mutate: rebuilding the unmutated tree after the canary failed, see "
-          << (bl / "build.after_canary.log").string() << "\n";
-      r.exit_code = kExitError;
-      write_outputs(r, e, log);
-      return r.exit_code;
-    }
-    r.baseline_build_s += secs;
+    if (Stop rc = build_after_canary(s)) return rc;
   }
   double done_wall = 0;
   int done = 0;
@@ -1603,7 +1755,10 @@ int run_mutate(const MutateOptions& in, std::ostream& log) {
   if (s.e.o.list) return *list_catalog(s);
   for (Stop (*step)(Run&) : {select_mutants, shard_mutants, refuse_stale_anchors, prepare_scratch, probe_device, sync_scratch,
                              instrument_scratch, set_environments, configure_scratch_build, list_gate_programs, restrict_gate_targets,
-                             build_baseline, refuse_ungated_mutants, list_variants, focus_gates, run_baseline, run_canary, run_mutants, check_run})
+                             build_baseline, refuse_ungated_mutants, list_variants, focus_gates, run_baseline, run_canary})
+    if (Stop rc = step(s)) return *rc;
+  if (s.e.o.prove_gates) return prove_every_gate(s).value_or(kExitOk);
+  for (Stop (*step)(Run&) : {run_mutants, check_run})
     if (Stop rc = step(s)) return *rc;
   print_summary(s);
   return s.r.exit_code;

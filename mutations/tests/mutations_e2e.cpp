@@ -51,19 +51,29 @@ Run mutate(const fs::path& work, const std::vector<std::string>& args,
   return r;
 }
 
-const json& mutant(const json& oc, const std::string& id) {
-  for (const auto& m : oc.at("mutants"))
-    if (m.at("id") == id) return m;
-  FAIL("no outcome for " << id);
+// The element of array `list` whose `key` is `value` (a test failure when there is none).
+const json& entry(const json& list, const char* key, const std::string& value) {
+  for (const auto& m : list)
+    if (m.at(key) == value) return m;
+  FAIL("no entry with " << key << " = " << value);
   static json none;
   return none;
 }
+
+const json& mutant(const json& oc, const std::string& id) { return entry(oc.at("mutants"), "id", id); }
 
 std::vector<std::string> fixture_args(const std::vector<std::string>& extra, const std::string& min_timeout = "2") {
   std::vector<std::string> a{"--source-dir", (kSource / "mutations" / "tests" / "fixture").string(), "--catalog",
                              (kSource / "mutations" / "tests" / "fixture" / "catalog.json").string(),
                              "--min-timeout", min_timeout};
   a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// The fixture tree with another catalog.
+std::vector<std::string> fixture_args_for(const fs::path& catalog, const std::vector<std::string>& extra) {
+  std::vector<std::string> a = fixture_args(extra);
+  a[3] = catalog.string();
   return a;
 }
 
@@ -669,6 +679,115 @@ TEST_CASE("fixture: --shard 3 ways + merge (through docs/ci/kvgate-ci.sh) equals
   }
   for (const char* recipe : {"github-actions.yml", "gitlab-ci.yml"})
     CHECK(read_text(kSource / "docs" / "ci" / recipe).find("docs/ci/kvgate-ci.sh gates ") != std::string::npos);
+}
+
+namespace {
+const json& proof_of(const json& proof, const std::string& gate) { return entry(proof.at("proven"), "gate", gate); }
+std::set<std::string> unproven_of(const json& proof) {
+  std::set<std::string> s;
+  for (const auto& u : proof.at("unproven")) s.insert(u.at("gate").get<std::string>());
+  return s;
+}
+}  // namespace
+
+TEST_CASE("fixture: --prove-gates proves each gate by any mutant, names the gates none kills, joins catalogs, seeds",
+          "[fixture]") {
+  const fs::path w = kWork / "fixture_prove";
+  fs::create_directories(w);
+  // Catalog 1: the fixture's, with FIX.killed naming FIX.mul (so FIX.add is proven only by a mutant
+  // that names another gate) and FIX.portable_only moved to catalog 2, which repeats the canary.
+  json c1 = json::parse(read_text(kSource / "mutations" / "tests" / "fixture" / "catalog.json"));
+  json c2 = c1;
+  json& ms = c1["mutants"];
+  for (auto& m : ms)
+    if (m["id"] == "FIX.killed") m["expect_killed_by"] = json::array({"FIX.mul"});
+  json portable;
+  for (const auto& m : ms)
+    if (m["id"] == "FIX.portable_only") portable = m;
+  REQUIRE(portable.is_object());
+  ms.erase(std::remove_if(ms.begin(), ms.end(), [](const json& m) { return m["id"] == "FIX.portable_only"; }), ms.end());
+  json stale = portable;  // an anchor the tree no longer has: left out by name, the proof goes on
+  stale["id"] = "FIX.stale";
+  stale["anchor"] = "int no_such_function(int x) { return x; }";
+  c2["mutants"] = json::array({c1["mutants"][0], portable, stale});
+  REQUIRE(c2["mutants"][0]["category"] == "canary");
+  write_text(w / "c1.json", c1.dump(2));
+  write_text(w / "c2.json", c2.dump(2));
+  auto args = [&](const std::vector<std::string>& extra) { return fixture_args_for(w / "c1.json", extra); };
+  {
+    INFO("the whole proof, switches then rebuilds: a gate no mutant kills is a finding (exit 7)");
+    const Run r = mutate(w / "all", args({"--prove-gates", "--prove-rebuild", "--catalog", (w / "c2.json").string()}));
+    INFO(r.log);
+    CHECK(r.rc == 7);
+    const json proof = json::parse(read_text(w / "all" / "out" / "proof.json"));
+    CHECK(proof["summary"]["gates"] == 7);
+    CHECK(proof["summary"]["proven"] == 4);
+    CHECK(proof["catalogs"].size() == 2);
+    // FIX.add: killed by FIX.killed, whose record names FIX.mul only.
+    CHECK(proof_of(proof, "FIX.add")["mutant"] == "FIX.killed");
+    CHECK(proof_of(proof, "FIX.add")["path"] == "schema");
+    CHECK(proof_of(proof, "FIX.add")["program"] == "gate_math");
+    // A crash inside the gate's own test case proves it; the gates after the crash were run alone
+    // and stayed green, so FIX.crash proves nothing else (FIX.twice is FIX.mismatch's).
+    CHECK(proof_of(proof, "FIX.mul")["mutant"] == "FIX.crash");
+    CHECK(proof_of(proof, "FIX.mul")["status"] == "crashed");
+    CHECK(proof_of(proof, "FIX.twice")["mutant"] == "FIX.mismatch");
+    CHECK(proof_of(proof, "FIX.twice")["path"] == "rebuild");
+    // From the second catalog, killed only in the ctest variant.
+    CHECK(proof_of(proof, "FIX.triple")["mutant"] == "FIX.portable_only");
+    CHECK(proof_of(proof, "FIX.triple")["variants"] == json::array({"portable"}));
+    CHECK(unproven_of(proof) == std::set<std::string>{"FIX.describe", "FIX.identity", "FIX.never"});
+    bool identity_timed_out = false;
+    for (const auto& u : proof["unproven"]) {
+      CHECK(!u["tried"].empty());  // every unproven gate says which mutants were tried on it
+      if (u["gate"] == "FIX.identity")
+        for (const auto& t : u["tried"]) identity_timed_out = identity_timed_out || (t["mutant"] == "FIX.timeout" && t["status"] == "timeout");
+    }
+    CHECK(identity_timed_out);  // a timeout is not a proof
+    REQUIRE(proof["skipped_mutants"].size() == 1);
+    CHECK(proof["skipped_mutants"][0].get<std::string>().rfind("FIX.stale: stale anchor", 0) == 0);
+    const std::string md = read_text(w / "all" / "out" / "proof.md");
+    CHECK(md.find("- **FIX.never** (gate_misc)") != std::string::npos);
+    CHECK(md.find("| FIX.add | gate_math | FIX.killed | schema |") != std::string::npos);
+  }
+  {
+    INFO("seeded from an earlier run's outcomes.json; without --prove-rebuild the patched mutants are listed, not run");
+    const Run r0 = mutate(w / "seed", args({"--only", "FIX.crash"}));
+    INFO(r0.log);
+    REQUIRE(r0.rc == 0);
+    const Run r = mutate(w / "seeded", args({"--prove-gates", "--prove-seed", (w / "seed" / "out").string()}));
+    INFO(r.log);
+    CHECK(r.rc == 7);
+    const json proof = json::parse(read_text(w / "seeded" / "out" / "proof.json"));
+    CHECK(proof["summary"]["seeded"] == 1);
+    CHECK(proof_of(proof, "FIX.mul")["path"] == "seed");
+    CHECK(proof_of(proof, "FIX.mul")["mutant"] == "FIX.crash");
+    CHECK(proof_of(proof, "FIX.add")["mutant"] == "FIX.killed");
+    CHECK(unproven_of(proof).count("FIX.twice") == 1);  // only a patched mutant kills it
+    const auto& nt = proof["rebuild_not_tried"];
+    CHECK(std::find(nt.begin(), nt.end(), "FIX.mismatch") != nt.end());
+    // Resumed from the whole proof: its 4 proven gates are not run again.
+    const Run again = mutate(w / "resumed", args({"--prove-gates", "--prove-seed", (w / "all" / "out" / "proof.json").string()}));
+    INFO(again.log);
+    CHECK(again.rc == 7);
+    const json p2 = json::parse(read_text(w / "resumed" / "out" / "proof.json"));
+    CHECK(p2["summary"]["seeded"] == 4);
+    CHECK(proof_of(p2, "FIX.twice")["mutant"] == "FIX.mismatch");
+    CHECK(unproven_of(p2) == std::set<std::string>{"FIX.describe", "FIX.identity", "FIX.never"});
+  }
+  {
+    INFO("refusals: two catalogs without --prove-gates; a mutant ID in both catalogs");
+    const Run r = mutate(w / "refuse", args({"--catalog", (w / "c2.json").string()}));
+    CHECK(r.rc == 1);
+    CHECK(r.log.find("only --prove-gates joins catalogs") != std::string::npos);
+    json dup = c2;
+    dup["mutants"].push_back(c1["mutants"][1]);
+    write_text(w / "dup.json", dup.dump(2));
+    const Run d = mutate(w / "refuse", args({"--prove-gates", "--catalog", (w / "dup.json").string()}));
+    CHECK(d.rc == 5);
+    CHECK(d.log.find("mutant FIX.killed is in " + (w / "c1.json").string() + " and in " + (w / "dup.json").string()) !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("real tree: three fast mutants against the fast gates, Stryker report valid", "[real]") {

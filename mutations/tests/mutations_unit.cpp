@@ -14,6 +14,7 @@
 #include "catch_compat.hpp"
 #include "kvgate_mutations/catalog.hpp"
 #include "kvgate_mutations/catch_xml.hpp"
+#include "kvgate_mutations/prove.hpp"
 #include "kvgate_mutations/driver.hpp"
 #include "kvgate_mutations/json_schema.hpp"
 #include "kvgate_mutations/process.hpp"
@@ -776,4 +777,136 @@ TEST_CASE("catalog: changed lines of a git diff -U0 (the --since selection)") {
   CHECK(r[0] == std::pair<int, int>{3, 3});
   CHECK(r[1] == std::pair<int, int>{10, 12});
   CHECK(r[2] == std::pair<int, int>{21, 22});  // a pure deletion touches the lines around the cut
+}
+
+TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a crash outside the cases, each mutant once") {
+  using namespace kvgate::mutate;
+  auto mk = [](std::string id, std::string file, std::vector<std::string> expect) {
+    Mutant m;
+    m.id = std::move(id);
+    m.file = std::move(file);
+    m.expect_killed_by = std::move(expect);
+    return m;
+  };
+  const Mutant far = mk("M.far", "b.cpp", {"OTHER.thing"});
+  const Mutant sib = mk("M.sibling", "a.cpp", {"ENV.fp8"});
+  const Mutant exitcrash = mk("M.exit_crash", "a.cpp", {"ZZZ.q"});
+  // Resemblance: named 100; shared family 10 per component; same last component 15; same file 5.
+  const std::map<std::string, std::set<std::string>> files{{"INV.int8", {"a.cpp"}}};
+  CHECK(affinity(sib, "ENV.fp8", files) == 100);
+  CHECK(affinity(sib, "ENV.int8", files) == 10);
+  CHECK(affinity(sib, "INV.fp8", files) == 15);
+  CHECK(affinity(sib, "INV.int8", files) == 5);
+  CHECK(affinity(far, "INV.int8", files) == 0);
+  ProofRecord rec;
+  rec.gates = {{"ENV.fp8", "P1"}, {"INV.fp8", "P1"}, {"INV.int8", "P1"}, {"X.exit", "P2"}, {"X.other", "P2"}, {"X.never", "P2"}};
+  rec.not_provable["X.skip"] = "skipped in the baseline: no device";
+  rec.gates.push_back({"X.skip", "P2"});
+  const std::vector<ProofCandidate> cands{{&far, {"P1"}, false}, {&sib, {"P1"}, false}, {&exitcrash, {"P2"}, false}};
+  std::vector<std::pair<std::string, std::vector<std::string>>> calls;
+  const ProofRunner run = [&](const ProofCandidate& c, const std::vector<std::string>& gates) {
+    calls.emplace_back(c.mutant->id, gates);
+    std::map<std::string, GateOutcome> out;
+    for (const auto& g : gates) out[g] = GateOutcome{GateStatus::passed, 0, "", "", "default", {}};
+    if (c.mutant->id == "M.sibling") out["INV.fp8"] = GateOutcome{GateStatus::failed, 0, "l", "test case failed: INV.fp8 x", "default", {"default"}};
+    if (c.mutant->id == "M.far") out["INV.int8"] = GateOutcome{GateStatus::crashed, 0, "l", "killed by signal 11 during: INV.int8 y", "default", {"default"}};
+    if (c.mutant->id == "M.exit_crash") {
+      // Every case green, the process died at exit: a proof of no gate, so each is run alone.
+      for (const auto& g : gates)
+        out[g] = GateOutcome{GateStatus::crashed, 0, "l", "killed by signal 6 with no failed test case in its XML", "default", {"default"}};
+      if (gates.size() == 1 && gates[0] == "X.exit")
+        out["X.exit"] = GateOutcome{GateStatus::failed, 0, "l", "run alone: exit 1", "default", {"default"}};
+    }
+    return out;
+  };
+  std::ostringstream log;
+  prove_gates(rec, cands, run, false, [] { return false; }, log);
+  INFO(log.str());
+  // The sibling first (it names a P1 gate), then the far one on what is left of P1, then P2.
+  REQUIRE(calls.size() >= 3);
+  CHECK(calls[0].first == "M.sibling");
+  CHECK(calls[0].second == std::vector<std::string>{"ENV.fp8", "INV.fp8", "INV.int8"});
+  CHECK(calls[1].first == "M.far");
+  CHECK(calls[1].second == std::vector<std::string>{"ENV.fp8", "INV.int8"});  // only the gates still open
+  CHECK(calls[2].first == "M.exit_crash");
+  CHECK(calls[2].second == std::vector<std::string>{"X.exit", "X.other", "X.never"});  // not the skipped one
+  CHECK(calls.size() == 6);  // then each of the three alone
+  CHECK(rec.proven.at("INV.fp8").mutant == "M.sibling");  // named ENV.fp8, proved its sibling
+  CHECK(rec.proven.at("INV.int8").status == "crashed");
+  CHECK(rec.proven.at("X.exit").detail == "run alone: exit 1");
+  CHECK(rec.unproven == std::vector<std::string>{"ENV.fp8", "X.other", "X.never"});
+  CHECK(rec.tried.at("X.never").size() == 1);
+  CHECK(rec.tried.at("X.never")[0].status == "crashed outside its test cases");
+  CHECK(rec.tried.at("ENV.fp8").size() == 2);  // both P1 mutants tried, each once
+  CHECK(rec.runs == 3);
+  const auto doc = proof_json(rec);
+  CHECK(doc["summary"]["proven"] == 3);
+  CHECK(doc["summary"]["unproven"] == 3);
+  CHECK(doc["summary"]["not_provable"] == 1);
+  CHECK(proof_md(rec).find("- **X.never** (P2): 1 mutant(s) tried: M.exit_crash (crashed outside its test cases)") !=
+        std::string::npos);
+  // A rebuild candidate is tried only when asked, and after the switches.
+  ProofRecord r2;
+  r2.gates = {{"ENV.fp8", "P1"}};
+  calls.clear();
+  prove_gates(r2, {{&sib, {"P1"}, true}, {&far, {"P1"}, false}}, run, false, [] { return false; }, log);
+  CHECK(calls.size() == 1);
+  CHECK(r2.rebuild_not_tried == std::vector<std::string>{"M.sibling"});
+  calls.clear();
+  ProofRecord r3;
+  r3.gates = r2.gates;
+  prove_gates(r3, {{&sib, {"P1"}, true}, {&far, {"P1"}, false}}, run, true, [] { return false; }, log);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[0].first == "M.far");
+  // Per second: a mutant naming the gate that would also run a slow program waits for one that does not.
+  ProofRecord r5;
+  r5.gates = {{"ENV.int8", "P1", 0.1}, {"SLOW.gate", "P2", 100}};
+  const Mutant wide = mk("M.wide", "a.cpp", {"ENV.int8"}), narrow = mk("M.narrow", "a.cpp", {"ENV.int8"});
+  calls.clear();
+  prove_gates(r5, {{&wide, {"P1", "P2"}, false}, {&narrow, {"P1"}, false}}, run, false, [] { return false; }, log);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[0].first == "M.narrow");
+  // Interrupted after the first run: the open gates say how many candidates were never tried.
+  ProofRecord r4;
+  r4.gates = {{"ENV.int8", "P1"}};
+  calls.clear();
+  prove_gates(r4, {{&sib, {"P1"}, false}, {&far, {"P1"}, false}}, run, false, [&] { return !calls.empty(); }, log);
+  CHECK(r4.interrupted);
+  CHECK(r4.runs == 0);  // the interrupted run is not counted, and proves nothing
+  CHECK(r4.unproven == std::vector<std::string>{"ENV.int8"});
+  CHECK_FALSE(proves_gate(GateOutcome{GateStatus::crashed, 0, "", "interrupted during: ENV.int8 x", "default", {}}));
+  CHECK(proves_gate(GateOutcome{GateStatus::crashed, 0, "", "killed by signal 11 (Segmentation fault) during: ENV.int8 x", "default", {}}));
+  CHECK(r4.candidates_left.at("ENV.int8") == 2);
+  CHECK(proof_json(r4)["unproven"][0]["candidates_left"] == 2);
+}
+
+TEST_CASE("prove: joining catalogs keeps one canary and refuses an ID twice") {
+  using namespace kvgate::mutate;
+  Catalog a, b;
+  a.path = "a.json";
+  b.path = "b.json";
+  Mutant canary;
+  canary.id = "CANARY.x";
+  canary.category = "canary";
+  canary.file = "f.cpp";
+  canary.anchor = "x";
+  canary.replacement = "y";
+  Mutant m1 = canary, m2 = canary;
+  m1.id = "A.one";
+  m1.category = "store";
+  m2.id = "B.two";
+  m2.category = "store";
+  a.mutants = {canary, m1};
+  b.mutants = {canary, m2};
+  const Catalog j = join_catalogs({a, b});
+  REQUIRE(j.mutants.size() == 3);
+  CHECK(j.mutants[2].id == "B.two");
+  b.mutants.push_back(m1);
+  CHECK_THROWS_WITH(join_catalogs({a, b}), kvgate_catch::contains("mutant A.one is in a.json and in b.json"));
+  Catalog c;
+  c.path = "c.json";
+  Mutant other = canary;
+  other.replacement = "z";
+  c.mutants = {other};
+  CHECK_THROWS_WITH(join_catalogs({a, c}), kvgate_catch::contains("differs from"));
 }

@@ -75,6 +75,13 @@ struct MutateOptions {
   // that reach it, the others' gates are "not reached", and a mutant no program reaches is noop
   // without running anything. true (--all-gates): every gate runs for every mutant.
   bool all_gates = false;
+  // --prove-gates (docs/MUTATIONS.md "Proving every gate"): instead of the mutant-by-mutant run,
+  // show every gate ID able to go red (mutations/include/kvgate_mutations/prove.hpp); proof.json
+  // and proof.md in out_dir. The catalogs after the first (--catalog given again) are joined to it.
+  bool prove_gates = false;
+  std::vector<std::filesystem::path> extra_catalogs;
+  std::vector<std::filesystem::path> prove_seeds;  // --prove-seed: earlier outcomes.json files
+  bool prove_rebuild = false;  // --prove-rebuild: also the patch-and-rebuild mutants (slow), after the switches
   std::filesystem::path junit;  // --junit FILE: one JUnit testcase per mutant (written atomically)
   std::string format = "text";  // --format github: ::error annotations for survivors on stdout
 };
