@@ -38,19 +38,6 @@ namespace {
 
 constexpr int kChunk = 7;  // prefill chunks of 7 tokens: the prompt crosses chunks and pages
 
-std::vector<int> map_prompt(const Model& m) {
-  std::vector<int> p;
-  for (const auto& t : three_turns(m)) p.insert(p.end(), t.begin(), t.end());
-  return p;
-}
-
-std::vector<float> layer_rows(const PagedKvStore& st, SeqId s, int layer, KvHalf h) {
-  const int n = st.length(s);
-  std::vector<float> out(static_cast<std::size_t>(n) * st.config().n_kv_heads * st.config().head_dim);
-  st.read(s, layer, h, 0, n, out.data());
-  return out;
-}
-
 EngineOptions map_options(const Model& m, const KvFormat& f) {
   EngineOptions o = options(m, f);
   o.prefill_chunk = kChunk;
@@ -68,7 +55,7 @@ void run_layer_map(const Model& m, const KvFormat& f) {
   const int n = c.n_layers;
   INFO("model " << m.path << ", format " << f.name());
   REQUIRE(n >= 2);
-  const std::vector<int> prompt = map_prompt(m);
+  const std::vector<int> prompt = joined_turns(m);
   REQUIRE(static_cast<int>(prompt.size()) > 2 * kChunk);
   const KvFormat f32{HalfFormat::f32, HalfFormat::f32};
 
@@ -183,7 +170,7 @@ TEST_CASE("PAR.layer_map.options a map of the wrong length, a KV file of a mappe
   for (int l = 0; l < n; ++l) o.kv_layers.push_back(l == 0 ? f32 : i8);
   {
     Engine e(m, o);
-    const std::vector<int> prompt = map_prompt(m);
+    const std::vector<int> prompt = joined_turns(m);
     e.prefill(prompt);
     TempDir t;
     const std::string path = t.file("mapped.kv");

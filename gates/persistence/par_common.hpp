@@ -193,6 +193,20 @@ inline std::vector<std::vector<int>> three_turns(const Model& m) {
   return turns;
 }
 
+// The three turns as one prompt.
+inline std::vector<int> joined_turns(const Model& m) {
+  std::vector<int> p;
+  for (const auto& t : three_turns(m)) p.insert(p.end(), t.begin(), t.end());
+  return p;
+}
+// Dequantized rows of every position of one layer slot of a store: [length][n_kv_heads * head_dim].
+inline std::vector<float> layer_rows(const PagedKvStore& st, SeqId s, int layer, KvHalf h) {
+  const int n = st.length(s);
+  std::vector<float> out(static_cast<std::size_t>(n) * st.config().n_kv_heads * st.config().head_dim);
+  st.read(s, layer, h, 0, n, out.data());
+  return out;
+}
+
 // --- file bytes ----------------------------------------------------------------------------------
 inline std::vector<std::uint8_t> read_bytes(const std::string& p) {
   std::ifstream in(p, std::ios::binary);

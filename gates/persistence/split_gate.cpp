@@ -78,20 +78,6 @@ int first_diff(const Run& a, const Run& b) {
   return -1;
 }
 
-std::vector<int> prompt_of(const Model& m) {
-  std::vector<int> p;
-  for (const auto& t : three_turns(m)) p.insert(p.end(), t.begin(), t.end());
-  return p;
-}
-
-// Dequantized K and V rows of every position of one layer slot of a store.
-std::vector<float> rows_of(const PagedKvStore& st, SeqId s, int layer, KvHalf h) {
-  const int n = st.length(s);
-  std::vector<float> out(static_cast<std::size_t>(n) * st.config().n_kv_heads * st.config().head_dim);
-  st.read(s, layer, h, 0, n, out.data());
-  return out;
-}
-
 void check_stores(const Engine& split, const Engine& single, const std::vector<int>& layers) {
   const PagedKvStore& whole = single.store();
   REQUIRE(split.stage_count() == static_cast<int>(layers.size()));
@@ -114,7 +100,7 @@ void check_stores(const Engine& split, const Engine& single, const std::vector<i
     for (int sl = 0; sl < c.n_layers; ++sl)
       for (KvHalf h : {KvHalf::K, KvHalf::V}) {
         INFO("layer slot " << sl << " (model layer " << first + sl << "), half " << (h == KvHalf::K ? "K" : "V"));
-        const std::vector<float> got = rows_of(st, s, sl, h), want = rows_of(whole, single.sequence(), first + sl, h);
+        const std::vector<float> got = layer_rows(st, s, sl, h), want = layer_rows(whole, single.sequence(), first + sl, h);
         CHECK(bitwise_equal(got, want));
         CHECK(std::any_of(got.begin(), got.end(), [](float x) { return x != 0.0f; }));  // really written
       }
@@ -134,7 +120,7 @@ void check_stores(const Engine& split, const Engine& single, const std::vector<i
 
 void run_split(const Model& m, const KvFormat& f) {
   INFO("model " << m.path << ", format " << f.name());
-  const std::vector<int> prompt = prompt_of(m);
+  const std::vector<int> prompt = joined_turns(m);
   REQUIRE(static_cast<int>(prompt.size()) > 2 * kChunk);
   EngineOptions so = options(m, f);
   so.prefill_chunk = kChunk;
@@ -153,7 +139,7 @@ void run_split(const Model& m, const KvFormat& f) {
 
 void run_split_stream(const Model& m, const KvFormat& f) {
   INFO("model " << m.path << ", format " << f.name());
-  const std::vector<int> prompt = prompt_of(m);
+  const std::vector<int> prompt = joined_turns(m);
   EngineOptions so = options(m, f, 0, 4);
   so.prefill_chunk = kChunk;
   Engine single(m, so);
