@@ -4,6 +4,7 @@
 // backend "cuda" (what the CUDA ops can run).
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -37,7 +38,15 @@ struct RunOpts : EngineFlags {  // the flags shared with `kvgate chat` (kv_flags
   bool no_bos = false;
   std::string device = "cpu";
   bool cuda_graphs = true;
+  std::string weights = "as-stored";  // 16-bit checkpoint weights: as stored (mapped) or converted to f32
+  std::string cuda_weights = "f32";   // --device cuda: weights on the GPU
 };
+
+WeightStorage weight_storage(const std::string& v) {
+  if (v == "as-stored") return WeightStorage::as_stored;
+  if (v == "f32") return WeightStorage::f32;
+  throw std::invalid_argument("--weights must be as-stored or f32, got '" + v + "'");
+}
 
 std::optional<KvFormat> requested_format(const RunOpts& o) {
   if (!o.kv.empty() && (!o.kv_k.empty() || !o.kv_v.empty()))
@@ -59,6 +68,24 @@ std::optional<KvFormat> requested_format(const RunOpts& o) {
 
 template <class E>
 int generate_and_print(const RunOpts& o, const Model& model, E& engine);
+
+// The process's memory from /proc/self/status (kB lines): peak resident set, and the resident set now
+// split into anonymous pages (copies the process made, e.g. FP32 weights) and file-backed ones (the
+// mapped checkpoint). Absent fields are left out (not Linux).
+nlohmann::json process_memory() {
+  nlohmann::json j = nlohmann::json::object();
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    std::string rest;
+    std::getline(f, rest);
+    for (const auto& [k, name] : {std::pair<const char*, const char*>{"VmHWM:", "peak_rss_bytes"},
+                                  {"RssAnon:", "rss_anon_bytes"},
+                                  {"RssFile:", "rss_file_bytes"}})
+      if (key == k) j[name] = std::strtoull(rest.c_str(), nullptr, 10) * 1024ull;
+  }
+  return j;
+}
 
 // Tokens whose K/V rows the engine holds (both engines keep the history for conversations).
 template <class E>
@@ -90,7 +117,10 @@ int run_run(const RunOpts& o) {
     cuda::register_capability();  // backend "cuda" refuses what the CUDA ops cannot run
 #endif
   }
-  const Model model = load_model(o.model, o.tokenizer);
+  const WeightStorage storage = weight_storage(o.weights);
+  if (o.cuda_weights != "f32" && o.cuda_weights != "bf16")
+    throw std::invalid_argument("--cuda-weights must be f32 or bf16, got '" + o.cuda_weights + "'");
+  const Model model = load_model(o.model, o.tokenizer, storage);
 
   KvRequest req;
   req.flag = flag;
@@ -105,6 +135,7 @@ int run_run(const RunOpts& o) {
     cuda::CudaEngineOptions co;
     co.engine = eo;
     co.cuda_graphs = o.cuda_graphs;
+    co.weights = o.cuda_weights == "bf16" ? cuda::WeightType::bf16 : cuda::WeightType::f32;
     cuda::CudaEngine engine(model, co);
     return generate_and_print(o, model, engine);
   }
@@ -201,7 +232,10 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                   {"n_heads", model.config.n_heads},
                   {"n_kv_heads", model.config.n_kv_heads},
                   {"head_dim", model.config.head_dim},
-                  {"vocab_size", model.config.vocab_size}};
+                  {"vocab_size", model.config.vocab_size},
+                  {"weights", {{"storage", o.weights},
+                               {"owned_bytes", model.weights.owned_bytes()},
+                               {"mapped_bytes", model.weights.mapped_bytes()}}}};
     j["sampler"] = {{"temperature", o.temperature}, {"top_k", o.top_k}, {"top_p", o.top_p}, {"seed", o.seed}};
     j["stats"] = {{"requested_kv", st.requested_kv},
                   {"requested_source", st.requested_source},
@@ -230,6 +264,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                   {"kv_block_lookups", st.kv_block_lookups},
                   {"kv_block_misses", st.kv_block_misses},
                   {"kv_bytes_moved", st.kv_bytes_moved}};
+    j["process"] = process_memory();  // what the weights cost the host: anonymous vs file-backed pages
     if (!st.layer_kv.empty())  // a per-layer map (--kv-layers): the map, each layer's format and bytes
       j["stats"]["kv_layers"] = {{"map", st.kv_layer_map},
                                  {"formats", st.layer_kv},
@@ -290,6 +325,12 @@ void register_run(CLI::App& app) {
   sub->add_option("--device", o->device, "cpu, or cuda (the whole forward on the GPU; needs a CUDA build and device)")
       ->capture_default_str();
   sub->add_flag("!--no-cuda-graphs", o->cuda_graphs, "--device cuda: plain kernel launches for decode (no CUDA graph)");
+  sub->add_option("--weights", o->weights,
+                  "16-bit (bf16/f16) safetensors weights: as-stored (read in place from the mapped files) or f32 "
+                  "(converted copies)")
+      ->capture_default_str();
+  sub->add_option("--cuda-weights", o->cuda_weights, "--device cuda: weight matrices on the GPU, f32 | bf16")
+      ->capture_default_str();
   add_kv_cache_flags(sub, o->cache);
   on_run(sub, [o] { return run_run(*o); });
 }

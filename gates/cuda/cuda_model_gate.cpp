@@ -53,6 +53,8 @@
 #include "kvgate/loaders.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/sampler.hpp"
+#include "kvgate/synth.hpp"
+#include "scratch_dir.hpp"
 #include "cuda_f32_bound.hpp"
 #include "cuda_gate_common.hpp"
 #include "models.hpp"
@@ -398,7 +400,7 @@ TEST_CASE("STO.cuda.weights_bf16 bf16 upload: every device word is RNE of the ho
     std::memcpy(&f, &b, 4);
     return f;
   };
-  auto fill = [&](std::vector<float>& v, std::size_t n) {
+  auto fill = [&](auto& v, std::size_t n) {  // std::vector<float> or Weight (FP32)
     v.resize(n);
     for (float& f : v) f = next_bits();
   };
@@ -448,7 +450,7 @@ TEST_CASE("STO.cuda.weights_bf16 bf16 upload: every device word is RNE of the ho
   for (int l = 0; l < 2; ++l) {
     const auto& L = m.weights.layers[static_cast<std::size_t>(l)];
     const auto& d = cm.layer(l);
-    for (const auto& [dev, host, what] : {std::tuple<const void*, const std::vector<float>*, const char*>{d.wq, &L.wq, "wq"},
+    for (const auto& [dev, host, what] : {std::tuple<const void*, const Weight*, const char*>{d.wq, &L.wq, "wq"},
                                           {d.wk, &L.wk, "wk"}, {d.wv, &L.wv, "wv"}, {d.wo, &L.wo, "wo"},
                                           {d.w1, &L.w1, "w1"}, {d.w2, &L.w2, "w2"}, {d.w3, &L.w3, "w3"}})
       check_bf16(dev, *host, what);
@@ -457,4 +459,64 @@ TEST_CASE("STO.cuda.weights_bf16 bf16 upload: every device word is RNE of the ho
   }
   CHECK(checked > 2 * (std::size_t{1} << 23));  // more than one staging buffer's worth
   CHECK(not_truncation > checked / 4);          // RNE is visible: truncation would fail the check
+}
+
+TEST_CASE("STO.cuda.weights_as_stored 16-bit weights kept as stored upload to the device's bits: bf16 words as "
+          "stored, f16 through its FP32 value, FP32 device weights the exact conversion; device bytes as announced",
+          "[gate:STO][cuda][fmt:bf16][fmt:f16]") {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  // Bound: exact. A bf16 checkpoint's words go to the device unchanged (no round trip through FP32
+  // can alter them, but a wrong piece offset or a f16 read would); an f16 checkpoint's reach the device
+  // as RNE(bf16) of their exact FP32 value, the words the FP32-converted model uploads; FP32 device
+  // weights are the converted floats. The embedding (40000 x 256) spans several staging pieces.
+  kvgate::gates::ScratchDir t("kvgate-cuda-weights");
+  for (const char* dt : {"bf16", "f16"}) {
+    INFO(dt);
+    SynthOptions o;
+    o.arch = "llama";
+    o.layers = 1;
+    o.hidden = 256;
+    o.ffn = 64;
+    o.heads = 2;
+    o.kv_heads = 1;
+    o.head_dim = 128;
+    o.vocab = 40000;
+    o.max_seq_len = 64;
+    o.dtype = dt;
+    o.out = (t.path() / dt).string();
+    synth_hf(o);
+    const Model kept = load_hf(o.out), conv = load_hf(o.out, WeightStorage::f32);
+    REQUIRE(kept.weights.tok_embeddings.mapped());
+    REQUIRE(kept.weights.tok_embeddings.size() > 2 * (std::size_t{1} << 22));  // several pieces of either path
+    const kc::CudaModel kb(kept, kc::WeightType::bf16), cb(conv, kc::WeightType::bf16);
+    const kc::CudaModel kf(kept, kc::WeightType::f32), cf(conv, kc::WeightType::f32);
+    CHECK(kb.weight_bytes() == kc::CudaModel::device_bytes(kept.weights, kc::WeightType::bf16));
+    CHECK(kf.weight_bytes() == kc::CudaModel::device_bytes(kept.weights, kc::WeightType::f32));
+    CHECK(kb.weight_bytes() == cb.weight_bytes());
+    auto words = [](const void* dev, std::size_t n, std::size_t width) {
+      std::string b(n * width, '\0');
+      REQUIRE(cudaMemcpy(b.data(), dev, b.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+      return b;
+    };
+    auto same = [&](const void* a, const void* b, const Weight& host, std::size_t width, const char* what) {
+      INFO(what);
+      const std::string x = words(a, host.size(), width), y = words(b, host.size(), width);
+      CHECK(x == y);
+      if (width == 2 && std::string(dt) == "bf16")  // the stored words themselves
+        CHECK(std::memcmp(x.data(), host.view().half(), x.size()) == 0);
+    };
+    same(kb.tok_embeddings(), cb.tok_embeddings(), kept.weights.tok_embeddings, 2, "tok_embeddings bf16");
+    same(kb.classifier(), cb.classifier(), kept.weights.classifier, 2, "classifier bf16");
+    same(kf.tok_embeddings(), cf.tok_embeddings(), kept.weights.tok_embeddings, 4, "tok_embeddings f32");
+    const LayerWeights& L = kept.weights.layers[0];
+    for (const auto& [a, b, host, what] :
+         {std::tuple<const void*, const void*, const Weight*, const char*>{kb.layer(0).wq, cb.layer(0).wq, &L.wq, "wq"},
+          {kb.layer(0).wk, cb.layer(0).wk, &L.wk, "wk"},
+          {kb.layer(0).w2, cb.layer(0).w2, &L.w2, "w2"}})
+      same(a, b, *host, 2, what);
+    for (const auto& [a, b, host, what] :
+         {std::tuple<const void*, const void*, const Weight*, const char*>{kf.layer(0).wq, cf.layer(0).wq, &L.wq, "wq f32"},
+          {kf.layer(0).w3, cf.layer(0).w3, &L.w3, "w3 f32"}})
+      same(a, b, *host, 4, what);
+  }
 }

@@ -160,22 +160,25 @@ void check_same_model(const Model& hf, const Model& gg) {
   const bool permuted = b.rope_style == RopeStyle::interleaved;
   CHECK(permuted == (a.arch == "llama" || a.arch == "mistral"));  // llama.cpp: NORM RoPE for llama only
   const ModelWeights &wa = hf.weights, &wb = gg.weights;
-  for (std::vector<float> ModelWeights::*f : {&ModelWeights::tok_embeddings, &ModelWeights::final_norm,
-                                              &ModelWeights::classifier})
-    CHECK(same_bits(wb.*f, wa.*f));
+  CHECK(same_bits(wb.tok_embeddings, wa.tok_embeddings));
+  CHECK(same_bits(wb.final_norm, wa.final_norm));
+  CHECK(same_bits(wb.classifier, wa.classifier));
   REQUIRE(wb.layers.size() == wa.layers.size());
   using LW = LayerWeights;
   for (std::size_t l = 0; l < wa.layers.size(); ++l) {
     const LW &x = wa.layers[l], &y = wb.layers[l];
     INFO("layer " << l);
-    CHECK(same_bits(permuted ? unpermute(y.wq, b.n_heads, b.head_dim, b.dim) : y.wq, x.wq));
-    CHECK(same_bits(permuted ? unpermute(y.wk, b.n_kv_heads, b.head_dim, b.dim) : y.wk, x.wk));
+    CHECK(same_bits(permuted ? unpermute(y.wq, b.n_heads, b.head_dim, b.dim) : y.wq.f32(), x.wq));
+    CHECK(same_bits(permuted ? unpermute(y.wk, b.n_kv_heads, b.head_dim, b.dim) : y.wk.f32(), x.wk));
     int k = 0;
-    for (std::vector<float> LW::*f : {&LW::wv, &LW::wo, &LW::bq, &LW::bk, &LW::bv, &LW::q_norm, &LW::k_norm,
-                                      &LW::attn_norm, &LW::ffn_norm, &LW::post_attn_norm, &LW::post_ffn_norm, &LW::w1,
-                                      &LW::w2, &LW::w3}) {
-      INFO("tensor " << k++ << " of wv, wo, bq, bk, bv, q_norm, k_norm, attn_norm, ffn_norm, post_attn_norm, "
-                        "post_ffn_norm, w1, w2, w3");
+    for (Weight LW::*f : {&LW::wv, &LW::wo, &LW::w1, &LW::w2, &LW::w3}) {
+      INFO("matrix " << k++ << " of wv, wo, w1, w2, w3");
+      CHECK(same_bits(y.*f, x.*f));
+    }
+    k = 0;
+    for (std::vector<float> LW::*f : {&LW::bq, &LW::bk, &LW::bv, &LW::q_norm, &LW::k_norm, &LW::attn_norm,
+                                      &LW::ffn_norm, &LW::post_attn_norm, &LW::post_ffn_norm}) {
+      INFO("tensor " << k++ << " of bq, bk, bv, q_norm, k_norm, attn_norm, ffn_norm, post_attn_norm, post_ffn_norm");
       CHECK(same_bits(y.*f, x.*f));
     }
   }

@@ -62,7 +62,7 @@ void make_gemma(const std::string& dir, const std::string& arch, int layers) {
 }
 
 // Phi-3 from a Llama synth directory: per layer q|k|v rows -> self_attn.qkv_proj and gate|up rows
-// -> mlp.gate_up_proj (row-major f32: concatenating row blocks concatenates their bytes).
+// -> mlp.gate_up_proj (row-major, any dtype: concatenating row blocks concatenates their bytes).
 void make_phi3(const std::string& dir, int layers, bool gate_up_swapped = false) {
   const fs::path p = fs::path(dir) / "model.safetensors";
   StFile f = read_st(p);
@@ -78,7 +78,7 @@ void make_phi3(const std::string& dir, int layers, bool gate_up_swapped = false)
     for (const auto& pr : parts) bytes += pr.second, rows += pr.first["shape"][0].get<std::int64_t>();
     const std::size_t b = f.data.size();
     f.data += bytes;
-    f.header[name] = {{"dtype", "F32"}, {"shape", {rows, cols}}, {"data_offsets", {b, b + bytes.size()}}};
+    f.header[name] = {{"dtype", parts[0].first["dtype"]}, {"shape", {rows, cols}}, {"data_offsets", {b, b + bytes.size()}}};
   };
   for (int i = 0; i < layers; ++i) {
     const std::string b = "model.layers." + std::to_string(i) + ".";
@@ -358,4 +358,124 @@ TEST_CASE("STO.loader.phi3_fused qkv_proj / gate_up_proj split == the unfused Ll
   const std::string msg = model_error([&] { load_hf(miss); });
   INFO(msg);
   CHECK(has(msg, "self_attn.qkv_proj.weight"));
+}
+
+namespace {
+
+// Sets an environment variable for one scope.
+struct EnvFor {
+  EnvFor(const char* k, const std::string& v) : key(k) { ::setenv(k, v.c_str(), 1); }
+  ~EnvFor() { ::unsetenv(key); }
+  const char* key;
+};
+
+template <class F>
+void each_matrix(const ModelWeights& w, F&& f) {
+  f("tok_embeddings", w.tok_embeddings);
+  if (!w.classifier.empty()) f("classifier", w.classifier);
+  for (const LayerWeights& L : w.layers)
+    for (const auto& [n, m] : {std::pair<const char*, const Weight*>{"wq", &L.wq}, {"wk", &L.wk}, {"wv", &L.wv},
+                               {"wo", &L.wo}, {"w1", &L.w1}, {"w2", &L.w2}, {"w3", &L.w3}})
+      f(n, *m);
+}
+
+}  // namespace
+
+TEST_CASE("STO.loader.weights_as_stored bf16/f16 matrices read in place from the mapped files: logits and fingerprint "
+          "bit for bit the FP32 conversion's; a load beyond the memory available is refused with both figures",
+          "[gate:STO][fmt:bf16][fmt:f16]") {
+  TempDir t;
+  // Bound: exact. A 16-bit element converts to FP32 exactly and the CPU matmul multiplies the same
+  // FP32 rows in the same order whatever the storage, so the logits are the converted model's bit for
+  // bit (for 1 and 2 threads: the row split); qwen2 has biases (the row offset of a piece), Phi-3's
+  // matrices are row ranges of one fused tensor (views at an offset).
+  struct Case {
+    const char* name;
+    const char* arch;
+    const char* dtype;
+    bool phi3;
+  };
+  for (const Case c : {Case{"llama_bf16", "llama", "bf16", false}, Case{"qwen2_f16", "qwen2", "f16", false},
+                       Case{"qwen3_bf16", "qwen3", "bf16", false}, Case{"phi3_bf16", "llama", "bf16", true}}) {
+    INFO(c.name);
+    std::string dir;
+    if (std::string(c.arch) == "qwen2") {  // 8 heads of 16: 128 biased rows per projection, two pieces of 64
+      SynthOptions o = tiny_options(t.sub(c.name));
+      o.arch = c.arch;
+      o.heads = o.kv_heads = 8;
+      o.dtype = c.dtype;
+      synth_hf(o);
+      dir = o.out;
+    } else {
+      dir = synth_arch(t, c.name, c.arch, 2, c.dtype, false);
+    }
+    if (c.phi3) make_phi3(dir, 2);
+    const Model kept = load_hf(dir), conv = load_hf(dir, WeightStorage::f32);
+    const WeightDtype want = std::string(c.dtype) == "bf16" ? WeightDtype::bf16 : WeightDtype::f16;
+    std::size_t elems = 0, n_mats = 0;
+    each_matrix(kept.weights, [&](const char* n, const Weight& w) {
+      INFO(n);
+      CHECK(w.dtype() == want);
+      CHECK(w.mapped());
+    });
+    each_matrix(conv.weights, [&](const char* n, const Weight& w) {
+      INFO(n);
+      CHECK(w.is_f32());
+      CHECK_FALSE(w.mapped());
+      elems += w.size();
+      ++n_mats;
+    });
+    REQUIRE(n_mats == 2 + 2 * 7);  // anti-vacuity: every matrix looked at (untied: a classifier)
+    CHECK(kept.weights.mapped_bytes() == 2 * elems);
+    CHECK(conv.weights.mapped_bytes() == 0);
+    CHECK(conv.weights.owned_bytes() == kept.weights.owned_bytes() + 4 * elems);
+    CHECK(kept.fingerprint == conv.fingerprint);
+    for (std::size_t l = 0; l < 2; ++l) {
+      CHECK(kept.weights.layers[l].wq == conv.weights.layers[l].wq);
+      CHECK(kept.weights.layers[l].w3 == conv.weights.layers[l].w3);
+    }
+    const auto ids = some_ids(20, kept.config.vocab_size);
+    for (int threads : {1, 2}) {
+      INFO(threads << " threads");
+      const auto a = logits_of(kept, ids, threads), b = logits_of(conv, ids, threads);
+      REQUIRE(a.size() == b.size());
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
+    // A 16-bit weight refuses FP32 access by name instead of handing out its bits as floats.
+    CHECK_THROWS_WITH(kept.weights.layers[0].wq.data(), kvgate_catch::contains("kept as the checkpoint stores it"));
+  }
+
+  // Memory: the figure the load asks for, computed here from the file's header: 2-D 16-bit tensors
+  // kept as stored at 2 bytes an element, every other tensor at 4 (FP32); with --weights f32 every
+  // tensor at 4. Equal to what the loaded model holds.
+  const std::string dir = synth_arch(t, "mem", "llama", 2, "bf16");
+  const StFile f = read_st(fs::path(dir) / "model.safetensors");
+  std::uint64_t need = 0, need_f32 = 0;
+  for (auto it = f.header.begin(); it != f.header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    std::uint64_t numel = 1;
+    for (const auto& d : it.value()["shape"]) numel *= d.get<std::uint64_t>();
+    need += (it.value()["shape"].size() == 2 ? 2 : 4) * numel;
+    need_f32 += 4 * numel;
+  }
+  {
+    const Model m = load_hf(dir);
+    CHECK(m.weights.owned_bytes() + m.weights.mapped_bytes() == need);
+  }
+  {
+    EnvFor e("KVGATE_MEMORY_AVAILABLE", std::to_string(need - 1));
+    const std::string msg = model_error([&] { load_hf(dir); });
+    INFO(msg);
+    CHECK(has(msg, "'" + dir + "'"));
+    CHECK(has(msg, "(" + std::to_string(need) + " bytes) of memory"));
+    CHECK(has(msg, "(" + std::to_string(need - 1) + " bytes) is available (KVGATE_MEMORY_AVAILABLE)"));
+  }
+  {
+    EnvFor e("KVGATE_MEMORY_AVAILABLE", std::to_string(need));
+    CHECK_NOTHROW(load_hf(dir));  // at the figure: loads
+    const std::string msg = model_error([&] { load_hf(dir, WeightStorage::f32); });  // FP32 needs more
+    INFO(msg);
+    CHECK(has(msg, "(" + std::to_string(need_f32) + " bytes) of memory"));
+    CHECK(has(msg, "drop --weights f32"));
+  }
 }

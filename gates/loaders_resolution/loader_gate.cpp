@@ -663,8 +663,8 @@ TEST_CASE("STO.loader.half_convert loaded f16/bf16 weights are the stored values
     o.dtype = dt;
     synth_hf(o);
     const StFile f = read_st(fs::path(o.out) / "model.safetensors");
-    const Model m = load_hf(o.out);
-    for (const auto& [name, got] : {std::pair<const char*, const std::vector<float>*>{"model.embed_tokens.weight", &m.weights.tok_embeddings},
+    const Model m = load_hf(o.out, WeightStorage::f32);  // the conversion path (as stored: STO.loader.weights_as_stored)
+    for (const auto& [name, got] : {std::pair<const char*, const Weight*>{"model.embed_tokens.weight", &m.weights.tok_embeddings},
                                     {"lm_head.weight", &m.weights.classifier},
                                     {"model.layers.0.mlp.down_proj.weight", &m.weights.layers[0].w2}}) {
       INFO(name);
@@ -702,12 +702,13 @@ TEST_CASE("STO.synth.dtypes f16 and bf16 files hold the RNE-rounded f32 weights"
     synth_hf(o);
     const Model m = load_hf(o.out);
     const bool bf = std::string(dt) == "bf16";
+    REQUIRE(m.weights.layers[1].w3.dtype() == (bf ? WeightDtype::bf16 : WeightDtype::f16));  // kept as stored
     auto rounded = [&](float x) { return bf ? bf16_to_f32(f32_to_bf16_rne(x)) : f16_to_f32(f32_to_f16_rne(x)); };
     std::size_t bad = 0;
     const auto& a = ref.weights.layers[1].w3;
     const auto& b = m.weights.layers[1].w3;
     REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) bad += rounded(a[i]) != b[i];
+    for (std::size_t i = 0; i < a.size(); ++i) bad += rounded(a[i]) != b.at(i);
     CHECK(bad == 0);
     CHECK(m.fingerprint != ref.fingerprint);
   }

@@ -494,7 +494,7 @@ TEST_CASE("STO.loader.config_fields architecture, head and bias fields, shard in
     SynthOptions o = tiny_options(t.sub(dt));
     o.dtype = dt;
     synth_hf(o);
-    const Model h = load_hf(t.sub(dt));
+    const Model h = load_hf(t.sub(dt), WeightStorage::f32);  // the converted values (as stored: STO.loader.weights_as_stored)
     const bool bf = std::string(dt) == "bf16";
     const double rel = bf ? 0x1p-8 : 0x1p-11, abs_floor = bf ? 0.0 : 0x1p-25;
     const auto& a = base.weights.layers[1].wq;

@@ -158,14 +158,38 @@ void geglu(float* __restrict h, const float* __restrict up, std::size_t n) {
 
 }  // namespace
 
-void matmul(ThreadPool& pool, float* out, const float* x, const float* W, const float* bias, int T, int n_in, int n_out,
+void matmul(ThreadPool& pool, float* out, const float* x, WeightView W, const float* bias, int T, int n_in, int n_out,
             bool accumulate) {
+  if (W.n < static_cast<std::size_t>(n_out) * static_cast<std::size_t>(n_in))
+    throw std::logic_error("matmul: a weight of " + std::to_string(W.n) + " elements read as [" +
+                           std::to_string(n_out) + "][" + std::to_string(n_in) + "]");
   // Below ~32K multiply-adds per thread the dispatch costs more than it saves.
   const long long work_per_row = static_cast<long long>(n_in) * T;
   const int min_rows = static_cast<int>(std::max<long long>(4, 32768 / std::max<long long>(1, work_per_row)));
+  if (W.dtype == WeightDtype::f32) {
+    const float* w = W.f32();
+    pool.parallel_for(
+        n_out, [&](int r0, int r1) { matmul_rows(out, x, w, bias, T, n_in, n_out, accumulate, r0, r1); }, min_rows);
+    return;
+  }
+  // 16-bit weights: each range of rows is converted (exactly) into a per-thread FP32 buffer of at
+  // most kRows rows, then multiplied by the same matmul_rows, so the sums are bit for bit the FP32
+  // path's (matmul_rows groups rows by 4 from the range's start: ranges stay multiples of 4 apart).
+  constexpr int kRows = 64;
   pool.parallel_for(
       n_out,
-      [&](int r0, int r1) { matmul_rows(out, x, W, bias, T, n_in, n_out, accumulate, r0, r1); },
+      [&](int r0, int r1) {
+        thread_local std::vector<float> buf;
+        const std::size_t cap = static_cast<std::size_t>(kRows) * static_cast<std::size_t>(n_in);
+        if (buf.size() < cap) buf.resize(cap);
+        for (int a = r0; a < r1; a += kRows) {
+          const int b = std::min(r1, a + kRows);
+          W.to_f32(static_cast<std::size_t>(a) * n_in, static_cast<std::size_t>(b - a) * n_in, buf.data());
+          // Rows [a, b) of W are rows [0, b - a) of buf: shift the output and bias to match.
+          float* o = out + a;
+          matmul_rows(o, x, buf.data(), bias ? bias + a : nullptr, T, n_in, n_out, accumulate, 0, b - a);
+        }
+      },
       min_rows);
 }
 
@@ -354,8 +378,8 @@ void CpuForward::embed(const int* tokens, int T, int pos0) {
   const int dim = c.dim;
   // Token embeddings -> residual stream x[T][dim] (Gemma: times sqrt(hidden)).
   for (int t = 0; t < T; ++t)
-    std::memcpy(x_.data() + static_cast<std::size_t>(t) * dim,
-                m_.weights.tok_embeddings.data() + static_cast<std::size_t>(tokens[t]) * dim, sizeof(float) * dim);
+    m_.weights.tok_embeddings.view().to_f32(static_cast<std::size_t>(tokens[t]) * dim, static_cast<std::size_t>(dim),
+                                            x_.data() + static_cast<std::size_t>(t) * dim);
   if (c.embed_scale > 0)
     for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] *= c.embed_scale;
   prepare_chunk(pos0, T);
@@ -382,9 +406,9 @@ void CpuForward::run_layers(PagedKvStore& store, SeqId s, int l0, int l1, int T,
     if (c.mla.any()) {
       mla_attention(store, s, L, l, sl, T, pos0);
     } else {
-      matmul(pool_, q_.data(), xb_.data(), L.wq.data(), c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
-      matmul(pool_, k_.data(), xb_.data(), L.wk.data(), c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
-      matmul(pool_, v_.data(), xb_.data(), L.wv.data(), c.qkv_bias ? L.bv.data() : nullptr, T, dim, kvd, false);
+      matmul(pool_, q_.data(), xb_.data(), L.wq, c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
+      matmul(pool_, k_.data(), xb_.data(), L.wk, c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
+      matmul(pool_, v_.data(), xb_.data(), L.wv, c.qkv_bias ? L.bv.data() : nullptr, T, dim, kvd, false);
       if (c.qk_norm) {  // qwen3: RMSNorm over each head of q and k, before RoPE
         for (int i = 0; i < T * c.n_heads; ++i)
           rmsnorm(q_.data() + static_cast<std::size_t>(i) * hd, q_.data() + static_cast<std::size_t>(i) * hd,
@@ -401,10 +425,10 @@ void CpuForward::run_layers(PagedKvStore& store, SeqId s, int l0, int l1, int T,
       attend(store, s, l, sl, T, pos0);
       // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
       if (c.post_norms) {
-        matmul(pool_, xb2_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, false);
+        matmul(pool_, xb2_.data(), att_.data(), L.wo, nullptr, T, qd, dim, false);
         add_normed(L.post_attn_norm.data(), T);
       } else {
-        matmul(pool_, x_.data(), att_.data(), L.wo.data(), nullptr, T, qd, dim, true);
+        matmul(pool_, x_.data(), att_.data(), L.wo, nullptr, T, qd, dim, true);
       }
     }
     // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
@@ -416,15 +440,15 @@ void CpuForward::run_layers(PagedKvStore& store, SeqId s, int l0, int l1, int T,
       for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] += moe_[i];
       continue;
     }
-    matmul(pool_, hb_.data(), xb_.data(), L.w1.data(), nullptr, T, dim, hid, false);
-    matmul(pool_, hb2_.data(), xb_.data(), L.w3.data(), nullptr, T, dim, hid, false);
+    matmul(pool_, hb_.data(), xb_.data(), L.w1, nullptr, T, dim, hid, false);
+    matmul(pool_, hb2_.data(), xb_.data(), L.w3, nullptr, T, dim, hid, false);
     if (c.ffn_act == FfnAct::gelu_tanh) geglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
     else swiglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
     if (c.post_norms) {
-      matmul(pool_, xb2_.data(), hb_.data(), L.w2.data(), nullptr, T, hid, dim, false);
+      matmul(pool_, xb2_.data(), hb_.data(), L.w2, nullptr, T, hid, dim, false);
       add_normed(L.post_ffn_norm.data(), T);
     } else {
-      matmul(pool_, x_.data(), hb_.data(), L.w2.data(), nullptr, T, hid, dim, true);
+      matmul(pool_, x_.data(), hb_.data(), L.w2, nullptr, T, hid, dim, true);
     }
     // NaN/inf in weights or KV would otherwise reach the logits (and greedy argmax gives token 0):
     // the first layer whose output is not finite is named, O(T*dim) per layer.
@@ -498,7 +522,7 @@ void CpuForward::route(const float* logits, int* sel, float* weight) const {
 void CpuForward::moe_ffn(const LayerWeights& L, int T) {
   const MoeConfig& m = c_.moe;
   const int dim = c_.dim, E = m.n_experts, K = m.top_k, I = m.expert_dim;
-  matmul(pool_, rl_.data(), xb_.data(), L.router.data(), nullptr, T, dim, E, false);
+  matmul(pool_, rl_.data(), xb_.data(), L.router, nullptr, T, dim, E, false);
   for (int t = 0; t < T; ++t) {
     const float* lg = rl_.data() + static_cast<std::size_t>(t) * E;
     int* sel = rsel_.data() + static_cast<std::size_t>(t) * K;
@@ -519,10 +543,10 @@ void CpuForward::moe_ffn(const LayerWeights& L, int T) {
           ++n;
         }
     if (n == 0) continue;
-    matmul(pool_, hg_.data(), xg_.data(), L.ew1.data() + e * blk, nullptr, n, dim, I, false);
-    matmul(pool_, hg2_.data(), xg_.data(), L.ew3.data() + e * blk, nullptr, n, dim, I, false);
+    matmul(pool_, hg_.data(), xg_.data(), L.ew1.view(e * blk, blk), nullptr, n, dim, I, false);
+    matmul(pool_, hg2_.data(), xg_.data(), L.ew3.view(e * blk, blk), nullptr, n, dim, I, false);
     swiglu(hg_.data(), hg2_.data(), static_cast<std::size_t>(n) * I);
-    matmul(pool_, yg_.data(), hg_.data(), L.ew2.data() + e * blk, nullptr, n, I, dim, false);
+    matmul(pool_, yg_.data(), hg_.data(), L.ew2.view(e * blk, blk), nullptr, n, I, dim, false);
     for (int j = 0; j < n; ++j) {
       const int tk = grow_[static_cast<std::size_t>(j)];
       const float w = rw_[static_cast<std::size_t>(tk)];
@@ -534,10 +558,10 @@ void CpuForward::moe_ffn(const LayerWeights& L, int T) {
   // Shared expert (DeepSeek): a dense gated MLP on every token, added to the routed sum.
   if (m.shared_dim > 0) {
     const int S = m.shared_dim;
-    matmul(pool_, hg_.data(), xb_.data(), L.sw1.data(), nullptr, T, dim, S, false);
-    matmul(pool_, hg2_.data(), xb_.data(), L.sw3.data(), nullptr, T, dim, S, false);
+    matmul(pool_, hg_.data(), xb_.data(), L.sw1, nullptr, T, dim, S, false);
+    matmul(pool_, hg2_.data(), xb_.data(), L.sw3, nullptr, T, dim, S, false);
     swiglu(hg_.data(), hg2_.data(), static_cast<std::size_t>(T) * S);
-    matmul(pool_, yg_.data(), hg_.data(), L.sw2.data(), nullptr, T, S, dim, false);
+    matmul(pool_, yg_.data(), hg_.data(), L.sw2, nullptr, T, S, dim, false);
     for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) moe_[i] += yg_[i];
   }
 }
@@ -608,19 +632,19 @@ void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights&
   const int dim = c.dim, H = c.n_heads, N = a.nope_dim, R = a.rope_dim, VD = a.v_dim, QK = N + R,
             KL = a.kv_lora_rank, QL = a.q_lora_rank;
   if (QL > 0) {
-    matmul(pool_, qa_.data(), xb_.data(), L.wq_a.data(), nullptr, T, dim, QL, false);
+    matmul(pool_, qa_.data(), xb_.data(), L.wq_a, nullptr, T, dim, QL, false);
     for (int t = 0; t < T; ++t)
       rmsnorm(qa_.data() + static_cast<std::size_t>(t) * QL, qa_.data() + static_cast<std::size_t>(t) * QL,
               L.q_a_norm.data(), QL, c.rms_eps);
-    matmul(pool_, q_.data(), qa_.data(), L.wq.data(), nullptr, T, QL, H * QK, false);
+    matmul(pool_, q_.data(), qa_.data(), L.wq, nullptr, T, QL, H * QK, false);
   } else {
-    matmul(pool_, q_.data(), xb_.data(), L.wq.data(), nullptr, T, dim, H * QK, false);
+    matmul(pool_, q_.data(), xb_.data(), L.wq, nullptr, T, dim, H * QK, false);
   }
-  matmul(pool_, ckv_.data(), xb_.data(), L.wkv_a.data(), nullptr, T, dim, KL + R, false);
+  matmul(pool_, ckv_.data(), xb_.data(), L.wkv_a, nullptr, T, dim, KL + R, false);
   for (int t = 0; t < T; ++t)
     rmsnorm(lat_.data() + static_cast<std::size_t>(t) * KL, ckv_.data() + static_cast<std::size_t>(t) * (KL + R),
             L.kv_a_norm.data(), KL, c.rms_eps);
-  matmul(pool_, kvb_.data(), lat_.data(), L.wkv_b.data(), nullptr, T, KL, H * (N + VD), false);
+  matmul(pool_, kvb_.data(), lat_.data(), L.wkv_b, nullptr, T, KL, H * (N + VD), false);
   const int half = c.head_dim / 2, rh = R / 2;
   auto turn = [&](float* x, int t) {  // the rope part of one head (or the shared key) at token t
     const float* fc = cos_.data() + static_cast<std::size_t>(t) * half;
@@ -659,7 +683,7 @@ void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights&
     for (int h = 0; h < H; ++h)
       std::memcpy(attc_.data() + (static_cast<std::size_t>(t) * H + h) * VD,
                   att_.data() + (static_cast<std::size_t>(t) * H + h) * QK, sizeof(float) * VD);
-  matmul(pool_, x_.data(), attc_.data(), L.wo.data(), nullptr, T, H * VD, dim, true);
+  matmul(pool_, x_.data(), attc_.data(), L.wo, nullptr, T, H * VD, dim, true);
 }
 
 // x[t] += rmsnorm(xb2[t]) * w for the chunk (Gemma's post-attention / post-FFN norms).

@@ -10,9 +10,18 @@
 
 namespace kvgate::detail {
 
-// out[t][i] (+)= dot(W[i], x[t]) (+ bias[i]) for t < T, i < n_out; W is [n_out][n_in] row-major.
-void matmul(ThreadPool& pool, float* out, const float* x, const float* W, const float* bias, int T, int n_in,
+// out[t][i] (+)= dot(W[i], x[t]) (+ bias[i]) for t < T, i < n_out; W is [n_out][n_in] row-major,
+// FP32 or 16-bit (each row converted exactly before the same dot products: bit for bit the FP32 result).
+void matmul(ThreadPool& pool, float* out, const float* x, WeightView W, const float* bias, int T, int n_in,
             int n_out, bool accumulate);
+inline void matmul(ThreadPool& pool, float* out, const float* x, const Weight& W, const float* bias, int T, int n_in,
+                   int n_out, bool accumulate) {
+  matmul(pool, out, x, W.view(), bias, T, n_in, n_out, accumulate);
+}
+inline void matmul(ThreadPool& pool, float* out, const float* x, const std::vector<float>& W, const float* bias, int T,
+                   int n_in, int n_out, bool accumulate) {
+  matmul(pool, out, x, WeightView::of_f32(W.data(), W.size()), bias, T, n_in, n_out, accumulate);
+}
 // o = w * x / sqrt(mean(x^2) + eps)  (o may alias x)
 void rmsnorm(float* o, const float* x, const float* w, int n, float eps);
 

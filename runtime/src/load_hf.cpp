@@ -26,9 +26,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <type_traits>
 
 #include "kvgate/json_limits.hpp"
 #include "kvgate/loaders.hpp"
+#include "kvgate/memory_info.hpp"
 #include "kvgate/kv_store.hpp"
 #include "kvgate/numeric.hpp"
 #include "kvgate/tokenizer_bpe.hpp"
@@ -147,6 +150,7 @@ class SafetensorsFile {
     return it == tensors_.end() ? nullptr : &it->second;
   }
   const std::uint8_t* bytes(const StTensor& t) const { return base_ + data_off_ + t.begin; }
+  const std::map<std::string, StTensor>& tensors() const { return tensors_; }
 
   static std::string shape_str(const std::vector<std::int64_t>& s) {
     std::string r = "[";
@@ -203,8 +207,8 @@ class TensorSource {
     const fs::path single = dir / "model.safetensors";
     const fs::path index = dir / "model.safetensors.index.json";
     if (fs::is_regular_file(single)) {
-      files_.emplace("model.safetensors", std::make_unique<SafetensorsFile>(single.string()));
-      single_ = files_.begin()->second.get();
+      files_.emplace("model.safetensors", std::make_shared<SafetensorsFile>(single.string()));
+      single_ = files_.begin()->second;
       return;
     }
     if (!fs::is_regular_file(index))
@@ -235,9 +239,22 @@ class TensorSource {
   }
 
   struct Found {
-    const SafetensorsFile* file;
+    std::shared_ptr<const SafetensorsFile> file;  // shared: a weight kept as stored maps into it
     const StTensor* t;
   };
+
+  // Every tensor of every file (the shards the index names are opened).
+  template <class F>
+  void for_each_tensor(F&& f) {
+    if (single_) {
+      for (const auto& [name, t] : single_->tensors()) f(name, t);
+      return;
+    }
+    std::set<std::string> shards;
+    for (const auto& [name, file] : weight_map_) shards.insert(file);
+    for (const std::string& sh : shards)
+      for (const auto& [name, t] : shard(sh)->tensors()) f(name, t);
+  }
 
   // nullptr file when the tensor is absent (`where` is filled with the place it was looked for).
   std::optional<Found> find(const std::string& name, std::string* where) {
@@ -251,7 +268,7 @@ class TensorSource {
       *where = index_path_ + " (weight_map)";
       return std::nullopt;
     }
-    const SafetensorsFile* f = shard(it->second);
+    std::shared_ptr<const SafetensorsFile> f = shard(it->second);
     *where = f->path();
     if (const StTensor* t = f->find(name)) return Found{f, t};
     *where = f->path() + " (which " + index_path_ + " names for it)";
@@ -259,21 +276,21 @@ class TensorSource {
   }
 
  private:
-  const SafetensorsFile* shard(const std::string& name) {
+  std::shared_ptr<const SafetensorsFile> shard(const std::string& name) {
     auto it = files_.find(name);
-    if (it != files_.end()) return it->second.get();
+    if (it != files_.end()) return it->second;
     const fs::path p = dir_ / name;
     if (!fs::is_regular_file(p))
       throw ModelError("'" + index_path_ + "': weight_map names shard \"" + name + "\", which does not exist in " +
                        dir_.string());
-    return files_.emplace(name, std::make_unique<SafetensorsFile>(p.string())).first->second.get();
+    return files_.emplace(name, std::make_shared<SafetensorsFile>(p.string())).first->second;
   }
 
   fs::path dir_;
   std::string index_path_;
-  const SafetensorsFile* single_ = nullptr;
+  std::shared_ptr<const SafetensorsFile> single_;
   std::map<std::string, std::string> weight_map_;
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::shared_ptr<const SafetensorsFile>> files_;
 };
 
 void to_f32(const SafetensorsFile& f, const std::string& name, const StTensor& t, std::vector<float>* out) {
@@ -290,6 +307,58 @@ void to_f32(const SafetensorsFile& f, const std::string& name, const StTensor& t
     throw ModelError("'" + f.path() + "': tensor '" + name + "' field 'dtype' = " + t.dtype +
                      " is not supported for weights (kvgate reads F32, F16 and BF16)");
   }
+}
+
+// A weight matrix: BF16 / F16 kept as stored (read in place from the mapping, which the weight keeps
+// alive) unless FP32 was asked for; F32 (and a 16-bit tensor at an odd byte address, which a reader
+// of uint16 elements cannot take in place) is copied into FP32 the model owns.
+void load_weight(const TensorSource::Found& f, const std::string& name, WeightStorage storage, Weight* out) {
+  const StTensor& t = *f.t;
+  const bool half = t.dtype == "BF16" || t.dtype == "F16";
+  const std::uint8_t* p = f.file->bytes(t);
+  if (storage == WeightStorage::as_stored && half && reinterpret_cast<std::uintptr_t>(p) % 2 == 0) {
+    std::uint64_t numel = 1;
+    for (auto d : t.shape) numel *= static_cast<std::uint64_t>(d);
+    *out = Weight::half_view(t.dtype == "BF16" ? WeightDtype::bf16 : WeightDtype::f16,
+                             reinterpret_cast<const std::uint16_t*>(p), static_cast<std::size_t>(numel), f.file);
+    return;
+  }
+  std::vector<float> v;
+  to_f32(*f.file, name, t, &v);
+  *out = std::move(v);
+}
+
+// Whether a tensor becomes a Weight kept in the mapping (as stored): a 16-bit matrix (2-D) other than
+// what the model holds in FP32 whatever the storage (MoE routers and experts, MLA's low-rank
+// projections). Norms, biases and scales (1-D) are converted.
+bool kept_as_stored(const std::string& name, const StTensor& t) {
+  if ((t.dtype != "BF16" && t.dtype != "F16") || t.shape.size() != 2) return false;
+  for (const char* f32_only : {".experts.", "mlp.gate.weight", "q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj"})
+    if (name.find(f32_only) != std::string::npos) return false;
+  return true;
+}
+
+// The memory the weights will hold, before any is read: 16-bit matrices kept as stored stay in the
+// mapped files (page cache: 2 bytes an element); every other tensor, and every 16-bit one with
+// --weights f32, takes 4 bytes an element the model owns (FP32). More than the machine has
+// available is refused with both figures, instead of a load the kernel kills half-way.
+void check_weights_fit(TensorSource& src, const std::string& dir, WeightStorage storage) {
+  std::uint64_t mapped = 0, owned = 0;
+  src.for_each_tensor([&](const std::string& name, const StTensor& t) {
+    std::uint64_t numel = 1;
+    for (auto d : t.shape) numel *= static_cast<std::uint64_t>(d);
+    if (storage == WeightStorage::as_stored && kept_as_stored(name, t)) mapped += 2 * numel;
+    else owned += 4 * numel;
+  });
+  const MemoryAvailable avail = host_memory_available();
+  if (mapped + owned > avail.bytes)
+    throw ModelError("'" + dir + "': the weights need " + format_bytes_exact(mapped + owned) + " of memory (" +
+                     format_bytes_exact(mapped) + " kept as stored in the mapped files, " + format_bytes_exact(owned) +
+                     " converted to FP32) but " + format_bytes_exact(avail.bytes) + " is available (" + avail.source +
+                     "); use a machine with more memory" +
+                     (storage == WeightStorage::f32 ? ", or keep 16-bit weights as stored (drop --weights f32)"
+                                                    : "") +
+                     ", or free memory");
 }
 
 // ---- config.json -------------------------------------------------------------------------------------
@@ -586,9 +655,9 @@ void load_moe_layer(TensorSource& src, const std::string& cfg_path, const std::s
   auto expert = [&](std::int64_t e, const char* leaf) { return prefix + ".experts." + std::to_string(e) + "." + leaf; };
   for (std::int64_t e = 0; e < E; ++e) {
     for (const auto& [leaf, dst, want] :
-         {std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{gate_n, &L.ew1, {I, H}},
-          std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{up_n, &L.ew3, {I, H}},
-          std::tuple<const char*, std::vector<float>*, std::vector<std::int64_t>>{down_n, &L.ew2, {H, I}}}) {
+         {std::tuple<const char*, Weight*, std::vector<std::int64_t>>{gate_n, &L.ew1, {I, H}},
+          std::tuple<const char*, Weight*, std::vector<std::int64_t>>{up_n, &L.ew3, {I, H}},
+          std::tuple<const char*, Weight*, std::vector<std::int64_t>>{down_n, &L.ew2, {H, I}}}) {
       const std::string name = expert(e, leaf);
       auto f = src.find(name, &where);
       if (!f)
@@ -702,7 +771,7 @@ void load_deepseek_moe_extras(Load& load, const ModelConfig& c, int i, LayerWeig
 
 }  // namespace
 
-Model load_hf(const std::string& dir_str) {
+Model load_hf(const std::string& dir_str, WeightStorage storage) {
   const fs::path dir(dir_str);
   if (!fs::is_directory(dir)) throw ModelError("'" + dir_str + "': not a directory (a Hugging Face model is a directory)");
   const fs::path cfg_path = dir / "config.json";
@@ -849,7 +918,7 @@ Model load_hf(const std::string& dir_str) {
   // Weights.
   TensorSource src(dir);
   const std::string arch_label = arch_name;
-  auto load = [&](const std::string& name, std::vector<std::int64_t> shape, std::vector<float>* out) {
+  auto load = [&](const std::string& name, std::vector<std::int64_t> shape, auto* out) {
     std::string where;
     auto f = src.find(name, &where);
     if (!f)
@@ -859,7 +928,8 @@ Model load_hf(const std::string& dir_str) {
       throw ModelError("'" + f->file->path() + "': tensor '" + name + "' field 'shape' = " +
                        SafetensorsFile::shape_str(f->t->shape) + ", but config.json implies " +
                        SafetensorsFile::shape_str(shape));
-    to_f32(*f->file, name, *f->t, out);
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(*out)>, Weight>) load_weight(*f, name, storage, out);
+    else to_f32(*f->file, name, *f->t, out);
   };
   // Optional KV scale tensor: a scalar (shape [] or [1]) or one per KV head (shape [n_kv_heads],
   // llm-compressor / ModelOpt); returns false when absent. Every value finite and > 0.
@@ -891,6 +961,7 @@ Model load_hf(const std::string& dir_str) {
   const std::int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim(),
                      HD = c.head_dim;
   check_config_limits(cfg_path.string(), c);
+  check_weights_fit(src, dir_str, storage);
   ModelWeights& w = m.weights;
   load("model.embed_tokens.weight", {V, D}, &w.tok_embeddings);
   w.layers.resize(static_cast<std::size_t>(c.n_layers));
@@ -899,7 +970,7 @@ Model load_hf(const std::string& dir_str) {
   // Phi-3 stores q/k/v as one qkv_proj [q_dim + 2 kv_dim, dim] (rows q, then k, then v) and the
   // gate/up pair as gate_up_proj [2 intermediate, dim] (gate rows first): split here.
   auto load_fused = [&](const std::string& name, const std::vector<std::int64_t>& parts, std::int64_t cols,
-                        const char* layout, std::initializer_list<std::vector<float>*> outs) {
+                        const char* layout, std::initializer_list<Weight*> outs) {
     std::int64_t rows = 0;
     for (auto r : parts) rows += r;
     std::string where;
@@ -913,12 +984,18 @@ Model load_hf(const std::string& dir_str) {
                        SafetensorsFile::shape_str({rows, cols}) + " (" + layout +
                        "); fix config.json (hidden_size, num_attention_heads, num_key_value_heads, head_dim, "
                        "intermediate_size) or re-export the checkpoint");
-    std::vector<float> all;
-    to_f32(*f->file, name, *f->t, &all);
+    // Each part is a row range of the fused tensor: a view into it when kept as stored.
+    Weight all;
+    load_weight(*f, name, storage, &all);
     std::size_t r0 = 0, k = 0;
-    for (std::vector<float>* o : outs) {
+    for (Weight* o : outs) {
       const std::size_t n = static_cast<std::size_t>(parts[k++] * cols);
-      o->assign(all.begin() + static_cast<std::ptrdiff_t>(r0), all.begin() + static_cast<std::ptrdiff_t>(r0 + n));
+      if (all.is_f32()) {
+        o->assign(all.begin() + static_cast<std::ptrdiff_t>(r0), all.begin() + static_cast<std::ptrdiff_t>(r0 + n));
+      } else {
+        const WeightView v = all.view(r0, n);
+        *o = Weight::half_view(v.dtype, v.half(), n, f->file);
+      }
       r0 += n;
     }
   };

@@ -31,6 +31,7 @@ struct Reader {
   }
   // The file size was checked against the header before any read (load_llama2c): a read past the
   // end cannot happen unless the file shrinks meanwhile, and that is the read error below.
+  void floats(Weight& dst, std::uint64_t n, const std::string& field) { floats(dst.f32(), n, field); }
   void floats(std::vector<float>& dst, std::uint64_t n, const std::string& field) {
     dst.resize(static_cast<std::size_t>(n));
     f.read(reinterpret_cast<char*>(dst.data()), static_cast<std::streamsize>(n * 4));
@@ -38,7 +39,8 @@ struct Reader {
     off += n * 4;
   }
   // Per-layer arrays are stored as [L][n] contiguous blocks.
-  void layered(std::vector<LayerWeights>& layers, std::vector<float> LayerWeights::*member, std::uint64_t n,
+  template <class T>  // std::vector<float> or Weight
+  void layered(std::vector<LayerWeights>& layers, T LayerWeights::*member, std::uint64_t n,
                const std::string& field) {
     for (std::size_t l = 0; l < layers.size(); ++l)
       floats(layers[l].*member, n, field + "[layer " + std::to_string(l) + "]");

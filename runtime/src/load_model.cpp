@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <type_traits>
 
 #include "kvgate/limits.hpp"
 #include "kvgate/loaders.hpp"
@@ -30,7 +31,8 @@ bool starts_with_gguf_magic(const std::string& path) {
   return f.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
 }
 
-void check_size(const std::string& path, const std::string& tensor, const std::vector<float>& v, std::size_t expect) {
+template <class T>  // std::vector<float> or Weight
+void check_size(const std::string& path, const std::string& tensor, const T& v, std::size_t expect) {
   if (v.size() != expect)
     throw ModelError("model '" + path + "': tensor " + tensor + " has " + std::to_string(v.size()) +
                      " elements, the config implies " + std::to_string(expect));
@@ -191,16 +193,35 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
     const std::string s = std::string(tag) + d + ";";
     XXH64_update(st, s.data(), s.size());
   }
-  auto add = [&](const std::vector<float>& v) {
-    const std::uint64_t sz = v.size();
+  // Every tensor's FP32 values, whatever the storage: a model kept as stored and the same model
+  // converted to FP32 have one fingerprint (KV files name it).
+  std::vector<float> piece;
+  auto add = [&](const auto& t) {
+    const std::uint64_t sz = t.size();
     XXH64_update(st, &sz, sizeof sz);
-    if (!v.empty()) XXH64_update(st, v.data(), v.size() * sizeof(float));
+    if (t.empty()) return;
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, Weight>) {
+      if (!t.is_f32()) {
+        const WeightView v = t.view();
+        constexpr std::size_t kPiece = std::size_t{1} << 20;
+        piece.resize(std::min(kPiece, v.n));
+        for (std::size_t o = 0; o < v.n; o += kPiece) {
+          const std::size_t n = std::min(kPiece, v.n - o);
+          v.to_f32(o, n, piece.data());
+          XXH64_update(st, piece.data(), n * sizeof(float));
+        }
+        return;
+      }
+    }
+    XXH64_update(st, t.data(), t.size() * sizeof(float));
   };
   add(w.tok_embeddings);
-  for (const LayerWeights& L : w.layers)
-    for (const auto* t : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
-                          &L.ffn_norm, &L.w1, &L.w2, &L.w3})
-      add(*t);
+  for (const LayerWeights& L : w.layers) {
+    add(L.attn_norm);
+    for (const auto* t : {&L.wq, &L.wk, &L.wv, &L.wo}) add(*t);
+    for (const auto* t : {&L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.ffn_norm}) add(*t);
+    for (const auto* t : {&L.w1, &L.w2, &L.w3}) add(*t);
+  }
   for (const LayerWeights& L : w.layers)
     if (!L.post_attn_norm.empty() || !L.post_ffn_norm.empty()) {
       add(L.post_attn_norm);
@@ -214,14 +235,20 @@ std::string model_fingerprint(const ModelConfig& c, const ModelWeights& w) {
     for (auto v : c.moe.layer_moe) moe += v ? '1' : '0';
     XXH64_update(st, moe.data(), moe.size());
     for (const LayerWeights& L : w.layers)
-      for (const auto* t : {&L.router, &L.ew1, &L.ew2, &L.ew3}) add(*t);
+    {
+      add(L.router);
+      for (const auto* t : {&L.ew1, &L.ew2, &L.ew3}) add(*t);
+    }
     if (c.moe.router != MoeConfig::Router::softmax_topk || c.moe.shared_dim > 0) {
       char f[160];
       std::snprintf(f, sizeof f, "moe-v3;router=%d;groups=%d/%d;scale=%a;shared=%d;", static_cast<int>(c.moe.router),
                     c.moe.topk_group, c.moe.n_group, static_cast<double>(c.moe.routed_scale), c.moe.shared_dim);
       XXH64_update(st, f, std::strlen(f));
       for (const LayerWeights& L : w.layers)
-        for (const auto* t : {&L.router_bias, &L.sw1, &L.sw2, &L.sw3}) add(*t);
+      {
+        add(L.router_bias);
+        for (const auto* t : {&L.sw1, &L.sw2, &L.sw3}) add(*t);
+      }
     }
   }
   if (c.mla.any()) {
@@ -250,14 +277,47 @@ std::string kv_cache_layout(const ModelConfig& c) {
          ") is not cached, the K/V format applies to the expanded rows";
 }
 
-Model load_model(const std::string& path, const std::string& tokenizer_path) {
+std::size_t ModelWeights::owned_bytes() const {
+  std::size_t b = 0;
+  auto add = [&](const auto& t) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, Weight>) b += t.mapped() ? 0 : t.bytes();
+    else b += t.size() * sizeof(float);
+  };
+  add(tok_embeddings);
+  add(final_norm);
+  add(classifier);
+  for (const LayerWeights& L : layers) {
+    for (const auto* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
+                          &L.sw3})
+      add(*t);
+    for (const auto* t : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.ffn_norm, &L.post_attn_norm,
+                          &L.post_ffn_norm, &L.router, &L.router_bias, &L.wq_a, &L.q_a_norm, &L.wkv_a, &L.kv_a_norm,
+                          &L.wkv_b})
+      add(*t);
+  }
+  return b;
+}
+
+std::size_t ModelWeights::mapped_bytes() const {
+  std::size_t b = 0;
+  auto add = [&](const Weight& t) { b += t.mapped() ? t.bytes() : 0; };
+  add(tok_embeddings);
+  add(classifier);
+  for (const LayerWeights& L : layers)
+    for (const auto* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
+                          &L.sw3})
+      add(*t);
+  return b;
+}
+
+Model load_model(const std::string& path, const std::string& tokenizer_path, WeightStorage storage) {
   std::error_code ec;
   if (path.empty()) throw ModelError("model: no path given (--model PATH)");
   if (!std::filesystem::exists(path, ec))
     throw ModelError("model '" + path + "': no such file or directory");
   Model m;
   if (std::filesystem::is_directory(path, ec)) {
-    m = load_hf(path);
+    m = load_hf(path, storage);
   } else if (starts_with_gguf_magic(path) || lower_ext(path) == ".gguf") {
     m = load_gguf(path);
   } else {

@@ -9,6 +9,8 @@
 #include "kernels/common.cuh"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
+#include "kvgate/memory_info.hpp"
+#include "kvgate/numeric.hpp"
 #include "kvgate/parallel.hpp"
 
 namespace kvgate::cuda {
@@ -70,17 +72,38 @@ class CudaModel::Bf16Staging {
   Bf16Staging(const Bf16Staging&) = delete;
   Bf16Staging& operator=(const Bf16Staging&) = delete;
 
-  // Queues dst[0, n) = bf16(src[0, n)); the copies may still run on return (finish() waits).
+  // Queues dst[0, n) = bf16(src[0, n)) for an FP32 or 16-bit source (16-bit bf16: the bits as
+  // stored; f16: through its exact FP32 value); the copies may still run on return (finish() waits).
+  void put(void* dst, const WeightView& src, std::size_t n) {
+    if (src.dtype == WeightDtype::f32) return put(dst, src.f32(), n);
+    const bool bf = src.dtype == WeightDtype::bf16;
+    put_with(dst, n, [&](__nv_bfloat16* h, std::size_t done, std::size_t m) {
+      const std::uint16_t* s = src.half() + done;
+      parallel_ranges(m, std::size_t{1} << 20, 0, [&](std::size_t b, std::size_t e) {
+        if (bf) {
+          std::memcpy(h + b, s + b, (e - b) * sizeof(std::uint16_t));
+        } else {
+          for (std::size_t i = b; i < e; ++i) h[i] = __float2bfloat16_rn(f16_to_f32(s[i]));
+        }
+      });
+    });
+  }
   void put(void* dst, const float* src, std::size_t n) {
+    put_with(dst, n, [&](__nv_bfloat16* h, std::size_t done, std::size_t m) {
+      const float* s = src + done;
+      parallel_ranges(m, std::size_t{1} << 20, 0, [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) h[i] = __float2bfloat16_rn(s[i]);
+      });
+    });
+  }
+  template <class Fill>  // fill(h, done, m): h[0, m) = bf16 of source elements [done, done + m)
+  void put_with(void* dst, std::size_t n, Fill&& fill) {
     auto* d = static_cast<__nv_bfloat16*>(dst);
     for (std::size_t done = 0; done < n;) {
       const std::size_t m = std::min(kElems, n - done);
       __nv_bfloat16* h = pageable_.empty() ? buf_[cur_] : pageable_.data();
       if (pageable_.empty()) KVGATE_CUDA_CHECK(cudaEventSynchronize(done_[cur_]));  // its last copy is over
-      const float* s = src + done;
-      parallel_ranges(m, std::size_t{1} << 20, 0, [&](std::size_t b, std::size_t e) {
-        for (std::size_t i = b; i < e; ++i) h[i] = __float2bfloat16_rn(s[i]);
-      });
+      fill(h, done, m);
       if (pageable_.empty()) {
         KVGATE_CUDA_CHECK(cudaMemcpyAsync(d + done, h, m * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice, stream_));
         KVGATE_CUDA_CHECK(cudaEventRecord(done_[cur_], stream_));
@@ -135,25 +158,64 @@ void* CudaModel::alloc(std::size_t n, bool matrix) {
 
 void* CudaModel::upload(const std::vector<float>& v, bool matrix) {
   if (v.empty()) return nullptr;
-  return upload(v.data(), v.size(), matrix);
+  return upload(WeightView::of_f32(v.data(), v.size()), matrix);
 }
 
-void* CudaModel::upload(const float* v, std::size_t n, bool matrix) {
+void* CudaModel::upload(const WeightView& v, bool matrix) {
+  if (v.empty()) return nullptr;
+  const std::size_t n = v.n;
   void* p = alloc(n, matrix);
   if (matrix && wt_ == WeightType::bf16) {
     if (!staging_) staging_ = std::make_unique<Bf16Staging>();
     staging_->put(p, v, n);
-  } else {
-    KVGATE_CUDA_CHECK(cudaMemcpy(p, v, n * 4, cudaMemcpyHostToDevice));
+  } else if (v.dtype == WeightDtype::f32) {
+    KVGATE_CUDA_CHECK(cudaMemcpy(p, v.f32(), n * 4, cudaMemcpyHostToDevice));
+  } else {  // a 16-bit weight for FP32 device weights: converted (exactly) a piece at a time
+    constexpr std::size_t kPiece = std::size_t{1} << 22;
+    std::vector<float> piece(std::min(kPiece, n));
+    for (std::size_t o = 0; o < n; o += kPiece) {
+      const std::size_t m = std::min(kPiece, n - o);
+      parallel_ranges(m, std::size_t{1} << 20, 0,
+                      [&](std::size_t b, std::size_t e) { v.to_f32(o + b, e - b, piece.data() + b); });
+      KVGATE_CUDA_CHECK(cudaMemcpy(static_cast<float*>(p) + o, piece.data(), m * 4, cudaMemcpyHostToDevice));
+    }
   }
   return p;
+}
+
+// Device bytes the weights take once uploaded: matrices at the weight type's width, the rest FP32.
+std::size_t CudaModel::device_bytes(const ModelWeights& w, WeightType wt) {
+  const std::size_t mb = wt == WeightType::bf16 ? 2 : 4;
+  std::size_t b = (w.tok_embeddings.size() + w.classifier.size()) * mb + w.final_norm.size() * 4;
+  for (const LayerWeights& L : w.layers) {
+    for (const Weight* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
+                            &L.sw3})
+      b += t->size() * mb;
+    for (const auto* t : {&L.router, &L.wq_a, &L.wkv_a, &L.wkv_b}) b += t->size() * mb;
+    for (const auto* t : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.ffn_norm, &L.post_attn_norm,
+                          &L.post_ffn_norm, &L.router_bias, &L.q_a_norm, &L.kv_a_norm})
+      b += t->size() * 4;
+  }
+  return b;
 }
 
 CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
   const ModelConfig& c = m.config;
   const ModelWeights& w = m.weights;
   if (static_cast<int>(w.layers.size()) != c.n_layers) throw ModelError("cuda forward: the model has no weights loaded");
-  auto need = [&](const std::vector<float>& v, std::size_t n, const char* what) {
+  // Refused before any allocation when the device cannot hold the weights.
+  {
+    const std::size_t want = device_bytes(w, wt_);
+    std::size_t free_b = 0, total_b = 0;
+    KVGATE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    if (want > free_b)
+      throw ModelError("cuda forward: the weights need " + format_bytes_exact(want) + " on the device as " + name(wt_) +
+                       " matrices, but the device has " + format_bytes_exact(free_b) + " free of " + format_bytes_exact(total_b) +
+                       " (cudaMemGetInfo)" +
+                       (wt_ == WeightType::f32 ? "; upload them as bf16 (--cuda-weights bf16), " : "; ") +
+                       "use a GPU with more memory, or free it");
+  }
+  auto need = [&](const auto& v, std::size_t n, const char* what) {
     if (v.size() != n)
       throw ModelError(std::string("cuda forward: tensor ") + what + " has " + std::to_string(v.size()) +
                        " elements, expected " + std::to_string(n));
@@ -195,9 +257,9 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
         need(L.ew3, E * I * dim, "experts w3");
         d.router = upload(L.router, true);
         for (std::size_t e = 0; e < E; ++e) {
-          d.ew1.push_back(upload(L.ew1.data() + e * I * dim, I * dim, true));
-          d.ew2.push_back(upload(L.ew2.data() + e * I * dim, I * dim, true));
-          d.ew3.push_back(upload(L.ew3.data() + e * I * dim, I * dim, true));
+          d.ew1.push_back(upload(L.ew1.view(e * I * dim, I * dim), true));
+          d.ew2.push_back(upload(L.ew2.view(e * I * dim, I * dim), true));
+          d.ew3.push_back(upload(L.ew3.view(e * I * dim, I * dim), true));
         }
         if (c.moe.router == MoeConfig::Router::sigmoid_groups) {
           need(L.router_bias, E, "router bias");

@@ -1,5 +1,5 @@
-// The individual model loaders behind kvgate::load_model (model.hpp). Each returns a Model in FP32
-// with config, weights, tokenizer (when found) and fingerprint filled, or throws ModelError with a
+// The individual model loaders behind kvgate::load_model (model.hpp). Each returns a Model (FP32
+// weights, or 16-bit matrices as stored for Hugging Face directories) with config, weights, tokenizer (when found) and fingerprint filled, or throws ModelError with a
 // message naming the file and the field at fault (limits::LimitError, with the limit and its
 // override too, for a count or size over the limits policy).
 #pragma once
@@ -21,8 +21,10 @@ Model load_llama2c(const std::string& path, const std::string& tokenizer_path = 
 Model load_gguf(const std::string& path);
 
 // Hugging Face directory: config.json + model.safetensors (or a sharded index) + tokenizer.json.
-// Implemented in runtime/src/load_hf.cpp.
-Model load_hf(const std::string& dir);
+// Implemented in runtime/src/load_hf.cpp. The files are memory-mapped; BF16/F16 weight matrices stay
+// as stored (read in place, no FP32 copy) unless `storage` is WeightStorage::f32; norms, biases,
+// routers and MoE experts are converted to FP32.
+Model load_hf(const std::string& dir, WeightStorage storage = WeightStorage::as_stored);
 
 // xxHash64 over a canonical text of the config and every tensor's FP32 bytes, as 16 hex digits.
 std::string model_fingerprint(const ModelConfig& cfg, const ModelWeights& w);

@@ -1,4 +1,5 @@
-// A loaded decoder-only transformer (Llama family) in FP32, whatever the source file held.
+// A loaded decoder-only transformer: norms and biases in FP32; the weight matrices in FP32 or, from
+// 16-bit safetensors, as the checkpoint stores them (kvgate/weight.hpp).
 // Loaders (llama2.c, GGUF, Hugging Face) fill this; the forward pass reads it.
 #pragma once
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "kvgate/rope.hpp"
+#include "kvgate/weight.hpp"
 
 namespace kvgate {
 
@@ -125,16 +127,16 @@ struct ModelConfig {
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // [dim]
-  std::vector<float> wq;         // [q_dim][dim]   row-major [out][in]
-  std::vector<float> wk;         // [kv_dim][dim]
-  std::vector<float> wv;         // [kv_dim][dim]
-  std::vector<float> wo;         // [dim][q_dim]
+  Weight wq;         // [q_dim][dim]   row-major [out][in]
+  Weight wk;         // [kv_dim][dim]
+  Weight wv;         // [kv_dim][dim]
+  Weight wo;         // [dim][q_dim]
   std::vector<float> bq, bk, bv; // [q_dim], [kv_dim], [kv_dim] (qwen2 only; else empty)
   std::vector<float> q_norm, k_norm;  // [head_dim] (qwen3 only; else empty)
   std::vector<float> ffn_norm;   // [dim]
-  std::vector<float> w1;         // [hidden][dim]  gate
-  std::vector<float> w2;         // [dim][hidden]  down
-  std::vector<float> w3;         // [hidden][dim]  up
+  Weight w1;         // [hidden][dim]  gate
+  Weight w2;         // [dim][hidden]  down
+  Weight w3;         // [hidden][dim]  up
   // Gemma (ModelConfig::post_norms): norms of the attention output and of the FFN output. Every
   // Gemma norm weight is stored as (1 + w) in f32 (the loader adds the 1), like the others.
   std::vector<float> post_attn_norm, post_ffn_norm;  // [dim]
@@ -142,11 +144,11 @@ struct LayerWeights {
   // matrices, experts stacked along the first axis (expert e's [expert_dim][dim] block at
   // e * expert_dim * dim), each loaded once from the checkpoint (per-expert or fused tensors).
   std::vector<float> router;  // [n_experts][dim]
-  std::vector<float> ew1;     // [n_experts][expert_dim][dim]  gate
-  std::vector<float> ew2;     // [n_experts][dim][expert_dim]  down
-  std::vector<float> ew3;     // [n_experts][expert_dim][dim]  up
+  Weight ew1;     // [n_experts][expert_dim][dim]  gate
+  Weight ew2;     // [n_experts][dim][expert_dim]  down
+  Weight ew3;     // [n_experts][expert_dim][dim]  up
   std::vector<float> router_bias;  // [n_experts] DeepSeek e_score_correction_bias (selection only); else empty
-  std::vector<float> sw1, sw2, sw3;  // shared expert [shared_dim][dim], [dim][shared_dim], [shared_dim][dim]
+  Weight sw1, sw2, sw3;  // shared expert [shared_dim][dim], [dim][shared_dim], [shared_dim][dim]
   // MLA (ModelConfig::mla): wq is q_proj [H*(nope+rope)][dim] or q_b_proj [H*(nope+rope)][q_lora];
   // wk/wv are empty; wo is [dim][H*v_dim].
   std::vector<float> wq_a, q_a_norm;     // [q_lora][dim], [q_lora] (q_lora_rank > 0)
@@ -155,11 +157,14 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  std::vector<float> tok_embeddings;  // [vocab][dim]
+  Weight tok_embeddings;  // [vocab][dim]
   std::vector<LayerWeights> layers;   // [n_layers]
   std::vector<float> final_norm;      // [dim]
-  std::vector<float> classifier;      // [vocab][dim]; empty when tied to tok_embeddings
-  const float* output_matrix() const { return classifier.empty() ? tok_embeddings.data() : classifier.data(); }
+  Weight classifier;      // [vocab][dim]; empty when tied to tok_embeddings
+  WeightView output_matrix() const { return classifier.empty() ? tok_embeddings.view() : classifier.view(); }
+  // Bytes the weights hold in memory the model owns, and in mapped checkpoint files.
+  std::size_t owned_bytes() const;
+  std::size_t mapped_bytes() const;
 };
 
 // The special tokens a tokenizer puts around a text (its BOS/EOS rule), as the tokenizer's own files
@@ -216,6 +221,9 @@ std::string kv_cache_layout(const ModelConfig& c);
 
 // Picks the loader from the path: a directory (Hugging Face), *.gguf, or a llama2.c .bin
 // (tokenizer from `tokenizer_path`, or tok<vocab>.bin / tokenizer.bin beside it).
-Model load_model(const std::string& path, const std::string& tokenizer_path = {});
+// `storage`: how 16-bit checkpoint weights are held (kvgate/weight.hpp; Hugging Face directories).
+// A model whose weights need more memory than the machine has free is refused with both figures.
+Model load_model(const std::string& path, const std::string& tokenizer_path = {},
+                 WeightStorage storage = WeightStorage::as_stored);
 
 }  // namespace kvgate

@@ -51,6 +51,8 @@ class CudaModel {
   // A random-weight model of config `c`, generated on the device (no host copy): matrices uniform
   // with standard deviation 1/sqrt(fan_in), embeddings unit variance, norm gains 1. For benchmarks.
   static std::unique_ptr<CudaModel> random(const ModelConfig& c, WeightType wt, std::uint64_t seed);
+  // Device bytes `w` takes once uploaded as `wt` (what the constructor checks against cudaMemGetInfo).
+  static std::size_t device_bytes(const ModelWeights& w, WeightType wt);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -84,7 +86,8 @@ class CudaModel {
   CudaModel(const ModelConfig& c, WeightType wt);
   void* alloc(std::size_t n_elems, bool matrix);  // matrix: weight type, else f32
   void* upload(const std::vector<float>& v, bool matrix);
-  void* upload(const float* v, std::size_t n, bool matrix);
+  void* upload(const WeightView& v, bool matrix);  // FP32 or 16-bit host weights
+  void* upload(const Weight& w, bool matrix) { return upload(w.view(), matrix); }
   class Bf16Staging;  // the bf16 upload's page-locked double buffer (model.cpp), during construction only
 
   ModelConfig c_;
