@@ -1,29 +1,44 @@
-// End-to-end decode throughput of the whole-model CUDA forward (docs/CUDA.md): a Llama-3-8B-shaped
-// random-weight model (dim 4096, 32 layers, 32 query / 8 KV heads, head_dim 128, FFN 14336, vocab
-// 128256; bf16 weights generated on the device, FP32 accumulate) decoding a batch of sequences at a
-// long context, per KV preset. The KV of every sequence is filled with random rows through the CUDA
-// store kernel (no prefill of the context); then N decode steps run through CudaForward::
-// forward_decode (embedding .. classifier + GPU argmax, one token per sequence, CUDA graph replay),
-// each timed on the host (wall, including staging and the argmax download) and with CUDA events
-// on the forward's stream; the median is reported. Also: graph replay vs plain launches (bf16 KV,
-// the batch and batch 1). Writes one JSON document (schema "kvgate.bench.cuda_e2e_decode/1").
+// End-to-end throughput of the whole-model CUDA forward (docs/CUDA.md): a random-weight model of a
+// real checkpoint's shape (bench_models.hpp: Llama-3-8B / Llama-3.1-8B, or Gemma-3-4B; bf16 weights
+// generated on the device, FP32 accumulate), per KV preset:
+//  - decode: a batch of sequences at a long context. The KV of every sequence is filled with random
+//    rows through the CUDA store kernel (no prefill of the context); then N decode steps run through
+//    CudaForward::forward_decode (embedding .. classifier + GPU argmax, one token per sequence, CUDA
+//    graph replay), each timed on the host (wall, including staging and the argmax download) and
+//    with CUDA events on the forward's stream; the median is reported. Also graph replay vs plain
+//    launches (bf16 KV, the batch and batch 1).
+//  - TTFT (--ttft N): one N-token prompt prefilled as the CUDA engine prefills it (CudaEngine::
+//    generate, greedy: chunks of --prefill-chunk tokens through CudaForward::forward_chunk, the last
+//    one returning the GPU argmax, i.e. the first token), on a store sized as the engine sizes it for a
+//    context of N + 8 tokens; host wall from the first chunk's call to the first token on the host,
+//    and CUDA events around the whole prefill on the forward's stream; median of --ttft-runs runs
+//    after --ttft-warmup runs, each on a fresh sequence.
+// A preset without CUDA kernels for the model's geometry (supports_op) or whose pool does not fit
+// next to the weights is recorded as skipped with the reason. The JSON document (schema
+// "kvgate.bench.cuda_e2e_decode/2") is rewritten atomically after every measurement ("complete":
+// false until the last one), so a run cut short still leaves what it measured.
 //
-//   bench_e2e_decode [--out FILE] [--context 32768] [--batch 16] [--steps 8] [--warmup 2]
-//                    [--formats f32,f16,...] [--layers 32] [--rope plain|llama3|dynamic]
-//   --rope: the model's RoPE (rope.hpp): llama3 = Llama 3.1's rope_parameters (factor 8, low/high
-//   1/4, original 8192; a static table like plain), dynamic = dynamic NTK factor 4 over 8192
-//   (per-call rows staged on the host).
+//   bench_e2e_decode [--out FILE] [--arch llama|gemma3] [--rope plain|llama3|dynamic] [--layers N]
+//                    [--context 32768] [--batch 16] [--steps 8] [--warmup 2] [--formats f32,f16,...]
+//                    [--no-decode] [--ttft N] [--prefill-chunk C] [--ttft-runs 3] [--ttft-warmup 1]
+//   --rope (llama only): plain; llama3 = Llama 3.1's rope_parameters (factor 8, low/high 1/4,
+//   original 8192; a static table like plain); dynamic = dynamic NTK factor 4 over 8192 (per-call
+//   rows staged on the host). Gemma 3's RoPE is its own (linear 8 on global layers, base 1e4 local).
+//   --layers: default the shape's (Llama 32, Gemma 3 34); both fit 16 x 32K of bf16 KV on an H200.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,11 +46,13 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_common.hpp"
+#include "bench_models.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
 #include "kvgate/cuda/util.hpp"
+#include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/synth.hpp"
 
@@ -44,60 +61,56 @@ using kvgate::KvFormat;
 using kvgate::KvHalf;
 using nlohmann::json;
 
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 using kvgate::bench::median;
 
-// The model, described as `kvgate synth` describes one (runtime/include/kvgate/synth.hpp), mapped
-// to the runtime's ModelConfig the loader would produce from that directory.
-kvgate::SynthOptions llama3_8b_synth(int layers) {
-  kvgate::SynthOptions s;
-  s.arch = "llama";
-  s.layers = layers;
-  s.hidden = 4096;
-  s.ffn = 14336;
-  s.heads = 32;
-  s.kv_heads = 8;
-  s.head_dim = 128;
-  s.vocab = 128256;
-  s.dtype = "bf16";
-  s.rope_theta = 500000.0;
-  s.tie_embeddings = false;
-  return s;
+const Clock::time_point g_start = Clock::now();
+double elapsed_s() { return std::chrono::duration<double>(Clock::now() - g_start).count(); }
+
+// Progress line with the UTC time and the seconds since the start, flushed (a run cut short still says how far it got).
+__attribute__((format(printf, 1, 2))) void progress(const char* fmt, ...) {
+  const std::time_t now = std::time(nullptr);
+  char utc[16];
+  std::strftime(utc, sizeof utc, "%H:%M:%S", std::gmtime(&now));
+  std::printf("[%s +%.1fs] ", utc, elapsed_s());
+  va_list ap;
+  va_start(ap, fmt);
+  std::vprintf(fmt, ap);
+  va_end(ap);
+  std::printf("\n");
+  std::fflush(stdout);
 }
 
-kvgate::ModelConfig to_config(const kvgate::SynthOptions& s, int max_seq_len, const std::string& rope) {
-  kvgate::ModelConfig c;
-  c.arch = s.arch;
-  c.dim = s.hidden;
-  c.hidden_dim = s.ffn;
-  c.n_layers = s.layers;
-  c.n_heads = s.heads;
-  c.n_kv_heads = s.kv_heads;
-  c.head_dim = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
-  c.vocab_size = s.vocab;
-  c.max_seq_len = max_seq_len;
-  c.rope_theta = static_cast<float>(s.rope_theta);
-  c.rope_style = kvgate::RopeStyle::half;  // Hugging Face checkpoints
-  c.tied_embeddings = s.tie_embeddings;
-  if (rope == "llama3") {  // as load_hf reads `kvgate synth --rope llama3`
-    c.rope.type = kvgate::RopeType::llama3;
-    c.rope.factor = 8;
-    c.rope.low_freq_factor = 1;
-    c.rope.high_freq_factor = 4;
-    c.rope.original_max = 8192;
-  } else if (rope == "dynamic") {
-    c.rope.type = kvgate::RopeType::dynamic;
-    c.rope.factor = 4;
-    c.rope.max_position = 8192;
-  } else if (rope != "plain") {
-    std::fprintf(stderr, "bench_e2e_decode: --rope must be plain, llama3 or dynamic\n");
-    std::exit(2);
+[[noreturn]] void usage_error(const std::string& msg) {
+  std::fprintf(stderr, "bench_e2e_decode: %s\n", msg.c_str());
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const std::string& v, int lo) {
+  try {
+    std::size_t used = 0;
+    const int x = std::stoi(v, &used);
+    if (used != v.size() || x < lo) throw std::invalid_argument(v);
+    return x;
+  } catch (const std::exception&) {
+    usage_error(flag + " = '" + v + "' must be an integer >= " + std::to_string(lo));
   }
-  return c;
+}
+
+// The document, written to a temporary name beside `path` and renamed over it.
+void write_json(const std::string& path, const json& j) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << j.dump(2) << "\n";
+    if (!f) usage_error("cannot write '" + tmp + "' (the --out directory must exist and be writable)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) usage_error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
 }
 
 // Fills `ctx` tokens of each sequence with random K/V rows through the store kernel, every layer.
@@ -161,42 +174,133 @@ StepTimes time_steps(kc::CudaForward& fwd, const std::vector<kvgate::SeqId>& seq
   return t;
 }
 
+struct TtftTimes {
+  double wall_ms = 0, device_ms = 0;
+  std::vector<double> wall, device;
+  int first_token = -1;
+};
+
+// The CUDA engine's greedy prefill of `prompt` (CudaEngine::generate: chunks of fwd.options().max_rows
+// tokens, the last returning the GPU argmax), on a fresh sequence per run.
+TtftTimes time_ttft(kc::CudaForward& fwd, kc::CudaKvStore& store, const std::vector<int>& prompt, int warmup, int runs) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  TtftTimes t;
+  const std::size_t C = static_cast<std::size_t>(fwd.options().max_rows);
+  const std::span<const int> all(prompt);
+  for (int i = 0; i < warmup + runs; ++i) {
+    const kvgate::SeqId s = store.create_sequence();
+    CK(cudaDeviceSynchronize());  // the new sequence's page zeroing is not part of the prefill
+    int first = -1;
+    const auto h0 = Clock::now();
+    CK(cudaEventRecord(e0, fwd.stream()));
+    for (std::size_t p = 0; p < prompt.size(); p += C) {
+      const std::size_t n = std::min(C, prompt.size() - p);
+      const bool last = p + n == prompt.size();
+      fwd.forward_chunk(s, all.subspan(p, n), nullptr, false, last ? &first : nullptr);
+    }
+    CK(cudaEventRecord(e1, fwd.stream()));
+    CK(cudaEventSynchronize(e1));
+    const double wall = std::chrono::duration<double, std::milli>(Clock::now() - h0).count();
+    float dev = 0;
+    CK(cudaEventElapsedTime(&dev, e0, e1));
+    store.free_sequence(s);
+    if (i >= warmup) {
+      t.wall.push_back(wall);
+      t.device.push_back(dev);
+    }
+    t.first_token = first;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  t.wall_ms = median(t.wall);
+  t.device_ms = median(t.device);
+  return t;
+}
+
+std::string mib(std::size_t b) { return std::to_string(b >> 20) + " MiB"; }
+
+// Bytes of a store of `n_blocks` pages per layer (page bytes and the store's guard bytes).
+std::size_t store_bytes(const kvgate::StoreConfig& sc, std::size_t page_k, std::size_t page_v) {
+  return static_cast<std::size_t>(sc.n_blocks) * sc.n_layers * (page_k + page_v + 4 * sc.guard_bytes);
+}
+
+json rope_json(const kvgate::RopeConfig& r, float model_theta) {
+  json j = {{"type", kvgate::rope_type_name(r.type)}, {"theta", r.theta > 0 ? r.theta : model_theta}};
+  if (r.type != kvgate::RopeType::plain) j["describe"] = kvgate::describe_rope(r);
+  return j;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string out_path = "bench_e2e_decode.json";
-  int context = 32768, batch = 16, steps = 8, warmup = 2, layers = 32;
-  std::string rope = "plain";
+  std::string out_path = "bench_e2e_decode.json", arch = "llama", rope;
+  int context = 32768, batch = 16, steps = 8, warmup = 2, layers = 0;
+  int ttft = 0, ttft_runs = 3, ttft_warmup = 1, prefill_chunk = kvgate::EngineOptions{}.prefill_chunk;
+  bool decode = true;
   std::vector<std::string> formats;
   for (const auto& p : kvgate::presets()) formats.emplace_back(p.name);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "bench_e2e_decode: %s needs a value\n", a.c_str());
-        std::exit(2);
-      }
+      if (i + 1 >= argc) usage_error(a + " needs a value");
       return argv[++i];
     };
     if (a == "--out") out_path = val();
-    else if (a == "--context") context = std::stoi(val());
-    else if (a == "--batch") batch = std::stoi(val());
-    else if (a == "--steps") steps = std::stoi(val());
-    else if (a == "--warmup") warmup = std::stoi(val());
-    else if (a == "--layers") layers = std::stoi(val());
+    else if (a == "--arch") arch = val();
+    else if (a == "--context") context = parse_int(a, val(), 1);
+    else if (a == "--batch") batch = parse_int(a, val(), 1);
+    else if (a == "--steps") steps = parse_int(a, val(), 1);
+    else if (a == "--warmup") warmup = parse_int(a, val(), 0);
+    else if (a == "--layers") layers = parse_int(a, val(), 1);
     else if (a == "--rope") rope = val();
+    else if (a == "--no-decode") decode = false;
+    else if (a == "--ttft") ttft = parse_int(a, val(), 1);
+    else if (a == "--prefill-chunk") prefill_chunk = parse_int(a, val(), 1);
+    else if (a == "--ttft-runs") ttft_runs = parse_int(a, val(), 1);
+    else if (a == "--ttft-warmup") ttft_warmup = parse_int(a, val(), 0);
     else if (a == "--formats") {
       formats.clear();
       std::stringstream ss(val());
       std::string tok;
       while (std::getline(ss, tok, ',')) formats.push_back(tok);
     } else {
-      std::fprintf(stderr,
-                   "usage: bench_e2e_decode [--out FILE] [--context N] [--batch B] [--steps N] [--warmup N] "
-                   "[--formats a,b] [--layers N] [--rope plain|llama3|dynamic]\n");
-      return 2;
+      usage_error("unknown argument '" + a +
+                  "'; usage: bench_e2e_decode [--out FILE] [--arch llama|gemma3] [--rope plain|llama3|dynamic] "
+                  "[--layers N] [--context N] [--batch B] [--steps N] [--warmup N] [--formats a,b] [--no-decode] "
+                  "[--ttft N] [--prefill-chunk C] [--ttft-runs N] [--ttft-warmup N]");
     }
   }
+  if (!decode && ttft == 0) usage_error("--no-decode without --ttft N measures nothing");
+
+  // The model: its description (synth options or config.json) and the loader's ModelConfig.
+  kvgate::ModelConfig cfg;
+  json model_j;
+  if (arch == "llama") {
+    if (rope.empty()) rope = "plain";
+    const kvgate::SynthOptions synth = kvgate::bench::llama3_8b_synth(layers > 0 ? layers : 32, rope);
+    std::string why;
+    if (!kvgate::bench::llama_config(synth, rope, &cfg, &why)) usage_error(why);
+    model_j = {{"shape", rope == "llama3" ? "Llama-3.1-8B" : "Llama-3-8B"},
+               {"synth", {{"arch", synth.arch}, {"layers", synth.layers}, {"hidden", synth.hidden}, {"ffn", synth.ffn},
+                          {"heads", synth.heads}, {"kv_heads", synth.kv_heads}, {"head_dim", synth.head_dim},
+                          {"vocab", synth.vocab}, {"dtype", synth.dtype}, {"rope_theta", synth.rope_theta},
+                          {"rope", rope}, {"max_seq_len", synth.max_seq_len},
+                          {"tie_embeddings", synth.tie_embeddings}}}};
+    if (rope == "dynamic") model_j["synth"]["rope_note"] = "dynamic NTK (factor 4 over 8192) has no synth option; set by hand";
+  } else if (arch == "gemma3") {
+    if (!rope.empty()) usage_error("--rope applies to --arch llama only (Gemma 3's RoPE is its config's)");
+    rope = "gemma3";
+    kvgate::bench::Gemma3Shape g;
+    if (layers > 0) g.layers = layers;
+    cfg = kvgate::bench::gemma3_config(g);
+    model_j = {{"shape", "Gemma-3-4B"}, {"hf_config", kvgate::bench::gemma3_hf_config(g)}};
+  } else {
+    usage_error("--arch must be llama or gemma3 (got '" + arch + "')");
+  }
+  const int n_slide = kvgate::bench::sliding_layers(cfg);
+
   const kc::DeviceStatus& dev = kc::device_status();
   if (!dev.available) {
     std::fprintf(stderr, "bench_e2e_decode: %s\n", dev.reason.c_str());
@@ -205,62 +309,124 @@ int main(int argc, char** argv) {
   // Steps of every measurement (format runs, then graph-vs-plain runs on the bf16 store) fit in the context.
   const int extra = 4 * (warmup + steps) + 8;
   const int max_ctx = context + extra;
-  const kvgate::SynthOptions synth = llama3_8b_synth(layers);
-  const kvgate::ModelConfig cfg = to_config(synth, max_ctx, rope);
-  std::printf("model: Llama-3-8B shape, %d layers, bf16 random weights on the device, RoPE %s; context %d, batch %d, %d steps (+%d warmup)\n",
-              layers, rope.c_str(), context, batch, steps, warmup);
-  std::fflush(stdout);
+  progress("model: %s shape (%s), %d layers (%d sliding), bf16 random weights on the device, RoPE %s; decode %s at "
+           "context %d x batch %d, %d steps (+%d warmup); TTFT %d tokens (chunks of %d, %d runs + %d warmup)",
+           model_j["shape"].get<std::string>().c_str(), arch.c_str(), cfg.n_layers, n_slide, rope.c_str(),
+           decode ? "on" : "off", context, batch, steps, warmup, ttft, prefill_chunk, ttft_runs, ttft_warmup);
   const auto tw = Clock::now();
   const auto model = kc::CudaModel::random(cfg, kc::WeightType::bf16, 8);
   const double weights_ms = std::chrono::duration<double, std::milli>(Clock::now() - tw).count();
-  std::printf("weights: %.2f GB generated in %.0f ms\n", model->weight_bytes() / 1e9, weights_ms);
+  progress("weights: %.2f GB generated in %.0f ms", model->weight_bytes() / 1e9, weights_ms);
 
   const kvgate::PageGeometry g{16, cfg.n_kv_heads, cfg.head_dim};
-  const std::size_t rows_elems = static_cast<std::size_t>(context) * g.row_elems();
   float *rows_k = nullptr, *rows_v = nullptr;
   int* d_slots = nullptr;
-  CK(cudaMalloc(&rows_k, rows_elems * sizeof(float)));
-  CK(cudaMalloc(&rows_v, rows_elems * sizeof(float)));
-  CK(cudaMalloc(&d_slots, static_cast<std::size_t>(context) * sizeof(int)));
-  kc::fill_random(rows_k, rows_elems, 11, 1.0f);
-  kc::fill_random(rows_v, rows_elems, 12, 1.0f);
-  CK(cudaDeviceSynchronize());
+  if (decode) {
+    const std::size_t rows_elems = static_cast<std::size_t>(context) * g.row_elems();
+    CK(cudaMalloc(&rows_k, rows_elems * sizeof(float)));
+    CK(cudaMalloc(&rows_v, rows_elems * sizeof(float)));
+    CK(cudaMalloc(&d_slots, static_cast<std::size_t>(context) * sizeof(int)));
+    kc::fill_random(rows_k, rows_elems, 11, 1.0f);
+    kc::fill_random(rows_v, rows_elems, 12, 1.0f);
+    CK(cudaDeviceSynchronize());
+  }
 
   json j;
-  j["schema"] = "kvgate.bench.cuda_e2e_decode/1";
+  j["schema"] = "kvgate.bench.cuda_e2e_decode/2";
   {
     std::time_t now = std::time(nullptr);
     char buf[64];
     std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     j["date"] = buf;
   }
+  j["complete"] = false;
   j["device"] = {{"name", dev.name},
                  {"cc", std::to_string(dev.cc_major) + "." + std::to_string(dev.cc_minor)},
                  {"sm_count", dev.sm_count},
                  {"total_mem", dev.total_mem},
                  {"driver", kc::cuda_version_string(dev.driver_version)},
                  {"cuda_runtime", kc::cuda_version_string(dev.runtime_version)}};
-  j["model"] = {{"shape", "Llama-3-8B"},
-                {"synth", {{"arch", synth.arch}, {"layers", synth.layers}, {"hidden", synth.hidden}, {"ffn", synth.ffn},
-                           {"heads", synth.heads}, {"kv_heads", synth.kv_heads}, {"head_dim", synth.head_dim},
-                           {"vocab", synth.vocab}, {"dtype", synth.dtype}, {"rope_theta", synth.rope_theta}, {"rope", rope},
-                           {"tie_embeddings", synth.tie_embeddings}}},
-                {"weights", "bf16 (cublasGemmEx, FP32 accumulate), random, generated on the device"},
-                {"weight_bytes", model->weight_bytes()}};
-  j["setup"] = {{"context", context}, {"batch", batch}, {"steps", steps}, {"warmup", warmup}, {"block_size", 16},
+  model_j["arch"] = cfg.arch;
+  model_j["rope"] = rope;
+  model_j["layers"] = cfg.n_layers;
+  model_j["layers_note"] = layers > 0 ? "--layers " + std::to_string(layers) + " (not the shape's own count)"
+                                      : "the shape's own layer count (every layer)";
+  model_j["config"] = {{"dim", cfg.dim}, {"ffn", cfg.hidden_dim}, {"heads", cfg.n_heads}, {"kv_heads", cfg.n_kv_heads},
+                       {"head_dim", cfg.head_dim}, {"vocab", cfg.vocab_size}, {"tied_embeddings", cfg.tied_embeddings},
+                       {"rope", rope_json(cfg.rope, cfg.rope_theta)}, {"sliding_layers", n_slide},
+                       {"global_layers", cfg.n_layers - n_slide}};
+  if (cfg.has_rope_local) model_j["config"]["rope_local"] = rope_json(cfg.rope_local, cfg.rope_theta);
+  if (n_slide > 0) {
+    int w = 0;
+    for (int l = 0; l < cfg.n_layers; ++l) w = std::max(w, cfg.window(l));
+    model_j["config"]["window"] = w;
+    model_j["config"]["qk_norm"] = cfg.qk_norm;
+    model_j["config"]["post_norms"] = cfg.post_norms;
+    model_j["config"]["ffn_act"] = cfg.ffn_act == kvgate::FfnAct::gelu_tanh ? "gelu_tanh" : "silu";
+    model_j["config"]["attn_scale"] = cfg.attn_scale;
+    model_j["config"]["embed_scale"] = cfg.embed_scale;
+    // The store keeps one block table per sequence for all layers; the engine releases pages only
+    // when every layer is windowed (EngineOptions::release_outside_window, widest_window_if_all).
+    const int rel = kvgate::widest_window_if_all(cfg);
+    model_j["kv_release"] =
+        rel > 0 ? "every layer is windowed: the engine releases the pages before the widest window (" +
+                      std::to_string(rel) + " tokens); this benchmark's decode store holds the whole context"
+                : "none: " + std::to_string(cfg.n_layers - n_slide) +
+                      " global layers read the whole context, and the store's one block table per sequence serves "
+                      "every layer, so the " + std::to_string(n_slide) +
+                      " sliding layers hold full-context pages too (their attention reads only the last " +
+                      std::to_string(w) + " positions)";
+  }
+  model_j["weights"] = "bf16 (cublasGemmEx, FP32 accumulate), random, generated on the device (norm gains 1)";
+  model_j["weight_bytes"] = model->weight_bytes();
+  model_j["max_seq_len_note"] = "the forward's context (RoPE tables, block tables) is the run's, not max_position_embeddings";
+  j["model"] = model_j;
+  j["setup"] = {{"decode", decode},
+                {"context", context}, {"batch", batch}, {"steps", steps}, {"warmup", warmup}, {"block_size", 16},
                 {"timing", "median over steps; wall = host time of forward_decode (staging, graph launch, argmax "
                            "download, sync); device = CUDA events on the forward's stream"},
                 {"kv_fill", "random rows (unit variance) through the CUDA store kernel, every layer and sequence"}};
+  if (ttft > 0)
+    j["setup"]["ttft"] = {
+        {"prompt_tokens", ttft}, {"prefill_chunk", prefill_chunk}, {"runs", ttft_runs}, {"warmup", ttft_warmup},
+        {"max_context", ttft + 8},
+        {"path", "as CudaEngine::generate (greedy): chunks through CudaForward::forward_chunk (prefill kernel), the "
+                 "last one's GPU argmax = the first token; a fresh sequence per run"},
+        {"timing", "median over runs; wall = host time from the first chunk's call to the first token on the host; "
+                   "device = CUDA events on the forward's stream around the whole prefill (host gaps between chunks "
+                   "included)"}};
   json rows = json::array();
   std::map<std::string, double> tok_s;
-  json graph_cmp = json::object();
+  j["results"] = rows;
+  j["graph_vs_plain"] = json::object();
+  auto publish = [&] {
+    j["results"] = rows;
+    write_json(out_path, j);
+  };
+
   for (const std::string& fname : formats) {
     const auto fmt = kvgate::parse_kv_format(fname);
     json r;
     r["format"] = fname;
     if (!fmt) {
-      r["skipped"] = "unknown format";
+      r["skipped"] = "unknown format (" + kvgate::known_formats_text() + ")";
+      progress("%-16s skipped: unknown format", fname.c_str());
       rows.push_back(r);
+      publish();
+      continue;
+    }
+    std::string no_kernel;
+    for (kc::Op op : {kc::Op::store, kc::Op::decode, kc::Op::prefill}) {
+      const kc::OpSupport s = kc::supports_op(op, *fmt, g, cfg.n_heads);
+      if (!s.ok && no_kernel.empty()) no_kernel = "no CUDA kernel (" + s.reason + "): " + s.detail;
+      if (s.ok && op == kc::Op::decode) r["decode_path"] = s.path;
+      if (s.ok && op == kc::Op::prefill) r["prefill_path"] = s.path;
+    }
+    if (!no_kernel.empty()) {
+      r["skipped"] = no_kernel;
+      progress("%-16s skipped: %s", fname.c_str(), no_kernel.c_str());
+      rows.push_back(r);
+      publish();
       continue;
     }
     kvgate::StoreConfig sc;
@@ -269,73 +435,119 @@ int main(int argc, char** argv) {
     sc.n_kv_heads = cfg.n_kv_heads;
     sc.head_dim = cfg.head_dim;
     sc.block_size = 16;
-    sc.n_blocks = batch * ((max_ctx + 15) / 16);
     const std::size_t page_k = kvgate::page_bytes(fmt->k, g), page_v = kvgate::page_bytes(fmt->v, g);
-    const std::size_t need = static_cast<std::size_t>(sc.n_blocks) * cfg.n_layers * (page_k + page_v);
-    std::size_t free_b = 0, total_b = 0;
-    CK(cudaMemGetInfo(&free_b, &total_b));
     r["kv_bytes_per_token"] = static_cast<double>(cfg.n_layers) * (page_k + page_v) / 16.0;
-    r["pool_bytes"] = need;
-    if (need + (2ull << 30) > free_b) {
-      r["skipped"] = "the KV pool needs " + std::to_string(need / (1ull << 20)) + " MiB, " +
-                     std::to_string(free_b / (1ull << 20)) + " MiB free next to the weights";
-      std::printf("%-10s skipped: %s\n", fname.c_str(), r["skipped"].get<std::string>().c_str());
-      rows.push_back(r);
-      continue;
+    if (n_slide > 0 && cfg.n_layers > n_slide) {  // what the attention reads per token of a 32K sequence
+      int w = 0;
+      for (int l = 0; l < cfg.n_layers; ++l) w = std::max(w, cfg.window(l));
+      r["kv_bytes_per_token_read_at_context"] =
+          (static_cast<double>(cfg.n_layers - n_slide) + static_cast<double>(n_slide) * std::min(1.0, double(w) / context)) *
+          (page_k + page_v) / 16.0;
     }
-    try {
-      kc::CudaKvStore store(sc);
-      std::vector<kvgate::SeqId> seqs;
-      for (int b = 0; b < batch; ++b) {
-        seqs.push_back(store.create_sequence());
-        store.extend(seqs.back(), context);
+    if (decode) {
+      sc.n_blocks = batch * ((max_ctx + 15) / 16);
+      const std::size_t need = store_bytes(sc, page_k, page_v);
+      std::size_t free_b = 0, total_b = 0;
+      CK(cudaMemGetInfo(&free_b, &total_b));
+      r["pool_bytes"] = need;
+      if (need + (2ull << 30) > free_b) {
+        r["decode_skipped"] = "the KV pool of " + std::to_string(batch) + " x " + std::to_string(max_ctx) +
+                              " tokens needs " + mib(need) + ", " + mib(free_b) +
+                              " free next to the weights (2 GiB kept for the forward's buffers)";
+        progress("%-16s decode skipped: %s", fname.c_str(), r["decode_skipped"].get<std::string>().c_str());
+      } else {
+        try {
+          kc::CudaKvStore store(sc);
+          std::vector<kvgate::SeqId> seqs;
+          for (int b = 0; b < batch; ++b) {
+            seqs.push_back(store.create_sequence());
+            store.extend(seqs.back(), context);
+          }
+          const double fill_ms = fill_kv(store, seqs, context, rows_k, rows_v, d_slots);
+          kc::CudaForward fwd(*model, store, kc::CudaForwardOptions{batch, max_ctx, true});
+          const StepTimes t = time_steps(fwd, seqs, warmup, steps);
+          r["fill_ms"] = fill_ms;
+          r["step_wall_ms"] = t.wall_ms;
+          r["step_device_ms"] = t.device_ms;
+          r["step_wall_ms_all"] = t.wall;
+          r["tok_s"] = batch * 1e3 / t.wall_ms;
+          r["cuda_graph"] = true;
+          tok_s[fname] = batch * 1e3 / t.wall_ms;
+          progress("%-16s decode %7.1f tok/s  step %.3f ms wall, %.3f ms device  (KV %.0f B/token, pool %.1f GB, fill %.0f ms)",
+                   fname.c_str(), batch * 1e3 / t.wall_ms, t.wall_ms, t.device_ms,
+                   r["kv_bytes_per_token"].get<double>(), need / 1e9, fill_ms);
+          if (fname == "bf16") {  // graph replay vs plain launches, the batch and batch 1
+            kc::CudaForward plain(*model, store, kc::CudaForwardOptions{batch, max_ctx, false});
+            const StepTimes tp = time_steps(plain, seqs, warmup, steps);
+            const std::vector<kvgate::SeqId> one{seqs[0]};
+            kc::CudaForward g1(*model, store, kc::CudaForwardOptions{1, max_ctx, true});
+            const StepTimes t1g = time_steps(g1, one, warmup, steps);
+            kc::CudaForward p1(*model, store, kc::CudaForwardOptions{1, max_ctx, false});
+            const StepTimes t1p = time_steps(p1, one, warmup, steps);
+            j["graph_vs_plain"] = {
+                {"format", "bf16"},
+                {"batch", {{"batch", batch}, {"graph_wall_ms", t.wall_ms}, {"plain_wall_ms", tp.wall_ms},
+                           {"graph_device_ms", t.device_ms}, {"plain_device_ms", tp.device_ms}}},
+                {"batch1", {{"batch", 1}, {"graph_wall_ms", t1g.wall_ms}, {"plain_wall_ms", t1p.wall_ms},
+                            {"graph_device_ms", t1g.device_ms}, {"plain_device_ms", t1p.device_ms},
+                            {"graph_tok_s", 1e3 / t1g.wall_ms}, {"plain_tok_s", 1e3 / t1p.wall_ms}}}};
+            progress("graph vs plain (bf16 KV): batch %d %.3f vs %.3f ms/step; batch 1 %.3f vs %.3f ms/step", batch,
+                     t.wall_ms, tp.wall_ms, t1g.wall_ms, t1p.wall_ms);
+          }
+        } catch (const std::exception& e) {
+          r["decode_error"] = e.what();
+          progress("%-16s decode error: %s", fname.c_str(), e.what());
+        }
       }
-      const double fill_ms = fill_kv(store, seqs, context, rows_k, rows_v, d_slots);
-      kc::CudaForward fwd(*model, store, kc::CudaForwardOptions{batch, max_ctx, true});
-      const StepTimes t = time_steps(fwd, seqs, warmup, steps);
-      r["fill_ms"] = fill_ms;
-      r["step_wall_ms"] = t.wall_ms;
-      r["step_device_ms"] = t.device_ms;
-      r["step_wall_ms_all"] = t.wall;
-      r["tok_s"] = batch * 1e3 / t.wall_ms;
-      r["cuda_graph"] = true;
-      tok_s[fname] = batch * 1e3 / t.wall_ms;
-      std::printf("%-10s %7.1f tok/s  step %.3f ms wall, %.3f ms device  (KV %.0f B/token, pool %.1f GB, fill %.0f ms)\n",
-                  fname.c_str(), batch * 1e3 / t.wall_ms, t.wall_ms, t.device_ms,
-                  r["kv_bytes_per_token"].get<double>(), need / 1e9, fill_ms);
-      std::fflush(stdout);
-      if (fname == "bf16") {  // graph replay vs plain launches, the batch and batch 1
-        kc::CudaForward plain(*model, store, kc::CudaForwardOptions{batch, max_ctx, false});
-        const StepTimes tp = time_steps(plain, seqs, warmup, steps);
-        const std::vector<kvgate::SeqId> one{seqs[0]};
-        kc::CudaForward g1(*model, store, kc::CudaForwardOptions{1, max_ctx, true});
-        const StepTimes t1g = time_steps(g1, one, warmup, steps);
-        kc::CudaForward p1(*model, store, kc::CudaForwardOptions{1, max_ctx, false});
-        const StepTimes t1p = time_steps(p1, one, warmup, steps);
-        graph_cmp = {{"format", "bf16"},
-                     {"batch", {{"batch", batch}, {"graph_wall_ms", t.wall_ms}, {"plain_wall_ms", tp.wall_ms},
-                                {"graph_device_ms", t.device_ms}, {"plain_device_ms", tp.device_ms}}},
-                     {"batch1", {{"batch", 1}, {"graph_wall_ms", t1g.wall_ms}, {"plain_wall_ms", t1p.wall_ms},
-                                 {"graph_device_ms", t1g.device_ms}, {"plain_device_ms", t1p.device_ms},
-                                 {"graph_tok_s", 1e3 / t1g.wall_ms}, {"plain_tok_s", 1e3 / t1p.wall_ms}}}};
-        std::printf("graph vs plain (bf16 KV): batch %d %.3f vs %.3f ms/step; batch 1 %.3f vs %.3f ms/step\n", batch,
-                    t.wall_ms, tp.wall_ms, t1g.wall_ms, t1p.wall_ms);
+      publish();
+    }
+    if (ttft > 0) {
+      const int tctx = ttft + 8;
+      sc.n_blocks = (tctx + 15) / 16;  // as the engine sizes its pool for --max-context (one sequence)
+      const std::size_t need = store_bytes(sc, page_k, page_v);
+      std::size_t free_b = 0, total_b = 0;
+      CK(cudaMemGetInfo(&free_b, &total_b));
+      json tj = {{"prompt_tokens", ttft}, {"prefill_chunk", prefill_chunk}, {"pool_bytes", need}};
+      if (need + (4ull << 30) > free_b) {
+        tj["skipped"] = "the KV pool of " + std::to_string(tctx) + " tokens needs " + mib(need) + ", " + mib(free_b) +
+                        " free next to the weights (4 GiB kept for the forward's buffers)";
+        progress("%-16s TTFT skipped: %s", fname.c_str(), tj["skipped"].get<std::string>().c_str());
+      } else {
+        try {
+          kc::CudaKvStore store(sc);
+          kc::CudaForward fwd(*model, store,
+                              kc::CudaForwardOptions{std::max(1, std::min(prefill_chunk, tctx)), tctx, true});
+          std::vector<int> prompt(static_cast<std::size_t>(ttft));
+          for (int i = 0; i < ttft; ++i)
+            prompt[static_cast<std::size_t>(i)] = static_cast<int>((1 + 7919ull * static_cast<unsigned>(i)) % cfg.vocab_size);
+          const TtftTimes t = time_ttft(fwd, store, prompt, ttft_warmup, ttft_runs);
+          tj["wall_ms"] = t.wall_ms;
+          tj["device_ms"] = t.device_ms;
+          tj["wall_ms_all"] = t.wall;
+          tj["device_ms_all"] = t.device;
+          tj["prefill_tok_s"] = ttft * 1e3 / t.wall_ms;
+          tj["first_token"] = t.first_token;
+          progress("%-16s TTFT %d tokens: %.1f ms wall, %.1f ms device (%.0f tok/s prefill)", fname.c_str(), ttft,
+                   t.wall_ms, t.device_ms, ttft * 1e3 / t.wall_ms);
+        } catch (const std::exception& e) {
+          tj["error"] = e.what();
+          progress("%-16s TTFT error: %s", fname.c_str(), e.what());
+        }
       }
-    } catch (const std::exception& e) {
-      r["error"] = e.what();
-      std::printf("%-10s error: %s\n", fname.c_str(), e.what());
+      r["ttft"] = tj;
     }
     rows.push_back(r);
+    publish();
   }
   if (tok_s.count("bf16"))
     for (auto& r : rows)
       if (r.contains("tok_s")) r["ratio_vs_bf16"] = r["tok_s"].get<double>() / tok_s["bf16"];
-  j["results"] = rows;
-  j["graph_vs_plain"] = graph_cmp;
-  cudaFree(rows_k);
-  cudaFree(rows_v);
-  cudaFree(d_slots);
-  std::ofstream(out_path) << j.dump(2) << "\n";
-  std::printf("wrote %s\n", out_path.c_str());
+  j["complete"] = true;
+  j["elapsed_s"] = elapsed_s();
+  if (rows_k) cudaFree(rows_k);
+  if (rows_v) cudaFree(rows_v);
+  if (d_slots) cudaFree(d_slots);
+  publish();
+  progress("wrote %s", out_path.c_str());
   return 0;
 }
