@@ -461,8 +461,7 @@ TEST_CASE("STO.cuda.weights_bf16 bf16 upload: every device word is RNE of the ho
   CHECK(not_truncation > checked / 4);          // RNE is visible: truncation would fail the check
 }
 
-TEST_CASE("STO.cuda.weights_as_stored 16-bit weights kept as stored upload to the device's bits: bf16 words as "
-          "stored, f16 through its FP32 value, FP32 device weights the exact conversion; device bytes as announced",
+TEST_CASE("STO.cuda.weights_as_stored weights kept as stored reach the device as the FP32 conversion's would",
           "[gate:STO][cuda][fmt:bf16][fmt:f16]") {
   KVGATE_REQUIRE_DEVICE_OR_SKIP();
   // Bound: exact. A bf16 checkpoint's words go to the device unchanged (no round trip through FP32

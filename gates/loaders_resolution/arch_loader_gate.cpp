@@ -381,8 +381,7 @@ void each_matrix(const ModelWeights& w, F&& f) {
 
 }  // namespace
 
-TEST_CASE("STO.loader.weights_as_stored bf16/f16 matrices read in place from the mapped files: logits and fingerprint "
-          "bit for bit the FP32 conversion's; a load beyond the memory available is refused with both figures",
+TEST_CASE("STO.loader.weights_as_stored 16-bit matrices read in place: the FP32 conversion's logits; memory checked",
           "[gate:STO][fmt:bf16][fmt:f16]") {
   TempDir t;
   // Bound: exact. A 16-bit element converts to FP32 exactly and the CPU matmul multiplies the same

@@ -169,7 +169,9 @@ void matmul(ThreadPool& pool, float* out, const float* x, WeightView W, const fl
   if (W.dtype == WeightDtype::f32) {
     const float* w = W.f32();
     pool.parallel_for(
-        n_out, [&](int r0, int r1) { matmul_rows(out, x, w, bias, T, n_in, n_out, accumulate, r0, r1); }, min_rows);
+        n_out,
+        [&](int r0, int r1) { matmul_rows(out, x, w, bias, T, n_in, n_out, accumulate, r0, r1); },
+        min_rows);
     return;
   }
   // 16-bit weights: each range of rows is converted (exactly) into a per-thread FP32 buffer of at
