@@ -765,8 +765,13 @@ Stop resolve_options(Run& s) {
         << (o.expected_gates_only ? "--expected-gates-only" : "--shard") << " (drop it)\n";
     return kExitError;
   }
-  if (!o.prove_gates && (!o.prove_seeds.empty() || o.prove_rebuild)) {
-    log << "kvgate mutate: --prove-seed and --prove-rebuild need --prove-gates\n";
+  if (!o.prove_gates && (!o.prove_seeds.empty() || o.prove_rebuild || o.prove_deadline_s != 0)) {
+    log << "kvgate mutate: --prove-seed, --prove-rebuild and --prove-deadline need --prove-gates\n";
+    return kExitError;
+  }
+  if (!(o.prove_deadline_s >= 0)) {
+    log << "kvgate mutate: --prove-deadline " << o.prove_deadline_s
+        << ": must be seconds after the start, > 0 (or 0 for none)\n";
     return kExitError;
   }
 
@@ -1590,8 +1595,26 @@ Stop prove_every_gate(Run& s) {
   };
   log << "kvgate mutate: --prove-gates: " << rec.gates.size() << " gates (" << rec.proven.size() << " seeded, "
       << rec.not_provable.size() << " skipped in the baseline), " << cands.size() << " candidate mutant(s)\n";
+  rec.deadline_s = o.prove_deadline_s;
+  if (o.prove_deadline_s > 0)
+    log << "kvgate mutate: --prove-deadline " << fmt_s(o.prove_deadline_s) << ": " << fmt_s(since(s.t_setup))
+        << " gone; no mutant run starts after it\n";
+  ProofLoop loop;
+  loop.rebuild = o.prove_rebuild;
+  loop.stop = [] { return interrupted(); };
+  if (o.prove_deadline_s > 0) loop.past_deadline = [&] { return since(s.t_setup) >= o.prove_deadline_s; };
+  // proof.json / proof.md after every finished run: a process killed at a wall limit leaves them.
+  loop.checkpoint = [&](const ProofRecord& now) {
+    ProofRecord snap = now;
+    snap.wall_s = since(t0);
+    try {
+      write_proof(snap, e.out);
+    } catch (const std::exception& ex) {
+      log << "kvgate mutate: warning: writing the proof checkpoint failed: " << ex.what() << "\n";
+    }
+  };
   try {
-    prove_gates(rec, cands, runner, o.prove_rebuild, [] { return interrupted(); }, log);
+    prove_gates(rec, cands, runner, loop, log);
   } catch (const std::exception& ex) {
     log << "kvgate mutate: --prove-gates: " << ex.what() << "\n";
     return kExitError;
