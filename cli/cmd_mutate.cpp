@@ -135,7 +135,8 @@ void register_mutate(CLI::App& app) {
                 "keep a copy of the baseline objects and put them back after each mutant instead of recompiling "
                 "(machines without ccache)");
   sub->add_flag("--skip-red-gates", c->skip_red_gates,
-                "with --expected-gates-only: gates red in the baseline are left out instead of stopping the run; "
+                "with --expected-gates-only or --prove-gates: gates red in the baseline are left out instead of stopping the "
+                "run (a proof lists them as not provable); "
                 "mutants that expect only them are skipped; exit 4 at the end");
   sub->add_flag("--no-schemata", c->no_schemata,
                 "patch and rebuild every mutant (default: the mutants that can be a run-time switch are compiled "

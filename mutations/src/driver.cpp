@@ -131,6 +131,7 @@ struct Env {
   std::vector<std::string> focus_dropped;  // executables without a focused gate (dropped)
   fs::path object_backup;                  // --restore-objects: baseline copies of every object
   std::set<std::string> red;               // --skip-red-gates: gate IDs red in the baseline
+  std::map<std::string, std::string> red_why;  // red gate ID -> its baseline status, detail and log
   std::map<std::string, Variant> variants; // by name: the environments gate programs run in
   SchemaPlan schema;                       // the mutants compiled in as switches (--no-schemata: none)
   // Coverage from the baseline: run unit ("gate_model", "gate_model@no_avx2") -> the IDs of the
@@ -1441,15 +1442,15 @@ Stop run_baseline(Run& s) {
   if (!r.baseline_green) {
     for (const auto& id : r.baseline_red) {
       const auto it = base.find(id);
-      log << "  not green: " << id
-          << (it != base.end() ? " (" + std::string(to_string(it->second.status)) + ": " + it->second.detail +
-                                     ", log " + it->second.log + ")"
-                               : std::string())
-          << "\n";
+      const std::string why = it != base.end() ? std::string(to_string(it->second.status)) + ": " + it->second.detail +
+                                                       ", log " + it->second.log
+                                                 : std::string("no outcome");
+      e.red_why[id] = why;
+      log << "  not green: " << id << " (" << why << ")\n";
     }
     const bool only_gates = std::all_of(r.baseline_red.begin(), r.baseline_red.end(),
                                         [&](const std::string& id) { return e.gates.count(id) > 0; });
-    if (o.skip_red_gates && o.expected_gates_only && only_gates) {
+    if (o.skip_red_gates && (o.expected_gates_only || o.prove_gates) && only_gates) {
       // One device call is precious: leave the red gates out and run the mutants that do not need
       // them (their status and the exit code 4 still say the baseline was red).
       e.red.insert(r.baseline_red.begin(), r.baseline_red.end());
@@ -1542,6 +1543,9 @@ Stop prove_every_gate(Run& s) {
     const Gate& g = e.gates[id];
     rec.gates.push_back({id, g.exe, g.baseline_s});
     if (g.skipped) rec.not_provable[id] = "skipped in the baseline: " + g.skip_reason;
+    if (e.red.count(id))
+      rec.not_provable[id] = "red in the baseline, left out by --skip-red-gates (" +
+                             (e.red_why.count(id) ? e.red_why.at(id) : std::string("no outcome")) + ")";
   }
   for (const auto& seed : o.prove_seeds) {
     try {
@@ -1631,6 +1635,11 @@ Stop prove_every_gate(Run& s) {
       << rec.unproven.size() << " unproven, " << rec.not_provable.size() << " not provable here; " << rec.runs
       << " mutant run(s) in " << fmt_s(rec.wall_s) << "\n";
   for (const auto& id : rec.unproven) log << "  unproven: " << id << "\n";
+  if (!e.red.empty() && (rc == kExitOk || rc == kExitExpectation)) {
+    log << "kvgate mutate: --skip-red-gates: " << e.red.size()
+        << " gate(s) red in the baseline were left out of the proof (not provable here): exit 4\n";
+    rc = kExitBaselineRed;
+  }
   log << "kvgate mutate: outputs in " << e.out.string() << " (proof.md, proof.json); exit " << rc << "\n";
   return rc;
 }

@@ -392,7 +392,7 @@ std::string proof_md(const ProofRecord& rec) {
     << "| gates | " << rec.gates.size() << " |\n"
     << "| proven | " << rec.proven.size() << " (" << seeded << " from the seed) |\n"
     << "| **unproven** | **" << rec.unproven.size() << "** |\n"
-    << "| not provable here (skipped in the baseline) | " << rec.not_provable.size() << " |\n"
+    << "| not provable here (skipped in the baseline, or red there with --skip-red-gates) | " << rec.not_provable.size() << " |\n"
     << "| mutant runs | " << rec.runs << " |\n"
     << "| proof wall time | " << std::fixed << std::setprecision(1) << rec.wall_s << " s |\n"
     << "| baseline build / gates | " << rec.baseline_build_s << " s / " << rec.baseline_test_s << " s |\n"
