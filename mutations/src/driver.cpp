@@ -680,7 +680,7 @@ void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, cons
     const Mutant& m = cat.mutants[i];
     std::string ek;
     for (const auto& g : m.expect_killed_by) ek += (ek.empty() ? "" : ",") + g;
-    std::string st = !checks[i].ok() ? (checks[i].file_missing ? "NOFILE" : "STALE")
+    std::string st = !checks[i].ok() ? (checks[i].file_missing ? "NOFILE" : checks[i].applied ? "APPLIED" : "STALE")
                      : std::find(nogate.begin(), nogate.end(), m.id) != nogate.end() ? "NOGATE" : "ok";
     log << std::left << std::setw(w) << m.id << std::setw(12) << m.category << std::setw(wf) << m.file
         << std::setw(8) << st << ek << (m.requires_.empty() ? "" : "  (requires " + m.requires_.front() + ")")
@@ -940,6 +940,15 @@ Stop refuse_stale_anchors(Run& s) {
     // STALE is a hard error for every mutant that would run (and the canary); a partial run only
     // warns about the others (the unit test mutations_unit checks the whole catalog).
     int stale = 0;
+    // A mutant applied in the source tree (APPLIED) would be built into the scratch baseline: that
+    // stops every run, selected or not, proof or not.
+    int applied = 0;
+    for (std::size_t i = 0; i < cat.mutants.size(); ++i)
+      if (checks[i].applied) {
+        log << "kvgate mutate: " << checks[i].message() << "\n";
+        ++applied;
+      }
+    if (applied) return kExitStale;
     for (std::size_t i = 0; i < cat.mutants.size(); ++i) {
       if (checks[i].ok()) continue;
       const Mutant* m = &cat.mutants[i];

@@ -206,6 +206,31 @@ TEST_CASE("catalog: occurrences, STALE, apply, location") {
   c = check_anchor(m, d);
   CHECK(!c.ok());
   CHECK(c.message().find("STALE X.one") != std::string::npos);
+  CHECK_FALSE(c.applied);  // two anchors, one expected: stale, not applied
+  // A mutant patched into the tree by hand and not restored: its anchor is gone and its
+  // replacement stands in its place. A run would build it into the baseline.
+  write_text(d / "a.cpp", apply_mutant(src, [&] {
+               Mutant two = m;
+               two.occurrences = 2;
+               return two;
+             }()));
+  m.occurrences = 2;
+  c = check_anchor(m, d);
+  CHECK(c.applied);
+  CHECK(c.message().find("APPLIED X.one: a.cpp holds this mutant's replacement") != std::string::npos);
+  CHECK(c.message().find("git checkout -- a.cpp") != std::string::npos);
+  // Anchor refactored away and the replacement nowhere: stale, not applied.
+  write_text(d / "a.cpp", "int f() { return 3; }\n");
+  CHECK_FALSE(check_anchor(m, d).applied);
+  // A replacement that is part of its anchor is not counted inside the anchors still there.
+  Mutant cut = m;
+  cut.anchor = "return 1; // x";
+  cut.replacement = "return 1;";
+  cut.occurrences = 2;
+  write_text(d / "a.cpp", "return 1; // x\nint z;\n");
+  CHECK_FALSE(check_anchor(cut, d).applied);  // one of two anchors left; "return 1;" only inside it
+  write_text(d / "a.cpp", "return 1; // x\nreturn 1;\n");
+  CHECK(check_anchor(cut, d).applied);  // the other one cut to the replacement
   m.file = "missing.cpp";
   CHECK(check_anchor(m, d).file_missing);
   fs::remove_all(d);
@@ -238,6 +263,7 @@ TEST_CASE("the shipped catalog is valid, has a canary, and no STALE anchor") {
     INFO(m.id);
     const AnchorCheck a = check_anchor(m, root);
     CHECK(a.message() == "ok " + m.id);
+    CHECK_FALSE(a.applied);
   }
 }
 
