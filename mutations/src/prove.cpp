@@ -413,7 +413,10 @@ std::string proof_md(const ProofRecord& rec) {
     o << "- **" << id << "** (" << program_of[id] << "): ";
     const auto it = rec.tried.find(id);
     if (it == rec.tried.end() || it->second.empty()) {
-      o << "no mutant reaches its program\n";
+      if (const auto left = rec.candidates_left.find(id); left != rec.candidates_left.end())
+        o << "no mutant tried yet; **" << left->second << " candidate(s) not tried** (" << proof_state(rec) << ")\n";
+      else
+        o << "no mutant reaches its program\n";
       continue;
     }
     std::vector<std::string> ts;

@@ -986,6 +986,9 @@ TEST_CASE("prove: a checkpoint after every run, a deadline that starts no furthe
   CHECK(doc["summary"]["deadline_reached"] == true);
   CHECK(doc["summary"]["deadline_s"] == 480);
   CHECK(proof_md(cut).find("Stopped at the deadline") != std::string::npos);
+  // A gate no run reached before the deadline: its candidates are pending, not missing.
+  CHECK(proof_md(snaps[0]).find("- **G.three** (P1): no mutant tried yet; **3 candidate(s) not tried** (running)") !=
+        std::string::npos);
   const fs::path dir = fs::temp_directory_path() / ("kvgate_prove_deadline_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   CHECK(write_proof(cut, dir) == kExitExpectation);
