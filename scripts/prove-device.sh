@@ -23,10 +23,13 @@
 #             outcomes below bench/results) --prove-seed files, space-separated.
 #   TARGETS   (default: every gate program) --gate-targets, comma-separated: only these programs
 #             are built, run in the baseline and proven (the seeds keep the others' proofs).
+#   REBUILD   (default 1) --prove-rebuild: once every switch candidate is tried, the
+#             patch-and-rebuild mutants (e.g. the byte-accounting tables of format.cpp, which the
+#             STO.bytes gates need) run too, one incremental build each, until the deadline.
 #   CANARY    (default 0) 1 runs the canary first. In a proof each proven gate carries its own
-#             kill, and without --prove-rebuild no mutant takes the rebuild path the canary checks;
-#             the canary costs a rebuild, a run of every gate and a rebuild back (a minute or more
-#             of the budget on 16 cores), so it is off unless asked for.
+#             kill (a gate a mutant could not reach stays unproven, it is never counted proven), so
+#             the canary adds no proof; it costs a rebuild, a run of every gate and a rebuild back
+#             (a minute or more of the budget on 16 cores), so it is off unless asked for.
 # No GPU is used: the scratch build is configured with -DKVGATE_CUDA=OFF and the device probe is
 # told there is none (KVGATE_MUTATE_CUDA_DEVICE=0), so the CUDA mutants are listed as skipped.
 set -uo pipefail
@@ -85,7 +88,7 @@ fi
 note "driver built"
 
 seeds=()
-for f in ${SEEDS:-$root/bench/results/gate_proof_cpu_partial.json $root/bench/results/gate_proof_conformance.json $root/bench/results/gate_proof_parity.json $root/bench/results/gate_proof_resolve.json $root/bench/results/gate_proof_mutants_outcomes.json $root/bench/results/gate_proof_paths_outcomes.json $root/bench/results/gate_proof_resolve_outcomes.json}; do
+for f in ${SEEDS:-$root/bench/results/gate_proof_cpu_partial.json $root/bench/results/gate_proof_conformance.json $root/bench/results/gate_proof_parity.json $root/bench/results/gate_proof_resolve.json $root/bench/results/gate_proof_storage.json $root/bench/results/gate_proof_mutants_outcomes.json $root/bench/results/gate_proof_paths_outcomes.json $root/bench/results/gate_proof_resolve_outcomes.json}; do
   if [ -f "$f" ]; then seeds+=(--prove-seed "$f"); else note "seed not found: $f"; fi
 done
 args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
@@ -95,6 +98,7 @@ args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
 [ -n "$cxx_flags" ] && args+=(--cmake-arg "-DCMAKE_CXX_FLAGS=$cxx_flags")
 [ -n "$ld_flags" ] && args+=(--cmake-arg "-DCMAKE_EXE_LINKER_FLAGS=$ld_flags" --cmake-arg "-DCMAKE_SHARED_LINKER_FLAGS=$ld_flags")
 [ "${CANARY:-0}" = 1 ] || args+=(--no-canary)
+[ "${REBUILD:-1}" = 1 ] && args+=(--prove-rebuild)
 [ -n "${TARGETS:-}" ] && args+=(--gate-targets "$TARGETS")
 
 # 2. The proof. --prove-deadline counts from the driver's start.
