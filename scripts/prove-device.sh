@@ -5,8 +5,8 @@
 #   scripts/prove-device.sh ASSETS OUT [extra kvgate-mutate options]
 #
 # ASSETS: a folder holding models/stories260K/ (stories260K.bin, tok512.bin) and xxHash (a folder
-# with xxhash.h and one with libxxhash.a, anywhere below ASSETS: Debian's /usr/include/xxhash.h and
-# /usr/lib/x86_64-linux-gnu/libxxhash.a, for a machine without the xxhash package).
+# with xxhash.h and one with libxxhash.a, anywhere below ASSETS: the header and static library of
+# Debian's libxxhash-dev, for a machine without the xxhash package).
 # OUT: the folder that receives at most six files: proof.json, proof.md (rewritten while the proof
 # runs, so a call killed at its limit still returns the record of every finished mutant run),
 # mutate.log (the driver's log: the baseline's "not green" lines name a red gate and its log),
