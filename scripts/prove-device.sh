@@ -33,7 +33,9 @@
 # No GPU is used: the scratch build is configured with -DKVGATE_CUDA=OFF and the device probe is
 # told there is none (KVGATE_MUTATE_CUDA_DEVICE=0), so the CUDA mutants are listed as skipped.
 set -uo pipefail
-
+# The whole script is one compound command: bash parses it before running any of it, so the file
+# changing under a running call (a tree synced again) cannot make it run shifted text.
+{
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 assets="${1:?usage: scripts/prove-device.sh ASSETS OUT [kvgate-mutate options]}"
 out="${2:?usage: scripts/prove-device.sh ASSETS OUT [kvgate-mutate options]}"
@@ -88,7 +90,7 @@ fi
 note "driver built"
 
 seeds=()
-for f in ${SEEDS:-$root/bench/results/gate_proof_cpu_partial.json $root/bench/results/gate_proof_conformance.json $root/bench/results/gate_proof_parity.json $root/bench/results/gate_proof_resolve.json $root/bench/results/gate_proof_storage.json $root/bench/results/gate_proof_invariance.json $root/bench/results/gate_proof_mutants_outcomes.json $root/bench/results/gate_proof_paths_outcomes.json $root/bench/results/gate_proof_resolve_outcomes.json $root/bench/results/gate_proof_invariance_outcomes.json $root/bench/results/gate_proof_kill9_outcomes.json}; do
+for f in ${SEEDS:-$root/bench/results/gate_proof_cpu_partial.json $root/bench/results/gate_proof_conformance.json $root/bench/results/gate_proof_parity.json $root/bench/results/gate_proof_scales.json $root/bench/results/gate_proof_resolve.json $root/bench/results/gate_proof_storage.json $root/bench/results/gate_proof_invariance.json $root/bench/results/gate_proof_mutants_outcomes.json $root/bench/results/gate_proof_paths_outcomes.json $root/bench/results/gate_proof_resolve_outcomes.json $root/bench/results/gate_proof_invariance_outcomes.json $root/bench/results/gate_proof_kill9_outcomes.json}; do
   if [ -f "$f" ]; then seeds+=(--prove-seed "$f"); else note "seed not found: $f"; fi
 done
 args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
@@ -143,3 +145,4 @@ else
 fi
 note "done"
 exit "$rc"
+}
