@@ -21,7 +21,7 @@ struct MutateCli {
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false, skip_red_gates = false,
        no_schemata = false, all_gates = false, prove_gates = false, prove_rebuild = false;
-  double min_timeout = 20;
+  double min_timeout = 20, prove_deadline = 0;
   std::vector<std::string> cmake_args;
 };
 
@@ -41,6 +41,7 @@ int run_mutate_cmd(const MutateCli& c) {
   for (std::size_t i = 1; i < c.catalogs.size(); ++i) o.extra_catalogs.emplace_back(c.catalogs[i]);
   o.prove_gates = c.prove_gates;
   o.prove_rebuild = c.prove_rebuild;
+  o.prove_deadline_s = c.prove_deadline;
   for (const auto& f : c.prove_seeds) o.prove_seeds.emplace_back(f);
   o.out_dir = c.out;
   o.since = c.since;
@@ -134,7 +135,8 @@ void register_mutate(CLI::App& app) {
                 "keep a copy of the baseline objects and put them back after each mutant instead of recompiling "
                 "(machines without ccache)");
   sub->add_flag("--skip-red-gates", c->skip_red_gates,
-                "with --expected-gates-only: gates red in the baseline are left out instead of stopping the run; "
+                "with --expected-gates-only or --prove-gates: gates red in the baseline are left out instead of stopping the "
+                "run (a proof lists them as not provable); "
                 "mutants that expect only them are skipped; exit 4 at the end");
   sub->add_flag("--no-schemata", c->no_schemata,
                 "patch and rebuild every mutant (default: the mutants that can be a run-time switch are compiled "
@@ -152,6 +154,11 @@ void register_mutate(CLI::App& app) {
   sub->add_flag("--prove-rebuild", c->prove_rebuild,
                 "with --prove-gates: after the switches, try the patch-and-rebuild mutants on the gates still unproven "
                 "(slow: one build each)");
+  sub->add_option("--prove-deadline", c->prove_deadline,
+                  "with --prove-gates: SECONDS after the start past which no further mutant run starts (the run under "
+                  "way finishes); then proof.json/proof.md are written and the exit is 7 while a gate is open "
+                  "(proof.json is also rewritten after every run, so a killed proof leaves its record)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");

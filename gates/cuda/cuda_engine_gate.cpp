@@ -59,6 +59,7 @@
 #include "kvgate/kv_file.hpp"
 #include "kvgate/loaders.hpp"
 #include "models.hpp"
+#include "scratch_dir.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates;
@@ -115,10 +116,11 @@ std::span<const int> toks(int from, int to) {
   return std::span<const int>(subject().tokens).subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from));
 }
 
+// One folder per process (mkdtemp, removed at exit): two gate_cuda processes on one machine (the
+// driver's baseline beside a run by hand, or two variants) never write each other's KV files.
 std::string temp_file(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / "kvgate_cuda_engine_gate";
-  fs::create_directories(d);
-  return (d / name).string();
+  static const kvgate::gates::ScratchDir dir("kvgate_cuda_engine_gate");
+  return dir.sub(name);
 }
 
 std::vector<std::uint8_t> file_bytes(const std::string& path) {

@@ -164,6 +164,11 @@ std::size_t count_occurrences(std::string_view hay, std::string_view needle) {
 std::string AnchorCheck::message() const {
   if (file_missing) return "STALE " + id + ": file " + file + " does not exist";
   if (found == static_cast<std::size_t>(expected)) return "ok " + id;
+  if (applied)
+    return "APPLIED " + id + ": " + file + " holds this mutant's replacement where its anchor should be (found " +
+           std::to_string(found) + " of " + std::to_string(expected) +
+           " time(s)): the mutant looks applied by hand; restore the file (git checkout -- " + file +
+           ") before a run, or the scratch copy builds the mutant into the baseline";
   return "STALE " + id + ": anchor found " + std::to_string(found) + " time(s) in " + file + ", expected " +
          std::to_string(expected) + " (the file changed: re-read it and update the anchor)";
 }
@@ -175,7 +180,20 @@ AnchorCheck check_anchor(const Mutant& m, const fs::path& root) {
     c.file_missing = true;
     return c;
   }
-  c.found = count_occurrences(read_text(p), m.anchor);
+  const std::string text = read_text(p);
+  c.found = count_occurrences(text, m.anchor);
+  const bool distinct = !m.replacement.empty() && m.replacement.find(m.anchor) == std::string::npos;
+  if (c.found < static_cast<std::size_t>(m.occurrences) && distinct) {
+    // Count the replacement outside the anchors still there (a replacement may be part of its anchor).
+    std::string rest;
+    std::size_t pos = 0;
+    for (std::size_t hit = text.find(m.anchor); hit != std::string::npos; hit = text.find(m.anchor, pos)) {
+      rest.append(text, pos, hit - pos).push_back('\0');
+      pos = hit + m.anchor.size();
+    }
+    rest.append(text, pos, std::string::npos);
+    c.applied = count_occurrences(rest, m.replacement) >= static_cast<std::size_t>(m.occurrences) - c.found;
+  }
   return c;
 }
 

@@ -131,6 +131,7 @@ struct Env {
   std::vector<std::string> focus_dropped;  // executables without a focused gate (dropped)
   fs::path object_backup;                  // --restore-objects: baseline copies of every object
   std::set<std::string> red;               // --skip-red-gates: gate IDs red in the baseline
+  std::map<std::string, std::string> red_why;  // red gate ID -> its baseline status, detail and log
   std::map<std::string, Variant> variants; // by name: the environments gate programs run in
   SchemaPlan schema;                       // the mutants compiled in as switches (--no-schemata: none)
   // Coverage from the baseline: run unit ("gate_model", "gate_model@no_avx2") -> the IDs of the
@@ -679,7 +680,7 @@ void print_list(const Catalog& cat, const std::vector<AnchorCheck>& checks, cons
     const Mutant& m = cat.mutants[i];
     std::string ek;
     for (const auto& g : m.expect_killed_by) ek += (ek.empty() ? "" : ",") + g;
-    std::string st = !checks[i].ok() ? (checks[i].file_missing ? "NOFILE" : "STALE")
+    std::string st = !checks[i].ok() ? (checks[i].file_missing ? "NOFILE" : checks[i].applied ? "APPLIED" : "STALE")
                      : std::find(nogate.begin(), nogate.end(), m.id) != nogate.end() ? "NOGATE" : "ok";
     log << std::left << std::setw(w) << m.id << std::setw(12) << m.category << std::setw(wf) << m.file
         << std::setw(8) << st << ek << (m.requires_.empty() ? "" : "  (requires " + m.requires_.front() + ")")
@@ -765,8 +766,13 @@ Stop resolve_options(Run& s) {
         << (o.expected_gates_only ? "--expected-gates-only" : "--shard") << " (drop it)\n";
     return kExitError;
   }
-  if (!o.prove_gates && (!o.prove_seeds.empty() || o.prove_rebuild)) {
-    log << "kvgate mutate: --prove-seed and --prove-rebuild need --prove-gates\n";
+  if (!o.prove_gates && (!o.prove_seeds.empty() || o.prove_rebuild || o.prove_deadline_s != 0)) {
+    log << "kvgate mutate: --prove-seed, --prove-rebuild and --prove-deadline need --prove-gates\n";
+    return kExitError;
+  }
+  if (!(o.prove_deadline_s >= 0)) {
+    log << "kvgate mutate: --prove-deadline " << o.prove_deadline_s
+        << ": must be seconds after the start, > 0 (or 0 for none)\n";
     return kExitError;
   }
 
@@ -934,6 +940,15 @@ Stop refuse_stale_anchors(Run& s) {
     // STALE is a hard error for every mutant that would run (and the canary); a partial run only
     // warns about the others (the unit test mutations_unit checks the whole catalog).
     int stale = 0;
+    // A mutant applied in the source tree (APPLIED) would be built into the scratch baseline: that
+    // stops every run, selected or not, proof or not.
+    int applied = 0;
+    for (std::size_t i = 0; i < cat.mutants.size(); ++i)
+      if (checks[i].applied) {
+        log << "kvgate mutate: " << checks[i].message() << "\n";
+        ++applied;
+      }
+    if (applied) return kExitStale;
     for (std::size_t i = 0; i < cat.mutants.size(); ++i) {
       if (checks[i].ok()) continue;
       const Mutant* m = &cat.mutants[i];
@@ -1436,15 +1451,15 @@ Stop run_baseline(Run& s) {
   if (!r.baseline_green) {
     for (const auto& id : r.baseline_red) {
       const auto it = base.find(id);
-      log << "  not green: " << id
-          << (it != base.end() ? " (" + std::string(to_string(it->second.status)) + ": " + it->second.detail +
-                                     ", log " + it->second.log + ")"
-                               : std::string())
-          << "\n";
+      const std::string why = it != base.end() ? std::string(to_string(it->second.status)) + ": " + it->second.detail +
+                                                       ", log " + it->second.log
+                                                 : std::string("no outcome");
+      e.red_why[id] = why;
+      log << "  not green: " << id << " (" << why << ")\n";
     }
     const bool only_gates = std::all_of(r.baseline_red.begin(), r.baseline_red.end(),
                                         [&](const std::string& id) { return e.gates.count(id) > 0; });
-    if (o.skip_red_gates && o.expected_gates_only && only_gates) {
+    if (o.skip_red_gates && (o.expected_gates_only || o.prove_gates) && only_gates) {
       // One device call is precious: leave the red gates out and run the mutants that do not need
       // them (their status and the exit code 4 still say the baseline was red).
       e.red.insert(r.baseline_red.begin(), r.baseline_red.end());
@@ -1537,6 +1552,9 @@ Stop prove_every_gate(Run& s) {
     const Gate& g = e.gates[id];
     rec.gates.push_back({id, g.exe, g.baseline_s});
     if (g.skipped) rec.not_provable[id] = "skipped in the baseline: " + g.skip_reason;
+    if (e.red.count(id))
+      rec.not_provable[id] = "red in the baseline, left out by --skip-red-gates (" +
+                             (e.red_why.count(id) ? e.red_why.at(id) : std::string("no outcome")) + ")";
   }
   for (const auto& seed : o.prove_seeds) {
     try {
@@ -1590,8 +1608,26 @@ Stop prove_every_gate(Run& s) {
   };
   log << "kvgate mutate: --prove-gates: " << rec.gates.size() << " gates (" << rec.proven.size() << " seeded, "
       << rec.not_provable.size() << " skipped in the baseline), " << cands.size() << " candidate mutant(s)\n";
+  rec.deadline_s = o.prove_deadline_s;
+  if (o.prove_deadline_s > 0)
+    log << "kvgate mutate: --prove-deadline " << fmt_s(o.prove_deadline_s) << ": " << fmt_s(since(s.t_setup))
+        << " gone; no mutant run starts after it\n";
+  ProofLoop loop;
+  loop.rebuild = o.prove_rebuild;
+  loop.stop = [] { return interrupted(); };
+  if (o.prove_deadline_s > 0) loop.past_deadline = [&] { return since(s.t_setup) >= o.prove_deadline_s; };
+  // proof.json / proof.md after every finished run: a process killed at a wall limit leaves them.
+  loop.checkpoint = [&](const ProofRecord& now) {
+    ProofRecord snap = now;
+    snap.wall_s = since(t0);
+    try {
+      write_proof(snap, e.out);
+    } catch (const std::exception& ex) {
+      log << "kvgate mutate: warning: writing the proof checkpoint failed: " << ex.what() << "\n";
+    }
+  };
   try {
-    prove_gates(rec, cands, runner, o.prove_rebuild, [] { return interrupted(); }, log);
+    prove_gates(rec, cands, runner, loop, log);
   } catch (const std::exception& ex) {
     log << "kvgate mutate: --prove-gates: " << ex.what() << "\n";
     return kExitError;
@@ -1608,6 +1644,11 @@ Stop prove_every_gate(Run& s) {
       << rec.unproven.size() << " unproven, " << rec.not_provable.size() << " not provable here; " << rec.runs
       << " mutant run(s) in " << fmt_s(rec.wall_s) << "\n";
   for (const auto& id : rec.unproven) log << "  unproven: " << id << "\n";
+  if (!e.red.empty() && (rc == kExitOk || rc == kExitExpectation)) {
+    log << "kvgate mutate: --skip-red-gates: " << e.red.size()
+        << " gate(s) red in the baseline were left out of the proof (not provable here): exit 4\n";
+    rc = kExitBaselineRed;
+  }
   log << "kvgate mutate: outputs in " << e.out.string() << " (proof.md, proof.json); exit " << rc << "\n";
   return rc;
 }

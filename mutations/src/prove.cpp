@@ -76,6 +76,23 @@ int affinity(const Mutant& m, const std::string& gate, const std::map<std::strin
 
 void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates, const ProofRunner& run,
                  bool rebuild, const std::function<bool()>& stop, std::ostream& log) {
+  ProofLoop loop;
+  loop.rebuild = rebuild;
+  loop.stop = stop;
+  prove_gates(rec, candidates, run, loop, log);
+}
+
+std::string proof_state(const ProofRecord& rec) {
+  if (rec.interrupted) return "interrupted";
+  if (rec.deadline_reached) return "deadline";
+  return rec.finished ? "finished" : "running";
+}
+
+void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates, const ProofRunner& run,
+                 const ProofLoop& loop, std::ostream& log) {
+  const bool rebuild = loop.rebuild;
+  const auto stop = [&] { return loop.stop && loop.stop(); };
+  rec.finished = false;
   std::map<std::string, std::string> program_of;
   std::map<std::string, double> cost;  // the gate's baseline seconds
   std::set<std::string> open;
@@ -97,10 +114,36 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
   std::vector<bool> done(candidates.size(), false);
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (candidates[i].rebuild && !rebuild) done[i] = true;
+  // The record's derived lists (unproven, candidates left, rebuild mutants not tried) as of now.
+  const auto settle = [&] {
+    rec.unproven.clear();
+    rec.candidates_left.clear();
+    rec.rebuild_not_tried.clear();
+    for (const auto& g : rec.gates)
+      if (open.count(g.id)) rec.unproven.push_back(g.id);
+    // Which unproven gates still have untried candidates (after an interrupt or a deadline, or in a
+    // checkpoint: not a finding yet).
+    for (std::size_t i = 0; i < candidates.size(); ++i)
+      if (!done[i])
+        for (const auto& [id, a] : reach[i])
+          if (open.count(id)) ++rec.candidates_left[id];
+    for (std::size_t i = 0; i < candidates.size(); ++i)
+      if (candidates[i].rebuild && !rebuild) rec.rebuild_not_tried.push_back(candidates[i].mutant->id);
+  };
+  const auto checkpoint = [&] {
+    if (!loop.checkpoint) return;
+    settle();
+    loop.checkpoint(rec);
+  };
+  checkpoint();
   const auto t0 = std::chrono::steady_clock::now();
   while (!open.empty()) {
     if (stop()) {
       rec.interrupted = true;
+      break;
+    }
+    if (loop.past_deadline && loop.past_deadline()) {
+      rec.deadline_reached = true;
       break;
     }
     // The best candidate: switches before rebuilds, then the summed affinity per second of the run
@@ -181,19 +224,17 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
         << std::fixed << std::setprecision(0)
         << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << "s\n"
         << std::defaultfloat;
+    checkpoint();
   }
   if (stop()) rec.interrupted = true;
-  rec.unproven.clear();
-  rec.candidates_left.clear();
-  for (const auto& g : rec.gates)
-    if (open.count(g.id)) rec.unproven.push_back(g.id);
-  // After an interrupt, which unproven gates still had untried candidates (not a finding yet).
-  for (std::size_t i = 0; i < candidates.size(); ++i)
-    if (!done[i])
-      for (const auto& [id, a] : reach[i])
-        if (open.count(id)) ++rec.candidates_left[id];
-  for (std::size_t i = 0; i < candidates.size(); ++i)
-    if (candidates[i].rebuild && !rebuild) rec.rebuild_not_tried.push_back(candidates[i].mutant->id);
+  settle();
+  if (rec.deadline_reached) {
+    std::size_t left = 0;
+    for (std::size_t i = 0; i < candidates.size(); ++i) left += done[i] ? 0 : 1;
+    log << "[prove] deadline: no run started after run " << rec.runs << "; " << open.size() << " gate(s) open, "
+        << rec.candidates_left.size() << " of them with untried candidates (" << left << " candidate(s) not run)\n";
+  }
+  rec.finished = true;
 }
 
 namespace {
@@ -326,7 +367,10 @@ json proof_json(const ProofRecord& rec) {
                 {"wall_s", rec.wall_s},
                 {"baseline_build_s", rec.baseline_build_s},
                 {"baseline_test_s", rec.baseline_test_s},
-                {"interrupted", rec.interrupted}}},
+                {"interrupted", rec.interrupted},
+                {"deadline_reached", rec.deadline_reached},
+                {"deadline_s", rec.deadline_s},
+                {"state", proof_state(rec)}}},
               {"proven", proven},
               {"unproven", unproven},
               {"not_provable", np},
@@ -348,12 +392,19 @@ std::string proof_md(const ProofRecord& rec) {
     << "| gates | " << rec.gates.size() << " |\n"
     << "| proven | " << rec.proven.size() << " (" << seeded << " from the seed) |\n"
     << "| **unproven** | **" << rec.unproven.size() << "** |\n"
-    << "| not provable here (skipped in the baseline) | " << rec.not_provable.size() << " |\n"
+    << "| not provable here (skipped in the baseline, or red there with --skip-red-gates) | " << rec.not_provable.size() << " |\n"
     << "| mutant runs | " << rec.runs << " |\n"
     << "| proof wall time | " << std::fixed << std::setprecision(1) << rec.wall_s << " s |\n"
     << "| baseline build / gates | " << rec.baseline_build_s << " s / " << rec.baseline_test_s << " s |\n"
     << std::defaultfloat;
   if (rec.interrupted) o << "\n**Interrupted**: the gates still open when it stopped are listed as unproven.\n";
+  if (rec.deadline_reached)
+    o << "\n**Stopped at the deadline** (`--prove-deadline " << rec.deadline_s
+      << "`): no run was started after it; the gates still open are listed as unproven.\n";
+  if (proof_state(rec) == "running")
+    o << "\n**Written after mutant run " << rec.runs
+      << " while the proof was still running**: if this is the last record, the process ended before it could "
+         "finish (e.g. killed at a wall limit); every run it lists had finished.\n";
   o << "\nCatalogs: " << join(rec.catalogs, ", ") << ".\n";
   if (!rec.seeds.empty()) o << "Seeded from: " << join(rec.seeds, ", ") << ".\n";
   o << "\n## Unproven gates (no mutant tried turned them red)\n\n";
@@ -362,14 +413,18 @@ std::string proof_md(const ProofRecord& rec) {
     o << "- **" << id << "** (" << program_of[id] << "): ";
     const auto it = rec.tried.find(id);
     if (it == rec.tried.end() || it->second.empty()) {
-      o << "no mutant reaches its program\n";
+      if (const auto left = rec.candidates_left.find(id); left != rec.candidates_left.end())
+        o << "no mutant tried yet; **" << left->second << " candidate(s) not tried** (" << proof_state(rec) << ")\n";
+      else
+        o << "no mutant reaches its program\n";
       continue;
     }
     std::vector<std::string> ts;
     for (const auto& t : it->second) ts.push_back(t.mutant + (t.status == "passed" ? "" : " (" + t.status + ")"));
     o << it->second.size() << " mutant(s) tried: " << join(ts, ", ");
     if (const auto left = rec.candidates_left.find(id); left != rec.candidates_left.end())
-      o << "; **" << left->second << " candidate(s) not tried yet** (interrupted)";
+      o << "; **" << left->second << " candidate(s) not tried yet** ("
+        << (proof_state(rec) == "finished" ? "left" : proof_state(rec)) << ")";
     o << "\n";
   }
   if (!rec.not_provable.empty()) {

@@ -206,6 +206,31 @@ TEST_CASE("catalog: occurrences, STALE, apply, location") {
   c = check_anchor(m, d);
   CHECK(!c.ok());
   CHECK(c.message().find("STALE X.one") != std::string::npos);
+  CHECK_FALSE(c.applied);  // two anchors, one expected: stale, not applied
+  // A mutant patched into the tree by hand and not restored: its anchor is gone and its
+  // replacement stands in its place. A run would build it into the baseline.
+  write_text(d / "a.cpp", apply_mutant(src, [&] {
+               Mutant two = m;
+               two.occurrences = 2;
+               return two;
+             }()));
+  m.occurrences = 2;
+  c = check_anchor(m, d);
+  CHECK(c.applied);
+  CHECK(c.message().find("APPLIED X.one: a.cpp holds this mutant's replacement") != std::string::npos);
+  CHECK(c.message().find("git checkout -- a.cpp") != std::string::npos);
+  // Anchor refactored away and the replacement nowhere: stale, not applied.
+  write_text(d / "a.cpp", "int f() { return 3; }\n");
+  CHECK_FALSE(check_anchor(m, d).applied);
+  // A replacement that is part of its anchor is not counted inside the anchors still there.
+  Mutant cut = m;
+  cut.anchor = "return 1; // x";
+  cut.replacement = "return 1;";
+  cut.occurrences = 2;
+  write_text(d / "a.cpp", "return 1; // x\nint z;\n");
+  CHECK_FALSE(check_anchor(cut, d).applied);  // one of two anchors left; "return 1;" only inside it
+  write_text(d / "a.cpp", "return 1; // x\nreturn 1;\n");
+  CHECK(check_anchor(cut, d).applied);  // the other one cut to the replacement
   m.file = "missing.cpp";
   CHECK(check_anchor(m, d).file_missing);
   fs::remove_all(d);
@@ -238,6 +263,7 @@ TEST_CASE("the shipped catalog is valid, has a canary, and no STALE anchor") {
     INFO(m.id);
     const AnchorCheck a = check_anchor(m, root);
     CHECK(a.message() == "ok " + m.id);
+    CHECK_FALSE(a.applied);
   }
 }
 
@@ -878,6 +904,103 @@ TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a
   CHECK(proves_gate(GateOutcome{GateStatus::crashed, 0, "", "killed by signal 11 (Segmentation fault) during: ENV.int8 x", "default", {}}));
   CHECK(r4.candidates_left.at("ENV.int8") == 2);
   CHECK(proof_json(r4)["unproven"][0]["candidates_left"] == 2);
+}
+
+TEST_CASE("prove: a checkpoint after every run, a deadline that starts no further run, a killed proof's record as a seed") {
+  using namespace kvgate::mutate;
+  Mutant a, b, c;
+  a.id = "M.a";
+  a.file = "a.cpp";
+  a.expect_killed_by = {"G.one"};
+  b = a;
+  b.id = "M.b";
+  b.expect_killed_by = {"G.two"};
+  c = a;
+  c.id = "M.c";
+  c.expect_killed_by = {"G.three"};
+  // Each mutant proves the gate it names.
+  const ProofRunner run = [](const ProofCandidate& cand, const std::vector<std::string>& gates) {
+    std::map<std::string, GateOutcome> out;
+    for (const auto& g : gates) out[g] = GateOutcome{GateStatus::passed, 0, "", "", "default", {}};
+    const std::string own = cand.mutant->expect_killed_by.front();
+    if (out.count(own)) out[own] = GateOutcome{GateStatus::failed, 0, "l", "test case failed: " + own + " x", "default", {"default"}};
+    return out;
+  };
+  const auto fresh = [] {
+    ProofRecord r;
+    r.gates = {{"G.one", "P1", 1}, {"G.two", "P1", 1}, {"G.three", "P1", 1}};
+    return r;
+  };
+  const std::vector<ProofCandidate> cands{{&a, {"P1"}, false}, {&b, {"P1"}, false}, {&c, {"P1"}, false}};
+  std::ostringstream log;
+
+  // Checkpoints: one before the first run, one after each; each sees the runs finished so far, with
+  // the derived lists current and the state "running".
+  std::vector<ProofRecord> snaps;
+  ProofLoop loop;
+  loop.checkpoint = [&](const ProofRecord& r) { snaps.push_back(r); };
+  ProofRecord full = fresh();
+  prove_gates(full, cands, run, loop, log);
+  INFO(log.str());
+  REQUIRE(snaps.size() == 4);
+  CHECK(snaps[0].runs == 0);
+  CHECK(snaps[0].unproven.size() == 3);
+  CHECK(snaps[0].candidates_left.at("G.three") == 3);
+  CHECK(snaps[1].runs == 1);
+  CHECK(snaps[1].proven.size() == 1);
+  CHECK(snaps[1].unproven.size() == 2);
+  CHECK(snaps[1].candidates_left.at("G.three") == 2);
+  CHECK(snaps[3].proven.size() == 3);
+  for (const auto& sn : snaps) CHECK(proof_state(sn) == "running");
+  CHECK(proof_json(snaps[1])["summary"]["state"] == "running");
+  CHECK(proof_md(snaps[1]).find("while the proof was still running") != std::string::npos);
+  CHECK(proof_state(full) == "finished");
+  CHECK(full.unproven.empty());
+
+  // The deadline passes after the first run: no second run starts, the record says why, and the
+  // open gates keep their candidates left (no finding). The exit code is 7, not 130.
+  int runs_started = 0;
+  const ProofRunner counting = [&](const ProofCandidate& cand, const std::vector<std::string>& gates) {
+    ++runs_started;
+    return run(cand, gates);
+  };
+  ProofLoop dl;
+  dl.past_deadline = [&] { return runs_started >= 1; };
+  dl.checkpoint = [&](const ProofRecord& r) { snaps.push_back(r); };
+  snaps.clear();
+  ProofRecord cut = fresh();
+  cut.deadline_s = 480;
+  prove_gates(cut, cands, counting, dl, log);
+  CHECK(runs_started == 1);
+  CHECK(cut.runs == 1);
+  CHECK(cut.deadline_reached);
+  CHECK_FALSE(cut.interrupted);
+  CHECK(proof_state(cut) == "deadline");
+  CHECK(cut.proven.size() == 1);
+  CHECK(cut.unproven == std::vector<std::string>{"G.two", "G.three"});
+  CHECK(cut.candidates_left.at("G.two") == 2);
+  REQUIRE(snaps.size() == 2);
+  CHECK(log.str().find("[prove] deadline: no run started after run 1; 2 gate(s) open") != std::string::npos);
+  const auto doc = proof_json(cut);
+  CHECK(doc["summary"]["state"] == "deadline");
+  CHECK(doc["summary"]["deadline_reached"] == true);
+  CHECK(doc["summary"]["deadline_s"] == 480);
+  CHECK(proof_md(cut).find("Stopped at the deadline") != std::string::npos);
+  // A gate no run reached before the deadline: its candidates are pending, not missing.
+  CHECK(proof_md(snaps[0]).find("- **G.three** (P1): no mutant tried yet; **3 candidate(s) not tried** (running)") !=
+        std::string::npos);
+  const fs::path dir = fs::temp_directory_path() / ("kvgate_prove_deadline_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  CHECK(write_proof(cut, dir) == kExitExpectation);
+
+  // The checkpoint written after run 1 of a proof killed there is the record on disk: it seeds the
+  // next proof with the gate run 1 proved.
+  REQUIRE(write_proof(snaps[1], dir) == kExitExpectation);
+  ProofRecord next = fresh();
+  CHECK(seed_proofs(next, dir / "proof.json", log) == 1);
+  CHECK(next.proven.at("G.one").path == "seed");
+  CHECK(next.proven.at("G.one").mutant == "M.a");
+  fs::remove_all(dir);
 }
 
 TEST_CASE("prove: joining catalogs keeps one canary and refuses an ID twice") {

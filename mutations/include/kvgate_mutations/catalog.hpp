@@ -51,8 +51,12 @@ struct AnchorCheck {
   int expected = 1;
   std::size_t found = 0;
   bool file_missing = false;
+  // The anchor is found fewer times than expected and the replacement is there in its place: the
+  // mutant looks applied in the source tree (patched by hand and not restored). A run would copy
+  // it into the scratch tree and build it into the baseline, which then comes back red.
+  bool applied = false;
   bool ok() const { return !file_missing && found == static_cast<std::size_t>(expected); }
-  std::string message() const;  // "STALE <id>: ..." when !ok()
+  std::string message() const;  // "STALE <id>: ..." / "APPLIED <id>: ..." when !ok()
 };
 AnchorCheck check_anchor(const Mutant& m, const std::filesystem::path& source_root);
 

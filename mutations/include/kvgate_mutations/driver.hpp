@@ -82,6 +82,9 @@ struct MutateOptions {
   std::vector<std::filesystem::path> extra_catalogs;
   std::vector<std::filesystem::path> prove_seeds;  // --prove-seed: earlier outcomes.json files
   bool prove_rebuild = false;  // --prove-rebuild: also the patch-and-rebuild mutants (slow), after the switches
+  // --prove-deadline: seconds after the driver started past which the proof starts no further
+  // mutant run (the run under way finishes); 0: none. proof.json is written after every run anyway.
+  double prove_deadline_s = 0;
   std::filesystem::path junit;  // --junit FILE: one JUnit testcase per mutant (written atomically)
   std::string format = "text";  // --format github: ::error annotations for survivors on stdout
 };

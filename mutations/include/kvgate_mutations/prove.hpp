@@ -64,6 +64,13 @@ struct ProofRecord {
   std::vector<std::string> catalogs;                     // the catalogs joined for the run
   std::string commit, started_at;
   bool dirty = false, interrupted = false;
+  // --prove-deadline: the deadline passed, so no further run was started (the record is complete
+  // up to there; the open gates with candidates left are no finding yet).
+  bool deadline_reached = false;
+  double deadline_s = 0;  // the deadline asked for (0: none), seconds after the driver started
+  // false while the loop still runs: a record written after a run (a checkpoint), which stays on
+  // disk as the last word when the process is killed (a wall limit's SIGKILL).
+  bool finished = false;
   int runs = 0;  // mutant runs (one run = the reached programs with the current filter)
   double wall_s = 0, baseline_build_s = 0, baseline_test_s = 0;
 };
@@ -92,6 +99,25 @@ using ProofRunner = std::function<std::map<std::string, GateOutcome>(const Proof
 void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates, const ProofRunner& run,
                  bool rebuild, const std::function<bool()>& stop, std::ostream& log);
 
+// The same loop with its controls:
+//  - `past_deadline()` true (--prove-deadline): start no further run; the run under way (and its
+//    runs of single gates after a crash) finishes and counts; the record says deadline_reached.
+//  - `checkpoint(rec)` is called once before the first run (the seeded record) and after every
+//    finished run, with unproven / candidates_left / rebuild_not_tried up to date and `finished`
+//    false: the driver writes proof.json and proof.md there, so a process killed at a wall limit
+//    leaves the record of every run it finished (a seed for the next proof).
+struct ProofLoop {
+  bool rebuild = false;
+  std::function<bool()> stop;
+  std::function<bool()> past_deadline;
+  std::function<void(const ProofRecord&)> checkpoint;
+};
+void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates, const ProofRunner& run,
+                 const ProofLoop& loop, std::ostream& log);
+
+// "running" (a checkpoint), "interrupted", "deadline" or "finished".
+std::string proof_state(const ProofRecord& rec);
+
 // Seeds the record from an earlier run's outcomes.json (a file or its folder): every gate of this
 // run that one of its mutants killed (its own case failed or crashed) is proven with path "seed".
 // A proof.json (a file whose /tool is "kvgate mutate --prove-gates", whatever its name) is an
@@ -101,7 +127,8 @@ int seed_proofs(ProofRecord& rec, const std::filesystem::path& outcomes, std::os
 
 // The record as JSON and Markdown; write_proof writes proof.json and proof.md into `dir`
 // (atomically) and returns the exit code: 0 when every provable gate is proven, kExitExpectation
-// when one is left unproven, kExitInterrupted when interrupted.
+// when one is left unproven (also when the deadline stopped the loop), kExitInterrupted when
+// interrupted.
 nlohmann::json proof_json(const ProofRecord& rec);
 std::string proof_md(const ProofRecord& rec);
 int write_proof(const ProofRecord& rec, const std::filesystem::path& dir);
