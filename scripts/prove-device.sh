@@ -90,7 +90,7 @@ fi
 note "driver built"
 
 seeds=()
-for f in ${SEEDS:-$root/bench/results/gate_proof_cpu_partial.json $root/bench/results/gate_proof_conformance.json $root/bench/results/gate_proof_parity.json $root/bench/results/gate_proof_scales.json $root/bench/results/gate_proof_resolve.json $root/bench/results/gate_proof_storage.json $root/bench/results/gate_proof_invariance.json $root/bench/results/gate_proof_mutants_outcomes.json $root/bench/results/gate_proof_paths_outcomes.json $root/bench/results/gate_proof_resolve_outcomes.json $root/bench/results/gate_proof_invariance_outcomes.json $root/bench/results/gate_proof_kill9_outcomes.json}; do
+for f in ${SEEDS:-$root/bench/results/gate_proof_cpu_partial.json $root/bench/results/gate_proof_conformance.json $root/bench/results/gate_proof_parity.json $root/bench/results/gate_proof_scales.json $root/bench/results/gate_proof_resolve.json $root/bench/results/gate_proof_storage.json $root/bench/results/gate_proof_invariance.json $root/bench/results/gate_proof_mutants_outcomes.json $root/bench/results/gate_proof_paths_outcomes.json $root/bench/results/gate_proof_resolve_outcomes.json $root/bench/results/gate_proof_invariance_outcomes.json $root/bench/results/gate_proof_kill9_outcomes.json $root/bench/results/gate_proof_weights_outcomes.json}; do
   if [ -f "$f" ]; then seeds+=(--prove-seed "$f"); else note "seed not found: $f"; fi
 done
 args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
