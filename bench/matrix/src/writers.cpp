@@ -88,6 +88,9 @@ const std::vector<RowColumn>& row_columns() {
       {"window", "window", "", false, "resident window in tokens (0: the whole context is resident)"},
       {"status", "status", "", false, "ok, or why the row did not run (with the reason)"},
       {"pool bytes", "pool_bytes", "", false, "bytes of the paged KV pool"},
+      {"KV held bytes", "kv_bytes", "", false,
+       "KV bytes the sequence holds after the row's run: below context x B/token when the pages outside every "
+       "layer's attention window went back to the pool"},
       {"TTFT cold ms", "ttft_cold_ms", "%.2f", true, "time to the first token from an empty cache"},
       {"TTFT warm ms", "ttft_warm_ms", "%.2f", true, "a second turn after the context was restored from a KV file"},
       {"prefill tok/s", "prefill_tok_s", "%.0f", true, "prefill throughput"},
