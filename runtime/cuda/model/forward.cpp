@@ -252,7 +252,8 @@ void CudaForward::stage(const std::vector<SeqId>& row_seq, const std::vector<int
 
 // Every layer over R staged rows. plan: a fixed decode plan (graph capture), else planned per call
 // from the rows' longest attention span.
-void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws) {
+void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws,
+                         const std::map<int, DecodePlan>* window_plans) {
   const ModelConfig& c = c_;
   const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
   const bool interleaved = c.rope_style == RopeStyle::interleaved;
@@ -356,7 +357,12 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     da.softmax_scale = c.attn_scale;
     da.window = c.window(l);
     da.softcap = c.attn_softcap;
-    if (plan) decode_attention(da, *plan, ws, stream_);
+    // Under a graph, a sliding layer takes the plan made for its window (splits over the window's keys),
+    // not full attention's (whose splits would leave the whole window to one CTA per head).
+    const DecodePlan* lp = plan;
+    if (plan && da.window > 0 && window_plans)
+      if (const auto it = window_plans->find(da.window); it != window_plans->end()) lp = &it->second;
+    if (lp) decode_attention(da, *lp, ws, stream_);
     else decode_attention(da, ws, stream_);
     }
     // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
@@ -599,17 +605,24 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
       pa.batch = B;
       pa.max_seq_len = max_ctx_;
       gr.plan = plan_decode(pa);
+      std::size_t ws_need = gr.plan.workspace_bytes;
+      for (int l = 0; l < c_.n_layers; ++l)
+        if (const int w = c_.window(l); w > 0 && !gr.window_plans.count(w)) {
+          DecodeArgs wa = pa;
+          wa.window = w;
+          ws_need = std::max(ws_need, gr.window_plans.emplace(w, plan_decode(wa)).first->second.workspace_bytes);
+        }
       // Graphs bake the workspace address: their own workspace, never reallocated under a live
       // graph (a larger need drops the captured graphs; they are captured again on use).
-      if (gr.plan.workspace_bytes > graph_ws_bytes_) {
+      if (ws_need > graph_ws_bytes_) {
         drop_graphs();
-        graph_ws_.reserve(gr.plan.workspace_bytes);
-        graph_ws_bytes_ = gr.plan.workspace_bytes;
+        graph_ws_.reserve(ws_need);
+        graph_ws_bytes_ = ws_need;
       }
       cudaGraph_t graph = nullptr;
       KVGATE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
-        layers(B, table_stride_, max_ctx_, false, &gr.plan, graph_ws_);
+        layers(B, table_stride_, max_ctx_, false, &gr.plan, graph_ws_, &gr.window_plans);
         head(0, B);
       } catch (...) {
         cudaStreamEndCapture(stream_, &graph);

@@ -148,7 +148,8 @@ class CudaForward {
  private:
   void stage(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos, std::span<const int> tokens,
              int table_stride);
-  void layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws);
+  void layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws,
+              const std::map<int, DecodePlan>* window_plans = nullptr);
   void head(int first_row, int n_rows);
   void gemm(const void* W, const float* x, float* out, int rows, int n_in, int n_out, bool accumulate);
   void download(int n_logit_rows, float* logits, int n_argmax, int* argmax);
@@ -202,7 +203,8 @@ class CudaForward {
   void drop_graphs();
   struct Graph {
     cudaGraphExec_t exec = nullptr;
-    DecodePlan plan;
+    DecodePlan plan;                         // full-attention layers
+    std::map<int, DecodePlan> window_plans;  // sliding layers, by window: splits over the window's keys
   };
   std::map<int, Graph> graphs_;  // by batch size
   int graph_captures_ = 0, graph_replays_ = 0;
