@@ -51,6 +51,23 @@ inline SynthOptions odd_geometry_options(int layers, int max_seq_len) {
   return o;
 }
 
+// One Llama layer of hidden 256 (2 query heads of 128, 1 KV head, FFN 64) and a vocabulary of
+// `vocab`: the embedding and the classifier hold vocab x 256 elements, so they span several pieces of
+// the loaders' conversion, the synth generator's chunks (2^20) and the CUDA upload's staging (2^22,
+// 2^23). The caller sets seed, context, dtype and out.
+inline SynthOptions wide_embedding_options(int vocab) {
+  SynthOptions o;
+  o.arch = "llama";
+  o.layers = 1;
+  o.hidden = 256;
+  o.ffn = 64;
+  o.heads = 2;
+  o.kv_heads = 1;
+  o.head_dim = 128;
+  o.vocab = vocab;
+  return o;
+}
+
 // Engine options for KV format `fmt` on model `m` with the KV resolved as the engine would (a format
 // the geometry cannot hold falls back, as resolve_kv says), pages of `block_size`, a context cap.
 inline EngineOptions resolved_engine_options(const Model& m, const KvFormat& fmt, int block_size, int max_context) {

@@ -57,6 +57,7 @@
 #include "scratch_dir.hpp"
 #include "cuda_f32_bound.hpp"
 #include "cuda_gate_common.hpp"
+#include "model_fixtures.hpp"
 #include "models.hpp"
 
 using namespace kvgate;
@@ -471,15 +472,7 @@ TEST_CASE("STO.cuda.weights_as_stored weights kept as stored reach the device as
   kvgate::gates::ScratchDir t("kvgate-cuda-weights");
   for (const char* dt : {"bf16", "f16"}) {
     INFO(dt);
-    SynthOptions o;
-    o.arch = "llama";
-    o.layers = 1;
-    o.hidden = 256;
-    o.ffn = 64;
-    o.heads = 2;
-    o.kv_heads = 1;
-    o.head_dim = 128;
-    o.vocab = 40000;
+    SynthOptions o = kvgate::gates::wide_embedding_options(40000);
     o.max_seq_len = 64;
     o.dtype = dt;
     o.out = (t.path() / dt).string();

@@ -590,14 +590,10 @@ namespace {
 // Tensors past one generator chunk (2^20 elements): the embedding and the classifier hold
 // 8200 x 256 = 2,099,200 elements, two whole chunks and a partial third of 2048.
 SynthOptions multi_chunk_options(const std::string& out, int threads) {
-  SynthOptions o = tiny_options(out, 3);
-  o.layers = 1;
-  o.hidden = 256;
-  o.ffn = 64;
-  o.heads = 2;
-  o.kv_heads = 1;
-  o.head_dim = 128;
-  o.vocab = 8200;
+  SynthOptions o = wide_embedding_options(8200);
+  o.seed = 3;
+  o.max_seq_len = 128;
+  o.out = out;
   o.threads = threads;
   return o;
 }
