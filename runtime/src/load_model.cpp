@@ -279,34 +279,18 @@ std::string kv_cache_layout(const ModelConfig& c) {
 
 std::size_t ModelWeights::owned_bytes() const {
   std::size_t b = 0;
-  auto add = [&](const auto& t) {
+  for_each_tensor([&](const auto& t, bool) {
     if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, Weight>) b += t.mapped() ? 0 : t.bytes();
     else b += t.size() * sizeof(float);
-  };
-  add(tok_embeddings);
-  add(final_norm);
-  add(classifier);
-  for (const LayerWeights& L : layers) {
-    for (const auto* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
-                          &L.sw3})
-      add(*t);
-    for (const auto* t : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.ffn_norm, &L.post_attn_norm,
-                          &L.post_ffn_norm, &L.router, &L.router_bias, &L.wq_a, &L.q_a_norm, &L.wkv_a, &L.kv_a_norm,
-                          &L.wkv_b})
-      add(*t);
-  }
+  });
   return b;
 }
 
 std::size_t ModelWeights::mapped_bytes() const {
   std::size_t b = 0;
-  auto add = [&](const Weight& t) { b += t.mapped() ? t.bytes() : 0; };
-  add(tok_embeddings);
-  add(classifier);
-  for (const LayerWeights& L : layers)
-    for (const auto* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
-                          &L.sw3})
-      add(*t);
+  for_each_tensor([&](const auto& t, bool) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(t)>, Weight>) b += t.mapped() ? t.bytes() : 0;
+  });
   return b;
 }
 

@@ -186,16 +186,8 @@ void* CudaModel::upload(const WeightView& v, bool matrix) {
 // Device bytes the weights take once uploaded: matrices at the weight type's width, the rest FP32.
 std::size_t CudaModel::device_bytes(const ModelWeights& w, WeightType wt) {
   const std::size_t mb = wt == WeightType::bf16 ? 2 : 4;
-  std::size_t b = (w.tok_embeddings.size() + w.classifier.size()) * mb + w.final_norm.size() * 4;
-  for (const LayerWeights& L : w.layers) {
-    for (const Weight* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
-                            &L.sw3})
-      b += t->size() * mb;
-    for (const auto* t : {&L.router, &L.wq_a, &L.wkv_a, &L.wkv_b}) b += t->size() * mb;
-    for (const auto* t : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.ffn_norm, &L.post_attn_norm,
-                          &L.post_ffn_norm, &L.router_bias, &L.q_a_norm, &L.kv_a_norm})
-      b += t->size() * 4;
-  }
+  std::size_t b = 0;
+  w.for_each_tensor([&](const auto& t, bool matrix) { b += t.size() * (matrix ? mb : 4); });
   return b;
 }
 

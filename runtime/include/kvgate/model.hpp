@@ -165,6 +165,25 @@ struct ModelWeights {
   // Bytes the weights hold in memory the model owns, and in mapped checkpoint files.
   std::size_t owned_bytes() const;
   std::size_t mapped_bytes() const;
+  // Every tensor once: f(const Weight&, bool matrix) or f(const std::vector<float>&, bool matrix);
+  // `matrix`: a weight matrix (what a backend may hold at a narrower width), else a norm / bias /
+  // bias-like vector (always FP32). The one list behind the byte counts above and the CUDA upload's.
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    f(tok_embeddings, true);
+    f(classifier, true);
+    f(final_norm, false);
+    for (const LayerWeights& L : layers) {
+      for (const Weight* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
+                              &L.sw3})
+        f(*t, true);
+      for (const std::vector<float>* t : {&L.router, &L.wq_a, &L.wkv_a, &L.wkv_b}) f(*t, true);
+      for (const std::vector<float>* t : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.ffn_norm,
+                                          &L.post_attn_norm, &L.post_ffn_norm, &L.router_bias, &L.q_a_norm,
+                                          &L.kv_a_norm})
+        f(*t, false);
+    }
+  }
 };
 
 // The special tokens a tokenizer puts around a text (its BOS/EOS rule), as the tokenizer's own files
