@@ -20,7 +20,7 @@ struct MutateCli {
   // Both cores by default: the gate executables run side by side (the longest starts first).
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false, skip_red_gates = false,
-       no_schemata = false, all_gates = false, prove_gates = false, prove_rebuild = false;
+       no_schemata = false, all_gates = false, bail = false, prove_gates = false, prove_rebuild = false;
   double min_timeout = 20, prove_deadline = 0;
   std::vector<std::string> cmake_args;
 };
@@ -79,6 +79,7 @@ int run_mutate_cmd(const MutateCli& c) {
   o.skip_red_gates = c.skip_red_gates;
   o.schemata = !c.no_schemata;
   o.all_gates = c.all_gates;
+  o.bail = c.bail;
   if (!c.shard.empty()) {
     std::string err;
     const auto sh = mutate::parse_shard(c.shard, &err);
@@ -144,6 +145,10 @@ void register_mutate(CLI::App& app) {
   sub->add_flag("--all-gates", c->all_gates,
                 "with schemata: run every gate program for every switched mutant (default: only the programs whose "
                 "baseline evaluated its switch; the others' gates are 'not reached')");
+  sub->add_flag("--bail", c->bail,
+                "per mutant, run the gate programs quickest first and stop at the first kill (each program at its "
+                "first failed case): the same statuses, one killing gate each; a partial run (no 'every gate kills "
+                "one' check)");
   sub->add_flag("--prove-gates", c->prove_gates,
                 "prove every gate ID can go red: per gate program, run candidate mutants on exactly its gates not yet "
                 "proven (a Catch2 filter) until none is left; writes proof.json and proof.md; exit 7 when a gate "

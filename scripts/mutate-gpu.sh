@@ -5,7 +5,9 @@
 #
 #   scripts/mutate-gpu.sh OUT_DIR [extra kvgate mutate options, e.g. --only ID,ID]
 #
-# Environment: JOBS (default: nproc) build jobs and gate processes; GATE_TARGETS (default gate_cuda)
+# Environment: JOBS (default: nproc) build jobs and gate processes; REQUIRES (default cuda-device)
+# the requirement kinds selected, comma-separated (cuda,cuda-device: also the mutants that need only
+# a CUDA build, e.g. the capability table); GATE_TARGETS (default gate_cuda)
 # the gate executables to build and run, comma-separated (the KV damage mutants: gate_signoff_engine);
 # KVGATE_MODELS the folder holding stories260K/ (the MOD.cuda gates; without it the model mutant is left out); BUDGET_S (default 570) the
 # wall-clock budget of the whole script -- the driver gets SIGTERM when it runs out, restores the
@@ -29,6 +31,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:?usage: scripts/mutate-gpu.sh OUT_DIR [kvgate mutate options]}"
 shift
 jobs="${JOBS:-$(nproc)}"
+requires="${REQUIRES:-cuda-device}"
 budget="${BUDGET_S:-570}"
 drv="${DRIVER_BUILD:-$root/build-mutgpu-drv}"
 t0=$(date +%s)
@@ -61,7 +64,11 @@ if [ $# -eq 0 ]; then
   models="${KVGATE_MODELS:-$root/../shared/models}"
   ids=""
   while read -r id _cat _file status rest; do
-    case "$rest" in *"(requires cuda-device)"*) ;; *) continue ;; esac
+    wanted=0
+    for kind in ${requires//,/ }; do
+      case "$rest" in *"(requires $kind)"*) wanted=1 ;; esac
+    done
+    [ "$wanted" = 1 ] || continue
     if [ "$status" != ok ]; then
       echo "not run: $id (anchor $status: its file changed; refresh the catalog record)"
       continue
@@ -88,9 +95,9 @@ if [ -n "${XXHASH_DIR:-}" ]; then
 fi
 
 left=$(( budget - ($(date +%s) - t0) ))
-echo "== 2. kvgate-mutate --only-requires cuda-device (${left}s left)"
+echo "== 2. kvgate-mutate --only-requires $requires (${left}s left)"
 timeout --signal=TERM --kill-after=30 "$left" \
-  "$drv/kvgate-mutate" --source-dir "$root" --only-requires cuda-device --expected-gates-only --restore-objects --skip-red-gates \
+  "$drv/kvgate-mutate" --source-dir "$root" --only-requires "$requires" --expected-gates-only --restore-objects --skip-red-gates \
   --gate-targets "${GATE_TARGETS:-gate_cuda}" --jobs "$jobs" --min-timeout 60 --cmake-arg -DKVGATE_CUDA=ON --cmake-arg -DKVGATE_BUILD_BENCH=OFF \
   "${xx[@]}" --out "$out" "$@" 2>&1 | tee "$out/mutate.log"
 rc=${PIPESTATUS[0]}

@@ -134,6 +134,7 @@ struct Env {
   std::map<std::string, std::string> red_why;  // red gate ID -> its baseline status, detail and log
   std::map<std::string, Variant> variants; // by name: the environments gate programs run in
   SchemaPlan schema;                       // the mutants compiled in as switches (--no-schemata: none)
+  bool no_bail = false;                    // --bail off for this run of the gates (the canary)
   // Coverage from the baseline: run unit ("gate_model", "gate_model@no_avx2") -> the IDs of the
   // switches it evaluated. unit_filter, while set: only these units run (the others' gates are
   // "not reached").
@@ -192,6 +193,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
                                              double* wall, const std::vector<std::string>* focus = nullptr) {
   fs::create_directories(dir);
   const auto t0 = Clock::now();
+  const bool bail = e.o.bail && !baseline && !e.no_bail;
   struct Unit {
     std::size_t exe;      // index into e.exes
     std::string variant;
@@ -236,13 +238,38 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       }
       s.log_path = (dir / (stem + ".log")).string();
       s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
+      if (bail) s.argv.insert(s.argv.begin() + 1, "--abort");  // Catch2: stop at the first failure
       fs::remove(dir / (stem + ".xml"));
       specs.push_back(std::move(s));
       started.push_back({i, v});
       wanted.push_back(ids);
     }
   }
-  const auto res = run_processes(specs, e.o.jobs);
+  StopWhen stop_when;
+  if (bail) {
+    // --bail: the quickest programs first, and the first kill (a failed case, a crash, a non-zero
+    // exit: what the classification below counts as a kill) stops the others.
+    std::vector<std::size_t> order(specs.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return e.exes[started[a].exe].baseline_s < e.exes[started[b].exe].baseline_s;
+    });
+    std::vector<ProcSpec> sp;
+    std::vector<Unit> st;
+    std::vector<std::vector<std::string>> wa;
+    for (const std::size_t k : order) {
+      sp.push_back(std::move(specs[k]));
+      st.push_back(started[k]);
+      wa.push_back(std::move(wanted[k]));
+    }
+    specs = std::move(sp);
+    started = std::move(st);
+    wanted = std::move(wa);
+    stop_when = [](std::size_t, const ProcResult& pr) {
+      return pr.term_signal != 0 || (pr.ended_normally() && pr.exit_code != 0);
+    };
+  }
+  const auto res = run_processes(specs, e.o.jobs, stop_when);
   std::map<std::string, GateOutcome> out = skipped_units;
   struct Rerun {
     std::size_t exe;
@@ -284,6 +311,9 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         g.status = c.skipped && c.success ? GateStatus::skipped : c.success ? GateStatus::passed : GateStatus::failed;
         if (!c.success) g.detail = "test case failed: " + c.name;
         if (g.status == GateStatus::skipped) g.detail = "skipped: " + (c.skip_reason.empty() ? c.name : c.skip_reason);
+      } else if (pr.stopped) {
+        g.status = GateStatus::not_run;
+        g.detail = "stopped by --bail during: " + c.name + " (another gate program had killed the mutant)";
       } else {
         g.status = pr.timed_out ? GateStatus::timeout : GateStatus::crashed;
         g.detail = pr.describe() + " during: " + c.name;
@@ -334,8 +364,12 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     }
     for (const auto& id : wanted[k]) {
       if (mine.count(id)) continue;
-      if (pr.ended_normally() || pr.interrupted) {
-        GateOutcome g{GateStatus::not_run, 0, log_rel, pr.interrupted ? "interrupted" : "not in the XML report", variant, {}};
+      if (pr.ended_normally() || pr.interrupted || pr.stopped) {
+        const char* why = pr.interrupted ? "interrupted"
+                          : pr.stopped   ? "not run: stopped by --bail (another gate program had killed the mutant)"
+                          : bail         ? "not in the XML report (--bail: the program stopped at its first failure)"
+                                         : "not in the XML report";
+        GateOutcome g{GateStatus::not_run, 0, log_rel, why, variant, {}};
         mine[id] = g;
       } else {
         reruns.push_back({i, variant, id});  // the executable died before reaching it: run it alone
@@ -346,7 +380,10 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
       else merge_into(out[id], g);
     }
   }
-  if (!reruns.empty() && !interrupted()) {
+  // --bail: a crash is already a kill; the gates it kept from running need no run of their own.
+  const bool killed_already =
+      bail && std::any_of(out.begin(), out.end(), [](const auto& kv) { return is_kill(kv.second.status); });
+  if (!reruns.empty() && !interrupted() && !killed_already) {
     std::vector<ProcSpec> rs;
     for (const auto& r : reruns) {
       const GateExe& x = e.exes[r.exe];
@@ -507,8 +544,11 @@ void classify_mutant(const Env& e, const Mutant& m, MutantOutcome& mo) {
     mo.reason = "every gate stayed green";
   }
   for (const auto& id : m.expect_killed_by) {
+    const auto g = mo.gates.find(id);
     if (!e.gates.count(id) || e.red.count(id)) {
       mo.expected_unknown.push_back(id);
+    } else if (e.o.bail && !mo.killed_by.empty() && g != mo.gates.end() && g->second.status == GateStatus::not_run) {
+      // --bail stopped it after another gate's kill: nothing is known of it
     } else if (std::find(mo.killed_by.begin(), mo.killed_by.end(), id) == mo.killed_by.end()) {
       mo.expected_not_killing.push_back(id);
     }
@@ -761,6 +801,10 @@ Stop resolve_options(Run& s) {
         << " times; only --prove-gates joins catalogs (run one catalog at a time otherwise)\n";
     return kExitError;
   }
+  if (o.prove_gates && o.bail) {
+    log << "kvgate mutate: --prove-gates needs every unproven gate's result; it does not combine with --bail (drop it)\n";
+    return kExitError;
+  }
   if (o.prove_gates && (o.expected_gates_only || o.shard_count > 1)) {
     log << "kvgate mutate: --prove-gates runs every unproven gate a mutant reaches; it does not combine with "
         << (o.expected_gates_only ? "--expected-gates-only" : "--shard") << " (drop it)\n";
@@ -857,7 +901,7 @@ Stop select_mutants(Run& s) {
     for (const auto& k : o.only_requires) kinds += (kinds.empty() ? "" : ",") + k;
     log << "kvgate mutate: --only-requires " << kinds << ": " << selected.size() << " mutant(s)\n";
   }
-  if (o.expected_gates_only) r.full_run = false;
+  if (o.expected_gates_only || o.bail) r.full_run = false;
   if (!o.since.empty()) {
     r.full_run = false;
     const auto [rc, diff] = capture_output({"git", "-C", o.source_dir.string(), "diff", "--name-only", "--relative", o.since, "--"});
@@ -1481,7 +1525,9 @@ Stop run_canary(Run& s) {
   // --- canary ----------------------------------------------------------------------------
   if (const Mutant* c = cat.canary(); c && o.canary) {
     log << "kvgate mutate: canary " << c->id << "...\n";
+    e.no_bail = true;  // the canary must turn every gate red: all of them run
     r.canary = run_mutant(e, *c, e.out / "canary" / c->id);
+    e.no_bail = false;
     r.canary_ran = true;
     if (r.canary.status == MutantStatus::interrupted) {
       r.interrupted = true;

@@ -29,6 +29,7 @@ struct Running {
   double timeout_s = 0;
   bool killed_for_timeout = false;
   bool killed_for_interrupt = false;
+  bool killed_for_stop = false;
 };
 
 pid_t spawn(const ProcSpec& s) {
@@ -73,7 +74,7 @@ pid_t spawn(const ProcSpec& s) {
 // is killed while the leader is still a zombie, so the group id cannot have been reused.
 bool poll_child(Running& run, ProcResult& r) {
   const double elapsed = std::chrono::duration<double>(Clock::now() - run.t0).count();
-  if (!run.killed_for_timeout && !run.killed_for_interrupt) {
+  if (!run.killed_for_timeout && !run.killed_for_interrupt && !run.killed_for_stop) {
     if (g_interrupted) {
       run.killed_for_interrupt = true;
       kill(-run.pid, SIGKILL);
@@ -97,8 +98,10 @@ bool poll_child(Running& run, ProcResult& r) {
   r.seconds = std::chrono::duration<double>(Clock::now() - run.t0).count();
   r.timed_out = run.killed_for_timeout;
   r.interrupted = run.killed_for_interrupt;
+  r.stopped = run.killed_for_stop;
   if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
-  if (WIFSIGNALED(st) && !run.killed_for_timeout && !run.killed_for_interrupt) r.term_signal = WTERMSIG(st);
+  if (WIFSIGNALED(st) && !run.killed_for_timeout && !run.killed_for_interrupt && !run.killed_for_stop)
+    r.term_signal = WTERMSIG(st);
   if (r.exit_code == 127 && r.seconds < 0.5) {
     // exec failures report 127 from the child; keep the code, the log says why
   }
@@ -110,18 +113,20 @@ bool poll_child(Running& run, ProcResult& r) {
 std::string ProcResult::describe() const {
   if (spawn_failed) return "could not start";
   if (interrupted) return "interrupted";
+  if (stopped) return "stopped (an earlier result ended the run)";
   if (timed_out) return "timed out";
   if (term_signal) return std::string("killed by signal ") + std::to_string(term_signal) + " (" + strsignal(term_signal) + ")";
   return "exit " + std::to_string(exit_code);
 }
 
-std::vector<ProcResult> run_processes(const std::vector<ProcSpec>& specs, int jobs) {
+std::vector<ProcResult> run_processes(const std::vector<ProcSpec>& specs, int jobs, const StopWhen& stop_when) {
   if (jobs < 1) jobs = 1;
   std::vector<ProcResult> results(specs.size());
   std::vector<std::pair<std::size_t, Running>> running;
   std::size_t next = 0;
+  bool stop = false;
   while (next < specs.size() || !running.empty()) {
-    while (next < specs.size() && static_cast<int>(running.size()) < jobs && !g_interrupted) {
+    while (next < specs.size() && static_cast<int>(running.size()) < jobs && !g_interrupted && !stop) {
       Running r;
       r.t0 = Clock::now();
       r.timeout_s = specs[next].timeout_s;
@@ -133,15 +138,24 @@ std::vector<ProcResult> run_processes(const std::vector<ProcSpec>& specs, int jo
       }
       ++next;
     }
-    if (g_interrupted && running.empty()) {
-      for (; next < specs.size(); ++next) results[next].interrupted = true;
+    if ((g_interrupted || stop) && running.empty()) {
+      for (; next < specs.size(); ++next) (g_interrupted ? results[next].interrupted : results[next].stopped) = true;
       break;
     }
     bool progressed = false;
     for (std::size_t i = 0; i < running.size();) {
-      if (poll_child(running[i].second, results[running[i].first])) {
+      const std::size_t k = running[i].first;
+      if (poll_child(running[i].second, results[k])) {
         running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
         progressed = true;
+        if (!stop && stop_when && !results[k].stopped && stop_when(k, results[k])) {
+          stop = true;
+          for (auto& [_, run] : running)
+            if (!run.killed_for_timeout && !run.killed_for_interrupt) {
+              run.killed_for_stop = true;
+              kill(-run.pid, SIGKILL);
+            }
+        }
       } else {
         ++i;
       }

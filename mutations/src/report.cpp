@@ -206,7 +206,7 @@ std::string kill_matrix_md(const RunResult& r) {
   std::ostringstream o;
   const auto kills = kills_per_gate(r);
   o << "# Kill matrix\n\n";
-  o << "Run " << r.started_at << (r.full_run ? " (full catalog)" : " (partial: --only/--since)")
+  o << "Run " << r.started_at << (r.full_run ? " (full catalog)" : " (partial: --only/--since/--expected-gates-only/--bail)")
     << (r.interrupted ? ", **interrupted**" : "") << ". Exit code **" << r.exit_code << "**.\n\n";
   o << "**" << r.summary.run() << " mutants**: " << r.summary.killed << " killed, " << r.summary.survived
     << " survived, " << r.summary.timeout << " timeout, " << r.summary.unviable << " unviable, " << r.summary.noop

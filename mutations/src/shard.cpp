@@ -303,7 +303,9 @@ RunResult merged_run(const MergeOptions& o, std::vector<Shard>& shards, Catalog&
     count(r.summary, mo.status);
     r.outcomes.push_back(std::move(mo));
   }
-  r.full_run = s0.full_selection;
+  // A shard that ran partially (--bail, --expected-gates-only) makes the merged run partial too.
+  r.full_run = s0.full_selection &&
+               std::all_of(shards.begin(), shards.end(), [](const Shard& sh) { return sh.rec.full_run; });
   r.shard = s0;
   r.shard.index = 0;
   r.shard.merged_shards = s0.count;

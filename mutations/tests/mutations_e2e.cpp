@@ -322,6 +322,31 @@ TEST_CASE("fixture: schemata and patch-and-rebuild give the same verdicts; the r
   CHECK(mutant(sch.outcomes, "FIX.unreached")["reason"].get<std::string>().find("no gate program reaches") !=
         std::string::npos);
   CHECK(mutant(all.outcomes, "FIX.unreached")["reason"].get<std::string>().find("no gate reached") != std::string::npos);
+  // --bail: the same statuses; each kill comes from gates the full run also saw kill; the gates
+  // after the first kill are "not run", so the run is partial.
+  const Run bail = mutate(w / "bail", args({"--bail", "--jobs", "1"}));
+  INFO(bail.log);
+  REQUIRE(bail.outcomes.contains("mutants"));
+  REQUIRE(bail.outcomes["mutants"].size() == sch.outcomes["mutants"].size());
+  int bailed_gates = 0;
+  for (std::size_t i = 0; i < bail.outcomes["mutants"].size(); ++i) {
+    const json& a = bail.outcomes["mutants"][i];
+    const json& b = sch.outcomes["mutants"][i];
+    INFO(a["id"]);
+    CHECK(a["status"] == b["status"]);
+    for (const auto& g : a["killed_by"]) {
+      const auto& kb = b["killed_by"];
+      CHECK(std::find(kb.begin(), kb.end(), g) != kb.end());
+    }
+    if (a["status"] == "killed") CHECK_FALSE(a["killed_by"].empty());
+    for (const auto& [id, g] : a["gates"].items())
+      if (g["status"] == "not_run" && g.value("detail", "").find("--bail") != std::string::npos) ++bailed_gates;
+    CHECK(a["expected_not_killing"] == b["expected_not_killing"]);
+  }
+  // FIX.mismatch is killed by FIX.twice in gate_math and expects FIX.add too: with one job and
+  // gate_math's first failing case being FIX.twice, the rest of gate_math is never run.
+  CHECK(bailed_gates > 0);
+  CHECK(bail.outcomes["full_run"] == false);
   // The scratch copy leaves the run as the source is.
   CHECK(read_text(w / "schema" / "tree" / "src" / "lib.cpp") ==
         read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));

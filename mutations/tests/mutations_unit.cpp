@@ -373,6 +373,31 @@ TEST_CASE("process: an interrupt kills the running child and skips the rest") {
   CHECK(rs[1].interrupted);
 }
 
+TEST_CASE("process: stop_when ends the run: the running child is killed, the rest never start") {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::size_t> seen;
+  const auto rs = run_processes({{{"sh", "-c", "exit 3"}, {}, {}, {}, 0},
+                                 {{"sleep", "20"}, {}, {}, {}, 0},
+                                 {{"true"}, {}, {}, {}, 0}},
+                                2, [&](std::size_t k, const ProcResult& r) {
+                                  seen.push_back(k);
+                                  return r.exit_code == 3;
+                                });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(rs[0].exit_code == 3);
+  CHECK_FALSE(rs[0].stopped);
+  CHECK(rs[1].stopped);  // killed while it ran
+  CHECK_FALSE(rs[1].ended_normally());
+  CHECK(rs[1].term_signal == 0);  // our kill is not the child's crash
+  CHECK(rs[2].stopped);           // never started
+  CHECK(took < 10);
+  CHECK(seen == std::vector<std::size_t>{0});  // asked once: a stopped child is not asked about
+  // Without a stop: every process runs.
+  const auto all = run_processes({{{"sh", "-c", "exit 3"}, {}, {}, {}, 0}, {{"true"}, {}, {}, {}, 0}}, 1,
+                                 [](std::size_t, const ProcResult&) { return false; });
+  CHECK(all[1].ok());
+}
+
 TEST_CASE("scratch: mirror copies changed files only, removes stale ones, keeps the build") {
   const fs::path d = temp_dir("scratch");
   const fs::path src = d / "src", dst = d / "dst";

@@ -75,6 +75,12 @@ struct MutateOptions {
   // that reach it, the others' gates are "not reached", and a mutant no program reaches is noop
   // without running anything. true (--all-gates): every gate runs for every mutant.
   bool all_gates = false;
+  // --bail (Stryker's default, PIT's fail-fast): per mutant the gate programs run quickest first,
+  // each stopping at its first failed case (Catch2 --abort), and the first kill stops the others.
+  // Each mutant's status is the same as without it; the kill matrix then holds one killing gate
+  // per mutant, so the run is partial (no "every gate kills one" check): a catalog's regression
+  // run, not its proof. The baseline and the canary run every gate as usual.
+  bool bail = false;
   // --prove-gates (docs/MUTATIONS.md "Proving every gate"): instead of the mutant-by-mutant run,
   // show every gate ID able to go red (mutations/include/kvgate_mutations/prove.hpp); proof.json
   // and proof.md in out_dir. The catalogs after the first (--catalog given again) are joined to it.
@@ -175,7 +181,7 @@ struct RunResult {
   std::vector<MutantOutcome> outcomes;  // catalog mutants (not the canary), run order
   RunSummary summary;
   std::vector<std::string> gates_killing_none;  // proven gates that killed no mutant
-  bool full_run = true;                         // no --only / --since / --gate-targets filter
+  bool full_run = true;                         // no --only / --since / --gate-targets / --bail filter
   bool interrupted = false;
   std::vector<std::string> check_failures;
   int exit_code = kExitOk;

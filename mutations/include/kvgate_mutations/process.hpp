@@ -2,6 +2,8 @@
 // log file, a wall-clock timeout that kills the whole group, and Ctrl-C (SIGINT/SIGTERM) turned
 // into a flag the driver polls so that it can restore the scratch tree and still write results.
 #pragma once
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,15 +23,21 @@ struct ProcResult {
   int term_signal = 0;   // signal that ended the child (not ours)
   bool timed_out = false;
   bool interrupted = false;  // killed because the driver was interrupted
+  bool stopped = false;      // killed, or never started, because the caller's stop_when said so
   bool spawn_failed = false;
   double seconds = 0;
-  bool ok() const { return !spawn_failed && !timed_out && !interrupted && term_signal == 0 && exit_code == 0; }
-  bool ended_normally() const { return !spawn_failed && !timed_out && !interrupted && term_signal == 0; }
+  bool ok() const { return ended_normally() && exit_code == 0; }
+  bool ended_normally() const { return !spawn_failed && !timed_out && !interrupted && !stopped && term_signal == 0; }
   std::string describe() const;
 };
 
-// Runs all specs with at most `jobs` at a time; results in spec order.
-std::vector<ProcResult> run_processes(const std::vector<ProcSpec>& specs, int jobs);
+// Called as each process ends, with its index in `specs` and its result. Returning true stops the
+// run: the processes still running are killed and the ones not yet started are not started; both
+// come back with `stopped` set.
+using StopWhen = std::function<bool(std::size_t, const ProcResult&)>;
+
+// Runs all specs with at most `jobs` at a time, in the order given; results in spec order.
+std::vector<ProcResult> run_processes(const std::vector<ProcSpec>& specs, int jobs, const StopWhen& stop_when = {});
 ProcResult run_process(const ProcSpec& spec);
 
 // Runs a short command and returns {exit code (or -1), stdout}.
