@@ -15,7 +15,7 @@
 # The steps, in order, each with what is left of TOTAL_S (default 1500 s):
 #  1. catalog.json: every mutant that requires a CUDA build or a CUDA device, against the gates it
 #     names (scripts/mutate-gpu.sh, REQUIRES=cuda,cuda-device; gate_cuda, gate_signoff_engine and
-#     gate_cli).
+#     gate_cli). ONLY=ID,ID,... runs just those (the ones an earlier call did not reach).
 #  2. adversarial2.json's CUDA mutants. They were written apart and name no gate
 #     (UNKNOWN.written_apart), so they run against every gate_cuda oracle and parity gate of the
 #     kernels they mutate (the decode, windowed-decode and store families, listed from the built
@@ -82,7 +82,7 @@ export XXHASH_DIR="$assets/xxhash" KVGATE_MODELS="$assets/models" JOBS="${JOBS:-
 
 echo "== 1. catalog.json, CUDA mutants ($(left)s left)"
 REQUIRES=cuda,cuda-device GATE_TARGETS=gate_cuda,gate_signoff_engine,gate_cli BUDGET_S="$(left)" \
-  "$root/scripts/mutate-gpu.sh" "$work/catalog"
+  "$root/scripts/mutate-gpu.sh" "$work/catalog" ${ONLY:+--only "$ONLY"}
 rc1=$?
 echo "== step 1 exit $rc1"
 

@@ -4,19 +4,21 @@
 # fuzz each harness for a budget. A crash, a sanitizer report, a timeout (-timeout, a hang) or an
 # allocation beyond -rss_limit_mb / -malloc_limit_mb is a finding: its input is copied to
 # fuzz/crashes/<harness>/ (commit it with the fix) and the script exits 1.
-#   scripts/fuzz.sh [--seconds N] [--only NAME] [--replay-only] [--build DIR] [--out DIR]
+#   scripts/fuzz.sh [--seconds N] [--runs N] [--only NAME] [--replay-only] [--build DIR] [--out DIR]
 # Default: 20 s per harness, build dir build-san, results in fuzz.out/ (summary.tsv: execs, coverage).
+# --runs N also ends a harness after N executions (a campaign: --runs 10000000 --seconds 14400).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-seconds=20 only="" replay_only=0 build="$here/build-san" out="$here/fuzz.out"
+seconds=20 runs=-1 only="" replay_only=0 build="$here/build-san" out="$here/fuzz.out"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
+    --runs) runs="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --replay-only) replay_only=1; shift ;;
     --build) build="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n 2,9p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,10p "$0"; exit 0 ;;
     *) echo "fuzz.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -52,9 +54,11 @@ for exe in "$build"/fuzz/fuzz_*; do
   # 2. Fuzz for the budget in a scratch corpus (the committed seeds stay as they are).
   work="$out/$name"; rm -rf "$work"; mkdir -p "$work/corpus" "$work/artifacts"
   set +e
-  "$exe" -max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=20 -print_final_stats=1 \
+  t_fuzz=$(date +%s)
+  "$exe" -max_total_time="$seconds" -runs="$runs" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=20 -print_final_stats=1 \
     -artifact_prefix="$work/artifacts/" "$work/corpus" "$seeds" >"$out/$name.log" 2>&1
   rc=$?
+  elapsed=$(( $(date +%s) - t_fuzz ))
   set -e
   execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/$name.log" | grep -o '[0-9]*$' | tail -n 1 || echo 0)"
   last="$(grep -E '^#[0-9]+' "$out/$name.log" | tail -1)"
@@ -68,7 +72,7 @@ for exe in "$build"/fuzz/fuzz_*; do
     echo "fuzz.sh: $name: finding; input(s) copied to fuzz/crashes/$name/ (log: $out/$name.log)" >&2
     status=1
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$seconds" "${execs:-0}" "$(( ${execs:-0} / (seconds > 0 ? seconds : 1) ))" \
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$elapsed" "${execs:-0}" "$(( ${execs:-0} / (elapsed > 0 ? elapsed : 1) ))" \
     "${cov:--}" "${ft:--}" "${corp:--}" "$result" >>"$summary"
   rm -rf "$work/corpus"
 done

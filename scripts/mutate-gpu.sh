@@ -14,7 +14,9 @@
 # scratch copy and writes what it measured (exit 130); DRIVER_BUILD (default build-mutgpu-drv) the
 # CPU-only build of the driver; XXHASH_DIR a folder with include/xxhash.h (and lib/libxxhash.a) for a
 # GPU machine without the xxhash package (the lent H200 has none and no network: carry Debian's
-# /usr/include/xxhash.h and libxxhash.a; the runtime then uses xxHash inline, XXH_INLINE_ALL).
+# /usr/include/xxhash.h and libxxhash.a; the runtime then uses xxHash inline, XXH_INLINE_ALL);
+# CUDA_ARCHS (default: the project's, 90a-real + 90-virtual) CMAKE_CUDA_ARCHITECTURES of the mutant
+# build: 90a-real alone compiles each kernel TU once (SASS, no PTX), which shortens every rebuild.
 #
 # What runs (and why it fits a 10-minute device call):
 #  1. kvgate-mutate: the driver alone (cli/kvgate_mutate.cpp), a CPU-only build of ~10 TUs.
@@ -92,6 +94,10 @@ xx=()
 if [ -n "${XXHASH_DIR:-}" ]; then
   xx=(--cmake-arg "-DCMAKE_CXX_FLAGS=-I$XXHASH_DIR/include -DXXH_INLINE_ALL" --cmake-arg "-DCMAKE_EXE_LINKER_FLAGS=-L$XXHASH_DIR/lib")
   echo "xxhash from $XXHASH_DIR (inline)"
+fi
+if [ -n "${CUDA_ARCHS:-}" ]; then
+  xx+=(--cmake-arg "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS")
+  echo "CUDA architectures: $CUDA_ARCHS"
 fi
 
 left=$(( budget - ($(date +%s) - t0) ))
