@@ -113,11 +113,33 @@ TEST_CASE("PAR.version.v2 a version-2 file (no head-scales region) reads and hyd
     write_bytes(dir.file("v2.kvf"), as_version2(s.bytes));
     const KvFile f2 = read_kv_file(dir.file("v2.kvf"));
     CHECK(f2.header.version == 2);
-    CHECK(f2.file_bytes + s.file.header.head_scales_bytes == s.file.file_bytes);
+    CHECK(f2.file_bytes + s.file.header.head_scales_bytes + s.file.header.layer_formats_bytes == s.file.file_bytes);
     CHECK(s.file.header.head_scales_bytes > 0);
     CHECK(f2.header.k_scale == s.file.header.k_scale);  // per-tensor: the header's scale on every head
     CHECK(f2.header.v_scale == s.file.header.v_scale);
     CHECK(bitwise_equal(continue_from(dir.file("v2.kvf"), f), continue_from(dir.file("v3.kvf"), f)));
+  }
+}
+
+TEST_CASE("PAR.version.v3 a version-3 file (no layer-formats region: one format on every layer) reads and hydrates "
+          "bitwise",
+          PAR_ALL_FMT_TAGS) {
+  TempDir dir;
+  for (const char* p : kAll) {
+    INFO(p);
+    const KvFormat f = fmt_of(p);
+    const Saved s = small_file(f, dir.file("v4.kvf"));
+    const int n_layers = s.file.header.n_layers;
+    CHECK(s.file.header.layer_formats_bytes == static_cast<std::uint64_t>(n_layers) * 4);
+    CHECK(s.file.header.layer_formats == std::vector<KvFormat>(static_cast<std::size_t>(n_layers), f));
+    write_bytes(dir.file("v3.kvf"), as_older_version(s.bytes, 3));
+    const KvFile f3 = read_kv_file(dir.file("v3.kvf"));
+    CHECK(f3.header.version == 3);
+    CHECK(f3.header.layer_formats_bytes == 0);
+    CHECK(f3.file_bytes + s.file.header.layer_formats_bytes == s.file.file_bytes);
+    CHECK(f3.header.layer_formats == s.file.header.layer_formats);  // the header's format on every layer
+    CHECK(f3.header.k_scale == s.file.header.k_scale);
+    CHECK(bitwise_equal(continue_from(dir.file("v3.kvf"), f), continue_from(dir.file("v4.kvf"), f)));
   }
 }
 
@@ -228,9 +250,10 @@ TEST_CASE("PAR.corrupt.flip every flipped byte of every region is detected and n
     INFO(p);
     const Saved s = small_file(fmt_of(p), dir.file("a.kvf"));
     const KvFileHeader& h = s.file.header;
-    const std::size_t t0 = kKvFileHeaderBytes, b0 = t0 + h.tokens_bytes, s0 = b0 + h.body_bytes, h0 = s0 + h.scales_bytes;
+    const std::size_t l0 = kKvFileHeaderBytes, t0 = l0 + h.layer_formats_bytes, b0 = t0 + h.tokens_bytes,
+                      s0 = b0 + h.body_bytes, h0 = s0 + h.scales_bytes;
     auto region_of = [&](std::size_t i) {
-      return i < t0 ? "header" : i < b0 ? "tokens" : i < s0 ? "body" : i < h0 ? "scales" : "head_scales";
+      return i < l0 ? "header" : i < t0 ? "layer_formats" : i < b0 ? "tokens" : i < s0 ? "body" : i < h0 ? "scales" : "head_scales";
     };
     std::map<std::string, int> flipped, named;
     std::vector<std::uint8_t> b = s.bytes;
@@ -254,6 +277,7 @@ TEST_CASE("PAR.corrupt.flip every flipped byte of every region is detected and n
     CHECK(flipped["body"] > 0);
     if (uses_token_scales(fmt_of(p))) CHECK(flipped["scales"] > 0);
     CHECK(flipped["head_scales"] == static_cast<int>(h.n_layers * 2 * h.n_kv_heads * 4));  // version 3
+    CHECK(flipped["layer_formats"] == static_cast<int>(h.n_layers * 4));                  // version 4
   }
 }
 

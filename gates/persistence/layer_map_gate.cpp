@@ -18,10 +18,21 @@
 //                            Anti-vacuity: every boundary's logits differ in their bits from the
 //                            uniform <fmt> engine's and from the f32 engine's (a map that is ignored
 //                            matches one of them).
-//   PAR.layer_map.options    a map of the wrong length is refused; a mapped run cannot be saved to
-//                            or hydrated from a KV file (one format per file): refused naming
-//                            --kv-layers, nothing written; a byte budget buys budget / (the map's
-//                            K + V page bytes over all layers) blocks.
+//   PAR.layer_map.options    a map of the wrong length is refused; a byte budget buys budget / (the
+//                            map's K + V page bytes over all layers) blocks.
+//   PAR.layer_map.persist.<fmt>  a KV file of a mapped run (version 4: each layer's formats in its
+//                            layer-formats region): the map <fmt> on layer 0, a second format on
+//                            layer 1, f32 on the rest (runs whose token bytes differ, so
+//                            every layer's region offsets differ from a one-format file's). Saved
+//                            after a first part of the prompt, it hydrates a fresh mapped engine:
+//                            every K/V row of every layer bitwise the saver's, and the rest of the
+//                            prompt's logits bitwise the uninterrupted mapped run's. Through a
+//                            pipeline split of the same map (other store boundaries) the same.
+//                            Refused, naming both sides and nothing of the live sequence touched:
+//                            the file into a run of another map, into the uniform <fmt> run, and a
+//                            uniform file into the mapped run. Anti-vacuity: the file's body is
+//                            not a one-format file's size, and the mapped logits differ from the
+//                            uniform <fmt> run's.
 // Bound: zero, bitwise (as PAR.split): the mapped engine performs the same operations on the same
 // rows; only the format of the store that holds a layer changes.
 #include <algorithm>
@@ -161,9 +172,134 @@ void run_layer_map(const Model& m, const KvFormat& f) {
 KVGATE_PRESETS(PAR_PRESET_ROW, PAR_LAYER_MAP_CASE)
 #undef PAR_LAYER_MAP_CASE
 
+// The persisted map: <fmt> on layer 0, a second format on layer 1, f32 on layers 2.. (the
+// 2-layer synth model: <fmt>, then the second format).
+// The second format is the first of q4_0, int8, f16 whose pages have another size than <fmt>'s,
+// so that layer 1's region bytes differ from layer 0's.
+KvLayerMap persist_map(const KvFormat& f, const ModelConfig& c) {
+  const int n = c.n_layers;
+  const PageGeometry g{16, c.n_kv_heads, c.head_dim};
+  const auto bytes = [&](const KvFormat& x) { return page_bytes(x.k, g) + page_bytes(x.v, g); };
+  KvFormat second{HalfFormat::f16, HalfFormat::f16};
+  for (const HalfFormat h : {HalfFormat::q4_0, HalfFormat::int8})
+    if (bytes({h, h}) != bytes(f)) {
+      second = {h, h};
+      break;
+    }
+  const KvFormat f32{HalfFormat::f32, HalfFormat::f32};
+  KvLayerMap map;
+  for (int l = 0; l < n; ++l) map.push_back(l == 0 ? f : l == 1 ? second : f32);
+  return map;
+}
+
+void run_layer_map_persist(const Model& m, const KvFormat& f) {
+  const int n = m.config.n_layers;
+  INFO("model " << m.path << ", format " << f.name());
+  REQUIRE(n >= 2);
+  const std::vector<int> prompt = joined_turns(m);
+  const std::size_t cut = prompt.size() / 2 + 3;  // inside a page and a prefill chunk
+  REQUIRE(prompt.size() > cut + 2);
+  const std::span<const int> first = std::span<const int>(prompt).first(cut), rest = std::span<const int>(prompt).subspan(cut);
+  EngineOptions o = map_options(m, f);
+  o.kv_layers = persist_map(f, m.config);
+  const std::string map_name = kv_layer_map_name(o.kv_layers);
+  INFO("map " << map_name);
+
+  // The uninterrupted mapped run: the logits of every position of the rest.
+  Engine live(m, o);
+  (void)live.prefill(first);
+  const std::vector<float> live_rest = live.forward_all_logits(rest);
+  Engine uni(m, map_options(m, f));
+  (void)uni.prefill(first);
+  CHECK(!bitwise_equal(uni.forward_all_logits(rest), live_rest));  // the map is not the uniform run
+
+  TempDir t;
+  const std::string path = t.file("mapped.kvf");
+  Engine saver(m, o);
+  (void)saver.prefill(first);
+  saver.save_kv(path);
+  const KvFile file = read_kv_file(path);
+  CHECK(file.header.version == kKvFileVersion);
+  CHECK(file.header.layer_formats == o.kv_layers);
+  CHECK(!file.header.uniform());
+  CHECK(file.format_name() == "per-layer map " + map_name);
+  CHECK(file.header.used_tokens == static_cast<int>(cut));
+  {  // anti-vacuity: a one-format file of layer 0's format has other region sizes
+    KvFileHeader one = file.header;
+    one.layer_formats.clear();
+    const KvRegionSizes a = kv_region_sizes(one);
+    CHECK(a.body + a.scales != file.header.body_bytes + file.header.scales_bytes);
+  }
+
+  for (const int stages : {1, 2}) {
+    INFO("hydrating engine with pipeline_stages " << stages);
+    EngineOptions oh = o;
+    oh.pipeline_stages = stages;
+    Engine e(m, oh);
+    REQUIRE(e.hydrate(file, prompt) == static_cast<int>(cut));
+    CHECK(e.stats().hydrated_tokens == static_cast<int>(cut));
+    // Every layer's rows, bitwise the saver's.
+    for (int l = 0; l < n; ++l)
+      for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+        INFO("layer " << l << " half " << (h == KvHalf::K ? "K" : "V"));
+        int se = 0, ss = 0;
+        while (e.stage_layers(se).second <= l) ++se;
+        while (saver.stage_layers(ss).second <= l) ++ss;
+        CHECK(bitwise_equal(layer_rows(e.stage_store(se), e.stage_sequence(se), l - e.stage_layers(se).first, h),
+                            layer_rows(saver.stage_store(ss), saver.stage_sequence(ss), l - saver.stage_layers(ss).first, h)));
+      }
+    CHECK(bitwise_equal(e.forward_all_logits(rest), live_rest));
+  }
+
+  // Refusals: another map, the uniform run, a uniform file into the mapped run.
+  auto refused = [&](Engine& e, const KvFile& kf, const std::string& file_side, const std::string& run_side) {
+    (void)e.prefill(first.first(3));
+    const std::string msg = [&] {
+      try {
+        e.hydrate(kf, prompt);
+      } catch (const std::exception& x) {
+        return std::string(x.what());
+      }
+      return std::string("(no refusal)");
+    }();
+    INFO(msg);
+    CHECK_THAT(msg, kvgate_catch::contains("format " + file_side + " in the file, " + run_side + " in this run"));
+    CHECK(e.position() == 3);  // the live sequence untouched
+  };
+  {
+    EngineOptions other = o;
+    const KvFormat f32{HalfFormat::f32, HalfFormat::f32}, bf16{HalfFormat::bf16, HalfFormat::bf16};
+    other.kv_layers.back() = other.kv_layers.back() == f32 ? bf16 : f32;
+    Engine e(m, other);
+    const std::string other_name = kv_layer_map_uniform(other.kv_layers) ? other.kv_layers.front().name()
+                                                                         : "per-layer map " + kv_layer_map_name(other.kv_layers);
+    refused(e, file, "per-layer map " + map_name, other_name);
+  }
+  {
+    Engine e(m, map_options(m, f));
+    refused(e, file, "per-layer map " + map_name, f.name());
+  }
+  {
+    const std::string upath = t.file("uniform.kvf");
+    Engine us(m, map_options(m, f));
+    (void)us.prefill(first);
+    us.save_kv(upath);
+    Engine e(m, o);
+    refused(e, read_kv_file(upath), f.name(), "per-layer map " + map_name);
+  }
+}
+
+#define PAR_LAYER_MAP_PERSIST_CASE(id, preset)                                                             \
+  TEST_CASE("PAR.layer_map.persist." id " a KV file of a per-layer map hydrates bitwise; other maps refused", \
+            "[gate:PAR][fmt:" preset "]") {                                                                \
+    on_par_models(run_layer_map_persist, fmt_of(preset));                                                  \
+  }
+KVGATE_PRESETS(PAR_PRESET_ROW, PAR_LAYER_MAP_PERSIST_CASE)
+#undef PAR_LAYER_MAP_PERSIST_CASE
+
 }  // namespace
 
-TEST_CASE("PAR.layer_map.options a map of the wrong length, a KV file of a mapped run, the pool budget of a map",
+TEST_CASE("PAR.layer_map.options a map of the wrong length, the pool budget of a map",
           "[gate:PAR][fmt:int8]") {
   const Model& m = stories();
   const int n = m.config.n_layers;
@@ -175,23 +311,6 @@ TEST_CASE("PAR.layer_map.options a map of the wrong length, a KV file of a mappe
   }
   EngineOptions o = options(m, i8);
   for (int l = 0; l < n; ++l) o.kv_layers.push_back(l == 0 ? f32 : i8);
-  {
-    Engine e(m, o);
-    const std::vector<int> prompt = joined_turns(m);
-    e.prefill(prompt);
-    TempDir t;
-    const std::string path = t.file("mapped.kv");
-    CHECK_THROWS_WITH(e.save_kv(path, {}), kvgate_catch::contains("--kv-layers 0:f32,1-4:int8"));
-    CHECK(!std::filesystem::exists(path));  // nothing written
-    // A file of the uniform engine does not hydrate into the mapped one.
-    Engine uni(m, options(m, i8));
-    uni.prefill(prompt);
-    const std::string upath = t.file("uniform.kv");
-    uni.save_kv(upath, {});
-    const KvFile file = read_kv_file(upath);
-    CHECK_THROWS_WITH(e.hydrate(file, prompt), kvgate_catch::contains("cannot be hydrated from a KV file"));
-    CHECK(e.position() == static_cast<int>(prompt.size()));  // the live sequence untouched
-  }
   // The budget: blocks = budget / the map's bytes per block.
   const PageGeometry g{16, m.config.n_kv_heads, m.config.head_dim};
   const std::size_t per_block = (page_bytes(HalfFormat::f32, g) * 2) + (n - 1) * (page_bytes(HalfFormat::int8, g) * 2);

@@ -217,12 +217,15 @@ inline void write_bytes(const std::string& p, std::span<const std::uint8_t> b) {
   out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
-// Rewrites a header (with a valid checksum) in front of the given regions (and, from version 3,
-// the head-scales region of the header's scales).
+// Rewrites a header (with a valid checksum) in front of the given regions (and, from version 4,
+// the layer-formats region of the header's layer formats after it; from version 3, the head-scales
+// region of the header's scales at the end).
 inline std::vector<std::uint8_t> assemble(const KvFileHeader& h, std::span<const std::uint8_t> tokens,
                                           std::span<const std::uint8_t> body, std::span<const std::uint8_t> scales) {
   const std::string hb = encode_kv_header(h);
   std::vector<std::uint8_t> out(hb.begin(), hb.end());
+  const std::string lf = encode_kv_layer_formats(h);  // version 4
+  out.insert(out.end(), lf.begin(), lf.end());
   out.insert(out.end(), tokens.begin(), tokens.end());
   out.insert(out.end(), body.begin(), body.end());
   out.insert(out.end(), scales.begin(), scales.end());
@@ -242,13 +245,14 @@ struct Regions {
   std::vector<std::uint8_t> tokens, body, scales;
 };
 inline Regions regions_of(std::span<const std::uint8_t> file, const KvFileHeader& h) {
-  const std::size_t t0 = kKvFileHeaderBytes, b0 = t0 + h.tokens_bytes, s0 = b0 + h.body_bytes;
+  const std::size_t t0 = kKvFileHeaderBytes + h.layer_formats_bytes, b0 = t0 + h.tokens_bytes, s0 = b0 + h.body_bytes;
   return {{file.begin() + t0, file.begin() + b0}, {file.begin() + b0, file.begin() + s0},
           {file.begin() + s0, file.begin() + s0 + h.scales_bytes}};
 }
 
-// The "older version writer" of the tests: the same content in an older layout. Version 2 has no
-// head-scales region (each layer's header scale is then every KV head's: only per-tensor scales
+// The "older version writer" of the tests: the same content in an older layout (one format on
+// every layer; the header encoder writes each version's own fields). Version 3 has no
+// layer-formats region; version 2 has no head-scales region (each layer's header scale is then every KV head's: only per-tensor scales
 // survive it); version 1 has no scales region either.
 inline std::vector<std::uint8_t> as_older_version(std::span<const std::uint8_t> file, std::uint32_t version) {
   KvFile f = parse_kv_file(file, "current");

@@ -473,18 +473,9 @@ void Engine::truncate(int n_tokens) {
 
 std::span<const int> Engine::history() const { return impl_->history; }
 
-namespace {
-void refuse_kv_file_of_map(const EngineOptions& o, const char* what) {
-  if (!kv_layer_map_uniform(o.kv_layers))
-    throw EngineError(std::string("engine: a run with a per-layer KV map (--kv-layers ") + kv_layer_map_name(o.kv_layers) +
-                      ") cannot " + what + " a KV file (the file holds one format for every layer): run the "
-                      "conversation with one --kv format, or without --conv-id");
-}
-}  // namespace
 
 int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
-  refuse_kv_file_of_map(d.opts, "be hydrated from");
   check_kv_file_compatible(file, d.views(), d.model.fingerprint);  // refuse before touching the sequence
   const int n = hydratable_prefix(file, prompt);
   if (n > d.max_ctx) throw EngineError("engine: the KV file holds more tokens than the context");
@@ -500,7 +491,6 @@ int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
 
 void Engine::save_kv(const std::string& path, std::span<const int> pending) const {
   const Impl& d = *impl_;
-  refuse_kv_file_of_map(d.opts, "be saved to");
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
   save_kv_file(path, d.views(), d.length(), transcript, d.model.fingerprint);

@@ -15,6 +15,7 @@
 
 #include "kvgate/atomic_file.hpp"
 #include "kvgate/blocks.hpp"
+#include "kvgate/kv_layer_map.hpp"
 
 namespace kvgate {
 
@@ -28,7 +29,9 @@ constexpr std::size_t kOffUsed = 44, kOffTokenCount = 48, kOffReserved0 = 52;
 constexpr std::size_t kOffTokensBytes = 56, kOffBodyBytes = 64, kOffScalesBytes = 72;
 constexpr std::size_t kOffTokensHash = 80, kOffBodyHash = 88, kOffScalesHash = 96;
 constexpr std::size_t kOffFingerprint = 104, kOffScaleCount = 136, kOffHeadScalesBytes = 140, kOffHeadScalesHash = 148;
-constexpr std::size_t kOffReserved1 = 156, kOffScales = 256;
+constexpr std::size_t kOffLayerFormatsBytes = 156, kOffLayerFormatsHash = 164;  // version 4
+constexpr std::size_t kOffReserved1 = 156, kOffReserved4 = 172, kOffScales = 256;
+constexpr std::size_t kLayerFormatBytes = 4;  // K code, V code, K rotation, V rotation
 static_assert(kOffScales + 8 * kKvFileMaxLayers == kKvFileHeaderBytes);
 
 void put32(std::string& b, std::size_t off, std::uint32_t v) {
@@ -71,7 +74,7 @@ TokenBytes token_bytes(HalfFormat f, const PageGeometry& g) {
 }
 
 std::string describe(const KvFileHeader& h) {
-  return "version " + std::to_string(h.version) + ", format " + h.format().name();
+  return "version " + std::to_string(h.version) + ", format " + h.format_name();
 }
 
 std::string quoted(const std::string& path) { return "KV file '" + path + "'"; }
@@ -113,6 +116,30 @@ float header_scale(const std::vector<float>& s, const KvFileHeader& h, int l, in
   return 1.0f;
 }
 }  // namespace
+
+bool KvFileHeader::uniform() const {
+  return std::all_of(layer_formats.begin(), layer_formats.end(), [&](const KvFormat& f) { return f == format(); });
+}
+
+std::string KvFileHeader::format_name() const {
+  if (uniform()) return format().name();
+  KvLayerMap m;
+  for (int l = 0; l < n_layers; ++l) m.push_back(layer_format(l));
+  return "per-layer map " + kv_layer_map_name(m);
+}
+
+std::string encode_kv_layer_formats(const KvFileHeader& h) {
+  if (h.version < 4) return {};
+  std::string out;
+  for (int l = 0; l < h.n_layers; ++l) {
+    const KvFormat f = h.layer_format(l);
+    out.push_back(static_cast<char>(f.k));
+    out.push_back(static_cast<char>(f.v));
+    out.push_back(static_cast<char>(rotation_of(f.k)));
+    out.push_back(static_cast<char>(rotation_of(f.v)));
+  }
+  return out;
+}
 
 std::string encode_kv_head_scales(const KvFileHeader& h) {
   if (h.version < 3) return {};
@@ -165,6 +192,11 @@ std::string encode_kv_header(const KvFileHeader& h) {
     put64(b, kOffHeadScalesBytes, hs.size());
     put64(b, kOffHeadScalesHash, kv_checksum(hs.data(), hs.size()));
   }
+  if (h.version >= 4) {
+    const std::string lf = encode_kv_layer_formats(h);
+    put64(b, kOffLayerFormatsBytes, lf.size());
+    put64(b, kOffLayerFormatsHash, kv_checksum(lf.data(), lf.size()));
+  }
   put64(b, kOffHeaderHash, kv_checksum(b.data(), b.size()));  // computed with the field at zero
   return b;
 }
@@ -173,25 +205,30 @@ KvRegionSizes kv_region_sizes(const KvFileHeader& h) {
   KvRegionSizes s;
   s.tokens = static_cast<std::uint64_t>(h.token_count) * sizeof(std::int32_t);
   const PageGeometry g{h.block_size, h.n_kv_heads, h.head_dim};
-  const TokenBytes tk = token_bytes(h.k_format, g), tv = token_bytes(h.v_format, g);
-  const std::uint64_t rows = static_cast<std::uint64_t>(h.n_layers) * static_cast<std::uint64_t>(h.used_tokens);
-  s.body = rows * (tk.codes + tv.codes);
-  s.scales = h.version >= 2 ? rows * (tk.scales + tv.scales) : 0;
+  const std::uint64_t used = static_cast<std::uint64_t>(h.used_tokens);
+  for (int l = 0; l < h.n_layers; ++l) {  // each layer in its own format (version 4), else the header's
+    const KvFormat f = h.layer_format(l);
+    const TokenBytes tk = token_bytes(f.k, g), tv = token_bytes(f.v, g);
+    s.body += used * (tk.codes + tv.codes);
+    if (h.version >= 2) s.scales += used * (tk.scales + tv.scales);
+  }
+  s.layer_formats = h.version >= 4 ? static_cast<std::uint64_t>(h.n_layers) * kLayerFormatBytes : 0;
   s.head_scales = h.version >= 3 ? static_cast<std::uint64_t>(h.n_layers) * 2 * static_cast<std::uint64_t>(h.n_kv_heads) * 4 : 0;
   return s;
 }
 
 namespace {
 
-// The stages' combined shape: the first stage's config with every stage's layers. Stages out of
-// layer order (or of different formats or shapes) are a caller's bug.
+// The stages' combined shape: the first stage's config with every stage's layers (each stage holds
+// its layers in its own format: a per-layer map, --kv-layers). Stages out of layer order (or of
+// different shapes) are a caller's bug.
 StoreConfig combined_config(std::span<const KvStageView> stages) {
   if (stages.empty()) throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: no stores");
   StoreConfig c = stages[0].store->config();
   c.n_layers = 0;
   for (const KvStageView& st : stages) {
     const StoreConfig& sc = st.store->config();
-    if (sc.first_layer != c.n_layers || !(sc.format == c.format) || sc.n_kv_heads != c.n_kv_heads ||
+    if (sc.first_layer != c.n_layers || sc.n_kv_heads != c.n_kv_heads ||
         sc.head_dim != c.head_dim || sc.block_size != c.block_size)
       throw KvFileError(KvFileError::Kind::io, "",
                         "KV file: internal error: pipeline stage stores out of layer order or of different shapes "
@@ -209,6 +246,18 @@ std::pair<const PagedKvStore*, int> stage_layer(std::span<const KvStageView> sta
     if (l >= first && l < first + st.store->config().n_layers) return {st.store, l - first};
   }
   throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: no stage holds layer " + std::to_string(l));
+}
+
+// Each model layer's K/V formats: its stage's store format.
+std::vector<KvFormat> stage_layer_formats(std::span<const KvStageView> stages, int n_layers) {
+  std::vector<KvFormat> out;
+  for (int l = 0; l < n_layers; ++l) out.push_back(stage_layer(stages, l).first->format());
+  return out;
+}
+
+std::string formats_name(const std::vector<KvFormat>& m) {
+  const bool uniform = std::all_of(m.begin(), m.end(), [&](const KvFormat& f) { return f == m.front(); });
+  return uniform ? m.front().name() : "per-layer map " + kv_layer_map_name(m);
 }
 
 }  // namespace
@@ -239,6 +288,7 @@ std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, st
   h.used_tokens = n_tokens;
   h.token_count = static_cast<int>(tokens.size());
   h.fingerprint = std::string(fingerprint);
+  h.layer_formats = stage_layer_formats(stages, c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     const auto [st, sl] = stage_layer(stages, l);
     for (KvHalf hf : {KvHalf::K, KvHalf::V})
@@ -280,8 +330,9 @@ std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, st
   h.body_xxh64 = kv_checksum(body.data(), body.size());
   h.scales_xxh64 = kv_checksum(scales.data(), scales.size());
   std::string out = encode_kv_header(h);
-  const std::string head_scales = encode_kv_head_scales(h);
-  out.reserve(out.size() + tok.size() + body.size() + scales.size() + head_scales.size());
+  const std::string head_scales = encode_kv_head_scales(h), layer_formats = encode_kv_layer_formats(h);
+  out.reserve(out.size() + layer_formats.size() + tok.size() + body.size() + scales.size() + head_scales.size());
+  out += layer_formats;
   out += tok;
   out += body;
   out += scales;
@@ -365,6 +416,10 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
   h.scales_xxh64 = get64(b, kOffScalesHash);
   h.head_scales_bytes = get64(b, kOffHeadScalesBytes);
   h.head_scales_xxh64 = get64(b, kOffHeadScalesHash);
+  if (h.version >= 4) {
+    h.layer_formats_bytes = get64(b, kOffLayerFormatsBytes);
+    h.layer_formats_xxh64 = get64(b, kOffLayerFormatsHash);
+  }
   {
     const char* fp = reinterpret_cast<const char*>(b + kOffFingerprint);
     h.fingerprint.assign(fp, strnlen(fp, kKvFileFingerprintBytes));
@@ -374,7 +429,7 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
                         get32(b, kOffScaleCount) == static_cast<std::uint32_t>(h.n_layers) &&
                         get32(b, kOffReserved0) == 0;
   bool reserved_zero = true;
-  for (std::size_t i = h.version >= 3 ? kOffReserved1 : kOffHeadScalesBytes; i < kOffScales; ++i)
+  for (std::size_t i = h.version >= 4 ? kOffReserved4 : h.version >= 3 ? kOffReserved1 : kOffHeadScalesBytes; i < kOffScales; ++i)
     reserved_zero = reserved_zero && b[i] == 0;
   for (std::size_t i = kOffScales + 8 * static_cast<std::size_t>(std::clamp(h.n_layers, 0, kKvFileMaxLayers));
        i < kKvFileHeaderBytes; ++i)
@@ -405,12 +460,63 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
                std::string(name(hf)) + " needs '" + std::string(rotation_name(rotation_of(hf))) +
                "': the codes are not in the domain the format reads. Refusing to restore it; delete the file.");
   }
-  const PageGeometry g{h.block_size, h.n_kv_heads, h.head_dim};
-  for (HalfFormat hf : {h.k_format, h.v_format})
-    if (const Capability cap = supports(hf, g); !cap.ok)
+  // Version 4: each layer's formats and rotations, the region right after the header (read before the
+  // region sizes, which they determine). Before version 4 every layer holds the header's format.
+  if (h.version >= 4) {
+    const std::uint64_t lf_bytes = static_cast<std::uint64_t>(h.n_layers) * kLayerFormatBytes;
+    if (h.layer_formats_bytes != lf_bytes)
       fail(K::corrupt, "header",
-           who + " (" + describe(h) + "): format " + std::string(name(hf)) + " cannot hold this shape (" + cap.reason +
-               "). Delete it.");
+           who + " (version " + std::to_string(h.version) + "): header region inconsistent: layer_formats_bytes " +
+               std::to_string(h.layer_formats_bytes) + " where " + std::to_string(h.n_layers) + " layers imply " +
+               std::to_string(lf_bytes) + ". Delete it.");
+    if (n < kKvFileHeaderBytes + lf_bytes)
+      fail(K::truncated, "layer_formats",
+           who + " (version " + std::to_string(h.version) + ") is truncated: " + std::to_string(n) +
+               " bytes, cut inside the layer_formats region. Delete it; the next turn writes a new one.");
+    const std::uint8_t* lp = b + kKvFileHeaderBytes;
+    if (kv_checksum(lp, lf_bytes) != h.layer_formats_xxh64)
+      fail(K::corrupt, "layer_formats",
+           who + " (version " + std::to_string(h.version) +
+               "): checksum mismatch in the layer_formats region (the file is damaged). Delete it; the next turn "
+               "writes a new one.");
+    for (int l = 0; l < h.n_layers; ++l) {
+      const std::uint8_t* e = lp + static_cast<std::size_t>(l) * kLayerFormatBytes;
+      if (!valid_half_code(e[0]) || !valid_half_code(e[1]) || e[2] > 1 || e[3] > 1)
+        fail(K::version, "layer_formats",
+             who + " (version " + std::to_string(h.version) + "): layer " + std::to_string(l) +
+                 " names an unknown half format or rotation code (K " + std::to_string(e[0]) + ", V " +
+                 std::to_string(e[1]) + ", rotations " + std::to_string(e[2]) + "/" + std::to_string(e[3]) +
+                 "); it was written by a newer kvgate. Delete it or use that kvgate.");
+      const KvFormat lf{static_cast<HalfFormat>(e[0]), static_cast<HalfFormat>(e[1])};
+      for (int half = 0; half < 2; ++half) {
+        const HalfFormat hf = half == 0 ? lf.k : lf.v;
+        if (e[2 + half] != static_cast<std::uint8_t>(rotation_of(hf)))
+          fail(K::mismatch, "layer_formats",
+               who + " (version " + std::to_string(h.version) + "): layer " + std::to_string(l) + "'s " +
+                   (half == 0 ? "K" : "V") + " half is " + std::string(name(hf)) + " but the file records rotation '" +
+                   std::string(rotation_name(static_cast<KvRotation>(e[2 + half]))) + "' where " +
+                   std::string(name(hf)) + " needs '" + std::string(rotation_name(rotation_of(hf))) +
+                   "': the codes are not in the domain the format reads. Refusing to restore it; delete the file.");
+      }
+      h.layer_formats.push_back(lf);
+    }
+    if (!(h.layer_formats.front() == h.format()))
+      fail(K::corrupt, "header",
+           who + " (version " + std::to_string(h.version) + "): header region inconsistent: the header's format " +
+               h.format().name() + " is not layer 0's " + h.layer_formats.front().name() +
+               " in the layer_formats region. Delete it.");
+  } else {
+    h.layer_formats.assign(static_cast<std::size_t>(h.n_layers), h.format());
+  }
+  const PageGeometry g{h.block_size, h.n_kv_heads, h.head_dim};
+  for (int l = 0; l < h.n_layers; ++l) {
+    if (l > 0 && h.layer_formats[static_cast<std::size_t>(l)] == h.layer_formats[static_cast<std::size_t>(l) - 1]) continue;
+    for (HalfFormat hf : {h.layer_formats[static_cast<std::size_t>(l)].k, h.layer_formats[static_cast<std::size_t>(l)].v})
+      if (const Capability cap = supports(hf, g); !cap.ok)
+        fail(K::corrupt, "header",
+             who + " (" + describe(h) + "): format " + std::string(name(hf)) + " (layer " + std::to_string(l) +
+                 ") cannot hold this shape (" + cap.reason + "). Delete it.");
+  }
   // Version rule: version 1 has no scales region; it is read only where no half needs per-token scales.
   if (h.version < 2) {
     for (int half = 0; half < 2; ++half) {
@@ -432,16 +538,17 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
              limits::override_hint(limits::kContext) + "). Delete it.");
   const KvRegionSizes want = kv_region_sizes(h);
   if (h.tokens_bytes != want.tokens || h.body_bytes != want.body || h.scales_bytes != want.scales ||
-      h.head_scales_bytes != want.head_scales)
+      h.head_scales_bytes != want.head_scales || h.layer_formats_bytes != want.layer_formats)
     fail(K::corrupt, "header",
          who + " (" + describe(h) + "): header region inconsistent: region sizes tokens/body/scales/head_scales " +
              std::to_string(h.tokens_bytes) + "/" + std::to_string(h.body_bytes) + "/" + std::to_string(h.scales_bytes) +
              "/" + std::to_string(h.head_scales_bytes) + " where the shape implies " + std::to_string(want.tokens) + "/" +
              std::to_string(want.body) + "/" + std::to_string(want.scales) + "/" + std::to_string(want.head_scales) +
              ". Delete it.");
-  const std::uint64_t total = kKvFileHeaderBytes + want.tokens + want.body + want.scales + want.head_scales;
+  const std::uint64_t total = kKvFileHeaderBytes + want.layer_formats + want.tokens + want.body + want.scales + want.head_scales;
   if (n < total) {
-    const std::uint64_t t_end = kKvFileHeaderBytes + want.tokens, b_end = t_end + want.body, s_end = b_end + want.scales;
+    const std::uint64_t t_end = kKvFileHeaderBytes + want.layer_formats + want.tokens, b_end = t_end + want.body,
+                        s_end = b_end + want.scales;
     const char* region = n < t_end ? "tokens" : n < b_end ? "body" : n < s_end ? "scales" : "head_scales";
     fail(K::truncated, region,
          who + " (" + describe(h) + ") is truncated: " + std::to_string(n) + " bytes of " + std::to_string(total) +
@@ -451,7 +558,7 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
     fail(K::corrupt, "",
          who + " (" + describe(h) + ") has " + std::to_string(n - total) +
              " bytes after its last region (damaged or not written by kvgate). Delete it.");
-  const std::uint8_t* tp = b + kKvFileHeaderBytes;
+  const std::uint8_t* tp = b + kKvFileHeaderBytes + want.layer_formats;
   const std::uint8_t* bp = tp + want.tokens;
   const std::uint8_t* sp = bp + want.body;
   const std::uint8_t* hp = sp + want.scales;
@@ -508,11 +615,15 @@ void check_kv_file_compatible(const KvFile& f, const PagedKvStore& store, std::s
 void check_kv_file_compatible(const KvFile& f, std::span<const KvStageView> stages, std::string_view fingerprint) {
   const KvFileHeader& h = f.header;
   const StoreConfig c = combined_config(stages);
+  const std::vector<KvFormat> run_formats = stage_layer_formats(stages, c.n_layers);
+  std::vector<KvFormat> file_formats;
+  for (int l = 0; l < h.n_layers; ++l) file_formats.push_back(h.layer_format(l));
   std::vector<std::string> diffs;
   if (h.fingerprint != fingerprint)
     diffs.push_back("model fingerprint " + h.fingerprint + " in the file, " + std::string(fingerprint) + " in this run");
-  if (!(h.format() == c.format))
-    diffs.push_back("format " + h.format().name() + " in the file, " + c.format.name() + " in this run");
+  if (file_formats != run_formats)
+    diffs.push_back("format " + formats_name(file_formats) + " in the file, " + formats_name(run_formats) +
+                    " in this run");
   const KvRotation rk = rotation_of(c.format.k), rv = rotation_of(c.format.v);
   if (h.k_rotation != rk || h.v_rotation != rv)
     diffs.push_back("rotation K " + std::string(rotation_name(h.k_rotation)) + " / V " +
@@ -525,12 +636,12 @@ void check_kv_file_compatible(const KvFile& f, std::span<const KvStageView> stag
                     std::to_string(c.head_dim) + " in this run");
   if (diffs.empty()) {  // the scales matter for the halves that use them (fp8 per KV head, nvfp4's global)
     for (int half = 0; half < 2; ++half) {
-      const HalfFormat hf = half == 0 ? c.format.k : c.format.v;
-      if (!info(hf).per_tensor_scale) continue;
       const std::vector<float>& fsv = half == 0 ? h.k_scale : h.v_scale;
       const std::size_t H = static_cast<std::size_t>(c.n_kv_heads);
       bool differs = false;
       for (int l = 0; l < c.n_layers && !differs; ++l) {
+        const KvFormat& lf = run_formats[static_cast<std::size_t>(l)];
+        if (!info(half == 0 ? lf.k : lf.v).per_tensor_scale) continue;  // the layer's half uses no scale
         const auto [st, sl] = stage_layer(stages, l);
         const std::span<const float> rs = st->head_scales(sl, half == 0 ? KvHalf::K : KvHalf::V);
         for (std::size_t hd = 0; hd < H && !differs; ++hd) {
@@ -577,24 +688,28 @@ void restore_kv_file(const KvFile& f, std::span<const KvStageTarget> stages, int
                       quoted(f.path) + ": cannot restore " + std::to_string(n_tokens) + " tokens; it holds " +
                           std::to_string(h.used_tokens));
   const PageGeometry g = stages[0].store->geometry();
-  const TokenBytes tb[2] = {token_bytes(h.k_format, g), token_bytes(h.v_format, g)};
-  // Region offsets of (layer, half): layer-major, K then V, token-major inside.
-  std::vector<std::size_t> body_at(static_cast<std::size_t>(h.n_layers) * 2), scale_at(body_at.size());
+  // Per (layer, half): its token bytes (the layer's formats) and its region offsets: layer-major,
+  // K then V, token-major inside.
+  std::vector<TokenBytes> tb(static_cast<std::size_t>(h.n_layers) * 2);
+  std::vector<std::size_t> body_at(tb.size()), scale_at(tb.size());
   std::size_t bo = 0, so = 0;
   for (int l = 0; l < h.n_layers; ++l)
     for (int half = 0; half < 2; ++half) {
-      body_at[static_cast<std::size_t>(l) * 2 + half] = bo;
-      scale_at[static_cast<std::size_t>(l) * 2 + half] = so;
-      bo += static_cast<std::size_t>(h.used_tokens) * tb[half].codes;
-      so += static_cast<std::size_t>(h.used_tokens) * tb[half].scales;
+      const std::size_t i = static_cast<std::size_t>(l) * 2 + half;
+      const KvFormat lf = h.layer_format(l);
+      tb[i] = token_bytes(half == 0 ? lf.k : lf.v, g);
+      body_at[i] = bo;
+      scale_at[i] = so;
+      bo += static_cast<std::size_t>(h.used_tokens) * tb[i].codes;
+      so += static_cast<std::size_t>(h.used_tokens) * tb[i].scales;
     }
   for (const KvStageTarget& stage : stages) {
     // The stage's layer slot p.layer is model layer first + p.layer of the file.
     const std::size_t first = static_cast<std::size_t>(stage.store->config().first_layer);
     stage.store->import_pages(stage.seq, n_tokens, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
       const int half = static_cast<int>(p.half);
-      const TokenBytes& t = tb[half];
       const std::size_t fl = first + static_cast<std::size_t>(p.layer);
+      const TokenBytes& t = tb[fl * 2 + half];
       const std::uint8_t* codes = f.body.data() + body_at[fl * 2 + half] + static_cast<std::size_t>(p.first_token) * t.codes;
       const std::uint8_t* scales =
           f.scales.data() + scale_at[fl * 2 + half] + static_cast<std::size_t>(p.first_token) * t.scales;

@@ -803,11 +803,11 @@ Model load_gguf(const std::string& path) {
     throw ModelError("model '" + path + "': '" + p + "vocab_size' = " + std::to_string(*vs) +
                      " but token_embd.weight has " + std::to_string(c.vocab_size) + " rows");
 
+  check_config_limits(path, c);  // before any product of the config's sizes
   using U = std::uint64_t;
   const U D = static_cast<U>(c.dim), F = static_cast<U>(c.hidden_dim), Q = static_cast<U>(c.q_dim()),
           KV = static_cast<U>(c.kv_dim()), V = static_cast<U>(c.vocab_size), HD = static_cast<U>(c.head_dim);
   const std::string origin = p + "embedding_length, head_count, head_count_kv, feed_forward_length";
-  check_config_limits(path, c);
   ModelWeights& w = m.weights;
   w.tok_embeddings = g.load("token_embd.weight", {D, V}, true, origin);
   w.final_norm = g.load("output_norm.weight", {D}, true, origin);

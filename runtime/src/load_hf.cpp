@@ -958,9 +958,9 @@ Model load_hf(const std::string& dir_str, WeightStorage storage) {
     return true;
   };
 
+  check_config_limits(cfg_path.string(), c);  // before any product of the config's sizes
   const std::int64_t D = c.dim, F = c.hidden_dim, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim(),
                      HD = c.head_dim;
-  check_config_limits(cfg_path.string(), c);
   check_weights_fit(src, dir_str, storage);
   ModelWeights& w = m.weights;
   load("model.embed_tokens.weight", {V, D}, &w.tok_embeddings);

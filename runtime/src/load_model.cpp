@@ -53,6 +53,7 @@ void check_config_limits(const std::string& path, const ModelConfig& c) {
   L::check_positive(L::kContext, c.max_seq_len, where, "max_seq_len (max_position_embeddings / context_length)");
   L::check(L::kExperts, c.moe.n_experts, where, "n_experts (num_local_experts / n_routed_experts)");
   L::check(L::kKvRow, static_cast<std::int64_t>(c.n_kv_heads) * c.head_dim, where, "n_kv_heads * head_dim");
+  L::check(L::kKvRow, static_cast<std::int64_t>(c.n_heads) * c.head_dim, where, "n_heads * head_dim (q_dim)");
 }
 
 void validate_weights(const std::string& path, const ModelConfig& c, const ModelWeights& w) {

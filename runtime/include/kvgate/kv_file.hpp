@@ -1,8 +1,10 @@
 // The versioned KV file (docs/KV_FILE.md has the byte table): a fixed 2048-byte header (magic,
 // version, K and V half formats, rotation kinds, per-layer fp8 scales, model fingerprint, shape,
-// block size, used tokens, byte size and xxHash64 of every region), then the token ids, the KV
-// body (codes) and the scales region (every per-token scale: int8 cell scales, q8_0/q4_0 block
-// scales), then (version 3) the head-scales region: the fp8 scale of every (layer, K|V, KV head).
+// block size, used tokens, byte size and xxHash64 of every region), then (version 4) the
+// layer-formats region (each layer's K/V half formats and rotations: a per-layer map, --kv-layers),
+// the token ids, the KV body (codes) and the scales region (every per-token scale: int8 cell
+// scales, q8_0/q4_0 block scales), then (version 3) the head-scales region: the fp8 scale of every
+// (layer, K|V, KV head).
 // Written atomically (atomic_file.hpp).
 //
 // Reading verifies everything before a byte reaches the store: structure and region sizes, the
@@ -25,7 +27,7 @@
 namespace kvgate {
 
 inline constexpr char kKvFileMagic[8] = {'K', 'V', 'G', 'A', 'T', 'E', 'K', 'V'};
-inline constexpr std::uint32_t kKvFileVersion = 3;  // written for every format
+inline constexpr std::uint32_t kKvFileVersion = 4;  // written for every format (and every per-layer map)
 inline constexpr std::uint32_t kKvFileOldestVersion = 1;
 inline constexpr std::size_t kKvFileHeaderBytes = 2048;
 inline constexpr int kKvFileMaxLayers = 224;  // per-tensor scale slots in the header
@@ -41,7 +43,8 @@ class KvFileError : public std::runtime_error {
   KvFileError(Kind kind, std::string region, const std::string& message)
       : std::runtime_error(message), kind_(kind), region_(std::move(region)) {}
   Kind kind() const { return kind_; }
-  // "header", "tokens", "body", "scales" for damage inside a region; empty otherwise.
+  // "header", "layer_formats", "tokens", "body", "scales", "head_scales" for damage inside a
+  // region; empty otherwise.
   const std::string& region() const { return region_; }
 
  private:
@@ -64,12 +67,22 @@ struct KvFileHeader {
   std::uint64_t tokens_bytes = 0, body_bytes = 0, scales_bytes = 0;
   std::uint64_t tokens_xxh64 = 0, body_xxh64 = 0, scales_xxh64 = 0;
   std::uint64_t head_scales_bytes = 0, head_scales_xxh64 = 0;  // version 3: the head-scales region
+  std::uint64_t layer_formats_bytes = 0, layer_formats_xxh64 = 0;  // version 4: the layer-formats region
   std::string fingerprint;              // Model::fingerprint (<= 32 ASCII bytes)
   // The store's scales per KV head, [n_layers * n_kv_heads] (l * H + h): fp8 halves decode with
   // them, nvfp4 uses them as its global scale. A parsed file always has that size (before version 3
   // each layer's one header scale on every head); a writer may give [n_layers] (every head the layer's).
   std::vector<float> k_scale, v_scale;
+  // Each layer's K/V half formats, [n_layers] (version 4's layer-formats region). A parsed file
+  // always has that size (before version 4 the header's one format on every layer); k_format and
+  // v_format are layer 0's. A writer may leave it empty: every layer holds format().
+  std::vector<KvFormat> layer_formats;
   KvFormat format() const { return {k_format, v_format}; }
+  KvFormat layer_format(int layer) const {
+    return layer_formats.empty() ? format() : layer_formats.at(static_cast<std::size_t>(layer));
+  }
+  bool uniform() const;             // every layer holds format()
+  std::string format_name() const;  // format().name(), or the per-layer map's name (kv_layer_map_name)
 };
 
 // The header's 2048 bytes with its checksum filled in (any version; for tests that write old layouts).
@@ -78,11 +91,14 @@ std::string encode_kv_header(const KvFileHeader& h);
 // Version 3's head-scales region of h.k_scale/v_scale (layer-major: K's n_kv_heads f32, then V's);
 // empty before version 3.
 std::string encode_kv_head_scales(const KvFileHeader& h);
+// Version 4's layer-formats region: per layer K code, V code, K rotation, V rotation (one byte
+// each, the rotation each format needs); empty before version 4.
+std::string encode_kv_layer_formats(const KvFileHeader& h);
 std::uint64_t kv_checksum(const void* data, std::size_t n);  // xxHash64, seed 0
 
 // Region sizes that a header's shape, format, token counts and version imply.
 struct KvRegionSizes {
-  std::uint64_t tokens = 0, body = 0, scales = 0, head_scales = 0;
+  std::uint64_t layer_formats = 0, tokens = 0, body = 0, scales = 0, head_scales = 0;
 };
 KvRegionSizes kv_region_sizes(const KvFileHeader& h);
 
@@ -93,7 +109,7 @@ struct KvFile {
   std::vector<std::uint8_t> body;    // codes: per layer, K then V, token-major
   std::vector<std::uint8_t> scales;  // per layer, K then V, token-major (empty in version 1)
   std::size_t file_bytes = 0;
-  std::string format_name() const { return header.format().name(); }
+  std::string format_name() const { return header.format_name(); }
 };
 
 // The current-version bytes of a file holding the first n_tokens K/V rows of sequence `s` (read
@@ -128,7 +144,8 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
 KvFile read_kv_file(const std::string& path);
 
 // Refuses (KvFileError, kind mismatch) a file that cannot be restored into `store` for the model
-// with `fingerprint`: model, K/V formats, rotations, layers, KV heads, head_dim, per-tensor scales.
+// with `fingerprint`: model, K/V formats of every layer, rotations, layers, KV heads, head_dim,
+// per-tensor scales.
 void check_kv_file_compatible(const KvFile& f, const PagedKvStore& store, std::string_view fingerprint);
 
 // How many leading tokens of `prompt` can come from the file: the longest common prefix of the
