@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "kvgate/build_paths.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/model_paths.hpp"
 #include "kvgate/sampler.hpp"

@@ -15,6 +15,8 @@
 #include <string>
 #include <string_view>
 
+#include "kvgate/build_paths.hpp"
+
 #ifndef KVGATE_SOURCE_DIR
 #define KVGATE_SOURCE_DIR "."
 #endif

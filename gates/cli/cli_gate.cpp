@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "limit_fixtures.hpp"
 #include "kvgate/engine.hpp"

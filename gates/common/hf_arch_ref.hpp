@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/model.hpp"

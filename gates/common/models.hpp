@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "kvgate/model_paths.hpp"
 
 namespace kvgate::gates {

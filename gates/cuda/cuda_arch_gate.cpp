@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"
 #include "hf_arch_ref.hpp"

@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "../model_vs_oracle/model_harness.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"

@@ -42,6 +42,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "../model_vs_oracle/model_harness.hpp"
 #include "bounds.hpp"
 #include "catch_compat.hpp"

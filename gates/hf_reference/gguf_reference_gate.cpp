@@ -43,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "printable.hpp"
 #include "hf_ref_harness.hpp"
@@ -65,7 +66,7 @@ std::string source_dir() {
 
 std::string out_dir() {
   if (const char* e = std::getenv("KVGATE_GGUF_REFS_OUT"); e && *e) return e;
-  return KVGATE_GGUF_OUT_DEFAULT;
+  return (fs::path(KVGATE_GGUF_BINARY_DIR) / "gguf_refs").string();
 }
 
 std::string slurp(const fs::path& p) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "fixtures.hpp"
 #include "gguf_writer.hpp"

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvgate/build_paths.hpp"
 #include "bounds.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"

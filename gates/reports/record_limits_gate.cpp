@@ -10,6 +10,7 @@
 #include <iterator>
 #include <string>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/json_limits.hpp"
 #include "kvgate/json_schema.hpp"

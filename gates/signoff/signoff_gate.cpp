@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/format_list.hpp"
 #include "kvgate/model.hpp"

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "printable.hpp"
 #include "../loaders_resolution/fixtures.hpp"

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "kvgate/build_paths.hpp"
 #include "kvgate/model_paths.hpp"
 #include "kvgate_mutations/catch_xml.hpp"
 #include "kvgate_mutations/ci.hpp"

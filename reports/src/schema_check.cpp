@@ -4,6 +4,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "kvgate/build_paths.hpp"
 #include "kvgate/json_schema.hpp"
 #include "kvgate/reports.hpp"
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvgate/build_paths.hpp"
 #include "kvgate/matrix.hpp"
 #include "kvgate/model_paths.hpp"
 #include "kvgate/parallel.hpp"

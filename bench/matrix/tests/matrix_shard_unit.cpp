@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <string>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/matrix.hpp"
 

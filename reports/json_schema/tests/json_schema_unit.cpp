@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/json_schema.hpp"
 

@@ -1,5 +1,7 @@
 #include "kvgate/outcomes.hpp"
 
+#include "kvgate/build_paths.hpp"
+
 #include <fstream>
 #include <sstream>
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "kvgate/build_paths.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/json_schema.hpp"
 #include "kvgate/outcomes.hpp"
