@@ -34,6 +34,7 @@
 #include "kvgate/tokenizer_bpe.hpp"
 #include "kvgate/tokenizer_sp.hpp"
 #include "models.hpp"
+#include "populations.hpp"
 
 using namespace kvgate;
 using kvgate::gates::GgufWriter;
@@ -669,10 +670,17 @@ TEST_CASE("ORA.dequant_rows attention's vectorized page read == dequantize_token
           "[gate:ORA]") {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const PageGeometry geos[] = {{16, 4, 8}, {16, 8, 64}, {8, 2, 128}, {4, 3, 32}, {16, 1, 256}, {5, 4, 16}};
+  // Small pages, and the directed geometries (gates/common/populations.hpp: up to 16 KV heads and
+  // head_dim 512, pages of 16 and 32): pages of more than 256 cells (token x KV head), where a reader
+  // that works through a page's per-cell scales in chunks must move to each chunk's own scales.
+  std::vector<PageGeometry> geos = {{16, 4, 8}, {16, 8, 64}, {8, 2, 128}, {4, 3, 32}, {16, 1, 256}, {5, 4, 16}};
+  for (const gates::DirectedGeometry dg : gates::kDirectedGeometries)
+    for (const int B : gates::kDirectedBlocks) geos.push_back({B, dg.n_kv_heads, dg.head_dim});
+  int big_pages = 0;
   for (HalfFormat f : all_half_formats())
     for (const PageGeometry& g : geos) {
       if (!supports(f, g).ok) continue;
+      big_pages += f == HalfFormat::int8 && g.block_size * g.n_kv_heads > 256;
       INFO("format " << name(f) << " B=" << g.block_size << " H=" << g.n_kv_heads << " D=" << g.head_dim);
       const int HD = g.row_elems();
       std::vector<std::uint8_t> page(page_bytes(f, g));
@@ -691,6 +699,7 @@ TEST_CASE("ORA.dequant_rows attention's vectorized page read == dequantize_token
         CHECK(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
       }
     }
+  CHECK(big_pages >= 2);  // int8 read pages of more than 256 cells
   // Every fp8 code (subnormals, -0, NaN, e5m2's inf) read by the vectorized loader == the scalar
   // decode, at tensor scales 1 and 0.37, bitwise.
   for (HalfFormat f : {HalfFormat::fp8_e4m3, HalfFormat::fp8_e5m2})

@@ -6,7 +6,9 @@
 //                  per-tensor scales are refused -- each message names the file, its version, the
 //                  format and what to do.
 //   PAR.corrupt.*  every single flipped byte of every region is detected and names its region;
-//                  every truncation is refused; trailing bytes are refused.
+//                  every truncation is refused and names the region of the first missing byte
+//                  (a cut exactly at a region's start blames that region, not the one before);
+//                  trailing bytes are refused.
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -28,6 +30,13 @@ struct Saved {
   std::vector<std::uint8_t> bytes;
   KvFile file;
 };
+
+// The region of byte i of a file with header h, in file order (docs/KV_FILE.md).
+std::string region_of(const KvFileHeader& h, std::size_t i) {
+  const std::size_t l0 = kKvFileHeaderBytes, t0 = l0 + h.layer_formats_bytes, b0 = t0 + h.tokens_bytes,
+                    s0 = b0 + h.body_bytes, h0 = s0 + h.scales_bytes;
+  return i < l0 ? "header" : i < t0 ? "layer_formats" : i < b0 ? "tokens" : i < s0 ? "body" : i < h0 ? "scales" : "head_scales";
+}
 
 // A small file of stories260K: 9 prompt tokens + 2 decoded, one pending id.
 Saved small_file(const KvFormat& f, const std::string& path) {
@@ -250,17 +259,12 @@ TEST_CASE("PAR.corrupt.flip every flipped byte of every region is detected and n
     INFO(p);
     const Saved s = small_file(fmt_of(p), dir.file("a.kvf"));
     const KvFileHeader& h = s.file.header;
-    const std::size_t l0 = kKvFileHeaderBytes, t0 = l0 + h.layer_formats_bytes, b0 = t0 + h.tokens_bytes,
-                      s0 = b0 + h.body_bytes, h0 = s0 + h.scales_bytes;
-    auto region_of = [&](std::size_t i) {
-      return i < l0 ? "header" : i < t0 ? "layer_formats" : i < b0 ? "tokens" : i < s0 ? "body" : i < h0 ? "scales" : "head_scales";
-    };
     std::map<std::string, int> flipped, named;
     std::vector<std::uint8_t> b = s.bytes;
     std::string first_bad;
     for (std::size_t i = 0; i < b.size(); ++i) {
       b[i] ^= static_cast<std::uint8_t>(1u << (i % 8));
-      const std::string want = region_of(i);
+      const std::string want = region_of(h, i);
       ++flipped[want];
       try {
         parse_kv_file(b, "a.kvf");
@@ -308,23 +312,38 @@ TEST_CASE("PAR.corrupt.token_count_limit a header whose token count passes CONTE
   }
 }
 
-TEST_CASE("PAR.corrupt.truncated every truncation of a file is refused; trailing bytes too",
+TEST_CASE("PAR.corrupt.truncated every truncation of a file is refused naming the region it cuts; trailing bytes too",
           PAR_ALL_FMT_TAGS) {
   TempDir dir;
   for (const char* p : kAll) {
     INFO(p);
     const Saved s = small_file(fmt_of(p), dir.file("a.kvf"));
+    const KvFileHeader& h = s.file.header;
     int refused = 0, truncated_kind = 0;
+    // A file cut to n bytes lacks byte n first: the refusal names byte n's region (error region and
+    // message), so a cut exactly at a region's start blames that region, not the one before it.
+    std::map<std::string, int> cut, named, at_start;
+    std::string first_bad;
     for (std::size_t n = 0; n < s.bytes.size(); ++n) {
+      const std::string want = region_of(h, n);
+      ++cut[want];
+      if (n == 0 || region_of(h, n - 1) != want) ++at_start[want];
       try {
         parse_kv_file(std::span<const std::uint8_t>(s.bytes).first(n), "a.kvf");
       } catch (const KvFileError& e) {
         ++refused;
         truncated_kind += e.kind() == KvFileError::Kind::truncated;
+        if (e.region() == want && std::string(e.what()).find(want) != std::string::npos) ++named[want];
+        else if (first_bad.empty()) first_bad = "cut to " + std::to_string(n) + " bytes (" + want + "): region '" + e.region() + "': " + e.what();
       }
     }
     CHECK(refused == static_cast<int>(s.bytes.size()));
     CHECK(truncated_kind == refused);  // reported as truncation, never as something else
+    INFO(first_bad);
+    CHECK(named == cut);
+    // Anti-vacuity: a cut at the first byte of every region the file has.
+    for (const char* r : {"header", "layer_formats", "tokens", "body", "head_scales"}) CHECK(at_start[r] == 1);
+    if (uses_token_scales(fmt_of(p))) CHECK(at_start["scales"] == 1);
     std::vector<std::uint8_t> longer = s.bytes;
     longer.push_back(0);
     CHECK_THROWS_AS(parse_kv_file(longer, "a.kvf"), KvFileError);
