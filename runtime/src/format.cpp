@@ -368,7 +368,8 @@ void load_per_token_head(const PageGeometry& g, int slot, const std::uint8_t* pa
     std::memcpy(&s, scales + h * sizeof(float), sizeof(float));
     for (int i = 0; i < D; ++i) {
       const std::uint8_t c = codes[h * D + i];
-      row[h * D + i] = (Fp8 ? fp8_e4m3_to_f32(c) : static_cast<float>(static_cast<std::int8_t>(c))) * s;
+      const float code_value = Fp8 ? fp8_e4m3_to_f32(c) : static_cast<float>(static_cast<std::int8_t>(c));
+      row[h * D + i] = code_value * s;
     }
   }
 }
