@@ -91,6 +91,38 @@ inline double nvfp4_bound(double x, double amax, double g) {
   return std::max(grid, sat) + 4 * kU32 * (std::fabs(x) + 6 * S + amax);
 }
 
+// fp8_per_token_head / int8_per_token_head (FORMATS.md): per cell (token, KV head), amax over the
+// finite elements, s = fl(amax / qmax) in binary32 (qmax 448 / 127), s = 1 where that quotient rounds
+// to 0 (amax/qmax <= 2^-150: an all-zero cell, or an underflow). fl() is RNE: a normal s has
+// |s - amax/qmax| <= u amax/qmax, a subnormal one <= 2^-150 (half the spacing 2^-149); so
+//   s <= amax/qmax (1 + u) + 2^-150                                              (pth_scale_hi)
+// (amax/qmax is taken in binary64 here; the switch to s = 1 is taken with a margin of 1e-9, which
+// only ever picks the larger of the two values.) The element: y = fl(x/s), |y - x/s| <= u|x/s|.
+//   Normal s: s >= amax/qmax (1 - u), so |y| <= qmax (1 + u)^2 / (1 - u) < qmax + 1/2 (and < 464 for
+//     448): nothing saturates or clamps beyond what rounding onto the grid already does.
+//   Subnormal s: qmax s >= amax - qmax 2^-150, so an element past the grid errs by at most
+//     amax - qmax s <= qmax 2^-150 beyond the grid term (an absolute term, 7*2^-144 / 127*2^-150).
+//   s = 1: |x| <= amax <= qmax 2^-150, every code rounds to 0 (fp8: a subnormal code at most).
+// fp8_per_token_head, e4m3 RNE onto the grid: |code - y| <= 2^-4 |y| (normal) or 2^-10 (subnormal
+// codes), then x^ = fl(code s) (u):
+//   |x^ - x| <= 2^-4|x| + 2^-10 s (1 + 4u) + 4u|x| + 448 2^-150.
+// int8_per_token_head, rint (round half to even) onto the integers: |code - y| <= 1/2, so
+//   |x^ - x| <= s/2 + quant_slack(x, s) + 127 2^-150.
+// (Rounding by truncation toward zero, as vLLM's INT8 per-token-head store does, has |code - y| < 1:
+// the bound would double to s. kvgate rounds to nearest even: FORMATS.md.)
+inline double pth_scale_hi(double amax, double qmax) {
+  const double q = amax / qmax;
+  return q <= 0x1p-150 * (1 + 1e-9) ? 1.0 : q * (1 + kU32) + 0x1p-150;
+}
+inline double fp8_pth_bound(double x, double amax) {
+  const double s = pth_scale_hi(amax, 448.0);
+  return 0x1p-4 * std::fabs(x) + 0x1p-10 * s * (1 + 4 * kU32) + 4 * kU32 * std::fabs(x) + 448 * 0x1p-150;
+}
+inline double int8_pth_bound(double x, double amax) {
+  const double s = pth_scale_hi(amax, 127.0);
+  return s / 2 + quant_slack(x, s) + 127 * 0x1p-150;
+}
+
 inline constexpr double kE4m3Max = 448.0;
 inline constexpr double kE5m2Max = 57344.0;
 inline constexpr double kE4m3MinNormal = 0x1p-6;
@@ -209,7 +241,8 @@ inline double forward_f32_logit_bound(double chain, double max_abs_logit) {
 // format's envelope E_i (docs/FORMATS.md: int8/q8_0 s/2; q4_0 |d|/2, or |d| for the clamped
 // population, q4_0_rot the same in the rotated domain; mxfp8 2^-4|x| + 2^-10 X (saturated: the excess
 // |x| - 448X), mxfp4 2^-2|x| + 2^-2 X, nvfp4 2^-2|x| + 2^-2 S (saturated: the excess |x| - 6S);
-// fp8 2^-4|x| + 2^-10 s (e4m3),
+// fp8 2^-4|x| + 2^-10 s (e4m3; fp8_per_token_head with the cell's s = amax/448), int8_per_token_head
+// s/2 (s = amax/127),
 // 2^-3|x| + 2^-17 s (e5m2); f16/bf16 half an ulp), and, as in the standard quantization-noise model,
 // zero-mean and independent of the other errors and of the queries and weights, with
 // E[e_i^2] <= E_i^2 / 3 (uniform over [-E_i, E_i]; formats whose ulp/2 is below E_i are lower still).

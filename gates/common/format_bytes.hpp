@@ -23,6 +23,8 @@ inline std::size_t expected_page_bytes(HalfFormat f, std::size_t B, std::size_t 
     case HalfFormat::mxfp8: return B * H * D + B * (H * D / 32);      // E4M3 codes, then UE8M0 scales
     case HalfFormat::mxfp4: return B * (H * D / 2) + B * (H * D / 32);  // E2M1 nibbles, then UE8M0 scales
     case HalfFormat::nvfp4: return B * (H * D / 2) + B * (H * D / 16);  // E2M1 nibbles, then E4M3 scales
+    case HalfFormat::fp8_per_token_head:
+    case HalfFormat::int8_per_token_head: return B * H * D + 4 * B * H;  // byte codes, then f32 scales [B][H]
   }
   return 0;
 }

@@ -109,6 +109,16 @@ Parsed parse_page(HalfFormat f, const std::uint8_t* pg, int B, int H, int D, int
       p.group = D;
       for (int c = 0; c < n * H; ++c) p.scale.push_back(f16_value(le16(pg + static_cast<std::size_t>(B) * HD + 2 * c)));
       break;
+    case HalfFormat::fp8_per_token_head:
+    case HalfFormat::int8_per_token_head:  // byte codes, then the cells' binary32 scales [B][H]
+      codes(8, HD);
+      p.group = D;
+      for (int c = 0; c < n * H; ++c) {
+        float sc;
+        std::memcpy(&sc, pg + static_cast<std::size_t>(B) * HD + 4 * static_cast<std::size_t>(c), 4);
+        p.scale.push_back(sc);
+      }
+      break;
     case HalfFormat::q8_0:
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot: {
@@ -153,7 +163,8 @@ double code_step(HalfFormat f, double y) {
     case HalfFormat::f16: return fl(10, 0x1p-14, 0x1p-24);
     case HalfFormat::bf16: return fl(7, 0x1p-126, 0x1p-133);
     case HalfFormat::fp8_e4m3:
-    case HalfFormat::mxfp8: return fl(3, 0x1p-6, 0x1p-9);
+    case HalfFormat::mxfp8:
+    case HalfFormat::fp8_per_token_head: return fl(3, 0x1p-6, 0x1p-9);
     case HalfFormat::fp8_e5m2: return fl(2, 0x1p-14, 0x1p-16);
     case HalfFormat::mxfp4:
     case HalfFormat::nvfp4: return a < 2 ? 0.5 : a < 4 ? 1.0 : 2.0;
@@ -180,10 +191,11 @@ void check_half(const HalfCase& hc, const std::uint8_t* page, std::size_t page_b
   // 1a. The code symbols: no more values than the code width holds (int8 codes never -128), more
   // than a constant, and a Shannon entropy under the width.
   const std::set<std::uint32_t> distinct(p.code.begin(), p.code.end());
-  const double max_values = f == HalfFormat::int8 || f == HalfFormat::q8_0 ? 255.0 : std::ldexp(1.0, p.code_bits);
+  const bool int8_codes = f == HalfFormat::int8 || f == HalfFormat::q8_0 || f == HalfFormat::int8_per_token_head;
+  const double max_values = int8_codes ? 255.0 : std::ldexp(1.0, p.code_bits);
   CHECK(static_cast<double>(distinct.size()) <= max_values);
   CHECK(distinct.size() >= kNoopMinDistinctCodes);
-  if (f == HalfFormat::int8 || f == HalfFormat::q8_0) CHECK(distinct.count(0x80) == 0);
+  if (int8_codes) CHECK(distinct.count(0x80) == 0);
 
   // Group extremes of the input (in the rotated domain for q4_0_rot: the values the codes hold).
   std::vector<double> y(hc.x.begin(), hc.x.end());
@@ -230,6 +242,13 @@ void check_half(const HalfCase& hc, const std::uint8_t* page, std::size_t page_b
       case HalfFormat::mxfp4:
         CHECK(p.scale_code[k] == std::ilogb(amax) - (f == HalfFormat::mxfp8 ? kMxfp8Emax : kMxfp4Emax) + 127);
         break;
+      case HalfFormat::fp8_per_token_head:
+      case HalfFormat::int8_per_token_head: {
+        // s = amax / qmax rounded once to binary32 (FORMATS.md): within u of the exact quotient.
+        const double q = amax / (f == HalfFormat::fp8_per_token_head ? 448.0 : 127.0);
+        CHECK(std::fabs(s - q) <= kU32 * q);
+        break;
+      }
       case HalfFormat::nvfp4: {
         const double t = amax / 6 / g;
         CHECK(std::fabs(s - t) <= (t >= kE4m3MinNormal ? 0x1p-4 * t : 0x1p-10) * (1 + 4 * kU32));

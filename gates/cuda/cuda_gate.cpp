@@ -594,7 +594,7 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
 }
 
 TEST_CASE("STO.cuda.no_kernels a half format without CUDA kernels is refused by every op and by the resolver, never run",
-          "[gate:STO][cuda][fmt:mxfp8][fmt:mxfp4][fmt:nvfp4]") {
+          "[gate:STO][cuda][fmt:mxfp8][fmt:mxfp4][fmt:nvfp4][fmt:fp8_per_token_head][fmt:int8_per_token_head]") {
   long refused = 0;
   for (HalfFormat h : all_half_formats()) {
     if (!no_cuda_kernels(h)) continue;
@@ -638,7 +638,7 @@ TEST_CASE("STO.cuda.no_kernels a half format without CUDA kernels is refused by 
     CHECK(lenient.effective == (KvFormat{HalfFormat::f16, HalfFormat::f16}));
     register_backend_capability("cuda", nullptr);
   }
-  CHECK(refused == 3);  // mxfp8, mxfp4, nvfp4
+  CHECK(refused == 5);  // mxfp8, mxfp4, nvfp4, fp8_per_token_head, int8_per_token_head
 }
 
 TEST_CASE("STO.cuda.resolve resolve_kv on backend cuda refuses what the CUDA ops cannot run, with their reason",

@@ -39,7 +39,8 @@ using gates::oracle_half;  // gates/common/oracle_fixtures.hpp
 // The half formats the CUDA kernels do not read (docs/CUDA.md; typed here, not read from the runtime):
 // every op refuses a pair holding one, reason "format_unsupported".
 inline bool no_cuda_kernels(HalfFormat h) {
-  return h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::nvfp4;
+  return h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::nvfp4 ||
+         h == HalfFormat::fp8_per_token_head || h == HalfFormat::int8_per_token_head;
 }
 // A [cuda] gate of such a pair proves the refusal instead of running (the caller returns when this
 // is true): supports_op refuses store, decode and prefill at a geometry every format accepts, with

@@ -84,6 +84,19 @@ void check_half(HalfFormat f, const StoreCase& c, const std::vector<float>& x, c
           ++st.fp8_pages_without_normals;
         break;
       }
+      case HalfFormat::fp8_per_token_head:
+      case HalfFormat::int8_per_token_head:
+        // The cell's own scale from its finite amax (FORMATS.md; bounds.hpp fp8_pth_bound / int8_pth_bound).
+        for (int h = 0; h < H; ++h) {
+          double amax = 0;
+          for (int i = h * D; i < (h + 1) * D; ++i)
+            if (std::isfinite(row[i])) amax = std::max(amax, std::fabs(double(row[i])));
+          for (int i = h * D; i < (h + 1) * D; ++i)
+            note(st, std::fabs(double(rh[i]) - row[i]),
+                 f == HalfFormat::fp8_per_token_head ? fp8_pth_bound(row[i], amax) : int8_pth_bound(row[i], amax),
+                 where(i));
+        }
+        break;
       case HalfFormat::q8_0:
         for (int b = 0; b < HD; b += 32) {
           double amax = 0;

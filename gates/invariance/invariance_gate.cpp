@@ -95,7 +95,8 @@ void run_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
   }
 }
 
-// The stored scale of every scale-carrying unit of a page (cells for int8, 32-blocks otherwise),
+// The stored scale of every scale-carrying unit of a page (cells for int8 and the per-token-head
+// formats, 32-blocks otherwise),
 // and the codes with the scales blanked, read with the layout of docs/FORMATS.md.
 struct Decomposed {
   std::vector<float> scales;
@@ -109,6 +110,15 @@ Decomposed decompose(HalfFormat hf, const PageGeometry& g, const std::uint8_t* p
     d.codes.assign(page, page + static_cast<std::size_t>(n) * HD);
     const auto* sc = reinterpret_cast<const std::uint16_t*>(page + static_cast<std::size_t>(g.block_size) * HD);
     for (int i = 0; i < n * g.n_kv_heads; ++i) d.scales.push_back(f16_to_f32(sc[i]));
+  } else if (hf == HalfFormat::fp8_per_token_head || hf == HalfFormat::int8_per_token_head) {
+    // FORMATS.md: codes run [B][H][D] bytes, then the scales run [B][H] binary32.
+    d.codes.assign(page, page + static_cast<std::size_t>(n) * HD);
+    const std::uint8_t* sc = page + static_cast<std::size_t>(g.block_size) * HD;
+    for (int i = 0; i < n * g.n_kv_heads; ++i) {
+      float s;
+      std::memcpy(&s, sc + static_cast<std::size_t>(i) * sizeof(float), sizeof(float));
+      d.scales.push_back(s);
+    }
   } else if (hf == HalfFormat::q8_0) {
     const auto* b = reinterpret_cast<const block_q8_0*>(page);
     for (int i = 0; i < n * HD / kQBlock; ++i) {
@@ -134,7 +144,8 @@ Decomposed decompose(HalfFormat hf, const PageGeometry& g, const std::uint8_t* p
 
 bool dynamic_scale(HalfFormat h) {
   return h == HalfFormat::int8 || h == HalfFormat::q8_0 || h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot ||
-         h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4;
+         h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::fp8_per_token_head ||
+         h == HalfFormat::int8_per_token_head;
 }
 
 // Homogeneity of one preset: store x and 2^k x; per half, codes equal and scales x 2^k (dynamic

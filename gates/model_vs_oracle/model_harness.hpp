@@ -239,8 +239,8 @@ inline ko::Half to_oracle(HalfFormat h) {
 
 // Adds to each element of one token row (H cells of D) a random sign times the format's envelope
 // at that element (docs/FORMATS.md), computed from the row as the format would: the cell scale
-// (int8), the 32-block scale (q8_0, q4_0; q4_0_rot in the rotated domain, mapped back by the
-// orthonormal Hadamard), the per-tensor scale (fp8), or |x| (f16, bf16).
+// (int8, fp8_per_token_head, int8_per_token_head), the 32-block scale (q8_0, q4_0; q4_0_rot in the
+// rotated domain, mapped back by the orthonormal Hadamard), the per-tensor scale (fp8), or |x| (f16, bf16).
 inline void add_envelope_noise(HalfFormat h, float* row, int H, int D, float tensor_scale, Rng& rng) {
   const int HD = H * D;
   auto sign = [&]() { return (rng.next() >> 63) ? 1.0 : -1.0; };
@@ -271,6 +271,23 @@ inline void add_envelope_noise(HalfFormat h, float* row, int H, int D, float ten
         for (int i = 0; i < D; ++i) amax = std::max(amax, std::fabs(x[i]));
         const double s = ko::from_f16(ko::f16_min_scale(amax, 127));
         for (int i = 0; i < D; ++i) x[i] = float(x[i] + sign() * s / 2);
+      }
+      return;
+    case HalfFormat::fp8_per_token_head:
+    case HalfFormat::int8_per_token_head:
+      // Per cell, s = amax/448 (fp8: 2^-4|x| + 2^-10 s) or amax/127 (int8, round to nearest: s/2), in
+      // binary32 as the page stores it (FORMATS.md; s = 1 for a cell whose quotient is zero).
+      for (int c = 0; c < H; ++c) {
+        float* x = row + c * D;
+        float amax = 0;
+        for (int i = 0; i < D; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const bool fp8 = h == HalfFormat::fp8_per_token_head;
+        float s = amax / (fp8 ? 448.0f : 127.0f);
+        if (s == 0.0f) s = 1.0f;
+        for (int i = 0; i < D; ++i) {
+          const double env = fp8 ? 0x1p-4 * std::fabs(x[i]) + 0x1p-10 * double(s) : double(s) / 2;
+          x[i] = float(x[i] + sign() * env);
+        }
       }
       return;
     case HalfFormat::q8_0:

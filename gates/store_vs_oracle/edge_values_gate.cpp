@@ -2,7 +2,8 @@
 // half format has, not only for random data: ±inf, NaN of both signs, ±0, binary16 subnormals,
 // ±FLT_MAX, values past the f16 and fp8 saturation points, and exact rounding ties (binary16,
 // bfloat16, the int8/q8_0 grid, the q4_0 grid, the e4m3 and e5m2 grids, the E2M1 and E4M3 grids
-// under a fixed MX block scale). Random inputs almost never
+// under a fixed MX block scale, the e4m3 grid under a per-(token, head) scale amax/448 that is a power
+// of two; the int8/q8_0 row's cells also fix int8_per_token_head's amax/127 at 2^-4). Random inputs almost never
 // land on a tie, so a quantizer that rounds half away from zero, or casts a non-finite quotient to
 // int before clamping, passes every other byte gate.
 //
@@ -32,7 +33,7 @@ namespace ko = kvgate_oracle;
 
 namespace {
 
-constexpr int kH = 2, kD = 64, kBlock = 4, kTokens = 11;
+constexpr int kH = 2, kD = 64, kBlock = 4, kTokens = 12;
 constexpr int kHD = kH * kD;
 // Powers of two, non-unit, K != V (see the header comment).
 constexpr float kEdgeKScale = 0.5f, kEdgeVScale = 0.25f;
@@ -115,7 +116,15 @@ EdgeRows make_edge_rows(float scale, float magnitude, std::uint64_t seed) {
   // nvfp4's E2M1 saturation (and not its rounding) decides the code.
   row(10)[0] = 8.4f * 0x1p-9f * scale;
   for (int i = 1; i < 16; ++i) row(10)[i] = 0.1f * static_cast<float>(i % 7 - 3) * 0x1p-9f * scale;
-  e.tie_tokens = {4, 5, 6, 7, 8, 9};
+  // t11: fp8_per_token_head's grid: every cell's element 0 is 448 * 2^-4 (so s = amax/448 = 2^-4
+  // exactly, and x / s is exact), the others E4M3 midpoints (normal and subnormal) times 2^-4, all
+  // below the cell's amax.
+  {
+    const float e4m3_ties[] = {1.0625f, 1.1875f, 2.125f, 1.3125f, 3.625f, 0x1p-10f, 0x3p-10f, 200.0f,
+                               368.0f, -1.0625f, -2.125f, -0x1p-10f, 17.0f, 38.0f, 0x5p-10f, 1.4375f};
+    for (int i = 0; i < kHD; ++i) row(11)[i] = i % kD == 0 ? 28.0f : e4m3_ties[i % 16] * 0x1p-4f;
+  }
+  e.tie_tokens = {4, 5, 6, 7, 8, 9, 11};
   return e;
 }
 
@@ -125,7 +134,7 @@ std::vector<float> nudged(const EdgeRows& e) {
   for (int t : e.tie_tokens)
     for (int i = 0; i < kHD; ++i) {
       float& v = x[static_cast<std::size_t>(t) * kHD + i];
-      if (i % 32 == 0 && (t == 5 || t == 6 || t == 9)) continue;
+      if (i % 32 == 0 && (t == 5 || t == 6 || t == 9 || t == 11)) continue;
       v = std::nextafter(v, INFINITY);
     }
   return x;

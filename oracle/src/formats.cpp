@@ -27,6 +27,8 @@ const char* half_name(Half h) {
         case Half::mxfp8: return "mxfp8";
         case Half::mxfp4: return "mxfp4";
         case Half::nvfp4: return "nvfp4";
+        case Half::fp8_per_token_head: return "fp8_per_token_head";
+        case Half::int8_per_token_head: return "int8_per_token_head";
     }
     return "?";
 }
@@ -47,6 +49,8 @@ static constexpr Preset kPresets[] = {
     {"k8v4", {Half::int8, Half::q4_0_rot}},
     {"mxfp8", {Half::mxfp8, Half::mxfp8}}, {"mxfp4", {Half::mxfp4, Half::mxfp4}},
     {"k_mxfp8_v_mxfp4", {Half::mxfp8, Half::mxfp4}}, {"nvfp4", {Half::nvfp4, Half::nvfp4}},
+    {"fp8_per_token_head", {Half::fp8_per_token_head, Half::fp8_per_token_head}},
+    {"int8_per_token_head", {Half::int8_per_token_head, Half::int8_per_token_head}},
 };
 
 std::optional<KvPair> parse_preset(std::string_view name) {
@@ -63,6 +67,7 @@ std::string pair_name(KvPair p) {
 }
 
 bool is_mx(Half h) { return h == Half::mxfp8 || h == Half::mxfp4; }
+static bool is_per_token_head(Half h) { return h == Half::fp8_per_token_head || h == Half::int8_per_token_head; }
 bool is_block32(Half h) { return h == Half::q8_0 || h == Half::q4_0 || h == Half::q4_0_rot || is_mx(h); }
 
 // ---- geometry -----------------------------------------------------------------------------
@@ -94,7 +99,9 @@ static size_t row_code_bytes(Half h, PageShape s) {
         case Half::bf16: return 2 * n;
         case Half::int8:
         case Half::fp8_e4m3:
-        case Half::fp8_e5m2: return n;
+        case Half::fp8_e5m2:
+        case Half::fp8_per_token_head:
+        case Half::int8_per_token_head: return n;
         case Half::q8_0: return (n / 32) * kQ8Block;
         case Half::q4_0:
         case Half::q4_0_rot: return (n / 32) * kQ4Block;
@@ -110,6 +117,7 @@ size_t page_bytes(Half h, PageShape s) {
     size_t B = size_t(s.block_size), H = size_t(s.n_kv_heads);
     size_t bytes = B * row_code_bytes(h, s);
     if (h == Half::int8) bytes += 2 * B * H;  // scales [B][H] f16 after all codes
+    if (is_per_token_head(h)) bytes += 4 * B * H;  // scales [B][H] f32 after all codes
     if (is_mx(h)) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 32);  // scales [B][H·D/32] UE8M0
     if (h == Half::nvfp4) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 16);  // scales [B][H·D/16] E4M3
     return bytes;
@@ -131,6 +139,10 @@ std::vector<std::pair<size_t, size_t>> slot_byte_ranges(Half h, PageShape s, int
     if (h == Half::int8) {
         size_t H = size_t(s.n_kv_heads);
         r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * H * 2, H * 2);
+    }
+    if (is_per_token_head(h)) {
+        size_t H = size_t(s.n_kv_heads);
+        r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * H * 4, H * 4);
     }
     if (is_mx(h) || h == Half::nvfp4) {
         size_t nb = size_t(s.n_kv_heads) * size_t(s.head_dim) / (h == Half::nvfp4 ? 16 : 32);
@@ -258,6 +270,22 @@ uint8_t quantize_block_nvfp4(const float* x, float g, uint8_t* codes) {
     return sb;
 }
 
+// ---- fp8_per_token_head / int8_per_token_head cell: s = amax/qmax (binary32), codes of x/s ------
+
+float quantize_cell_per_token_head(Half h, const float* x, int D, uint8_t* codes) {
+    const bool fp8 = h == Half::fp8_per_token_head;
+    float amax = 0.0f;  // over the finite elements: NaN and ±inf never set it
+    for (int i = 0; i < D; ++i)
+        if (std::isfinite(x[i]) && std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
+    float sc = amax / (fp8 ? 448.0f : 127.0f);  // binary32 RNE
+    if (sc == 0.0f) sc = 1.0f;                   // all-zero cell, or the quotient underflowed
+    for (int i = 0; i < D; ++i) {
+        const float y = x[i] / sc;  // binary32
+        codes[i] = fp8 ? to_e4m3(y) : uint8_t(int8_t(clamp_code(std::nearbyint(y), -127, 127, 0)));
+    }
+    return sc;
+}
+
 // ---- Walsh–Hadamard -----------------------------------------------------------------------
 
 void hadamard(float* y, int n) {
@@ -336,6 +364,13 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
                 dst[i] = h == Half::fp8_e4m3 ? to_e4m3(y) : to_e5m2(y);
             }
             break;
+        case Half::fp8_per_token_head:
+        case Half::int8_per_token_head: {
+            uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int c = 0; c < H; ++c)
+                put_f32(scales + 4 * c, quantize_cell_per_token_head(h, row + c * D, D, dst + c * D));
+            break;
+        }
         case Half::int8: {
             uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
             for (int c = 0; c < H; ++c) {
@@ -429,6 +464,18 @@ void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, const s
             }
             break;
         }
+        case Half::fp8_per_token_head:
+        case Half::int8_per_token_head: {
+            const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int c = 0; c < H; ++c) {
+                const float sc = get_f32(scales + 4 * c);
+                for (int i = 0; i < D; ++i) {
+                    const uint8_t code = src[c * D + i];
+                    row[c * D + i] = (h == Half::fp8_per_token_head ? from_e4m3(code) : float(int8_t(code))) * sc;
+                }
+            }
+            break;
+        }
         case Half::nvfp4: {
             const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
             for (int e = 0; e < n; ++e) {
@@ -489,6 +536,8 @@ float element_scale(Half h, PageShape s, const uint8_t* page, int slot, int head
         case Half::fp8_e4m3:
         case Half::fp8_e5m2: return tensor_scale;
         case Half::int8: return from_f16(get_u16(page + r[1].first + 2 * size_t(head)));
+        case Half::fp8_per_token_head:
+        case Half::int8_per_token_head: return get_f32(page + r[1].first + 4 * size_t(head));
         case Half::q8_0:
         case Half::q4_0:
         case Half::q4_0_rot: {

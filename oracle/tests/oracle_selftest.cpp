@@ -442,6 +442,10 @@ TEST_CASE("pages: dequant(quant(x)) within each format's envelope; slots beyond 
                             case Half::q8_0: REQUIRE(err <= sc / 2 + slack); break;
                             case Half::fp8_e4m3: REQUIRE(err <= std::ldexp(std::fabs(x[k]), -4) + std::ldexp(ts, -10) + slack); break;
                             case Half::fp8_e5m2: REQUIRE(err <= std::ldexp(std::fabs(x[k]), -3) + std::ldexp(ts, -17) + slack); break;
+                            case Half::fp8_per_token_head:  // the cell's s = amax/448 (FORMATS.md)
+                                REQUIRE(err <= std::ldexp(std::fabs(x[k]), -4) + std::ldexp(sc, -10) + slack);
+                                break;
+                            case Half::int8_per_token_head: REQUIRE(err <= sc / 2 + slack); break;  // RNE: s/2
                             case Half::q4_0:
                                 // clamped population (opposite side beyond 7.5|d|) gets |d|
                                 REQUIRE(err <= (x[k] / element_scale(h, s, page.data(), t, c, i, ts) > 7.5f ? sc : sc / 2) + slack);
@@ -578,6 +582,52 @@ TEST_CASE("nvfp4 blocks: hand-computed two-level scales, zero and saturated bloc
     CHECK_THROWS(quantize_page(Half::nvfp4, s, x, 1, 0.0f));
 }
 
+TEST_CASE("per-token-head cells: hand-computed f32 scales, ties, zero, NaN and inf elements", "[oracle][per_token_head]") {
+    uint8_t c[4];
+    // fp8: amax 896 -> s = 2 exactly; 17/2 = 8.5 ties 8 | 9 -> 8 (even mantissa), -896 -> -448 (0xFE).
+    float x[4] = {896.0f, 17.0f, -896.0f, 0.0f};
+    CHECK(quantize_cell_per_token_head(Half::fp8_per_token_head, x, 4, c) == 2.0f);
+    CHECK(c[0] == 0x7E);
+    CHECK(from_e4m3(c[1]) == 8.0f);
+    CHECK(c[2] == 0xFE);
+    CHECK(c[3] == 0x00);
+    // int8: amax 254 -> s = 2; 5/2 = 2.5 -> 2, 7/2 = 3.5 -> 4 (ties to even), -254 -> -127.
+    float y[4] = {254.0f, 5.0f, 7.0f, -254.0f};
+    CHECK(quantize_cell_per_token_head(Half::int8_per_token_head, y, 4, c) == 2.0f);
+    CHECK(int8_t(c[0]) == 127);
+    CHECK(int8_t(c[1]) == 2);
+    CHECK(int8_t(c[2]) == 4);
+    CHECK(int8_t(c[3]) == -127);
+    // A zero cell stores s = 1.0 and zero codes (signed zero kept by e4m3).
+    float z[4] = {0.0f, -0.0f, 0.0f, 0.0f};
+    CHECK(quantize_cell_per_token_head(Half::fp8_per_token_head, z, 4, c) == 1.0f);
+    CHECK(c[1] == 0x80);
+    CHECK(quantize_cell_per_token_head(Half::int8_per_token_head, z, 4, c) == 1.0f);
+    CHECK(c[0] == 0);
+    // NaN and +-inf are left out of amax: s from the finite 127; inf saturates, NaN is fp8 NaN / int8 0.
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    float w[4] = {127.0f, inf, -inf, nan};
+    CHECK(quantize_cell_per_token_head(Half::int8_per_token_head, w, 4, c) == 1.0f);
+    CHECK(int8_t(c[1]) == 127);
+    CHECK(int8_t(c[2]) == -127);
+    CHECK(c[3] == 0);
+    CHECK(quantize_cell_per_token_head(Half::fp8_per_token_head, w, 4, c) == 127.0f / 448.0f);
+    CHECK(c[1] == 0x7E);
+    CHECK(c[2] == 0xFE);
+    CHECK((c[3] & 0x7F) == 0x7F);
+    // Page layout: codes [B][H][D], then the scales run [B][H] binary32 little-endian.
+    PageShape s{2, 2, 2};
+    float row[4] = {896.0f, 17.0f, 254.0f, 5.0f};
+    auto page = quantize_page(Half::int8_per_token_head, s, row, 1, 1.0f);
+    REQUIRE(page.size() == 2 * 4 + 2 * 2 * 4);
+    const float s0 = 896.0f / 127.0f;
+    uint8_t b0[4];
+    std::memcpy(b0, &s0, 4);
+    CHECK((page[8] == b0[0] && page[9] == b0[1] && page[10] == b0[2] && page[11] == b0[3]));
+    CHECK(element_scale(Half::int8_per_token_head, s, page.data(), 0, 1, 0, 1.0f) == 2.0f);
+    CHECK(page_bytes(Half::fp8_per_token_head, PageShape{16, 8, 128}) == 16 * 8 * 128 + 4 * 16 * 8);
+}
+
 TEST_CASE("q4_0_rot = per-cell Hadamard then q4_0 over the row", "[oracle][q4_0_rot]") {
     std::mt19937 rng(3);
     PageShape s{2, 4, 16};
@@ -610,7 +660,7 @@ TEST_CASE("dynamic-scale formats are homogeneous under powers of two", "[oracle]
     auto x = random_rows(rng, 2 * 64, 1.0f);
     auto x4 = x;
     for (float& v : x4) v *= 4.0f;
-    for (Half h : {Half::int8, Half::q8_0, Half::q4_0, Half::q4_0_rot}) {
+    for (Half h : {Half::int8, Half::q8_0, Half::q4_0, Half::q4_0_rot, Half::fp8_per_token_head, Half::int8_per_token_head}) {
         auto a = dequantize_page(h, s, quantize_page(h, s, x.data(), 2, 1.0f).data(), 2, 1.0f);
         auto b = dequantize_page(h, s, quantize_page(h, s, x4.data(), 2, 1.0f).data(), 2, 1.0f);
         for (size_t i = 0; i < a.size(); ++i) REQUIRE(b[i] == 4.0f * a[i]);

@@ -714,6 +714,23 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
     case HalfFormat::mxfp8:
     case HalfFormat::mxfp4:
     case HalfFormat::nvfp4: dequant_microscaled(f, g, n, page, head_scales[0], out); return;  // one global scale
+    case HalfFormat::fp8_per_token_head:
+    case HalfFormat::int8_per_token_head: {
+      // Codes [n][H][D] bytes, then the scales run [B][H] binary32 (docs/FORMATS.md): one multiply
+      // by the cell's scale, e4m3 codes through fp8_table.
+      const auto& e4 = fp8_table(HalfFormat::fp8_e4m3);
+      const bool is_fp8 = f == HalfFormat::fp8_per_token_head;
+      const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * HD;
+      for (int c = 0; c < n * g.n_kv_heads; ++c) {
+        float s;
+        std::memcpy(&s, scales + static_cast<std::size_t>(c) * sizeof(float), sizeof(float));
+        const std::uint8_t* cc = page + static_cast<std::size_t>(c) * g.head_dim;
+        float* o = out + static_cast<std::size_t>(c) * g.head_dim;
+        for (int i = 0; i < g.head_dim; ++i)
+          o[i] = (is_fp8 ? e4[cc[i]] : static_cast<float>(static_cast<std::int8_t>(cc[i]))) * s;
+      }
+      return;
+    }
   }
 }
 
@@ -764,7 +781,9 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
     case HalfFormat::q4_0_rot:
     case HalfFormat::mxfp8:
     case HalfFormat::mxfp4:
-    case HalfFormat::nvfp4: return false;
+    case HalfFormat::nvfp4:
+    case HalfFormat::fp8_per_token_head:
+    case HalfFormat::int8_per_token_head: return false;
   }
 #endif
   (void)f, (void)g, (void)nt, (void)page, (void)srow, (void)kt, (void)ks, (void)sc;

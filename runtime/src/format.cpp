@@ -321,6 +321,59 @@ void load_nvfp4(const PageGeometry& g, int slot, const std::uint8_t* page, const
   }
 }
 
+// ---- Dynamic per-(token, KV head) FP32 scales: fp8_per_token_head, int8_per_token_head ----------
+// docs/FORMATS.md "fp8_per_token_head and int8_per_token_head". Page: the codes run [B][H][D] (one
+// byte per element), then the scales run [B][H] of binary32 scales. Per cell: amax over the finite
+// elements (NaN and +-inf ignored), s = amax / qmax in binary32 (qmax 448 or 127); a quotient that is
+// zero (all-zero cell, or amax so small that amax/qmax underflows) stores s = 1.0.
+template <bool Fp8>
+float per_token_head_scale(const float* x, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i)
+    if (std::isfinite(x[i]) && std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
+  const float s = amax / (Fp8 ? 448.0f : 127.0f);
+  return s == 0.0f ? 1.0f : s;
+}
+// int8 code of y = x / s: round to nearest, ties to even, clamped to [-127, 127] (+-inf clamp too);
+// NaN -> 0.
+std::int8_t int8_pth_code(float y) {
+  if (std::isnan(y)) return 0;
+  const float c = std::clamp(y, -127.0f, 127.0f);
+  return static_cast<std::int8_t>(round_half_even(c));
+}
+template <bool Fp8>
+void store_per_token_head(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
+  const int HD = g.row_elems(), D = g.head_dim;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  std::uint8_t* codes = page + t * HD;
+  std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * HD + t * g.n_kv_heads * sizeof(float);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    const float* x = row + h * D;
+    const float s = per_token_head_scale<Fp8>(x, D);
+    std::memcpy(scales + h * sizeof(float), &s, sizeof(float));
+    for (int i = 0; i < D; ++i) {
+      const float y = x[i] / s;
+      codes[h * D + i] = Fp8 ? f32_to_fp8_e4m3(y) : static_cast<std::uint8_t>(int8_pth_code(y));
+    }
+  }
+}
+template <bool Fp8>
+void load_per_token_head(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
+  const int HD = g.row_elems(), D = g.head_dim;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  const std::uint8_t* codes = page + t * HD;
+  const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * HD + t * g.n_kv_heads * sizeof(float);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    float s;
+    std::memcpy(&s, scales + h * sizeof(float), sizeof(float));
+    for (int i = 0; i < D; ++i) {
+      const std::uint8_t c = codes[h * D + i];
+      const float code_value = Fp8 ? fp8_e4m3_to_f32(c) : static_cast<float>(static_cast<std::int8_t>(c));
+      row[h * D + i] = code_value * s;
+    }
+  }
+}
+
 // ---- The traits table: one row per half format, in enum order (kvgate/format_list.hpp) ----------
 // Envelope constants: docs/FORMATS.md per format; FP slack as in envelope_bound below. The
 // absmax/127 formats (int8 per cell, q8_0 per block) share one envelope, as do q4_0 and q4_0_rot
@@ -336,6 +389,13 @@ constexpr EnvelopeConstants kEnvMxfp4{.rel = 0x1p-2, .scale = 0x1p-2, .scale_cla
 // code*S are rounded in binary32). The elements a rounded-down block scale saturates err by up to
 // 2^-4 amax + 6*2^-10 g, a term of the block's amax the constants cannot carry (gates/common/bounds.hpp).
 constexpr EnvelopeConstants kEnvNvfp4{.rel = 0x1p-2, .scale = 0x1p-2, .scale_clamped = 0x1p-2, .fp_slack = true};
+
+// fp8_per_token_head: the fp8_e4m3 envelope with the cell's s = amax/448 (half an E4M3 ulp, 2^-4|x|,
+// subnormal codes 2^-10 s) + FP slack; a normal s keeps |x/s| < 449, so nothing saturates (a binary32
+// subnormal s adds at most 448*2^-150 absolute, gates/common/bounds.hpp). int8_per_token_head: round
+// to nearest even, |x^-x| <= s/2 (truncation would make it s) + FP slack, as int8.
+constexpr EnvelopeConstants kEnvFp8Pth{.rel = 0x1p-4, .scale = 0x1p-10, .scale_clamped = 0x1p-10, .fp_slack = true};
+constexpr EnvelopeConstants kEnvInt8Pth{.scale = 0.5, .scale_clamped = 0.5, .fp_slack = true};
 
 constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
     {.id = HalfFormat::f32, .block_elems = 1, .block_bytes = 4, .cell_scale_bytes = 0, .rotated = false,
@@ -416,6 +476,20 @@ constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
      .envelope = "|x^-x| <= max(2^-2|x| + 2^-2 S, 2^-4 amax + 6*2^-10 g), S = e4m3(amax/6/g)*g",
      .per_token_scales = true, .per_tensor_scale = true, .env = kEnvNvfp4,
      .quantize_token = store_nvfp4, .dequantize_token = load_nvfp4},
+    {.id = HalfFormat::fp8_per_token_head, .block_elems = 1, .block_bytes = 1, .cell_scale_bytes = sizeof(float), .block_scale_bytes = 0,
+     .rotated = false, .name = "fp8_per_token_head", .code_type = "e4m3fn (sat. +-448)",
+     .scale_granularity = "per cell (token x kv head)", .scale_dtype = "f32", .rotation = "none",
+     .storage_precision = "e4m3fn + f32 scale", .transfer_precision = "e4m3fn + f32 scale", .execution_precision = "f32",
+     .envelope = "|x^-x| <= 2^-4|x| + 2^-10 s, s = absmax/448 (f32)", .per_token_scales = true,
+     .per_tensor_scale = false, .env = kEnvFp8Pth,
+     .quantize_token = store_per_token_head<true>, .dequantize_token = load_per_token_head<true>},
+    {.id = HalfFormat::int8_per_token_head, .block_elems = 1, .block_bytes = 1, .cell_scale_bytes = sizeof(float), .block_scale_bytes = 0,
+     .rotated = false, .name = "int8_per_token_head", .code_type = "int8 [-127,127]",
+     .scale_granularity = "per cell (token x kv head)", .scale_dtype = "f32", .rotation = "none",
+     .storage_precision = "int8 + f32 scale", .transfer_precision = "int8 + f32 scale", .execution_precision = "f32",
+     .envelope = "|x^-x| <= s/2, s = absmax/127 (f32), round to nearest even", .per_token_scales = true,
+     .per_tensor_scale = false, .env = kEnvInt8Pth,
+     .quantize_token = store_per_token_head<false>, .dequantize_token = load_per_token_head<false>},
 }};
 
 // The table is the list: row i is enumerator i. A row's structure is checked here (block size,

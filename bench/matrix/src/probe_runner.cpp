@@ -368,8 +368,10 @@ double format_envelope(HalfFormat f) {
     case HalfFormat::bf16: return 0x1p-8;
     case HalfFormat::fp8_e4m3: return 0x1p-4;
     case HalfFormat::fp8_e5m2: return 0x1p-3;
+    case HalfFormat::fp8_per_token_head: return 0x1p-4;  // half an E4M3 ulp, relative (s = amax/448)
     case HalfFormat::int8:
-    case HalfFormat::q8_0: return 1.0 / 254;  // s/2 with s = amax/127
+    case HalfFormat::q8_0:
+    case HalfFormat::int8_per_token_head: return 1.0 / 254;  // s/2 with s = amax/127
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot: return 1.0 / 16;  // |d|/2 with |d| = amax/8
     case HalfFormat::mxfp8: return 0x1p-4;       // half an E4M3 ulp, relative (docs/FORMATS.md mxfp8)

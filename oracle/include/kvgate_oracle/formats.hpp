@@ -14,7 +14,8 @@
 
 namespace kvgate_oracle {
 
-enum class Half { f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2, q8_0, q4_0, q4_0_rot, mxfp8, mxfp4, nvfp4 };
+enum class Half { f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2, q8_0, q4_0, q4_0_rot, mxfp8, mxfp4, nvfp4,
+                  fp8_per_token_head, int8_per_token_head };
 
 // Names as in FORMATS.md; "fp8" is accepted as fp8_e4m3 (the preset alias).
 std::optional<Half> parse_half(std::string_view name);
@@ -22,7 +23,8 @@ const char* half_name(Half h);
 inline constexpr Half kAllHalves[] = {Half::f32,      Half::f16,      Half::bf16,
                                       Half::int8,     Half::fp8_e4m3, Half::fp8_e5m2,
                                       Half::q8_0,     Half::q4_0,     Half::q4_0_rot,
-                                      Half::mxfp8,    Half::mxfp4,    Half::nvfp4};
+                                      Half::mxfp8,    Half::mxfp4,    Half::nvfp4,
+                                      Half::fp8_per_token_head,       Half::int8_per_token_head};
 
 // Presets: the table of FORMATS.md "Presets and pairs", typed from the page (src/formats.cpp).
 struct KvPair { Half k; Half v; };
@@ -50,7 +52,8 @@ size_t page_bytes(Half h, PageShape s);
 double bytes_per_cell(Half h, PageShape s);  // page_bytes / (B·H), fractional for D < 32 blocks
 
 // (offset, length) byte ranges of the page that belong to token slot `slot`:
-// one range (codes, or 32-blocks with their embedded d) or two for int8, MX and nvfp4 (codes, then scales).
+// one range (codes, or 32-blocks with their embedded d) or two for int8, the per-token-head formats,
+// MX and nvfp4 (codes, then scales).
 std::vector<std::pair<size_t, size_t>> slot_byte_ranges(Half h, PageShape s, int slot);
 
 // x[n_tokens][H][D] -> a zeroed page of page_bytes with slots 0..n_tokens-1 written.
@@ -68,7 +71,8 @@ std::vector<uint8_t> quantize_page(Half h, PageShape s, const float* x, int n_to
 std::vector<float> dequantize_page(Half h, PageShape s, const uint8_t* page, int n_tokens,
                                    const std::vector<float>& head_scales);
 
-// Scale governing element (slot, h, i) as stored: int8 the cell's f16 scale; q8_0/q4_0/q4_0_rot
+// Scale governing element (slot, h, i) as stored: int8 the cell's f16 scale; fp8_per_token_head /
+// int8_per_token_head the cell's f32 scale; q8_0/q4_0/q4_0_rot
 // the signed f16 d of its 32-block (for q4_0_rot, element i of the *rotated* cell);
 // MX the block's X = 2^(e8m0 - 127); nvfp4 the block's S = e4m3 scale x global (binary32); fp8
 // tensor_scale; float formats 0.
@@ -98,6 +102,9 @@ uint8_t quantize_block_mx(Half h, const float* x /*[32]*/, uint8_t* codes /*[32]
 uint8_t quantize_block_nvfp4(const float* x /*[16]*/, float g, uint8_t* codes /*[16]*/);
 // int8 cell: x[D] -> codes[D] and the f16 scale bits.
 void quantize_cell_int8(const float* x, int D, int8_t* codes, uint16_t* scale);
+// fp8_per_token_head / int8_per_token_head cell: x[D] -> codes[D] (e4m3fn bytes / int8 as bytes);
+// returns the binary32 scale s = amax/448 (/127) over the finite elements, 1.0 when that is zero.
+float quantize_cell_per_token_head(Half h, const float* x, int D, uint8_t* codes);
 
 // Normalized Walsh–Hadamard, FORMATS.md q4_0_rot steps 1-2 in their exact op order
 // (binary32). n must be a power of two. Its own inverse up to rounding.

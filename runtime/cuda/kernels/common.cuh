@@ -42,11 +42,15 @@ KVGATE_HD constexpr int cell_bytes(HF f, int D) { return is_block32(f) ? (D / 32
 
 KVGATE_HD constexpr int gcd_c(int a, int b) { return b == 0 ? a : gcd_c(b, a % b); }
 
-// Half formats the CUDA kernels store and read. The others (mxfp8, mxfp4, nvfp4: CPU backend only,
+// Half formats the CUDA kernels store and read. The others (mxfp8, mxfp4, nvfp4, fp8_per_token_head,
+// int8_per_token_head: CPU backend only,
 // docs/CUDA.md) are refused by supports_op (reason "format_unsupported") before anything dispatches,
 // and no kernel is instantiated for them: dispatch_half throws and the decode launchers of a pair
 // that holds one throw instead of launching.
-KVGATE_HD constexpr bool has_device_kernels(HF f) { return f != HF::mxfp8 && f != HF::mxfp4 && f != HF::nvfp4; }
+KVGATE_HD constexpr bool has_device_kernels(HF f) {
+  return f != HF::mxfp8 && f != HF::mxfp4 && f != HF::nvfp4 && f != HF::fp8_per_token_head &&
+         f != HF::int8_per_token_head;
+}
 
 // Runtime HalfFormat -> template argument, one case per row of KVGATE_HALF_FORMATS. fn receives std::integral_constant<HalfFormat, F>.
 template <class Fn>

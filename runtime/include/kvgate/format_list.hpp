@@ -28,7 +28,9 @@
   X(A, q4_0_rot, mma)             \
   X(A, mxfp8, none)               \
   X(A, mxfp4, none)               \
-  X(A, nvfp4, none)
+  X(A, nvfp4, none)               \
+  X(A, fp8_per_token_head, none)  \
+  X(A, int8_per_token_head, none)
 
 // X(A, name, k, v, slot, kind): one row per preset, in the order every listing prints them.
 //   name   the preset name (--kv <name>); gate IDs end in it (ENV.<name>, ORA.attn.<name>, ...)
@@ -56,7 +58,9 @@
   X(A, mxfp8, mxfp8, mxfp8, 20, homogeneous)             \
   X(A, mxfp4, mxfp4, mxfp4, 21, homogeneous)             \
   X(A, k_mxfp8_v_mxfp4, mxfp8, mxfp4, 22, homogeneous)  \
-  X(A, nvfp4, nvfp4, nvfp4, 23, tensor_scaled)
+  X(A, nvfp4, nvfp4, nvfp4, 23, tensor_scaled)          \
+  X(A, fp8_per_token_head, fp8_per_token_head, fp8_per_token_head, 24, homogeneous) \
+  X(A, int8_per_token_head, int8_per_token_head, int8_per_token_head, 25, homogeneous)
 
 // Helpers every user needs. KVGATE_PRESET_TAG_ROW turns a row into its Catch2 tag, so
 // "[gate:F]" KVGATE_PRESETS(KVGATE_PRESET_TAG_ROW, _) is the tag string of a gate over every preset.
