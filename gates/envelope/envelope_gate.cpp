@@ -341,3 +341,51 @@ TEST_CASE("ENV.fp8.head_scales per-KV-head scales: every element within the enve
       }
   }
 }
+
+// ENV.declared: the envelope the runtime declares (envelope_bound, what `kvgate formats` and the
+// reports publish next to each format) is the normative one of docs/FORMATS.md, written out here:
+// for a stored scale s and element x, |x^ - x| <= max(rel |x| + c s, floor), c the coefficient of
+// the element's population (q4_0's clamped one), plus for the quantized formats at most the binary32
+// slack of one quotient and one product, budgeted at 2^-20 (s + |x|). Not looser (a declared bound a
+// coefficient too high would hide errors behind a published number) and not tighter. The
+// microscaled formats (mxfp8, mxfp4, nvfp4) declare a bound in terms of their block's amax that
+// has no closed form in (x, s); this gate leaves them to ENV.<fmt>, which derives theirs.
+TEST_CASE("ENV.declared every closed-form declared envelope equals the normative one of docs/FORMATS.md",
+          "[gate:ENV][fmt:int8][fmt:q8_0][fmt:q4_0][fmt:fp8][fmt:fp8_e5m2][fmt:f16][fmt:bf16][fmt:f32]") {
+  struct Normative {
+    HalfFormat f;
+    double rel, c, c_clamped, floor;
+    bool slack;
+  };
+  const Normative table[] = {
+      {HalfFormat::f32, 0, 0, 0, 0, false},
+      {HalfFormat::f16, 0x1p-11, 0, 0, 0x1p-25, false},  // half an ulp; half the subnormal spacing 2^-24
+      {HalfFormat::bf16, 0x1p-8, 0, 0, 0, false},
+      {HalfFormat::int8, 0, 0.5, 0.5, 0, true},           // s/2
+      {HalfFormat::q8_0, 0, 0.5, 0.5, 0, true},           // d/2
+      {HalfFormat::q4_0, 0, 0.5, 1.0, 0, true},           // |d|/2; clamped to code 15: |d|
+      {HalfFormat::q4_0_rot, 0, 0.5, 1.0, 0, true},       // as q4_0, in the rotated domain
+      {HalfFormat::fp8_e4m3, 0x1p-4, 0x1p-10, 0x1p-10, 0, true},
+      {HalfFormat::fp8_e5m2, 0x1p-3, 0x1p-17, 0x1p-17, 0, true},
+      {HalfFormat::fp8_per_token_head, 0x1p-4, 0x1p-10, 0x1p-10, 0, true},
+      {HalfFormat::int8_per_token_head, 0, 0.5, 0.5, 0, true},
+  };
+  const float xs[] = {0.0f, 1e-30f, 3e-6f, 0.37f, -1.0f, 5.5f, -300.0f, 6e4f};
+  const float ss[] = {0x1p-20f, 0.0123f, 1.0f, 3.75f, 512.0f};
+  int checked = 0;
+  for (const Normative& n : table)
+    for (const bool clamped : {false, true})
+      for (const float x : xs)
+        for (const float s : ss) {
+          const double ax = std::fabs(static_cast<double>(x)), sd = static_cast<double>(s);
+          const double want = std::max(n.rel * ax + (clamped ? n.c_clamped : n.c) * sd, n.floor);
+          const double budget = n.slack ? 0x1p-20 * (sd + ax) : 0.0;
+          const double got = envelope_bound(n.f, x, s, clamped);
+          INFO(name(n.f) << " x=" << x << " s=" << s << (clamped ? " clamped" : "") << ": declared " << got
+                         << ", normative " << want << " + at most " << budget);
+          CHECK(got >= want);
+          CHECK(got <= want + budget);
+          ++checked;
+        }
+  CHECK(checked == static_cast<int>(std::size(table)) * 2 * 8 * 5);
+}

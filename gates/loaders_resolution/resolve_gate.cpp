@@ -348,14 +348,20 @@ Capability fake_cuda_f32_only(HalfFormat f, const PageGeometry&) {
   if (f == HalfFormat::f32) return {};
   return {false, "cuda_f32_only", ""};
 }
+// A hook that refuses q4_0 without giving a reason (a backend written elsewhere): the refusal must
+// still be reported as a fallback with a reason, never as an empty one that looks like none.
+Capability fake_cuda_no_reason(HalfFormat f, const PageGeometry&) {
+  if (f == HalfFormat::q4_0) return {false, "", ""};
+  return {};
+}
 struct HookGuard {
   explicit HookGuard(BackendCapability fn) { register_backend_capability("cuda", fn); }
   ~HookGuard() { register_backend_capability("cuda", nullptr); }
 };
 }  // namespace
 
-TEST_CASE("STO.resolve.backend the cuda capability hook refuses halves with its own reason",
-          "[gate:STO][fmt:fp8_e5m2][fmt:int8]") {
+TEST_CASE("STO.resolve.backend the cuda capability hook refuses halves with its own reason (a default one when it gives none)",
+          "[gate:STO][fmt:fp8_e5m2][fmt:int8][fmt:q4_0]") {
   const ModelConfig c = geometry(8, 128);
   {
     HookGuard g(fake_cuda);
@@ -379,6 +385,19 @@ TEST_CASE("STO.resolve.backend the cuda capability hook refuses halves with its 
     const ResolvedKv r = resolve_kv(flag("q8_0", false, "cuda"), c, 16);
     CHECK(r.effective == fmt("f32"));
     CHECK(r.fallback_reason == "cuda_f32_only");
+  }
+  {
+    HookGuard g(fake_cuda_no_reason);  // a refusal without a reason gets "<backend>_unsupported"
+    const Capability cap = backend_supports("cuda", HalfFormat::q4_0, PageGeometry{16, 8, 128});
+    CHECK_FALSE(cap.ok);
+    CHECK(cap.reason == "cuda_unsupported");
+    const ResolvedKv r = resolve_kv(flag("q4_0", false, "cuda"), c, 16);
+    CHECK(r.fell_back());
+    CHECK(r.effective == fmt("f16"));
+    CHECK(r.fallback_reason == "cuda_unsupported");
+    const std::string msg = error_of<KvResolveError>([&] { resolve_kv(flag("q4_0", true, "cuda"), c, 16); });
+    INFO(msg);
+    CHECK(has(msg, "cuda_unsupported"));
   }
   // Without a registered hook the cuda backend is refused rather than assumed capable.
   const std::string msg = error_of<KvResolveError>([&] { resolve_kv(flag("int8", false, "cuda"), c, 16); });

@@ -3,6 +3,8 @@
 // the swap/free state machine, and truncation that keeps scales aligned with their codes.
 #include <cstring>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "catch_compat.hpp"
 #include "kvgate/format_list.hpp"
@@ -229,4 +231,54 @@ TEST_CASE("STO.guards guard regions around every page detect an out-of-bounds wr
   CHECK(st->check_guards().empty());
   st->page(0, KvHalf::K, 0)[-1] = 0;
   CHECK(st->check_guards().find("layer 0 K page 0") != std::string::npos);
+}
+
+// STO.names: every spelling a user types for a format reaches the format docs/FORMATS.md names,
+// through both entry points (a half on its own, as --kv-k/--kv-v take it, and a K/V pair
+// "k=<half>,v=<half>"). The expectations are this gate's own table (never the runtime's): each half
+// format's canonical name, and the one alias, "fp8" = fp8_e4m3 (e4m3, not e5m2), which is also a
+// preset. The table must cover every half format the runtime has, so a new one is spelled here too.
+TEST_CASE("STO.names every half-format spelling, alone and in a K/V pair, maps to the documented format",
+          "[gate:STO][fmt:fp8]") {
+  struct Spelling {
+    const char* text;
+    HalfFormat want;
+  };
+  const Spelling table[] = {
+      {"f32", HalfFormat::f32},         {"f16", HalfFormat::f16},           {"bf16", HalfFormat::bf16},
+      {"int8", HalfFormat::int8},       {"fp8_e4m3", HalfFormat::fp8_e4m3}, {"fp8", HalfFormat::fp8_e4m3},
+      {"fp8_e5m2", HalfFormat::fp8_e5m2}, {"q8_0", HalfFormat::q8_0},       {"q4_0", HalfFormat::q4_0},
+      {"q4_0_rot", HalfFormat::q4_0_rot}, {"mxfp8", HalfFormat::mxfp8},     {"mxfp4", HalfFormat::mxfp4},
+      {"nvfp4", HalfFormat::nvfp4},     {"fp8_per_token_head", HalfFormat::fp8_per_token_head},
+      {"int8_per_token_head", HalfFormat::int8_per_token_head},
+  };
+  std::set<HalfFormat> covered;
+  for (const Spelling& s : table) {
+    INFO("spelling '" << s.text << "'");
+    const auto h = parse_half(s.text);
+    REQUIRE(h.has_value());
+    CHECK(*h == s.want);
+    covered.insert(s.want);
+    // In a pair, on either side, next to another format.
+    for (const char* other : {"f16", "q4_0"}) {
+      const auto kv = parse_kv_format(std::string("k=") + s.text + ",v=" + other);
+      REQUIRE(kv.has_value());
+      CHECK(kv->k == s.want);
+      CHECK(kv->v == *parse_half(other));
+      const auto vk = parse_kv_format(std::string("k=") + other + ",v=" + s.text);
+      REQUIRE(vk.has_value());
+      CHECK(vk->v == s.want);
+    }
+  }
+  // Anti-vacuity: the table names every half format the runtime has.
+  for (HalfFormat f : all_half_formats()) {
+    INFO("half format " << name(f) << " has no spelling in this gate's table");
+    CHECK(covered.count(f) == 1);
+  }
+  // The preset "fp8" is e4m3 on both halves; unknown spellings are refused.
+  CHECK(*parse_kv_format("fp8") == (KvFormat{HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3}));
+  for (const char* bad : {"fp8_e4m3fn", "FP8", "e5m2", "int4", ""}) {
+    INFO("spelling '" << bad << "'");
+    CHECK_FALSE(parse_half(bad).has_value());
+  }
 }

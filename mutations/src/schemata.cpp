@@ -318,8 +318,10 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
       ed.end = slot->s1;
       ed.first_line = line_of(f, ed.begin);
       ed.last_line = line_of(f, ed.end == ed.begin ? ed.end : ed.end - 1);
-      ed.text = "(" + on_call + " ? static_cast<::kvgate_mutant_schema::same_t<decltype((" + std::string(trim(*off1)) +
-                "))>>(" + std::string(trim(*on1)) + ") : (" + *clean(off, false) + "))";
+      const std::string off_type = "decltype((" + std::string(trim(*off1)) + "))";
+      ed.text = "(" + on_call + " ? static_cast<::kvgate_mutant_schema::same_t<" + off_type +
+                ">>(::kvgate_mutant_schema::typed<" + off_type + ">(" + std::string(trim(*on1)) + ")) : (" +
+                *clean(off, false) + "))";
       ed.off_pos = ed.text.size() - 2 - off.size();
       out.push_back(std::move(ed));
     }
@@ -389,7 +391,16 @@ std::string schema_header(const std::vector<std::string>& ids) {
       "// literal) decays to a pointer, as it does in the conditional anyway.\n"
       "template <class T> struct same { using type = T; };\n"
       "template <class T, std::size_t N> struct same<T (&)[N]> { using type = T*; };\n"
-      "template <class T> using same_t = typename same<T>::type;\n\n"
+      "template <class T> using same_t = typename same<T>::type;\n"
+      "// The mutated operand must have the unmutated one's type (references, cv and array decay aside):\n"
+      "// the cast above would otherwise convert a change of type away (a code read as std::uint8_t, cast\n"
+      "// back to std::int8_t, is the original code, and the mutant would run as the original). Such a\n"
+      "// mutant fails to compile here; the driver then moves it to the statement form, or to\n"
+      "// patch-and-rebuild, where the change is compiled as written.\n"
+      "template <class Off, class On>\nconstexpr On&& typed(On&& on) {\n"
+      "  static_assert(std::is_same_v<std::decay_t<Off>, std::decay_t<On>>,\n"
+      "                \"kvgate mutate: the mutant changes the type of the operand it switches\");\n"
+      "  return static_cast<On&&>(on);\n}\n\n"
       "inline constexpr int kCount = " +
       std::to_string(ids.size() - 1) + ";\ninline constexpr const char* kIds[kCount + 1] = {\n";
   for (const auto& id : ids) t += "    \"" + id + "\",\n";
