@@ -37,9 +37,12 @@ mkdir -p "$out"
 summary="$out/summary.tsv"
 printf 'harness\tseconds\texecs\texec_per_s\tcov\tft\tcorpus\tresult\n' >"$summary"
 status=0
-for exe in "$build"/fuzz/fuzz_*; do
-  name="$(basename "$exe")"; name="${name#fuzz_}"
+# The harnesses are the sources in fuzz/harnesses/ (the build folder also holds generated files
+# named fuzz_*, such as fuzz_gguf_build_paths.cpp, which are not programs).
+for src in "$here"/fuzz/harnesses/fuzz_*.cpp; do
+  name="$(basename "$src" .cpp)"; exe="$build/fuzz/$name"; name="${name#fuzz_}"
   [[ -n "$only" && "$only" != "$name" ]] && continue
+  [[ -x "$exe" ]] || { echo "fuzz.sh: $exe was not built (target fuzzers)" >&2; exit 2; }
   seeds="$here/fuzz/corpus/$name"; crashes="$here/fuzz/crashes/$name"
   # 1. Regression replay: every seed and every past crash, each run once.
   inputs=("$seeds"/*)
