@@ -519,6 +519,8 @@ std::string instrument_text(std::string_view f, std::vector<SwitchEdit> edits, c
 std::vector<LogLocation> error_locations(std::string_view log) {
   static const std::regex gcc(R"(^(.+?):(\d+):(\d+):\s+(fatal error|error|required from|  required from)\b)");
   static const std::regex gcc_req(R"(^(.+?):(\d+):(\d+):\s+required from)");
+  // clang says where a template was instantiated in a note (gcc: "required from here").
+  static const std::regex clang_inst(R"(^(.+?):(\d+):(\d+):\s+note: in instantiation of .* requested here)");
   static const std::regex nvcc(R"(^(.+?)\((\d+)\): (error|catastrophic error))");
   std::vector<LogLocation> out;
   std::size_t pos = 0;
@@ -528,7 +530,8 @@ std::vector<LogLocation> error_locations(std::string_view log) {
     const std::string line(log.substr(pos, nl - pos));
     pos = nl + 1;
     std::smatch mt;
-    if (std::regex_search(line, mt, gcc) || std::regex_search(line, mt, gcc_req) || std::regex_search(line, mt, nvcc))
+    if (std::regex_search(line, mt, gcc) || std::regex_search(line, mt, gcc_req) ||
+        std::regex_search(line, mt, clang_inst) || std::regex_search(line, mt, nvcc))
       out.push_back({mt[1].str(), std::stoi(mt[2].str())});
   }
   return out;
