@@ -42,12 +42,23 @@ for web in "$here/mutations/web" "$here/reports/web"; do
   fi
 done
 
-# The default model: ../shared/models/stories260K (or $KVGATE_MODELS). Outside this project's
-# environment it is fetched from its public source, pinned by SHA-256.
+# The default model: ../shared/models/stories260K (or $KVGATE_MODELS). A clone of a local checkout
+# made elsewhere (git clone /path/to/kvgate /tmp/x) has no ../shared beside it: the files are copied
+# into .models from the ../shared/models beside the checkout it was cloned from. Otherwise they are
+# fetched from their public source. Either way the llama2.c files are checked against their SHA-256.
 models="${KVGATE_MODELS:-$here/../shared/models}"
 if [ ! -f "$models/stories260K/stories260K.bin" ]; then
   models="$here/.models"
   mkdir -p "$models/stories260K"
+  origin="$(git -C "$here" remote get-url origin 2>/dev/null || true)"
+  if [ -n "$origin" ] && [ -f "$origin/../shared/models/stories260K/stories260K.bin" ]; then
+    for src in "$origin"/../shared/models/stories260K/*; do
+      f="$(basename "$src")"
+      [ -f "$models/stories260K/$f" ] ||
+        { cp "$src" "$models/stories260K/$f.part" && mv "$models/stories260K/$f.part" "$models/stories260K/$f"; }
+    done
+    echo "kvgate setup: stories260K copied to $models from the checkout this clone came from ($origin)"
+  fi
   base="https://huggingface.co/karpathy/tinyllamas/resolve/main/stories260K"
   fetched=1
   for f in stories260K.bin tok512.bin; do
@@ -60,7 +71,7 @@ b0a507e7ad0f626624f17112325e66691f9076d622e1d3274d103d00299f2696  stories260K.bi
 037cb335abb25d1fa9e8ecae30ed2a3a8ace9302862ebcdc05d51a6bbb10c312  tok512.bin
 SUMS
   ); then
-    echo "kvgate setup: stories260K downloaded to $models (export KVGATE_MODELS=$models)"
+    echo "kvgate setup: stories260K in $models (export KVGATE_MODELS=$models)"
   else
     rm -f "$models"/stories260K/*.part
     echo "kvgate setup: WARNING: stories260K is not in ../shared/models or \$KVGATE_MODELS and could not be" \
