@@ -30,8 +30,14 @@
 #             kill (a gate a mutant could not reach stays unproven, it is never counted proven), so
 #             the canary adds no proof; it costs a rebuild, a run of every gate and a rebuild back
 #             (a minute or more of the budget on 16 cores), so it is off unless asked for.
-# No GPU is used: the scratch build is configured with -DKVGATE_CUDA=OFF and the device probe is
-# told there is none (KVGATE_MUTATE_CUDA_DEVICE=0), so the CUDA mutants are listed as skipped.
+#   CUDA      (default 0) 0: no GPU is used: the scratch build is configured with -DKVGATE_CUDA=OFF
+#             and the device probe is told there is none (KVGATE_MUTATE_CUDA_DEVICE=0), so the CUDA
+#             mutants are listed as skipped and the CUDA gates as not provable here.
+#             1: the proof of the CUDA gate programs on a machine with a device: the scratch build is
+#             configured with -DKVGATE_CUDA=ON (CMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS, default
+#             90a-real: one SASS per kernel TU, the shortest rebuild on H100/H200), the device is
+#             probed as usual, TARGETS defaults to gate_cuda,gate_signoff_engine, and the CUDA
+#             mutants (patch-and-rebuild: device code cannot read the switch) run after the switches.
 set -uo pipefail
 # The whole script is one compound command: bash parses it before running any of it, so the file
 # changing under a running call (a tree synced again) cannot make it run shifted text.
@@ -74,11 +80,18 @@ elif [ ! -f /usr/include/xxhash.h ]; then
   echo "prove-device: no xxhash.h below $assets and none in /usr/include"
   exit 1
 fi
+cuda="${CUDA:-0}"
 cmake_flags=(-DCMAKE_BUILD_TYPE=Release -DKVGATE_CUDA=OFF -DKVGATE_BUILD_BENCH=OFF)
 [ -n "$cxx_flags" ] && cmake_flags+=("-DCMAKE_CXX_FLAGS=$cxx_flags")
 [ -n "$ld_flags" ] && cmake_flags+=("-DCMAKE_EXE_LINKER_FLAGS=$ld_flags" "-DCMAKE_SHARED_LINKER_FLAGS=$ld_flags")
 
-export KVGATE_MODELS="$models" KVGATE_MUTATE_CUDA_DEVICE=0 CUDA_VISIBLE_DEVICES=
+export KVGATE_MODELS="$models"
+if [ "$cuda" = 1 ]; then
+  note "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1); $(nvcc --version 2>/dev/null | tail -1)"
+  TARGETS="${TARGETS:-gate_cuda,gate_signoff_engine}"
+else
+  export KVGATE_MUTATE_CUDA_DEVICE=0 CUDA_VISIBLE_DEVICES=
+fi
 
 # 1. The driver alone (cli/kvgate_mutate.cpp, ~20 TUs).
 if ! { cmake -S "$root" -B "$drv" -G Ninja "${cmake_flags[@]}" && ninja -C "$drv" -j "$jobs" kvgate_mutate; } \
@@ -96,7 +109,14 @@ done
 args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
       --catalog "$root/mutations/catalog.json" --catalog "$root/mutations/adversarial.json"
       --catalog "$root/mutations/adversarial2.json" --catalog "$root/mutations/adversarial3.json"
-      --cmake-arg -DKVGATE_CUDA=OFF --cmake-arg -DKVGATE_BUILD_BENCH=OFF)
+      --cmake-arg -DKVGATE_BUILD_BENCH=OFF)
+if [ "$cuda" = 1 ]; then
+  args+=(--cmake-arg -DKVGATE_CUDA=ON --cmake-arg "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real}")
+  # Without ccache a revert recompiles the kernel TUs again: put the baseline objects back instead.
+  command -v ccache >/dev/null || args+=(--restore-objects)
+else
+  args+=(--cmake-arg -DKVGATE_CUDA=OFF)
+fi
 [ -n "$cxx_flags" ] && args+=(--cmake-arg "-DCMAKE_CXX_FLAGS=$cxx_flags")
 [ -n "$ld_flags" ] && args+=(--cmake-arg "-DCMAKE_EXE_LINKER_FLAGS=$ld_flags" --cmake-arg "-DCMAKE_SHARED_LINKER_FLAGS=$ld_flags")
 [ "${CANARY:-0}" = 1 ] || args+=(--no-canary)
