@@ -23,6 +23,7 @@
 #include "kvgate/outcomes.hpp"
 #include "kvgate/reports.hpp"
 #include "kvgate/signoff.hpp"
+#include "kvgate/signoff_coverage.hpp"
 #include "kvgate/signoff_probes.hpp"
 
 namespace kvgate::cli {
@@ -37,7 +38,7 @@ struct SignoffOpts {
   std::vector<std::string> formats;
   bool all = false, quick = false, no_timing = false;
   std::string device = "cpu", out = "kvgate.out/signoff", mutants, gates_dir, model, probe_model, catalog, scratch;
-  std::string policy, baseline, corpus;
+  std::string policy, baseline, corpus, coverage;
   bool no_project_corpus = false;
   matrix::GridOverrides grid;  // --needle-lengths, --bench-lengths, ... (matrix::apply_grid)
   std::string cuda_weights = "f32";
@@ -105,6 +106,7 @@ struct SignoffRun {
   std::optional<matrix::MatrixOptions> mo_base;
   std::optional<records::OutcomesRecord> outcomes;  // the mutation proof (--mutants, or kvgate mutate's)
   std::string mutation_source;
+  so::CoverageSummary coverage = so::coverage_not_measured();  // --coverage (scripts/coverage.sh's folder)
   // per format: what conformance is decided from, and notes for the report
   std::map<std::string, so::ConformanceInput> C;
   std::map<std::string, std::vector<std::string>> notes;
@@ -195,6 +197,8 @@ struct SignoffRun {
       outcomes = records::read_outcomes(p);
       mutation_source = "read from " + p.string();
     }
+    // --coverage: the gate suite's coverage of the shipped code (checked on read)
+    if (!o.coverage.empty()) coverage = so::load_coverage(o.coverage);
   }
 
   // Each format as the backend of --device holds it for the model. A format without kernels there
@@ -531,6 +535,11 @@ struct SignoffRun {
         {"missing", quality_missing}};
     rec["verdicts"] = vjs;
     rec["probe_sensitivity"] = mj.is_object() && mj.contains("probe_sensitivity") ? mj["probe_sensitivity"] : json(nullptr);
+    rec["coverage"] = so::to_json(coverage);
+    if (coverage.measured && !coverage.commit.empty() && prov.is_object() && prov.value("git_commit", json()).is_string() &&
+        coverage.commit.rfind(prov["git_commit"].get<std::string>(), 0) != 0)
+      rec["coverage"]["note"] = coverage.note + "; measured on commit " + coverage.commit + ", not on this sign-off's commit " +
+                                prov["git_commit"].get<std::string>();
     rec["stages"] = stages.to_json();
     rec["exit_code"] = exit_code;
     rec["exit_codes"] = so::exit_codes_help();
@@ -604,6 +613,9 @@ void register_signoff(CLI::App& app) {
   sub->add_option("--jobs,-j", o->jobs, "parallel jobs for kvgate mutate")->capture_default_str();
   sub->add_flag("--no-timing", o->no_timing, "matrix without timing (reads no clock; for tests)");
   sub->add_option("--policy", o->policy, "release policy JSON (default reports/policy/default.json; schema reports/schema/policy.schema.json)");
+  sub->add_option("--coverage", o->coverage,
+                  "the folder scripts/coverage.sh wrote (or its coverage.json): the gate suite's line and branch coverage "
+                  "of the shipped code goes into the report, with the runtime/ bar (>= 95% of lines)");
   sub->add_option("--baseline", o->baseline,
                   "baseline KV the formats are judged against: f16 | bf16 | f32 (default: the policy's, else f16 on cpu, bf16 on cuda)");
   sub->add_option("--corpus", o->corpus,

@@ -4,8 +4,9 @@
 #
 #   scripts/coverage.sh [OUT]     default OUT = kvgate.out/coverage
 #
-# Writes OUT/summary.txt (per file: lines and the unreached line numbers), OUT/branches.txt, OUT/coverage.json
-# (gcovr's JSON summary), OUT/html/index.html (per-file pages) and prints the totals. The build goes
+# Writes OUT/scope.txt (the commit, targets and tests), OUT/summary.txt (per file: lines and the unreached line numbers), OUT/branches.txt, OUT/coverage.json
+# (gcovr's JSON summary), OUT/html/index.html (per-file pages) and prints the totals.
+# `kvgate signoff --coverage OUT` puts the figures into the sign-off report. The build goes
 # to build-coverage/ (CUDA off: device code is not measured here; on a GPU machine the CUDA host code
 # would need a CUDA build with --coverage, which this script does not do). Models: $KVGATE_MODELS.
 #
@@ -52,6 +53,7 @@ tail -n 5 "$build/ctest.log"
 
 mkdir -p "$out/html"
 {
+  echo "commit: $(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$here" diff --quiet HEAD 2>/dev/null || echo ' (uncommitted changes)')"
   echo "targets: ${targets:-all}"
   echo "tests: ${tests:-all}"
   grep -E '^ *[0-9]+/[0-9]+ Test' "$build/ctest.log" | sed -E 's/^ *//; s/ +[0-9.]+ sec$//' || true

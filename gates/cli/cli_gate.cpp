@@ -692,3 +692,73 @@ TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not
   CHECK(nv["fit"]["lines"][0]["reason"].get<std::string>().find("the engine holds f16") != std::string::npos);
   CHECK_FALSE(names_fallback(ci8));
 }
+
+TEST_CASE("CLI.signoff.coverage --coverage puts the gate suite's coverage into signoff.json and index.md; a bad summary is refused",
+          "[gate:CLI][fmt:int8]") {
+  // The flag's plumbing end to end: a coverage folder written by hand (gcovr's JSON summary, its text
+  // table, the scope with the commit) -> signoff.json `coverage` with the runtime/ part summed from
+  // its files (by hand: 190 + 9 = 199 of 200 + 10 = 210 lines, 94.76%: missed), the bar status, the
+  // unreached file with its line numbers, and the index's section; without --coverage the record
+  // says "not measured". A summary without counts exits 1 naming the file and the field, and writes
+  // no report.
+  Scratch s;
+  SynthOptions so = kvgate::gates::odd_geometry_options(1, 96);
+  so.out = (s.dir / "m").string();
+  synth_hf(so);
+  {
+    std::ofstream ids(s.dir / "ids.txt");
+    for (int i = 0; i < 40; ++i) ids << (3 + (i * 37) % 290) << (i + 1 < 40 ? " " : "\n");
+  }
+  fs::create_directories(s.dir / "no_gates");
+  fs::create_directories(s.dir / "cov");
+  {
+    const json doc = {{"files", json::array({{{"filename", "runtime/src/a.cpp"}, {"line_covered", 190}, {"line_total", 200},
+                                              {"branch_covered", 40}, {"branch_total", 50}},
+                                             {{"filename", "runtime/src/b.cpp"}, {"line_covered", 9}, {"line_total", 10},
+                                              {"branch_covered", 2}, {"branch_total", 2}},
+                                             {{"filename", "cli/x.cpp"}, {"line_covered", 1}, {"line_total", 4},
+                                              {"branch_covered", 0}, {"branch_total", 0}}})}};
+    std::ofstream(s.dir / "cov" / "coverage.json") << doc.dump(1);
+    std::ofstream(s.dir / "cov" / "summary.txt") << "runtime/src/a.cpp   200   190   95%   11-20\nruntime/src/b.cpp   10   9   90%   7\n";
+    std::ofstream(s.dir / "cov" / "scope.txt") << "commit: feedbeef\ntargets: all\ntests: all\n";
+  }
+  auto signoff = [&](const std::string& extra, const std::string& out) {
+    return kvgate_cli("signoff --format int8 --quick --no-timing --no-sensitivity --threads 1 --model " + q(so.out) +
+                      " --probe-model none --no-project-corpus --corpus " + q((s.dir / "ids.txt").string()) + " --gates-dir " +
+                      q((s.dir / "no_gates").string()) + " --out " + q((s.dir / out).string()) + " " + extra);
+  };
+  const Run r = signoff("--coverage " + q((s.dir / "cov").string()), "with");
+  INFO("stderr: " << r.err);
+  REQUIRE((r.rc == 0 || r.rc == 3 || r.rc == 4));
+  const json rec = json::parse(slurp(s.dir / "with" / "signoff.json"));
+  const json& cov = rec["coverage"];
+  INFO(cov.dump(1));
+  CHECK(cov["measured"] == true);
+  CHECK(cov["commit"] == "feedbeef");
+  CHECK(cov["bar"]["status"] == "missed");
+  REQUIRE(cov["parts"].size() == 2);
+  CHECK(cov["parts"][0]["part"] == "runtime/");
+  CHECK(cov["parts"][0]["lines_covered"] == 199);
+  CHECK(cov["parts"][0]["lines_total"] == 210);
+  CHECK(cov["total"]["lines_total"] == 214);
+  REQUIRE(cov["runtime_unreached"].size() == 2);
+  CHECK(cov["runtime_unreached"][0]["file"] == "runtime/src/a.cpp");
+  CHECK(cov["runtime_unreached"][0]["missing"] == "11-20");
+  const std::string md = slurp(s.dir / "with" / "index.md");
+  CHECK(md.find("Bar: at least 95% of runtime/ lines reached by the gate suite: missed (94.8%).") != std::string::npos);
+  CHECK(md.find("| runtime/src/a.cpp | 10 | 95.0% | 11-20 |") != std::string::npos);
+
+  const Run plain = signoff("", "without");
+  REQUIRE((plain.rc == 0 || plain.rc == 3 || plain.rc == 4));
+  const json rec2 = json::parse(slurp(s.dir / "without" / "signoff.json"));
+  CHECK(rec2["coverage"]["measured"] == false);
+  CHECK(rec2["coverage"]["bar"]["status"] == "not measured");
+
+  std::ofstream(s.dir / "bad.json") << R"({"files": [{"filename": "runtime/a.cpp", "line_covered": 3}]})";
+  const Run bad = signoff("--coverage " + q((s.dir / "bad.json").string()), "bad");
+  INFO("bad stderr: " << bad.err);
+  CHECK(bad.rc == 1);
+  CHECK(bad.err.find("bad.json") != std::string::npos);
+  CHECK(bad.err.find("files[0].line_total") != std::string::npos);
+  CHECK_FALSE(fs::exists(s.dir / "bad" / "signoff.json"));
+}

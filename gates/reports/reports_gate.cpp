@@ -167,3 +167,74 @@ TEST_CASE("RPT.schema.bounds minimum and maximum are inclusive, the exclusive on
   CHECK(validate_json(json{{"x", 1}}, s).size() == 1);
   CHECK(validate_json(json{{"x", 0.5}}, s).empty());
 }
+
+TEST_CASE("RPT.coverage.section the coverage section shows the record's parts, bar status and unreached files in Markdown and HTML",
+          RPT_TAGS) {
+  // signoff.json's coverage object (kvgate signoff --coverage), written by hand with distinct values
+  // per cell: runtime/ 960/1000 lines (96.0%), 700/1000 branches (70.0%); cli/ 80/100 (80.0%), 30/60
+  // (50.0%); total 1040/1100 (94.5%), 730/1060 (68.9%). The bar status is the record's ("missed",
+  // deliberately disagreeing with the figure: the renderer must print the record, not recompute it).
+  ReportInputs in = fixture();
+  const json counts_rt = {{"lines_covered", 960}, {"lines_total", 1000}, {"line_percent", 96.0},
+                          {"branches_covered", 700}, {"branches_total", 1000}, {"branch_percent", 70.0}};
+  json rt = counts_rt;
+  rt["part"] = "runtime/";
+  rt["name"] = "runtime";
+  rt["files"] = 12;
+  json cli = {{"lines_covered", 80}, {"lines_total", 100}, {"line_percent", 80.0}, {"branches_covered", 30}, {"branches_total", 60},
+              {"branch_percent", 50.0}, {"part", "cli/"}, {"name", "CLI"}, {"files", 3}};
+  json unreached = counts_rt;
+  unreached["file"] = "runtime/src/kv_file.cpp";
+  unreached["lines_covered"] = 961;
+  unreached["missing"] = "104,115,159-161";
+  in.signoff["coverage"] = {
+      {"measured", true},
+      {"source", "cov/coverage.json"},
+      {"commit", "abc123"},
+      {"scope", "targets: all; tests: all"},
+      {"total", {{"lines_covered", 1040}, {"lines_total", 1100}, {"line_percent", 94.5}, {"branches_covered", 730}, {"branches_total", 1060},
+                 {"branch_percent", 68.9}}},
+      {"parts", json::array({rt, cli})},
+      {"runtime_unreached", json::array({unreached})},
+      {"bar", {{"metric", "runtime/ lines reached"}, {"bound_percent", 95.0}, {"status", "missed"}}},
+      {"note", "CUDA device code is not measured"}};
+  const std::string md = index_markdown(in);
+  INFO(md);
+  CHECK(md.find("## Coverage of the shipped code by the gate suite") != std::string::npos);
+  CHECK(md.find("Bar: at least 95% of runtime/ lines reached by the gate suite: missed (96.0%).") != std::string::npos);
+  const auto r = split_cells(row_of(md, "| runtime/ |"));
+  REQUIRE(r.size() == 6);
+  CHECK(r[2] == "12");
+  CHECK(r[3] == "960/1000");
+  CHECK(r[4] == "96.0%");
+  CHECK(r[5] == "70.0%");
+  const auto c = split_cells(row_of(md, "| cli/ |"));
+  REQUIRE(c.size() == 6);
+  CHECK(c[3] == "80/100");
+  CHECK(c[4] == "80.0%");
+  CHECK(c[5] == "50.0%");
+  const auto t = split_cells(row_of(md, "| all shipped code |"));
+  REQUIRE(t.size() == 6);
+  CHECK(t[3] == "1040/1100");
+  CHECK(t[4] == "94.5%");
+  CHECK(t[5] == "68.9%");
+  const auto u = split_cells(row_of(md, "| runtime/src/kv_file.cpp |"));
+  REQUIRE(u.size() == 4);
+  CHECK(u[1] == "39");  // 1000 - 961 unreached lines
+  CHECK(u[3] == "104,115,159-161");
+  CHECK(md.find("Commit: abc123.") != std::string::npos);
+  CHECK(md.find("CUDA device code is not measured") != std::string::npos);
+  std::string warning;
+  const std::string html = html_page(in, "/nonexistent-web-dir", &warning);
+  CHECK(html.find("<h2>Coverage of the shipped code by the gate suite</h2>") != std::string::npos);
+  CHECK(html.find("<td>runtime/</td><td>runtime</td><td>12</td><td>960/1000</td><td>96.0%</td><td>70.0%</td>") != std::string::npos);
+  CHECK(html.find("<td>runtime/src/kv_file.cpp</td><td>39</td>") != std::string::npos);
+  // Not measured: the section says so and shows no figure; no coverage object: no section.
+  in.signoff["coverage"] = {{"measured", false}, {"source", "not given: run scripts/coverage.sh OUT"}, {"parts", json::array()},
+                            {"runtime_unreached", json::array()}, {"bar", {{"status", "not measured"}}}, {"note", "none"}};
+  const std::string md2 = index_markdown(in);
+  CHECK(md2.find("Not measured: not given: run scripts/coverage.sh OUT.") != std::string::npos);
+  CHECK(md2.find("| runtime/ |") == std::string::npos);
+  in.signoff.erase("coverage");
+  CHECK(index_markdown(in).find("## Coverage") == std::string::npos);
+}

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "kvgate/atomic_file.hpp"
+#include "coverage_view.hpp"
 #include "json_field.hpp"
 #include "kvgate/reports.hpp"
 
@@ -317,6 +318,30 @@ std::string html_page(const ReportInputs& in, const std::string& web_dir, std::s
         << html_escape(g.value("message", "").substr(0, 200)) << "</td></tr>\n";
     }
     o << "</table></details>\n";
+  }
+  const CoverageView cv = coverage_view(in.signoff);
+  if (cv.present) {
+    o << "<h2>Coverage of the shipped code by the gate suite</h2>\n<p>" << html_escape(cv.headline) << "</p>\n";
+    if (!cv.parts.empty()) {
+      o << "<table><tr><th>part</th><th>what</th><th>files</th><th>lines reached</th><th>lines</th><th>branches</th></tr>\n";
+      for (const auto& r : cv.parts) {
+        o << "<tr>";
+        for (const auto& x : r) o << "<td>" << html_escape(x) << "</td>";
+        o << "</tr>\n";
+      }
+      o << "</table>\n";
+    }
+    if (!cv.unreached.empty()) {
+      o << "<details><summary>runtime/ files with unreached lines</summary><table><tr><th>file</th><th>unreached</th><th>lines</th>"
+           "<th>unreached line numbers</th></tr>\n";
+      for (const auto& r : cv.unreached) {
+        o << "<tr>";
+        for (const auto& x : r) o << "<td>" << html_escape(x) << "</td>";
+        o << "</tr>\n";
+      }
+      o << "</table></details>\n";
+    }
+    o << "<p>" << html_escape(cv.provenance) << "</p>\n";
   }
   o << "<div id=\"kvgate-errors\"></div>\n";
   json all = json::object();

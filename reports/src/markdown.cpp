@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kvgate/matrix.hpp"
+#include "coverage_view.hpp"
 #include "json_field.hpp"
 #include "kvgate/reports.hpp"
 
@@ -314,6 +315,21 @@ std::string index_markdown(const ReportInputs& in) {
   if (in.gates.is_object()) {
     const auto& t = field(in.gates, "totals");
     o << "\nGates: " << int_field(t, "passed") << " passed, " << int_field(t, "failed") << " failed, " << int_field(t, "skipped") << " skipped.\n";
+  }
+  const CoverageView cv = coverage_view(in.signoff);
+  if (cv.present) {
+    o << "\n## Coverage of the shipped code by the gate suite\n\n" << cv.headline << "\n\n";
+    if (!cv.parts.empty()) {
+      o << "| part | what | files | lines reached | lines | branches |\n|---|---|---:|---:|---:|---:|\n";
+      for (const auto& r : cv.parts) o << "| " << r[0] << " | " << r[1] << " | " << r[2] << " | " << r[3] << " | " << r[4] << " | " << r[5] << " |\n";
+      o << "\n";
+    }
+    if (!cv.unreached.empty()) {
+      o << "runtime/ files with unreached lines:\n\n| file | unreached | lines | unreached line numbers |\n|---|---:|---:|---|\n";
+      for (const auto& r : cv.unreached) o << "| " << r[0] << " | " << r[1] << " | " << r[2] << " | " << r[3] << " |\n";
+      o << "\n";
+    }
+    o << cv.provenance << "\n";
   }
   return o.str();
 }
