@@ -10,7 +10,9 @@ namespace kvgate::mutate {
 
 namespace fs = std::filesystem;
 
-const char* to_string(SwitchForm f) { return f == SwitchForm::expression ? "expression" : "statement"; }
+const char* to_string(SwitchForm f) {
+  return f == SwitchForm::expression ? "expression" : f == SwitchForm::declaration ? "declaration" : "statement";
+}
 
 namespace {
 
@@ -183,6 +185,65 @@ bool statement_sequence(std::string_view t) {
   for (const std::string_view w : {"else", "case", "default", "public", "private", "protected", "template"})
     if (starts_with_word(code, w)) return false;
   return code.front() != '}' && code.front() != '#';
+}
+
+// A single declaration statement `DECL = INIT;` in t[lb, le) (absolute positions, classes c): the
+// positions of its top-level `=` and of its final `;`. Refused (nullopt): no top-level `=`, a
+// compound assignment or comparison at the top level, a second top-level `=` or `,` (several
+// declarators), code after the `;`, unbalanced brackets.
+struct DeclSplit {
+  std::size_t eq = 0, semi = 0;
+};
+std::optional<DeclSplit> declaration_split(std::string_view t, const std::vector<CharClass>& c, std::size_t lb, std::size_t le) {
+  int depth = 0;
+  std::optional<std::size_t> eq;
+  std::optional<std::size_t> semi;
+  for (std::size_t i = lb; i < le && i < t.size(); ++i) {
+    if (c[i] != CharClass::code || space(t[i])) continue;
+    const char ch = t[i];
+    if (semi) return std::nullopt;  // code after the `;`: more than one statement
+    if (ch == '(' || ch == '[' || ch == '{') {
+      ++depth;
+    } else if (ch == ')' || ch == ']' || ch == '}') {
+      if (--depth < 0) return std::nullopt;
+    } else if (depth == 0 && ch == '=') {
+      const char prev = i > lb ? t[i - 1] : ' ', next = i + 1 < le ? t[i + 1] : ' ';
+      if (eq || next == '=' || std::string_view("=<>!+-*/%&|^").find(prev) != std::string_view::npos) return std::nullopt;
+      eq = i;
+    } else if (depth == 0 && ch == ',' && eq) {
+      return std::nullopt;
+    } else if (depth == 0 && ch == ';') {
+      semi = i;
+    }
+  }
+  if (!eq || !semi || depth != 0) return std::nullopt;
+  return DeclSplit{*eq, *semi};
+}
+
+// DECL (the code before the `=`) declares one plain variable by value: at least a type and a name,
+// the name last, no reference (`&`: binding the lambda's returned copy would dangle), no array,
+// member access or call, and no storage or constant-expression keyword (a static initializes once,
+// a constexpr cannot read the switch).
+bool plain_declarator(std::string_view decl_code) {
+  for (const std::string_view w : {"return", "using", "typedef", "static", "thread_local", "extern", "constexpr", "constinit",
+                                   "consteval", "goto", "case", "default", "if", "for", "while", "switch", "else", "do",
+                                   "throw", "delete", "co_return", "co_yield", "co_await", "friend", "template", "operator"})
+    if (starts_with_word(decl_code, w)) return false;
+  for (const char ch : decl_code)
+    if (ch == '&' || ch == '[' || ch == ']' || ch == '.' || ch == '(' || ch == ')' || ch == '{' || ch == '}' || ch == ';' ||
+        ch == '"' || ch == '\'')
+      return false;
+  if (decl_code.find("->") != std::string_view::npos) return false;
+  std::size_t end = decl_code.size();
+  while (end > 0 && space(decl_code[end - 1])) --end;
+  if (end == 0 || !ident_char(decl_code[end - 1])) return false;
+  std::size_t start = end;
+  while (start > 0 && ident_char(decl_code[start - 1])) --start;
+  if (std::isdigit(static_cast<unsigned char>(decl_code[start]))) return false;
+  // something (the type) before the name
+  for (std::size_t i = 0; i < start; ++i)
+    if (ident_char(decl_code[i])) return true;
+  return false;
 }
 
 }  // namespace
@@ -360,6 +421,28 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
       const auto off_clean = clean(off, false), on1 = clean(on, true);
       if (off_clean && on1 && statement_sequence(off) && statement_sequence(on) &&
           statement_may_start_at(f, cls, lb)) {
+        // 2a. declaration form: one declaration whose initializer changes keeps its name in scope
+        // (the statement form would end the name's scope at its closing brace).
+        const auto d = declaration_split(f, cls, lb, le);
+        const auto dm = declaration_split(fm, clsm, lb, lem);
+        if (d && dm && code_only(f.substr(lb, d->eq - lb)) == code_only(std::string_view(fm).substr(lb, dm->eq - lb)) &&
+            plain_declarator(code_only(f.substr(lb, d->eq - lb)))) {
+          const std::string_view off_init = f.substr(d->eq + 1, d->semi - d->eq - 1);
+          const std::string_view on_init = std::string_view(fm).substr(dm->eq + 1, dm->semi - dm->eq - 1);
+          const auto off_init_clean = clean(off_init, false), on_init1 = clean(on_init, true);
+          if (off_init_clean && on_init1 && !trim(*on_init1).empty() && !trim(*off_init_clean).empty()) {
+            SwitchEdit ed;
+            ed.form = SwitchForm::declaration;
+            ed.begin = d->eq + 1;
+            ed.end = d->semi;
+            ed.first_line = line_of(f, ed.begin);
+            ed.last_line = line_of(f, ed.end == ed.begin ? ed.end : ed.end - 1);
+            ed.text = " [&]() { if (" + on_call + ") return " + std::string(trim(*on_init1)) + "; return ";
+            ed.off_pos = ed.text.size();
+            ed.text += *off_init_clean + "; }()";
+            out.push_back(std::move(ed));
+          }
+        }
         SwitchEdit ed;
         ed.form = SwitchForm::statement;
         ed.begin = lb;

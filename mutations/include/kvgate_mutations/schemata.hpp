@@ -5,12 +5,17 @@
 // or class scope, a type, a preprocessor line, a constant expression, CUDA device code, a comment)
 // takes the patch-and-rebuild path, and the report says which path each mutant took and why.
 //
-// Two forms, tried in this order for each mutant (docs/MUTATIONS.md, "Schemata"):
+// Three forms, tried in this order for each mutant (docs/MUTATIONS.md, "Schemata"):
 //  - expression: the smallest expression slot around the changed tokens (between a `(`, `[`, `{`,
 //    `,`, `=`, `return` or `;` and the matching `)`, `]`, `}`, `,` or `;`) becomes
 //      (on(N) ? static_cast<same_t<decltype((OFF))>>(ON) : (OFF))
 //    so the unmutated operand keeps its type, value category and precedence (an lvalue stays the
 //    object itself: a reference returned or bound to it does not dangle);
+//  - declaration: when those whole lines are one declaration `DECL = INIT;` of a plain variable
+//    (by value, not static or constexpr) and only INIT changes, INIT becomes
+//      [&]() { if (on(N)) return ON_INIT; return OFF_INIT; }()
+//    so the name stays in scope for the code after it; both returns must deduce one type (a
+//    mutant that changes the type fails to compile and moves on);
 //  - statement: the whole lines that hold the change, when they are complete statements, become
 //      if (on(N)) { ON } else { OFF }
 // Both keep every original line where it was (the mutated text is folded onto the first line),
@@ -33,7 +38,7 @@ namespace kvgate::mutate {
 enum class CharClass : unsigned char { code, comment, literal, directive };
 std::vector<CharClass> classify_chars(std::string_view text);
 
-enum class SwitchForm { expression, statement };
+enum class SwitchForm { expression, declaration, statement };
 const char* to_string(SwitchForm f);
 
 // One way to write a mutant as a switch: replace text[begin, end) by `text`.
