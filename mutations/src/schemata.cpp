@@ -187,6 +187,19 @@ bool statement_sequence(std::string_view t) {
   return code.front() != '}' && code.front() != '#';
 }
 
+// [s0, s1) is the whole condition of an `if (...)` or `while (...)` (not `if constexpr`, whose
+// condition is a constant expression): `(` right before s0 preceded by the keyword, `)` at s1.
+bool condition_slot(std::string_view f, const std::vector<CharClass>& cls, std::size_t s0, std::size_t s1) {
+  if (s0 == 0 || s1 >= f.size() || f[s0 - 1] != '(' || f[s1] != ')') return false;
+  std::size_t i = s0 - 1;
+  while (i > 0 && (space(f[i - 1]) || cls[i - 1] == CharClass::comment)) --i;
+  for (const std::string_view w : {"if", "while"})
+    if (i >= w.size() && f.substr(i - w.size(), w.size()) == w && (i == w.size() || !ident_char(f[i - w.size() - 1])) &&
+        cls[i - w.size()] == CharClass::code)
+      return true;
+  return false;
+}
+
 // A single declaration statement `DECL = INIT;` in t[lb, le) (absolute positions, classes c): the
 // positions of its top-level `=` and of its final `;`. Refused (nullopt): no top-level `=`, a
 // compound assignment or comparison at the top level, a second top-level `=` or `,` (several
@@ -332,6 +345,22 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
   std::size_t s = 0;
   while (s < f.size() - b && s < fm.size() - b && f[f.size() - 1 - s] == fm[fm.size() - 1 - s]) ++s;
   std::size_t ea = f.size() - s, er = fm.size() - s;
+  // Whole lines deleted or inserted by an anchor that starts after the indentation: the change then
+  // reads "X\n<indent>" at the indented position; the same change is "<indent>X\n" at the line
+  // start, which the statement form takes as whole lines.
+  {
+    const std::size_t lb0 = b == 0 ? 0 : f.rfind('\n', b - 1) == std::string_view::npos ? 0 : f.rfind('\n', b - 1) + 1;
+    const std::size_t k = b - lb0;
+    const bool indent = k > 0 && f.substr(lb0, k).find_first_not_of(" \t") == std::string_view::npos;
+    if (indent && (ea == b) != (er == b)) {
+      const std::string_view t = ea == b ? std::string_view(fm).substr(b, er - b) : f.substr(b, ea - b);
+      if (t.size() > k && t.substr(t.size() - k) == f.substr(lb0, k) && t[t.size() - k - 1] == '\n') {
+        b -= k;
+        ea -= k;
+        er -= k;
+      }
+    }
+  }
   const auto cls = classify_chars(f);
   const auto clsm = classify_chars(fm);
   bool only_comments = true;
@@ -379,10 +408,18 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
       ed.end = slot->s1;
       ed.first_line = line_of(f, ed.begin);
       ed.last_line = line_of(f, ed.end == ed.begin ? ed.end : ed.end - 1);
-      const std::string off_type = "decltype((" + std::string(trim(*off1)) + "))";
-      ed.text = "(" + on_call + " ? static_cast<::kvgate_mutant_schema::same_t<" + off_type +
-                ">>(::kvgate_mutant_schema::typed<" + off_type + ">(" + std::string(trim(*on1)) + ")) : (" +
-                *clean(off, false) + "))";
+      if (condition_slot(f, cls, slot->s0, slot->s1)) {
+        // The whole condition of an `if` / `while`: both sides are converted to bool as the statement
+        // converts its condition (contextually, explicit operator bool included), so a mutant that
+        // turns `opt` into `false && opt` is a switch without changing what either side means.
+        ed.text = "(" + on_call + " ? static_cast<bool>(" + std::string(trim(*on1)) + ") : static_cast<bool>(" +
+                  *clean(off, false) + "))";
+      } else {
+        const std::string off_type = "decltype((" + std::string(trim(*off1)) + "))";
+        ed.text = "(" + on_call + " ? static_cast<::kvgate_mutant_schema::same_t<" + off_type +
+                  ">>(::kvgate_mutant_schema::typed<" + off_type + ">(" + std::string(trim(*on1)) + ")) : (" +
+                  *clean(off, false) + "))";
+      }
       ed.off_pos = ed.text.size() - 2 - off.size();
       out.push_back(std::move(ed));
     }
@@ -393,9 +430,12 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
     // The region's end: the end of its last line, or, when whole lines (with their newline) go or
     // come, the newline before the common rest.
     std::size_t le, lem;
-    const bool whole_lines = ea0 > lb && f[ea0 - 1] == '\n' && (er0 == lb || (er0 > lb && fm[er0 - 1] == '\n'));
+    // Whole lines inserted before the line at lb (nothing of the original changes) count too.
+    const bool inserted_lines = ea0 == lb && b == lb && er0 > lb && fm[er0 - 1] == '\n';
+    const bool whole_lines =
+        inserted_lines || (ea0 > lb && f[ea0 - 1] == '\n' && (er0 == lb || (er0 > lb && fm[er0 - 1] == '\n')));
     if (whole_lines) {
-      le = ea0 - 1;
+      le = ea0 > lb ? ea0 - 1 : lb;
       lem = er0 > lb ? er0 - 1 : lb;
     } else {
       const std::size_t last = ea0 > b ? ea0 - 1 : b;
