@@ -655,7 +655,10 @@ std::vector<LogLocation> error_locations(std::string_view log) {
     std::smatch mt;
     if (std::regex_search(line, mt, gcc) || std::regex_search(line, mt, gcc_req) ||
         std::regex_search(line, mt, clang_inst) || std::regex_search(line, mt, nvcc))
-      out.push_back({mt[1].str(), std::stoi(mt[2].str())});
+      out.push_back({mt[1].str(), std::stoi(mt[2].str()), mt.size() > 3 && mt[3].matched && !mt[3].str().empty() &&
+                                                              std::isdigit(static_cast<unsigned char>(mt[3].str()[0]))
+                                                          ? std::stoi(mt[3].str())
+                                                          : 0});
   }
   return out;
 }
@@ -783,6 +786,41 @@ int demote_on_errors(SchemaPlan& plan, const std::vector<LogLocation>& errors, c
         before = &e;
     }
     if (!file_instrumented) continue;
+    // Several switches on the error's line (one nested in another's text, or two on one line): the
+    // column picks the one whose `on(N)` comes last before it, so a switch sharing the line with a
+    // failing one is not moved with it.
+    if (inside && loc.column > 0) {
+      std::vector<const SchemaPlan::Entry*> on_line;
+      for (const auto& e : plan.switched) {
+        const auto& c = e.candidates[e.chosen];
+        if (same_file(loc.file, e.mutant->file) && loc.line >= c.first_line && loc.line <= c.last_line) on_line.push_back(&e);
+      }
+      if (on_line.size() > 1) {
+        std::string text;
+        try {
+          text = read_text(root / inside->mutant->file);  // the instrumented file the compiler read
+        } catch (const std::exception&) {
+        }
+        std::size_t ls = text.empty() ? std::string::npos : 0;
+        for (int l = 1; l < loc.line && ls != std::string::npos; ++l) {
+          const std::size_t nl = text.find('\n', ls);
+          ls = nl == std::string::npos ? std::string::npos : nl + 1;
+        }
+        if (ls != std::string::npos) {
+          const std::size_t le = text.find('\n', ls);
+          const std::string_view line = std::string_view(text).substr(ls, (le == std::string::npos ? text.size() : le) - ls);
+          const std::size_t col = static_cast<std::size_t>(loc.column - 1);
+          std::size_t best = std::string_view::npos;
+          for (const auto* e : on_line) {
+            const std::size_t at = line.find("::kvgate_mutant_schema::on(" + std::to_string(e->number) + ")");
+            if (at != std::string_view::npos && at <= col && (best == std::string_view::npos || at > best)) {
+              best = at;
+              inside = e;
+            }
+          }
+        }
+      }
+    }
     const SchemaPlan::Entry* hit = inside ? inside : before;
     if (hit) {
       to_move.insert(hit->mutant->id);

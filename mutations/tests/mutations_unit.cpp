@@ -757,6 +757,46 @@ TEST_CASE("schemata: compiler error locations move a switch to its next form, th
   fs::remove_all(d);
 }
 
+TEST_CASE("schemata: an error on a line two switches share moves only the switch its column is in") {
+  // `g(a) + g(b)`: two expression switches on one line. An error whose column lies in the second's
+  // text moves the second only (before the column was read, the line's last switch in plan order was
+  // moved, and a mutant sharing the line with a failing one was sent to the rebuild with it).
+  const fs::path d = temp_dir("schemata_col");
+  fs::create_directories(d / "src");
+  const std::string text = "// f\nint g(int);\nint f(int a, int b) {\n  int r = g(a) + g(b);\n  return r;\n}\n";
+  write_text(d / "src" / "a.cpp", text);
+  Mutant m1 = text_mutant("g(a)", "g(a + 1)");
+  m1.id = "X.a";
+  m1.file = "src/a.cpp";
+  Mutant m2 = text_mutant("g(b)", "g(b + 1)");
+  m2.id = "X.b";
+  m2.file = "src/a.cpp";
+  SchemaPlan plan = plan_schemata(d, {&m1, &m2});
+  REQUIRE(plan.switched.size() == 2);
+  write_schemata(d, plan, d / "h.hpp");
+  const std::string inst = read_text(d / "src" / "a.cpp");
+  const std::size_t ls = inst.find("  int r =");
+  REQUIRE(ls != std::string::npos);
+  const std::string line = inst.substr(ls, inst.find('\n', ls) - ls);
+  int n1 = 0, n2 = 0;
+  for (const auto& e : plan.switched) (e.mutant->id == "X.a" ? n1 : n2) = e.number;
+  const std::size_t at2 = line.find("::kvgate_mutant_schema::on(" + std::to_string(n2) + ")");
+  const std::size_t at1 = line.find("::kvgate_mutant_schema::on(" + std::to_string(n1) + ")");
+  REQUIRE(at1 != std::string::npos);
+  REQUIRE(at2 != std::string::npos);
+  const std::size_t later = std::max(at1, at2);
+  const std::string later_id = later == at2 ? "X.b" : "X.a", other_id = later == at2 ? "X.a" : "X.b";
+  std::ostringstream log;
+  CHECK(demote_on_errors(plan, {{"../src/a.cpp", 4, static_cast<int>(later) + 30}}, d, log) == 1);
+  REQUIRE(plan.switched.size() == 2);  // one moved to its next (declaration) form, none to the rebuild
+  for (const auto& e : plan.switched) {
+    INFO(e.mutant->id);
+    CHECK(e.candidates[e.chosen].form == (e.mutant->id == later_id ? SwitchForm::declaration : SwitchForm::expression));
+  }
+  CHECK(log.str().find(other_id) == std::string::npos);
+  fs::remove_all(d);
+}
+
 TEST_CASE("schemata: the generated header turns exactly one mutant on") {
   const std::string h = schema_header({"", "A.one", "B.two"});
   CHECK(h.find("kCount = 2") != std::string::npos);

@@ -65,11 +65,13 @@ std::string schema_header(const std::vector<std::string>& ids_by_number);
 std::string instrument_text(std::string_view original, std::vector<SwitchEdit> edits,
                             const std::filesystem::path& header);
 
-// Every file:line an error (or the "required from" note of one) names in a compiler log: GCC/Clang
-// `file:line:col: error` and NVCC `file(line): error`.
+// Every file:line(:col) an error (or the "required from" note of one) names in a compiler log:
+// GCC/Clang `file:line:col: error` and NVCC `file(line): error`. Where several switches share the
+// line, the column decides which one the error is in (the innermost whose `on(N)` precedes it).
 struct LogLocation {
   std::string file;
   int line = 0;
+  int column = 0;  // 1-based (GCC/Clang); 0 when the compiler gives none (NVCC)
 };
 std::vector<LogLocation> error_locations(std::string_view log);
 
