@@ -44,6 +44,7 @@ struct SignoffOpts {
   std::string cuda_weights = "f32";
   int quality_tokens = 0, decode_path_tokens = -1;
   bool no_sensitivity = false;
+  bool mutate_full_matrix = false;  // kvgate mutate without --bail (every reached gate of every mutant)
   int threads = 1;
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));  // kvgate mutate -j
 };
@@ -318,8 +319,11 @@ struct SignoffRun {
       const fs::path mdir = fs::path(o.out) / "mutants";
       std::string ids;
       for (const auto& id : all_ids) ids += (ids.empty() ? "" : ",") + id;
+      // --bail (default): each mutant stops at its first kill. The verdict needs only killed or not;
+      // the full kill matrix (--mutate-full-matrix) runs every reached gate of every mutant.
       const std::string cmd = quote(self_exe().string()) + " mutate --only " + quote(ids) + " --out " + quote(mdir.string()) +
-                              " -j " + std::to_string(std::max(1, o.jobs)) + (o.scratch.empty() ? "" : " --scratch " + quote(o.scratch));
+                              " -j " + std::to_string(std::max(1, o.jobs)) + (o.scratch.empty() ? "" : " --scratch " + quote(o.scratch)) +
+                              (o.mutate_full_matrix ? "" : " --bail");
       std::fprintf(stderr, "signoff: mutation proof: %s\n", cmd.c_str());
       const int rc = std::system(cmd.c_str());
       const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
@@ -605,6 +609,9 @@ void register_signoff(CLI::App& app) {
   sub->add_option("--mutants", o->mutants, "read the mutation proof from this outcomes.json (or its folder) instead of running kvgate mutate");
   sub->add_option("--gates-dir", o->gates_dir, "folder with the gate_* programs (default <kvgate dir>/gates)");
   sub->add_option("--mutate-scratch", o->scratch, "scratch tree for kvgate mutate (default: mutate's own)");
+  sub->add_flag("--mutate-full-matrix", o->mutate_full_matrix,
+                "run every reached gate of every mutant (the full kill matrix) instead of stopping each mutant at its first "
+                "kill (kvgate mutate --bail, the default: the verdict needs only killed or not)");
   sub->add_option("--catalog", o->catalog, "mutant catalog (default mutations/catalog.json)");
   sub->add_option("--model", o->model, "matrix model (default stories260K)");
   sub->add_option("--probe-model", o->probe_model,
