@@ -187,6 +187,15 @@ bool statement_sequence(std::string_view t) {
   return code.front() != '}' && code.front() != '#';
 }
 
+// The next code after `pos` is the keyword `else`: the lines before it end an `if` whose `else`
+// belongs to the same statement, so wrapping them in braces would orphan the `else`.
+bool else_follows(std::string_view t, const std::vector<CharClass>& c, std::size_t pos) {
+  std::size_t i = pos;
+  while (i < t.size() && (space(t[i]) || c[i] == CharClass::comment)) ++i;
+  return i + 4 <= t.size() && t.substr(i, 4) == "else" && (i + 4 == t.size() || !ident_char(t[i + 4])) &&
+         c[i] == CharClass::code;
+}
+
 // [s0, s1) is the whole condition of an `if (...)` or `while (...)` (not `if constexpr`, whose
 // condition is a constant expression): `(` right before s0 preceded by the keyword, `)` at s1.
 bool condition_slot(std::string_view f, const std::vector<CharClass>& cls, std::size_t s0, std::size_t s1) {
@@ -460,7 +469,7 @@ std::vector<SwitchEdit> switch_candidates(std::string_view f, const Mutant& m, i
       const std::string_view on = std::string_view(fm).substr(lb, lem - lb);
       const auto off_clean = clean(off, false), on1 = clean(on, true);
       if (off_clean && on1 && statement_sequence(off) && statement_sequence(on) &&
-          statement_may_start_at(f, cls, lb)) {
+          statement_may_start_at(f, cls, lb) && !else_follows(f, cls, le) && !else_follows(fm, clsm, lem)) {
         // 2a. declaration form: one declaration whose initializer changes keeps its name in scope
         // (the statement form would end the name's scope at its closing brace).
         const auto d = declaration_split(f, cls, lb, le);
