@@ -582,6 +582,12 @@ std::map<std::string, GateOutcome> mutant_gates(Env& e, const Mutant& m, const f
       auto first = run_gates(e, dir / "gates", m.timeout_scale, false, &first_s, &named);
       if (interrupted() ||
           std::any_of(first.begin(), first.end(), [](const auto& kv) { return is_kill(kv.second.status); })) {
+        // The other gates are marked as --bail marks the gates it stops (the run is partial).
+        for (const auto& x : e.exes)
+          for (const auto& id : x.gate_ids)
+            if (!first.count(id))
+              first[id] = GateOutcome{GateStatus::not_run, 0, "",
+                                      "not run: stopped by --bail (a gate the mutant names had killed it)", "default", {}};
         *test_s = first_s;
         return first;
       }
