@@ -51,8 +51,13 @@ struct SignoffOpts {
 
 fs::path self_exe() {
   std::error_code ec;
-  const auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::path("kvgate") : p;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return fs::path("kvgate");
+  // A binary replaced while it runs (rebuilt during a sign-off) reads "<path> (deleted)": the
+  // program to start is the one now at <path>.
+  const std::string s = p.string(), tag = " (deleted)";
+  if (s.size() > tag.size() && s.compare(s.size() - tag.size(), tag.size(), tag) == 0) p = s.substr(0, s.size() - tag.size());
+  return p;
 }
 
 std::string quote(const std::string& s) {
