@@ -126,6 +126,7 @@ struct SignoffRun {
   // A mutant that only a GPU gate can kill (requires: cuda-device) belongs to a --device cuda
   // sign-off: on a CPU sign-off its gates skip, so it proves nothing about the CPU path.
   std::map<std::string, int> gpu_only_left_out;
+  std::map<std::string, int> cuda_build_left_out;  // requires: cuda, on a build without the CUDA backend
   // Formats the backend of --device would not hold as asked (resolve_kv on that backend): the engine
   // would run the fallback, so no probe, timing or quality of theirs is measured (format -> fallback).
   struct DeviceFallback {
@@ -297,14 +298,25 @@ struct SignoffRun {
     if (cat.is_object())
       for (const auto& m : cat.value("mutants", json::array())) {
         if (m.value("category", "") == "canary") continue;
-        bool needs_device = false;
-        for (const auto& r : m.value("requires", json::array())) needs_device = needs_device || r == "cuda-device";
+        bool needs_device = false, needs_cuda_build = false;
+        for (const auto& r : m.value("requires", json::array())) {
+          needs_device = needs_device || r == "cuda-device";
+          needs_cuda_build = needs_cuda_build || r == "cuda";
+        }
         for (auto& [f, c] : C) {
           bool mine = false;
           for (const auto& g : m.value("expect_killed_by", json::array())) mine = mine || gate_ids[f].count(g.get<std::string>());
           if (!mine) continue;
           if (needs_device && o.device != "cuda") {
             ++gpu_only_left_out[f];
+            continue;
+          }
+          // A mutant of code only a CUDA build compiles (requires: cuda) cannot be run by a kvgate
+          // without the CUDA backend, and that code is not in what this build ships: left out with a
+          // note, as the GPU mutants are, instead of a "skipped" mutant that leaves the format
+          // NOT-VALIDATED.
+          if (needs_cuda_build && !prov.value("cuda_build", false)) {
+            ++cuda_build_left_out[f];
             continue;
           }
           mutants_of[f].push_back(m.value("id", ""));
@@ -365,6 +377,10 @@ struct SignoffRun {
       if (gpu_only_left_out[f] > 0)
         notes[f].push_back(std::to_string(gpu_only_left_out[f]) +
                            " GPU mutant(s) (requires: cuda-device) are not part of a CPU sign-off; --device cuda runs them");
+      if (cuda_build_left_out[f] > 0)
+        notes[f].push_back(std::to_string(cuda_build_left_out[f]) +
+                           " mutant(s) of code only a CUDA build compiles (requires: cuda) are left out: this kvgate has no "
+                           "CUDA backend (a -DKVGATE_CUDA=ON build runs them)");
       if (mo.mutants.empty()) {
         mo.status = "none";
         mo.not_run_reason = cat.is_object() ? "no catalog mutant targets a gate of " + f : "mutation catalog not found at " + catalog.string();
