@@ -619,6 +619,24 @@ TEST_CASE("CLI.run.kv_layers --kv-layers and vLLM's --kv-cache-dtype-skip-layers
   }
 }
 
+// A quick sign-off fixture: a tiny synthetic model whose KV rows are no multiple of 32 (2 KV heads x
+// head_dim 12), a corpus of `n_ids` token ids and an empty gates folder. Returns the model folder.
+std::string tiny_signoff_setup(const Scratch& s, int n_ids) {
+  SynthOptions so = kvgate::gates::odd_geometry_options(1, 96);
+  so.out = (s.dir / "m").string();
+  synth_hf(so);
+  std::ofstream ids(s.dir / "ids.txt");
+  for (int i = 0; i < n_ids; ++i) ids << (3 + (i * 37) % 290) << (i + 1 < n_ids ? " " : "\n");
+  fs::create_directories(s.dir / "no_gates");
+  return so.out;
+}
+// `kvgate signoff <args> --quick ...` on that fixture, the report in s.dir/out.
+std::string tiny_signoff_command(const Scratch& s, const std::string& args, const std::string& model, const std::string& out) {
+  return "signoff " + args + " --quick --no-timing --no-sensitivity --threads 1 --model " + q(model) +
+         " --probe-model none --no-project-corpus --corpus " + q((s.dir / "ids.txt").string()) + " --gates-dir " +
+         q((s.dir / "no_gates").string()) + " --out " + q((s.dir / out).string());
+}
+
 TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not measured under its name; the others are",
           "[gate:CLI][fmt:q8_0][fmt:int8][fmt:nvfp4]") {
   // On a model whose token rows (2 KV heads x head_dim 12 = 24) are no multiple of 32, q8_0 falls
@@ -630,18 +648,9 @@ TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not
   // CUDA kernels, is reported the same way on stories260K (whose rows the CPU holds it on) while int8
   // is not.
   Scratch s;
-  SynthOptions so = kvgate::gates::odd_geometry_options(1, 96);
-  so.out = (s.dir / "m").string();
-  synth_hf(so);
-  {
-    std::ofstream ids(s.dir / "ids.txt");
-    for (int i = 0; i < 80; ++i) ids << (3 + (i * 37) % 290) << (i + 1 < 80 ? " " : "\n");
-  }
-  fs::create_directories(s.dir / "no_gates");
-  auto signoff = [&](const std::string& device, const std::string& fmts, const std::string& model, const std::string& out) {
-    const Run r = kvgate_cli("signoff --device " + device + " " + fmts + " --quick --no-timing --no-sensitivity --threads 1 --model " +
-                             q(model) + " --probe-model none --no-project-corpus --corpus " + q((s.dir / "ids.txt").string()) +
-                             " --gates-dir " + q((s.dir / "no_gates").string()) + " --out " + q((s.dir / out).string()));
+  const std::string model = tiny_signoff_setup(s, 80);
+  auto signoff = [&](const std::string& device, const std::string& fmts, const std::string& m, const std::string& out) {
+    const Run r = kvgate_cli(tiny_signoff_command(s, "--device " + device + " " + fmts, m, out));
     INFO("kvgate signoff --device " << device << " " << fmts << "\nstderr: " << r.err);
     REQUIRE((r.rc == 3 || r.rc == 4 || r.rc == 0));
     return json::parse(slurp(s.dir / out / "signoff.json"));
@@ -657,7 +666,7 @@ TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not
     for (const auto& r : v["conformance"]["reasons"]) conf = conf || r.get<std::string>().find("falls back to f16") != std::string::npos;
     return conf;
   };
-  const json cpu = signoff("cpu", "--format q8_0 --format int8", so.out, "cpu");
+  const json cpu = signoff("cpu", "--format q8_0 --format int8", model, "cpu");
   const json q8 = verdict_of(cpu, "q8_0"), i8 = verdict_of(cpu, "int8");
   CHECK(names_fallback(q8));
   CHECK(q8["fit"]["verdict"] == "NOT-MEASURED");
@@ -702,14 +711,7 @@ TEST_CASE("CLI.signoff.coverage --coverage puts the gate suite's coverage into s
   // says "not measured". A summary without counts exits 1 naming the file and the field, and writes
   // no report.
   Scratch s;
-  SynthOptions so = kvgate::gates::odd_geometry_options(1, 96);
-  so.out = (s.dir / "m").string();
-  synth_hf(so);
-  {
-    std::ofstream ids(s.dir / "ids.txt");
-    for (int i = 0; i < 40; ++i) ids << (3 + (i * 37) % 290) << (i + 1 < 40 ? " " : "\n");
-  }
-  fs::create_directories(s.dir / "no_gates");
+  const std::string model = tiny_signoff_setup(s, 40);
   fs::create_directories(s.dir / "cov");
   {
     const json doc = {{"files", json::array({{{"filename", "runtime/src/a.cpp"}, {"line_covered", 190}, {"line_total", 200},
@@ -723,9 +725,7 @@ TEST_CASE("CLI.signoff.coverage --coverage puts the gate suite's coverage into s
     std::ofstream(s.dir / "cov" / "scope.txt") << "commit: feedbeef\ntargets: all\ntests: all\n";
   }
   auto signoff = [&](const std::string& extra, const std::string& out) {
-    return kvgate_cli("signoff --format int8 --quick --no-timing --no-sensitivity --threads 1 --model " + q(so.out) +
-                      " --probe-model none --no-project-corpus --corpus " + q((s.dir / "ids.txt").string()) + " --gates-dir " +
-                      q((s.dir / "no_gates").string()) + " --out " + q((s.dir / out).string()) + " " + extra);
+    return kvgate_cli(tiny_signoff_command(s, "--format int8 " + extra, model, out));
   };
   const Run r = signoff("--coverage " + q((s.dir / "cov").string()), "with");
   INFO("stderr: " << r.err);

@@ -640,6 +640,19 @@ Mutant text_mutant(const std::string& anchor, const std::string& replacement) {
 int lines(const std::string& t) { return static_cast<int>(std::count(t.begin(), t.end(), '\n')); }
 }  // namespace
 
+namespace {
+// The schemata tests' fixture program d/src/a.cpp (instrumented by write_schemata), compiled to
+// d/a.out with the compiler log in d/cc.log, and its output with one mutant turned on.
+ProcResult compile_fixture(const fs::path& d) {
+  return run_process({{KVGATE_UNIT_CXX, "-std=c++20", "-o", (d / "a.out").string(), (d / "src" / "a.cpp").string()},
+                      {}, {}, (d / "cc.log").string(), 120});
+}
+std::string run_fixture(const fs::path& d, const std::string& id) {
+  run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
+  return read_text(d / "out.txt");
+}
+}  // namespace
+
 TEST_CASE("schemata: character classes (comments, literals, separators, raw strings, directives)") {
   const std::string t = "#define X 1 \\\n  2\nint a = 1'000; // c\nconst char* s = \"x;//\" R\"d(;)d\"; /* b */ char c = ';';\n";
   const auto c = classify_chars(t);
@@ -848,15 +861,11 @@ TEST_CASE("schemata: nested and multi-line switches compile, and each mutant alo
   write_schemata(d, plan, d / "kvgate_mutant_schema.hpp");
   const std::string inst = read_text(d / "src" / "a.cpp");
   CHECK(lines(inst) == lines(src));
-  const ProcResult cc = run_process({{KVGATE_UNIT_CXX, "-std=c++20", "-o", (d / "a.out").string(), (d / "src" / "a.cpp").string()},
-                                     {}, {}, (d / "cc.log").string(), 120});
+  const ProcResult cc = compile_fixture(d);
   INFO(read_text(d / "cc.log"));
   INFO(inst);
   REQUIRE(cc.ok());
-  auto run_with = [&](const std::string& id) {
-    run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
-    return read_text(d / "out.txt");
-  };
+  auto run_with = [&](const std::string& id) { return run_fixture(d, id); };
   CHECK(run_with("") == "1093 1\n");          // (7 + 2) * 10 + 3 + 1000: the unmutated program
   CHECK(run_with("X.minus") == "1053 1\n");      // (7 - 2) * 10 + 3 + 1000
   CHECK(run_with("X.times") == "1143 1\n");      // (7 * 2) * 10 + 3 + 1000
@@ -892,8 +901,7 @@ TEST_CASE("schemata: a mutant that changes its operand's type is compiled as wri
   REQUIRE(plan.switched[0].candidates[plan.switched[0].chosen].form == SwitchForm::expression);
   auto compile = [&] {
     write_schemata(d, plan, d / "kvgate_mutant_schema.hpp");
-    return run_process({{KVGATE_UNIT_CXX, "-std=c++20", "-o", (d / "a.out").string(), (d / "src" / "a.cpp").string()},
-                        {}, {}, (d / "cc.log").string(), 120});
+    return compile_fixture(d);
   };
   CHECK_FALSE(compile().ok());
   const std::string log1 = read_text(d / "cc.log");
@@ -906,10 +914,7 @@ TEST_CASE("schemata: a mutant that changes its operand's type is compiled as wri
   const ProcResult cc = compile();
   INFO(read_text(d / "cc.log"));
   REQUIRE(cc.ok());
-  auto run_with = [&](const std::string& id) {
-    run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
-    return read_text(d / "out.txt");
-  };
+  auto run_with = [&](const std::string& id) { return run_fixture(d, id); };
   CHECK(run_with("") == "-6\n");
   CHECK(run_with("X.unsigned") == "506\n");  // 253 * 2: the unsigned read, as the patched source
   fs::remove_all(d);
@@ -959,8 +964,7 @@ TEST_CASE("schemata: the declaration form keeps the declared name in scope when 
   REQUIRE(plan.switched.size() == 2);
   auto compile = [&] {
     write_schemata(d, plan, d / "kvgate_mutant_schema.hpp");
-    return run_process({{KVGATE_UNIT_CXX, "-std=c++20", "-o", (d / "a.out").string(), (d / "src" / "a.cpp").string()},
-                        {}, {}, (d / "cc.log").string(), 120});
+    return compile_fixture(d);
   };
   // The driver's loop: build, move what the errors name to its next form, build again.
   std::ostringstream log;
@@ -971,10 +975,7 @@ TEST_CASE("schemata: the declaration form keeps the declared name in scope when 
   for (const auto& e : plan.switched)
     if (e.mutant->id == "X.block0") CHECK(e.candidates[e.chosen].form == SwitchForm::declaration);
   CHECK(lines(read_text(d / "src" / "a.cpp")) == lines(src));
-  auto run_with = [&](const std::string& id) {
-    run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
-    return read_text(d / "out.txt");
-  };
+  auto run_with = [&](const std::string& id) { return run_fixture(d, id); };
   CHECK(run_with("") == "28\n");
   CHECK(run_with("X.block0") == "20\n");  // 5 * 3 + 5
   CHECK(run_with("X.times4") == "35\n");  // 7 * 4 + 7
@@ -1023,15 +1024,11 @@ TEST_CASE("schemata: the whole condition of an if or while is switched as a bool
   SchemaPlan plan = plan_schemata(d, {&m, &m2});
   REQUIRE(plan.switched.size() == 2);
   write_schemata(d, plan, d / "kvgate_mutant_schema.hpp");
-  const ProcResult cc = run_process({{KVGATE_UNIT_CXX, "-std=c++20", "-o", (d / "a.out").string(), (d / "src" / "a.cpp").string()},
-                                     {}, {}, (d / "cc.log").string(), 120});
+  const ProcResult cc = compile_fixture(d);
   INFO(read_text(d / "cc.log"));
   REQUIRE(cc.ok());
   CHECK(lines(read_text(d / "src" / "a.cpp")) == lines(src));
-  auto run_with = [&](const std::string& id) {
-    run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
-    return read_text(d / "out.txt");
-  };
+  auto run_with = [&](const std::string& id) { return run_fixture(d, id); };
   CHECK(run_with("") == "13\n");
   CHECK(run_with("X.never") == "10\n");
   CHECK(run_with("X.one_less") == "11\n");  // 3 + 4 * 2
@@ -1077,16 +1074,12 @@ TEST_CASE("schemata: whole lines deleted or inserted by an anchor that starts af
   SchemaPlan plan = plan_schemata(d, {&del, &ins});
   REQUIRE(plan.switched.size() == 2);
   write_schemata(d, plan, d / "kvgate_mutant_schema.hpp");
-  const ProcResult cc = run_process({{KVGATE_UNIT_CXX, "-std=c++20", "-o", (d / "a.out").string(), (d / "src" / "a.cpp").string()},
-                                     {}, {}, (d / "cc.log").string(), 120});
+  const ProcResult cc = compile_fixture(d);
   INFO(read_text(d / "cc.log"));
   INFO(read_text(d / "src" / "a.cpp"));
   REQUIRE(cc.ok());
   CHECK(lines(read_text(d / "src" / "a.cpp")) == lines(src));
-  auto run_with = [&](const std::string& id) {
-    run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
-    return read_text(d / "out.txt");
-  };
+  auto run_with = [&](const std::string& id) { return run_fixture(d, id); };
   CHECK(run_with("") == "16\n");
   CHECK(run_with("X.del") == "6\n");
   CHECK(run_with("X.ins") == "15\n");
@@ -1122,14 +1115,10 @@ TEST_CASE("schemata: the statement form takes the else of an if with it") {
   SchemaPlan plan = plan_schemata(d, {&m});
   REQUIRE(plan.switched.size() == 1);
   write_schemata(d, plan, d / "kvgate_mutant_schema.hpp");
-  const ProcResult cc = run_process({{KVGATE_UNIT_CXX, "-std=c++20", "-o", (d / "a.out").string(), (d / "src" / "a.cpp").string()},
-                                     {}, {}, (d / "cc.log").string(), 120});
+  const ProcResult cc = compile_fixture(d);
   INFO(read_text(d / "cc.log"));
   REQUIRE(cc.ok());
-  auto run_with = [&](const std::string& id) {
-    run_process({{(d / "a.out").string()}, {}, {{"KVGATE_MUTANT", id}}, (d / "out.txt").string(), 30});
-    return read_text(d / "out.txt");
-  };
+  auto run_with = [&](const std::string& id) { return run_fixture(d, id); };
   CHECK(run_with("") == "1 2\n");
   CHECK(run_with("X.plus10") == "11 2\n");
   fs::remove_all(d);
