@@ -20,7 +20,7 @@ struct MutateCli {
   // Both cores by default: the gate executables run side by side (the longest starts first).
   int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   bool list = false, no_canary = false, expected_gates_only = false, restore_objects = false, skip_red_gates = false,
-       no_schemata = false, all_gates = false, bail = false, prove_gates = false, prove_rebuild = false;
+       no_schemata = false, no_compile_ahead = false, all_gates = false, bail = false, prove_gates = false, prove_rebuild = false;
   double min_timeout = 20, prove_deadline = 0;
   std::vector<std::string> cmake_args;
 };
@@ -78,6 +78,7 @@ int run_mutate_cmd(const MutateCli& c) {
   o.restore_objects = c.restore_objects;
   o.skip_red_gates = c.skip_red_gates;
   o.schemata = !c.no_schemata;
+  o.compile_ahead = !c.no_compile_ahead;
   o.all_gates = c.all_gates;
   o.bail = c.bail;
   if (!c.shard.empty()) {
@@ -142,6 +143,9 @@ void register_mutate(CLI::App& app) {
   sub->add_flag("--no-schemata", c->no_schemata,
                 "patch and rebuild every mutant (default: the mutants that can be a run-time switch are compiled "
                 "into the scratch build once and turned on by KVGATE_MUTANT=<id>; docs/MUTATIONS.md, Schemata)");
+  sub->add_flag("--no-compile-ahead", c->no_compile_ahead,
+                "compile each patch-and-rebuild mutant in its turn (default: a worker compiles the coming ones into "
+                "ccache on a copy of the scratch sources while other mutants run; docs/MUTATIONS.md, Compile-ahead)");
   sub->add_flag("--all-gates", c->all_gates,
                 "with schemata: run every gate program for every switched mutant (default: only the programs whose "
                 "baseline evaluated its switch; the others' gates are 'not reached')");

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "kvgate/model_paths.hpp"
 #include "kvgate_mutations/catch_xml.hpp"
 #include "kvgate_mutations/ci.hpp"
+#include "kvgate_mutations/compile_ahead.hpp"
 #include "kvgate_mutations/gate_files.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/prove.hpp"
@@ -642,6 +644,16 @@ MutantOutcome run_schema_mutant(Env& e, const Mutant& m, const fs::path& dir, Cl
   return mo;
 }
 
+// The patched text of a rebuild mutant's file, from the file's text in the scratch (`current`). In
+// an instrumented file the anchor may sit inside another mutant's switch: then the patch goes onto
+// the unmutated text (the other switches are off anyway) and the revert restores the switches.
+std::string mutated_text(const Env& e, const Mutant& m, const std::string& current) {
+  const auto orig_it = e.schema.originals.find(m.file);
+  const bool on_original = orig_it != e.schema.originals.end() &&
+                           count_occurrences(current, m.anchor) != static_cast<std::size_t>(m.occurrences);
+  return apply_mutant(on_original ? orig_it->second : current, m);
+}
+
 MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   MutantOutcome mo;
   mo.mutant = &m;
@@ -658,12 +670,7 @@ MutantOutcome run_mutant(Env& e, const Mutant& m, const fs::path& dir) {
   const fs::path file = e.scratch / m.file;
   const auto orig_mtime = fs::last_write_time(file);
   RevertGuard guard{file, read_text(file), false};
-  // In an instrumented file the anchor may sit inside another mutant's switch: then the patch goes
-  // onto the unmutated text (the other switches are off anyway) and the revert restores the switches.
-  const auto orig_it = e.schema.originals.find(m.file);
-  const bool on_original = orig_it != e.schema.originals.end() &&
-                           count_occurrences(guard.original, m.anchor) != static_cast<std::size_t>(m.occurrences);
-  const std::string mutated = apply_mutant(on_original ? orig_it->second : guard.original, m);
+  const std::string mutated = mutated_text(e, m, guard.original);
   write_text(dir / "diff.patch", unified_diff(guard.original, mutated, m.file));
   mo.diff_path = rel_to(dir / "diff.patch", e.out);
   guard.armed = true;
@@ -1732,6 +1739,22 @@ Stop prove_every_gate(Run& s) {
 }
 
 // Each selected mutant: apply, rebuild, run the gates, classify, revert.
+// The compile-ahead worker over the rebuild mutants of `order` that will run (not the switches,
+// not those the build cannot run), or none (--no-compile-ahead, one job or fewer, no ccache).
+std::unique_ptr<CompileAhead> start_compile_ahead(const Env& e, const std::vector<const Mutant*>& order) {
+  if (!e.o.compile_ahead || interrupted()) return nullptr;
+  std::vector<AheadJob> jobs;
+  for (const Mutant* m : order) {
+    if (e.schema.has(m->id) || !requirement_gap(e, *m, true).empty()) continue;
+    const fs::path file = e.scratch / m->file;
+    std::error_code ec;
+    if (!fs::is_regular_file(file, ec)) continue;
+    jobs.push_back({m->id, m->file, mutated_text(e, *m, read_text(file))});
+  }
+  if (jobs.empty()) return nullptr;
+  return std::make_unique<CompileAhead>(e.scratch, e.build, e.build_env, std::move(jobs));
+}
+
 Stop run_mutants(Run& s) {
   KVGATE_RUN_NAMES(s);
   // --- mutants ---------------------------------------------------------------------------
@@ -1743,6 +1766,7 @@ Stop run_mutants(Run& s) {
     std::stable_partition(selected.begin(), selected.end(), [&](const Mutant* m) { return e.schema.has(m->id); });
     if (Stop rc = build_after_canary(s)) return rc;
   }
+  std::unique_ptr<CompileAhead> ahead = start_compile_ahead(e, selected);
   double done_wall = 0;
   int done = 0;
   for (const Mutant* m : selected) {
@@ -1751,7 +1775,9 @@ Stop run_mutants(Run& s) {
     log << "[" << done << "/" << N << "] " << m->id << " (" << m->file << ") ..." << std::flush;
     MutantOutcome mo;
     try {
+      const bool compiled_ahead = ahead && !e.schema.has(m->id) && ahead->reach(m->id);
       mo = run_mutant(e, *m, e.out / "mutants" / m->id);
+      mo.compiled_ahead = compiled_ahead && mo.path == "rebuild" && mo.status != MutantStatus::skipped;
     } catch (const std::exception& ex) {
       log << "\nkvgate mutate: error on " << m->id << ": " << ex.what() << "\n";
       r.exit_code = kExitError;
@@ -1792,6 +1818,15 @@ Stop run_mutants(Run& s) {
     }
   }
   r.mutation_s = since(t_mut);
+  if (ahead) {
+    ahead->stop();
+    const AheadStats st = ahead->stats();
+    log << "kvgate mutate: compile-ahead: " << st.compiled << " of " << st.jobs << " rebuild mutant(s) compiled ahead ("
+        << st.objects << " compile(s), " << fmt_s(st.seconds) << " at nice 10 beside the gate runs; " << st.passed
+        << " reached by the driver first, " << st.failed
+        << " compile(s) failed: the mutant's own build says why)"
+        << (st.disabled.empty() ? "" : "; " + st.disabled) << "\n";
+  }
   if (interrupted()) r.interrupted = true;
   // The outcomes in selection order, whatever order the paths ran them in.
   std::map<const Mutant*, std::size_t> pos;

@@ -46,6 +46,7 @@ records::MutantRecord mutant_record(const MutantOutcome& mo) {
   r.changed_objects = mo.changed_objects;
   r.path = mo.path;
   r.path_reason = mo.path_reason;
+  r.compiled_ahead = mo.compiled_ahead;
   for (const auto& [id, g] : mo.gates) r.gates[id] = gate_cell(g);
   return r;
 }

@@ -303,6 +303,32 @@ TEST_CASE("fixture: schemata and patch-and-rebuild give the same verdicts; the r
   CHECK(mutant(sch.outcomes, "FIX.unreached")["reason"].get<std::string>().find("reach") != std::string::npos);
   CHECK(mutant(reb.outcomes, "FIX.unreached")["status"] == "survived");
   CHECK(sch.log.find("schemata: ") != std::string::npos);
+  // Compile-ahead (the default): with ccache, the patch-and-rebuild mutants after the first are
+  // compiled into the cache on a copy of the scratch sources before their turn; the verdicts are
+  // those of a run that compiles each in its turn.
+  const Run cold = mutate(w / "cold", args({"--no-schemata", "--no-compile-ahead"}));
+  INFO(cold.log);
+  REQUIRE(cold.outcomes.contains("mutants"));
+  REQUIRE(cold.outcomes["mutants"].size() == reb.outcomes["mutants"].size());
+  int ahead = 0;
+  for (std::size_t i = 0; i < cold.outcomes["mutants"].size(); ++i) {
+    const json& a = cold.outcomes["mutants"][i];
+    const json& b = reb.outcomes["mutants"][i];
+    INFO(a["id"]);
+    CHECK(a["status"] == b["status"]);
+    CHECK(a["killed_by"] == b["killed_by"]);
+    CHECK(a.value("compiled_ahead", false) == false);
+    ahead += b.value("compiled_ahead", false) ? 1 : 0;
+  }
+  CHECK(cold.log.find("compile-ahead:") == std::string::npos);
+  if (std::system("command -v ccache >/dev/null 2>&1") == 0) {  // the fixture compiles through ccache when present
+    CHECK(ahead > 0);
+    CHECK(reb.log.find("compile-ahead: ") != std::string::npos);
+    CHECK(fs::exists(w / "rebuild" / "tree.ahead" / "src" / "lib.cpp"));
+    // The copy is put back after each job: it holds the unmutated source.
+    CHECK(read_text(w / "rebuild" / "tree.ahead" / "src" / "lib.cpp") ==
+          read_text(kSource / "mutations" / "tests" / "fixture" / "src" / "lib.cpp"));
+  }
   // Coverage selection (the default) against --all-gates: the same verdicts; the program that never
   // evaluates a switch does not run for it.
   const Run all = mutate(w / "all", args({"--all-gates"}));

@@ -22,6 +22,7 @@
 #include "kvgate_mutations/schemata.hpp"
 #include "kvgate_mutations/scratch.hpp"
 #include "kvgate_mutations/ci.hpp"
+#include "kvgate_mutations/compile_ahead.hpp"
 #include "kvgate_mutations/shard.hpp"
 
 namespace fs = std::filesystem;
@@ -1365,4 +1366,21 @@ TEST_CASE("prove: joining catalogs keeps one canary and refuses an ID twice") {
   other.replacement = "z";
   c.mutants = {other};
   CHECK_THROWS_WITH(join_catalogs({a, c}), kvgate_catch::contains("differs from"));
+}
+
+TEST_CASE("compile-ahead: the compile command moves to the copy only where the scratch path is a whole path") {
+  using kvgate::mutate::CompileAhead;
+  const std::string cmd =
+      "/usr/bin/cmake -E env CCACHE_BASEDIR=/w/s /usr/bin/ccache /usr/bin/c++ -I/w/s/runtime/include "
+      "-I/w/s2/include -DDIR=\\\"/w/s\\\" -o runtime/x.o -c /w/s/runtime/src/x.cpp";
+  const std::string out = CompileAhead::retarget(cmd, "/w/s", "/w/s.ahead");
+  CHECK(out.find("CCACHE_BASEDIR=/w/s.ahead ") != std::string::npos);   // followed by a space
+  CHECK(out.find("-I/w/s.ahead/runtime/include") != std::string::npos);  // followed by '/'
+  CHECK(out.find("-c /w/s.ahead/runtime/src/x.cpp") != std::string::npos);
+  CHECK(out.find("-I/w/s2/include") != std::string::npos);  // another folder that starts alike: kept
+  CHECK(out.find("/w/s.ahead\\") != std::string::npos);    // an escaped quote ends a path too
+  CHECK(out.find("-o runtime/x.o") != std::string::npos);   // relative to the build folder: kept
+  CHECK(CompileAhead::retarget("", "/w/s", "/x") == "");
+  CHECK(CompileAhead::retarget("c++ -c /w/s", "/w/s", "/x") == "c++ -c /x");  // at the end
+  CHECK(CompileAhead::retarget("c++ -c /w/s", "", "/x") == "c++ -c /w/s");
 }

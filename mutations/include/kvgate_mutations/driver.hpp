@@ -70,6 +70,11 @@ struct MutateOptions {
   // KVGATE_MUTANT=<id>; the others are patched and rebuilt. false (--no-schemata): every mutant
   // is patched and rebuilt.
   bool schemata = true;
+  // Compile-ahead (mutations/include/kvgate_mutations/compile_ahead.hpp): while the driver runs the
+  // switches and the earlier rebuilds, a worker compiles the coming patch-and-rebuild mutants'
+  // objects into ccache on a copy of the scratch sources, so each rebuild is a cache hit. false
+  // (--no-compile-ahead): each rebuild compiles in its turn.
+  bool compile_ahead = true;
   // With schemata: each gate program (and environment variant) records in the baseline which
   // switches it evaluates (KVGATE_MUTANT_COVERAGE); a switched mutant then runs only the programs
   // that reach it, the others' gates are "not reached", and a mutant no program reaches is noop
@@ -161,6 +166,7 @@ struct MutantOutcome {
   // (patched and rebuilt); path_reason says why a mutant could not be a switch.
   std::string path = "rebuild";
   std::string path_reason;
+  bool compiled_ahead = false;  // rebuild path: its objects were compiled into ccache ahead of its turn
 };
 
 struct RunSummary {

@@ -48,6 +48,8 @@ const std::vector<Field<MutantRecord>>& FieldTable<MutantRecord>::fields() {
       KVGATE_FIELD(R, gates, object, true, "gate ID -> its result on this mutant"),
       KVGATE_FIELD(R, path, string, false, "schema (a run-time switch in the scratch build) or rebuild (patched and rebuilt)"),
       KVGATE_FIELD(R, path_reason, string, false, "the switch form, or why the mutant could not be a switch"),
+      KVGATE_FIELD(R, compiled_ahead, boolean, false,
+                   "rebuild path: its objects were compiled into ccache ahead of its turn (its build_s is then mostly cache hits)"),
   };
   return f;
 }

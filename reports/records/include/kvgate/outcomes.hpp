@@ -43,6 +43,7 @@ struct MutantRecord {
   std::map<std::string, GateCell> gates;  // by gate ID
   std::string path = "rebuild";  // schema (a run-time switch, no rebuild) | rebuild (patched and rebuilt)
   std::string path_reason;       // the switch form, or why the mutant could not be a switch
+  bool compiled_ahead = false;   // rebuild path: objects compiled into ccache ahead of its turn
 };
 
 // One environment variant a gate program runs in (the product ships each).
