@@ -25,6 +25,7 @@
 #include "kvgate/signoff.hpp"
 #include "kvgate/signoff_coverage.hpp"
 #include "kvgate/signoff_probes.hpp"
+#include "kvgate/signoff_proof.hpp"
 
 namespace kvgate::cli {
 
@@ -58,12 +59,6 @@ fs::path self_exe() {
   const std::string s = p.string(), tag = " (deleted)";
   if (s.size() > tag.size() && s.compare(s.size() - tag.size(), tag.size(), tag) == 0) p = s.substr(0, s.size() - tag.size());
   return p;
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
 }
 
 json read_json_file(const fs::path& p) {
@@ -293,36 +288,16 @@ struct SignoffRun {
   void select_mutants() {
     catalog = o.catalog.empty() ? fs::path(src) / "mutations" / "catalog.json" : fs::path(o.catalog);
     cat = read_json_file(catalog);
-    // A mutant that only a GPU gate can kill (requires: cuda-device) belongs to a --device cuda
-    // sign-off: on a CPU sign-off its gates skip, so it proves nothing about the CPU path.
-    if (cat.is_object())
-      for (const auto& m : cat.value("mutants", json::array())) {
-        if (m.value("category", "") == "canary") continue;
-        bool needs_device = false, needs_cuda_build = false;
-        for (const auto& r : m.value("requires", json::array())) {
-          needs_device = needs_device || r == "cuda-device";
-          needs_cuda_build = needs_cuda_build || r == "cuda";
-        }
-        for (auto& [f, c] : C) {
-          bool mine = false;
-          for (const auto& g : m.value("expect_killed_by", json::array())) mine = mine || gate_ids[f].count(g.get<std::string>());
-          if (!mine) continue;
-          if (needs_device && o.device != "cuda") {
-            ++gpu_only_left_out[f];
-            continue;
-          }
-          // A mutant of code only a CUDA build compiles (requires: cuda) cannot be run by a kvgate
-          // without the CUDA backend, and that code is not in what this build ships: left out with a
-          // note, as the GPU mutants are, instead of a "skipped" mutant that leaves the format
-          // NOT-VALIDATED.
-          if (needs_cuda_build && !prov.value("cuda_build", false)) {
-            ++cuda_build_left_out[f];
-            continue;
-          }
-          mutants_of[f].push_back(m.value("id", ""));
-          all_ids.insert(m.value("id", ""));
-        }
-      }
+    // The plan (kvgate/signoff_proof.hpp, gated by SGN.proof.*): the mutants whose expected killers
+    // are gates of each format; GPU-only mutants on a CPU sign-off and CUDA-build mutants on a build
+    // without the CUDA backend are left out with a note instead of leaving the format NOT-VALIDATED.
+    std::map<std::string, std::set<std::string>> ids_of;
+    for (const auto& [f, c] : C) ids_of[f] = gate_ids[f];
+    so::ProofSelection sel = so::select_proof_mutants(cat, ids_of, o.device, prov.value("cuda_build", false));
+    mutants_of = std::move(sel.mutants_of);
+    all_ids = std::move(sel.all_ids);
+    gpu_only_left_out = std::move(sel.gpu_only_left_out);
+    cuda_build_left_out = std::move(sel.cuda_build_left_out);
   }
 
   // 2b. The proof: read (--mutants), or run by kvgate mutate --only, then per format.
@@ -334,13 +309,10 @@ struct SignoffRun {
       // read with the other inputs, before anything was written
     } else if (!o.quick && !all_ids.empty()) {
       const fs::path mdir = fs::path(o.out) / "mutants";
-      std::string ids;
-      for (const auto& id : all_ids) ids += (ids.empty() ? "" : ",") + id;
       // --bail (default): each mutant stops at its first kill. The verdict needs only killed or not;
       // the full kill matrix (--mutate-full-matrix) runs every reached gate of every mutant.
-      const std::string cmd = quote(self_exe().string()) + " mutate --only " + quote(ids) + " --out " + quote(mdir.string()) +
-                              " -j " + std::to_string(std::max(1, o.jobs)) + (o.scratch.empty() ? "" : " --scratch " + quote(o.scratch)) +
-                              (o.mutate_full_matrix ? "" : " --bail");
+      const std::string cmd = so::proof_mutate_command(
+          {self_exe().string(), mdir.string(), o.jobs, o.scratch, o.mutate_full_matrix}, all_ids);
       std::fprintf(stderr, "signoff: mutation proof: %s\n", cmd.c_str());
       const int rc = std::system(cmd.c_str());
       const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;

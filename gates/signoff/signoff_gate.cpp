@@ -29,6 +29,7 @@
 #include "kvgate/signoff.hpp"
 #include "kvgate/signoff_coverage.hpp"
 #include "kvgate/signoff_probes.hpp"
+#include "kvgate/signoff_proof.hpp"
 #include "kvgate/verdict_record.hpp"
 
 using namespace kvgate::signoff;
@@ -1003,4 +1004,82 @@ TEST_CASE("SGN.coverage.refusals a file that is not gcovr's summary is refused n
   CHECK(refused == 7);
   // anti-vacuity: the same shape with valid counts is read
   CHECK(parse_coverage({{"files", json::array({coverage_file("runtime/a.cpp", 5, 5, 2, 2)})}}, "out/coverage.json", "", "").measured);
+}
+
+namespace {
+// A hand-written catalog: one mutant per case of the plan's rules.
+json proof_catalog() {
+  return json::parse(R"({"mutants": [
+    {"id": "CANARY", "category": "canary", "expect_killed_by": ["ENV.int8"]},
+    {"id": "M.int8", "category": "store", "expect_killed_by": ["ENV.int8"]},
+    {"id": "M.both", "category": "store", "expect_killed_by": ["ENV.int8", "ENV.q4_0"]},
+    {"id": "M.q4_0", "category": "store", "expect_killed_by": ["X.other", "ENV.q4_0"]},
+    {"id": "M.gpu", "category": "cuda", "requires": ["cuda", "cuda-device"], "expect_killed_by": ["ENV.int8"]},
+    {"id": "M.cuda_build", "category": "cuda", "requires": ["cuda"], "expect_killed_by": ["ENV.q4_0"]},
+    {"id": "M.none", "category": "store", "expect_killed_by": ["X.other"]}
+  ]})");
+}
+const std::map<std::string, std::set<std::string>> kProofGates{{"int8", {"ENV.int8"}}, {"q4_0", {"ENV.q4_0"}}};
+}  // namespace
+
+TEST_CASE("SGN.proof.selection each format proves with the mutants its gates expect to kill; GPU-only and CUDA-build mutants are left out where they cannot run",
+          SGN_TAGS) {
+  // Rows by hand from the plan's rules (kvgate/signoff_proof.hpp): the canary is never selected; a
+  // mutant belongs to every format one of whose gates it names; requires cuda-device is left out of
+  // a sign-off that is not --device cuda, requires cuda out of a build without the CUDA backend.
+  // Bound: exact (lists and counts).
+  const json cat = proof_catalog();
+  using V = std::vector<std::string>;
+  {  // CPU sign-off, CPU build
+    const ProofSelection s = select_proof_mutants(cat, kProofGates, "cpu", false);
+    CHECK(s.mutants_of.at("int8") == V{"M.int8", "M.both"});
+    CHECK(s.mutants_of.at("q4_0") == V{"M.both", "M.q4_0"});
+    CHECK(s.all_ids == std::set<std::string>{"M.int8", "M.both", "M.q4_0"});
+    CHECK(s.gpu_only_left_out.at("int8") == 1);
+    CHECK(s.gpu_only_left_out.count("q4_0") == 0);
+    CHECK(s.cuda_build_left_out.at("q4_0") == 1);
+    CHECK(s.cuda_build_left_out.count("int8") == 0);
+  }
+  {  // CPU sign-off on a CUDA build: the CUDA-build mutant runs (its code is in this build); the GPU-only one does not
+    const ProofSelection s = select_proof_mutants(cat, kProofGates, "cpu", true);
+    CHECK(s.mutants_of.at("q4_0") == V{"M.both", "M.q4_0", "M.cuda_build"});
+    CHECK(s.cuda_build_left_out.empty());
+    CHECK(s.gpu_only_left_out.at("int8") == 1);
+    CHECK(s.all_ids.count("M.gpu") == 0);
+  }
+  {  // --device cuda on a CUDA build: everything its gates name
+    const ProofSelection s = select_proof_mutants(cat, kProofGates, "cuda", true);
+    CHECK(s.mutants_of.at("int8") == V{"M.int8", "M.both", "M.gpu"});
+    CHECK(s.gpu_only_left_out.empty());
+    CHECK(s.cuda_build_left_out.empty());
+    CHECK(s.all_ids.size() == 5);
+    CHECK(s.all_ids.count("CANARY") == 0);
+    CHECK(s.all_ids.count("M.none") == 0);
+  }
+  {  // --device cuda on a build without the backend: a cuda-device mutant also requires cuda; left out as GPU-only only when not --device cuda
+    const ProofSelection s = select_proof_mutants(cat, kProofGates, "cuda", false);
+    CHECK(s.cuda_build_left_out.at("int8") == 1);
+    CHECK(s.cuda_build_left_out.at("q4_0") == 1);
+    CHECK(s.all_ids.size() == 3);
+  }
+  // Not a catalog: nothing selected (the sign-off then says the catalog was not found).
+  CHECK(select_proof_mutants(json::array(), kProofGates, "cpu", false).all_ids.empty());
+  CHECK(select_proof_mutants(json::object(), kProofGates, "cpu", false).mutants_of.empty());
+}
+
+TEST_CASE("SGN.proof.command the sign-off runs kvgate mutate --only the selected IDs with --bail, without it for the full matrix",
+          SGN_TAGS) {
+  // The command line by hand: single-quoted arguments (a quote inside one closes, escapes and
+  // reopens it), the IDs comma-joined in set order, -j at least 1, --scratch only when given,
+  // --bail unless the full kill matrix is asked for. Bound: exact strings.
+  const std::set<std::string> ids{"B.two", "A.one"};
+  ProofCommand c{"/opt/kv gate/kvgate", "/tmp/out/mutants", 2, "", false};
+  CHECK(proof_mutate_command(c, ids) ==
+        "'/opt/kv gate/kvgate' mutate --only 'A.one,B.two' --out '/tmp/out/mutants' -j 2 --bail");
+  c.full_matrix = true;
+  CHECK(proof_mutate_command(c, ids) == "'/opt/kv gate/kvgate' mutate --only 'A.one,B.two' --out '/tmp/out/mutants' -j 2");
+  c.jobs = 0;
+  c.scratch = "/s/it's";
+  CHECK(proof_mutate_command(c, ids) ==
+        "'/opt/kv gate/kvgate' mutate --only 'A.one,B.two' --out '/tmp/out/mutants' -j 1 --scratch '/s/it'\\''s'");
 }
