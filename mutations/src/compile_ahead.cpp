@@ -67,11 +67,10 @@ std::string CompileAhead::retarget(const std::string& command, const std::string
 }
 
 CompileAhead::CompileAhead(fs::path scratch, fs::path build, std::vector<std::pair<std::string, std::string>> build_env,
-                           std::vector<AheadJob> jobs, int nice)
-    : scratch_(std::move(scratch)), build_(std::move(build)), env_(std::move(build_env)), jobs_(std::move(jobs)),
-      nice_(nice) {
-  side_ = scratch_.parent_path() / (scratch_.filename().string() + ".ahead");
+                           std::vector<AheadJob> jobs, int workers, int nice)
+    : scratch_(std::move(scratch)), build_(std::move(build)), jobs_(std::move(jobs)), nice_(nice) {
   done_.assign(jobs_.size(), 0);
+  running_.assign(jobs_.size(), 0);
   stats_.jobs = static_cast<int>(jobs_.size());
   if (jobs_.empty()) {
     stats_.disabled = "no patch-and-rebuild mutant to compile";
@@ -81,27 +80,34 @@ CompileAhead::CompileAhead(fs::path scratch, fs::path build, std::vector<std::pa
     stats_.disabled = "the build folder is outside the scratch tree (--build-dir): not compiled ahead";
     return;
   }
-  // The copy of the sources, taken now while the scratch is unpatched: every file outside the
-  // build folder (and outside earlier copies), rewritten only where its bytes differ.
-  std::error_code ec;
-  fs::create_directories(side_, ec);
-  for (auto it = fs::recursive_directory_iterator(scratch_, ec); it != fs::recursive_directory_iterator(); ++it) {
-    const fs::path& p = it->path();
-    if (it->is_directory() && (p == build_ || p.filename() == ".git")) {
-      it.disable_recursion_pending();
-      continue;
+  const std::size_t n = static_cast<std::size_t>(std::clamp(workers, 1, 8));
+  for (std::size_t w = 0; w < n; ++w) {
+    const fs::path side =
+        scratch_.parent_path() / (scratch_.filename().string() + ".ahead" + (w == 0 ? std::string() : std::to_string(w)));
+    // The copy of the sources, taken now while the scratch is unpatched: every file outside the
+    // build folder, rewritten only where its bytes differ.
+    std::error_code ec;
+    fs::create_directories(side, ec);
+    for (auto it = fs::recursive_directory_iterator(scratch_, ec); it != fs::recursive_directory_iterator(); ++it) {
+      const fs::path& p = it->path();
+      if (it->is_directory() && (p == build_ || p.filename() == ".git")) {
+        it.disable_recursion_pending();
+        continue;
+      }
+      if (!it->is_regular_file()) continue;
+      const fs::path dst = side / fs::relative(p, scratch_);
+      std::error_code e2;
+      if (fs::exists(dst, e2) && fs::file_size(dst, e2) == it->file_size() && read_text(dst) == read_text(p)) continue;
+      fs::create_directories(dst.parent_path(), e2);
+      fs::copy_file(p, dst, fs::copy_options::overwrite_existing, e2);
     }
-    if (!it->is_regular_file()) continue;
-    const std::string rel = fs::relative(p, scratch_).generic_string();
-    const fs::path dst = side_ / rel;
-    std::error_code e2;
-    if (fs::exists(dst, e2) && fs::file_size(dst, e2) == it->file_size() && read_text(dst) == read_text(p)) continue;
-    fs::create_directories(dst.parent_path(), e2);
-    fs::copy_file(p, dst, fs::copy_options::overwrite_existing, e2);
+    auto env = build_env;
+    for (auto& [k, v] : env)
+      if (k == "CCACHE_BASEDIR" && fs::path(v).lexically_normal() == scratch_.lexically_normal()) v = side.string();
+    sides_.push_back(side);
+    envs_.push_back(std::move(env));
   }
-  for (auto& [k, v] : env_)
-    if (k == "CCACHE_BASEDIR" && fs::path(v).lexically_normal() == scratch_.lexically_normal()) v = side_.string();
-  worker_ = std::thread([this] { work(); });
+  for (std::size_t w = 0; w < n; ++w) workers_.emplace_back([this, w] { work(w); });
 }
 
 CompileAhead::~CompileAhead() { stop(); }
@@ -112,7 +118,9 @@ void CompileAhead::stop() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
 }
 
 bool CompileAhead::reach(const std::string& id) {
@@ -121,7 +129,9 @@ bool CompileAhead::reach(const std::string& id) {
   while (k < jobs_.size() && jobs_[k].id != id) ++k;
   if (k == jobs_.size()) return false;
   reached_ = std::max(reached_, k + 1);
-  cv_.wait(lk, [&] { return running_ != static_cast<std::ptrdiff_t>(k); });
+  const auto t0 = std::chrono::steady_clock::now();
+  cv_.wait(lk, [&] { return running_[k] == 0; });
+  stats_.waited += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (next_ <= k) {  // not started (nor those before it): the worker goes on after it
     stats_.passed += static_cast<int>(k + 1 - next_);
     next_ = k + 1;
@@ -134,9 +144,11 @@ AheadStats CompileAhead::stats() const {
   return stats_;
 }
 
-void CompileAhead::work() {
+void CompileAhead::work(std::size_t w) {
+  const fs::path& side = sides_[w];
+  const auto& env = envs_[w];
   const auto map = objects_by_file(build_, scratch_);
-  std::map<std::string, std::string> commands;  // object -> its compile command in the copy
+  std::map<std::string, std::string> commands;  // object -> its compile command in this copy
   const auto command_of = [&](const std::string& object) -> std::string {
     if (const auto it = commands.find(object); it != commands.end()) return it->second;
     const auto [rc, text] = capture_output({"ninja", "-C", build_.string(), "-t", "commands", "-s", object});
@@ -144,7 +156,7 @@ void CompileAhead::work() {
     // Only a ccache compile helps, and only one without debug info (ccache hashes the working
     // folder then, which differs in the copy).
     if (cmd.find("ccache") == std::string::npos || cmd.find(" -g") != std::string::npos) cmd.clear();
-    return commands[object] = retarget(cmd, scratch_.string(), side_.string());
+    return commands[object] = retarget(cmd, scratch_.string(), side.string());
   };
   for (;;) {
     std::size_t k;
@@ -153,7 +165,7 @@ void CompileAhead::work() {
       next_ = std::max(next_, reached_);
       if (stop_ || next_ >= jobs_.size()) return;
       k = next_++;
-      running_ = static_cast<std::ptrdiff_t>(k);
+      running_[k] = 1;
     }
     const AheadJob& job = jobs_[k];
     bool all = true;
@@ -161,7 +173,7 @@ void CompileAhead::work() {
     double secs = 0;
     bool disabled = false;
     const auto it = map.find(fs::path(job.file).lexically_normal().generic_string());
-    const fs::path file = side_ / job.file;
+    const fs::path file = side / job.file;
     std::string original;
     std::error_code ec;
     if (it != map.end() && fs::exists(file, ec)) {
@@ -178,9 +190,9 @@ void CompileAhead::work() {
           all = false;
           continue;
         }
-        fs::create_directories((side_ / fs::relative(build_, scratch_) / object).parent_path(), ec);
+        fs::create_directories((side / fs::relative(build_, scratch_) / object).parent_path(), ec);
         const ProcResult r = run_process({{"nice", "-n", std::to_string(nice_), "/bin/sh", "-c", cmd},
-                                          (side_ / fs::relative(build_, scratch_)).string(), env_, "", 600});
+                                          (side / fs::relative(build_, scratch_)).string(), env, "", 600});
         secs += r.seconds;
         ++compiled;
         if (!r.ok()) {
@@ -203,7 +215,7 @@ void CompileAhead::work() {
         done_[k] = 1;
         stats_.compiled += 1;
       }
-      running_ = -1;
+      running_[k] = 0;
     }
     cv_.notify_all();
   }
