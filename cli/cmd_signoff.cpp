@@ -312,7 +312,8 @@ struct SignoffRun {
       // --bail (default): each mutant stops at its first kill. The verdict needs only killed or not;
       // the full kill matrix (--mutate-full-matrix) runs every reached gate of every mutant.
       const std::string cmd = so::proof_mutate_command(
-          {self_exe().string(), mdir.string(), o.jobs, o.scratch, o.mutate_full_matrix}, all_ids);
+          {self_exe().string(), mdir.string(), o.jobs, o.scratch, o.mutate_full_matrix, prov.value("cuda_build", false)},
+          all_ids);
       std::fprintf(stderr, "signoff: mutation proof: %s\n", cmd.c_str());
       const int rc = std::system(cmd.c_str());
       const int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;

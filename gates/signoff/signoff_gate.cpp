@@ -1067,7 +1067,7 @@ TEST_CASE("SGN.proof.selection each format proves with the mutants its gates exp
   CHECK(select_proof_mutants(json::object(), kProofGates, "cpu", false).mutants_of.empty());
 }
 
-TEST_CASE("SGN.proof.command the sign-off runs kvgate mutate --only the selected IDs with --bail, without it for the full matrix",
+TEST_CASE("SGN.proof.command the sign-off runs kvgate mutate --only the selected IDs with --bail, without it for the full matrix; a CUDA kvgate's scratch build has CUDA",
           SGN_TAGS) {
   // The command line by hand: single-quoted arguments (a quote inside one closes, escapes and
   // reopens it), the IDs comma-joined in set order, -j at least 1, --scratch only when given,
@@ -1082,4 +1082,11 @@ TEST_CASE("SGN.proof.command the sign-off runs kvgate mutate --only the selected
   c.scratch = "/s/it's";
   CHECK(proof_mutate_command(c, ids) ==
         "'/opt/kv gate/kvgate' mutate --only 'A.one,B.two' --out '/tmp/out/mutants' -j 1 --scratch '/s/it'\\''s'");
+  // A kvgate with the CUDA backend: the scratch build gets it too, whether or not a device is
+  // present (the requires: cuda mutants it selected must be built, not skipped).
+  c.cuda_build = true;
+  c.full_matrix = false;
+  c.scratch.clear();
+  CHECK(proof_mutate_command(c, ids) ==
+        "'/opt/kv gate/kvgate' mutate --only 'A.one,B.two' --out '/tmp/out/mutants' -j 1 --cmake-arg -DKVGATE_CUDA=ON --bail");
 }

@@ -50,7 +50,7 @@ std::string proof_mutate_command(const ProofCommand& c, const std::set<std::stri
   for (const auto& id : ids) list += (list.empty() ? "" : ",") + id;
   return quote(c.self) + " mutate --only " + quote(list) + " --out " + quote(c.out) + " -j " +
          std::to_string(std::max(1, c.jobs)) + (c.scratch.empty() ? "" : " --scratch " + quote(c.scratch)) +
-         (c.full_matrix ? "" : " --bail");
+         (c.cuda_build ? " --cmake-arg -DKVGATE_CUDA=ON" : "") + (c.full_matrix ? "" : " --bail");
 }
 
 }  // namespace kvgate::signoff

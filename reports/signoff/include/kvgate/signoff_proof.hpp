@@ -39,6 +39,11 @@ struct ProofCommand {
   // false (the default): --bail, each mutant stops at its first kill (the verdict needs only killed
   // or not); true (--mutate-full-matrix): every reached gate of every mutant.
   bool full_matrix = false;
+  // This kvgate has the CUDA backend: the driver's scratch build is configured with it too
+  // (--cmake-arg -DKVGATE_CUDA=ON), so the mutants of code only a CUDA build compiles (requires:
+  // cuda, selected above for such a build) are built and run instead of coming back "skipped"
+  // when the machine has no device (the driver enables CUDA by itself only when it finds one).
+  bool cuda_build = false;
 };
 // The shell command line (arguments single-quoted) of `kvgate mutate --only IDS` for the proof.
 std::string proof_mutate_command(const ProofCommand& c, const std::set<std::string>& ids);
