@@ -176,7 +176,8 @@ void CompileAhead::work(std::size_t w) {
     const fs::path file = side / job.file;
     std::string original;
     std::error_code ec;
-    if (it != map.end() && fs::exists(file, ec)) {
+    std::string error;
+    if (it != map.end() && fs::exists(file, ec)) try {
       original = read_text(file);
       write_text(file, job.text);
       for (const auto& object : it->second) {
@@ -201,11 +202,20 @@ void CompileAhead::work(std::size_t w) {
         }
       }
       write_text(file, original);
+    } catch (const std::exception& ex) {  // a copy it cannot read or write: this worker stops
+      error = ex.what();
+      all = false;
     } else {
       all = false;  // a file no object depends on (a script the gates read): nothing to compile
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
+      if (!error.empty()) {
+        stats_.disabled = "a compile-ahead worker stopped: " + error;
+        running_[k] = 0;
+        cv_.notify_all();
+        return;
+      }
       stats_.objects += compiled;
       stats_.failed += failed;
       stats_.seconds += secs;

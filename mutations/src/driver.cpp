@@ -1738,9 +1738,9 @@ Stop prove_every_gate(Run& s) {
   return rc;
 }
 
-// Each selected mutant: apply, rebuild, run the gates, classify, revert.
-// The compile-ahead worker over the rebuild mutants of `order` that will run (not the switches,
-// not those the build cannot run), or none (--no-compile-ahead, one job or fewer, no ccache).
+// The compile-ahead workers over the rebuild mutants of `order` that will run (not the switches,
+// not those the build cannot run), or none (--no-compile-ahead, no such mutant, no copy possible;
+// without ccache the workers say so and compile nothing).
 std::unique_ptr<CompileAhead> start_compile_ahead(const Env& e, const std::vector<const Mutant*>& order) {
   if (!e.o.compile_ahead || interrupted()) return nullptr;
   std::vector<AheadJob> jobs;
@@ -1749,12 +1749,21 @@ std::unique_ptr<CompileAhead> start_compile_ahead(const Env& e, const std::vecto
     const fs::path file = e.scratch / m->file;
     std::error_code ec;
     if (!fs::is_regular_file(file, ec)) continue;
-    jobs.push_back({m->id, m->file, mutated_text(e, *m, read_text(file))});
+    try {
+      jobs.push_back({m->id, m->file, mutated_text(e, *m, read_text(file))});
+    } catch (const std::exception&) {  // its own rebuild reports the problem
+    }
   }
   if (jobs.empty()) return nullptr;
-  return std::make_unique<CompileAhead>(e.scratch, e.build, e.build_env, std::move(jobs), std::max(1, e.o.jobs));
+  try {
+    return std::make_unique<CompileAhead>(e.scratch, e.build, e.build_env, std::move(jobs), std::max(1, e.o.jobs));
+  } catch (const std::exception& ex) {  // the copy could not be made: each rebuild compiles in its turn
+    *e.log << "kvgate mutate: compile-ahead not used: " << ex.what() << "\n";
+    return nullptr;
+  }
 }
 
+// Each selected mutant: apply, rebuild, run the gates, classify, revert.
 Stop run_mutants(Run& s) {
   KVGATE_RUN_NAMES(s);
   // --- mutants ---------------------------------------------------------------------------

@@ -1384,3 +1384,42 @@ TEST_CASE("compile-ahead: the compile command moves to the copy only where the s
   CHECK(CompileAhead::retarget("c++ -c /w/s", "/w/s", "/x") == "c++ -c /x");  // at the end
   CHECK(CompileAhead::retarget("c++ -c /w/s", "", "/x") == "c++ -c /w/s");
 }
+
+TEST_CASE("compile-ahead: a job with nothing to compile is not counted ahead; a build outside the scratch disables it; the copy stays unmutated") {
+  using kvgate::mutate::AheadJob;
+  using kvgate::mutate::CompileAhead;
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("kvgate_ahead_unit_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path scratch = root / "tree";
+  fs::create_directories(scratch / "build");
+  fs::create_directories(scratch / "src");
+  kvgate::mutate::write_text(scratch / "src" / "a.cpp", "int a() { return 1; }\n");
+  kvgate::mutate::write_text(scratch / "build" / "big.o", "not copied");
+  {
+    // No build.ninja: ninja's deps log names no object, so the job has nothing to compile.
+    CompileAhead ahead(scratch, scratch / "build", {}, {AheadJob{"M.one", "src/a.cpp", "int a() { return 2; }\n"}}, 2);
+    CHECK_FALSE(ahead.reach("M.one"));
+    CHECK_FALSE(ahead.reach("M.unknown"));
+    ahead.stop();
+    const auto st = ahead.stats();
+    CHECK(st.jobs == 1);
+    CHECK(st.compiled == 0);
+    CHECK(st.objects == 0);
+    CHECK(kvgate::mutate::read_text(ahead.copy_dir(0) / "src" / "a.cpp") == "int a() { return 1; }\n");
+    CHECK(kvgate::mutate::read_text(ahead.copy_dir(1) / "src" / "a.cpp") == "int a() { return 1; }\n");
+    CHECK(ahead.copy_dir(0) == root / "tree.ahead");
+    CHECK(ahead.copy_dir(1) == root / "tree.ahead1");
+    CHECK_FALSE(fs::exists(ahead.copy_dir(0) / "build" / "big.o"));  // the build folder is not copied
+  }
+  {
+    CompileAhead outside(scratch, root / "elsewhere", {}, {AheadJob{"M.one", "src/a.cpp", "x"}});
+    CHECK(outside.stats().disabled.find("outside the scratch") != std::string::npos);
+    CHECK_FALSE(outside.reach("M.one"));
+  }
+  {
+    CompileAhead none(scratch, scratch / "build", {}, {});
+    CHECK(none.stats().disabled.find("no patch-and-rebuild mutant") != std::string::npos);
+  }
+  fs::remove_all(root);
+}
