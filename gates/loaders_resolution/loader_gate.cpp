@@ -84,6 +84,39 @@ TEST_CASE("STO.loader.truncated_data the data section cut short: offsets past th
   CHECK(has(msg, "lm_head.weight"));  // the last tensor in the data section
 }
 
+// The descriptor and mapping of a refused safetensors file are released: the loader's constructor
+// refuses by throwing, and a descriptor held past it leaked one per refusal (the safetensors fuzzer
+// ran out of descriptors after ~70,000 refused inputs, fuzz/crashes/safetensors). 200 refusals of
+// every kind (too short, absurd header length, bad header JSON, offsets past the end) leave the
+// process with the descriptors it had. Anti-vacuity: every one of them is refused.
+TEST_CASE("STO.loader.refusal_releases_file a refused safetensors file leaves no descriptor open",
+          "[gate:STO][fmt:none]") {
+  TempDir t;
+  const std::string dir = synth_tiny(t, "m");
+  const fs::path st = fs::path(dir) / "model.safetensors";
+  const std::string good = read_bytes(st);
+  auto open_fds = [] {
+    long n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  std::string absurd = good;
+  for (int i = 0; i < 8; ++i) absurd[static_cast<std::size_t>(i)] = static_cast<char>(i == 5 ? 1 : 0);
+  std::string bad_json = good;
+  bad_json[8] = '!';
+  const std::vector<std::string> bad = {good.substr(0, 5), absurd, bad_json, good.substr(0, good.size() - 100)};
+  const long before = open_fds();
+  int refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    write_bytes(st, bad[static_cast<std::size_t>(i) % bad.size()]);
+    refused += model_error([&] { load_hf(dir); }) != "<no ModelError>";
+  }
+  const long after = open_fds();
+  INFO("open descriptors before " << before << ", after 200 refusals " << after);
+  CHECK(refused == 200);
+  CHECK(after <= before);
+}
+
 TEST_CASE("STO.loader.header_length an absurd header length field", "[gate:STO][fmt:none]") {
   TempDir t;
   const std::string dir = synth_tiny(t, "m");

@@ -67,29 +67,29 @@ constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;  // the safetensors refe
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw ModelError("'" + path_ + "': cannot open (" + std::strerror(errno) + ")");
+    h_.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (h_.fd < 0) throw ModelError("'" + path_ + "': cannot open (" + std::strerror(errno) + ")");
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail("cannot stat the file");
-    size_ = static_cast<std::uint64_t>(st.st_size);
-    if (size_ < 8)
-      fail("truncated: " + std::to_string(size_) + " bytes, shorter than the 8-byte header length field");
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (::fstat(h_.fd, &st) != 0) fail("cannot stat the file");
+    h_.size = static_cast<std::uint64_t>(st.st_size);
+    if (h_.size < 8)
+      fail("truncated: " + std::to_string(h_.size) + " bytes, shorter than the 8-byte header length field");
+    void* p = ::mmap(nullptr, h_.size, PROT_READ, MAP_PRIVATE, h_.fd, 0);
     if (p == MAP_FAILED) fail(std::string("cannot map the file (") + std::strerror(errno) + ")");
-    base_ = static_cast<const std::uint8_t*>(p);
+    h_.base = static_cast<const std::uint8_t*>(p);
     std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | base_[i];
+    for (int i = 7; i >= 0; --i) n = (n << 8) | h_.base[i];
     if (n == 0 || n > kMaxHeaderBytes)
       fail("header length field = " + std::to_string(n) + " is absurd (must be 1.." + std::to_string(kMaxHeaderBytes) +
            " bytes); not a safetensors file, or a corrupted one");
-    if (n > size_ - 8)
-      fail("truncated: header length field = " + std::to_string(n) + " but only " + std::to_string(size_ - 8) +
+    if (n > h_.size - 8)
+      fail("truncated: header length field = " + std::to_string(n) + " but only " + std::to_string(h_.size - 8) +
            " bytes follow it");
     data_off_ = 8 + n;
-    data_size_ = size_ - data_off_;
+    data_size_ = h_.size - data_off_;
     json h;
     try {
-      h = limits::parse_json(std::string_view(reinterpret_cast<const char*>(base_) + 8, n), path_);
+      h = limits::parse_json(std::string_view(reinterpret_cast<const char*>(h_.base) + 8, n), path_);
     } catch (const json::exception& e) {
       fail(std::string("header is not valid JSON (") + e.what() + ")");
     }
@@ -137,10 +137,6 @@ class SafetensorsFile {
     }
     check_tiling();
   }
-  ~SafetensorsFile() {
-    if (base_) ::munmap(const_cast<std::uint8_t*>(base_), size_);
-    if (fd_ >= 0) ::close(fd_);
-  }
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -149,7 +145,7 @@ class SafetensorsFile {
     auto it = tensors_.find(name);
     return it == tensors_.end() ? nullptr : &it->second;
   }
-  const std::uint8_t* bytes(const StTensor& t) const { return base_ + data_off_ + t.begin; }
+  const std::uint8_t* bytes(const StTensor& t) const { return h_.base + data_off_ + t.begin; }
   const std::map<std::string, StTensor>& tensors() const { return tensors_; }
 
   static std::string shape_str(const std::vector<std::int64_t>& s) {
@@ -194,9 +190,23 @@ class SafetensorsFile {
   }
 
   std::string path_;
-  int fd_ = -1;
-  const std::uint8_t* base_ = nullptr;
-  std::uint64_t size_ = 0, data_off_ = 0, data_size_ = 0;
+  // The descriptor and the mapping, released by their own destructor, so also when the constructor
+  // refuses the file: a throwing constructor runs no destructor of its class, and a refused file
+  // must not keep a descriptor (the fuzzer ran out of them after ~70,000 refusals).
+  struct Handle {
+    int fd = -1;
+    const std::uint8_t* base = nullptr;
+    std::uint64_t size = 0;
+    Handle() = default;
+    Handle(const Handle&) = delete;
+    Handle& operator=(const Handle&) = delete;
+    ~Handle() {
+      if (base) ::munmap(const_cast<std::uint8_t*>(base), size);
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  Handle h_;
+  std::uint64_t data_off_ = 0, data_size_ = 0;
   std::map<std::string, StTensor> tensors_;
 };
 
