@@ -77,6 +77,7 @@ struct EngineFlags {
   std::size_t kv_cache_memory = 0;
   std::optional<int> pp;  // --pp: pipeline stages (not given: 1, or the count of --pp-layers)
   std::string pp_layers;  // --pp-layers: layers per stage, comma separated
+  std::string mla_cache = "expanded";  // --mla-cache expanded|latent (MLA models: EngineOptions::mla_cache)
   KvCacheFlags cache;
 };
 
@@ -126,6 +127,10 @@ inline void add_model_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_option("--kv-cache-dtype-skip-layers", f.kv_skip_layers,
                   "vLLM's spelling: these layers (e.g. 0,1 or 0-1) keep the model's own KV, the others hold the --kv "
                   "/ --kv-cache-dtype format");
+  sub->add_option("--mla-cache", f.mla_cache,
+                  "MLA models (DeepSeek-V2/V3): expanded = per-head K/V rows in the KV format; latent = the latent "
+                  "c_kv in the K half format and the RoPE key in the V half format, absorbed attention (CPU)")
+      ->capture_default_str();
   sub->add_option("--k-scale", f.k_scale, "per-tensor K scale for fp8 halves (all layers)");
   sub->add_option("--v-scale", f.v_scale, "per-tensor V scale for fp8 halves (all layers)");
   sub->add_option("--kv-scales", f.kv_scales,
@@ -221,6 +226,7 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, 
   eo.kv_cache_memory = f.kv_cache_memory;
   eo.threads = f.threads;
   eo.kv_resident = f.cache.resident;
+  eo.mla_cache = parse_mla_cache(f.mla_cache, "--mla-cache");
   eo.pipeline_layers = parse_pp_layers(f.pp_layers);
   eo.pipeline_stages = f.pp ? *f.pp : std::max<int>(1, static_cast<int>(eo.pipeline_layers.size()));
   // A conversation is saved whole after the turn (its KV file holds every row), so its pages stay

@@ -153,6 +153,23 @@ inline double attn_f32_max_abs(int head_dim, int n_ctx, double max_l1_score, dou
   return 4 * (4 * score_err + (n_ctx + 8) * kU32) * vmax + 1e-30;
 }
 
+// Latent attention in the weight-absorbed form (runtime attention_mla.hpp) in binary32 vs the
+// textbook expanded form in binary64 over the same dequantized latent (ORA.mla). The runtime's score
+// of key t is q_lat . c_t + q_rope . r_t with q_lat = W_UK^T q_nope: a sum of the same products
+// q_n W[n][j] c_j (and q_r r_r) as the expanded score, associated differently, through a chain of at
+// most nope + kv_lora + rope + 4 binary32 roundings, so its error is <= gamma_(nope+kv_lora+rope+4) *
+// L1 with L1 = scale * sum_(n,j) |q_n W[n][j] c_j| + scale * sum_r |q_r r_r| (the absolute sum of the
+// expanded triple product). As attn_f32_max_abs, a score error e moves the output by <= 4 e vmax
+// (vmax = max |W_UV c_t|, the expanded values). The value side: the latent accumulation
+// o_lat = sum_t p_t c_t and the normalisation round by <= gamma_(n_ctx+8) cmax per element, and the
+// W_UV dot product by <= gamma_(kv_lora+2) of its absolute sum, each carried by W_UV's row L1 norm
+// (wl1 = max_v sum_j |W_UV[v][j]|). Factor 4 margin for the exp and division roundings, as there.
+inline double mla_absorbed_f32_max_abs(int nope, int rope, int kv_lora, int n_ctx, double max_l1_score, double vmax,
+                                       double wl1, double cmax) {
+  const double score_err = (nope + kv_lora + rope + 4.0) * kU32 * max_l1_score;
+  return 4 * (4 * score_err * vmax + (n_ctx + kv_lora + 10.0) * kU32 * wl1 * cmax) + 1e-30;
+}
+
 // Tensor-core prefill (runtime/cuda/kernels/prefill_mma.cuh). Its declared arithmetic: the query
 // is scaled in binary32 (and rotated for a rotated K), then rounded ONCE to the K operand type; K and
 // V are dequantized to the operand type (f16: code x scale in binary32, exact, then one RNE to f16;

@@ -209,10 +209,19 @@ inline double chain_at(const ModelConfig& c, int pos) {
 // engine's. The CUDA forward's chain is the CPU's plus, per layer, 8 + n_ctx roundings (the
 // q prescale, exp2/expf approximations, the split merge, one online-softmax rescale per key:
 // gates/cuda/cuda_model_gate.cpp).
-inline double pair_bound(const ModelConfig& c, int pos, double zmax, bool gpu) {
+// The CPU engine over the MLA latent cache (--mla-cache latent, attention_mla.hpp) computes each
+// layer's attention in the absorbed form: per layer it adds the absorb dot product (nope + 1), the
+// latent score over kv_lora + rope (+ 1) and the W_UV dot product (kv_lora + 1) to the expanded chain
+// (which it keeps counting: an upper bound, bounds.hpp mla_absorbed_f32_max_abs).
+inline double mla_latent_chain(const ModelConfig& c) {
+  return (c.mla.nope_dim + 1.0) + (c.mla.kv_lora_rank + c.mla.rope_dim + 1.0) + (c.mla.kv_lora_rank + 1.0);
+}
+
+inline double pair_bound(const ModelConfig& c, int pos, double zmax, bool gpu, bool latent = false) {
   const double ref = forward_f32_logit_bound(chain_at(c, pos), zmax);
-  const double dev = gpu ? forward_f32_logit_bound(chain_at(c, pos) + c.n_layers * (8.0 + pos + 1), zmax) : ref;
-  return ref + dev;
+  const double mine = chain_at(c, pos) + (gpu ? c.n_layers * (8.0 + pos + 1) : 0.0) +
+                      (latent ? c.n_layers * mla_latent_chain(c) : 0.0);
+  return ref + forward_f32_logit_bound(mine, zmax);
 }
 
 inline void print_case(const RefCase& rc, const Model& m, const char* device) {
@@ -272,7 +281,8 @@ inline int argmax_row(const float* z, int V) {
 // use_cache=False reference: dynamic NTK and longrope see the whole length). Engine: kvgate::Engine
 // or kvgate::cuda::CudaEngine; make(max_tokens) builds one with f32 KV.
 template <class MakeEngine>
-void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu = false) {
+void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu = false, bool latent = false) {
+  const std::string id = "MOD.hf." + rc.name + (latent ? ".latent" : "");
   const int V = m.config.vocab_size;
   REQUIRE(V == rc.vocab);
   REQUIRE(!rc.tf.empty());
@@ -286,7 +296,7 @@ void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu
     // NaN/Inf first.
     long bad = 0;
     for (float x : got) bad += !std::isfinite(x);
-    INFO("MOD.hf." << rc.name << " " << t.name << ": " << bad << " non-finite kvgate logits");
+    INFO(id << " " << t.name << ": " << bad << " non-finite kvgate logits");
     REQUIRE(bad == 0);
     double num = 0, den = 0, bnum = 0, worst = 0, max_abs = 0, max_bound = 0;
     int worst_pos = 0, top1 = 0, top1_unexplained = 0;
@@ -295,7 +305,7 @@ void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu
       const float* g = got.data() + static_cast<std::size_t>(p) * V;
       double zmax = 0, e = 0;
       for (int v = 0; v < V; ++v) zmax = std::max(zmax, std::fabs(double(r[v])));
-      const double b2 = pair_bound(m.config, p, zmax, gpu);
+      const double b2 = pair_bound(m.config, p, zmax, gpu, latent);
       max_bound = std::max(max_bound, b2);
       for (int v = 0; v < V; ++v) {
         const double d = double(g[v]) - r[v];
@@ -312,11 +322,11 @@ void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu
     }
     reached = std::max(reached, t.T);
     const double nmse = num / den, bnmse = bnum / den, rms = std::sqrt(den / (double(t.T) * V));
-    std::cout << std::setprecision(4) << "MOD.hf." << rc.name << ".logits " << t.name << ": " << t.T
+    std::cout << std::setprecision(4) << id << ".logits " << t.name << ": " << t.T
               << " positions, NMSE " << nmse << " (bound " << bnmse << "), max |kvgate - transformers| " << max_abs
               << " (worst position " << worst_pos << " at " << worst << " of 2B), top-1 " << top1 << "/" << t.T
               << ", largest 2B " << max_bound << ", logit RMS " << rms << "\n";
-    INFO("MOD.hf." << rc.name << " " << t.name << ": NMSE " << nmse << " (bound " << bnmse << "), worst |diff|/2B "
+    INFO(id << " " << t.name << ": NMSE " << nmse << " (bound " << bnmse << "), worst |diff|/2B "
                    << worst << " at position " << worst_pos);
     CHECK(nmse <= bnmse);
     CHECK(worst <= 1.0);
@@ -327,7 +337,7 @@ void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu
     CHECK(rms > 0);
   }
   if (rc.must_pass > 0) {
-    INFO("MOD.hf." << rc.name << ": the teacher-forced run reaches " << reached << " tokens; it must pass "
+    INFO(id << ": the teacher-forced run reaches " << reached << " tokens; it must pass "
                    << rc.must_pass << " (" << rc.must_pass_why << ")");
     CHECK(reached > rc.must_pass);
   }
@@ -337,7 +347,8 @@ void check_logits(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu
 // kvgate's own argmax fed back. Ids must equal the reference's up to the first step whose reference
 // top-2 margin is within 2B (then the comparison stops there, and that is printed).
 template <class MakeEngine>
-void check_greedy(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu = false) {
+void check_greedy(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu = false, bool latent = false) {
+  const std::string id = "MOD.hf." + rc.name + (latent ? ".latent" : "");
   const int V = m.config.vocab_size;
   REQUIRE(!rc.greedy.empty());
   for (const auto& g : rc.greedy) {
@@ -352,7 +363,7 @@ void check_greedy(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu
     for (int k = 0; k < n; ++k) {
       double zmax = 0;
       for (int v = 0; v < V; ++v) zmax = std::max(zmax, std::fabs(double(z[static_cast<std::size_t>(v)])));
-      const double b2 = pair_bound(m.config, P - 1 + k, zmax, gpu);
+      const double b2 = pair_bound(m.config, P - 1 + k, zmax, gpu, latent);
       if (g.margin[static_cast<std::size_t>(k)] <= b2) {
         stop_step = k;
         break;
@@ -365,12 +376,12 @@ void check_greedy(const RefCase& rc, const Model& m, MakeEngine&& make, bool gpu
     }
     std::ostringstream ids;
     for (std::size_t i = 0; i < mine.size(); ++i) ids << (i ? "," : "") << mine[i];
-    std::cout << "MOD.hf." << rc.name << ".greedy " << g.name << ": prompt " << P << ", " << compared << " of " << n
+    std::cout << id << ".greedy " << g.name << ": prompt " << P << ", " << compared << " of " << n
               << " steps compared"
               << (stop_step >= 0 ? " (stopped at step " + std::to_string(stop_step) + ": reference top-2 margin within 2B)"
                                  : std::string())
               << ", reaches position " << P - 1 + compared << "\n";
-    INFO("MOD.hf." << rc.name << " greedy " << g.name << ": kvgate ids " << ids.str());
+    INFO(id << " greedy " << g.name << ": kvgate ids " << ids.str());
     for (int k = 0; k < compared; ++k) CHECK(mine[static_cast<std::size_t>(k)] == g.generated[static_cast<std::size_t>(k)]);
     // Anti-vacuity: a comparison happened at all.
     CHECK(compared > 0);

@@ -8,7 +8,11 @@
 //  MOD.hf.<case>.greedy   greedy ids from prompt_ids == transformers' generate(do_sample=False) up
 //                         to the first step whose reference top-2 margin is within 2B.
 //  (MOD.hf.llama_default.logits also checks that the reference folder holds exactly these cases.)
+#include <unistd.h>
+
 #include <algorithm>
+#include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 
@@ -42,11 +46,12 @@ void check_inventory() {
   }
 }
 
-auto cpu_engine(const Model& m) {
-  return [&m](int n_tokens) {
+auto cpu_engine(const Model& m, MlaCache mla = MlaCache::expanded) {
+  return [&m, mla](int n_tokens) {
     EngineOptions o = engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1);
     o.max_context = n_tokens;
     o.prefill_chunk = n_tokens;  // one forward over all given ids
+    o.mla_cache = mla;
     return std::make_unique<Engine>(m, o);
   };
 }
@@ -85,3 +90,124 @@ HF_CASE("mixtral")
 HF_CASE("deepseek_v3")
 HF_CASE("deepseek_v3_qlora")
 
+// MOD.hf.<case>.latent.*: the DeepSeek-V3 cases with the MLA latent cache (--mla-cache latent: the
+// store holds c_kv and the RoPE key, attention in the weight-absorbed form), against the same
+// transformers logits and greedy ids; the bound adds the absorbed chain (hf_ref_harness.hpp
+// mla_latent_chain). The layout is checked to be the latent one, so a silent expanded run cannot pass.
+#define HF_LATENT_CASE(c)                                                                                  \
+  TEST_CASE("MOD.hf." c ".latent.logits transformers' teacher-forced logits, CPU engine, MLA latent cache f32", \
+            "[gate:MOD][fmt:f32][mla]") {                                                                 \
+    const Loaded& l = loaded(c);                                                                           \
+    REQUIRE(cpu_engine(l.m, MlaCache::latent)(4)->stats().kv_layout.rfind("mla_latent", 0) == 0);         \
+    check_logits(l.rc, l.m, cpu_engine(l.m, MlaCache::latent), false, true);                              \
+  }                                                                                                        \
+  TEST_CASE("MOD.hf." c ".latent.greedy transformers' greedy ids, CPU engine, MLA latent cache f32",       \
+            "[gate:MOD][fmt:f32][mla]") {                                                                 \
+    const Loaded& l = loaded(c);                                                                           \
+    check_greedy(l.rc, l.m, cpu_engine(l.m, MlaCache::latent), false, true);                              \
+  }
+
+HF_LATENT_CASE("deepseek_v3")
+HF_LATENT_CASE("deepseek_v3_qlora")
+
+
+// STO.mla.latent_bytes: what the MLA latent cache holds, in bytes, on the DeepSeek-V3 case: per token
+// and layer one K row of kv_lora_rank elements (the latent) and one V row of qk_rope_head_dim
+// elements (the RoPE key), each in its own half format. Expected bytes are written out here from
+// the format definitions (docs/FORMATS.md: f32 4 B, bf16 2 B, q8_0 34 B per 32 elements, int8 1 B
+// per element + one f16 scale per row), not asked of kvgate's byte tables, and the whole pool and the
+// held sequence are checked against them; the expanded cache of the same model is larger by
+// H (nope + rope) * 2 / (kv_lora + rope) at f32, which is checked too (anti-vacuity: the two layouts
+// differ, and the latent pool is the smaller).
+TEST_CASE("STO.mla.latent_bytes the MLA latent cache holds kv_lora + rope elements per token and layer, each half "
+          "in its format",
+          "[gate:STO][mla]") {
+  const Loaded& l = loaded("deepseek_v3");
+  const ModelConfig& c = l.m.config;
+  const int KL = c.mla.kv_lora_rank, R = c.mla.rope_dim, H = c.n_heads, QK = c.mla.nope_dim + c.mla.rope_dim;
+  REQUIRE(KL % 32 == 0);
+  struct Row {
+    KvFormat f;
+    double k_bytes_per_token, v_bytes_per_token;
+  };
+  const Row rows[] = {
+      {{HalfFormat::f32, HalfFormat::f32}, 4.0 * KL, 4.0 * R},
+      {{HalfFormat::bf16, HalfFormat::bf16}, 2.0 * KL, 2.0 * R},
+      {{HalfFormat::q8_0, HalfFormat::bf16}, 34.0 * KL / 32, 2.0 * R},
+      {{HalfFormat::int8, HalfFormat::f32}, 1.0 * KL + 2, 4.0 * R},
+  };
+  const int B = 16, n_tokens = 21;
+  for (const Row& r : rows) {
+    EngineOptions o = engine_options_for(r.f, 1);
+    o.max_context = 64;
+    o.block_size = B;
+    o.mla_cache = MlaCache::latent;
+    Engine e(l.m, o);
+    const std::vector<int> ids(static_cast<std::size_t>(n_tokens), 5);
+    (void)e.prefill(ids);
+    const EngineStats st = e.stats();
+    const double per_block = c.n_layers * B * (r.k_bytes_per_token + r.v_bytes_per_token);
+    INFO(r.f.name() << ": layout '" << st.kv_layout << "', pool " << st.kv_pool_bytes << " bytes in " << st.n_blocks
+                    << " blocks, sequence " << st.kv_bytes << " bytes");
+    std::cout << "STO.mla.latent_bytes " << r.f.name() << ": " << (r.k_bytes_per_token + r.v_bytes_per_token)
+              << " bytes per token and layer (kv_lora " << KL << ", rope " << R << "); pool " << st.kv_pool_bytes
+              << ", sequence of " << n_tokens << " tokens " << st.kv_bytes << "\n";
+    CHECK(st.kv_layout.rfind("mla_latent", 0) == 0);
+    CHECK(st.kv_pool_bytes == static_cast<std::size_t>(per_block * st.n_blocks));
+    CHECK(st.kv_bytes == static_cast<std::size_t>(per_block * ((n_tokens + B - 1) / B)));
+  }
+  EngineOptions ox = engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1);
+  ox.max_context = 64;
+  ox.block_size = B;
+  EngineOptions ol = ox;
+  ol.mla_cache = MlaCache::latent;
+  const std::size_t expanded = Engine(l.m, ox).stats().kv_pool_bytes, latent = Engine(l.m, ol).stats().kv_pool_bytes;
+  INFO("expanded pool " << expanded << " bytes, latent pool " << latent);
+  CHECK(expanded * static_cast<std::size_t>(KL + R) == latent * static_cast<std::size_t>(2 * H * QK));
+  CHECK(latent < expanded);
+}
+
+// STO.mla.latent_refusals: --mla-cache latent where it cannot apply is refused with the flag, the
+// reason and the fix, never run as something else: a model without MLA, a per-layer map, streaming,
+// a KV file (save), and an unknown --mla-cache value.
+TEST_CASE("STO.mla.latent_refusals the latent cache is refused where it cannot apply, naming the flag and the fix",
+          "[gate:STO][mla]") {
+  auto refused = [](const std::function<void()>& f, std::initializer_list<const char*> words) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      INFO("message: " << m);
+      for (const char* w : words) CHECK(m.find(w) != std::string::npos);
+      return true;
+    }
+    return false;
+  };
+  const Loaded& ds = loaded("deepseek_v3");
+  const Loaded& ll = loaded("llama_default");
+  EngineOptions o = engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1);
+  o.max_context = 32;
+  o.mla_cache = MlaCache::latent;
+  CHECK(refused([&] { Engine e(ll.m, o); }, {"--mla-cache latent", "kv_lora_rank", "drop the flag"}));
+  EngineOptions res = o;
+  res.kv_resident = 16;
+  CHECK(refused([&] { Engine e(ds.m, res); }, {"--mla-cache latent", "--kv-resident"}));
+  EngineOptions map = o;
+  map.kv_layers = KvLayerMap(static_cast<std::size_t>(ds.m.config.n_layers), KvFormat{HalfFormat::f32, HalfFormat::f32});
+  map.kv_layers[0] = KvFormat{HalfFormat::bf16, HalfFormat::bf16};
+  CHECK(refused([&] { Engine e(ds.m, map); }, {"--mla-cache latent", "--kv-layers"}));
+  Engine e(ds.m, o);
+  (void)e.prefill(std::vector<int>{3, 4, 5});
+  const fs::path dir = fs::temp_directory_path() / ("kvgate-mla-save-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "conv.kv").string();
+  CHECK(refused([&] { e.save_kv(file); }, {"mla_latent", "--mla-cache expanded"}));
+  CHECK(!fs::exists(file));  // nothing half-written
+  fs::remove_all(dir);
+  CHECK(refused([] { (void)parse_mla_cache("latnet", "--mla-cache"); }, {"--mla-cache", "latnet", "expanded", "latent"}));
+  // Anti-vacuity: the same options without the latent cache are accepted on both models.
+  EngineOptions plain = o;
+  plain.mla_cache = MlaCache::expanded;
+  CHECK_NOTHROW(Engine(ll.m, plain));
+  CHECK_NOTHROW(Engine(ds.m, plain));
+}

@@ -57,4 +57,33 @@ void sdpa_f64(const AttnShape& a, const float* q, const float* k, const float* v
     sdpa<double>(a, q, k, v, out);
 }
 
+void mla_attention_f64(const MlaShape& a, const float* q, const float* latent, const float* rope_k, const float* wkv_b,
+                       double* out) {
+    const int H = a.n_heads, N = a.nope, R = a.rope, VD = a.v_dim, KL = a.kv_lora, QK = N + R;
+    using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    const Mat C = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                      latent, a.n_kv, KL).cast<double>();
+    const Mat Rk = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                       rope_k, a.n_kv, R).cast<double>();
+    const Mat W = Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                      wkv_b, size_t(H) * (N + VD), KL).cast<double>();
+    for (int h = 0; h < H; ++h) {
+        // Expanded keys [n_kv][N + R] and values [n_kv][VD] of head h.
+        Mat K(a.n_kv, QK);
+        K.leftCols(N) = C * W.middleRows(size_t(h) * (N + VD), N).transpose();
+        K.rightCols(R) = Rk;
+        const Mat V = C * W.middleRows(size_t(h) * (N + VD) + N, VD).transpose();
+        for (int i = 0; i < a.n_q; ++i) {
+            const int n_vis = std::min(a.n_kv, a.q_pos0 + i + 1);
+            Eigen::Map<Eigen::VectorXd> o(out + (size_t(i) * H + h) * VD, VD);
+            if (n_vis <= 0) { o.setZero(); continue; }
+            const Eigen::VectorXd qv =
+                Eigen::Map<const Eigen::VectorXf>(q + (size_t(i) * H + h) * QK, QK).cast<double>();
+            const Eigen::VectorXd s = (K.topRows(n_vis) * qv) * a.softmax_scale;
+            const Eigen::VectorXd p = (s.array() - s.maxCoeff()).exp().matrix();
+            o = (V.topRows(n_vis).transpose() * p) / p.sum();
+        }
+    }
+}
+
 }  // namespace kvgate_oracle

@@ -793,6 +793,9 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
 }  // namespace
 
 void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArgs& a, const float* q, float* out) {
+  if (store.layout() != KvLayout::kv_heads)
+    throw KvStoreError(std::string("attention: the store's layout is ") + name(store.layout()) +
+                       ", which is read by mla_latent_attention (attention_mla.hpp), not as K/V heads");
   const PageGeometry g = store.geometry();
   const int D = g.head_dim;
   const int H = g.n_kv_heads;

@@ -44,12 +44,13 @@ const KvFormat& layer_kv_format(const EngineOptions& o, int layer) {
 namespace {
 
 // K + V page bytes of every layer: one block of the whole pool (the per-layer map's formats).
-std::uint64_t pool_bytes_per_block(const EngineOptions& o, const ModelConfig& c, const PageGeometry& g,
+std::uint64_t pool_bytes_per_block(const EngineOptions& o, const ModelConfig& c, const StoreConfig& sc,
                                    const std::string& who) {
+  const PageGeometry gk = sc.half_geometry(KvHalf::K), gv = sc.half_geometry(KvHalf::V);
   std::uint64_t sum = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     const KvFormat& f = layer_kv_format(o, l);
-    sum = limits::add(sum, page_bytes(f.k, g) + page_bytes(f.v, g), who, "KV bytes per block");
+    sum = limits::add(sum, page_bytes(f.k, gk) + page_bytes(f.v, gv), who, "KV bytes per block");
   }
   return sum;
 }
@@ -78,6 +79,21 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
   sc.n_layers = c.n_layers;
   sc.n_kv_heads = c.n_kv_heads;
   sc.head_dim = c.head_dim;
+  if (o.mla_cache == MlaCache::latent) {
+    if (!c.mla.any())
+      throw EngineError(who + ": --mla-cache latent applies to multi-head latent attention models (DeepSeek-V2/V3: "
+                        "kv_lora_rank in config.json); this model (" + c.arch + ") has none: drop the flag");
+    if (!o.kv_layers.empty())
+      throw EngineError(who + ": --mla-cache latent with a per-layer KV map (--kv-layers) is not supported; give one "
+                        "format (--kv, e.g. k=int8,v=bf16: K for the latent, V for the RoPE key)");
+    if (o.kv_resident > 0)
+      throw EngineError(who + ": --mla-cache latent with --kv-resident (streaming) is not supported: streaming moves "
+                        "K/V pages of one width; drop --kv-resident or use --mla-cache expanded");
+    sc.layout = KvLayout::mla_latent;
+    sc.n_kv_heads = 1;
+    sc.head_dim = c.mla.kv_lora_rank;
+    sc.v_head_dim = c.mla.rope_dim;
+  }
   if (o.block_size < 1) throw EngineError(who + ": block_size must be >= 1, got " + std::to_string(o.block_size));
   // Sizes from flags and model files, checked before any product or allocation (kvgate/limits.hpp).
   limits::check(limits::kBlockSize, o.block_size, who, "--block-size");
@@ -92,8 +108,8 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
   if (o.n_blocks > 0) {
     sc.n_blocks = o.n_blocks;
   } else if (o.kv_cache_memory > 0) {
-    const std::uint64_t per_block = pool_bytes_per_block(o, c, sc.geometry(), who);
-    sc.n_blocks = o.kv_layers.empty() ? blocks_for_budget(sc.format, sc.geometry(), c.n_layers, o.kv_cache_memory)
+    const std::uint64_t per_block = pool_bytes_per_block(o, c, sc, who);
+    sc.n_blocks = o.kv_layers.empty() ? blocks_for_budget(sc, o.kv_cache_memory)
                                       : static_cast<int>(o.kv_cache_memory / per_block);  // as blocks_for_budget
     if (sc.n_blocks < 1)
       throw EngineError(who + ": --kv-cache-memory " + std::to_string(o.kv_cache_memory) + " bytes buys no KV block of " +
@@ -106,8 +122,7 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
   }
   // The pool is allocated (and zero-filled) up front: refuse what the machine does not have.
   {
-    const PageGeometry g = sc.geometry();
-    const std::uint64_t per_block = pool_bytes_per_block(o, c, g, who);
+    const std::uint64_t per_block = pool_bytes_per_block(o, c, sc, who);
     const std::uint64_t pool = limits::mul(per_block, static_cast<std::uint64_t>(sc.n_blocks), who, "KV pool bytes");
     const std::uint64_t avail = available_memory_bytes();
     if (avail > 0 && pool > avail)
@@ -131,6 +146,15 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
   sc.k_scale = scales(o.k_scale, c.k_scale, "k_scale");
   sc.v_scale = scales(o.v_scale, c.v_scale, "v_scale");
   return sc;
+}
+
+const char* name(MlaCache m) { return m == MlaCache::latent ? "latent" : "expanded"; }
+
+MlaCache parse_mla_cache(const std::string& s, const std::string& flag) {
+  if (s == "expanded") return MlaCache::expanded;
+  if (s == "latent") return MlaCache::latent;
+  throw EngineError(flag + ": '" + s + "' is not an MLA cache layout; give expanded (per-head K/V rows) or latent "
+                    "(the compressed latent and the RoPE key per token)");
 }
 
 EngineOptions engine_options_for(const KvFormat& fmt, int threads) {
@@ -281,7 +305,8 @@ struct Engine::Impl {
     if (!stats.kv_layer_map.empty()) stats.requested_kv = stats.kv_layer_map;
     stats.backend = opts.kv.backend.empty() ? "cpu" : opts.kv.backend;
     stats.fallback_reason = opts.kv.fallback_reason;
-    stats.kv_layout = kv_cache_layout(m.config);
+    stats.kv_layout = full.layout == KvLayout::mla_latent ? kv_cache_layout_latent(m.config, full.format)
+                                                          : kv_cache_layout(m.config);
     stats.block_size = full.block_size;
     stats.n_blocks = full.n_blocks;
     stats.threads = pool.size();

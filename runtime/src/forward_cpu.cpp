@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kvgate/attention.hpp"
+#include "kvgate/attention_mla.hpp"
 #include "kvgate/engine.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(KVGATE_NO_TARGET_CLONES)
@@ -314,17 +315,25 @@ void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int store
   aa.window = c_.window(layer);        // sliding layers read only their window
   aa.softcap = c_.attn_softcap;        // Gemma 2 attention-logit soft-cap
   aa.softmax_scale = c_.attn_scale;    // Gemma: query_pre_attn_scalar^-0.5 (0: 1/sqrt(head_dim))
+  for_query_parts(T, pos0, aa.window, store.streaming(), [&](int i0, int n) {
+    AttentionArgs part = aa;
+    part.n_q = n;
+    part.pos0 = pos0 + i0;
+    attention(store, s, store_layer, part, q_.data() + static_cast<std::size_t>(i0) * qd,
+              att_.data() + static_cast<std::size_t>(i0) * qd);
+  });
+}
+
+void CpuForward::for_query_parts(int T, int pos0, int window, bool serial, const std::function<void(int, int)>& run) {
   const int parts = std::min(pool_.size(), T / 8);
-  if (parts <= 1 || store.streaming()) {
-    aa.n_q = T;
-    aa.pos0 = pos0;
-    attention(store, s, store_layer, aa, q_.data(), att_.data());
+  if (parts <= 1 || serial) {
+    run(0, T);
     return;
   }
   int bounds[65];
   const int P = std::min(parts, 64);
   // Keys read by queries [0, i): sum of (pos0 + j + 1), each capped at the window on a sliding layer.
-  const double W = aa.window > 0 ? static_cast<double>(aa.window) : 0.0;
+  const double W = window > 0 ? static_cast<double>(window) : 0.0;
   auto work = [&](int i) {
     // The first c queries see all their keys (pos0 + j + 1 <= W), the rest W each.
     const double c = W == 0 ? i : std::clamp(W - pos0, 0.0, static_cast<double>(i));
@@ -340,15 +349,8 @@ void CpuForward::attend(const PagedKvStore& store, SeqId s, int layer, int store
   }
   bounds[P] = T;
   pool_.parallel_for(P, [&](int b, int e) {
-    for (int k = b; k < e; ++k) {
-      const int i0 = bounds[k], n = bounds[k + 1] - bounds[k];
-      if (n <= 0) continue;
-      AttentionArgs part = aa;
-      part.n_q = n;
-      part.pos0 = pos0 + i0;
-      attention(store, s, store_layer, part, q_.data() + static_cast<std::size_t>(i0) * qd,
-                att_.data() + static_cast<std::size_t>(i0) * qd);
-    }
+    for (int k = b; k < e; ++k)
+      if (bounds[k + 1] > bounds[k]) run(bounds[k], bounds[k + 1] - bounds[k]);
   });
 }
 
@@ -646,7 +648,8 @@ void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights&
   for (int t = 0; t < T; ++t)
     rmsnorm(lat_.data() + static_cast<std::size_t>(t) * KL, ckv_.data() + static_cast<std::size_t>(t) * (KL + R),
             L.kv_a_norm.data(), KL, c.rms_eps);
-  matmul(pool_, kvb_.data(), lat_.data(), L.wkv_b, nullptr, T, KL, H * (N + VD), false);
+  const bool latent = store.layout() == KvLayout::mla_latent;
+  if (!latent) matmul(pool_, kvb_.data(), lat_.data(), L.wkv_b, nullptr, T, KL, H * (N + VD), false);
   const int half = c.head_dim / 2, rh = R / 2;
   auto turn = [&](float* x, int t) {  // the rope part of one head (or the shared key) at token t
     const float* fc = cos_.data() + static_cast<std::size_t>(t) * half;
@@ -663,6 +666,26 @@ void CpuForward::mla_attention(PagedKvStore& store, SeqId s, const LayerWeights&
       x[i + rh] = v1 * fc[i] + v0 * fs[i];
     }
   };
+  if (latent) {  // the cache holds the latent (K half) and the rotated shared RoPE key (V half)
+    for (int t = 0; t < T; ++t) {
+      turn(ckv_.data() + static_cast<std::size_t>(t) * (KL + R) + KL, t);
+      for (int h = 0; h < H; ++h) turn(q_.data() + (static_cast<std::size_t>(t) * H + h) * QK + N, t);
+    }
+    store.write(s, store_layer, pos0, T, lat_.data(), static_cast<std::size_t>(KL), ckv_.data() + KL,
+                static_cast<std::size_t>(KL + R));
+    const MlaDims d{H, N, R, VD, KL};
+    const float scale = c.attn_scale > 0 ? c.attn_scale : 1.0f / std::sqrt(static_cast<float>(QK));
+    for_query_parts(T, pos0, 0, store.streaming(), [&](int i0, int n) {
+      MlaAttentionArgs ma;
+      ma.n_q = n;
+      ma.pos0 = pos0 + i0;
+      ma.softmax_scale = scale;
+      mla_latent_attention(store, s, store_layer, d, ma, q_.data() + static_cast<std::size_t>(i0) * H * QK,
+                           L.wkv_b.data(), attc_.data() + static_cast<std::size_t>(i0) * H * VD);
+    });
+    matmul(pool_, x_.data(), attc_.data(), L.wo, nullptr, T, H * VD, dim, true);
+    return;
+  }
   for (int t = 0; t < T; ++t) {
     float* kr = ckv_.data() + static_cast<std::size_t>(t) * (KL + R) + KL;
     turn(kr, t);

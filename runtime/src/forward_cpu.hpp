@@ -2,6 +2,7 @@
 // GQA over the paged KV store in any format, RoPE styles, qkv bias, QK-norm, SwiGLU / GeGLU,
 // sliding windows, Gemma's sandwich norms and soft-caps.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "kvgate/kv_store.hpp"
@@ -60,6 +61,9 @@ class CpuForward {
                    float* sn) const;
   // Attention of model layer `layer`, whose K/V rows are layer `store_layer` of the store.
   void attend(const PagedKvStore& store, SeqId s, int layer, int store_layer, int T, int pos0);
+  // Splits a chunk's T queries into parts of about equal attention work (queries [i0, i0 + n) over
+  // the keys they see, capped at `window`) run on the pool; one part (run(0, T)) when serial.
+  void for_query_parts(int T, int pos0, int window, bool serial, const std::function<void(int, int)>& run);
   // RoPE angles of the chunk's positions, shared by every layer (and the sliding layers' own).
   void prepare_chunk(int pos0, int T);
   void add_normed(const float* norm_w, int T);
@@ -70,8 +74,9 @@ class CpuForward {
   void route(const float* logits, int* sel, float* weight) const;
   // DeepSeek-V3's router (MoeConfig::Router::sigmoid_groups) for one token.
   void route_groups(const float* logits, const float* bias, int* sel, float* weight) const;
-  // Latent attention (MLA) of layer l: projections, RoPE on the rope parts, the expanded K/V rows into
-  // the store, attention, and x += o_proj(heads' v outputs).
+  // Latent attention (MLA) of layer l: projections, RoPE on the rope parts, then by the store's
+  // layout either the expanded K/V rows into the store and attention(), or (mla_latent) the latent and
+  // the RoPE key into the store and mla_latent_attention (absorbed); x += o_proj(heads' v outputs).
   void mla_attention(PagedKvStore& store, SeqId s, const LayerWeights& L, int l, int store_layer, int T, int pos0);
 
   const Model& m_;

@@ -225,6 +225,12 @@ namespace {
 StoreConfig combined_config(std::span<const KvStageView> stages) {
   if (stages.empty()) throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: no stores");
   StoreConfig c = stages[0].store->config();
+  if (c.layout != KvLayout::kv_heads)
+    throw KvFileError(KvFileError::Kind::mismatch, "",
+                      std::string("KV file: the ") + name(c.layout) +
+                          " layout (an MLA latent cache) cannot be saved to or restored from a KV file in this "
+                          "version (the file format holds K/V heads of one width); run the model with "
+                          "--mla-cache expanded to persist its KV");
   c.n_layers = 0;
   for (const KvStageView& st : stages) {
     const StoreConfig& sc = st.store->config();

@@ -40,10 +40,22 @@ int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, st
   return per_block == 0 ? 0 : static_cast<int>(budget_bytes / per_block);
 }
 
+int blocks_for_budget(const StoreConfig& c, std::size_t budget_bytes) {
+  const std::size_t per_block = static_cast<std::size_t>(c.n_layers) * (page_bytes(c.format.k, c.half_geometry(KvHalf::K)) +
+                                                                        page_bytes(c.format.v, c.half_geometry(KvHalf::V)));
+  return per_block == 0 ? 0 : static_cast<int>(budget_bytes / per_block);
+}
+
+const char* name(KvLayout l) { return l == KvLayout::mla_latent ? "mla_latent" : "kv_heads"; }
+
 PagedKvStore::PagedKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
-  const PageGeometry g = cfg_.geometry();
+  if (cfg_.v_head_dim < 0) throw KvStoreError("kv store: v_head_dim must be >= 0 (0: head_dim)");
+  if (cfg_.layout == KvLayout::mla_latent && (cfg_.n_kv_heads != 1 || cfg_.v_head_dim < 1))
+    throw KvStoreError("kv store: the mla_latent layout holds one row per token (n_kv_heads 1, got " +
+                       std::to_string(cfg_.n_kv_heads) + ") with the latent as K (head_dim) and the RoPE key as V "
+                       "(v_head_dim >= 1, got " + std::to_string(cfg_.v_head_dim) + ")");
   for (KvHalf h : {KvHalf::K, KvHalf::V}) {
-    const Capability c = supports(half_format(h), g);
+    const Capability c = supports(half_format(h), half_geometry(h));
     if (!c.ok)
       throw KvStoreError("kv store: " + std::string(h == KvHalf::K ? "K" : "V") + " half format '" +
                          std::string(name(half_format(h))) + "' is not supported here (" + c.reason + "): " + c.detail);
@@ -59,8 +71,8 @@ PagedKvStore::PagedKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
                              std::to_string(l) + "'s " + (h == KvHalf::K ? "k_scale" : "v_scale") +
                              " differs per KV head: per-head scales apply to fp8_e4m3/fp8_e5m2 halves only; give one "
                              "scale per layer for it");
-  page_bytes_[0] = kvgate::page_bytes(cfg_.format.k, g);
-  page_bytes_[1] = kvgate::page_bytes(cfg_.format.v, g);
+  page_bytes_[0] = kvgate::page_bytes(cfg_.format.k, half_geometry(KvHalf::K));
+  page_bytes_[1] = kvgate::page_bytes(cfg_.format.v, half_geometry(KvHalf::V));
   pools_.resize(static_cast<std::size_t>(cfg_.n_layers) * 2);
   for (int l = 0; l < cfg_.n_layers; ++l)
     for (KvHalf h : {KvHalf::K, KvHalf::V})
@@ -258,6 +270,10 @@ void PagedKvStore::set_streaming(int resident_tokens, std::unique_ptr<KvDevicePo
     window_.reset();
     return;
   }
+  if (!cfg_.same_half_geometry())
+    throw KvStoreError(std::string("kv store: streaming (--kv-resident) needs K and V rows of one width; this store's "
+                                   "layout is ") + name(cfg_.layout) + " (K rows " + std::to_string(cfg_.head_dim) +
+                       ", V rows " + std::to_string(cfg_.v_head_dim) + "): run it without --kv-resident");
   window_ = std::make_unique<KvWindow>(cfg_.format, geometry(), cfg_.n_layers, cfg_.n_blocks, resident_tokens,
                                        std::move(device));
 }
@@ -280,7 +296,7 @@ void PagedKvStore::write(SeqId s, int layer, int pos0, int n, const float* k, st
     throw KvStoreError("kv store: write of positions [" + std::to_string(pos0) + ", " + std::to_string(pos0 + n) +
                        ") layer " + std::to_string(layer) + " is outside the sequence (length " +
                        std::to_string(q.length) + ", layers " + std::to_string(cfg_.n_layers) + ")");
-  const PageGeometry g = geometry();
+  const PageGeometry g = half_geometry(KvHalf::K), gv = half_geometry(KvHalf::V);
   const int B = cfg_.block_size;
   for (int t = 0; t < n; ++t) {
     const int pos = pos0 + t;
@@ -288,11 +304,11 @@ void PagedKvStore::write(SeqId s, int layer, int pos0, int n, const float* k, st
     const int slot = pos % B;
     quantize_token(cfg_.format.k, g, slot, k + t * k_stride, head_scales(layer, KvHalf::K),
                    pool_page(layer, KvHalf::K, block));
-    quantize_token(cfg_.format.v, g, slot, v + t * v_stride, head_scales(layer, KvHalf::V),
+    quantize_token(cfg_.format.v, gv, slot, v + t * v_stride, head_scales(layer, KvHalf::V),
                    pool_page(layer, KvHalf::V, block));
     if (window_) {  // streaming: the device copy gets the same token bytes (both copies written)
       push_runs(layer, KvHalf::K, block, token_ranges(cfg_.format.k, g, slot));
-      push_runs(layer, KvHalf::V, block, token_ranges(cfg_.format.v, g, slot));
+      push_runs(layer, KvHalf::V, block, token_ranges(cfg_.format.v, gv, slot));
     }
   }
 }
@@ -304,7 +320,7 @@ void PagedKvStore::read(SeqId s, int layer, KvHalf h, int pos0, int n, float* ou
   if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || pos0 + n > q.length)
     throw KvStoreError("kv store: read outside the sequence");
   if (pos0 < q.released * cfg_.block_size) released_refusal("read of position " + std::to_string(pos0), s, q.released * cfg_.block_size);
-  const PageGeometry g = geometry();
+  const PageGeometry g = half_geometry(h);
   const int B = cfg_.block_size;
   const std::size_t HD = static_cast<std::size_t>(g.row_elems());
   for (int t = 0; t < n; ++t) {
@@ -315,10 +331,10 @@ void PagedKvStore::read(SeqId s, int layer, KvHalf h, int pos0, int n, float* ou
 }
 
 void PagedKvStore::clear_slots(int block, int slot0) {
-  const PageGeometry g = geometry();
   for (int l = 0; l < cfg_.n_layers; ++l)
     for (KvHalf h : {KvHalf::K, KvHalf::V})
       for (int slot = slot0; slot < cfg_.block_size; ++slot) {
+        const PageGeometry g = half_geometry(h);
         for (const ByteRun& r : token_ranges(half_format(h), g, slot))
           std::memset(pool_page(l, h, block) + r.offset, 0, r.bytes);
         if (window_) push_runs(l, h, block, token_ranges(half_format(h), g, slot));  // the device copy too
@@ -374,7 +390,7 @@ void PagedKvStore::swap_in(SeqId s) {
     for (int l = 0; l < cfg_.n_layers; ++l)
       for (KvHalf h : {KvHalf::K, KvHalf::V}) {
         std::memcpy(pool_page(l, h, b), src, page_bytes_[static_cast<int>(h)]);
-        if (window_) push_runs(l, h, b, page_runs(half_format(h), geometry()));  // both copies (when resident)
+        if (window_) push_runs(l, h, b, page_runs(half_format(h), half_geometry(h)));  // both copies (when resident)
         src += page_bytes_[static_cast<int>(h)];
       }
   q.blocks = std::move(fresh);
@@ -384,7 +400,7 @@ void PagedKvStore::swap_in(SeqId s) {
 }
 
 std::vector<ByteRun> PagedKvStore::used_runs(KvHalf h, int used_slots) const {
-  std::vector<ByteRun> runs = page_runs(half_format(h), geometry());
+  std::vector<ByteRun> runs = page_runs(half_format(h), half_geometry(h));
   for (ByteRun& r : runs) r.bytes = r.bytes / static_cast<std::size_t>(cfg_.block_size) * static_cast<std::size_t>(used_slots);
   return runs;
 }

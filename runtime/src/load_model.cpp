@@ -278,6 +278,13 @@ std::string kv_cache_layout(const ModelConfig& c) {
          ") is not cached, the K/V format applies to the expanded rows";
 }
 
+std::string kv_cache_layout_latent(const ModelConfig& c, const KvFormat& f) {
+  return "mla_latent: per token the latent c_kv (kv_lora_rank " + std::to_string(c.mla.kv_lora_rank) + ") in " +
+         std::string(name(f.k)) + " (the K half) and the shared rotated RoPE key (qk_rope_head_dim " +
+         std::to_string(c.mla.rope_dim) + ") in " + std::string(name(f.v)) +
+         " (the V half); attention absorbs kv_b_proj (W_UK into the queries, W_UV after the softmax)";
+}
+
 std::size_t ModelWeights::owned_bytes() const {
   std::size_t b = 0;
   for_each_tensor([&](const auto& t, bool) {

@@ -23,4 +23,19 @@ struct AttnShape {
 void sdpa_f32(const AttnShape& a, const float* q, const float* k, const float* v, float* out);
 void sdpa_f64(const AttnShape& a, const float* q, const float* k, const float* v, double* out);
 
+// Multi-head latent attention (DeepSeek-V2/V3) in its textbook, non-absorbed form (transformers'
+// DeepseekV3Attention): per key t the latent c_t [kv_lora] and the shared RoPE key r_t [rope]; per head
+// h, kv_b_proj's rows [h (nope + v_dim), h (nope + v_dim) + nope) are W_UK_h and the next v_dim rows
+// W_UV_h; the head's key is [W_UK_h c_t | r_t] and its value W_UV_h c_t, expanded in binary64, then
+// causal softmax attention. q[n_q][n_heads][nope + rope], latent[n_kv][kv_lora], rope_k[n_kv][rope],
+// wkv_b[n_heads (nope + v_dim)][kv_lora] -> out[n_q][n_heads][v_dim]. Query i attends keys 0..q_pos0+i.
+struct MlaShape {
+    int n_q, n_heads, n_kv;
+    int nope, rope, v_dim, kv_lora;
+    int q_pos0;
+    double softmax_scale;  // > 0
+};
+void mla_attention_f64(const MlaShape& a, const float* q, const float* latent, const float* rope_k, const float* wkv_b,
+                       double* out);
+
 }  // namespace kvgate_oracle

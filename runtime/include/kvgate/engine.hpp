@@ -4,6 +4,7 @@
 // backend, fallback reason, KV bytes, TTFT, prefill/decode tok/s).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -26,6 +27,15 @@ class EngineError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+// What an MLA model's KV cache holds (EngineOptions::mla_cache; --mla-cache).
+//   expanded  per head K = [k_nope | k_rope] and V rows (the K/V format applies to them)
+//   latent    per token the latent c_kv (format.k) and the shared RoPE key (format.v): the
+//             KvLayout::mla_latent store, attention in the weight-absorbed form (attention_mla.hpp)
+enum class MlaCache : std::uint8_t { expanded, latent };
+const char* name(MlaCache m);
+// "expanded" / "latent"; throws EngineError naming `flag` and the choices otherwise.
+MlaCache parse_mla_cache(const std::string& s, const std::string& flag);
 
 struct EngineOptions {
   ResolvedKv kv;                   // kv.effective is what the store holds; the rest goes to stats
@@ -59,6 +69,9 @@ struct EngineOptions {
   // stage is cut further where the format changes). A map can be neither saved to nor hydrated
   // from a KV file (the file holds one format).
   KvLayerMap kv_layers;
+  // MLA models only (ModelConfig::mla): what the cache holds. latent is refused for a model without
+  // MLA, with a per-layer map, with streaming (kv_resident), with a KV file, and by the CUDA engine.
+  MlaCache mla_cache = MlaCache::expanded;
   // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);
   // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly).
   std::shared_ptr<const KvReadHook> kv_read_hook;

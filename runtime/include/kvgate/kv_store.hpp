@@ -26,6 +26,16 @@ class KvStoreError : public std::runtime_error {
 enum class KvHalf : std::uint8_t { K = 0, V = 1 };
 enum class Residency : std::uint8_t { resident, swapped };
 
+// What a token's rows hold.
+//   kv_heads    K and V of n_kv_heads heads of head_dim each (every model; MLA "expanded").
+//   mla_latent  multi-head latent attention's cache (DeepSeek-V2/V3): one row per token and layer,
+//               split in two halves that each take their own half format: the K half holds the
+//               latent c_kv (kv_lora_rank = head_dim elements), the V half the shared RoPE key
+//               k_rope (qk_rope_head_dim = v_head_dim elements); n_kv_heads is 1. Attention reads
+//               it in the weight-absorbed form (attention_mla.hpp), never through attention().
+enum class KvLayout : std::uint8_t { kv_heads, mla_latent };
+const char* name(KvLayout l);
+
 struct StoreConfig {
   KvFormat format;
   int n_layers = 1;
@@ -43,7 +53,16 @@ struct StoreConfig {
   // first_layer + n_layers) of the model, EngineOptions::pipeline_stages); 0 for a whole model.
   // Layer arguments of the store are its own (0-based); the read hook is handed the model's layer.
   int first_layer = 0;
+  KvLayout layout = KvLayout::kv_heads;
+  // Row width of the V half when it differs from K's (the mla_latent layout's RoPE key); 0: head_dim.
+  int v_head_dim = 0;
+  // The K half's geometry (and V's when v_head_dim is 0): what every kv_heads reader uses.
   PageGeometry geometry() const { return {block_size, n_kv_heads, head_dim}; }
+  PageGeometry half_geometry(KvHalf h) const {
+    return {block_size, n_kv_heads, h == KvHalf::V && v_head_dim > 0 ? v_head_dim : head_dim};
+  }
+  // True when both halves have one geometry (what attention(), streaming and KV files need).
+  bool same_half_geometry() const { return v_head_dim <= 0 || v_head_dim == head_dim; }
 };
 
 // Expands StoreConfig::k_scale/v_scale to [n_layers * n_kv_heads] (empty: 1.0; [n_layers]: each
@@ -59,6 +78,8 @@ bool uniform_heads(std::span<const float> s);
 
 // Blocks a memory budget buys: budget / (n_layers * (K page + V page)).
 int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, std::size_t budget_bytes);
+// The same for a store whose halves may differ in width (StoreConfig::half_geometry).
+int blocks_for_budget(const StoreConfig& c, std::size_t budget_bytes);
 
 using SeqId = int;
 
@@ -116,6 +137,8 @@ class PagedKvStore {
   const StoreConfig& config() const { return cfg_; }
   const KvFormat& format() const { return cfg_.format; }
   PageGeometry geometry() const { return cfg_.geometry(); }
+  PageGeometry half_geometry(KvHalf h) const { return cfg_.half_geometry(h); }
+  KvLayout layout() const { return cfg_.layout; }
   HalfFormat half_format(KvHalf h) const { return h == KvHalf::K ? cfg_.format.k : cfg_.format.v; }
   // The scale of each KV head of (layer, half): n_kv_heads entries (what every reader uses).
   std::span<const float> head_scales(int layer, KvHalf h) const;

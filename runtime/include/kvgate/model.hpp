@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/format.hpp"
 #include "kvgate/rope.hpp"
 #include "kvgate/weight.hpp"
 
@@ -66,7 +67,8 @@ struct MoeConfig {
 // and one shared RoPE key k_rope = W_kv_a x [kv_lora:] (rotated, interleaved pairs); per head
 // [k_nope | v] = W_kv_b c_kv; q = W_q x (q_lora 0) or W_q_b rmsnorm(W_q_a x); query [q_nope | q_rope].
 // The forward expands K = [k_nope | k_rope] and V (zero-padded to head_dim = nope + rope) per head
-// into the KV store: the store holds expanded K/V, NOT the latent (no latent cache yet).
+// into the KV store (EngineOptions::mla_cache expanded), or the store holds the latent and the RoPE key
+// per token (mla_cache latent: KvLayout::mla_latent, attention_mla.hpp).
 struct MlaConfig {
   int q_lora_rank = 0;   // 0: q_proj directly
   int kv_lora_rank = 0;  // 0: not an MLA model
@@ -235,8 +237,11 @@ struct Model {
 
 // What one token's KV cache rows hold for this model, for format-resolution output: the K/V heads
 // the KV format is applied to. "kv_heads" for every non-MLA model; for MLA (DeepSeek) the expanded
-// per-head rows (the latent is not cached), never the latent.
+// per-head rows (EngineOptions::mla_cache expanded).
 std::string kv_cache_layout(const ModelConfig& c);
+// The same for an MLA model run with the latent cache (EngineOptions::mla_cache latent): the K half
+// holds c_kv, the V half the shared RoPE key, each in its half format.
+std::string kv_cache_layout_latent(const ModelConfig& c, const KvFormat& f);
 
 // Picks the loader from the path: a directory (Hugging Face), *.gguf, or a llama2.c .bin
 // (tokenizer from `tokenizer_path`, or tok<vocab>.bin / tokenizer.bin beside it).
