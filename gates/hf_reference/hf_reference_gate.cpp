@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -19,6 +20,7 @@
 #include "catch_compat.hpp"
 #include "hf_ref_harness.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/kv_file.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates::hf_ref;
@@ -169,7 +171,7 @@ TEST_CASE("STO.mla.latent_bytes the MLA latent cache holds kv_lora + rope elemen
 
 // STO.mla.latent_refusals: --mla-cache latent where it cannot apply is refused with the flag, the
 // reason and the fix, never run as something else: a model without MLA, a per-layer map, streaming,
-// a KV file (save), and an unknown --mla-cache value.
+// the CUDA engine (gates/cuda), and an unknown --mla-cache value.
 TEST_CASE("STO.mla.latent_refusals the latent cache is refused where it cannot apply, naming the flag and the fix",
           "[gate:STO][mla]") {
   auto refused = [](const std::function<void()>& f, std::initializer_list<const char*> words) {
@@ -196,18 +198,101 @@ TEST_CASE("STO.mla.latent_refusals the latent cache is refused where it cannot a
   map.kv_layers = KvLayerMap(static_cast<std::size_t>(ds.m.config.n_layers), KvFormat{HalfFormat::f32, HalfFormat::f32});
   map.kv_layers[0] = KvFormat{HalfFormat::bf16, HalfFormat::bf16};
   CHECK(refused([&] { Engine e(ds.m, map); }, {"--mla-cache latent", "--kv-layers"}));
-  Engine e(ds.m, o);
-  (void)e.prefill(std::vector<int>{3, 4, 5});
-  const fs::path dir = fs::temp_directory_path() / ("kvgate-mla-save-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string file = (dir / "conv.kv").string();
-  CHECK(refused([&] { e.save_kv(file); }, {"mla_latent", "--mla-cache expanded"}));
-  CHECK(!fs::exists(file));  // nothing half-written
-  fs::remove_all(dir);
   CHECK(refused([] { (void)parse_mla_cache("latnet", "--mla-cache"); }, {"--mla-cache", "latnet", "expanded", "latent"}));
   // Anti-vacuity: the same options without the latent cache are accepted on both models.
   EngineOptions plain = o;
   plain.mla_cache = MlaCache::expanded;
   CHECK_NOTHROW(Engine(ll.m, plain));
   CHECK_NOTHROW(Engine(ds.m, plain));
+}
+
+// PAR.mla.persist: a conversation over the MLA latent cache saved to a KV file (version 5: the
+// layout and the RoPE row width in the header) and hydrated into a fresh engine continues with
+// logits bitwise equal to the uninterrupted run, for f32, k=int8,v=bf16 and k=q8_0,v=fp8_e4m3 (a
+// per-tensor RoPE scale that is not the latent's). The file records layout mla_latent and V rows of
+// qk_rope_head_dim. A latent file hydrated into an expanded run of the same model (and an expanded
+// file into a latent run) is refused naming the layout, and nothing is restored. Anti-vacuity: the
+// continuation differs from the expanded layout's by more than rounding for the lossy pairs (a
+// hydrate that silently ran expanded would be seen).
+TEST_CASE("PAR.mla.persist the MLA latent cache saved and hydrated continues bitwise; a layout mismatch is refused",
+          "[gate:PAR][mla]") {
+  const Loaded& ds = loaded("deepseek_v3");
+  const ModelConfig& c = ds.m.config;
+  const std::vector<int> prompt = {5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300, 2, 19, 77};
+  const int cut = 9;  // tokens in the file; the rest prefilled after the hydrate
+  const fs::path dir = fs::temp_directory_path() / ("kvgate-mla-persist-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const KvFormat formats[] = {{HalfFormat::f32, HalfFormat::f32},
+                              {HalfFormat::int8, HalfFormat::bf16},
+                              {HalfFormat::q8_0, HalfFormat::fp8_e4m3}};
+  for (const KvFormat& f : formats) {
+    INFO("format " << f.name());
+    EngineOptions o = engine_options_for(f, 1);
+    o.max_context = 64;
+    o.mla_cache = MlaCache::latent;
+    o.k_scale = {0.75f};
+    o.v_scale = {0.125f};
+    // The uninterrupted run.
+    Engine whole(ds.m, o);
+    (void)whole.prefill(std::span<const int>(prompt).first(cut));
+    const std::vector<float> want = whole.prefill(std::span<const int>(prompt).subspan(cut));
+    // Saved after `cut` tokens, hydrated into a fresh engine, the rest prefilled.
+    Engine first(ds.m, o);
+    (void)first.prefill(std::span<const int>(prompt).first(cut));
+    const std::string file = (dir / (f.name() + ".kv")).string();
+    first.save_kv(file);
+    const KvFile kf = read_kv_file(file);
+    CHECK(kf.header.version == kKvFileVersion);
+    CHECK(kf.header.layout == KvLayout::mla_latent);
+    CHECK(kf.header.n_kv_heads == 1);
+    CHECK(kf.header.head_dim == c.mla.kv_lora_rank);
+    CHECK(kf.header.v_head_dim == c.mla.rope_dim);
+    Engine second(ds.m, o);
+    const int restored = second.hydrate(kf, prompt);
+    CHECK(restored == cut);
+    const std::vector<float> got = second.prefill(std::span<const int>(prompt).subspan(static_cast<std::size_t>(restored)));
+    REQUIRE(got.size() == want.size());
+    long differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i)
+      differ += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]);
+    std::cout << "PAR.mla.persist " << f.name() << ": " << cut << " tokens saved (" << fs::file_size(file)
+              << " bytes), hydrated, " << prompt.size() - cut << " prefilled: " << differ
+              << " logits differ bitwise from the uninterrupted run\n";
+    CHECK(differ == 0);
+    // The other layout refuses the file, naming it, and restores nothing.
+    EngineOptions ox = o;
+    ox.mla_cache = MlaCache::expanded;
+    Engine expanded(ds.m, ox);
+    std::string msg;
+    try {
+      (void)expanded.hydrate(kf, prompt);
+    } catch (const KvFileError& e) {
+      msg = e.what();
+    }
+    INFO("expanded run hydrating the latent file: " << msg);
+    CHECK(msg.find("layout mla_latent") != std::string::npos);
+    CHECK(msg.find("--mla-cache") != std::string::npos);
+    CHECK(expanded.position() == 0);
+    (void)expanded.prefill(std::span<const int>(prompt).first(cut));
+    const std::string xfile = (dir / (f.name() + ".expanded.kv")).string();
+    expanded.save_kv(xfile);
+    Engine latent_again(ds.m, o);
+    std::string msg2;
+    try {
+      (void)latent_again.hydrate(read_kv_file(xfile), prompt);
+    } catch (const KvFileError& e) {
+      msg2 = e.what();
+    }
+    INFO("latent run hydrating the expanded file: " << msg2);
+    CHECK(msg2.find("layout kv_heads") != std::string::npos);
+    CHECK(latent_again.position() == 0);
+    if (f.k != HalfFormat::f32) {  // anti-vacuity: the expanded continuation is another computation
+      const std::vector<float> other = expanded.prefill(std::span<const int>(prompt).subspan(cut));
+      double d = 0;
+      for (std::size_t i = 0; i < other.size(); ++i) d = std::max(d, std::fabs(double(other[i]) - want[i]));
+      INFO("expanded vs latent continuation differ by " << d);
+      CHECK(d > 1e-4);
+    }
+  }
+  fs::remove_all(dir);
 }

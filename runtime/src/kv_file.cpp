@@ -30,7 +30,8 @@ constexpr std::size_t kOffTokensBytes = 56, kOffBodyBytes = 64, kOffScalesBytes 
 constexpr std::size_t kOffTokensHash = 80, kOffBodyHash = 88, kOffScalesHash = 96;
 constexpr std::size_t kOffFingerprint = 104, kOffScaleCount = 136, kOffHeadScalesBytes = 140, kOffHeadScalesHash = 148;
 constexpr std::size_t kOffLayerFormatsBytes = 156, kOffLayerFormatsHash = 164;  // version 4
-constexpr std::size_t kOffReserved1 = 156, kOffReserved4 = 172, kOffScales = 256;
+constexpr std::size_t kOffLayout = 172, kOffVHeadDim = 176;  // version 5
+constexpr std::size_t kOffReserved1 = 156, kOffReserved4 = 172, kOffReserved5 = 180, kOffScales = 256;
 constexpr std::size_t kLayerFormatBytes = 4;  // K code, V code, K rotation, V rotation
 static_assert(kOffScales + 8 * kKvFileMaxLayers == kKvFileHeaderBytes);
 
@@ -197,6 +198,10 @@ std::string encode_kv_header(const KvFileHeader& h) {
     put64(b, kOffLayerFormatsBytes, lf.size());
     put64(b, kOffLayerFormatsHash, kv_checksum(lf.data(), lf.size()));
   }
+  if (h.version >= 5) {
+    put32(b, kOffLayout, static_cast<std::uint32_t>(h.layout));
+    put32(b, kOffVHeadDim, static_cast<std::uint32_t>(h.half_geometry(1).head_dim));
+  }
   put64(b, kOffHeaderHash, kv_checksum(b.data(), b.size()));  // computed with the field at zero
   return b;
 }
@@ -204,11 +209,10 @@ std::string encode_kv_header(const KvFileHeader& h) {
 KvRegionSizes kv_region_sizes(const KvFileHeader& h) {
   KvRegionSizes s;
   s.tokens = static_cast<std::uint64_t>(h.token_count) * sizeof(std::int32_t);
-  const PageGeometry g{h.block_size, h.n_kv_heads, h.head_dim};
   const std::uint64_t used = static_cast<std::uint64_t>(h.used_tokens);
   for (int l = 0; l < h.n_layers; ++l) {  // each layer in its own format (version 4), else the header's
     const KvFormat f = h.layer_format(l);
-    const TokenBytes tk = token_bytes(f.k, g), tv = token_bytes(f.v, g);
+    const TokenBytes tk = token_bytes(f.k, h.half_geometry(0)), tv = token_bytes(f.v, h.half_geometry(1));
     s.body += used * (tk.codes + tv.codes);
     if (h.version >= 2) s.scales += used * (tk.scales + tv.scales);
   }
@@ -225,17 +229,12 @@ namespace {
 StoreConfig combined_config(std::span<const KvStageView> stages) {
   if (stages.empty()) throw KvFileError(KvFileError::Kind::io, "", "KV file: internal error: no stores");
   StoreConfig c = stages[0].store->config();
-  if (c.layout != KvLayout::kv_heads)
-    throw KvFileError(KvFileError::Kind::mismatch, "",
-                      std::string("KV file: the ") + name(c.layout) +
-                          " layout (an MLA latent cache) cannot be saved to or restored from a KV file in this "
-                          "version (the file format holds K/V heads of one width); run the model with "
-                          "--mla-cache expanded to persist its KV");
   c.n_layers = 0;
   for (const KvStageView& st : stages) {
     const StoreConfig& sc = st.store->config();
     if (sc.first_layer != c.n_layers || sc.n_kv_heads != c.n_kv_heads ||
-        sc.head_dim != c.head_dim || sc.block_size != c.block_size)
+        sc.head_dim != c.head_dim || sc.block_size != c.block_size || sc.layout != c.layout ||
+        sc.half_geometry(KvHalf::V).head_dim != c.half_geometry(KvHalf::V).head_dim)
       throw KvFileError(KvFileError::Kind::io, "",
                         "KV file: internal error: pipeline stage stores out of layer order or of different shapes "
                         "(a stage starts at layer " + std::to_string(sc.first_layer) + ", expected " +
@@ -290,6 +289,8 @@ std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, st
   h.n_layers = c.n_layers;
   h.n_kv_heads = c.n_kv_heads;
   h.head_dim = c.head_dim;
+  h.layout = c.layout;
+  h.v_head_dim = c.half_geometry(KvHalf::V).head_dim;
   h.block_size = c.block_size;
   h.used_tokens = n_tokens;
   h.token_count = static_cast<int>(tokens.size());
@@ -311,7 +312,7 @@ std::string encode_kv_file(std::span<const KvStageView> stages, int n_tokens, st
   for (const KvStageView& stage : stages) {
     const PagedKvStore& store = *stage.store;
     store.export_pages(stage.seq, n_tokens, [&](const PagedKvStore::PageRef& p, const std::uint8_t* page) {
-      const TokenBytes tb = token_bytes(store.half_format(p.half), store.geometry());
+      const TokenBytes tb = token_bytes(store.half_format(p.half), store.half_geometry(p.half));
       for (const ByteRun& r : p.runs) {
         const char* src = reinterpret_cast<const char*>(page + r.offset);
         if (r.name == "blocks") {  // llama.cpp blocks: the f16 d goes to the scales region, qs to the body
@@ -426,16 +427,35 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
     h.layer_formats_bytes = get64(b, kOffLayerFormatsBytes);
     h.layer_formats_xxh64 = get64(b, kOffLayerFormatsHash);
   }
+  // Version 5: the layout and the V row width; before it K/V heads of one width.
+  std::uint32_t layout_code = 0;
+  h.v_head_dim = h.head_dim;
+  if (h.version >= 5) {
+    layout_code = get32(b, kOffLayout);
+    h.v_head_dim = static_cast<int>(get32(b, kOffVHeadDim));
+  }
   {
     const char* fp = reinterpret_cast<const char*>(b + kOffFingerprint);
     h.fingerprint.assign(fp, strnlen(fp, kKvFileFingerprintBytes));
   }
-  const bool shape_ok = h.n_layers >= 1 && h.n_layers <= kKvFileMaxLayers && h.n_kv_heads >= 1 && h.head_dim >= 1 &&
+  if (layout_code > static_cast<std::uint32_t>(KvLayout::mla_latent))
+    fail(K::version, "header",
+         who + " (" + describe(h) + ") names an unknown layout code " + std::to_string(layout_code) +
+             "; it was written by a newer kvgate. Delete it or use that kvgate.");
+  h.layout = static_cast<KvLayout>(layout_code);
+  // kv_heads: one width for both halves; mla_latent: one row (n_kv_heads 1) of two widths.
+  const bool layout_ok = h.layout == KvLayout::kv_heads ? h.v_head_dim == h.head_dim
+                                                        : h.n_kv_heads == 1 && h.v_head_dim >= 1;
+  const bool shape_ok = layout_ok && h.n_layers >= 1 && h.n_layers <= kKvFileMaxLayers && h.n_kv_heads >= 1 && h.head_dim >= 1 &&
                         h.block_size >= 1 && h.used_tokens >= 0 && h.token_count >= h.used_tokens &&
                         get32(b, kOffScaleCount) == static_cast<std::uint32_t>(h.n_layers) &&
                         get32(b, kOffReserved0) == 0;
   bool reserved_zero = true;
-  for (std::size_t i = h.version >= 4 ? kOffReserved4 : h.version >= 3 ? kOffReserved1 : kOffHeadScalesBytes; i < kOffScales; ++i)
+  for (std::size_t i = h.version >= 5   ? kOffReserved5
+                      : h.version >= 4 ? kOffReserved4
+                      : h.version >= 3 ? kOffReserved1
+                                       : kOffHeadScalesBytes;
+       i < kOffScales; ++i)
     reserved_zero = reserved_zero && b[i] == 0;
   for (std::size_t i = kOffScales + 8 * static_cast<std::size_t>(std::clamp(h.n_layers, 0, kKvFileMaxLayers));
        i < kKvFileHeaderBytes; ++i)
@@ -444,6 +464,7 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
     fail(K::corrupt, "header",
          who + " (" + describe(h) + "): header region inconsistent (layers " + std::to_string(h.n_layers) +
              ", KV heads " + std::to_string(h.n_kv_heads) + ", head_dim " + std::to_string(h.head_dim) +
+             ", layout " + name(h.layout) + " with V rows of " + std::to_string(h.v_head_dim) +
              ", block size " + std::to_string(h.block_size) + ", used tokens " + std::to_string(h.used_tokens) +
              ", token ids " + std::to_string(h.token_count) + (reserved_zero ? "" : ", reserved bytes not zero") +
              "). Delete it.");
@@ -514,14 +535,16 @@ KvFile parse_kv_file(std::span<const std::uint8_t> bytes, const std::string& pat
   } else {
     h.layer_formats.assign(static_cast<std::size_t>(h.n_layers), h.format());
   }
-  const PageGeometry g{h.block_size, h.n_kv_heads, h.head_dim};
   for (int l = 0; l < h.n_layers; ++l) {
     if (l > 0 && h.layer_formats[static_cast<std::size_t>(l)] == h.layer_formats[static_cast<std::size_t>(l) - 1]) continue;
-    for (HalfFormat hf : {h.layer_formats[static_cast<std::size_t>(l)].k, h.layer_formats[static_cast<std::size_t>(l)].v})
-      if (const Capability cap = supports(hf, g); !cap.ok)
+    for (int half = 0; half < 2; ++half) {
+      const HalfFormat hf = half == 0 ? h.layer_formats[static_cast<std::size_t>(l)].k
+                                      : h.layer_formats[static_cast<std::size_t>(l)].v;
+      if (const Capability cap = supports(hf, h.half_geometry(half)); !cap.ok)
         fail(K::corrupt, "header",
              who + " (" + describe(h) + "): format " + std::string(name(hf)) + " (layer " + std::to_string(l) +
                  ") cannot hold this shape (" + cap.reason + "). Delete it.");
+    }
   }
   // Version rule: version 1 has no scales region; it is read only where no half needs per-token scales.
   if (h.version < 2) {
@@ -635,6 +658,11 @@ void check_kv_file_compatible(const KvFile& f, std::span<const KvStageView> stag
     diffs.push_back("rotation K " + std::string(rotation_name(h.k_rotation)) + " / V " +
                     std::string(rotation_name(h.v_rotation)) + " in the file, K " + std::string(rotation_name(rk)) +
                     " / V " + std::string(rotation_name(rv)) + " in this run");
+  if (h.layout != c.layout || h.v_head_dim != c.half_geometry(KvHalf::V).head_dim)
+    diffs.push_back(std::string("layout ") + name(h.layout) + " (V rows of " + std::to_string(h.v_head_dim) +
+                    ") in the file, " + name(c.layout) + " (V rows of " +
+                    std::to_string(c.half_geometry(KvHalf::V).head_dim) +
+                    ") in this run (an MLA model's --mla-cache must be the one the file was saved with)");
   if (h.n_layers != c.n_layers || h.n_kv_heads != c.n_kv_heads || h.head_dim != c.head_dim)
     diffs.push_back("shape " + std::to_string(h.n_layers) + " layers x " + std::to_string(h.n_kv_heads) +
                     " KV heads x head_dim " + std::to_string(h.head_dim) + " in the file, " +
@@ -693,7 +721,6 @@ void restore_kv_file(const KvFile& f, std::span<const KvStageTarget> stages, int
     throw KvFileError(KvFileError::Kind::mismatch, "",
                       quoted(f.path) + ": cannot restore " + std::to_string(n_tokens) + " tokens; it holds " +
                           std::to_string(h.used_tokens));
-  const PageGeometry g = stages[0].store->geometry();
   // Per (layer, half): its token bytes (the layer's formats) and its region offsets: layer-major,
   // K then V, token-major inside.
   std::vector<TokenBytes> tb(static_cast<std::size_t>(h.n_layers) * 2);
@@ -703,7 +730,7 @@ void restore_kv_file(const KvFile& f, std::span<const KvStageTarget> stages, int
     for (int half = 0; half < 2; ++half) {
       const std::size_t i = static_cast<std::size_t>(l) * 2 + half;
       const KvFormat lf = h.layer_format(l);
-      tb[i] = token_bytes(half == 0 ? lf.k : lf.v, g);
+      tb[i] = token_bytes(half == 0 ? lf.k : lf.v, h.half_geometry(half));
       body_at[i] = bo;
       scale_at[i] = so;
       bo += static_cast<std::size_t>(h.used_tokens) * tb[i].codes;

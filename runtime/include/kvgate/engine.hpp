@@ -70,7 +70,8 @@ struct EngineOptions {
   // from a KV file (the file holds one format).
   KvLayerMap kv_layers;
   // MLA models only (ModelConfig::mla): what the cache holds. latent is refused for a model without
-  // MLA, with a per-layer map, with streaming (kv_resident), with a KV file, and by the CUDA engine.
+  // MLA, with a per-layer map, with streaming (kv_resident), and by the CUDA engine; its KV files
+  // (version 5) record the layout.
   MlaCache mla_cache = MlaCache::expanded;
   // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);
   // null everywhere else. The CUDA engine refuses one (its kernels read the device pages directly).

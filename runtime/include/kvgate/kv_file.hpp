@@ -27,7 +27,7 @@
 namespace kvgate {
 
 inline constexpr char kKvFileMagic[8] = {'K', 'V', 'G', 'A', 'T', 'E', 'K', 'V'};
-inline constexpr std::uint32_t kKvFileVersion = 4;  // written for every format (and every per-layer map)
+inline constexpr std::uint32_t kKvFileVersion = 5;  // written for every format, per-layer map and layout
 inline constexpr std::uint32_t kKvFileOldestVersion = 1;
 inline constexpr std::size_t kKvFileHeaderBytes = 2048;
 inline constexpr int kKvFileMaxLayers = 224;  // per-tensor scale slots in the header
@@ -61,6 +61,11 @@ struct KvFileHeader {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
+  // Version 5: what the rows hold (KvLayout: kv_heads, or the MLA latent cache: the K half the
+  // latent, the V half the RoPE key) and the V half's row width per head; before version 5
+  // kv_heads and head_dim. A parsed file always has v_head_dim >= 1.
+  KvLayout layout = KvLayout::kv_heads;
+  int v_head_dim = 0;  // 0 in a writer's header: head_dim
   int block_size = 0;
   int used_tokens = 0;  // tokens whose K/V rows the body holds
   int token_count = 0;  // ids in the tokens region: the transcript (>= used_tokens)
@@ -78,6 +83,10 @@ struct KvFileHeader {
   // v_format are layer 0's. A writer may leave it empty: every layer holds format().
   std::vector<KvFormat> layer_formats;
   KvFormat format() const { return {k_format, v_format}; }
+  // The page geometry of half 0 (K) or 1 (V) of the file's rows.
+  PageGeometry half_geometry(int half) const {
+    return {block_size, n_kv_heads, half == 1 && v_head_dim > 0 ? v_head_dim : head_dim};
+  }
   KvFormat layer_format(int layer) const {
     return layer_formats.empty() ? format() : layer_formats.at(static_cast<std::size_t>(layer));
   }

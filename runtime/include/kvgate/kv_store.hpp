@@ -32,7 +32,8 @@ enum class Residency : std::uint8_t { resident, swapped };
 //               split in two halves that each take their own half format: the K half holds the
 //               latent c_kv (kv_lora_rank = head_dim elements), the V half the shared RoPE key
 //               k_rope (qk_rope_head_dim = v_head_dim elements); n_kv_heads is 1. Attention reads
-//               it in the weight-absorbed form (attention_mla.hpp), never through attention().
+//               it in the weight-absorbed form (attention_mla.hpp), never through attention();
+//               KV files (version 5) record it; streaming refuses it.
 enum class KvLayout : std::uint8_t { kv_heads, mla_latent };
 const char* name(KvLayout l);
 
