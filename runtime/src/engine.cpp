@@ -86,9 +86,6 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
     if (!o.kv_layers.empty())
       throw EngineError(who + ": --mla-cache latent with a per-layer KV map (--kv-layers) is not supported; give one "
                         "format (--kv, e.g. k=int8,v=bf16: K for the latent, V for the RoPE key)");
-    if (o.kv_resident > 0)
-      throw EngineError(who + ": --mla-cache latent with --kv-resident (streaming) is not supported: streaming moves "
-                        "K/V pages of one width; drop --kv-resident or use --mla-cache expanded");
     sc.layout = KvLayout::mla_latent;
     sc.n_kv_heads = 1;
     sc.head_dim = c.mla.kv_lora_rank;

@@ -270,12 +270,8 @@ void PagedKvStore::set_streaming(int resident_tokens, std::unique_ptr<KvDevicePo
     window_.reset();
     return;
   }
-  if (!cfg_.same_half_geometry())
-    throw KvStoreError(std::string("kv store: streaming (--kv-resident) needs K and V rows of one width; this store's "
-                                   "layout is ") + name(cfg_.layout) + " (K rows " + std::to_string(cfg_.head_dim) +
-                       ", V rows " + std::to_string(cfg_.v_head_dim) + "): run it without --kv-resident");
   window_ = std::make_unique<KvWindow>(cfg_.format, geometry(), cfg_.n_layers, cfg_.n_blocks, resident_tokens,
-                                       std::move(device));
+                                       std::move(device), half_geometry(KvHalf::V));
 }
 
 StreamCounters PagedKvStore::stream_counters() const { return window_ ? window_->counters() : StreamCounters{}; }

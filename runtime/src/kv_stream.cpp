@@ -44,6 +44,9 @@ std::size_t kv_slot_v_offset(const KvFormat& f, const PageGeometry& g) { return 
 std::size_t kv_slot_bytes(const KvFormat& f, const PageGeometry& g) {
   return align_up(kv_slot_v_offset(f, g) + page_bytes(f.v, g));
 }
+std::size_t kv_slot_bytes(const KvFormat& f, const PageGeometry& gk, const PageGeometry& gv) {
+  return align_up(kv_slot_v_offset(f, gk) + page_bytes(f.v, gv));
+}
 
 void KvDevicePool::read_back(int slot, std::size_t offset, std::uint8_t* dst, std::size_t bytes) const {
   std::memcpy(dst, data(slot) + offset, bytes);
@@ -54,16 +57,16 @@ std::unique_ptr<KvDevicePool> make_host_device_pool(int slots, std::size_t slot_
 }
 
 KvWindow::KvWindow(KvFormat fmt, PageGeometry g, int n_layers, int n_blocks, int window_tokens,
-                   std::unique_ptr<KvDevicePool> device)
-    : fmt_(fmt), g_(g), n_layers_(n_layers), n_blocks_(n_blocks), window_tokens_(window_tokens) {
+                   std::unique_ptr<KvDevicePool> device, std::optional<PageGeometry> gv)
+    : fmt_(fmt), g_(g), gv_(gv.value_or(g)), n_layers_(n_layers), n_blocks_(n_blocks), window_tokens_(window_tokens) {
   if (window_tokens < 1) throw std::invalid_argument("kv stream: the resident window must hold at least 1 token");
   window_blocks_ = std::max(1, (window_tokens + g.block_size - 1) / g.block_size);
   page_bytes_[0] = page_bytes(fmt.k, g);
-  page_bytes_[1] = page_bytes(fmt.v, g);
+  page_bytes_[1] = page_bytes(fmt.v, gv_);
   runs_[0] = page_runs(fmt.k, g);
-  runs_[1] = page_runs(fmt.v, g);
+  runs_[1] = page_runs(fmt.v, gv_);
   const int slots = n_layers * window_blocks_;
-  const std::size_t need = kv_slot_bytes(fmt, g);
+  const std::size_t need = kv_slot_bytes(fmt, g, gv_);
   dev_ = device ? std::move(device) : make_host_device_pool(slots, need);
   // The slot size must be the layout's exactly: a consumer addresses slot s at data(0) + s * slot_bytes.
   if (dev_->slots() < slots || dev_->slot_bytes() != need)

@@ -70,7 +70,7 @@ struct EngineOptions {
   // from a KV file (the file holds one format).
   KvLayerMap kv_layers;
   // MLA models only (ModelConfig::mla): what the cache holds. latent is refused for a model without
-  // MLA, with a per-layer map, with streaming (kv_resident), and by the CUDA engine; its KV files
+  // MLA, with a per-layer map, and by the CUDA engine; it streams (kv_resident) and its KV files
   // (version 5) record the layout.
   MlaCache mla_cache = MlaCache::expanded;
   // Diagnostics only (probe sensitivity): a hook on every store read of attention (KvReadHook);

@@ -33,7 +33,7 @@ enum class Residency : std::uint8_t { resident, swapped };
 //               latent c_kv (kv_lora_rank = head_dim elements), the V half the shared RoPE key
 //               k_rope (qk_rope_head_dim = v_head_dim elements); n_kv_heads is 1. Attention reads
 //               it in the weight-absorbed form (attention_mla.hpp), never through attention();
-//               KV files (version 5) record it; streaming refuses it.
+//               KV files (version 5) record it; a streaming window sizes each half's page.
 enum class KvLayout : std::uint8_t { kv_heads, mla_latent };
 const char* name(KvLayout l);
 
@@ -62,8 +62,6 @@ struct StoreConfig {
   PageGeometry half_geometry(KvHalf h) const {
     return {block_size, n_kv_heads, h == KvHalf::V && v_head_dim > 0 ? v_head_dim : head_dim};
   }
-  // True when both halves have one geometry (what attention(), streaming and KV files need).
-  bool same_half_geometry() const { return v_head_dim <= 0 || v_head_dim == head_dim; }
 };
 
 // Expands StoreConfig::k_scale/v_scale to [n_layers * n_kv_heads] (empty: 1.0; [n_layers]: each

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ namespace kvgate {
 inline constexpr std::size_t kKvSlotAlign = 256;
 std::size_t kv_slot_v_offset(const KvFormat& f, const PageGeometry& g);
 std::size_t kv_slot_bytes(const KvFormat& f, const PageGeometry& g);
+// The same when the V page has its own geometry (the MLA latent layout: V rows of the RoPE key).
+std::size_t kv_slot_bytes(const KvFormat& f, const PageGeometry& gk, const PageGeometry& gv);
 
 // Slots of the device pool, kv_slot_bytes() apart in one allocation.
 class KvDevicePool {
@@ -66,8 +69,9 @@ class KvWindow {
 
   // window_tokens >= 1: ceil(window_tokens / block_size) blocks per layer (at least one, so a window
   // smaller than a page still holds the page being read). `device` may be null: a host pool is made.
+  // g is both halves' page geometry, or K's when `gv` (the V half's) is given.
   KvWindow(KvFormat fmt, PageGeometry g, int n_layers, int n_blocks, int window_tokens,
-           std::unique_ptr<KvDevicePool> device = nullptr);
+           std::unique_ptr<KvDevicePool> device = nullptr, std::optional<PageGeometry> gv = std::nullopt);
 
   int window_tokens() const { return window_tokens_; }
   int window_blocks() const { return window_blocks_; }  // per layer
@@ -95,7 +99,7 @@ class KvWindow {
   int slot_index(int layer, int w) const { return layer * window_blocks_ + w; }
 
   KvFormat fmt_;
-  PageGeometry g_;
+  PageGeometry g_, gv_;
   int n_layers_, n_blocks_, window_tokens_, window_blocks_;
   std::size_t page_bytes_[2];
   std::vector<ByteRun> runs_[2];
