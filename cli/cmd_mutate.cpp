@@ -161,7 +161,7 @@ void register_mutate(CLI::App& app) {
                   "with --prove-gates: an earlier run's outcomes.json (or its folder), whose kills count as proven, or "
                   "an earlier proof.json (resume; join proofs run per program); repeatable");
   sub->add_flag("--prove-rebuild", c->prove_rebuild,
-                "with --prove-gates: after the switches, try the patch-and-rebuild mutants on the gates still unproven "
+                "with --prove-gates: the patch-and-rebuild mutants are candidates too (their build counted in the order) on the gates still unproven "
                 "(slow: one build each)");
   sub->add_option("--prove-deadline", c->prove_deadline,
                   "with --prove-gates: SECONDS after the start past which no further mutant run starts (the run under "

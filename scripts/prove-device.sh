@@ -37,7 +37,7 @@
 #             configured with -DKVGATE_CUDA=ON (CMAKE_CUDA_ARCHITECTURES=$CUDA_ARCHS, default
 #             90a-real: one SASS per kernel TU, the shortest rebuild on H100/H200), the device is
 #             probed as usual, TARGETS defaults to gate_cuda,gate_signoff_engine, and the CUDA
-#             mutants (patch-and-rebuild: device code cannot read the switch) run after the switches.
+#             mutants (patch-and-rebuild: device code cannot read the switch) are candidates beside them.
 set -uo pipefail
 # The whole script is one compound command: bash parses it before running any of it, so the file
 # changing under a running call (a tree synced again) cannot make it run shifted text.

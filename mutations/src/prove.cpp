@@ -71,6 +71,14 @@ int affinity(const Mutant& m, const std::string& gate, const std::map<std::strin
     best = std::max(best, 10 * common + (sibling ? 15 : 0));
   }
   if (const auto it = files_naming.find(gate); it != files_naming.end() && it->second.count(m.file)) best += 5;
+  // The backend: a gate of the CUDA backend (an ID component "cuda") and a mutant of CUDA code (its
+  // file under runtime/cuda/, or a mutant that needs a CUDA build). Host code of the CPU runtime
+  // rarely reaches what such a gate checks (the device kernels and the CUDA engine).
+  const bool cuda_gate = std::find(gc.begin(), gc.end(), "cuda") != gc.end();
+  const bool cuda_mutant = m.file.rfind("runtime/cuda/", 0) == 0 ||
+                           std::find(m.requires_.begin(), m.requires_.end(), "cuda-device") != m.requires_.end() ||
+                           std::find(m.requires_.begin(), m.requires_.end(), "cuda") != m.requires_.end();
+  if (cuda_gate && cuda_mutant) best += 20;
   return best;
 }
 
@@ -146,15 +154,16 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
       rec.deadline_reached = true;
       break;
     }
-    // The best candidate: switches before rebuilds, then the summed affinity per second of the run
-    // (the baseline seconds of the gates it would run, plus one for the process starts), then
-    // catalog order.
+    // The best candidate: the summed affinity per second of the run (the baseline seconds of the
+    // gates it would run, plus one for the process starts, plus loop.rebuild_s for a patched
+    // mutant's build), then catalog order. On cheap gate programs a switch beats a rebuild of equal
+    // resemblance; on a program whose gates take minutes (a GPU program) the build is small beside
+    // the run and resemblance decides.
     double best = -1;
     std::size_t pick = candidates.size();
-    bool pick_rebuild = true;
     for (std::size_t i = 0; i < candidates.size(); ++i) {
       if (done[i]) continue;
-      double aff = 0, secs = 1;
+      double aff = 0, secs = 1 + (candidates[i].rebuild ? loop.rebuild_s : 0.0);
       bool any = false;
       for (const auto& [id, a] : reach[i])
         if (open.count(id)) {
@@ -164,12 +173,9 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
         }
       if (!any) continue;
       const double score = aff / secs;
-      const bool better = pick == candidates.size() || (pick_rebuild && !candidates[i].rebuild) ||
-                          (pick_rebuild == candidates[i].rebuild && score > best);
-      if (better) {
+      if (pick == candidates.size() || score > best) {
         pick = i;
         best = score;
-        pick_rebuild = candidates[i].rebuild;
       }
     }
     if (pick == candidates.size()) break;
@@ -432,7 +438,7 @@ std::string proof_md(const ProofRecord& rec) {
     for (const auto& [id, why] : rec.not_provable) o << "- " << id << ": " << md_cell(why) << "\n";
   }
   if (!rec.rebuild_not_tried.empty())
-    o << "\nRebuild-path mutants not tried (`--prove-rebuild` tries them after the switches): "
+    o << "\nRebuild-path mutants not tried (`--prove-rebuild` makes them candidates): "
       << join(rec.rebuild_not_tried, ", ") << ".\n";
   if (!rec.skipped_mutants.empty()) {
     o << "\nMutants left out:\n\n";

@@ -1158,6 +1158,16 @@ TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a
   CHECK(affinity(sib, "INV.fp8", files) == 15);
   CHECK(affinity(sib, "INV.int8", files) == 5);
   CHECK(affinity(far, "INV.int8", files) == 0);
+  // The backend: a CUDA gate and CUDA code (a file under runtime/cuda/, or a mutant needing CUDA) add 20.
+  Mutant dev = mk("M.dev", "runtime/cuda/kernels/decode.cuh", {"ORA.cuda.decode.f32"});
+  Mutant host = mk("M.host", "runtime/src/kv_file.cpp", {"PAR.layer_map.persist.f32"});
+  Mutant needs = mk("M.needs", "reports/x.cpp", {"SGN.y"});
+  needs.requires_ = {"cuda-device"};
+  CHECK(affinity(dev, "ORA.cuda.decode.bf16", files) == 30 + 20);
+  CHECK(affinity(dev, "MOD.cuda.hf.qwen2.logits", files) == 20);
+  CHECK(affinity(dev, "ORA.attn.bf16", files) == 10);  // a CPU gate: no backend bonus
+  CHECK(affinity(host, "PAR.cuda.persist.f32", files) == 10 + 15);
+  CHECK(affinity(needs, "SGN.cuda.damage.zero", files) == 10 + 20);
   ProofRecord rec;
   rec.gates = {{"ENV.fp8", "P1"}, {"INV.fp8", "P1"}, {"INV.int8", "P1"}, {"X.exit", "P2"}, {"X.other", "P2"}, {"X.never", "P2"}};
   rec.not_provable["X.skip"] = "skipped in the baseline: no device";
@@ -1205,19 +1215,30 @@ TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a
   CHECK(doc["summary"]["not_provable"] == 1);
   CHECK(proof_md(rec).find("- **X.never** (P2): 1 mutant(s) tried: M.exit_crash (crashed outside its test cases)") !=
         std::string::npos);
-  // A rebuild candidate is tried only when asked, and after the switches.
+  // A rebuild candidate is tried only when asked; then its build counts in its seconds.
   ProofRecord r2;
   r2.gates = {{"ENV.fp8", "P1"}};
   calls.clear();
   prove_gates(r2, {{&sib, {"P1"}, true}, {&far, {"P1"}, false}}, run, false, [] { return false; }, log);
   CHECK(calls.size() == 1);
   CHECK(r2.rebuild_not_tried == std::vector<std::string>{"M.sibling"});
+  // On a cheap gate (1 s) a switch of the same resemblance goes before a rebuild (10 s more) ...
+  const Mutant sw = mk("M.switch", "a.cpp", {"ENV.fp8"});
   calls.clear();
   ProofRecord r3;
-  r3.gates = r2.gates;
-  prove_gates(r3, {{&sib, {"P1"}, true}, {&far, {"P1"}, false}}, run, true, [] { return false; }, log);
+  r3.gates = {{"ENV.fp8", "P1", 1.0}, {"ENV.int8", "P1", 1.0}};
+  prove_gates(r3, {{&sib, {"P1"}, true}, {&sw, {"P1"}, false}}, run, true, [] { return false; }, log);
   REQUIRE(calls.size() == 2);
-  CHECK(calls[0].first == "M.far");
+  CHECK(calls[0].first == "M.switch");
+  // ... but on a slow program (a GPU gate of 200 s) the rebuild that resembles the gate more goes
+  // first, before a switch that only shares the family (round 16: the switch-first rule spent a
+  // whole device call on host-code switches that could not reach the kernels).
+  calls.clear();
+  ProofRecord r6;
+  r6.gates = {{"ORA.cuda.decode.bf16", "P1", 200.0}};
+  prove_gates(r6, {{&dev, {"P1"}, true}, {&host, {"P1"}, false}}, run, true, [] { return false; }, log);
+  REQUIRE(!calls.empty());
+  CHECK(calls[0].first == "M.dev");
   // Per second: a mutant naming the gate that would also run a slow program waits for one that does not.
   ProofRecord r5;
   r5.gates = {{"ENV.int8", "P1", 0.1}, {"SLOW.gate", "P2", 100}};
