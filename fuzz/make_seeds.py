@@ -188,3 +188,15 @@ if os.path.exists(kvgate) and stories and os.path.exists(os.path.join(stories, "
                            stdout=subprocess.DEVNULL)
             with open(os.path.join(td, "s_" + kv + ".kvf"), "rb") as f:
                 put("kv_file", "s_" + kv + ".kvf", f.read())
+# The MLA latent cache (KV file version 5: layout mla_latent, V rows of the RoPE key), from the
+# project's DeepSeek-V3 reference directory. (The three stories260K seeds committed were written by a
+# kvgate of version 4 and are kept as they are: the reader's older-version path.)
+deepseek = os.path.join(root, "datasets/models/hf_refs/models/deepseek_v3")
+if os.path.exists(kvgate) and os.path.isdir(deepseek):
+    import subprocess, tempfile
+    with tempfile.TemporaryDirectory() as td:
+        subprocess.run([kvgate, "run", "--model", deepseek, "--prompt", "Once upon", "--steps", "3", "--mla-cache",
+                        "latent", "--kv", "k=q8_0,v=bf16", "--conv-id", "s_mla_latent", "--kv-cache-dir", td],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(td, "s_mla_latent.kvf"), "rb") as f:
+            put("kv_file", "s_mla_latent.kvf", f.read())
