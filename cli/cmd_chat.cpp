@@ -49,6 +49,7 @@ int run_chat(const ChatOpts& o) {
   KvRequest req;
   req.flag = flag;
   req.strict = o.strict;
+  req.mla_latent = o.mla_cache == "latent";
   Engine engine(model, engine_options(o, resolve_kv(req, model.config, o.block_size), model.config));
   std::optional<KvCacheDir> dir;
   if (!o.cache.conv_id.empty()) dir.emplace(open_kv_cache(o.cache));

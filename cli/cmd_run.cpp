@@ -126,6 +126,7 @@ int run_run(const RunOpts& o) {
   req.flag = flag;
   req.strict = o.strict;
   req.backend = o.device;
+  req.mla_latent = o.mla_cache == "latent";
   const EngineOptions eo = engine_options(o, resolve_kv(req, model.config, o.block_size), model.config);
   if (cuda && eo.kv.fell_back())  // allowed without --strict-kv, but never silent
     std::fprintf(stderr, "kvgate run: KV format %s cannot run on device cuda (%s); using %s (--strict-kv refuses)\n",

@@ -21,6 +21,7 @@
 #include "hf_ref_harness.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/kv_file.hpp"
+#include "kvgate/resolve.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates::hf_ref;
@@ -349,4 +350,49 @@ TEST_CASE("PAR.mla.stream the MLA latent cache through a streamed window gives t
     CHECK(sc.bytes_moved == sc.misses * block_bytes);  // each miss moves the block's two pages, each its own size
     CHECK(streamed.store().check_stream_coherent().empty());
   }
+}
+
+// STO.mla.latent_resolve: with --mla-cache latent the KV format is resolved against the rows the
+// latent cache holds (K: one latent row of kv_lora_rank, V: one RoPE row of qk_rope_head_dim), not
+// the expanded heads. On the DeepSeek-V3 case (latent 32, RoPE key 8, expanded 4 x 24): q4_0 fits the
+// latent but not an 8-wide RoPE row, so the V half falls back to f16 with the capability's reason and
+// the requested format stays reported as requested; --strict-kv refuses it naming the RoPE key and
+// --mla-cache latent. Anti-vacuity: the expanded resolution of the same request keeps q4_0 on both
+// halves (96-element rows), so a resolver that ignored the layout would pass q4_0 to a store that
+// cannot hold it.
+TEST_CASE("STO.mla.latent_resolve the KV format is resolved against the latent cache's rows, a fallback names the RoPE key",
+          "[gate:STO][mla]") {
+  const Loaded& ds = loaded("deepseek_v3");
+  KvRequest req;
+  req.flag = KvFormat{HalfFormat::q4_0, HalfFormat::q4_0};
+  req.mla_latent = true;
+  const ResolvedKv r = resolve_kv(req, ds.m.config, 16);
+  INFO("latent: requested " << r.requested.name() << ", effective " << r.effective.name() << ", reason " << r.fallback_reason);
+  CHECK(r.requested.name() == "q4_0");
+  CHECK(r.effective.k == HalfFormat::q4_0);
+  CHECK(r.effective.v == HalfFormat::f16);
+  CHECK(r.fallback_reason == "row_not_multiple_of_32");
+  // The resolved format runs: the store holds what the resolution said.
+  EngineOptions o = engine_options_for(r.effective, 1);
+  o.kv = r;
+  o.max_context = 16;
+  o.mla_cache = MlaCache::latent;
+  Engine e(ds.m, o);
+  CHECK(e.stats().effective_kv == "k=q4_0,v=f16");
+  req.strict = true;
+  std::string msg;
+  try {
+    (void)resolve_kv(req, ds.m.config, 16);
+  } catch (const KvResolveError& err) {
+    msg = err.what();
+  }
+  INFO("strict: " << msg);
+  CHECK(msg.find("V half (the RoPE key)") != std::string::npos);
+  CHECK(msg.find("--mla-cache latent") != std::string::npos);
+  KvRequest expanded = req;
+  expanded.strict = false;
+  expanded.mla_latent = false;
+  const ResolvedKv x = resolve_kv(expanded, ds.m.config, 16);
+  CHECK(x.effective.name() == "q4_0");
+  CHECK_FALSE(x.fell_back());
 }

@@ -30,11 +30,11 @@ std::string geometry_text(const PageGeometry& g) {
          ", block_size=" + std::to_string(g.block_size);
 }
 
-// Presets whose both halves this backend supports at this geometry (for the strict-mode fix hint).
-std::string supported_presets(const std::string& backend, const PageGeometry& g) {
+// Presets whose both halves this backend supports at these geometries (for the strict-mode fix hint).
+std::string supported_presets(const std::string& backend, const PageGeometry& gk, const PageGeometry& gv) {
   std::string out;
   for (const Preset& p : presets()) {
-    if (!backend_supports(backend, p.fmt.k, g).ok || !backend_supports(backend, p.fmt.v, g).ok) continue;
+    if (!backend_supports(backend, p.fmt.k, gk).ok || !backend_supports(backend, p.fmt.v, gv).ok) continue;
     if (!out.empty()) out += ", ";
     out += p.name;
   }
@@ -102,9 +102,14 @@ ResolvedKv resolve_kv(const KvRequest& req, const ModelConfig& cfg, int block_si
     r.requested_source = "default";
   }
 
-  const PageGeometry g{block_size, cfg.n_kv_heads, cfg.head_dim};
+  // The rows each half holds: the model's K/V heads, or (the MLA latent cache) the latent for K and
+  // the RoPE key for V.
+  const bool latent = req.mla_latent && cfg.mla.any();
+  const PageGeometry g = latent ? PageGeometry{block_size, 1, cfg.mla.kv_lora_rank}
+                                : PageGeometry{block_size, cfg.n_kv_heads, cfg.head_dim};
+  const PageGeometry gv = latent ? PageGeometry{block_size, 1, cfg.mla.rope_dim} : g;
   const HalfOutcome k = resolve_half(req.backend, r.requested.k, g);
-  const HalfOutcome v = resolve_half(req.backend, r.requested.v, g);
+  const HalfOutcome v = resolve_half(req.backend, r.requested.v, gv);
   r.effective = KvFormat{k.effective, v.effective};
   if (!k.refusal.ok && !v.refusal.ok && k.refusal.reason != v.refusal.reason)
     r.fallback_reason = "k:" + k.refusal.reason + ";v:" + v.refusal.reason;
@@ -115,10 +120,15 @@ ResolvedKv resolve_kv(const KvRequest& req, const ModelConfig& cfg, int block_si
 
   if (r.fell_back() && req.strict) {
     const Capability& c = !k.refusal.ok ? k.refusal : v.refusal;
-    const std::string which = !k.refusal.ok && !v.refusal.ok ? "K and V halves" : (!k.refusal.ok ? "K half" : "V half");
-    const std::string ok = supported_presets(req.backend, g);
+    const std::string which = latent ? (!k.refusal.ok && !v.refusal.ok ? "K (latent) and V (RoPE key) halves"
+                                        : (!k.refusal.ok ? "K half (the latent)" : "V half (the RoPE key)"))
+                                     : (!k.refusal.ok && !v.refusal.ok ? "K and V halves" : (!k.refusal.ok ? "K half" : "V half"));
+    const std::string ok = supported_presets(req.backend, g, gv);
+    const std::string shape = latent ? "--mla-cache latent: latent rows " + std::to_string(g.head_dim) + ", RoPE rows " +
+                                           std::to_string(gv.head_dim) + ", block_size=" + std::to_string(block_size)
+                                     : geometry_text(g);
     throw KvResolveError("--strict-kv: requested KV format '" + r.requested.name() + "' (from " + r.requested_source +
-                         ") is not supported on backend '" + req.backend + "' for this model (" + geometry_text(g) +
+                         ") is not supported on backend '" + req.backend + "' for this model (" + shape +
                          "): " + which + " refused, reason " + r.fallback_reason +
                          (c.detail.empty() ? "" : " (" + c.detail + ")") + "; it would fall back to '" +
                          r.effective.name() + "'. Fix: drop --strict-kv to accept the fallback, or choose --kv " +

@@ -20,6 +20,9 @@ struct KvRequest {
   std::optional<KvFormat> flag;  // --kv PRESET or --kv-k/--kv-v
   bool strict = false;           // --strict-kv: a fallback is an error
   std::string backend = "cpu";   // "cpu" | "cuda"
+  // --mla-cache latent on an MLA model: the K half is checked against the latent's rows (one row of
+  // kv_lora_rank) and the V half against the RoPE key's (qk_rope_head_dim), not the expanded heads.
+  bool mla_latent = false;
 };
 
 struct ResolvedKv {
