@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "kvgate_mutations/catalog.hpp"
+#include "kvgate_mutations/ninja_deps.hpp"
 #include "kvgate_mutations/process.hpp"
 
 namespace kvgate::mutate {
@@ -15,34 +16,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// "a/b/../c" relative to root, or "" when outside it.
-std::string rel_inside(const fs::path& p, const fs::path& root) {
-  const fs::path r = p.lexically_normal().lexically_relative(root);
-  if (r.empty() || *r.begin() == "..") return {};
-  return r.generic_string();
-}
-
 // Every source or header (relative to `scratch`) -> the objects (relative to `build`) that depend
-// on it, from ninja's deps log ("<object>: #deps N, ..." then one indented dependency per line).
+// on it (ninja_deps.hpp).
 std::map<std::string, std::vector<std::string>> objects_by_file(const fs::path& build, const fs::path& scratch) {
   std::map<std::string, std::vector<std::string>> out;
-  const auto [rc, text] = capture_output({"ninja", "-C", build.string(), "-t", "deps"});
-  if (rc != 0) return out;
-  std::istringstream in(text);
-  std::string object;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    if (line[0] != ' ') {
-      const auto colon = line.find(": #deps");
-      object = colon == std::string::npos ? std::string() : line.substr(0, colon);
-      if (!object.ends_with(".o")) object.clear();
-      continue;
-    }
-    if (object.empty()) continue;
-    const fs::path dep(line.substr(line.find_first_not_of(' ')));
-    const std::string r = rel_inside(dep.is_absolute() ? dep : build / dep, scratch);
-    if (!r.empty()) out[r].push_back(object);
-  }
+  for (const NinjaDeps& d : read_ninja_deps(build, scratch))
+    if (d.object.ends_with(".o"))
+      for (const std::string& f : d.files) out[f].push_back(d.object);
   return out;
 }
 

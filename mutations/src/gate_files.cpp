@@ -4,22 +4,13 @@
 #include <sstream>
 
 #include "kvgate_mutations/catalog.hpp"
+#include "kvgate_mutations/ninja_deps.hpp"
 #include "kvgate_mutations/process.hpp"
 #include "kvgate_mutations/scratch.hpp"
 
 namespace kvgate::mutate {
 
 namespace fs = std::filesystem;
-
-namespace {
-// "a/b/../c" relative to root, or "" when outside it.
-std::string rel_inside(const fs::path& p, const fs::path& root) {
-  const fs::path n = p.lexically_normal();
-  const fs::path r = n.lexically_relative(root);
-  if (r.empty() || *r.begin() == "..") return {};
-  return r.generic_string();
-}
-}  // namespace
 
 GateFiles::GateFiles(const fs::path& build_dir) {
   const fs::path list = build_dir / "gates" / "gate_closure.txt";
@@ -41,29 +32,18 @@ GateFiles::GateFiles(const fs::path& build_dir) {
   }
   loaded_ = !root_.empty();
   if (!loaded_ || !fs::exists(build_dir / "build.ninja", ec)) return;
-  // Headers: ninja's deps log ("<object>: #deps N, ..." then one indented dependency per line).
-  const auto [rc, text] = capture_output({"ninja", "-C", build_dir.string(), "-t", "deps"});
-  if (rc != 0) return;
-  std::istringstream d(text);
-  std::string target;
-  for (std::string line; std::getline(d, line);) {
-    if (line.empty()) continue;
-    if (line[0] != ' ') {
-      target.clear();
-      // "<dir>/CMakeFiles/<target>.dir/<source>.o: #deps ..." (no <dir>/ for the top folder's targets)
-      std::size_t pos = line.rfind("CMakeFiles/", 0) == 0 ? 0 : line.find("/CMakeFiles/");
-      if (pos == std::string::npos) continue;
-      pos = line.find("CMakeFiles/", pos) + 11;
-      const auto dot = line.find(".dir/", pos);
-      if (dot == std::string::npos) continue;
-      target = line.substr(pos, dot - pos);
-      built_.insert(target);
-      continue;
-    }
-    if (target.empty()) continue;
-    const std::string dep = line.substr(line.find_first_not_of(' '));
-    const std::string r = rel_inside(fs::path(dep).is_absolute() ? fs::path(dep) : build_dir / dep, root_);
-    if (!r.empty()) files_[target].insert(r);
+  // Headers: ninja's deps log (ninja_deps.hpp), each object's files under its CMake target.
+  for (const NinjaDeps& d : read_ninja_deps(build_dir, root_)) {
+    // "<dir>/CMakeFiles/<target>.dir/<source>.o" (no <dir>/ for the top folder's targets)
+    const std::string& o = d.object;
+    std::size_t pos = o.rfind("CMakeFiles/", 0) == 0 ? 0 : o.find("/CMakeFiles/");
+    if (pos == std::string::npos) continue;
+    pos = o.find("CMakeFiles/", pos) + 11;
+    const auto dot = o.find(".dir/", pos);
+    if (dot == std::string::npos) continue;
+    const std::string target = o.substr(pos, dot - pos);
+    built_.insert(target);
+    files_[target].insert(d.files.begin(), d.files.end());
   }
 }
 
