@@ -22,6 +22,7 @@ namespace {
 struct BenchOpts {
   std::string model, tokenizer, probe_model, formats, lengths, windows, devices = "cpu", corpus, out = "kvgate.out/bench";
   std::string layer_ablation;  // --layer-ablation FMT[,FMT]
+  std::string mla_cache = "expanded";  // --mla-cache expanded|latent (MLA models)
   std::string needle_lengths, needle_depths, needle_seeds, counting_n, echo_seeds, shard;
   int decode_steps = 0, repeats = 0, threads = 1;
   double budget_mib = 1024;
@@ -98,6 +99,7 @@ int run_bench(const BenchOpts& o) {
   if (!o.lengths.empty()) mo.lengths = matrix::parse_int_list(o.lengths);
   if (!o.windows.empty()) mo.windows = matrix::parse_int_list(o.windows);
   mo.devices = matrix::split_csv(o.devices);
+  mo.mla_cache = o.mla_cache;
   if (o.decode_steps > 0) mo.decode_steps = o.decode_steps;
   if (o.repeats > 0) mo.repeats = o.repeats;
   mo.budget_bytes = static_cast<std::size_t>(o.budget_mib * 1024.0 * 1024.0);
@@ -182,6 +184,10 @@ void register_bench(CLI::App& app) {
                   "the corpus: which layer the loss comes from), e.g. q4_0,int8");
   sub->add_option("--windows", o->windows, "--kv-resident windows in tokens (0 = resident); used when the engine streams");
   sub->add_option("--devices", o->devices, "cpu[,cuda]")->capture_default_str();
+  sub->add_option("--mla-cache", o->mla_cache,
+                  "MLA models: expanded (per-head K/V rows) or latent (the latent and the RoPE key, each half in its "
+                  "format; bytes and capacity of the latent rows)")
+      ->capture_default_str();
   sub->add_option("--decode-steps", o->decode_steps, "decode tokens timed at depth (default 32)");
   sub->add_option("--repeats", o->repeats, "timing repeats, median (default 3 with --quick, else 5)");
   sub->add_option("--budget-mib", o->budget_mib, "KV memory budget for the capacity column (MiB)")->capture_default_str();

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -761,4 +763,73 @@ TEST_CASE("CLI.signoff.coverage --coverage puts the gate suite's coverage into s
   CHECK(bad.err.find("bad.json") != std::string::npos);
   CHECK(bad.err.find("files[0].line_total") != std::string::npos);
   CHECK_FALSE(fs::exists(s.dir / "bad" / "signoff.json"));
+}
+
+// CLI.mla_cache: --mla-cache reaches the engine from `kvgate run` (--json: stats.kv_layout names the
+// latent and the RoPE key with their half formats) and the A/B matrix from `kvgate bench`
+// (config.mla_cache; every format's kv_bytes_per_token is the latent cache's: n_layers x (latent
+// row + RoPE row), written out here from the format definitions for f32, int8 (1 B + an f16 scale per
+// row) and k=q8_0,v=bf16 (34 B per 32 elements; 2 B)); the expanded cache's bytes differ (anti-vacuity).
+// On a model without MLA both refuse the flag, naming it.
+TEST_CASE("CLI.mla_cache --mla-cache latent reaches kvgate run and kvgate bench; refused without MLA",
+          "[gate:CLI][fmt:f32][fmt:int8][mla]") {
+  std::string src;
+  if (const char* s = std::getenv("KVGATE_SOURCE_DIR"); s && *s) src = s;
+  if (src.empty()) src = KVGATE_SOURCE_DIR_DEFAULT;
+  const std::string ds = (fs::path(src) / "datasets/models/hf_refs/models/deepseek_v3").string();
+  const Model m = load_model(ds);
+  const int L = m.config.n_layers, KL = m.config.mla.kv_lora_rank, R = m.config.mla.rope_dim;
+  REQUIRE(KL % 32 == 0);
+  const json j = run_json("--model " + q(ds) + " --prompt hello --steps 2 --mla-cache latent --kv k=int8,v=bf16");
+  const std::string layout = j["stats"]["kv_layout"].get<std::string>();
+  INFO("kv_layout: " << layout);
+  CHECK(layout.rfind("mla_latent", 0) == 0);
+  CHECK(layout.find("in int8 (the K half)") != std::string::npos);
+  CHECK(layout.find("in bf16 (the V half)") != std::string::npos);
+  Scratch s;
+  auto bench = [&](const std::string& extra) {
+    const fs::path out = s.dir / ("bench" + std::to_string(std::hash<std::string>{}(extra) % 100000));
+    const Run r = kvgate_cli("bench --model " + q(ds) + " --formats int8,k=q8_0,v=bf16 --quick --no-probes --no-timing "
+                             "--corpus none --out " + q(out.string()) + " " + extra);
+    INFO("kvgate bench " << extra << "\nstderr: " << r.err);
+    REQUIRE(r.rc == 0);
+    return json::parse(slurp(out / "matrix.json"));
+  };
+  const json lat = bench("--mla-cache latent"), exp = bench("");
+  CHECK(lat["config"]["mla_cache"] == "latent");
+  CHECK(exp["config"]["mla_cache"] == "expanded");
+  std::map<std::string, long> want{{"f32", 4L * L * (KL + R)},
+                                   {"int8", 1L * L * (KL + 2 + R + 2)},
+                                   {"k=q8_0,v=bf16", 1L * L * (34 * KL / 32 + 2 * R)}};
+  for (const auto& f : lat["formats"]) {
+    const std::string n = f["format"].get<std::string>();
+    INFO("format " << n);
+    REQUIRE(want.count(n));
+    CHECK(f["kv_bytes_per_token"].get<long>() == want[n]);
+    CHECK(f["effective"] == f["requested"]);
+  }
+  for (const auto& f : exp["formats"]) CHECK(f["kv_bytes_per_token"].get<long>() != want[f["format"].get<std::string>()]);
+  // The engines really ran the latent cache: each row's pool (from the engine's own stats) holds as
+  // many tokens as the expanded run's row, each at its layout's bytes per token.
+  int compared = 0;
+  for (const auto& lr : lat["rows"])
+    for (const auto& er : exp["rows"])
+      if (lr["format"] == er["format"] && lr["context"] == er["context"] && lr["window"] == er["window"] &&
+          lr["device"] == er["device"] && lr["pool_bytes"].is_number() && er["pool_bytes"].is_number()) {
+        INFO("row " << lr["format"] << " context " << lr["context"] << ": latent pool " << lr["pool_bytes"]
+                    << ", expanded pool " << er["pool_bytes"]);
+        CHECK(lr["pool_bytes"].get<long>() * er["kv_bytes_per_token"].get<long>() ==
+              er["pool_bytes"].get<long>() * lr["kv_bytes_per_token"].get<long>());
+        ++compared;
+      }
+  CHECK(compared > 0);
+  const Run rr = kvgate_cli("run " + model_args() + " --prompt hi --steps 1 --mla-cache latent");
+  INFO("run without MLA: " << rr.err);
+  CHECK(rr.rc != 0);
+  CHECK(rr.err.find("--mla-cache latent") != std::string::npos);
+  const Run rb = kvgate_cli("bench " + model_args() + " --formats int8 --quick --no-probes --no-timing --corpus none --out " +
+                            q((s.dir / "nomla").string()) + " --mla-cache latent");
+  INFO("bench without MLA: " << rb.err);
+  CHECK(rb.rc != 0);
+  CHECK(rb.err.find("--mla-cache latent") != std::string::npos);
 }

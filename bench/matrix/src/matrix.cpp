@@ -170,9 +170,17 @@ double median(std::vector<double> v) {
 }
 
 
-std::size_t kv_bytes_per_token(const KvFormat& f, const ModelConfig& c, int block) {
+// The page geometry of each half: the model's K/V heads, or (the MLA latent cache) one latent row
+// for K and one RoPE row for V.
+std::pair<PageGeometry, PageGeometry> half_geometries(const ModelConfig& c, int block, bool latent) {
+  if (latent && c.mla.any()) return {{block, 1, c.mla.kv_lora_rank}, {block, 1, c.mla.rope_dim}};
   const PageGeometry g{block, c.n_kv_heads, c.head_dim};
-  return static_cast<std::size_t>(c.n_layers) * (page_bytes(f.k, g) + page_bytes(f.v, g)) / static_cast<std::size_t>(block);
+  return {g, g};
+}
+
+std::size_t kv_bytes_per_token(const KvFormat& f, const ModelConfig& c, int block, bool latent) {
+  const auto [gk, gv] = half_geometries(c, block, latent);
+  return static_cast<std::size_t>(c.n_layers) * (page_bytes(f.k, gk) + page_bytes(f.v, gv)) / static_cast<std::size_t>(block);
 }
 
 }  // namespace
@@ -434,11 +442,16 @@ struct MatrixRun {
   void say(const std::string& s) const {
     if (progress) progress(s);
   }
-  EngineOptions eo_for(const ResolvedKv& kv, int window) const {
+  // The MLA latent cache is asked for (o.mla_cache) and the matrix model has MLA.
+  bool latent() const { return o.mla_cache == "latent" && model.config.mla.any(); }
+  // Options of an engine over `cfg`'s model (the matrix model by default; the probe subject passes
+  // its own: it runs the latent cache only when it is an MLA model itself).
+  EngineOptions eo_for(const ResolvedKv& kv, int window, const ModelConfig* cfg = nullptr) const {
     EngineOptions eo;
     eo.kv = kv;
     eo.threads = o.threads;
     eo.block_size = block;
+    eo.mla_cache = o.mla_cache == "latent" && (cfg ? cfg : &model.config)->mla.any() ? MlaCache::latent : MlaCache::expanded;
     set_resident(eo, window);
     return eo;
   }
@@ -459,6 +472,7 @@ void resolve_formats(MatrixRun& r) {
     if (!f) throw std::invalid_argument("unknown KV format '" + n + "'; known: " + known_formats_text());
     KvRequest req;
     req.flag = *f;
+    req.mla_latent = r.latent();
     r.fmts.push_back({f->name(), resolve_kv(req, r.model.config, r.block)});
   }
 }
@@ -510,11 +524,17 @@ void format_bytes(MatrixRun& r) {
     fj["requested"] = F.kv.requested.name();
     fj["effective"] = F.kv.effective.name();
     fj["fallback_reason"] = F.kv.fallback_reason;
-    const PageGeometry g{r.block, cfg.n_kv_heads, cfg.head_dim};
-    fj["bytes_per_cell"] = bytes_per_cell(F.kv.effective.k, g) + bytes_per_cell(F.kv.effective.v, g);
-    fj["kv_bytes_per_token"] = kv_bytes_per_token(F.kv.effective, cfg, r.block);
-    fj["capacity_tokens"] =
-        static_cast<long long>(blocks_for_budget(F.kv.effective, g, cfg.n_layers, r.o.budget_bytes)) * r.block;
+    const auto [gk, gv] = half_geometries(cfg, r.block, r.latent());
+    fj["bytes_per_cell"] = bytes_per_cell(F.kv.effective.k, gk) + bytes_per_cell(F.kv.effective.v, gv);
+    fj["kv_bytes_per_token"] = kv_bytes_per_token(F.kv.effective, cfg, r.block, r.latent());
+    StoreConfig sc;
+    sc.format = F.kv.effective;
+    sc.n_layers = cfg.n_layers;
+    sc.n_kv_heads = gk.n_kv_heads;
+    sc.head_dim = gk.head_dim;
+    sc.v_head_dim = gv.head_dim;
+    sc.block_size = r.block;
+    fj["capacity_tokens"] = static_cast<long long>(blocks_for_budget(sc, r.o.budget_bytes)) * r.block;
     fj["kl_mean"] = fj["kl_p99"] = fj["kl_max"] = fj["top1"] = nullptr;
     fj["kl_positions"] = 0;
     fj["probes"] = nlohmann::json::object();
@@ -552,6 +572,10 @@ void layer_ablation(MatrixRun& r) {
   const ModelConfig& c = r.model.config;
   const PageGeometry g{r.block, c.n_kv_heads, c.head_dim};
   const KvFormat f32{HalfFormat::f32, HalfFormat::f32};
+  if (!r.o.layer_ablation.empty() && r.latent()) {  // a per-layer map runs the expanded cache only
+    r.notes.push_back("layer ablation not measured: --mla-cache latent takes one format for every layer");
+    return;
+  }
   for (const std::string& name : r.o.layer_ablation) {
     const auto f = parse_kv_format(name);
     if (!f) throw std::invalid_argument("--layer-ablation: unknown KV format '" + name + "' (" + known_formats_text() + ")");
@@ -601,6 +625,7 @@ void format_probes(MatrixRun& r) {
     // is reported in the probe record, never hidden).
     KvRequest preq;
     preq.flag = F.kv.requested;
+    preq.mla_latent = r.o.mla_cache == "latent" && pmodel.config.mla.any();
     const ResolvedKv pkv = r.o.probe_model ? resolve_kv(preq, pmodel.config, r.block) : F.kv;
     nlohmann::json pj = nlohmann::json::object();
     for (const auto& pn : kProbeNames) {
@@ -608,7 +633,7 @@ void format_probes(MatrixRun& r) {
       const auto it = r.o.probe_specs.find(pn);
       const ProbeSpec spec = it != r.o.probe_specs.end() ? it->second : default_probe_spec(kind, pmodel, r.o.quick);
       // Probe outcomes do not depend on the thread count (MOD.engine.threads), so they use every core.
-      EngineOptions peo = r.eo_for(pkv, 0);
+      EngineOptions peo = r.eo_for(pkv, 0, &pmodel.config);
       peo.threads = 0;
       if (dev.device == "cuda") peo.prefill_chunk = signoff_prefill_chunk("cuda");
       const auto res = run_probe(pmodel, peo, spec, [&](const std::string& line) { r.say(r.tag(fi) + ": " + line); }, &dev);
@@ -650,7 +675,7 @@ void probe_sensitivities(MatrixRun& r) {
   if (!f) throw std::invalid_argument("sensitivity baseline '" + r.o.sensitivity_baseline + "' is not a KV format");
   KvRequest req;
   req.flag = *f;
-  EngineOptions eo = r.eo_for(resolve_kv(req, pmodel.config, r.block), 0);
+  EngineOptions eo = r.eo_for(resolve_kv(req, pmodel.config, r.block), 0, &pmodel.config);
   eo.threads = 0;
   ProbeDevice dev;
   dev.device = r.o.probe_device;
@@ -883,6 +908,7 @@ nlohmann::json matrix_record(const MatrixRun& r) {
                  {"timing", o.timing},
                  {"quick", o.quick},
                  {"block_size", r.block},
+                 {"mla_cache", o.mla_cache},
                  {"corpus", o.corpus_path.empty() ? nlohmann::json(nullptr)
                                                   : nlohmann::json(std::filesystem::path(o.corpus_path).filename().string())},
                  {"streaming_supported", engine_supports_streaming()},
@@ -906,6 +932,12 @@ nlohmann::json matrix_record(const MatrixRun& r) {
 
 // The matrix as a list of named steps over one MatrixRun.
 nlohmann::json run_matrix(const Model& model, const MatrixOptions& o, const nlohmann::json& prov, const Progress& progress) {
+  if (o.mla_cache != "expanded" && o.mla_cache != "latent")
+    throw std::invalid_argument("--mla-cache: '" + o.mla_cache + "' is not an MLA cache layout; give expanded or latent");
+  if (o.mla_cache == "latent" && !model.config.mla.any())
+    throw std::invalid_argument("--mla-cache latent applies to multi-head latent attention models (DeepSeek-V2/V3: "
+                                "kv_lora_rank in config.json); the matrix model (" + model.config.arch +
+                                ") has none: drop the flag");
   MatrixRun r{model, o, prov, progress};
   resolve_formats(r);
   resolve_windows(r);

@@ -171,6 +171,10 @@ struct MatrixOptions {
   // The engine of the per-format probes: "cpu" or "cuda" (kvgate::cuda::CudaEngine, every format's
   // engine on one upload of the weights, `cuda_weights` f32 | bf16).
   std::string probe_device = "cpu";
+  // MLA models (DeepSeek-V2/V3): "expanded" or "latent" (EngineOptions::mla_cache, --mla-cache): every
+  // row of the matrix model runs over that cache; bytes and capacity are the latent's rows. The probe
+  // subject keeps its own (it runs latent only when it is an MLA model itself).
+  std::string mla_cache = "expanded";
   std::string cuda_weights = "f32";
   // Probe sensitivity (injected KV damage, CPU engine): the KV format the damage is applied on top
   // of (empty: not measured) and the ladder.
