@@ -122,6 +122,15 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
   std::vector<bool> done(candidates.size(), false);
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (candidates[i].rebuild && !rebuild) done[i] = true;
+  // (gate, mutant) pairs already tried, here or in a seeded proof (its /unproven/*/tried): a mutant
+  // is not run again for a gate it left green; a candidate whose every open gate it has tried is
+  // not picked. Skipping never proves a gate: at worst a gate stays open.
+  std::map<std::string, std::set<std::string>> tried_by;
+  for (const auto& [id, ts] : rec.tried)
+    for (const auto& t : ts) tried_by[id].insert(t.mutant);
+  const auto untried = [&](const std::string& id, std::size_t i) {
+    return open.count(id) && !tried_by[id].count(candidates[i].mutant->id);
+  };
   // The record's derived lists (unproven, candidates left, rebuild mutants not tried) as of now.
   const auto settle = [&] {
     rec.unproven.clear();
@@ -134,7 +143,7 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
     for (std::size_t i = 0; i < candidates.size(); ++i)
       if (!done[i])
         for (const auto& [id, a] : reach[i])
-          if (open.count(id)) ++rec.candidates_left[id];
+          if (untried(id, i)) ++rec.candidates_left[id];
     for (std::size_t i = 0; i < candidates.size(); ++i)
       if (candidates[i].rebuild && !rebuild) rec.rebuild_not_tried.push_back(candidates[i].mutant->id);
   };
@@ -166,7 +175,7 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
       double aff = 0, secs = 1 + (candidates[i].rebuild ? loop.rebuild_s : 0.0);
       bool any = false;
       for (const auto& [id, a] : reach[i])
-        if (open.count(id)) {
+        if (untried(id, i)) {
           any = true;
           aff += a;
           secs += cost[id];
@@ -183,7 +192,7 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
     const ProofCandidate& c = candidates[pick];
     std::vector<std::string> focus;
     for (const auto& [id, a] : reach[pick])
-      if (open.count(id)) focus.push_back(id);
+      if (untried(id, pick)) focus.push_back(id);
     ++rec.runs;
     log << "[prove " << rec.runs << "] " << c.mutant->id << " (" << (c.rebuild ? "rebuild" : "schema") << ", score "
         << std::fixed << std::setprecision(1) << best << std::defaultfloat << "): " << focus.size() << " unproven gate(s) in " << join({c.programs.begin(), c.programs.end()}, ",")
@@ -223,6 +232,7 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
         std::string st = crash_outside_cases(g) ? std::string("crashed outside its test cases") : to_string(g.status);
         if (g.status == GateStatus::not_run && !g.detail.empty()) st += " (" + g.detail.substr(0, g.detail.find(':')) + ")";
         rec.tried[id].push_back({c.mutant->id, st, g.detail});
+        tried_by[id].insert(c.mutant->id);
       }
     }
     log << " proved " << now.size() << (now.empty() ? "" : " (" + join(now, ",").substr(0, 120) + ")") << "; "
@@ -273,7 +283,25 @@ int seed_from_proof(ProofRecord& rec, const fs::path& file, const json& doc,
     rec.proven[id] = g;
     ++n;
   }
-  log << "kvgate mutate: --prove-seed " << file.string() << ": " << n << " gate(s) proven by the earlier proof\n";
+  // The mutants the earlier proof tried on the gates it left open: carried over, so this proof does
+  // not run them again on those gates (prove_gates), and its record lists them.
+  int carried = 0;
+  if (doc.contains("unproven") && doc["unproven"].is_array())
+    for (const auto& u : doc["unproven"]) {
+      const std::string id = u.is_object() ? u.value("gate", "") : std::string();
+      if (!program_of.count(id) || rec.proven.count(id) || rec.not_provable.count(id) || !u.contains("tried") ||
+          !u["tried"].is_array())
+        continue;
+      auto& ts = rec.tried[id];
+      for (const auto& t : u["tried"]) {
+        const std::string m = t.is_object() ? t.value("mutant", "") : std::string();
+        if (m.empty() || std::any_of(ts.begin(), ts.end(), [&](const GateTry& x) { return x.mutant == m; })) continue;
+        ts.push_back({m, t.value("status", "") + " (seed)", t.value("detail", "")});
+        ++carried;
+      }
+    }
+  log << "kvgate mutate: --prove-seed " << file.string() << ": " << n << " gate(s) proven by the earlier proof, "
+      << carried << " (gate, mutant) tr" << (carried == 1 ? "y" : "ies") << " of its open gates carried over\n";
   return n;
 }
 }  // namespace

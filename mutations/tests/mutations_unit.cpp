@@ -1355,6 +1355,30 @@ TEST_CASE("prove: a checkpoint after every run, a deadline that starts no furthe
   CHECK(seed_proofs(next, dir / "proof.json", log) == 1);
   CHECK(next.proven.at("G.one").path == "seed");
   CHECK(next.proven.at("G.one").mutant == "M.a");
+  // Run 1 (M.a) left G.two and G.three green: those tries are carried over, and the next proof runs
+  // M.a on neither again; it runs M.b and M.c, each on the gates M.a left open.
+  REQUIRE(next.tried.count("G.two"));
+  CHECK(next.tried.at("G.two").size() == 1);
+  CHECK(next.tried.at("G.two")[0].mutant == "M.a");
+  CHECK(next.tried.at("G.two")[0].status == "passed (seed)");
+  std::vector<std::pair<std::string, std::vector<std::string>>> resumed;
+  const ProofRunner recording = [&](const ProofCandidate& cand, const std::vector<std::string>& gates) {
+    resumed.emplace_back(cand.mutant->id, gates);
+    return run(cand, gates);
+  };
+  prove_gates(next, cands, recording, ProofLoop{}, log);
+  for (const auto& [m, gs] : resumed) CHECK(m != "M.a");
+  CHECK(resumed.size() == 2);
+  CHECK(next.unproven.empty());
+  // Both carried tries are in the record of a gate that stays open: a proof whose only candidate
+  // is the one already tried runs nothing and lists the try.
+  ProofRecord again = fresh();
+  CHECK(seed_proofs(again, dir / "proof.json", log) == 1);
+  resumed.clear();
+  prove_gates(again, {{&a, {"P1"}, false}}, recording, ProofLoop{}, log);
+  CHECK(resumed.empty());
+  CHECK(again.unproven == std::vector<std::string>{"G.two", "G.three"});
+  CHECK(proof_md(again).find("1 mutant(s) tried: M.a") != std::string::npos);
   fs::remove_all(dir);
 }
 
