@@ -36,28 +36,12 @@ namespace kvgate::gates::cuda_gate {
 
 using gates::oracle_half;  // gates/common/oracle_fixtures.hpp
 
-// The half formats the CUDA kernels do not read (docs/CUDA.md; typed here, not read from the runtime):
-// every op refuses a pair holding one, reason "format_unsupported".
-inline bool no_cuda_kernels(HalfFormat h) {
+// The half formats the CUDA fast and tensor-core decode kernels do not read (docs/CUDA.md; typed
+// here, not read from the runtime): a pair holding one decodes on the generic kernel at every
+// head_dim and prefills on the CUDA-core kernel; store, decode and prefill all run it.
+inline bool generic_only_on_cuda(HalfFormat h) {
   return h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::nvfp4 ||
          h == HalfFormat::fp8_per_token_head || h == HalfFormat::int8_per_token_head;
-}
-// A [cuda] gate of such a pair proves the refusal instead of running (the caller returns when this
-// is true): supports_op refuses store, decode and prefill at a geometry every format accepts, with
-// the stable reason and a detail naming the half and the way out.
-inline bool proves_cuda_refusal(const KvFormat& f) {
-  const HalfFormat missing = no_cuda_kernels(f.k) ? f.k : f.v;
-  if (!no_cuda_kernels(missing)) return false;
-  for (kvgate::cuda::Op op : {kvgate::cuda::Op::store, kvgate::cuda::Op::decode, kvgate::cuda::Op::prefill}) {
-    const kvgate::cuda::OpSupport s = kvgate::cuda::supports_op(op, f, PageGeometry{16, 2, 64}, 8);
-    INFO(f.name() << ": reason '" << s.reason << "' detail '" << s.detail << "'");
-    CHECK_FALSE(s.ok);
-    CHECK(s.reason == "format_unsupported");
-    CHECK(s.detail.find(std::string(name(missing))) != std::string::npos);
-    CHECK(s.detail.find("--backend cpu") != std::string::npos);
-  }
-  WARN(f.name() << ": no CUDA kernels; the refusal is what this gate proves");
-  return true;
 }
 
 inline std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, const char* an,

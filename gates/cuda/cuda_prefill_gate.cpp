@@ -65,8 +65,7 @@ namespace {
 using cuda_gate::DevFloats;
 using cuda_gate::MappedPages;
 using cuda_gate::oracle_half;
-using cuda_gate::no_cuda_kernels;
-using cuda_gate::proves_cuda_refusal;
+using cuda_gate::generic_only_on_cuda;
 
 
 struct PrefillCase {
@@ -616,7 +615,6 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                             \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    if (proves_cuda_refusal(*f)) return;                                                                 \
     run_prefill_gate(*f, seed);                                                                          \
   }                                                                                                      \
   TEST_CASE("ORA.cuda.prefill_window." id " GPU sliding-window prefill == oracle FP64 windowed SDPA",      \
@@ -624,7 +622,6 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    if (proves_cuda_refusal(*f)) return;                                                                 \
     run_prefill_gate(*f, seed + 50, true);                                                               \
   }                                                                                                      \
   TEST_CASE("ORA.cuda.prefill_softcap." id " GPU soft-capped prefill == oracle FP64 soft-capped SDPA",     \
@@ -632,7 +629,6 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    if (proves_cuda_refusal(*f)) return;                                                                 \
     run_prefill_gate(*f, seed + 70, false, true);                                                        \
   }                                                                                                      \
   TEST_CASE("PAR.cuda.prefill.slow_pool." id " GPU prefill over pages in mapped host memory == over device pages, bit for bit", \
@@ -640,7 +636,6 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    if (proves_cuda_refusal(*f)) return;                                                                 \
     run_prefill_gate(*f, seed + 90, false, false, true);                                                 \
   }
 
@@ -676,11 +671,11 @@ TEST_CASE("STO.cuda.prefill.capability supports_op(Op::prefill) refuses with sta
       for (int d : {8, 64, 96, 128, 256}) {
         const PageGeometry g{16, 4, d};
         if (!supports(kf, g).ok || !supports(vf, g).ok) continue;
-        if (no_cuda_kernels(kf) || no_cuda_kernels(vf)) continue;  // refused: STO.cuda.no_kernels
         const auto s = kc::supports_op(kc::Op::prefill, KvFormat{kf, vf}, g, 16);
         INFO((KvFormat{kf, vf}.name()) << " D=" << d << ": " << s.reason);
         CHECK(s.ok);
-        const bool mma = kf != HalfFormat::f32 && vf != HalfFormat::f32 && (d == 64 || d == 128 || d == 256);
+        const bool mma = kf != HalfFormat::f32 && vf != HalfFormat::f32 && !generic_only_on_cuda(kf) &&
+                         !generic_only_on_cuda(vf) && (d == 64 || d == 128 || d == 256);
         CHECK(s.path == (mma ? "prefill(mma,D=" + std::to_string(d) + ")" : std::string("prefill(fp32)")));
         CHECK(kc::prefill_mma_applies(KvFormat{kf, vf}, g) == mma);
       }

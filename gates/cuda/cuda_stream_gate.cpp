@@ -65,7 +65,6 @@ std::vector<float> rows(std::mt19937& rng, std::size_t n, float mag) {
 }
 
 using cuda_gate::DevFloats;
-using cuda_gate::proves_cuda_refusal;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -284,7 +283,6 @@ void run_stream_gate(const KvFormat& f, const Geo& geo, unsigned seed) {
 void run_all(const char* preset, unsigned seed) {
   const auto f = parse_kv_format(preset);
   REQUIRE(f.has_value());
-  if (proves_cuda_refusal(*f)) return;
   SECTION("H=2 D=128 GQA 4 B=16, window 5 pages") { run_stream_gate(*f, Geo{2, 128, 8, 16, 5}, seed); }
   SECTION("H=4 D=64 MHA B=8, window 7 pages") { run_stream_gate(*f, Geo{4, 64, 4, 8, 7}, seed + 1); }
 }

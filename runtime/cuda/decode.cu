@@ -41,12 +41,6 @@ decltype(auto) dispatch_decode(const KvFormat& f, int head_dim, Fn&& fn) {
 
 OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads) {
   OpSupport s;
-  for (HalfFormat h : {f.k, f.v})
-    if (!detail::has_device_kernels(h))
-      return {false, "format_unsupported",
-              std::string(name(h)) + " has no CUDA kernels yet (store, decode and prefill read only the formats " +
-                  "of docs/CUDA.md); run it on the CPU backend (--backend cpu) or pick another --kv format",
-              {}};
   for (HalfFormat h : {f.k, f.v}) {
     const Capability c = supports(h, g);
     if (!c.ok) return {false, c.reason, c.detail, {}};
@@ -73,14 +67,17 @@ OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_hea
     if (op == Op::prefill) {
       s.path = prefill_mma_applies(f, g) ? "prefill(mma,D=" + std::to_string(g.head_dim) + ")" : "prefill(fp32)";
     } else {
-      // Tensor cores when both halves are narrow (kernels/decode_params.cuh mma_half); CUDA cores otherwise.
+      // Tensor cores when both halves are narrow (kernels/decode_params.cuh mma_half); CUDA cores otherwise;
+      // the generic kernel for a head_dim without a fast instantiation or a half without fast
+      // kernels (kernels/common.cuh has_fast_kernels: the MX, NVFP4 and per-(token, head) formats).
       const std::string d = std::to_string(g.head_dim);
       const auto narrow = [](HalfFormat h) {
         return h == HalfFormat::int8 || h == HalfFormat::fp8_e4m3 || h == HalfFormat::fp8_e5m2 || h == HalfFormat::q8_0 ||
                h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
       };
       const bool mma = narrow(f.k) && narrow(f.v);
-      s.path = !fast_head_dim(g.head_dim) ? "generic" : mma ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
+      const bool fast = fast_head_dim(g.head_dim) && detail::has_fast_kernels(f.k) && detail::has_fast_kernels(f.v);
+      s.path = !fast ? "generic" : mma ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
     }
   }
   const DeviceStatus& d = device_status();
@@ -119,7 +116,7 @@ DecodePlan plan_decode(const DecodeArgs& a) {
   const int group = a.n_heads / H;
   p.head_chunks = (group + detail::kHeadsPerCta - 1) / detail::kHeadsPerCta;
   int per_sm = 1;
-  dispatch_decode(a.format, a.window > 0 ? 0 : D, [&](auto kf, auto vf, auto d) {
+  dispatch_decode(a.format, p.path == "generic" ? 0 : D, [&](auto kf, auto vf, auto d) {
     p.smem_bytes = detail::decode_smem_bytes<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(D);
     per_sm = detail::decode_max_active<decltype(kf)::value, decltype(vf)::value, decltype(d)::value>(p.smem_bytes);
   });
@@ -198,8 +195,8 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   if (a.window < 0) throw std::invalid_argument("kvgate::cuda::decode_attention: window must be >= 0");
   L.softcap2 = detail::softcap_base2(a.softcap, "decode_attention");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
-  const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
-  const float v_ts = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;
+  const float k_ts = detail::applied_tensor_scale(a.format.k, a.k_scale);
+  const float v_ts = detail::applied_tensor_scale(a.format.v, a.v_scale);
   L.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
   L.had_c = detail::hadamard_scale(D);
   // A windowed call runs the generic kernel even under a plan made for full attention (a CUDA

@@ -1,6 +1,7 @@
 // Op: causal prefill attention over the paged store (kernels/prefill.cuh). Capability check, the
 // CTA tiling of (query token, query head) rows, and the one dispatch switch from the runtime
-// (K half, V half) pair to the kernel templates (81 instantiations, head_dim a runtime value <= 256).
+// (K half, V half) pair to the kernel templates (every pair of the 14 half formats: 196
+// instantiations, head_dim a runtime value <= 256).
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -62,8 +63,8 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   L.window = a.window;
   L.softcap2 = detail::softcap_base2(a.softcap, "prefill_attention");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
-  const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
-  L.v_mul = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;
+  const float k_ts = detail::applied_tensor_scale(a.format.k, a.k_scale);
+  L.v_mul = detail::applied_tensor_scale(a.format.v, a.v_scale);
   L.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
   L.had_c = detail::hadamard_scale(D);
   const dim3 grid((a.n_new + L.tokens_per_cta - 1) / L.tokens_per_cta, H * L.n_hchunks);

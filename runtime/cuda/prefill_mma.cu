@@ -42,8 +42,8 @@ bool prefill_attention_mma(const PrefillArgs& a, cudaStream_t stream) {
   p.n_new = a.n_new;
   p.softcap2 = detail::softcap_base2(a.softcap, "prefill_attention");
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
-  const float k_ts = (a.format.k == HalfFormat::fp8_e4m3 || a.format.k == HalfFormat::fp8_e5m2) ? a.k_scale : 1.0f;
-  p.v_mul = (a.format.v == HalfFormat::fp8_e4m3 || a.format.v == HalfFormat::fp8_e5m2) ? a.v_scale : 1.0f;
+  const float k_ts = detail::applied_tensor_scale(a.format.k, a.k_scale);
+  p.v_mul = detail::applied_tensor_scale(a.format.v, a.v_scale);
   p.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
   p.had_c = detail::hadamard_scale(D);
   L.n_qtiles = (a.n_new + p.tokens_per_cta - 1) / p.tokens_per_cta;

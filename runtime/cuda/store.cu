@@ -20,7 +20,9 @@ void store_rows(HalfFormat f, const PageGeometry& g, const StoreRowsArgs& a, cud
   L.head_dim = g.head_dim;
   L.tensor_scale = a.tensor_scale;
   L.had_c = detail::hadamard_scale(g.head_dim);
-  const bool staged = f == HalfFormat::int8 || f == HalfFormat::q8_0 || f == HalfFormat::q4_0 || f == HalfFormat::q4_0_rot;
+  // Every format but the element-wise ones (f32, f16, bf16, fp8 per tensor) stages the row in shared memory.
+  const bool staged = f != HalfFormat::f32 && f != HalfFormat::f16 && f != HalfFormat::bf16 && f != HalfFormat::fp8_e4m3 &&
+                      f != HalfFormat::fp8_e5m2;
   const int smem = staged ? g.row_elems() * static_cast<int>(sizeof(float)) : 0;
   detail::dispatch_half(f, [&](auto F) {
     auto k = detail::store_kernel<decltype(F)::value>;

@@ -42,15 +42,19 @@ KVGATE_HD constexpr int cell_bytes(HF f, int D) { return is_block32(f) ? (D / 32
 
 KVGATE_HD constexpr int gcd_c(int a, int b) { return b == 0 ? a : gcd_c(b, a % b); }
 
-// Half formats the CUDA kernels store and read. The others (mxfp8, mxfp4, nvfp4, fp8_per_token_head,
-// int8_per_token_head: CPU backend only,
-// docs/CUDA.md) are refused by supports_op (reason "format_unsupported") before anything dispatches,
-// and no kernel is instantiated for them: dispatch_half throws and the decode launchers of a pair
-// that holds one throw instead of launching.
-KVGATE_HD constexpr bool has_device_kernels(HF f) {
-  return f != HF::mxfp8 && f != HF::mxfp4 && f != HF::nvfp4 && f != HF::fp8_per_token_head &&
-         f != HF::int8_per_token_head;
+// Every half format has CUDA kernels: the store kernel (bit-exact with the CPU reference) and the
+// element accessor load_elem (decode.cuh) that the generic decode kernel and the CUDA-core prefill
+// kernel read through. The fast and tensor-core decode kernels (per-lane cell slices, decode.cuh
+// Slice) exist for the nine formats below; a pair holding another half (mxfp8, mxfp4, nvfp4,
+// fp8_per_token_head, int8_per_token_head) decodes on the generic kernel at every head_dim
+// (supports_op says path "generic"), and no fast or tensor-core kernel is instantiated for it.
+KVGATE_HD constexpr bool has_fast_kernels(HF f) {
+  return f == HF::f32 || f == HF::f16 || f == HF::bf16 || f == HF::int8 || f == HF::fp8_e4m3 || f == HF::fp8_e5m2 ||
+         f == HF::q8_0 || f == HF::q4_0 || f == HF::q4_0_rot;
 }
+// The half formats whose codes are scaled by the caller's (layer, K|V) FP32 scale (fp8 per tensor;
+// nvfp4's global scale): the kernels fold K's into the query multiplier and V's into the output.
+inline float applied_tensor_scale(HF f, float s) { return kvgate::info(f).per_tensor_scale ? s : 1.0f; }
 
 // Runtime HalfFormat -> template argument, one case per row of KVGATE_HALF_FORMATS. fn receives std::integral_constant<HalfFormat, F>.
 template <class Fn>
@@ -58,8 +62,7 @@ decltype(auto) dispatch_half(HF f, Fn&& fn) {
   switch (f) {
 #define KVGATE_DISPATCH_HALF_ROW(A, name, prefill_mma)                      \
   case HF::name:                                                             \
-    if constexpr (has_device_kernels(HF::name)) return fn(std::integral_constant<HF, HF::name>{}); \
-    else throw std::invalid_argument("kvgate::cuda: half format " #name " has no CUDA kernels (supports_op refuses it: format_unsupported)");
+    return fn(std::integral_constant<HF, HF::name>{});
     KVGATE_HALF_FORMATS(KVGATE_DISPATCH_HALF_ROW, _)
 #undef KVGATE_DISPATCH_HALF_ROW
   }

@@ -58,6 +58,26 @@ __device__ __forceinline__ void fp8x2_to_f2(std::uint16_t v, bool e4m3, float& a
   b = f.y;
 }
 
+// E4M3 code -> its exact value (NaN codes give NaN), through the f16 conversion of fp8x2_to_f2.
+__device__ __forceinline__ float e4m3_val(std::uint8_t c) {
+  float a, b;
+  fp8x2_to_f2(c, true, a, b);
+  return a;
+}
+// E2M1 nibble (sign in bit 3) -> 0, 0.5, 1, 1.5, 2, 3, 4, 6 with its sign, exactly: magnitude code
+// m >= 2 is (2 + (m & 1)) * 2^((m >> 1) - 2), m < 2 is m / 2 (docs/FORMATS.md "mxfp8, mxfp4").
+__device__ __forceinline__ float e2m1_val(std::uint32_t n) {
+  const std::uint32_t m = n & 7u;
+  const float mag = m < 2u ? 0.5f * static_cast<float>(m)
+                           : static_cast<float>(2u + (m & 1u)) * __uint_as_float((127u + (m >> 1) - 2u) << 23);
+  return (n & 8u) ? -mag : mag;
+}
+// UE8M0 scale code -> 2^(code - 127) exactly (code 0: the subnormal 2^-127); 0xFF is NaN.
+__device__ __forceinline__ float e8m0_val(std::uint32_t c) {
+  if (c == 0xFFu) return __uint_as_float(0x7FC00000u);
+  return c == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(c << 23);
+}
+
 // ---- slices of a cell held by one lane (fast path, D in {64, 128, 256}) ------------------------
 // A cell (one token, one KV head, D elements) is read by L = D/16 lanes; lane j holds 16 elements.
 // dim(j, e) says which element of the head vector slot e of lane j is; load() returns the code
@@ -158,6 +178,24 @@ __device__ __forceinline__ float load_elem(const std::uint8_t* page, int B, int 
     float a, b;
     fp8x2_to_f2(page[r], F == HF::fp8_e4m3, a, b);
     return a;
+  } else if constexpr (F == HF::mxfp8 || F == HF::mxfp4 || F == HF::nvfp4) {
+    // docs/FORMATS.md page layout: codes [B][row code bytes], then one scale byte per block
+    // [B][HD / blk]; blocks of the token row (they span heads when D < blk).
+    constexpr int blk = F == HF::nvfp4 ? 16 : 32;
+    const std::size_t e = static_cast<std::size_t>(h) * D + i;  // element of the token row
+    const std::size_t row_code_bytes = F == HF::mxfp8 ? HD : HD / 2;
+    const std::uint8_t s8 = page[static_cast<std::size_t>(B) * row_code_bytes + static_cast<std::size_t>(slot) * (HD / blk) + e / blk];
+    sc = F == HF::nvfp4 ? e4m3_val(s8) : e8m0_val(s8);  // nvfp4: x its global scale, folded by the caller
+    if constexpr (F == HF::mxfp8) return e4m3_val(page[r]);
+    else return e2m1_val((page[static_cast<std::size_t>(slot) * row_code_bytes + e / 2] >> (4 * (e % 2))) & 0xFu);
+  } else if constexpr (F == HF::fp8_per_token_head || F == HF::int8_per_token_head) {
+    // codes [B][H][D] bytes, then the cells' binary32 scales [B][H] (read bytewise: the region's
+    // offset B*H*D need not be a multiple of 4).
+    const std::uint8_t* s4 = page + static_cast<std::size_t>(B) * HD + (static_cast<std::size_t>(slot) * H + h) * 4;
+    sc = __uint_as_float(static_cast<std::uint32_t>(s4[0]) | (static_cast<std::uint32_t>(s4[1]) << 8) |
+                         (static_cast<std::uint32_t>(s4[2]) << 16) | (static_cast<std::uint32_t>(s4[3]) << 24));
+    if constexpr (F == HF::fp8_per_token_head) return e4m3_val(page[r]);
+    else return static_cast<float>(static_cast<std::int8_t>(page[r]));
   } else {
     const std::size_t e = static_cast<std::size_t>(h) * D + i;  // element of the token row
     const std::size_t blk = static_cast<std::size_t>(slot) * (HD / 32) + e / 32;

@@ -112,7 +112,7 @@ KVGATE_HD constexpr bool use_mma() { return D != 0 && mma_half<KF>() && mma_half
 
 template <HF KF, HF VF, int D>
 int decode_smem_bytes(int head_dim) {
-  if constexpr (D == 0) return generic_smem_bytes(head_dim);
+  if constexpr (D == 0 || !has_fast_kernels(KF) || !has_fast_kernels(VF)) return generic_smem_bytes(head_dim);
   else if constexpr (use_mma<KF, VF, D>()) return MmaCfg<KF, VF, D>::SMEM;
   else return FastCfg<KF, VF, D>::SMEM;
 }

@@ -117,4 +117,45 @@ __device__ __forceinline__ int rint_clamp(float q, int lo, int hi) {
   return static_cast<int>(r);
 }
 
+// E4M3 (fn) code -> its exact binary32 value; 0x7F / 0xFF are NaN.
+__device__ __forceinline__ float fp8_e4m3_to_f32(std::uint8_t c) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(c & 0x80u) << 24;
+  const std::uint32_t e = (c >> 3) & 0xFu, m = c & 7u;
+  if (e == 0xFu && m == 7u) return __uint_as_float(sign | 0x7FC00000u);
+  if (e == 0u) return __uint_as_float(sign | __float_as_uint(__fmul_rn(static_cast<float>(m), 0x1p-9f)));
+  return __uint_as_float(sign | ((e - 7u + 127u) << 23) | (m << 20));
+}
+
+// E2M1 code of y (sign in bit 3, kept for zero; NaN -> +0, E2M1 has no NaN): round to nearest, ties
+// to the even code, saturated to 6. The CPU reference's comparisons, in its order (format.cpp).
+__device__ __forceinline__ std::uint8_t f32_to_e2m1(float y) {
+  if (isnan(y)) return 0;
+  const float a = fabsf(y);
+  int mag;
+  if (a <= 0.25f) mag = 0;
+  else if (a < 0.75f) mag = 1;
+  else if (a <= 1.25f) mag = 2;
+  else if (a < 1.75f) mag = 3;
+  else if (a <= 2.5f) mag = 4;
+  else if (a < 3.5f) mag = 5;
+  else if (a <= 5.0f) mag = 6;
+  else mag = 7;  // 7 and beyond (and +inf) saturate to 6
+  return static_cast<std::uint8_t>((signbit(y) ? 0x8 : 0x0) | mag);
+}
+
+// The UE8M0 scale code of one MX block whose amax (NaN elements ignored) is given: floor(log2 amax)
+// - emax of the element format, clamped below at -127 (an all-zero block stores code 0); +inf amax
+// gives the NaN code 0xFF. ilogbf is exact for subnormals too.
+template <int kEmax>
+__device__ __forceinline__ std::uint8_t mx_scale_code(float amax) {
+  if (isinf(amax)) return 0xFF;
+  if (amax == 0.0f) return 0;
+  const int e = max(ilogbf(amax) - kEmax, -127);
+  return static_cast<std::uint8_t>(e + 127);
+}
+// 2^(code - 127) exactly (code 0: the subnormal 2^-127); the NaN code is not passed here.
+__device__ __forceinline__ float e8m0_to_f32(std::uint8_t c) {
+  return c == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(static_cast<std::uint32_t>(c) << 23);
+}
+
 }  // namespace kvgate::cuda::dev

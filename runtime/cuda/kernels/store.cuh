@@ -105,6 +105,84 @@ __global__ void __launch_bounds__(256) store_kernel(StoreLaunch a) {
           blk[1] = static_cast<std::uint8_t>(d16 >> 8);
         }
       }
+    } else if constexpr (F == HF::mxfp8 || F == HF::mxfp4) {
+      // One thread per 32-block, the CPU reference's sequential loop (FORMATS.md "mxfp8, mxfp4"):
+      // codes [B][row code bytes], then the UE8M0 scales [B][HD/32].
+      constexpr bool E4 = F == HF::mxfp8;
+      const int nb = HD / 32, row_code_bytes = E4 ? HD : HD / 2;
+      std::uint8_t* codes = page + static_cast<std::size_t>(slot) * row_code_bytes;
+      std::uint8_t* scales = page + static_cast<std::size_t>(B) * row_code_bytes + static_cast<std::size_t>(slot) * nb;
+      for (int b = tid; b < nb; b += nthr) {
+        const float* x = srow + b * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; ++i)
+          if (fabsf(x[i]) > amax) amax = fabsf(x[i]);  // NaN elements are ignored
+        const std::uint8_t sc = dev::mx_scale_code<E4 ? 8 : 2>(amax);
+        scales[b] = sc;
+        const float X = sc == 0xFF ? 1.0f : dev::e8m0_to_f32(sc);
+        if constexpr (E4) {
+          for (int i = 0; i < 32; ++i) {
+            // x / X keeps a NaN's sign on the CPU; the GPU divider returns a canonical +NaN.
+            const float y = isnan(x[i]) ? x[i] : __fdiv_rn(x[i], X);
+            codes[b * 32 + i] = sc == 0xFF ? std::uint8_t{0} : dev::f32_to_fp8_e4m3(y);
+          }
+        } else {
+          for (int i = 0; i < 32; i += 2) {
+            const std::uint8_t lo = sc == 0xFF ? std::uint8_t{0} : dev::f32_to_e2m1(__fdiv_rn(x[i], X));
+            const std::uint8_t hi = sc == 0xFF ? std::uint8_t{0} : dev::f32_to_e2m1(__fdiv_rn(x[i + 1], X));
+            codes[(b * 32 + i) / 2] = static_cast<std::uint8_t>(lo | (hi << 4));
+          }
+        }
+      }
+    } else if constexpr (F == HF::nvfp4) {
+      // One thread per 16-block (FORMATS.md "nvfp4"): sb = e4m3((amax / 6) / global), S = e4m3(sb) *
+      // global in binary32, element = e2m1(x / S), S == 0: every code 0. Codes [B][HD/2], then the
+      // E4M3 block scales [B][HD/16]; the global scale is the half's tensor scale.
+      const int nb = HD / 16;
+      const float global = a.tensor_scale;
+      std::uint8_t* codes = page + static_cast<std::size_t>(slot) * (HD / 2);
+      std::uint8_t* scales = page + static_cast<std::size_t>(B) * (HD / 2) + static_cast<std::size_t>(slot) * nb;
+      for (int b = tid; b < nb; b += nthr) {
+        const float* x = srow + b * 16;
+        float amax = 0.0f;
+        for (int i = 0; i < 16; ++i)
+          if (fabsf(x[i]) > amax) amax = fabsf(x[i]);  // NaN elements are ignored
+        const std::uint8_t sb = dev::f32_to_fp8_e4m3(__fdiv_rn(__fdiv_rn(amax, 6.0f), global));
+        scales[b] = sb;
+        const float S = __fmul_rn(dev::fp8_e4m3_to_f32(sb), global);
+        for (int i = 0; i < 16; i += 2) {
+          const std::uint8_t lo = S == 0.0f ? std::uint8_t{0} : dev::f32_to_e2m1(__fdiv_rn(x[i], S));
+          const std::uint8_t hi = S == 0.0f ? std::uint8_t{0} : dev::f32_to_e2m1(__fdiv_rn(x[i + 1], S));
+          codes[(b * 16 + i) / 2] = static_cast<std::uint8_t>(lo | (hi << 4));
+        }
+      }
+    } else if constexpr (F == HF::fp8_per_token_head || F == HF::int8_per_token_head) {
+      // One warp per cell (FORMATS.md "fp8_per_token_head and int8_per_token_head"): amax over the
+      // finite elements (a max: exact in any order), s = amax / qmax in binary32, 1.0 where that is 0;
+      // codes [B][H][D], then the binary32 scales [B][H].
+      constexpr bool Fp8 = F == HF::fp8_per_token_head;
+      std::uint8_t* codes = page + static_cast<std::size_t>(slot) * HD;
+      std::uint8_t* scales = page + static_cast<std::size_t>(B) * HD + static_cast<std::size_t>(slot) * H * 4;
+      for (int h = warp; h < H; h += nwarps) {
+        const float* x = srow + h * D;
+        float amax = 0.0f;
+        for (int i = lane; i < D; i += 32)
+          if (isfinite(x[i]) && fabsf(x[i]) > amax) amax = fabsf(x[i]);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float sc = __fdiv_rn(amax, Fp8 ? 448.0f : 127.0f);
+        if (sc == 0.0f) sc = 1.0f;
+        for (int i = lane; i < D; i += 32) {
+          if constexpr (Fp8) {
+            const float y = isnan(x[i]) ? x[i] : __fdiv_rn(x[i], sc);
+            codes[h * D + i] = dev::f32_to_fp8_e4m3(y);
+          } else {
+            // NaN -> 0; clamp(y, -127, 127) then ties-to-even is rint then clamp (rint_clamp).
+            codes[h * D + i] = isnan(x[i]) ? std::uint8_t{0}
+                                           : static_cast<std::uint8_t>(static_cast<std::int8_t>(dev::rint_clamp(__fdiv_rn(x[i], sc), -127, 127)));
+          }
+        }
+        if (lane < 4) scales[h * 4 + lane] = static_cast<std::uint8_t>(__float_as_uint(sc) >> (8 * lane));
+      }
     } else {  // q4_0, q4_0_rot
       const int nb = HD / 32;
       std::uint8_t* base = page + static_cast<std::size_t>(slot) * nb * 18;
