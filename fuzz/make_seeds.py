@@ -173,6 +173,67 @@ for p in sorted(glob.glob(os.path.join(root, "bench/results/matrix_h200/*.json")
          [os.path.join(root, "bench/results/mutation_outcomes_gpu_h200_round4.json")]:
     if os.path.exists(p) and os.path.getsize(p) < 200000:
         put("report", "bench_" + os.path.basename(p), open(p, "rb").read())
+
+
+# --- Small seeds (under 8 KB) for campaigns run with --max-len 8192 (scripts/fuzz.sh): libFuzzer cuts
+# every input at max_len, so a long seed would reach the harness cut (invalid JSON) and its deep paths
+# would be lost. Each keeps the structure of a full file: minified, every list cut to its first items,
+# long strings cut, until it fits.
+def shrink_json(doc, budget=7000):
+    def cut(x, n, slen):
+        if isinstance(x, dict):
+            return {k: cut(v, n, slen) for k, v in x.items()}
+        if isinstance(x, list):
+            return [cut(v, n, slen) for v in x[:n]]
+        if isinstance(x, str) and len(x) > slen:
+            return x[:slen]
+        return x
+    for n, slen in [(8, 200), (4, 120), (3, 80), (2, 60), (1, 40)]:
+        data = json.dumps(cut(doc, n, slen), separators=(",", ":")).encode()
+        if len(data) <= budget:
+            return data
+    return data
+
+
+def small_tokenizer(doc, budget=7000):
+    """A tokenizer.json of the same kind with its vocabulary cut to the first n tokens (merges whose
+    parts and result are all kept stay), minified."""
+    m = doc.get("model", {})
+    vocab = m.get("vocab")
+    for n in [400, 300, 200, 150, 100, 60]:
+        d = json.loads(json.dumps(doc))
+        dm = d["model"]
+        if isinstance(vocab, dict):
+            keep = {k: v for k, v in vocab.items() if v < n}
+            dm["vocab"] = keep
+        elif isinstance(vocab, list):
+            dm["vocab"] = vocab[:n]
+            keep = {e[0] if isinstance(e, list) else e: i for i, e in enumerate(dm["vocab"])}
+        else:
+            keep = {}
+        merges = m.get("merges") or []
+        kept = []
+        for mg in merges:
+            a, b = (mg.split(" ", 1) if isinstance(mg, str) else mg) + [""] * 0
+            if a in keep and b in keep and (a + b) in keep:
+                kept.append(mg)
+        if "merges" in dm:
+            dm["merges"] = kept
+        d["added_tokens"] = [t for t in d.get("added_tokens") or [] if t.get("id", 0) < n]
+        data = json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(data) <= budget:
+            return data
+    return data
+
+
+for p in sorted(glob.glob(os.path.join(out, "tokenizer_json", "*.json"))):
+    name = os.path.basename(p)
+    if not name.startswith("small_"):
+        put("tokenizer_json", "small_" + name, small_tokenizer(json.loads(open(p, "rb").read())))
+for p in sorted(glob.glob(os.path.join(out, "report", "*.json"))):
+    name = os.path.basename(p)
+    if not name.startswith("small_") and os.path.getsize(p) > 8000:
+        put("report", "small_" + name, shrink_json(json.loads(open(p, "rb").read())))
 print("seeds written under", out)
 
 # --- KV files: written by kvgate itself (kvgate run --conv-id) when a build and the model are here.
