@@ -87,9 +87,10 @@ StoreConfig make_store_config(const Model& m, const EngineOptions& o, int max_ct
       throw EngineError(who + ": --mla-cache latent with a per-layer KV map (--kv-layers) is not supported; give one "
                         "format (--kv, e.g. k=int8,v=bf16: K for the latent, V for the RoPE key)");
     sc.layout = KvLayout::mla_latent;
-    sc.n_kv_heads = 1;
-    sc.head_dim = c.mla.kv_lora_rank;
-    sc.v_head_dim = c.mla.rope_dim;
+    const HalfGeometries g = kv_half_geometries(c, o.block_size, true);
+    sc.n_kv_heads = g.k.n_kv_heads;
+    sc.head_dim = g.k.head_dim;
+    sc.v_head_dim = g.v.head_dim;
   }
   if (o.block_size < 1) throw EngineError(who + ": block_size must be >= 1, got " + std::to_string(o.block_size));
   // Sizes from flags and model files, checked before any product or allocation (kvgate/limits.hpp).

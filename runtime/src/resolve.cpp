@@ -105,9 +105,8 @@ ResolvedKv resolve_kv(const KvRequest& req, const ModelConfig& cfg, int block_si
   // The rows each half holds: the model's K/V heads, or (the MLA latent cache) the latent for K and
   // the RoPE key for V.
   const bool latent = req.mla_latent && cfg.mla.any();
-  const PageGeometry g = latent ? PageGeometry{block_size, 1, cfg.mla.kv_lora_rank}
-                                : PageGeometry{block_size, cfg.n_kv_heads, cfg.head_dim};
-  const PageGeometry gv = latent ? PageGeometry{block_size, 1, cfg.mla.rope_dim} : g;
+  const HalfGeometries hg = kv_half_geometries(cfg, block_size, req.mla_latent);
+  const PageGeometry &g = hg.k, &gv = hg.v;
   const HalfOutcome k = resolve_half(req.backend, r.requested.k, g);
   const HalfOutcome v = resolve_half(req.backend, r.requested.v, gv);
   r.effective = KvFormat{k.effective, v.effective};
@@ -135,6 +134,13 @@ ResolvedKv resolve_kv(const KvRequest& req, const ModelConfig& cfg, int block_si
                          (ok.empty() ? std::string("<another format>") : "one of: " + ok));
   }
   return r;
+}
+
+HalfGeometries kv_half_geometries(const ModelConfig& cfg, int block_size, bool mla_latent) {
+  if (mla_latent && cfg.mla.any())
+    return {{block_size, 1, cfg.mla.kv_lora_rank}, {block_size, 1, cfg.mla.rope_dim}};
+  const PageGeometry g{block_size, cfg.n_kv_heads, cfg.head_dim};
+  return {g, g};
 }
 
 }  // namespace kvgate

@@ -170,17 +170,9 @@ double median(std::vector<double> v) {
 }
 
 
-// The page geometry of each half: the model's K/V heads, or (the MLA latent cache) one latent row
-// for K and one RoPE row for V.
-std::pair<PageGeometry, PageGeometry> half_geometries(const ModelConfig& c, int block, bool latent) {
-  if (latent && c.mla.any()) return {{block, 1, c.mla.kv_lora_rank}, {block, 1, c.mla.rope_dim}};
-  const PageGeometry g{block, c.n_kv_heads, c.head_dim};
-  return {g, g};
-}
-
 std::size_t kv_bytes_per_token(const KvFormat& f, const ModelConfig& c, int block, bool latent) {
-  const auto [gk, gv] = half_geometries(c, block, latent);
-  return static_cast<std::size_t>(c.n_layers) * (page_bytes(f.k, gk) + page_bytes(f.v, gv)) / static_cast<std::size_t>(block);
+  const HalfGeometries g = kv_half_geometries(c, block, latent);
+  return static_cast<std::size_t>(c.n_layers) * (page_bytes(f.k, g.k) + page_bytes(f.v, g.v)) / static_cast<std::size_t>(block);
 }
 
 }  // namespace
@@ -524,7 +516,8 @@ void format_bytes(MatrixRun& r) {
     fj["requested"] = F.kv.requested.name();
     fj["effective"] = F.kv.effective.name();
     fj["fallback_reason"] = F.kv.fallback_reason;
-    const auto [gk, gv] = half_geometries(cfg, r.block, r.latent());
+    const HalfGeometries hg = kv_half_geometries(cfg, r.block, r.latent());
+    const PageGeometry gk = hg.k, gv = hg.v;
     fj["bytes_per_cell"] = bytes_per_cell(F.kv.effective.k, gk) + bytes_per_cell(F.kv.effective.v, gv);
     fj["kv_bytes_per_token"] = kv_bytes_per_token(F.kv.effective, cfg, r.block, r.latent());
     StoreConfig sc;

@@ -53,4 +53,13 @@ Capability backend_supports(const std::string& backend, HalfFormat f, const Page
 // An unknown declaration is refused only when it would be used (no flag).
 ResolvedKv resolve_kv(const KvRequest& req, const ModelConfig& cfg, int block_size);
 
+// The page geometry of each half of a model's KV cache: its K/V heads, or, with the MLA latent
+// cache (mla_latent and a model with MLA), one row per token of the latent c_kv (kv_lora_rank) for
+// K and one of the shared RoPE key (qk_rope_head_dim) for V. The one place the resolver, the
+// engine's store and the matrix's byte accounting read it from.
+struct HalfGeometries {
+  PageGeometry k, v;
+};
+HalfGeometries kv_half_geometries(const ModelConfig& cfg, int block_size, bool mla_latent);
+
 }  // namespace kvgate
