@@ -15,7 +15,8 @@
 //        the CPU chain plus the GPU chain, kGpuExtraPerLayer as cuda_model_gate.cpp) at every
 //        position before the first new token whose K/V codes differ between the backends (a
 //        last-ulp difference in a binary32 row can move a code across a rounding boundary; from then
-//        on the inputs differ and the bound does not apply). At least the first position is compared.
+//        on the inputs differ and the bound does not apply; the binary32 scales of the per-(token,
+//        head) formats compare within 2^-20, token_codes_equal). At least the first position is compared.
 //    Anti-vacuity: the hydrated continuation differs from a cold one (the prefix is read), the
 //    logits are not constant, the bound is below kOraSensitivity of the logit RMS, the file's body
 //    holds nonzero bytes.
@@ -148,7 +149,22 @@ std::vector<float> continuation(E& e, int turn) {
   return out;
 }
 
-// Bytes of token t (layer l, half h) as the CPU store holds them and as the CUDA store does.
+// Binary32 scales a and b (n of them, unaligned) within 2^-20 of each other, relative.
+bool f32_scales_close(const std::uint8_t* a, const std::uint8_t* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    float x, y;
+    std::memcpy(&x, a + 4 * i, 4);
+    std::memcpy(&y, b + 4 * i, 4);
+    if (!(std::fabs(double(x) - double(y)) <= 0x1p-20 * std::max(std::fabs(double(x)), std::fabs(double(y))))) return false;
+  }
+  return true;
+}
+
+// Bytes of token t (layer l, half h) as the CPU store holds them and as the CUDA store does. The
+// per-(token, head) formats store their scale as the binary32 amax / qmax: a last-ulp difference of
+// a row's amax between the backends moves that scale by an ulp or so while every code stays, and the
+// dequantized values then differ at the rows' own rounding level, which the bound covers (as for f32
+// rows). Their scales compare within 2^-20 relative; codes (and every other scale) compare exactly.
 bool token_codes_equal(Engine& cpu, kc::CudaEngine& gpu, int t) {
   const PagedKvStore& cs = cpu.store();
   kc::CudaKvStore& gs = gpu.store();
@@ -158,8 +174,14 @@ bool token_codes_equal(Engine& cpu, kc::CudaEngine& gpu, int t) {
       const int p = t / kBlock;
       const std::uint8_t* a = cs.host_page(l, h, cs.block_table(cpu.sequence())[static_cast<std::size_t>(p)]);
       const std::vector<std::uint8_t> b = gs.download_page(l, h, gs.block_table(gpu.sequence())[static_cast<std::size_t>(p)]);
-      for (const ByteRun& r : token_ranges(cs.half_format(h), g, t % kBlock))
-        if (std::memcmp(a + r.offset, b.data() + r.offset, r.bytes) != 0) return false;
+      const bool f32_scales = info(cs.half_format(h)).cell_scale_bytes == sizeof(float);
+      for (const ByteRun& r : token_ranges(cs.half_format(h), g, t % kBlock)) {
+        if (f32_scales && std::string_view(r.name) == "scales") {
+          if (!f32_scales_close(a + r.offset, b.data() + r.offset, r.bytes / 4)) return false;
+        } else if (std::memcmp(a + r.offset, b.data() + r.offset, r.bytes) != 0) {
+          return false;
+        }
+      }
     }
   return true;
 }
