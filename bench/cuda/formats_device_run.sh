@@ -39,6 +39,8 @@ grep -E "error|FAILED" "$R/build.log" | head -20
 wait $PEER
 echo "peer rc=$? $(el)"; tail -1 "$R/peer.log"
 
+# The whole gate_cuda takes longer than 170 s on an H100 (138 cases in 170 s, round 17): the cases
+# past the limit are cut (bench/results/cuda_formats_h100_round17.md); scripts/gpu-gates.sh runs it whole.
 echo "== gate_cuda, every case (the new presets' rows and the regression of the others) $(el)"
 timeout 170 $B/gates/gate_cuda --durations yes > "$R/gate_cuda.log" 2>&1
 echo "gates rc=$? $(el)"
@@ -47,7 +49,7 @@ grep -B3 -A14 "FAILED:" "$R/gate_cuda.log" | head -100
 
 echo "== memcheck (generic decode + CUDA-core prefill of nvfp4, mxfp4, fp8_per_token_head) $(el)"
 timeout 45 compute-sanitizer --tool memcheck --error-exitcode 3 $B/gates/gate_cuda \
-  "ORA.cuda.decode.nvfp4,ORA.cuda.decode.mxfp4,ORA.cuda.prefill.fp8_per_token_head,ORA.cuda.store.mxfp8" > "$R/memcheck.log" 2>&1
+  "ORA.cuda.decode.nvfp4*,ORA.cuda.decode.mxfp4*,ORA.cuda.prefill.fp8_per_token_head*,ORA.cuda.store.mxfp8*" > "$R/memcheck.log" 2>&1
 echo "memcheck rc=$? $(el)"
 grep -E "ERROR SUMMARY|^(All tests passed|test cases)" "$R/memcheck.log" | tail -3
 
