@@ -262,6 +262,89 @@ void run_env_gate(const KvFormat& fmt, std::uint64_t seed0) {
 KVGATE_PRESETS(ENV_PRESET_ROW, _)  // one row per preset: kvgate/format_list.hpp
 ENV_PRESET("mixed", "k=q8_0,v=fp8_e5m2", 1000)
 
+namespace {
+
+// ENV.mla.<half>: the MLA latent cache (KvLayout::mla_latent). Per token one row in two halves of
+// their own widths: the K half the latent c_kv (kv_lora_rank elements), the V half the shared RoPE
+// key (qk_rope_head_dim). Every element of both halves within the half format's envelope, the format
+// once as the latent (RoPE key in bf16) and once as the RoPE key (latent in bf16), over a DeepSeek
+// shape (512 + 64), the tiny references' (32 + 8) and two between, every population, pages of 16, 3
+// and 7 tokens; a half the geometry does not hold (a 32-block format on an 8-wide RoPE row) is left
+// out, as the resolver would. The same checks as the K/V rows (check_half), on the latent store.
+void run_env_mla(HalfFormat hf, std::uint64_t seed0) {
+  struct Shape {
+    int latent, rope, block;
+  };
+  const Shape shapes[] = {{512, 64, 16}, {32, 8, 16}, {128, 32, 7}, {64, 16, 3}};
+  long checked[2] = {0, 0};
+  HalfStats agg[2];
+  std::uint64_t i = 0;
+  for (const Shape& sh : shapes)
+    for (Pattern p : kAllPatterns)
+      for (int as_v = 0; as_v < 2; ++as_v) {
+        const KvFormat fmt = as_v ? KvFormat{HalfFormat::bf16, hf} : KvFormat{hf, HalfFormat::bf16};
+        const int n = 2 * sh.block + sh.block / 2 + 1;
+        const StoreCase ck{sh.block, 1, sh.latent, n, p, seed0 + 2 * i, static_cast<int>(i % 3 == 0 ? 5 : 0)};
+        const StoreCase cv{sh.block, 1, sh.rope, n, p, seed0 + 2 * i + 1, 0};
+        ++i;
+        if (!supports(fmt.k, PageGeometry{sh.block, 1, sh.latent}).ok || !supports(fmt.v, PageGeometry{sh.block, 1, sh.rope}).ok)
+          continue;
+        INFO("format " << fmt.name() << " latent " << sh.latent << " rope " << sh.rope << " case " << ck.describe());
+        const float fs = p == Pattern::tiny ? kTinyMagnitude : 1.0f;
+        StoreConfig cfg;
+        cfg.format = fmt;
+        cfg.n_layers = 1;
+        cfg.layout = KvLayout::mla_latent;
+        cfg.n_kv_heads = 1;
+        cfg.head_dim = sh.latent;
+        cfg.v_head_dim = sh.rope;
+        cfg.block_size = sh.block;
+        cfg.n_blocks = (n + sh.block - 1) / sh.block + 2;
+        cfg.k_scale = {kGateKScale * fs};
+        cfg.v_scale = {kGateVScale * fs};
+        const std::vector<float> k = make_rows(ck, kGateKMagnitude, 1), v = make_rows(cv, kGateVMagnitude, 2);
+        PagedKvStore store(cfg);
+        const SeqId s = store.create_sequence();
+        store.extend(s, n);
+        store.write(s, 0, 0, n, k.data(), ck.row_stride(), v.data(), cv.row_stride());
+        std::vector<float> kh(static_cast<std::size_t>(n) * sh.latent), vh(static_cast<std::size_t>(n) * sh.rope);
+        store.read(s, 0, KvHalf::K, 0, n, kh.data());
+        store.read(s, 0, KvHalf::V, 0, n, vh.data());
+        REQUIRE(store.check_guards().empty());
+        HalfStats st[2];
+        check_half(fmt.k, ck, k, kh, kGateKScale * fs, st[0]);
+        check_half(fmt.v, cv, v, vh, kGateVScale * fs, st[1]);
+        const HalfStats& mine = st[as_v];
+        INFO(name(hf) << " as the " << (as_v ? "RoPE key" : "latent") << ": " << mine.elements
+                      << " elements, max err/bound " << mine.max_use << ", first violation: " << mine.first_violation);
+        CHECK(st[0].violations == 0);
+        CHECK(st[1].violations == 0);
+        CHECK(mine.fp8_saturated == 0);
+        CHECK(mine.fp8_pages_without_normals == 0);
+        CHECK(mine.elements == static_cast<long>(n) * (as_v ? sh.rope : sh.latent));  // every element was checked
+        ++checked[as_v];
+        agg[as_v].max_use = std::max(agg[as_v].max_use, mine.max_use);
+      }
+  INFO(name(hf) << ": " << checked[0] << " cases as the latent, " << checked[1] << " as the RoPE key");
+  // Anti-vacuity: both roles ran (a 32-block format skips the 8- and 16-wide RoPE rows only), and a
+  // lossy format used a real part of its envelope in each.
+  CHECK(checked[0] >= 4 * static_cast<long>(std::size(kAllPatterns)));
+  CHECK(checked[1] >= 2 * static_cast<long>(std::size(kAllPatterns)));
+  if (lossy(hf)) {
+    CHECK(agg[0].max_use >= kMinEnvelopeUse);
+    CHECK(agg[1].max_use >= kMinEnvelopeUse);
+  }
+}
+
+}  // namespace
+
+#define ENV_MLA_ROW(A, name, prefill_mma)                                                                 \
+  TEST_CASE("ENV.mla." #name " MLA latent cache: every latent and RoPE-key element within the envelope", \
+            "[gate:ENV][mla]") {                                                                          \
+    run_env_mla(HalfFormat::name, 8100u + static_cast<std::uint32_t>(HalfFormat::name) * 100u);           \
+  }
+KVGATE_HALF_FORMATS(ENV_MLA_ROW, _)  // one gate per half format: kvgate/format_list.hpp
+
 // fp8 saturation: values beyond the largest finite code clamp to +-max*s; inf clamps too; NaN stays NaN.
 static void run_saturation(HalfFormat hf, double fmax) {
   const float s = kGateKScale;
