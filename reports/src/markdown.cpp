@@ -214,7 +214,7 @@ std::string format_markdown(const ReportInputs& in, const std::string& f) {
     o << "| KV bytes per token | " << str(field((*fe), "kv_bytes_per_token")) << " |\n";
     o << "| capacity at the budget (tokens) | " << str(field((*fe), "capacity_tokens")) << " |\n";
     o << "| KL mean / p99 / max (nats) | " << num(field((*fe), "kl_mean")) << " / " << num(field((*fe), "kl_p99")) << " / " << num(fe->value("kl_max", json(nullptr))) << " |\n";
-    o << "| top-1 agreement | " << pct(field((*fe), "top1")) << " over " << fe->value("kl_positions", 0) << " positions |\n";
+    o << "| top-1 agreement | " << pct(field((*fe), "top1")) << " over " << int_field((*fe), "kl_positions") << " positions |\n";
     const json probes = fe->value("probes", json::object());
     for (const auto& [pn, p] : probes.items()) {
       o << "| probe " << pn << " | exact " << pct(field(p, "exact")) << " (" << int_field(p, "passed") << "/" << int_field(p, "ran")
