@@ -214,7 +214,7 @@ def small_tokenizer(doc, budget=7000):
         merges = m.get("merges") or []
         kept = []
         for mg in merges:
-            a, b = (mg.split(" ", 1) if isinstance(mg, str) else mg) + [""] * 0
+            a, b = mg.split(" ", 1) if isinstance(mg, str) else mg
             if a in keep and b in keep and (a + b) in keep:
                 kept.append(mg)
         if "merges" in dm:
