@@ -49,8 +49,12 @@ for src in "$here"/fuzz/harnesses/fuzz_*.cpp; do
   [[ -x "$exe" ]] || { echo "fuzz.sh: $exe was not built (target fuzzers)" >&2; exit 2; }
   seeds="$here/fuzz/corpus/$name"; crashes="$here/fuzz/crashes/$name"
   # 1. Regression replay: every seed and every past crash, each run once.
+  # nullglob: an empty folder (a crash folder fuzz.sh made and a fix emptied) adds no literal "*".
+  shopt -s nullglob
   inputs=("$seeds"/*)
   [[ -d "$crashes" ]] && inputs+=("$crashes"/*)
+  shopt -u nullglob
+  (( ${#inputs[@]} )) || { echo "fuzz.sh: $seeds holds no seed (make them: python3 fuzz/make_seeds.py)" >&2; exit 2; }
   if ! "$exe" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=20 "${inputs[@]}" >"$out/$name.replay.log" 2>&1; then
     echo "fuzz.sh: $name: the replay of the corpus / past crashes failed (see $out/$name.replay.log)" >&2
     printf '%s\t0\t0\t0\t-\t-\t-\treplay FAILED\n' "$name" >>"$summary"
