@@ -14,7 +14,8 @@ namespace kvgate::cli {
 
 namespace {
 struct MutateCli {
-  std::vector<std::string> catalogs, prove_seeds;
+  std::vector<std::string> catalogs, prove_seeds, gate_shards;
+  std::string prove_first;
   std::string out = "mutants.out", since, build_dir, source_dir, scratch, web_dist, only, gate_targets,
       only_requires, shard, junit, format = "text";
   // Both cores by default: the gate executables run side by side (the longest starts first).
@@ -42,6 +43,19 @@ int run_mutate_cmd(const MutateCli& c) {
   o.prove_gates = c.prove_gates;
   o.prove_rebuild = c.prove_rebuild;
   o.prove_deadline_s = c.prove_deadline;
+  for (const auto& g : c.gate_shards) {
+    const auto eq = g.find('=');
+    int n = 0;
+    try {
+      if (eq != std::string::npos && eq > 0) n = std::stoi(g.substr(eq + 1));
+    } catch (...) {
+    }
+    if (n < 1 || n > 64) {
+      std::cerr << "kvgate mutate: --gate-shards " << g << ": expected PROGRAM=N with N from 1 to 64 (e.g. gate_cuda=8)\n";
+      return 2;
+    }
+    o.gate_shards[g.substr(0, eq)] = n;
+  }
   for (const auto& f : c.prove_seeds) o.prove_seeds.emplace_back(f);
   o.out_dir = c.out;
   o.since = c.since;
@@ -72,6 +86,7 @@ int run_mutate_cmd(const MutateCli& c) {
     return r;
   };
   o.only = split(c.only);
+  o.prove_first = split(c.prove_first);
   o.gate_targets = split(c.gate_targets);
   o.only_requires = split(c.only_requires);
   o.expected_gates_only = c.expected_gates_only;
@@ -168,6 +183,12 @@ void register_mutate(CLI::App& app) {
                   "way finishes); then proof.json/proof.md are written and the exit is 7 while a gate is open "
                   "(proof.json is also rewritten after every run, so a killed proof leaves its record)")
       ->check(CLI::NonNegativeNumber);
+  sub->add_option("--prove-first", c->prove_first,
+                  "with --prove-gates: ID[,ID...] mutants tried first, in this order (each while it reaches an open "
+                  "gate it has not tried), before the affinity order");
+  sub->add_option("--gate-shards", c->gate_shards,
+                  "PROGRAM=N: run that gate program as N processes side by side, each with a Catch2 spec for its "
+                  "share of the gate IDs (listed before the baseline; balanced by baseline seconds after it); repeatable");
   sub->add_option("--min-timeout", c->min_timeout, "floor of the per-gate timeout in seconds")->capture_default_str();
   sub->add_option("--cmake-arg", c->cmake_args, "extra argument for configuring the scratch build (repeatable)");
   sub->add_flag("--no-canary", c->no_canary, "skip the canary (debugging only: the run then proves less)");

@@ -26,6 +26,11 @@
 #   REBUILD   (default 1) --prove-rebuild: once every switch candidate is tried, the
 #             patch-and-rebuild mutants (e.g. the byte-accounting tables of format.cpp, which the
 #             STO.bytes gates need) run too, one incremental build each, until the deadline.
+#   SHARDS    (default with CUDA=1: gate_cuda=8) --gate-shards PROGRAM=N[,PROGRAM=N...]: that gate
+#             program runs as N processes side by side, each a Catch2 spec for its share of the gate
+#             IDs (gate_cuda's FP64 oracles keep one core busy: 142 s as one process on an H100).
+#   FIRST     (default none) --prove-first ID[,ID...]: the mutants tried first, in this order (the
+#             ones known to reach many open gates), before the affinity order.
 #   CANARY    (default 0) 1 runs the canary first. In a proof each proven gate carries its own
 #             kill (a gate a mutant could not reach stays unproven, it is never counted proven), so
 #             the canary adds no proof; it costs a rebuild, a run of every gate and a rebuild back
@@ -122,6 +127,11 @@ fi
 [ "${CANARY:-0}" = 1 ] || args+=(--no-canary)
 [ "${REBUILD:-1}" = 1 ] && args+=(--prove-rebuild)
 [ -n "${TARGETS:-}" ] && args+=(--gate-targets "$TARGETS")
+shards="${SHARDS:-}"
+[ -z "$shards" ] && [ "$cuda" = 1 ] && shards="gate_cuda=8"
+IFS=',' read -r -a shard_list <<<"$shards"
+for sh in "${shard_list[@]}"; do [ -n "$sh" ] && args+=(--gate-shards "$sh"); done
+[ -n "${FIRST:-}" ] && args+=(--prove-first "$FIRST")
 
 # 2. The proof. --prove-deadline counts from the driver's start.
 deadline=$(( budget - last_run - $(elapsed) ))

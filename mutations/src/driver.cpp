@@ -31,6 +31,25 @@ namespace kvgate::mutate {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+std::vector<std::vector<std::string>> split_gate_ids(const std::vector<std::string>& ids, std::size_t n,
+                                                     const std::function<double(const std::string&)>& seconds) {
+  n = std::min(n, ids.size());
+  if (n < 2) return {ids};
+  std::vector<std::string> order = ids;
+  std::stable_sort(order.begin(), order.end(), [&](const auto& a, const auto& b) { return seconds(a) > seconds(b); });
+  std::vector<std::vector<std::string>> groups(n);
+  std::vector<double> load(n, 0);
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const double t = seconds(order[k]);
+    // Longest first onto the least loaded group; untimed IDs (the baseline) dealt round robin.
+    const std::size_t g = t > 0 ? static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin()) : k % n;
+    load[g] += t;
+    groups[g].push_back(order[k]);
+  }
+  std::erase_if(groups, [](const auto& v) { return v.empty(); });
+  return groups;
+}
+
 const char* to_string(GateStatus s) {
   switch (s) {
     case GateStatus::passed: return "passed";
@@ -186,6 +205,49 @@ std::string unit_stem(const GateExe& x, const std::string& variant) {
   return variant == "default" ? x.target : x.target + "@" + variant;
 }
 
+// --gate-shards PROGRAM=N: the gate IDs of one run of `x` split into groups (split_gate_ids), one
+// process each. One group (no split) when the program has no shard count or `allowed` is false (a
+// focused baseline, whose IDs are not known yet).
+std::vector<std::vector<std::string>> shard_gate_ids(const Env& e, const GateExe& x, const std::vector<std::string>& ids,
+                                                     bool allowed) {
+  const auto it = e.o.gate_shards.find(x.target);
+  if (!allowed || it == e.o.gate_shards.end()) return {ids};
+  return split_gate_ids(ids, static_cast<std::size_t>(std::max(1, it->second)), [&](const std::string& id) {
+    const auto g = e.gates.find(id);
+    return g == e.gates.end() ? 0.0 : g->second.baseline_s;
+  });
+}
+
+// The gate IDs of a Catch2 program, from its test list (before the baseline, so a sharded program
+// is split there too): Catch2 2's --list-test-names-only, else Catch2 3's --list-tests --verbosity
+// quiet (one name per line in both). Empty when neither answers (the baseline then runs it whole).
+std::vector<std::string> list_gate_ids(const GateExe& x) {
+  for (const auto& args : {std::vector<std::string>{"--list-test-names-only"},
+                           std::vector<std::string>{"--list-tests", "--verbosity", "quiet"}}) {
+    std::vector<std::string> argv{x.path.string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    // The exit code says nothing here: Catch2 2 exits with the number of tests listed (mod 256),
+    // Catch2 3 with 1 on the option it does not know. A line counts only as a gate ID's test name
+    // ("FAMILY.part... description"): a header, an error or a usage line has no such first word.
+    const auto [rc, out] = capture_output(argv, x.path.parent_path().string());
+    (void)rc;
+    std::vector<std::string> ids;
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+      if (line.empty() || !std::isupper(static_cast<unsigned char>(line.front()))) continue;
+      const std::string id = gate_id_of(line);
+      const bool looks_like_id = id.find('.') != std::string::npos && id.back() != '.' &&
+                                 std::all_of(id.begin(), id.end(), [](unsigned char ch) {
+                                   return std::isalnum(ch) || ch == '.' || ch == '_' || ch == '-';
+                                 });
+      if (looks_like_id && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    }
+    if (!ids.empty()) return ids;
+  }
+  return {};
+}
+
 // Runs the gate executables, each once per environment variant it has (and, after a crash or
 // timeout, the unfinished gate IDs one by one in that variant). A gate's outcome is the worst over
 // its variants; kill_variants names every variant in which it failed or crashed.
@@ -200,6 +262,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
   struct Unit {
     std::size_t exe;      // index into e.exes
     std::string variant;
+    std::string stem;     // its files' stem: unit_stem, plus "#k" for shard k (--gate-shards)
   };
   std::vector<ProcSpec> specs;
   std::vector<Unit> started;
@@ -221,31 +284,38 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
         filter = spec_for(ids);
       }
     }
+    // --gate-shards: a program whose gate IDs are known runs as several processes, each with a
+    // Catch2 spec for its share (the outcomes are merged below as one program's).
+    const auto groups = shard_gate_ids(e, x, ids, filter.empty() || !baseline);
     for (const auto& v : x.variants) {
-      const std::string stem = unit_stem(x, v);
-      if (e.unit_filter && !e.unit_filter->count(stem)) {
+      const std::string unit = unit_stem(x, v);
+      if (e.unit_filter && !e.unit_filter->count(unit)) {
         for (const auto& id : ids)
-          skipped_units.emplace(id, GateOutcome{GateStatus::not_run, 0, "", "not reached: " + stem +
+          skipped_units.emplace(id, GateOutcome{GateStatus::not_run, 0, "", "not reached: " + unit +
                                                   " never evaluated the mutant's switch in the baseline", v, {}});
         continue;
       }
-      ProcSpec s;
-      s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
-      if (!filter.empty()) s.argv.insert(s.argv.begin() + 1, filter);
-      s.cwd = x.path.parent_path().string();
-      s.env = env_for(e, v);
-      if (baseline && !e.schema.switched.empty()) {
-        // Which switches this unit evaluates (appended at exit by every process it starts).
-        fs::remove(dir / (stem + ".reach"));
-        s.env.emplace_back("KVGATE_MUTANT_COVERAGE", (dir / (stem + ".reach")).string());
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        const std::string stem = groups.size() == 1 ? unit : unit + "#" + std::to_string(g);
+        const std::string spec = groups.size() == 1 ? filter : spec_for(groups[g]);
+        ProcSpec s;
+        s.argv = {x.path.string(), "-r", "xml", "-d", "yes", "-o", (dir / (stem + ".xml")).string()};
+        if (!spec.empty()) s.argv.insert(s.argv.begin() + 1, spec);
+        s.cwd = x.path.parent_path().string();
+        s.env = env_for(e, v);
+        if (baseline && !e.schema.switched.empty()) {
+          // Which switches this unit evaluates (appended at exit by every process it starts).
+          fs::remove(dir / (stem + ".reach"));
+          s.env.emplace_back("KVGATE_MUTANT_COVERAGE", (dir / (stem + ".reach")).string());
+        }
+        s.log_path = (dir / (stem + ".log")).string();
+        s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
+        if (bail) s.argv.insert(s.argv.begin() + 1, "--abort");  // Catch2: stop at the first failure
+        fs::remove(dir / (stem + ".xml"));
+        specs.push_back(std::move(s));
+        started.push_back({i, v, stem});
+        wanted.push_back(groups.size() == 1 ? ids : groups[g]);
       }
-      s.log_path = (dir / (stem + ".log")).string();
-      s.timeout_s = baseline ? 0 : std::max(e.o.min_timeout_s, e.o.timeout_factor * x.baseline_s) * timeout_scale;
-      if (bail) s.argv.insert(s.argv.begin() + 1, "--abort");  // Catch2: stop at the first failure
-      fs::remove(dir / (stem + ".xml"));
-      specs.push_back(std::move(s));
-      started.push_back({i, v});
-      wanted.push_back(ids);
     }
   }
   StopWhen stop_when;
@@ -286,7 +356,7 @@ std::map<std::string, GateOutcome> run_gates(Env& e, const fs::path& dir, double
     const std::string& variant = started[k].variant;
     GateExe& x = e.exes[i];
     const ProcResult& pr = res[k];
-    const std::string stem = unit_stem(x, variant);
+    const std::string& stem = started[k].stem;
     std::string xml;
     try {
       xml = read_text(dir / (stem + ".xml"));
@@ -1471,6 +1541,15 @@ Stop run_baseline(Run& s) {
   KVGATE_RUN_NAMES(s);
   // --- baseline --------------------------------------------------------------------------
   log << "kvgate mutate: baseline (build " << fmt_s(r.baseline_build_s) << ")...\n";
+  if (!o.expected_gates_only)
+    for (auto& x : e.exes)
+      if (const auto it = o.gate_shards.find(x.target); it != o.gate_shards.end() && it->second > 1) {
+        x.gate_ids = list_gate_ids(x);
+        log << "kvgate mutate: --gate-shards " << x.target << "=" << it->second << ": "
+            << (x.gate_ids.empty() ? std::string("its test list did not answer; the baseline runs it whole")
+                                   : std::to_string(x.gate_ids.size()) + " gate IDs listed")
+            << "\n";
+      }
   const auto base =
       run_gates(e, bl / "gates", 1.0, true, &r.baseline_test_s, o.expected_gates_only ? &e.focus : nullptr);
   if (!e.focus_dropped.empty()) {
@@ -1490,11 +1569,15 @@ Stop run_baseline(Run& s) {
       for (const auto& v : x.variants) {
         const std::string stem = unit_stem(x, v);
         std::set<std::string>& ids = e.reach[stem];
+        // The unit's own file, or its shards' (stem#k.reach, --gate-shards): their union.
         std::error_code ec;
-        if (!fs::exists(bl / "gates" / (stem + ".reach"), ec)) continue;
-        std::istringstream in(read_text(bl / "gates" / (stem + ".reach")));
-        for (std::string line; std::getline(in, line);)
-          if (!line.empty()) ids.insert(line);
+        for (const auto& f : fs::directory_iterator(bl / "gates", ec)) {
+          const std::string name = f.path().filename().string();
+          if (name != stem + ".reach" && !(name.starts_with(stem + "#") && name.ends_with(".reach"))) continue;
+          std::istringstream in(read_text(f.path()));
+          for (std::string line; std::getline(in, line);)
+            if (!line.empty()) ids.insert(line);
+        }
       }
     std::size_t reached_any = 0;
     for (const auto& en : e.schema.switched)
@@ -1699,6 +1782,11 @@ Stop prove_every_gate(Run& s) {
         << " gone; no mutant run starts after it\n";
   ProofLoop loop;
   loop.rebuild = o.prove_rebuild;
+  loop.first = o.prove_first;
+  for (const auto& id : o.prove_first)
+    if (std::none_of(cands.begin(), cands.end(), [&](const ProofCandidate& c) { return c.mutant->id == id; }))
+      log << "kvgate mutate: --prove-first " << id << ": not a candidate here (unknown ID, a requirement unmet, or no "
+             "gate program of this run compiles its file): left out\n";
   loop.stop = [] { return interrupted(); };
   if (o.prove_deadline_s > 0) loop.past_deadline = [&] { return since(s.t_setup) >= o.prove_deadline_s; };
   // proof.json / proof.md after every finished run: a process killed at a wall limit leaves them.

@@ -18,6 +18,12 @@ namespace {
 // The marker run_gates writes when a process failed although every test case in its XML passed.
 constexpr const char* kOutsideCases = "with no failed test case in its XML";
 
+std::string fmt_score(double v) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(1) << v;
+  return o.str();
+}
+
 std::vector<std::string> components(const std::string& id) {
   std::vector<std::string> out;
   std::string cur;
@@ -170,7 +176,18 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
     // the run and resemblance decides.
     double best = -1;
     std::size_t pick = candidates.size();
-    for (std::size_t i = 0; i < candidates.size(); ++i) {
+    // --prove-first: the first listed candidate still runnable wins over the score.
+    bool first_pick = false;
+    for (const auto& want : loop.first) {
+      std::size_t i = 0;
+      while (i < candidates.size() && candidates[i].mutant->id != want) ++i;
+      if (i == candidates.size() || done[i]) continue;
+      if (std::none_of(reach[i].begin(), reach[i].end(), [&](const auto& ra) { return untried(ra.first, i); })) continue;
+      pick = i;
+      first_pick = true;
+      break;
+    }
+    for (std::size_t i = 0; i < candidates.size() && !first_pick; ++i) {
       if (done[i]) continue;
       double aff = 0, secs = 1 + (candidates[i].rebuild ? loop.rebuild_s : 0.0);
       bool any = false;
@@ -194,8 +211,8 @@ void prove_gates(ProofRecord& rec, const std::vector<ProofCandidate>& candidates
     for (const auto& [id, a] : reach[pick])
       if (untried(id, pick)) focus.push_back(id);
     ++rec.runs;
-    log << "[prove " << rec.runs << "] " << c.mutant->id << " (" << (c.rebuild ? "rebuild" : "schema") << ", score "
-        << std::fixed << std::setprecision(1) << best << std::defaultfloat << "): " << focus.size() << " unproven gate(s) in " << join({c.programs.begin(), c.programs.end()}, ",")
+    log << "[prove " << rec.runs << "] " << c.mutant->id << " (" << (c.rebuild ? "rebuild" : "schema") << ", "
+        << (first_pick ? std::string("--prove-first") : "score " + fmt_score(best)) << "): " << focus.size() << " unproven gate(s) in " << join({c.programs.begin(), c.programs.end()}, ",")
         << " ..." << std::flush;
     auto res = run(c, focus);
     if (stop()) {  // an interrupted run proves nothing: its gates were killed by the interrupt

@@ -1247,6 +1247,20 @@ TEST_CASE("prove: resemblance order, a gate proven by a mutant naming another, a
   prove_gates(r5, {{&wide, {"P1", "P2"}, false}, {&narrow, {"P1"}, false}}, run, false, [] { return false; }, log);
   REQUIRE(calls.size() == 2);
   CHECK(calls[0].first == "M.narrow");
+  // --prove-first: the listed mutant runs first where the score prefers another; an ID that is no
+  // candidate is passed over; then the score order goes on.
+  ProofRecord r7;
+  r7.gates = {{"ENV.int8", "P1", 0.1}, {"SLOW.gate", "P2", 100}};
+  calls.clear();
+  ProofLoop first_loop;
+  first_loop.first = {"M.unknown", "M.wide"};
+  std::ostringstream first_log;
+  prove_gates(r7, {{&wide, {"P1", "P2"}, false}, {&narrow, {"P1"}, false}}, run, first_loop, first_log);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[0].first == "M.wide");
+  CHECK(calls[0].second == std::vector<std::string>{"ENV.int8", "SLOW.gate"});
+  CHECK(calls[1].first == "M.narrow");
+  CHECK(first_log.str().find("M.wide (schema, --prove-first)") != std::string::npos);
   // Interrupted after the first run: the open gates say how many candidates were never tried.
   ProofRecord r4;
   r4.gates = {{"ENV.int8", "P1"}};
@@ -1467,4 +1481,23 @@ TEST_CASE("compile-ahead: a job with nothing to compile is not counted ahead; a 
     CHECK(none.stats().disabled.find("no patch-and-rebuild mutant") != std::string::npos);
   }
   fs::remove_all(root);
+}
+
+TEST_CASE("gate shards: every ID in one group, balanced by baseline seconds") {
+  const std::vector<std::string> ids{"A.1", "A.2", "A.3", "A.4", "A.5"};
+  const std::map<std::string, double> t{{"A.1", 9}, {"A.2", 1}, {"A.3", 5}, {"A.4", 4}, {"A.5", 0.5}};
+  const auto g = split_gate_ids(ids, 2, [&](const std::string& id) { return t.at(id); });
+  REQUIRE(g.size() == 2);
+  // Longest first onto the least loaded (a tie to the first): 9 | 5, 4 | then 1 onto 9 (tie), 0.5 onto 9.
+  CHECK(g[0] == std::vector<std::string>{"A.1", "A.2"});
+  CHECK(g[1] == std::vector<std::string>{"A.3", "A.4", "A.5"});
+  // Untimed (the baseline, from the test list): round robin, in listing order.
+  const auto r = split_gate_ids(ids, 3, [](const std::string&) { return 0.0; });
+  REQUIRE(r.size() == 3);
+  CHECK(r[0] == std::vector<std::string>{"A.1", "A.4"});
+  CHECK(r[2] == std::vector<std::string>{"A.3"});
+  // More shards than IDs: one ID each; one shard or one ID: no split.
+  CHECK(split_gate_ids({"X", "Y"}, 8, [](const std::string&) { return 1.0; }).size() == 2);
+  CHECK(split_gate_ids(ids, 1, [](const std::string&) { return 1.0; }) == std::vector<std::vector<std::string>>{ids});
+  CHECK(split_gate_ids({"X"}, 4, [](const std::string&) { return 1.0; }).size() == 1);
 }

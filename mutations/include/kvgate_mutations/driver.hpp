@@ -3,6 +3,7 @@
 // docs/MUTATIONS.md describes the behaviour and the outputs; exit codes are below.
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <set>
@@ -96,9 +97,22 @@ struct MutateOptions {
   // --prove-deadline: seconds after the driver started past which the proof starts no further
   // mutant run (the run under way finishes); 0: none. proof.json is written after every run anyway.
   double prove_deadline_s = 0;
+  // --prove-first: mutant IDs the proof tries first, in this order (each while it reaches an open
+  // gate it has not tried), before the affinity order: a device call spends its few runs on the
+  // mutants known to reach many open gates.
+  std::vector<std::string> prove_first;
+  // --gate-shards PROGRAM=N: run that gate program as N processes side by side, each a Catch2 spec
+  // for its share of the gate IDs (a GPU program whose FP64 oracles keep one core busy for minutes).
+  std::map<std::string, int> gate_shards;
   std::filesystem::path junit;  // --junit FILE: one JUnit testcase per mutant (written atomically)
   std::string format = "text";  // --format github: ::error annotations for survivors on stdout
 };
+
+// --gate-shards: `ids` split into at most n groups of about equal summed seconds (longest first
+// onto the least loaded group; IDs of 0 s, not timed yet, dealt round robin). Every ID lands in
+// exactly one group; no group is empty; n < 2 or fewer than two IDs: one group.
+std::vector<std::vector<std::string>> split_gate_ids(const std::vector<std::string>& ids, std::size_t n,
+                                                     const std::function<double(const std::string&)>& seconds);
 
 // `requires: cuda-device`: is a CUDA device present? Decided before building (the build only gets
 // CUDA when a device mutant can run). KVGATE_MUTATE_CUDA_DEVICE=0|1 overrides; CUDA_VISIBLE_DEVICES

@@ -115,6 +115,9 @@ struct ProofLoop {
   // measured medians 4.4 s (CPU, 2 cores, round 15) and 9.3 s (a CUDA kernel header, H200,
   // 16 cores, round 11); 10 is their round upper value.
   double rebuild_s = 10;
+  // Mutant IDs picked first, in this order, each while it reaches an open gate it has not tried
+  // (--prove-first); then the affinity order.
+  std::vector<std::string> first;
   std::function<bool()> stop;
   std::function<bool()> past_deadline;
   std::function<void(const ProofRecord&)> checkpoint;
