@@ -695,6 +695,19 @@ MutantOutcome run_schema_mutant(Env& e, const Mutant& m, const fs::path& dir, Cl
     mo.wall_s = since(t0);
     return mo;
   }
+  // --restore-objects deletes the archives and gate executables when a patch-and-rebuild mutant is
+  // reverted (they were linked from its objects); the next build relinks them. A switch runs no
+  // build of its own, so one after such a mutant relinks first (nothing compiles). Without this the
+  // gate processes could not start (exit 127: round 18's GPU proof lost two runs so).
+  if (std::any_of(e.exes.begin(), e.exes.end(), [](const GateExe& x) { return !fs::exists(x.path); })) {
+    mo.build_log = rel_to(dir / "build.log", e.out);
+    if (!run_build(e, dir / "build.log", &mo.build_s)) {
+      mo.status = MutantStatus::unviable;
+      mo.reason = "relinking the gate programs before the switch run failed (see " + mo.build_log + ")";
+      mo.wall_s = since(t0);
+      return mo;
+    }
+  }
   e.mutant_env = {{"KVGATE_MUTANT", m.id}, {"KVGATE_MUTANT_REACHED", reached.string()}};
   e.unit_filter = select ? &units : nullptr;
   mo.gates = mutant_gates(e, m, dir, &mo.test_s);

@@ -313,6 +313,11 @@ int seed_from_proof(ProofRecord& rec, const fs::path& file, const json& doc,
       for (const auto& t : u["tried"]) {
         const std::string m = t.is_object() ? t.value("mutant", "") : std::string();
         if (m.empty() || std::any_of(ts.begin(), ts.end(), [&](const GateTry& x) { return x.mutant == m; })) continue;
+        // Only a try that ran the gate to an answer is carried: it stayed green ("passed") or ran out
+        // of time. A process that failed outside every case, or a gate not run, says nothing of the
+        // mutant (round 18: gate processes that could not start were recorded so): tried again.
+        const std::string st = t.value("status", "");
+        if (!st.starts_with("passed") && !st.starts_with("timeout")) continue;
         ts.push_back({m, t.value("status", "") + " (seed)", t.value("detail", "")});
         ++carried;
       }

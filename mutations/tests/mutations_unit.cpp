@@ -1393,6 +1393,16 @@ TEST_CASE("prove: a checkpoint after every run, a deadline that starts no furthe
   CHECK(resumed.empty());
   CHECK(again.unproven == std::vector<std::string>{"G.two", "G.three"});
   CHECK(proof_md(again).find("1 mutant(s) tried: M.a") != std::string::npos);
+  // A try that says nothing (a gate process that failed outside every case, e.g. one that could
+  // not start) is not carried: the next proof runs that mutant on that gate again.
+  ProofRecord crashed = snaps[1];
+  REQUIRE(crashed.tried.count("G.three"));
+  crashed.tried["G.three"][0].status = "crashed outside its test cases";
+  REQUIRE(write_proof(crashed, dir) == kExitExpectation);
+  ProofRecord after = fresh();
+  CHECK(seed_proofs(after, dir / "proof.json", log) == 1);
+  CHECK(after.tried.at("G.two").size() == 1);
+  CHECK((after.tried.count("G.three") == 0 || after.tried.at("G.three").empty()));
   fs::remove_all(dir);
 }
 
