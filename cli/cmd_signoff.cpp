@@ -43,6 +43,7 @@ struct SignoffOpts {
   bool no_project_corpus = false;
   matrix::GridOverrides grid;  // --needle-lengths, --bench-lengths, ... (matrix::apply_grid)
   std::string cuda_weights = "f32";
+  std::string mla_cache = "expanded";  // --mla-cache expanded|latent (MLA models)
   int quality_tokens = 0, decode_path_tokens = -1;
   bool no_sensitivity = false;
   bool mutate_full_matrix = false;  // kvgate mutate without --bail (every reached gate of every mutant)
@@ -173,8 +174,13 @@ struct SignoffRun {
     baseline = so::resolve_baseline(o.baseline, policy.baseline, o.device);
     const std::string model_path = o.model.empty() ? matrix::find_model("stories260K/stories260K.bin", src) : o.model;
     if (!model_path.empty()) model.emplace(load_model(model_path));
+    if (o.mla_cache == "latent" && (!model || !model->config.mla.any()))
+      throw std::invalid_argument("--mla-cache latent applies to multi-head latent attention models (DeepSeek-V2/V3: "
+                                  "kv_lora_rank in config.json); the sign-off model (" +
+                                  (model ? model->config.arch : std::string("none found")) + ") has none: drop the flag");
     if (model) {
       mo_base = bench_options_from(*model, o.quick, src);
+      mo_base->mla_cache = o.mla_cache;
       if (!mo_base->corpus_path.empty() && !o.no_project_corpus) {
         const auto c = matrix::load_corpus(mo_base->corpus_path);
         for (const auto& s : c.sequences) corpus.push_back(s);
@@ -238,6 +244,13 @@ struct SignoffRun {
     po.seed = 1;
     po.source_dir = src;
     prov = matrix::provenance(po);
+    if (o.mla_cache == "latent") {
+      // The latent cache changes what every format means here: the record and each format say so.
+      prov["mla_cache"] = o.mla_cache;
+      for (const auto& f : formats)
+        notes[f].push_back("MLA latent cache (--mla-cache latent): " + f +
+                           " holds the latent c_kv and the shared RoPE key of each token, not per-head K/V");
+    }
     const bool cuda_present = prov.value("cuda_build", false) && !prov.value("gpus", json::array()).empty();
     if (o.device == "cuda" && !cuda_present)
       device_missing = std::string("no CUDA device") + (prov.value("cuda_build", false) ? "" : " (this build has no CUDA backend)");
@@ -430,7 +443,9 @@ struct SignoffRun {
         const so::QualityOptions qo =
             matrix::quality_options_for(*model, o.device, corpus, o.quality_tokens, o.decode_path_tokens);
         qrun = so::measure_quality(
-            so::device_engine_factory(*model, o.device, o.threads, qo.prefill_chunk, qo.max_tokens, o.cuda_weights), measured,
+            so::device_engine_factory(*model, o.device, o.threads, qo.prefill_chunk, qo.max_tokens, o.cuda_weights,
+                                      o.mla_cache == "latent"),
+            measured,
             baseline, corpus, buckets, qo, progress_printer("signoff "));
         progress_done();
       }
@@ -624,6 +639,11 @@ void register_signoff(CLI::App& app) {
                   "blank line starts a sequence) or a corpus JSON");
   sub->add_flag("--no-project-corpus", o->no_project_corpus, "judge quality on --corpus only (not the project's corpus)");
   sub->add_option("--cuda-weights", o->cuda_weights, "--device cuda: weights on the GPU, f32 | bf16")->capture_default_str();
+  sub->add_option("--mla-cache", o->mla_cache,
+                  "MLA models (DeepSeek-V2/V3): expanded (per-head K/V rows) or latent (the latent and the RoPE key, "
+                  "each half in the format signed off: matrix, probes and quality all on that cache)")
+      ->check(CLI::IsMember({"expanded", "latent"}))
+      ->capture_default_str();
   sub->add_option("--quality-tokens", o->quality_tokens, "cut every quality sequence to N tokens (0: the model's context)");
   sub->add_option("--decode-path-tokens", o->decode_path_tokens,
                   "the decode-path noise run covers the first N tokens of each sequence (default: all on cpu, 2048 on cuda)");

@@ -698,6 +698,65 @@ TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not
   CHECK_FALSE(names_fallback(verdict_of(cu, "int8")));
 }
 
+// kvgate signoff --mla-cache latent on the DeepSeek-V3 reference (an MLA model): the matrix, the
+// probes and the quality engines all run the latent cache (EngineOptions::mla_cache), so the format
+// signed off is the one that holds the latent c_kv and the RoPE key. Expected: the record says so
+// (provenance mla_cache, a note on the format), the matrix's int8 row holds the latent bytes per token
+// from the format definitions (per layer the latent row in int8, 1 B each + an f16 scale, and the RoPE
+// row likewise: L x ((kv_lora_rank + 2) + (rope_dim + 2))), and the quality differs from the expanded
+// cache's (anti-vacuity: the quality engines really ran another cache). On a model without MLA the
+// flag is refused before anything is written, naming the way out.
+TEST_CASE("CLI.signoff.mla_cache --mla-cache latent signs off the latent cache; refused without MLA",
+          "[gate:CLI][fmt:int8][mla]") {
+  std::string src;
+  if (const char* e = std::getenv("KVGATE_SOURCE_DIR"); e && *e) src = e;
+  if (src.empty()) src = KVGATE_SOURCE_DIR_DEFAULT;
+  const std::string ds = (fs::path(src) / "datasets/models/hf_refs/models/deepseek_v3").string();
+  const Model m = load_model(ds);
+  REQUIRE(m.config.mla.any());
+  const int L = m.config.n_layers, KL = m.config.mla.kv_lora_rank, R = m.config.mla.rope_dim;
+  Scratch s;
+  const std::string tiny = tiny_signoff_setup(s, 80);  // the corpus ids fit the reference's vocabulary
+  REQUIRE(m.config.vocab_size > 293);
+  auto signoff = [&](const std::string& cache) {
+    const Run r = kvgate_cli(tiny_signoff_command(s, "--format int8 --mla-cache " + cache, ds, cache));
+    INFO("kvgate signoff --mla-cache " << cache << "\nstderr: " << r.err);
+    REQUIRE((r.rc == 3 || r.rc == 4 || r.rc == 0));
+    return std::make_pair(json::parse(slurp(s.dir / cache / "signoff.json")), json::parse(slurp(s.dir / cache / "matrix.json")));
+  };
+  auto int8_of = [](const json& list, const char* key) {
+    for (const auto& x : list)
+      if (x[key] == "int8") return x;
+    FAIL("no int8 entry");
+    return json();
+  };
+  const auto [lat, lat_m] = signoff("latent");
+  const auto [exp, exp_m] = signoff("expanded");
+  CHECK(lat["provenance"].value("mla_cache", "") == "latent");
+  CHECK_FALSE(exp["provenance"].contains("mla_cache"));
+  const json lat_v = int8_of(lat["verdicts"], "format");
+  bool noted = false;
+  for (const auto& n : lat_v["notes"]) noted = noted || n.get<std::string>().find("MLA latent cache") != std::string::npos;
+  INFO(lat_v["notes"].dump());
+  CHECK(noted);
+  CHECK(lat_m["config"]["mla_cache"] == "latent");
+  CHECK(int8_of(lat_m["formats"], "format")["kv_bytes_per_token"] == L * ((KL + 2) + (R + 2)));
+  CHECK(int8_of(exp_m["formats"], "format")["kv_bytes_per_token"] != int8_of(lat_m["formats"], "format")["kv_bytes_per_token"]);
+  const json ql = int8_of(lat["verdicts"], "format")["quality"]["all"], qe = int8_of(exp["verdicts"], "format")["quality"]["all"];
+  REQUIRE(ql.is_object());
+  REQUIRE(qe.is_object());
+  CHECK(ql["positions"].get<int>() > 0);
+  CHECK(ql["kl_mean"].get<double>() != qe["kl_mean"].get<double>());
+  // Refused on a model without MLA, before any file is written.
+  const Run bad = kvgate_cli(tiny_signoff_command(s, "--format int8 --mla-cache latent", tiny, "refused"));
+  INFO("stderr: " << bad.err);
+  CHECK(bad.rc != 0);
+  CHECK(bad.rc < 128);
+  CHECK(bad.err.find("--mla-cache latent applies to multi-head latent attention models") != std::string::npos);
+  CHECK(bad.err.find("drop the flag") != std::string::npos);
+  CHECK_FALSE(fs::exists(s.dir / "refused" / "signoff.json"));
+}
+
 TEST_CASE("CLI.signoff.coverage --coverage puts the gate suite's coverage into signoff.json and index.md; a bad summary is refused",
           "[gate:CLI][fmt:int8]") {
   // The flag's plumbing end to end: a coverage folder written by hand (gcovr's JSON summary, its text

@@ -46,8 +46,9 @@ class EngineLogits final : public LogitsEngine {
 
 // The engine options of format `f` on `backend` ("cpu" or "cuda"): block size 16, the KV resolved for
 // that backend, the context cap, and the prefill chunk of the path (one token on the decode path).
+// mla_latent: an MLA model's cache holds the latent and the RoPE key (EngineOptions::mla_cache).
 inline EngineOptions quality_engine_options(const Model& model, const std::string& f, QualityPath path, int chunk,
-                                            int max_context, const std::string& backend) {
+                                            int max_context, const std::string& backend, bool mla_latent = false) {
   const auto k = parse_kv_format(f);
   if (!k) throw PolicyError("unknown KV format '" + f + "'; known: " + known_formats_text());
   EngineOptions eo;
@@ -55,7 +56,9 @@ inline EngineOptions quality_engine_options(const Model& model, const std::strin
   KvRequest req;
   req.flag = *k;
   req.backend = backend;
+  req.mla_latent = mla_latent && model.config.mla.any();
   eo.kv = resolve_kv(req, model.config, eo.block_size);
+  eo.mla_cache = req.mla_latent ? MlaCache::latent : MlaCache::expanded;
   eo.max_context = max_context;
   eo.prefill_chunk = path == QualityPath::chunked_prefill ? chunk : 1;
   return eo;

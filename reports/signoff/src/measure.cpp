@@ -43,9 +43,9 @@ std::vector<PositionMetrics> compare_window(const std::vector<float>& base, cons
 
 }  // namespace
 
-EngineFactory cpu_engine_factory(const Model& model, int threads, int chunk, int max_context) {
-  return [&model, threads, chunk, max_context](const std::string& f, QualityPath path) -> std::unique_ptr<LogitsEngine> {
-    EngineOptions eo = detail::quality_engine_options(model, f, path, chunk, max_context, "cpu");
+EngineFactory cpu_engine_factory(const Model& model, int threads, int chunk, int max_context, bool mla_latent) {
+  return [&model, threads, chunk, max_context, mla_latent](const std::string& f, QualityPath path) -> std::unique_ptr<LogitsEngine> {
+    EngineOptions eo = detail::quality_engine_options(model, f, path, chunk, max_context, "cpu", mla_latent);
     eo.threads = threads;
     return std::make_unique<CpuLogits>(model, eo, path);
   };
@@ -132,9 +132,9 @@ QualityRun measure_quality(const Model& model, const std::vector<std::string>& f
 
 #if !KVGATE_SIGNOFF_CUDA
 EngineFactory device_engine_factory(const Model& model, const std::string& device, int threads, int chunk, int max_context,
-                                    const std::string& cuda_weights) {
+                                    const std::string& cuda_weights, bool mla_latent) {
   (void)cuda_weights;
-  if (device == "cpu") return cpu_engine_factory(model, threads, chunk, max_context);
+  if (device == "cpu") return cpu_engine_factory(model, threads, chunk, max_context, mla_latent);
   if (device == "cuda")
     throw PolicyError("--device cuda: this build has no CUDA backend, so quality cannot be measured on the GPU "
                       "(configure with -DKVGATE_CUDA=ON where nvcc is installed)");

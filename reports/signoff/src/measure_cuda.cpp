@@ -20,8 +20,8 @@ using CudaLogits = detail::EngineLogits<kc::CudaEngine, kc::CudaEngineOptions>;
 }  // namespace
 
 EngineFactory device_engine_factory(const Model& model, const std::string& device, int threads, int chunk, int max_context,
-                                    const std::string& cuda_weights) {
-  if (device == "cpu") return cpu_engine_factory(model, threads, chunk, max_context);
+                                    const std::string& cuda_weights, bool mla_latent) {
+  if (device == "cpu") return cpu_engine_factory(model, threads, chunk, max_context, mla_latent);
   if (device != "cuda") throw PolicyError("--device must be cpu or cuda, not '" + device + "'");
   const auto& st = kc::device_status();
   if (!st.available) throw PolicyError("--device cuda: no usable CUDA device: " + st.reason);
@@ -30,9 +30,10 @@ EngineFactory device_engine_factory(const Model& model, const std::string& devic
   kc::register_capability();  // resolve_kv(backend "cuda") refuses what the kernels cannot run
   const kc::WeightType wt = cuda_weights == "bf16" ? kc::WeightType::bf16 : kc::WeightType::f32;
   std::shared_ptr<const kc::CudaModel> weights;  // uploaded on the first engine, shared by all
-  return [&model, chunk, max_context, wt, weights](const std::string& f, QualityPath path) mutable -> std::unique_ptr<LogitsEngine> {
+  return [&model, chunk, max_context, wt, weights, mla_latent](const std::string& f,
+                                                              QualityPath path) mutable -> std::unique_ptr<LogitsEngine> {
     kc::CudaEngineOptions co;
-    co.engine = detail::quality_engine_options(model, f, path, chunk, max_context, "cuda");
+    co.engine = detail::quality_engine_options(model, f, path, chunk, max_context, "cuda", mla_latent);
     if (!weights) weights = std::make_shared<const kc::CudaModel>(model, wt);
     co.weights = wt;
     co.shared_weights = weights;

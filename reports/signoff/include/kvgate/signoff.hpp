@@ -376,13 +376,15 @@ struct QualityOptions {
   int prefill_chunk = 128;      // recorded; the factory applies it
 };
 // The CPU engine (kvgate::Engine) for every format, `threads` threads, prefill chunk `chunk`,
-// context `max_context` (0: the model's).
-EngineFactory cpu_engine_factory(const Model& model, int threads, int chunk = 128, int max_context = 0);
+// context `max_context` (0: the model's); mla_latent: an MLA model's cache holds the latent and the
+// RoPE key, each half in the format (--mla-cache latent).
+EngineFactory cpu_engine_factory(const Model& model, int threads, int chunk = 128, int max_context = 0,
+                                 bool mla_latent = false);
 // The engine of `device`: "cpu" (cpu_engine_factory), "cuda" (kvgate::cuda::CudaEngine, every
 // format's engine sharing one upload of the weights, `cuda_weights` "f32" or "bf16"; refused with
 // the reason when this build has no CUDA backend or no device is usable).
 EngineFactory device_engine_factory(const Model& model, const std::string& device, int threads, int chunk,
-                                    int max_context, const std::string& cuda_weights = "f32");
+                                    int max_context, const std::string& cuda_weights = "f32", bool mla_latent = false);
 // The measurement over any engine: every sequence is appended window by window to one engine per
 // format, the baseline's and the two noise runs' (the other float KV chunked; the baseline on the
 // decode path), all in step, and compared position by position; nothing larger than one window of
