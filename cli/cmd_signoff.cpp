@@ -178,6 +178,9 @@ struct SignoffRun {
       throw std::invalid_argument("--mla-cache latent applies to multi-head latent attention models (DeepSeek-V2/V3: "
                                   "kv_lora_rank in config.json); the sign-off model (" +
                                   (model ? model->config.arch : std::string("none found")) + ") has none: drop the flag");
+    if (o.mla_cache == "latent" && o.device == "cuda")
+      throw std::invalid_argument("--mla-cache latent: the CUDA engine caches MLA expanded only; sign the latent cache "
+                                  "off with --device cpu, or drop the flag");
     if (model) {
       mo_base = bench_options_from(*model, o.quick, src);
       mo_base->mla_cache = o.mla_cache;
