@@ -621,6 +621,15 @@ TEST_CASE("CLI.run.kv_layers --kv-layers and vLLM's --kv-cache-dtype-skip-layers
   }
 }
 
+// The DeepSeek-V3 transformers reference (an MLA model) in the source tree (KVGATE_SOURCE_DIR, else
+// the tree this gate was built from).
+std::string deepseek_v3_ref() {
+  std::string src;
+  if (const char* e = std::getenv("KVGATE_SOURCE_DIR"); e && *e) src = e;
+  if (src.empty()) src = KVGATE_SOURCE_DIR_DEFAULT;
+  return (fs::path(src) / "datasets/models/hf_refs/models/deepseek_v3").string();
+}
+
 // A quick sign-off fixture: a tiny synthetic model whose KV rows are no multiple of 32 (2 KV heads x
 // head_dim 12), a corpus of `n_ids` token ids and an empty gates folder. Returns the model folder.
 std::string tiny_signoff_setup(const Scratch& s, int n_ids) {
@@ -708,10 +717,7 @@ TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not
 // flag is refused before anything is written, naming the way out.
 TEST_CASE("CLI.signoff.mla_cache --mla-cache latent signs off the latent cache; refused without MLA",
           "[gate:CLI][fmt:int8][mla]") {
-  std::string src;
-  if (const char* e = std::getenv("KVGATE_SOURCE_DIR"); e && *e) src = e;
-  if (src.empty()) src = KVGATE_SOURCE_DIR_DEFAULT;
-  const std::string ds = (fs::path(src) / "datasets/models/hf_refs/models/deepseek_v3").string();
+  const std::string ds = deepseek_v3_ref();
   const Model m = load_model(ds);
   REQUIRE(m.config.mla.any());
   const int L = m.config.n_layers, KL = m.config.mla.kv_lora_rank, R = m.config.mla.rope_dim;
@@ -833,10 +839,7 @@ TEST_CASE("CLI.signoff.coverage --coverage puts the gate suite's coverage into s
 // On a model without MLA both refuse the flag, naming it.
 TEST_CASE("CLI.mla_cache --mla-cache latent reaches kvgate run and kvgate bench; refused without MLA",
           "[gate:CLI][fmt:f32][fmt:int8][mla]") {
-  std::string src;
-  if (const char* s = std::getenv("KVGATE_SOURCE_DIR"); s && *s) src = s;
-  if (src.empty()) src = KVGATE_SOURCE_DIR_DEFAULT;
-  const std::string ds = (fs::path(src) / "datasets/models/hf_refs/models/deepseek_v3").string();
+  const std::string ds = deepseek_v3_ref();
   const Model m = load_model(ds);
   const int L = m.config.n_layers, KL = m.config.mla.kv_lora_rank, R = m.config.mla.rope_dim;
   REQUIRE(KL % 32 == 0);
