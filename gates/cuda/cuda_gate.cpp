@@ -8,6 +8,8 @@
 //                            across page sizes, GQA ratios, head_dims 8/64/128/256, ragged batches,
 //                            contexts crossing pages and forced split counts.
 //  STO.cuda.capability       supports_op refusals and kernel paths (no device needed).
+//  STO.cuda.slow_pool_twins  PAR.cuda.decode.slow_pool.<fmt> exists exactly for the formats whose
+//                            decode kernel is pipelined (no device needed).
 //  STO.cuda.resolve          resolve_kv(backend "cuda") consults supports_op (no device needed).
 //
 // Without a device every [cuda] case prints "SKIPPED: no CUDA device: <reason>" and passes, so the
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -236,8 +239,8 @@ int case_window(int i, int block_size) {
 // counted as an L1 increase of (|s| + 3 cap) / depth in attn_f32_max_abs's depth x u x L1.
 // Slow-pool twin (PAR.cuda.decode.slow_pool): every case again over the same pages in mapped host
 // memory (cuda_gate::MappedPages), outputs bit for bit equal: a stage of WarpKvPipe read before its
-// cp.async.wait_group shows there. Formats that decode on the generic kernel only (no asynchronous
-// copy) skip it with that reason.
+// cp.async.wait_group shows there. Run only for the formats with a pipelined kernel (the list by the
+// PAR.cuda.decode.slow_pool rows below).
 void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false, bool capped = false,
                      bool slow_pool = false) {
   long cases = 0, windows_cut = 0, windowed_seqs = 0, cap_seqs = 0, cap_visible = 0, slow_pipelined = 0;
@@ -471,8 +474,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     // pipelined kernel whose splits wrap the ring (2 or 3 per format on the H200; 4, the first
     // guess written before any device run, was never met).
     INFO("cases on a pipelined kernel whose splits wrap the stage ring: " << slow_pipelined);
-    if (generic_only_on_cuda(fmt.k) || generic_only_on_cuda(fmt.v)) CHECK(slow_pipelined == 0);  // generic kernel only
-    else CHECK(slow_pipelined >= 2);
+    CHECK(slow_pipelined >= 2);
   }
   if (capped) {
     INFO("soft-capped sequences " << cap_seqs << ", cap visible in " << cap_visible);
@@ -524,29 +526,82 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
     run_decode_gate(*f, seed + 70, false, true);                                                            \
-  }                                                                                                         \
+  }
+
+// Slow-pool twins (PAR.cuda.decode.slow_pool, built to catch a stage of WarpKvPipe read before its
+// cp.async.wait_group): one per format whose decode runs on a pipelined kernel. The formats left out
+// (MX, NVFP4, the per-(token, head) halves) decode on the generic kernel only, which makes no
+// asynchronous copy: over the same bytes it gives the same bits from any memory, so a twin would be a
+// gate no bug can turn red. STO.cuda.slow_pool_twins checks this list against the kernels' own choice
+// (supports_op's path), so a format moving between kernels cannot leave the list stale.
+#define PAR_CUDA_DECODE_SLOW_POOL(id, fmtname, seed)                                                        \
   TEST_CASE("PAR.cuda.decode.slow_pool." id " GPU decode over pages in mapped host memory == over device pages, bit for bit", \
             "[gate:PAR][fmt:" fmtname "][cuda]") {                                                          \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
-    if (generic_only_on_cuda(f->k) || generic_only_on_cuda(f->v)) {                                         \
-      WARN("SKIPPED: " fmtname " decodes on the generic kernel only, which makes no asynchronous copy: "    \
-           "a deterministic kernel over the same bytes, so the slow-pool twin has nothing a bug can change");    \
-      return;                                                                                               \
-    }                                                                                                       \
     run_decode_gate(*f, seed + 90, false, false, true);                                                     \
   }
 
+// The mixed pairs of the ORA.cuda.decode rows (beside one row per preset).
+#define CUDA_DECODE_MIXED_PAIRS(X)                  \
+  X("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 8000) \
+  X("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 8100) \
+  X("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 8200)      \
+  X("mixed.f16-int8", "k=f16,v=int8", 8300)           \
+  X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 8400)   \
+  X("mixed.int8-f32", "k=int8,v=f32", 8500)           \
+  X("mixed.bf16-fp8", "k=bf16,v=fp8_e4m3", 8600)
+
+// The formats of PAR.cuda.decode.slow_pool: the presets and mixed pairs above whose decode is
+// pipelined (seeds as their ORA.cuda.decode rows: 7000 + 100 x the preset's slot).
+#define CUDA_DECODE_SLOW_POOL_FORMATS(X) \
+  X("f32", "f32", 7100)                  \
+  X("f16", "f16", 7200)                  \
+  X("bf16", "bf16", 7300)                \
+  X("int8", "int8", 7400)                \
+  X("fp8", "fp8", 7500)                  \
+  X("fp8_e5m2", "fp8_e5m2", 7600)        \
+  X("q8_0", "q8_0", 7700)                \
+  X("q4_0", "q4_0", 7800)                \
+  X("k8v4", "k8v4", 7900)                \
+  CUDA_DECODE_MIXED_PAIRS(X)
+
 #define ORA_CUDA_DECODE_ROW(A, name, k, v, slot, kind) ORA_CUDA_DECODE(#name, #name, (7000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_list.hpp
-ORA_CUDA_DECODE("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 8000)
-ORA_CUDA_DECODE("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 8100)
-ORA_CUDA_DECODE("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 8200)
-ORA_CUDA_DECODE("mixed.f16-int8", "k=f16,v=int8", 8300)
-ORA_CUDA_DECODE("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 8400)
-ORA_CUDA_DECODE("mixed.int8-f32", "k=int8,v=f32", 8500)
-ORA_CUDA_DECODE("mixed.bf16-fp8", "k=bf16,v=fp8_e4m3", 8600)
+CUDA_DECODE_MIXED_PAIRS(ORA_CUDA_DECODE)
+CUDA_DECODE_SLOW_POOL_FORMATS(PAR_CUDA_DECODE_SLOW_POOL)
+
+TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the formats whose decode kernel is pipelined",
+          "[gate:STO][cuda]") {
+  // No device needed: supports_op's path at head_dim 128 (the decode cases' most common; the twins'
+  // own anti-vacuity counts their cases on a pipelined kernel). A pipelined kernel ("fast(...)",
+  // "mma(...)") copies pages with cp.async and has a twin; "generic" has none.
+  std::set<std::string> twins, all, pipelined;
+#define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
+#define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
+#define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
+  CUDA_DECODE_SLOW_POOL_FORMATS(COLLECT_TWIN)
+  CUDA_DECODE_MIXED_PAIRS(COLLECT_FORMAT)
+  KVGATE_PRESETS(COLLECT_PRESET, _)
+#undef COLLECT_TWIN
+#undef COLLECT_FORMAT
+#undef COLLECT_PRESET
+  for (const std::string& name : all) {
+    const auto f = parse_kv_format(name);
+    REQUIRE(f.has_value());
+    const kc::OpSupport s = kc::supports_op(kc::Op::decode, *f, {16, 8, 128}, 32);
+    INFO(name << ": path '" << s.path << "', reason '" << s.reason << "'");
+    REQUIRE(s.ok);
+    if (s.path != "generic") pipelined.insert(name);
+    CHECK((s.path != "generic") == (twins.count(name) == 1));
+  }
+  CHECK(twins == pipelined);
+  // Anti-vacuity: every twin names a format of the ORA.cuda.decode rows; 6 formats decode generically.
+  for (const std::string& t : twins) CHECK(all.count(t) == 1);
+  CHECK(twins.size() == 16);
+  CHECK(all.size() - twins.size() == 6);
+}
 
 TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names the kernel path",
           "[gate:STO][cuda]") {

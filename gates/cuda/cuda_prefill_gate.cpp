@@ -16,8 +16,8 @@
 //                          PCIe's microseconds instead of HBM's ~0.5 us) == the prefill over the device
 //                          pages, bit for bit: a tile read before its copies landed (a missing
 //                          cp.async.wait_group) reads the stage's previous bytes there. Only the
-//                          formats on the tensor-core kernel run it; the CUDA-core kernel makes no
-//                          asynchronous copy (skipped there with that reason).
+//                          formats on the tensor-core kernel have one; the CUDA-core kernel makes no
+//                          asynchronous copy (STO.cuda.prefill.slow_pool_twins checks the list).
 //  STO.cuda.prefill_mma.racecheck  (opt-in, run by name) compute-sanitizer racecheck over
 //                          tensor-core prefills of every tile shape reports 0 shared-memory hazards
 //                          (the run re-executes this program under the sanitizer on a hidden probe).
@@ -40,6 +40,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -594,7 +595,8 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
                 fmt.name().c_str(), pc.describe().c_str(), c.err_max, bound, c.nmse, bound / c.ref_rms, wide_ratio);
   }
   CHECK(cases >= (capped ? 8 : 10));
-  if (slow_pool && kc::prefill_mma_applies(fmt, PageGeometry{16, 2, 128})) {
+  if (slow_pool) {
+    CHECK(kc::prefill_mma_applies(fmt, PageGeometry{16, 2, 128}));
     INFO("tensor-core cases " << slow_mma << ", with more than one KV tile " << slow_multi_tile);
     CHECK(slow_mma >= 8);
     CHECK(slow_multi_tile >= 5);
@@ -632,27 +634,80 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
     run_prefill_gate(*f, seed + 70, false, true);                                                        \
-  }                                                                                                      \
+  }
+
+// Slow-pool twins (PAR.cuda.prefill.slow_pool, built to catch a stage of the tensor-core kernel read
+// before its cp.async.wait_group): one per format that prefills on the tensor-core kernel. The pairs
+// left out (an f32 half, MX, NVFP4, the per-(token, head) halves) prefill on the CUDA-core kernel,
+// which makes no asynchronous copy: over the same bytes it gives the same bits from any memory, so a
+// twin would be a gate no bug can turn red. STO.cuda.prefill.slow_pool_twins checks this list against
+// prefill_mma_applies, so a format moving between kernels cannot leave the list stale.
+#define PAR_CUDA_PREFILL_SLOW_POOL(id, fmtname, seed)                                                    \
   TEST_CASE("PAR.cuda.prefill.slow_pool." id " GPU prefill over pages in mapped host memory == over device pages, bit for bit", \
             "[gate:PAR][fmt:" fmtname "][cuda][prefill]") {                                              \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    if (!kc::prefill_mma_applies(*f, PageGeometry{16, 2, 128})) {                                        \
-      WARN("SKIPPED: " fmtname " prefills on the CUDA-core kernel, which makes no asynchronous copy: "   \
-           "a deterministic kernel over the same bytes, so the slow-pool twin has nothing a bug can change"); \
-      return;                                                                                            \
-    }                                                                                                    \
     run_prefill_gate(*f, seed + 90, false, false, true);                                                 \
   }
 
+// The mixed pairs of the ORA.cuda.prefill rows (beside one row per preset).
+#define CUDA_PREFILL_MIXED_PAIRS(X)                    \
+  X("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 10000) \
+  X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100)   \
+  X("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200) \
+  X("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 10300)      \
+  X("mixed.f16-int8", "k=f16,v=int8", 10400)
+
+// The formats of PAR.cuda.prefill.slow_pool (seeds as their ORA.cuda.prefill rows: 9000 + 100 x the
+// preset's slot).
+#define CUDA_PREFILL_SLOW_POOL_FORMATS(X)              \
+  X("f16", "f16", 9200)                                \
+  X("bf16", "bf16", 9300)                              \
+  X("int8", "int8", 9400)                              \
+  X("fp8", "fp8", 9500)                                \
+  X("fp8_e5m2", "fp8_e5m2", 9600)                      \
+  X("q8_0", "q8_0", 9700)                              \
+  X("q4_0", "q4_0", 9800)                              \
+  X("k8v4", "k8v4", 9900)                              \
+  X("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 10000) \
+  X("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200) \
+  X("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 10300)      \
+  X("mixed.f16-int8", "k=f16,v=int8", 10400)
+
 #define ORA_CUDA_PREFILL_ROW(A, name, k, v, slot, kind) ORA_CUDA_PREFILL(#name, #name, (9000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_PREFILL_ROW, _)  // one row per preset: kvgate/format_list.hpp
-ORA_CUDA_PREFILL("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 10000)
-ORA_CUDA_PREFILL("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100)
-ORA_CUDA_PREFILL("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200)
-ORA_CUDA_PREFILL("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 10300)
-ORA_CUDA_PREFILL("mixed.f16-int8", "k=f16,v=int8", 10400)
+CUDA_PREFILL_MIXED_PAIRS(ORA_CUDA_PREFILL)
+CUDA_PREFILL_SLOW_POOL_FORMATS(PAR_CUDA_PREFILL_SLOW_POOL)
+
+TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exactly the formats the tensor-core kernel serves",
+          "[gate:STO][cuda][prefill]") {
+  // No device needed: prefill_mma_applies at the prefill cases' geometry (16-token pages, 2 KV heads,
+  // head_dim 128), the test the twin's anti-vacuity also uses.
+  std::set<std::string> twins, all, mma;
+#define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
+#define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
+#define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
+  CUDA_PREFILL_SLOW_POOL_FORMATS(COLLECT_TWIN)
+  CUDA_PREFILL_MIXED_PAIRS(COLLECT_FORMAT)
+  KVGATE_PRESETS(COLLECT_PRESET, _)
+#undef COLLECT_TWIN
+#undef COLLECT_FORMAT
+#undef COLLECT_PRESET
+  for (const std::string& name : all) {
+    const auto f = parse_kv_format(name);
+    REQUIRE(f.has_value());
+    const bool applies = kc::prefill_mma_applies(*f, PageGeometry{16, 2, 128});
+    INFO(name << ": tensor-core prefill " << (applies ? "applies" : "does not apply"));
+    if (applies) mma.insert(name);
+    CHECK(applies == (twins.count(name) == 1));
+  }
+  CHECK(twins == mma);
+  // Anti-vacuity: every twin names a format of the ORA.cuda.prefill rows; 8 prefill on CUDA cores.
+  for (const std::string& t : twins) CHECK(all.count(t) == 1);
+  CHECK(twins.size() == 12);
+  CHECK(all.size() - twins.size() == 8);
+}
 
 TEST_CASE("STO.cuda.prefill.capability supports_op(Op::prefill) refuses with stable reasons and names its kernel",
           "[gate:STO][cuda][prefill]") {
