@@ -35,6 +35,13 @@
 #             kill (a gate a mutant could not reach stays unproven, it is never counted proven), so
 #             the canary adds no proof; it costs a rebuild, a run of every gate and a rebuild back
 #             (a minute or more of the budget on 16 cores), so it is off unless asked for.
+#   KILL      (default none) ID[,ID...]: instead of the proof, a kill run of these mutants: each
+#             patched, rebuilt and run on the gates it names in expect_killed_by (--only ...
+#             --expected-gates-only; the baseline runs their union first). OUT then receives
+#             outcomes.json, kill_matrix.md and mutate.log (no proof.*): the outcomes seed later proofs.
+#             KILL_CATALOG (default catalog.json) names the catalog file in mutations/.
+#             BUDGET_S still bounds the call (SIGTERM at BUDGET_S + 40; outcomes.json is rewritten
+#             after every mutant).
 #   CUDA      (default 0) 0: no GPU is used: the scratch build is configured with -DKVGATE_CUDA=OFF
 #             and the device probe is told there is none (KVGATE_MUTATE_CUDA_DEVICE=0), so the CUDA
 #             mutants are listed as skipped and the CUDA gates as not provable here.
@@ -111,10 +118,17 @@ seeds=()
 for f in ${SEEDS:-$root/bench/results/gate_proof_cpu_partial.json $root/bench/results/gate_proof_conformance.json $root/bench/results/gate_proof_parity.json $root/bench/results/gate_proof_scales.json $root/bench/results/gate_proof_resolve.json $root/bench/results/gate_proof_storage.json $root/bench/results/gate_proof_invariance.json $root/bench/results/gate_proof_mutants_outcomes.json $root/bench/results/gate_proof_paths_outcomes.json $root/bench/results/gate_proof_resolve_outcomes.json $root/bench/results/gate_proof_invariance_outcomes.json $root/bench/results/gate_proof_kill9_outcomes.json $root/bench/results/gate_proof_weights_outcomes.json $root/bench/results/gate_proof_open_h10_outcomes.json $root/bench/results/gate_proof_model_level_h10.json $root/bench/results/gate_proof_model_level_h10b.json $root/bench/results/gate_proof_model_level_h10c.json $root/bench/results/gate_proof_tool_h10_outcomes.json $root/bench/results/gate_proof_halflevels_h10_outcomes.json $root/bench/results/gate_proof_lock_h10_outcomes.json}; do
   if [ -f "$f" ]; then seeds+=(--prove-seed "$f"); else note "seed not found: $f"; fi
 done
-args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
-      --catalog "$root/mutations/catalog.json" --catalog "$root/mutations/adversarial.json"
-      --catalog "$root/mutations/adversarial2.json" --catalog "$root/mutations/adversarial3.json"
-      --cmake-arg -DKVGATE_BUILD_BENCH=OFF)
+kill="${KILL:-}"
+if [ -n "$kill" ]; then
+  # A kill run reads one catalog (the driver joins catalogs only for a proof).
+  args=(--source-dir "$root" --only "$kill" --expected-gates-only --skip-red-gates -j "$jobs"
+        --catalog "$root/mutations/${KILL_CATALOG:-catalog.json}")
+else
+  args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
+        --catalog "$root/mutations/catalog.json" --catalog "$root/mutations/adversarial.json"
+        --catalog "$root/mutations/adversarial2.json" --catalog "$root/mutations/adversarial3.json")
+fi
+args+=(--cmake-arg -DKVGATE_BUILD_BENCH=OFF)
 if [ "$cuda" = 1 ]; then
   args+=(--cmake-arg -DKVGATE_CUDA=ON --cmake-arg "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90a-real}")
   # Without ccache a revert recompiles the kernel TUs again: put the baseline objects back instead.
@@ -125,13 +139,14 @@ fi
 [ -n "$cxx_flags" ] && args+=(--cmake-arg "-DCMAKE_CXX_FLAGS=$cxx_flags")
 [ -n "$ld_flags" ] && args+=(--cmake-arg "-DCMAKE_EXE_LINKER_FLAGS=$ld_flags" --cmake-arg "-DCMAKE_SHARED_LINKER_FLAGS=$ld_flags")
 [ "${CANARY:-0}" = 1 ] || args+=(--no-canary)
-[ "${REBUILD:-1}" = 1 ] && args+=(--prove-rebuild)
+[ "${REBUILD:-1}" = 1 ] && [ -z "$kill" ] && args+=(--prove-rebuild)
 [ -n "${TARGETS:-}" ] && args+=(--gate-targets "$TARGETS")
 shards="${SHARDS:-}"
 [ -z "$shards" ] && [ "$cuda" = 1 ] && shards="gate_cuda=8"
 IFS=',' read -r -a shard_list <<<"$shards"
 for sh in "${shard_list[@]}"; do [ -n "$sh" ] && args+=(--gate-shards "$sh"); done
-[ -n "${FIRST:-}" ] && args+=(--prove-first "$FIRST")
+[ -n "${FIRST:-}" ] && [ -z "$kill" ] && args+=(--prove-first "$FIRST")
+[ -n "$kill" ] && seeds=()  # a kill run starts from nothing: it measures, it does not resume
 
 # 2. The proof. --prove-deadline counts from the driver's start.
 deadline=$(( budget - last_run - $(elapsed) ))
@@ -139,11 +154,13 @@ deadline=$(( budget - last_run - $(elapsed) ))
 hard=$(( budget + 40 - $(elapsed) ))
 rm -rf "$work"
 mkdir -p "$work"
-note "proof: --prove-deadline ${deadline}s, SIGTERM after ${hard}s"
+deadline_args=(--prove-deadline "$deadline")
+[ -n "$kill" ] && deadline_args=()
+note "${kill:+kill run of $kill; }proof: --prove-deadline ${deadline}s, SIGTERM after ${hard}s"
 
 # proof.json / proof.md into OUT while it runs (each copy atomic: a temp name, then a rename).
 copy_record() {
-  for f in proof.json proof.md; do
+  for f in proof.json proof.md outcomes.json kill_matrix.md; do
     [ -f "$work/$f" ] && cp -f "$work/$f" "$out/.$f.tmp" 2>/dev/null && mv -f "$out/.$f.tmp" "$out/$f"
   done
 }
@@ -151,7 +168,7 @@ copy_record() {
 copier=$!
 
 timeout --signal=TERM --kill-after=15 "$hard" \
-  "$drv/kvgate-mutate" "${args[@]}" "${seeds[@]}" --prove-deadline "$deadline" --out "$work" "$@" 2>&1 |
+  "$drv/kvgate-mutate" "${args[@]}" "${seeds[@]}" "${deadline_args[@]}" --out "$work" "$@" 2>&1 |
   tee "$out/mutate.log"
 rc=${PIPESTATUS[0]}
 kill "$copier" 2>/dev/null
@@ -166,7 +183,15 @@ if [ -d "$work/baseline" ]; then
     tar -C "$work" -czf "$out/baseline-logs.tar.gz" --exclude='*.xml' --exclude='build*.log' baseline 2>/dev/null
   fi
 fi
-if [ -f "$out/proof.md" ]; then
+if [ -n "$kill" ] && [ -f "$out/outcomes.json" ]; then
+  python3 - "$out/outcomes.json" <<'PY' || true
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("kill run:", json.dumps(d.get("summary", {})))
+for m in d.get("mutants", []):
+    print(f"  {m.get('id')}: {m.get('status')} by {', '.join(m.get('killed_by', []) or []) or '-'}")
+PY
+elif [ -f "$out/proof.md" ]; then
   sed -n '1,/^## Unproven/p' "$out/proof.md"
   grep -m 60 '^- \*\*' "$out/proof.md"
 else
