@@ -40,6 +40,8 @@
 #             --expected-gates-only; the baseline runs their union first). OUT then receives
 #             outcomes.json, kill_matrix.md and mutate.log (no proof.*): the outcomes seed later proofs.
 #             KILL_CATALOG (default catalog.json) names the catalog file in mutations/.
+#             KILL_ALL_GATES=1 runs every gate of TARGETS on each mutant instead (for mutants
+#             written apart, whose expect_killed_by names no gate).
 #             BUDGET_S still bounds the call (SIGTERM at BUDGET_S + 40; outcomes.json is rewritten
 #             after every mutant).
 #   CUDA      (default 0) 0: no GPU is used: the scratch build is configured with -DKVGATE_CUDA=OFF
@@ -121,8 +123,9 @@ done
 kill="${KILL:-}"
 if [ -n "$kill" ]; then
   # A kill run reads one catalog (the driver joins catalogs only for a proof).
-  args=(--source-dir "$root" --only "$kill" --expected-gates-only --skip-red-gates -j "$jobs"
+  args=(--source-dir "$root" --only "$kill" --skip-red-gates -j "$jobs"
         --catalog "$root/mutations/${KILL_CATALOG:-catalog.json}")
+  [ "${KILL_ALL_GATES:-0}" = 1 ] || args+=(--expected-gates-only)
 else
   args=(--source-dir "$root" --prove-gates --skip-red-gates -j "$jobs"
         --catalog "$root/mutations/catalog.json" --catalog "$root/mutations/adversarial.json"
