@@ -31,6 +31,24 @@ namespace kvgate::mutate {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+std::string device_gate_gap(const std::vector<std::string>& expect,
+                            const std::function<std::optional<BaselineGate>(const std::string&)>& lookup,
+                            const std::vector<std::string>& all_ran) {
+  std::string why;
+  bool names_a_gate = false;
+  for (const auto& id : expect) {
+    const std::optional<BaselineGate> g = lookup(id);
+    if (g && g->ran) return {};
+    names_a_gate = names_a_gate || g.has_value();
+    why += (why.empty() ? "" : "; ") + id +
+           (!g ? std::string(" is not a gate of this run") : " skipped in the baseline (" + g->skip_reason + ")");
+  }
+  if (!names_a_gate)
+    for (const auto& id : all_ran)
+      if (id.find(".cuda.") != std::string::npos) return {};
+  return "requires a CUDA device: none of its gates ran here: " + why;
+}
+
 std::vector<std::vector<std::string>> split_gate_ids(const std::vector<std::string>& ids, std::size_t n,
                                                      const std::function<double(const std::string&)>& seconds) {
   n = std::min(n, ids.size());
@@ -549,15 +567,17 @@ std::string requirement_gap(const Env& e, const Mutant& m, bool built) {
     // Only a device-backed gate can kill it: one of its expected gates must have really run in the
     // baseline. A GPU gate skips (and passes) when the CUDA runtime cannot use the device even
     // though nvidia-smi lists it (e.g. a driver older than the runtime), so this is the last word.
-    std::string why;
-    for (const auto& id : m.expect_killed_by) {
-      const auto it = e.gates.find(id);
-      if (it != e.gates.end() && !it->second.skipped) return {};
-      why += (why.empty() ? "" : "; ") + id +
-             (it == e.gates.end() ? std::string(" is not a gate of this run")
-                                  : " skipped in the baseline (" + it->second.skip_reason + ")");
-    }
-    return "requires a CUDA device: none of its gates ran here: " + why;
+    std::vector<std::string> ran;
+    for (const auto& [id, g] : e.gates)
+      if (!g.skipped) ran.push_back(id);
+    return device_gate_gap(
+        m.expect_killed_by,
+        [&](const std::string& id) -> std::optional<BaselineGate> {
+          const auto it = e.gates.find(id);
+          if (it == e.gates.end()) return std::nullopt;
+          return BaselineGate{!it->second.skipped, it->second.skip_reason};
+        },
+        ran);
   }
   return {};
 }

@@ -1493,6 +1493,29 @@ TEST_CASE("compile-ahead: a job with nothing to compile is not counted ahead; a 
   fs::remove_all(root);
 }
 
+TEST_CASE("device mutants: one expected gate that ran is enough; a mutant written apart may be killed by any GPU gate that ran") {
+  const std::map<std::string, BaselineGate> base{{"ORA.cuda.decode.int8", {true, ""}},
+                                                 {"ORA.cuda.decode.f16", {false, "no CUDA device"}},
+                                                 {"ENV.int8", {true, ""}}};
+  auto lookup = [&](const std::string& id) -> std::optional<BaselineGate> {
+    const auto it = base.find(id);
+    return it == base.end() ? std::nullopt : std::optional<BaselineGate>(it->second);
+  };
+  std::vector<std::string> ran{"ORA.cuda.decode.int8", "ENV.int8"};
+  CHECK(device_gate_gap({"ORA.cuda.decode.f16", "ORA.cuda.decode.int8"}, lookup, ran).empty());
+  // Its only gate skipped: it cannot be killed here, and the reason names the skip.
+  const std::string skipped = device_gate_gap({"ORA.cuda.decode.f16"}, lookup, ran);
+  CHECK(skipped.find("ORA.cuda.decode.f16 skipped in the baseline (no CUDA device)") != std::string::npos);
+  // A real gate named but not in this run (another program): still not runnable, even though GPU gates ran.
+  CHECK_FALSE(device_gate_gap({"ORA.cuda.decode.f16", "SGN.cuda.damage.pages"}, lookup, ran).empty());
+  // Written apart (a placeholder ID): any GPU gate that ran may kill it ...
+  CHECK(device_gate_gap({"UNKNOWN.written_apart"}, lookup, ran).empty());
+  CHECK(device_gate_gap({}, lookup, ran).empty());
+  // ... but not a CPU gate alone.
+  const std::string cpu_only = device_gate_gap({"UNKNOWN.written_apart"}, lookup, {"ENV.int8"});
+  CHECK(cpu_only.find("UNKNOWN.written_apart is not a gate of this run") != std::string::npos);
+}
+
 TEST_CASE("gate shards: every ID in one group, balanced by baseline seconds") {
   const std::vector<std::string> ids{"A.1", "A.2", "A.3", "A.4", "A.5"};
   const std::map<std::string, double> t{{"A.1", 9}, {"A.2", 1}, {"A.3", 5}, {"A.4", 4}, {"A.5", 0.5}};

@@ -4,6 +4,7 @@
 #pragma once
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <iosfwd>
 #include <map>
 #include <set>
@@ -113,6 +114,19 @@ struct MutateOptions {
 // exactly one group; no group is empty; n < 2 or fewer than two IDs: one group.
 std::vector<std::vector<std::string>> split_gate_ids(const std::vector<std::string>& ids, std::size_t n,
                                                      const std::function<double(const std::string&)>& seconds);
+
+// A device-only mutant in a run whose device is present: "" when a gate that can kill it really ran
+// in the baseline, else why not. `expect`: its expect_killed_by; `ran(id)`: nullopt when id is no gate
+// of the run, else whether it ran unskipped (with the skip reason beside). One of the expected gates
+// ran; or, for a mutant written apart that names no gate of the run (a placeholder), any GPU gate
+// (".cuda." in its ID, the gate programs' naming) ran.
+struct BaselineGate {
+  bool ran = false;
+  std::string skip_reason;
+};
+std::string device_gate_gap(const std::vector<std::string>& expect,
+                            const std::function<std::optional<BaselineGate>(const std::string&)>& lookup,
+                            const std::vector<std::string>& all_ran);
 
 // `requires: cuda-device`: is a CUDA device present? Decided before building (the build only gets
 // CUDA when a device mutant can run). KVGATE_MUTATE_CUDA_DEVICE=0|1 overrides; CUDA_VISIBLE_DEVICES
