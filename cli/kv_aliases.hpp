@@ -27,7 +27,8 @@ inline constexpr KvAlias kVllmKvCacheDtype[] = {
     {"fp8_e5m2", "fp8_e5m2", nullptr},
     {"fp8_inc", nullptr, "fp8 (fp8_inc is Intel Gaudi's calibrated E4M3 with its own scale files)"},
     {"fp8_ds_mla", nullptr,
-     "fp8 (fp8_ds_mla is DeepSeek's latent MLA cache with per-tile scales; kvgate stores MLA as expanded K/V rows)"},
+     "k=fp8_block128,v=bf16 with --mla-cache latent (the same latent bytes: fp8 with a scale per 128-element "
+     "tile, the RoPE key in bf16; named as the pair because the alias means nothing without an MLA latent cache)"},
 };
 
 // llama.cpp --cache-type-k / --cache-type-v (common/arg.cpp kv_cache_types). Their q8_0 and q4_0

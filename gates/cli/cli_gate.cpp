@@ -554,7 +554,7 @@ TEST_CASE("CLI.run.kv_aliases vLLM --kv-cache-dtype and llama.cpp -ctk/-ctv name
   };
   for (const Refusal& r : {Refusal{"-ctk q5_1", "--cache-type-k q5_1 has no exact kvgate equivalent; the nearest is q8_0"},
                            Refusal{"--cache-type-v iq4_nl", "--cache-type-v iq4_nl has no exact kvgate equivalent; the nearest is q4_0"},
-                           Refusal{"--kv-cache-dtype fp8_ds_mla", "the nearest is fp8"},
+                           Refusal{"--kv-cache-dtype fp8_ds_mla", "the nearest is k=fp8_block128,v=bf16 with --mla-cache latent"},
                            Refusal{"--kv-cache-dtype fp9", "is not a value --kv-cache-dtype takes"},
                            Refusal{"--kv fp8 --kv-cache-dtype fp8", "name the KV format one way"},
                            Refusal{"--kv-cache-dtype fp8 -ctk q8_0", "name the KV format one way"}}) {

@@ -25,6 +25,7 @@ inline std::size_t expected_page_bytes(HalfFormat f, std::size_t B, std::size_t 
     case HalfFormat::nvfp4: return B * (H * D / 2) + B * (H * D / 16);  // E2M1 nibbles, then E4M3 scales
     case HalfFormat::fp8_per_token_head:
     case HalfFormat::int8_per_token_head: return B * H * D + 4 * B * H;  // byte codes, then f32 scales [B][H]
+    case HalfFormat::fp8_block128: return B * H * D + 4 * B * (H * D / 128);  // byte codes, then f32 scales per 128
   }
   return 0;
 }

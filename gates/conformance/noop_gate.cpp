@@ -32,6 +32,7 @@
 #include "catch_compat.hpp"
 #include "conformance_fixtures.hpp"
 #include "format_bytes.hpp"
+#include "kvgate/blocks.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format_list.hpp"
 #include "kvgate/loaders.hpp"
@@ -119,6 +120,15 @@ Parsed parse_page(HalfFormat f, const std::uint8_t* pg, int B, int H, int D, int
         p.scale.push_back(sc);
       }
       break;
+    case HalfFormat::fp8_block128:  // byte codes, then the 128-tiles' binary32 scales [B][H*D/128]
+      codes(8, HD);
+      p.group = kTileBlock;
+      for (int k = 0; k < n * HD / kTileBlock; ++k) {
+        float sc;
+        std::memcpy(&sc, pg + static_cast<std::size_t>(B) * HD + 4 * static_cast<std::size_t>(k), 4);
+        p.scale.push_back(sc);
+      }
+      break;
     case HalfFormat::q8_0:
     case HalfFormat::q4_0:
     case HalfFormat::q4_0_rot: {
@@ -164,7 +174,8 @@ double code_step(HalfFormat f, double y) {
     case HalfFormat::bf16: return fl(7, 0x1p-126, 0x1p-133);
     case HalfFormat::fp8_e4m3:
     case HalfFormat::mxfp8:
-    case HalfFormat::fp8_per_token_head: return fl(3, 0x1p-6, 0x1p-9);
+    case HalfFormat::fp8_per_token_head:
+    case HalfFormat::fp8_block128: return fl(3, 0x1p-6, 0x1p-9);
     case HalfFormat::fp8_e5m2: return fl(2, 0x1p-14, 0x1p-16);
     case HalfFormat::mxfp4:
     case HalfFormat::nvfp4: return a < 2 ? 0.5 : a < 4 ? 1.0 : 2.0;
@@ -243,9 +254,10 @@ void check_half(const HalfCase& hc, const std::uint8_t* page, std::size_t page_b
         CHECK(p.scale_code[k] == std::ilogb(amax) - (f == HalfFormat::mxfp8 ? kMxfp8Emax : kMxfp4Emax) + 127);
         break;
       case HalfFormat::fp8_per_token_head:
+      case HalfFormat::fp8_block128:
       case HalfFormat::int8_per_token_head: {
         // s = amax / qmax rounded once to binary32 (FORMATS.md): within u of the exact quotient.
-        const double q = amax / (f == HalfFormat::fp8_per_token_head ? 448.0 : 127.0);
+        const double q = amax / (f == HalfFormat::int8_per_token_head ? 127.0 : 448.0);
         CHECK(std::fabs(s - q) <= kU32 * q);
         break;
       }

@@ -551,7 +551,8 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
   X("mixed.f16-int8", "k=f16,v=int8", 8300)           \
   X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 8400)   \
   X("mixed.int8-f32", "k=int8,v=f32", 8500)           \
-  X("mixed.bf16-fp8", "k=bf16,v=fp8_e4m3", 8600)
+  X("mixed.bf16-fp8", "k=bf16,v=fp8_e4m3", 8600)     \
+  X("mixed.fp8_block128-bf16", "k=fp8_block128,v=bf16", 8700)
 
 // The formats of PAR.cuda.decode.slow_pool: the presets and mixed pairs above whose decode is
 // pipelined (seeds as their ORA.cuda.decode rows: 7000 + 100 x the preset's slot).
@@ -597,10 +598,10 @@ TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the f
     CHECK((s.path != "generic") == (twins.count(name) == 1));
   }
   CHECK(twins == pipelined);
-  // Anti-vacuity: every twin names a format of the ORA.cuda.decode rows; 6 formats decode generically.
+  // Anti-vacuity: every twin names a format of the ORA.cuda.decode rows; 8 formats decode generically.
   for (const std::string& t : twins) CHECK(all.count(t) == 1);
   CHECK(twins.size() == 16);
-  CHECK(all.size() - twins.size() == 6);
+  CHECK(all.size() - twins.size() == 8);
 }
 
 TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names the kernel path",
@@ -649,8 +650,8 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
         generic += s.path == "generic";
       }
     }
-  CHECK(accepted == 196);  // anti-vacuity: the 14 half formats, every pair
-  CHECK(generic == 196 - 81);  // the pairs of the nine fast formats run fast or mma at D = 128
+  CHECK(accepted == 225);  // anti-vacuity: the 15 half formats, every pair
+  CHECK(generic == 225 - 81);  // the pairs of the nine fast formats run fast or mma at D = 128
   if (!dev.available) WARN("device checks of STO.cuda.capability SKIPPED: " << dev.reason);
 }
 
@@ -696,7 +697,7 @@ TEST_CASE("STO.cuda.generic_formats MX, NVFP4 and per-token-head halves are stor
     CHECK(got.fallback_reason.empty());
     register_backend_capability("cuda", nullptr);
   }
-  CHECK(generic_halves == 5);  // mxfp8, mxfp4, nvfp4, fp8_per_token_head, int8_per_token_head
+  CHECK(generic_halves == 6);  // mxfp8, mxfp4, nvfp4, fp8_per_token_head, int8_per_token_head, fp8_block128
 }
 
 TEST_CASE("STO.cuda.resolve resolve_kv on backend cuda refuses what the CUDA ops cannot run, with their reason",

@@ -41,7 +41,7 @@ using gates::oracle_half;  // gates/common/oracle_fixtures.hpp
 // head_dim and prefills on the CUDA-core kernel; store, decode and prefill all run it.
 inline bool generic_only_on_cuda(HalfFormat h) {
   return h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::nvfp4 ||
-         h == HalfFormat::fp8_per_token_head || h == HalfFormat::int8_per_token_head;
+         h == HalfFormat::fp8_per_token_head || h == HalfFormat::int8_per_token_head || h == HalfFormat::fp8_block128;
 }
 
 inline std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, const char* an,

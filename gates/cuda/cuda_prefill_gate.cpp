@@ -657,7 +657,8 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
   X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100)   \
   X("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200) \
   X("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 10300)      \
-  X("mixed.f16-int8", "k=f16,v=int8", 10400)
+  X("mixed.f16-int8", "k=f16,v=int8", 10400)          \
+  X("mixed.fp8_block128-bf16", "k=fp8_block128,v=bf16", 10500)
 
 // The formats of PAR.cuda.prefill.slow_pool (seeds as their ORA.cuda.prefill rows: 9000 + 100 x the
 // preset's slot).
@@ -703,10 +704,10 @@ TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exac
     CHECK(applies == (twins.count(name) == 1));
   }
   CHECK(twins == mma);
-  // Anti-vacuity: every twin names a format of the ORA.cuda.prefill rows; 8 prefill on CUDA cores.
+  // Anti-vacuity: every twin names a format of the ORA.cuda.prefill rows; 10 prefill on CUDA cores.
   for (const std::string& t : twins) CHECK(all.count(t) == 1);
   CHECK(twins.size() == 12);
-  CHECK(all.size() - twins.size() == 8);
+  CHECK(all.size() - twins.size() == 10);
 }
 
 TEST_CASE("STO.cuda.prefill.capability supports_op(Op::prefill) refuses with stable reasons and names its kernel",

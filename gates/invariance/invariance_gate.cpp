@@ -119,6 +119,15 @@ Decomposed decompose(HalfFormat hf, const PageGeometry& g, const std::uint8_t* p
       std::memcpy(&s, sc + static_cast<std::size_t>(i) * sizeof(float), sizeof(float));
       d.scales.push_back(s);
     }
+  } else if (hf == HalfFormat::fp8_block128) {
+    // FORMATS.md: codes run [B][H*D] bytes, then the scales run [B][H*D/128] binary32.
+    d.codes.assign(page, page + static_cast<std::size_t>(n) * HD);
+    const std::uint8_t* sc = page + static_cast<std::size_t>(g.block_size) * HD;
+    for (int i = 0; i < n * HD / kTileBlock; ++i) {
+      float s;
+      std::memcpy(&s, sc + static_cast<std::size_t>(i) * sizeof(float), sizeof(float));
+      d.scales.push_back(s);
+    }
   } else if (hf == HalfFormat::q8_0) {
     const auto* b = reinterpret_cast<const block_q8_0*>(page);
     for (int i = 0; i < n * HD / kQBlock; ++i) {
@@ -145,7 +154,7 @@ Decomposed decompose(HalfFormat hf, const PageGeometry& g, const std::uint8_t* p
 bool dynamic_scale(HalfFormat h) {
   return h == HalfFormat::int8 || h == HalfFormat::q8_0 || h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot ||
          h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::fp8_per_token_head ||
-         h == HalfFormat::int8_per_token_head;
+         h == HalfFormat::int8_per_token_head || h == HalfFormat::fp8_block128;
 }
 
 // Homogeneity of one preset: store x and 2^k x; per half, codes equal and scales x 2^k (dynamic

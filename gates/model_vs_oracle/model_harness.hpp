@@ -18,6 +18,7 @@
 
 #include "kvgate/build_paths.hpp"
 #include "bounds.hpp"
+#include "kvgate/blocks.hpp"
 #include "kvgate/engine.hpp"
 #include "kvgate/format.hpp"
 #include "kvgate/loaders.hpp"
@@ -239,7 +240,7 @@ inline ko::Half to_oracle(HalfFormat h) {
 
 // Adds to each element of one token row (H cells of D) a random sign times the format's envelope
 // at that element (docs/FORMATS.md), computed from the row as the format would: the cell scale
-// (int8, fp8_per_token_head, int8_per_token_head), the 32-block scale (q8_0, q4_0; q4_0_rot in the
+// (int8, fp8_per_token_head, int8_per_token_head), the 128-tile scale (fp8_block128), the 32-block scale (q8_0, q4_0; q4_0_rot in the
 // rotated domain, mapped back by the orthonormal Hadamard), the per-tensor scale (fp8), or |x| (f16, bf16).
 inline void add_envelope_noise(HalfFormat h, float* row, int H, int D, float tensor_scale, Rng& rng) {
   const int HD = H * D;
@@ -288,6 +289,17 @@ inline void add_envelope_noise(HalfFormat h, float* row, int H, int D, float ten
           const double env = fp8 ? 0x1p-4 * std::fabs(x[i]) + 0x1p-10 * double(s) : double(s) / 2;
           x[i] = float(x[i] + sign() * env);
         }
+      }
+      return;
+    case HalfFormat::fp8_block128:
+      // Per 128-element tile of the row, s = amax/448 in binary32 (FORMATS.md): 2^-4|x| + 2^-10 s.
+      for (int b = 0; b + kTileBlock <= HD; b += kTileBlock) {
+        float amax = 0;
+        for (int i = 0; i < kTileBlock; ++i) amax = std::max(amax, std::fabs(row[b + i]));
+        float s = amax / 448.0f;
+        if (s == 0.0f) s = 1.0f;
+        for (int i = 0; i < kTileBlock; ++i)
+          row[b + i] = float(row[b + i] + sign() * (0x1p-4 * std::fabs(row[b + i]) + 0x1p-10 * double(s)));
       }
       return;
     case HalfFormat::q8_0:

@@ -250,7 +250,7 @@ TEST_CASE("STO.names every half-format spelling, alone and in a K/V pair, maps t
       {"fp8_e5m2", HalfFormat::fp8_e5m2}, {"q8_0", HalfFormat::q8_0},       {"q4_0", HalfFormat::q4_0},
       {"q4_0_rot", HalfFormat::q4_0_rot}, {"mxfp8", HalfFormat::mxfp8},     {"mxfp4", HalfFormat::mxfp4},
       {"nvfp4", HalfFormat::nvfp4},     {"fp8_per_token_head", HalfFormat::fp8_per_token_head},
-      {"int8_per_token_head", HalfFormat::int8_per_token_head},
+      {"int8_per_token_head", HalfFormat::int8_per_token_head}, {"fp8_block128", HalfFormat::fp8_block128},
   };
   std::set<HalfFormat> covered;
   for (const Spelling& s : table) {

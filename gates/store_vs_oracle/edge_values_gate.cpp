@@ -3,7 +3,8 @@
 // ±FLT_MAX, values past the f16 and fp8 saturation points, and exact rounding ties (binary16,
 // bfloat16, the int8/q8_0 grid, the q4_0 grid, the e4m3 and e5m2 grids, the E2M1 and E4M3 grids
 // under a fixed MX block scale, the e4m3 grid under a per-(token, head) scale amax/448 that is a power
-// of two; the int8/q8_0 row's cells also fix int8_per_token_head's amax/127 at 2^-4). Random inputs almost never
+// of two, which is also fp8_block128's per-tile scale; the int8/q8_0 row's cells also fix
+// int8_per_token_head's amax/127 at 2^-4). Random inputs almost never
 // land on a tie, so a quantizer that rounds half away from zero, or casts a non-finite quotient to
 // int before clamping, passes every other byte gate.
 //
@@ -118,7 +119,8 @@ EdgeRows make_edge_rows(float scale, float magnitude, std::uint64_t seed) {
   for (int i = 1; i < 16; ++i) row(10)[i] = 0.1f * static_cast<float>(i % 7 - 3) * 0x1p-9f * scale;
   // t11: fp8_per_token_head's grid: every cell's element 0 is 448 * 2^-4 (so s = amax/448 = 2^-4
   // exactly, and x / s is exact), the others E4M3 midpoints (normal and subnormal) times 2^-4, all
-  // below the cell's amax.
+  // below the cell's amax. The same row is fp8_block128's grid: its 128-tile (both cells) has the
+  // same amax, so the tile's s is 2^-4 as well.
   {
     const float e4m3_ties[] = {1.0625f, 1.1875f, 2.125f, 1.3125f, 3.625f, 0x1p-10f, 0x3p-10f, 200.0f,
                                368.0f, -1.0625f, -2.125f, -0x1p-10f, 17.0f, 38.0f, 0x5p-10f, 1.4375f};

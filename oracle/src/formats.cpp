@@ -29,6 +29,7 @@ const char* half_name(Half h) {
         case Half::nvfp4: return "nvfp4";
         case Half::fp8_per_token_head: return "fp8_per_token_head";
         case Half::int8_per_token_head: return "int8_per_token_head";
+        case Half::fp8_block128: return "fp8_block128";
     }
     return "?";
 }
@@ -51,6 +52,7 @@ static constexpr Preset kPresets[] = {
     {"k_mxfp8_v_mxfp4", {Half::mxfp8, Half::mxfp4}}, {"nvfp4", {Half::nvfp4, Half::nvfp4}},
     {"fp8_per_token_head", {Half::fp8_per_token_head, Half::fp8_per_token_head}},
     {"int8_per_token_head", {Half::int8_per_token_head, Half::int8_per_token_head}},
+    {"fp8_block128", {Half::fp8_block128, Half::fp8_block128}},
 };
 
 std::optional<KvPair> parse_preset(std::string_view name) {
@@ -83,6 +85,8 @@ std::optional<std::string> refusal_reason(Half h, PageShape s) {
         return "row_not_multiple_of_32";
     if (h == Half::nvfp4 && (size_t(s.n_kv_heads) * size_t(s.head_dim)) % 16 != 0)
         return "row_not_multiple_of_16";
+    if (h == Half::fp8_block128 && (size_t(s.n_kv_heads) * size_t(s.head_dim)) % 128 != 0)
+        return "row_not_multiple_of_128";
     return std::nullopt;
 }
 
@@ -101,7 +105,8 @@ static size_t row_code_bytes(Half h, PageShape s) {
         case Half::fp8_e4m3:
         case Half::fp8_e5m2:
         case Half::fp8_per_token_head:
-        case Half::int8_per_token_head: return n;
+        case Half::int8_per_token_head:
+        case Half::fp8_block128: return n;
         case Half::q8_0: return (n / 32) * kQ8Block;
         case Half::q4_0:
         case Half::q4_0_rot: return (n / 32) * kQ4Block;
@@ -120,6 +125,7 @@ size_t page_bytes(Half h, PageShape s) {
     if (is_per_token_head(h)) bytes += 4 * B * H;  // scales [B][H] f32 after all codes
     if (is_mx(h)) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 32);  // scales [B][H·D/32] UE8M0
     if (h == Half::nvfp4) bytes += B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 16);  // scales [B][H·D/16] E4M3
+    if (h == Half::fp8_block128) bytes += 4 * B * (size_t(s.n_kv_heads) * size_t(s.head_dim) / 128);  // [B][H·D/128] f32
     return bytes;
 }
 
@@ -147,6 +153,10 @@ std::vector<std::pair<size_t, size_t>> slot_byte_ranges(Half h, PageShape s, int
     if (is_mx(h) || h == Half::nvfp4) {
         size_t nb = size_t(s.n_kv_heads) * size_t(s.head_dim) / (h == Half::nvfp4 ? 16 : 32);
         r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * nb, nb);
+    }
+    if (h == Half::fp8_block128) {
+        size_t nb = size_t(s.n_kv_heads) * size_t(s.head_dim) / 128;  // one f32 scale per 128-tile
+        r.emplace_back(size_t(s.block_size) * rb + size_t(slot) * nb * 4, nb * 4);
     }
     return r;
 }
@@ -286,6 +296,18 @@ float quantize_cell_per_token_head(Half h, const float* x, int D, uint8_t* codes
     return sc;
 }
 
+// ---- fp8_block128 tile: the fp8_per_token_head rule over 128 elements of the token row ----------
+
+float quantize_tile_fp8_block128(const float* x, uint8_t* codes) {
+    float amax = 0.0f;  // over the finite elements
+    for (int i = 0; i < 128; ++i)
+        if (std::isfinite(x[i]) && std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
+    float sc = amax / 448.0f;  // binary32 RNE
+    if (sc == 0.0f) sc = 1.0f;
+    for (int i = 0; i < 128; ++i) codes[i] = to_e4m3(x[i] / sc);
+    return sc;
+}
+
 // ---- Walsh–Hadamard -----------------------------------------------------------------------
 
 void hadamard(float* y, int n) {
@@ -392,6 +414,11 @@ void quantize_slot(Half h, PageShape s, const float* row, uint8_t* page, int slo
             for (int b = 0; b < n / 32; ++b) quantize_block_q4_0(rot.data() + 32 * b, dst + kQ4Block * b);
             break;
         }
+        case Half::fp8_block128: {
+            uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int b = 0; b < n / 128; ++b) put_f32(scales + 4 * b, quantize_tile_fp8_block128(row + 128 * b, dst + 128 * b));
+            break;
+        }
         case Half::mxfp8:
         case Half::mxfp4: {
             uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
@@ -476,6 +503,11 @@ void dequantize_slot(Half h, PageShape s, const uint8_t* page, int slot, const s
             }
             break;
         }
+        case Half::fp8_block128: {
+            const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
+            for (int e = 0; e < n; ++e) row[e] = from_e4m3(src[e]) * get_f32(scales + 4 * (e / 128));
+            break;
+        }
         case Half::nvfp4: {
             const uint8_t* scales = page + slot_byte_ranges(h, s, slot)[1].first;
             for (int e = 0; e < n; ++e) {
@@ -550,6 +582,8 @@ float element_scale(Half h, PageShape s, const uint8_t* page, int slot, int head
             return float(from_e8m0(page[r[1].first + (size_t(head) * size_t(s.head_dim) + size_t(i)) / 32]));
         case Half::nvfp4:
             return from_e4m3(page[r[1].first + (size_t(head) * size_t(s.head_dim) + size_t(i)) / 16]) * tensor_scale;
+        case Half::fp8_block128:
+            return get_f32(page + r[1].first + 4 * ((size_t(head) * size_t(s.head_dim) + size_t(i)) / 128));
     }
     return 0.0f;
 }

@@ -731,6 +731,20 @@ void dequantize_rows(HalfFormat f, const PageGeometry& g, int n, const std::uint
       }
       return;
     }
+    case HalfFormat::fp8_block128: {
+      // Codes [n][H*D] bytes, then the scales run [B][H*D/128] binary32 (docs/FORMATS.md): one
+      // multiply by the tile's scale, e4m3 codes through fp8_table.
+      const auto& e4 = fp8_table(HalfFormat::fp8_e4m3);
+      const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * HD;
+      for (std::size_t b = 0; b < cnt / kTileBlock; ++b) {
+        float s;
+        std::memcpy(&s, scales + b * sizeof(float), sizeof(float));
+        const std::uint8_t* cc = page + b * kTileBlock;
+        float* o = out + b * kTileBlock;
+        for (int i = 0; i < kTileBlock; ++i) o[i] = e4[cc[i]] * s;
+      }
+      return;
+    }
   }
 }
 
@@ -783,7 +797,8 @@ bool k_tile_fused(HalfFormat f, const PageGeometry& g, int nt, const std::uint8_
     case HalfFormat::mxfp4:
     case HalfFormat::nvfp4:
     case HalfFormat::fp8_per_token_head:
-    case HalfFormat::int8_per_token_head: return false;
+    case HalfFormat::int8_per_token_head:
+    case HalfFormat::fp8_block128: return false;
   }
 #endif
   (void)f, (void)g, (void)nt, (void)page, (void)srow, (void)kt, (void)ks, (void)sc;

@@ -374,6 +374,34 @@ void load_per_token_head(const PageGeometry& g, int slot, const std::uint8_t* pa
   }
 }
 
+// ---- fp8_block128: E4M3 codes, a dynamic binary32 scale per 128-element tile of the token row ----
+// docs/FORMATS.md "fp8_block128". Page: the codes run [B][H*D] (one e4m3fn byte per element), then
+// the scales run [B][H*D/128] of binary32 scales. Per tile: the fp8_per_token_head rule over the
+// tile's 128 elements instead of a cell (amax over the finite elements, s = amax / 448, s == 0 -> 1).
+void store_fp8_block128(const PageGeometry& g, int slot, const float* row, const float*, std::uint8_t* page) {
+  const int HD = g.row_elems(), nb = HD / kTileBlock;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  std::uint8_t* codes = page + t * HD;
+  std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * HD + t * nb * sizeof(float);
+  for (int b = 0; b < nb; ++b) {
+    const float* x = row + b * kTileBlock;
+    const float s = per_token_head_scale<true>(x, kTileBlock);
+    std::memcpy(scales + b * sizeof(float), &s, sizeof(float));
+    for (int i = 0; i < kTileBlock; ++i) codes[b * kTileBlock + i] = f32_to_fp8_e4m3(x[i] / s);
+  }
+}
+void load_fp8_block128(const PageGeometry& g, int slot, const std::uint8_t* page, const float*, float* row) {
+  const int HD = g.row_elems(), nb = HD / kTileBlock;
+  const std::size_t t = static_cast<std::size_t>(slot);
+  const std::uint8_t* codes = page + t * HD;
+  const std::uint8_t* scales = page + static_cast<std::size_t>(g.block_size) * HD + t * nb * sizeof(float);
+  for (int b = 0; b < nb; ++b) {
+    float s;
+    std::memcpy(&s, scales + b * sizeof(float), sizeof(float));
+    for (int i = 0; i < kTileBlock; ++i) row[b * kTileBlock + i] = fp8_e4m3_to_f32(codes[b * kTileBlock + i]) * s;
+  }
+}
+
 // ---- The traits table: one row per half format, in enum order (kvgate/format_list.hpp) ----------
 // Envelope constants: docs/FORMATS.md per format; FP slack as in envelope_bound below. The
 // absmax/127 formats (int8 per cell, q8_0 per block) share one envelope, as do q4_0 and q4_0_rot
@@ -490,6 +518,13 @@ constexpr std::array<HalfFormatInfo, kHalfFormatCount> kInfo{{
      .envelope = "|x^-x| <= s/2, s = absmax/127 (f32), round to nearest even", .per_token_scales = true,
      .per_tensor_scale = false, .env = kEnvInt8Pth,
      .quantize_token = store_per_token_head<false>, .dequantize_token = load_per_token_head<false>},
+    {.id = HalfFormat::fp8_block128, .block_elems = kTileBlock, .block_bytes = kTileBlock, .cell_scale_bytes = 0,
+     .block_scale_bytes = sizeof(float), .rotated = false, .name = "fp8_block128", .code_type = "e4m3fn (sat. +-448)",
+     .scale_granularity = "per 128-element tile of the token row", .scale_dtype = "f32", .rotation = "none",
+     .storage_precision = "e4m3fn + f32 scale per 128", .transfer_precision = "e4m3fn + f32 scale per 128",
+     .execution_precision = "f32", .envelope = "|x^-x| <= 2^-4|x| + 2^-10 s, s = tile absmax/448 (f32)",
+     .per_token_scales = true, .per_tensor_scale = false, .env = kEnvFp8Pth,
+     .quantize_token = store_fp8_block128, .dequantize_token = load_fp8_block128},
 }};
 
 // The table is the list: row i is enumerator i. A row's structure is checked here (block size,
@@ -503,7 +538,8 @@ constexpr bool table_in_enum_order() {
 static_assert(table_in_enum_order(), "kInfo rows must follow the HalfFormat enum (kvgate/format_list.hpp)");
 constexpr bool table_rows_consistent() {
   for (const auto& i : kInfo) {
-    if (i.block_elems != 1 && i.block_elems != kQBlock && i.block_elems != kQBlock / 2) return false;
+    if (i.block_elems != 1 && i.block_elems != kQBlock && i.block_elems != kQBlock / 2 && i.block_elems != kTileBlock)
+      return false;
     if (i.block_bytes == 0) return false;
     if ((i.cell_scale_bytes != 0 || i.block_elems > 1) != i.per_token_scales) return false;
     if (i.block_scale_bytes != 0 && i.block_elems == 1) return false;

@@ -368,7 +368,8 @@ double format_envelope(HalfFormat f) {
     case HalfFormat::bf16: return 0x1p-8;
     case HalfFormat::fp8_e4m3: return 0x1p-4;
     case HalfFormat::fp8_e5m2: return 0x1p-3;
-    case HalfFormat::fp8_per_token_head: return 0x1p-4;  // half an E4M3 ulp, relative (s = amax/448)
+    case HalfFormat::fp8_per_token_head:
+    case HalfFormat::fp8_block128: return 0x1p-4;  // half an E4M3 ulp, relative (s = amax/448)
     case HalfFormat::int8:
     case HalfFormat::q8_0:
     case HalfFormat::int8_per_token_head: return 1.0 / 254;  // s/2 with s = amax/127

@@ -15,7 +15,7 @@
 namespace kvgate_oracle {
 
 enum class Half { f32, f16, bf16, int8, fp8_e4m3, fp8_e5m2, q8_0, q4_0, q4_0_rot, mxfp8, mxfp4, nvfp4,
-                  fp8_per_token_head, int8_per_token_head };
+                  fp8_per_token_head, int8_per_token_head, fp8_block128 };
 
 // Names as in FORMATS.md; "fp8" is accepted as fp8_e4m3 (the preset alias).
 std::optional<Half> parse_half(std::string_view name);
@@ -24,7 +24,8 @@ inline constexpr Half kAllHalves[] = {Half::f32,      Half::f16,      Half::bf16
                                       Half::int8,     Half::fp8_e4m3, Half::fp8_e5m2,
                                       Half::q8_0,     Half::q4_0,     Half::q4_0_rot,
                                       Half::mxfp8,    Half::mxfp4,    Half::nvfp4,
-                                      Half::fp8_per_token_head,       Half::int8_per_token_head};
+                                      Half::fp8_per_token_head,       Half::int8_per_token_head,
+                                      Half::fp8_block128};
 
 // Presets: the table of FORMATS.md "Presets and pairs", typed from the page (src/formats.cpp).
 struct KvPair { Half k; Half v; };
@@ -72,7 +73,7 @@ std::vector<float> dequantize_page(Half h, PageShape s, const uint8_t* page, int
                                    const std::vector<float>& head_scales);
 
 // Scale governing element (slot, h, i) as stored: int8 the cell's f16 scale; fp8_per_token_head /
-// int8_per_token_head the cell's f32 scale; q8_0/q4_0/q4_0_rot
+// int8_per_token_head the cell's f32 scale; fp8_block128 its 128-tile's f32 scale; q8_0/q4_0/q4_0_rot
 // the signed f16 d of its 32-block (for q4_0_rot, element i of the *rotated* cell);
 // MX the block's X = 2^(e8m0 - 127); nvfp4 the block's S = e4m3 scale x global (binary32); fp8
 // tensor_scale; float formats 0.
@@ -105,6 +106,9 @@ void quantize_cell_int8(const float* x, int D, int8_t* codes, uint16_t* scale);
 // fp8_per_token_head / int8_per_token_head cell: x[D] -> codes[D] (e4m3fn bytes / int8 as bytes);
 // returns the binary32 scale s = amax/448 (/127) over the finite elements, 1.0 when that is zero.
 float quantize_cell_per_token_head(Half h, const float* x, int D, uint8_t* codes);
+// fp8_block128 tile: x[128] -> 128 e4m3fn codes; returns the tile's binary32 scale (the
+// fp8_per_token_head rule over the tile).
+float quantize_tile_fp8_block128(const float* x /*[128]*/, uint8_t* codes /*[128]*/);
 
 // Normalized Walsh–Hadamard, FORMATS.md q4_0_rot steps 1-2 in their exact op order
 // (binary32). n must be a power of two. Its own inverse up to rounding.

@@ -46,7 +46,7 @@ KVGATE_HD constexpr int gcd_c(int a, int b) { return b == 0 ? a : gcd_c(b, a % b
 // element accessor load_elem (decode.cuh) that the generic decode kernel and the CUDA-core prefill
 // kernel read through. The fast and tensor-core decode kernels (per-lane cell slices, decode.cuh
 // Slice) exist for the nine formats below; a pair holding another half (mxfp8, mxfp4, nvfp4,
-// fp8_per_token_head, int8_per_token_head) decodes on the generic kernel at every head_dim
+// fp8_per_token_head, int8_per_token_head, fp8_block128) decodes on the generic kernel at every head_dim
 // (supports_op says path "generic"), and no fast or tensor-core kernel is instantiated for it.
 KVGATE_HD constexpr bool has_fast_kernels(HF f) {
   return f == HF::f32 || f == HF::f16 || f == HF::bf16 || f == HF::int8 || f == HF::fp8_e4m3 || f == HF::fp8_e5m2 ||

@@ -196,6 +196,13 @@ __device__ __forceinline__ float load_elem(const std::uint8_t* page, int B, int 
                          (static_cast<std::uint32_t>(s4[2]) << 16) | (static_cast<std::uint32_t>(s4[3]) << 24));
     if constexpr (F == HF::fp8_per_token_head) return e4m3_val(page[r]);
     else return static_cast<float>(static_cast<std::int8_t>(page[r]));
+  } else if constexpr (F == HF::fp8_block128) {
+    // codes [B][H*D] bytes, then the 128-tiles' binary32 scales [B][H*D/128] (read bytewise).
+    const std::size_t e = static_cast<std::size_t>(h) * D + i;  // element of the token row
+    const std::uint8_t* s4 = page + static_cast<std::size_t>(B) * HD + (static_cast<std::size_t>(slot) * (HD / 128) + e / 128) * 4;
+    sc = __uint_as_float(static_cast<std::uint32_t>(s4[0]) | (static_cast<std::uint32_t>(s4[1]) << 8) |
+                         (static_cast<std::uint32_t>(s4[2]) << 16) | (static_cast<std::uint32_t>(s4[3]) << 24));
+    return e4m3_val(page[r]);
   } else {
     const std::size_t e = static_cast<std::size_t>(h) * D + i;  // element of the token row
     const std::size_t blk = static_cast<std::size_t>(slot) * (HD / 32) + e / 32;

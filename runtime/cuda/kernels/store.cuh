@@ -183,6 +183,26 @@ __global__ void __launch_bounds__(256) store_kernel(StoreLaunch a) {
         }
         if (lane < 4) scales[h * 4 + lane] = static_cast<std::uint8_t>(__float_as_uint(sc) >> (8 * lane));
       }
+    } else if constexpr (F == HF::fp8_block128) {
+      // One warp per 128-tile of the row (FORMATS.md "fp8_block128"): the fp8_per_token_head rule over
+      // the tile; codes [B][H*D], then the binary32 scales [B][H*D/128].
+      const int nb = HD / 128;
+      std::uint8_t* codes = page + static_cast<std::size_t>(slot) * HD;
+      std::uint8_t* scales = page + static_cast<std::size_t>(B) * HD + static_cast<std::size_t>(slot) * nb * 4;
+      for (int b = warp; b < nb; b += nwarps) {
+        const float* x = srow + b * 128;
+        float amax = 0.0f;
+        for (int i = lane; i < 128; i += 32)
+          if (isfinite(x[i]) && fabsf(x[i]) > amax) amax = fabsf(x[i]);
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float sc = __fdiv_rn(amax, 448.0f);
+        if (sc == 0.0f) sc = 1.0f;
+        for (int i = lane; i < 128; i += 32) {
+          const float y = isnan(x[i]) ? x[i] : __fdiv_rn(x[i], sc);
+          codes[b * 128 + i] = dev::f32_to_fp8_e4m3(y);
+        }
+        if (lane < 4) scales[b * 4 + lane] = static_cast<std::uint8_t>(__float_as_uint(sc) >> (8 * lane));
+      }
     } else {  // q4_0, q4_0_rot
       const int nb = HD / 32;
       std::uint8_t* base = page + static_cast<std::size_t>(slot) * nb * 18;

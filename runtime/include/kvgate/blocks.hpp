@@ -5,6 +5,7 @@
 namespace kvgate {
 
 inline constexpr int kQBlock = 32;  // elements per q8_0 / q4_0 block
+inline constexpr int kTileBlock = 128;  // elements per fp8_block128 tile (DeepSeek fp8_ds_mla's 1x128)
 
 struct block_q8_0 {
   std::uint16_t d;        // binary16 scale, magnitude rounded upward

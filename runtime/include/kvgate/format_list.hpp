@@ -30,7 +30,8 @@
   X(A, mxfp4, none)               \
   X(A, nvfp4, none)               \
   X(A, fp8_per_token_head, none)  \
-  X(A, int8_per_token_head, none)
+  X(A, int8_per_token_head, none)  \
+  X(A, fp8_block128, none)
 
 // X(A, name, k, v, slot, kind): one row per preset, in the order every listing prints them.
 //   name   the preset name (--kv <name>); gate IDs end in it (ENV.<name>, ORA.attn.<name>, ...)
