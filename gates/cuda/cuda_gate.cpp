@@ -543,15 +543,18 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     run_decode_gate(*f, seed + 90, false, false, true);                                                     \
   }
 
-// The mixed pairs of the ORA.cuda.decode rows (beside one row per preset).
-#define CUDA_DECODE_MIXED_PAIRS(X)                  \
+// The mixed pairs of the ORA.cuda.decode rows (beside one row per preset): those on a pipelined
+// kernel, then the fp8_ds_mla pair (generic kernel).
+#define CUDA_DECODE_MIXED_PIPELINED(X)              \
   X("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 8000) \
   X("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 8100) \
   X("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 8200)      \
   X("mixed.f16-int8", "k=f16,v=int8", 8300)           \
   X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 8400)   \
   X("mixed.int8-f32", "k=int8,v=f32", 8500)           \
-  X("mixed.bf16-fp8", "k=bf16,v=fp8_e4m3", 8600)     \
+  X("mixed.bf16-fp8", "k=bf16,v=fp8_e4m3", 8600)
+#define CUDA_DECODE_MIXED_PAIRS(X) \
+  CUDA_DECODE_MIXED_PIPELINED(X)   \
   X("mixed.fp8_block128-bf16", "k=fp8_block128,v=bf16", 8700)
 
 // The formats of PAR.cuda.decode.slow_pool: the presets and mixed pairs above whose decode is
@@ -566,7 +569,7 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
   X("q8_0", "q8_0", 7700)                \
   X("q4_0", "q4_0", 7800)                \
   X("k8v4", "k8v4", 7900)                \
-  CUDA_DECODE_MIXED_PAIRS(X)
+  CUDA_DECODE_MIXED_PIPELINED(X)
 
 #define ORA_CUDA_DECODE_ROW(A, name, k, v, slot, kind) ORA_CUDA_DECODE(#name, #name, (7000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_list.hpp

@@ -651,13 +651,16 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     run_prefill_gate(*f, seed + 90, false, false, true);                                                 \
   }
 
-// The mixed pairs of the ORA.cuda.prefill rows (beside one row per preset).
-#define CUDA_PREFILL_MIXED_PAIRS(X)                    \
+// The mixed pairs of the ORA.cuda.prefill rows (beside one row per preset): those the tensor-core
+// kernel serves, then two on the CUDA-core kernel (an f32 half; the fp8_ds_mla pair).
+#define CUDA_PREFILL_MIXED_MMA(X)                      \
   X("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 10000) \
-  X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100)   \
   X("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200) \
   X("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 10300)      \
-  X("mixed.f16-int8", "k=f16,v=int8", 10400)          \
+  X("mixed.f16-int8", "k=f16,v=int8", 10400)
+#define CUDA_PREFILL_MIXED_PAIRS(X)                  \
+  CUDA_PREFILL_MIXED_MMA(X)                          \
+  X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100) \
   X("mixed.fp8_block128-bf16", "k=fp8_block128,v=bf16", 10500)
 
 // The formats of PAR.cuda.prefill.slow_pool (seeds as their ORA.cuda.prefill rows: 9000 + 100 x the
@@ -671,10 +674,7 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
   X("q8_0", "q8_0", 9700)                              \
   X("q4_0", "q4_0", 9800)                              \
   X("k8v4", "k8v4", 9900)                              \
-  X("mixed.q4_0_rot-bf16", "k=q4_0_rot,v=bf16", 10000) \
-  X("mixed.q8_0-fp8_e5m2", "k=q8_0,v=fp8_e5m2", 10200) \
-  X("mixed.fp8-q4_0", "k=fp8_e4m3,v=q4_0", 10300)      \
-  X("mixed.f16-int8", "k=f16,v=int8", 10400)
+  CUDA_PREFILL_MIXED_MMA(X)
 
 #define ORA_CUDA_PREFILL_ROW(A, name, k, v, slot, kind) ORA_CUDA_PREFILL(#name, #name, (9000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_PREFILL_ROW, _)  // one row per preset: kvgate/format_list.hpp
