@@ -581,7 +581,7 @@ TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the f
   // No device needed: supports_op's path at head_dim 128 (the decode cases' most common; the twins'
   // own anti-vacuity counts their cases on a pipelined kernel). A pipelined kernel ("fast(...)",
   // "mma(...)") copies pages with cp.async and has a twin; "generic" has none.
-  std::set<std::string> twins, all, pipelined;
+  std::set<std::string> twins, all;
 #define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
 #define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
 #define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
@@ -591,20 +591,16 @@ TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the f
 #undef COLLECT_TWIN
 #undef COLLECT_FORMAT
 #undef COLLECT_PRESET
-  for (const std::string& name : all) {
-    const auto f = parse_kv_format(name);
-    REQUIRE(f.has_value());
-    const kc::OpSupport s = kc::supports_op(kc::Op::decode, *f, {16, 8, 128}, 32);
-    INFO(name << ": path '" << s.path << "', reason '" << s.reason << "'");
-    REQUIRE(s.ok);
-    if (s.path != "generic") pipelined.insert(name);
-    CHECK((s.path != "generic") == (twins.count(name) == 1));
-  }
-  CHECK(twins == pipelined);
-  // Anti-vacuity: every twin names a format of the ORA.cuda.decode rows; 7 formats decode generically (6 presets, the fp8_block128 pair).
-  for (const std::string& t : twins) CHECK(all.count(t) == 1);
-  CHECK(twins.size() == 16);
-  CHECK(all.size() - twins.size() == 7);
+  // 16 twins; 7 formats decode generically (6 presets, the fp8_block128 pair).
+  cuda_gate::check_twin_list(
+      twins, all,
+      [](const KvFormat& f, std::string& why) {
+        const kc::OpSupport s = kc::supports_op(kc::Op::decode, f, {16, 8, 128}, 32);
+        REQUIRE(s.ok);
+        why = "path '" + s.path + "'";
+        return s.path != "generic";
+      },
+      16, 7);
 }
 
 TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names the kernel path",

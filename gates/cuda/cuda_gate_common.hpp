@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,6 +44,28 @@ using gates::oracle_half;  // gates/common/oracle_fixtures.hpp
 inline bool generic_only_on_cuda(HalfFormat h) {
   return h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::nvfp4 ||
          h == HalfFormat::fp8_per_token_head || h == HalfFormat::int8_per_token_head || h == HalfFormat::fp8_block128;
+}
+
+// The slow-pool twin lists (STO.cuda.slow_pool_twins, STO.cuda.prefill.slow_pool_twins): `twins`
+// must be exactly the formats of `all` (the ORA rows' presets and mixed pairs) for which the
+// kernels' own choice `pipelined` holds; `n_twins` and `n_other` are the anti-vacuity counts.
+inline void check_twin_list(const std::set<std::string>& twins, const std::set<std::string>& all,
+                            const std::function<bool(const KvFormat&, std::string&)>& pipelined,
+                            std::size_t n_twins, std::size_t n_other) {
+  std::set<std::string> chosen;
+  for (const std::string& name : all) {
+    const auto f = parse_kv_format(name);
+    REQUIRE(f.has_value());
+    std::string why;
+    const bool p = pipelined(*f, why);
+    INFO(name << ": " << why);
+    if (p) chosen.insert(name);
+    CHECK(p == (twins.count(name) == 1));
+  }
+  CHECK(twins == chosen);
+  for (const std::string& t : twins) CHECK(all.count(t) == 1);  // every twin names an ORA row's format
+  CHECK(twins.size() == n_twins);
+  CHECK(all.size() - twins.size() == n_other);
 }
 
 inline std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std::size_t n, const char* an,

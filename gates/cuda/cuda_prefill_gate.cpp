@@ -685,7 +685,7 @@ TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exac
           "[gate:STO][cuda][prefill]") {
   // No device needed: prefill_mma_applies at the prefill cases' geometry (16-token pages, 2 KV heads,
   // head_dim 128), the test the twin's anti-vacuity also uses.
-  std::set<std::string> twins, all, mma;
+  std::set<std::string> twins, all;
 #define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
 #define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
 #define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
@@ -695,19 +695,15 @@ TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exac
 #undef COLLECT_TWIN
 #undef COLLECT_FORMAT
 #undef COLLECT_PRESET
-  for (const std::string& name : all) {
-    const auto f = parse_kv_format(name);
-    REQUIRE(f.has_value());
-    const bool applies = kc::prefill_mma_applies(*f, PageGeometry{16, 2, 128});
-    INFO(name << ": tensor-core prefill " << (applies ? "applies" : "does not apply"));
-    if (applies) mma.insert(name);
-    CHECK(applies == (twins.count(name) == 1));
-  }
-  CHECK(twins == mma);
-  // Anti-vacuity: every twin names a format of the ORA.cuda.prefill rows; 9 prefill on CUDA cores (7 presets, 2 pairs).
-  for (const std::string& t : twins) CHECK(all.count(t) == 1);
-  CHECK(twins.size() == 12);
-  CHECK(all.size() - twins.size() == 9);
+  // 12 twins; 9 formats prefill on CUDA cores (7 presets, 2 pairs).
+  cuda_gate::check_twin_list(
+      twins, all,
+      [](const KvFormat& f, std::string& why) {
+        const bool applies = kc::prefill_mma_applies(f, PageGeometry{16, 2, 128});
+        why = applies ? "tensor-core prefill applies" : "tensor-core prefill does not apply";
+        return applies;
+      },
+      12, 9);
 }
 
 TEST_CASE("STO.cuda.prefill.capability supports_op(Op::prefill) refuses with stable reasons and names its kernel",
