@@ -558,23 +558,15 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
   X("mixed.fp8_block128-bf16", "k=fp8_block128,v=bf16", 8700)
 
 // The formats of PAR.cuda.decode.slow_pool: the presets and mixed pairs above whose decode is
-// pipelined (seeds as their ORA.cuda.decode rows: 7000 + 100 x the preset's slot).
-#define CUDA_DECODE_SLOW_POOL_FORMATS(X) \
-  X("f32", "f32", 7100)                  \
-  X("f16", "f16", 7200)                  \
-  X("bf16", "bf16", 7300)                \
-  X("int8", "int8", 7400)                \
-  X("fp8", "fp8", 7500)                  \
-  X("fp8_e5m2", "fp8_e5m2", 7600)        \
-  X("q8_0", "q8_0", 7700)                \
-  X("q4_0", "q4_0", 7800)                \
-  X("k8v4", "k8v4", 7900)                \
-  CUDA_DECODE_MIXED_PIPELINED(X)
+// pipelined (seeds as their ORA.cuda.decode rows: 7000 + 100 x the preset's slot, + 90).
+#define PAR_CUDA_DECODE_SLOW_POOL_PRESET(name, slot) PAR_CUDA_DECODE_SLOW_POOL(#name, #name, 7000 + 100 * slot)
+#define CUDA_DECODE_SLOW_POOL_PRESETS(X) X(f32, 1) KVGATE_CUDA_PIPELINED_PRESETS(X)  // f32 decodes on the fast kernel
 
 #define ORA_CUDA_DECODE_ROW(A, name, k, v, slot, kind) ORA_CUDA_DECODE(#name, #name, (7000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_list.hpp
 CUDA_DECODE_MIXED_PAIRS(ORA_CUDA_DECODE)
-CUDA_DECODE_SLOW_POOL_FORMATS(PAR_CUDA_DECODE_SLOW_POOL)
+CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_SLOW_POOL_PRESET)
+CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_SLOW_POOL)
 
 TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the formats whose decode kernel is pipelined",
           "[gate:STO][cuda]") {
@@ -583,12 +575,15 @@ TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the f
   // "mma(...)") copies pages with cp.async and has a twin; "generic" has none.
   std::set<std::string> twins, all;
 #define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
+#define COLLECT_TWIN_PRESET(name, slot) twins.insert(#name);
 #define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
 #define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
-  CUDA_DECODE_SLOW_POOL_FORMATS(COLLECT_TWIN)
+  CUDA_DECODE_SLOW_POOL_PRESETS(COLLECT_TWIN_PRESET)
+  CUDA_DECODE_MIXED_PIPELINED(COLLECT_TWIN)
   CUDA_DECODE_MIXED_PAIRS(COLLECT_FORMAT)
   KVGATE_PRESETS(COLLECT_PRESET, _)
 #undef COLLECT_TWIN
+#undef COLLECT_TWIN_PRESET
 #undef COLLECT_FORMAT
 #undef COLLECT_PRESET
   // 16 twins; 7 formats decode generically (6 presets, the fp8_block128 pair).

@@ -46,6 +46,12 @@ inline bool generic_only_on_cuda(HalfFormat h) {
          h == HalfFormat::fp8_per_token_head || h == HalfFormat::int8_per_token_head || h == HalfFormat::fp8_block128;
 }
 
+// The presets whose halves both have fast / tensor-core CUDA kernels, as X(name, slot) (slot: the
+// preset's row in kvgate/format_list.hpp, from which the gate families derive their seeds). Their
+// decode and prefill both copy pages asynchronously, so both slow-pool twin lists start from them.
+#define KVGATE_CUDA_PIPELINED_PRESETS(X) \
+  X(f16, 2) X(bf16, 3) X(int8, 4) X(fp8, 5) X(fp8_e5m2, 6) X(q8_0, 7) X(q4_0, 8) X(k8v4, 9)
+
 // The slow-pool twin lists (STO.cuda.slow_pool_twins, STO.cuda.prefill.slow_pool_twins): `twins`
 // must be exactly the formats of `all` (the ORA rows' presets and mixed pairs) for which the
 // kernels' own choice `pipelined` holds; `n_twins` and `n_other` are the anti-vacuity counts.

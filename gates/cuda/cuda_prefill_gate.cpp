@@ -663,23 +663,16 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
   X("mixed.f32-q4_0_rot", "k=f32,v=q4_0_rot", 10100) \
   X("mixed.fp8_block128-bf16", "k=fp8_block128,v=bf16", 10500)
 
-// The formats of PAR.cuda.prefill.slow_pool (seeds as their ORA.cuda.prefill rows: 9000 + 100 x the
-// preset's slot).
-#define CUDA_PREFILL_SLOW_POOL_FORMATS(X)              \
-  X("f16", "f16", 9200)                                \
-  X("bf16", "bf16", 9300)                              \
-  X("int8", "int8", 9400)                              \
-  X("fp8", "fp8", 9500)                                \
-  X("fp8_e5m2", "fp8_e5m2", 9600)                      \
-  X("q8_0", "q8_0", 9700)                              \
-  X("q4_0", "q4_0", 9800)                              \
-  X("k8v4", "k8v4", 9900)                              \
-  CUDA_PREFILL_MIXED_MMA(X)
+// The formats of PAR.cuda.prefill.slow_pool: the pipelined presets (cuda_gate_common.hpp) and the
+// mixed pairs on the tensor-core kernel (seeds as their ORA.cuda.prefill rows: 9000 + 100 x the
+// preset's slot, + 90).
+#define PAR_CUDA_PREFILL_SLOW_POOL_PRESET(name, slot) PAR_CUDA_PREFILL_SLOW_POOL(#name, #name, 9000 + 100 * slot)
 
 #define ORA_CUDA_PREFILL_ROW(A, name, k, v, slot, kind) ORA_CUDA_PREFILL(#name, #name, (9000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_PREFILL_ROW, _)  // one row per preset: kvgate/format_list.hpp
 CUDA_PREFILL_MIXED_PAIRS(ORA_CUDA_PREFILL)
-CUDA_PREFILL_SLOW_POOL_FORMATS(PAR_CUDA_PREFILL_SLOW_POOL)
+KVGATE_CUDA_PIPELINED_PRESETS(PAR_CUDA_PREFILL_SLOW_POOL_PRESET)
+CUDA_PREFILL_MIXED_MMA(PAR_CUDA_PREFILL_SLOW_POOL)
 
 TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exactly the formats the tensor-core kernel serves",
           "[gate:STO][cuda][prefill]") {
@@ -687,12 +680,15 @@ TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exac
   // head_dim 128), the test the twin's anti-vacuity also uses.
   std::set<std::string> twins, all;
 #define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
+#define COLLECT_TWIN_PRESET(name, slot) twins.insert(#name);
 #define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
 #define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
-  CUDA_PREFILL_SLOW_POOL_FORMATS(COLLECT_TWIN)
+  KVGATE_CUDA_PIPELINED_PRESETS(COLLECT_TWIN_PRESET)
+  CUDA_PREFILL_MIXED_MMA(COLLECT_TWIN)
   CUDA_PREFILL_MIXED_PAIRS(COLLECT_FORMAT)
   KVGATE_PRESETS(COLLECT_PRESET, _)
 #undef COLLECT_TWIN
+#undef COLLECT_TWIN_PRESET
 #undef COLLECT_FORMAT
 #undef COLLECT_PRESET
   // 12 twins; 9 formats prefill on CUDA cores (7 presets, 2 pairs).
