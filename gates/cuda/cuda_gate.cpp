@@ -574,18 +574,10 @@ TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the f
   // own anti-vacuity counts their cases on a pipelined kernel). A pipelined kernel ("fast(...)",
   // "mma(...)") copies pages with cp.async and has a twin; "generic" has none.
   std::set<std::string> twins, all;
-#define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
-#define COLLECT_TWIN_PRESET(name, slot) twins.insert(#name);
-#define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
-#define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
-  CUDA_DECODE_SLOW_POOL_PRESETS(COLLECT_TWIN_PRESET)
-  CUDA_DECODE_MIXED_PIPELINED(COLLECT_TWIN)
-  CUDA_DECODE_MIXED_PAIRS(COLLECT_FORMAT)
-  KVGATE_PRESETS(COLLECT_PRESET, _)
-#undef COLLECT_TWIN
-#undef COLLECT_TWIN_PRESET
-#undef COLLECT_FORMAT
-#undef COLLECT_PRESET
+  CUDA_DECODE_SLOW_POOL_PRESETS(CUDA_TWIN_PRESET)
+  CUDA_DECODE_MIXED_PIPELINED(CUDA_TWIN_ROW)
+  CUDA_DECODE_MIXED_PAIRS(CUDA_ORA_ROW)
+  KVGATE_PRESETS(CUDA_ORA_PRESET, _)
   // 16 twins; 7 formats decode generically (6 presets, the fp8_block128 pair).
   cuda_gate::check_twin_list(
       twins, all,

@@ -52,6 +52,14 @@ inline bool generic_only_on_cuda(HalfFormat h) {
 #define KVGATE_CUDA_PIPELINED_PRESETS(X) \
   X(f16, 2) X(bf16, 3) X(int8, 4) X(fp8, 5) X(fp8_e5m2, 6) X(q8_0, 7) X(q4_0, 8) X(k8v4, 9)
 
+// Rows of the gate files' X-macro lists into the two sets a twin-list gate declares, `twins` and
+// `all`: a twin row (id, format, seed), a pipelined preset (name, slot), an ORA row (id, format,
+// seed), a KVGATE_PRESETS row.
+#define CUDA_TWIN_ROW(id, fmtname, seed) twins.insert(fmtname);
+#define CUDA_TWIN_PRESET(name, slot) twins.insert(#name);
+#define CUDA_ORA_ROW(id, fmtname, seed) all.insert(fmtname);
+#define CUDA_ORA_PRESET(A, name, k, v, slot, kind) all.insert(#name);
+
 // The slow-pool twin lists (STO.cuda.slow_pool_twins, STO.cuda.prefill.slow_pool_twins): `twins`
 // must be exactly the formats of `all` (the ORA rows' presets and mixed pairs) for which the
 // kernels' own choice `pipelined` holds; `n_twins` and `n_other` are the anti-vacuity counts.

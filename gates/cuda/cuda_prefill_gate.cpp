@@ -679,18 +679,10 @@ TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exac
   // No device needed: prefill_mma_applies at the prefill cases' geometry (16-token pages, 2 KV heads,
   // head_dim 128), the test the twin's anti-vacuity also uses.
   std::set<std::string> twins, all;
-#define COLLECT_TWIN(id, fmtname, seed) twins.insert(fmtname);
-#define COLLECT_TWIN_PRESET(name, slot) twins.insert(#name);
-#define COLLECT_FORMAT(id, fmtname, seed) all.insert(fmtname);
-#define COLLECT_PRESET(A, name, k, v, slot, kind) all.insert(#name);
-  KVGATE_CUDA_PIPELINED_PRESETS(COLLECT_TWIN_PRESET)
-  CUDA_PREFILL_MIXED_MMA(COLLECT_TWIN)
-  CUDA_PREFILL_MIXED_PAIRS(COLLECT_FORMAT)
-  KVGATE_PRESETS(COLLECT_PRESET, _)
-#undef COLLECT_TWIN
-#undef COLLECT_TWIN_PRESET
-#undef COLLECT_FORMAT
-#undef COLLECT_PRESET
+  KVGATE_CUDA_PIPELINED_PRESETS(CUDA_TWIN_PRESET)
+  CUDA_PREFILL_MIXED_MMA(CUDA_TWIN_ROW)
+  CUDA_PREFILL_MIXED_PAIRS(CUDA_ORA_ROW)
+  KVGATE_PRESETS(CUDA_ORA_PRESET, _)
   // 12 twins; 9 formats prefill on CUDA cores (7 presets, 2 pairs).
   cuda_gate::check_twin_list(
       twins, all,
