@@ -299,13 +299,7 @@ float quantize_cell_per_token_head(Half h, const float* x, int D, uint8_t* codes
 // ---- fp8_block128 tile: the fp8_per_token_head rule over 128 elements of the token row ----------
 
 float quantize_tile_fp8_block128(const float* x, uint8_t* codes) {
-    float amax = 0.0f;  // over the finite elements
-    for (int i = 0; i < 128; ++i)
-        if (std::isfinite(x[i]) && std::fabs(x[i]) > amax) amax = std::fabs(x[i]);
-    float sc = amax / 448.0f;  // binary32 RNE
-    if (sc == 0.0f) sc = 1.0f;
-    for (int i = 0; i < 128; ++i) codes[i] = to_e4m3(x[i] / sc);
-    return sc;
+    return quantize_cell_per_token_head(Half::fp8_per_token_head, x, 128, codes);  // FORMATS.md: the same rule
 }
 
 // ---- Walsh–Hadamard -----------------------------------------------------------------------
