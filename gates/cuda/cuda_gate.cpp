@@ -27,6 +27,7 @@
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"
+#include "head_scales.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
@@ -69,16 +70,27 @@ void write_both(PagedKvStore& cpu, SeqId cs, kc::CudaKvStore& gpu, SeqId gs, int
 
 // ---- ORA.cuda.store --------------------------------------------------------------------------------
 
-void run_store_gate(HalfFormat f, std::uint64_t seed0) {
+// head_scales (ORA.cuda.store_head_scales, fp8 halves): the scales differ per KV head
+// (gate_head_scales), the oracle quantizes each head with its own; anti-vacuity: the oracle with head
+// 0's scale on every head gives other bytes on some page of most multi-head cases.
+void run_store_gate(HalfFormat f, std::uint64_t seed0, bool head_scales = false) {
   const KvFormat fmt{f, f};
-  long cases = 0, pages = 0;
+  long cases = 0, pages = 0, head_cases = 0, head0_differs = 0;
   for (const StoreCase& c : covering_cases(seed0)) {
     if (!case_supported(fmt, c)) continue;
     ++cases;
-    INFO("half " << name(f) << " case " << c.describe());
+    INFO("half " << name(f) << " case " << c.describe() << (head_scales ? " (scales per KV head)" : ""));
     const auto k = make_rows(c, kGateKMagnitude, 1), v = make_rows(c, kGateVMagnitude, 2);
-    PagedKvStore cpu(case_config(fmt, c));
-    kc::CudaKvStore gpu(case_config(fmt, c));
+    StoreConfig cc = case_config(fmt, c);
+    const std::vector<float> hk = gate_head_scales(1, c.n_kv_heads, KvHalf::K), hv = gate_head_scales(1, c.n_kv_heads, KvHalf::V);
+    if (head_scales) {
+      cc.k_scale = hk;
+      cc.v_scale = hv;
+    }
+    PagedKvStore cpu(cc);
+    kc::CudaKvStore gpu(cc);
+    if (head_scales && c.n_kv_heads > 1) REQUIRE(gpu.per_head_scales());
+    bool differs = false;
     const SeqId cs = cpu.create_sequence(), gs = gpu.create_sequence();
     write_both(cpu, cs, gpu, gs, c.n_tokens, k, v, c.row_stride());
     const auto ct = cpu.block_table(cs), gt = gpu.block_table(gs);
@@ -95,7 +107,10 @@ void run_store_gate(HalfFormat f, std::uint64_t seed0) {
         for (int t = 0; t < n; ++t)
           std::copy_n((half == 0 ? k : v).data() + (t0 + t) * c.row_stride(), c.n_kv_heads * c.head_dim,
                       in.data() + static_cast<std::size_t>(t) * c.n_kv_heads * c.head_dim);
-        const auto orc = ko::quantize_page(to_oracle(f), shape, in.data(), n, half == 0 ? kGateKScale : kGateVScale);
+        const auto orc = head_scales ? ko::quantize_page(to_oracle(f), shape, in.data(), n, half == 0 ? hk : hv)
+                                     : ko::quantize_page(to_oracle(f), shape, in.data(), n, half == 0 ? kGateKScale : kGateVScale);
+        if (head_scales)
+          differs |= ko::quantize_page(to_oracle(f), shape, in.data(), n, half == 0 ? hk[0] : hv[0]) != orc;
         INFO((half == 0 ? "K" : "V") << " page " << p << ": vs CPU " << first_diff(got.data(), want, got.size(), "gpu", "cpu")
                                      << "; vs oracle " << first_diff(got.data(), orc.data(), got.size(), "gpu", "oracle"));
         CHECK(std::memcmp(got.data(), want, got.size()) == 0);
@@ -104,9 +119,18 @@ void run_store_gate(HalfFormat f, std::uint64_t seed0) {
         ++pages;
       }
     }
+    if (head_scales && c.n_kv_heads > 1) {
+      ++head_cases;
+      head0_differs += differs;
+    }
   }
   CHECK(cases >= 64);
   CHECK(pages >= 256);
+  if (head_scales) {
+    INFO("multi-head cases " << head_cases << ", head 0's scales give other bytes in " << head0_differs);
+    CHECK(head_cases >= 16);
+    CHECK(head0_differs * 10 >= head_cases * 9);
+  }
 }
 
 // Special values: NaN, +-inf, +-0, f32 subnormals, huge, f16/fp8 rounding boundaries and ties.
@@ -241,9 +265,18 @@ int case_window(int i, int block_size) {
 // memory (cuda_gate::MappedPages), outputs bit for bit equal: a stage of WarpKvPipe read before its
 // cp.async.wait_group shows there. Run only for the formats with a pipelined kernel (the list by the
 // PAR.cuda.decode.slow_pool rows below).
-void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false, bool capped = false,
-                     bool slow_pool = false) {
+// Per-head-scale twin (ORA.cuda.decode_head_scales, docs/FORMATS.md "Static scales per KV head"): the
+// store's fp8 scales differ per KV head (gate_head_scales: ratios that are not powers of two), the
+// oracle dequantizes each head with its own scale; same bound. Anti-vacuity: the reference made with
+// head 0's scales on every head is farther than 4 bounds from the one judged, in most multi-head
+// sequences (a kernel reading one head's scale for all goes red).
+struct DecodeVariant {
+  bool windowed = false, capped = false, slow_pool = false, head_scales = false;
+};
+void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant variant = {}) {
+  const bool windowed = variant.windowed, capped = variant.capped, slow_pool = variant.slow_pool;
   long cases = 0, windows_cut = 0, windowed_seqs = 0, cap_seqs = 0, cap_visible = 0, slow_pipelined = 0;
+  long head_seqs = 0, heads_visible = 0;
   int case_index = 0;
   kc::DecodeWorkspace ws;
   for (const DecodeCase& dc : decode_cases(seed0)) {
@@ -270,9 +303,13 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     cfg.n_blocks = 0;
     for (int L : dc.lens) cfg.n_blocks += (L + dc.block_size - 1) / dc.block_size;
     cfg.n_blocks += 3;
-    cfg.k_scale = {kGateKScale};
-    cfg.v_scale = {kGateVScale};
+    // Scales per KV head (one per head in every case: H entries, equal without variant.head_scales).
+    const std::vector<float> kscale = variant.head_scales ? gate_head_scales(1, H, KvHalf::K) : std::vector<float>(H, kGateKScale);
+    const std::vector<float> vscale = variant.head_scales ? gate_head_scales(1, H, KvHalf::V) : std::vector<float>(H, kGateVScale);
+    cfg.k_scale = kscale;
+    cfg.v_scale = vscale;
     kc::CudaKvStore gpu(cfg);
+    if (variant.head_scales && H > 1) REQUIRE(gpu.per_head_scales());
     // A decoy sequence first so the pages of the tested sequences do not start at block 0.
     const SeqId decoy = gpu.create_sequence();
     gpu.extend(decoy, dc.block_size + 1);
@@ -346,6 +383,8 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
       const int n = dc.lens[static_cast<std::size_t>(s)];
       const auto table = gpu.block_table(seqs[static_cast<std::size_t>(s)]);
       std::vector<float> kd(static_cast<std::size_t>(n) * HD), vd(kd.size()), ky(kd.size()), vy(kd.size());
+      std::vector<float> kd0, vd0;  // head-scales twin: every head dequantized with head 0's scale
+      if (variant.head_scales) kd0.resize(kd.size()), vd0.resize(kd.size());
       for (std::size_t p = 0; p < table.size(); ++p) {
         const int t0 = static_cast<int>(p) * dc.block_size, m = std::min(dc.block_size, n - t0);
         const auto kp = gpu.download_page(0, KvHalf::K, table[p]);
@@ -353,8 +392,15 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
         auto put = [&](std::vector<float>& dst, const std::vector<float>& src) {
           std::copy(src.begin(), src.end(), dst.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
         };
-        put(kd, ko::dequantize_page(to_oracle(fmt.k), shape, kp.data(), m, kGateKScale));
-        put(vd, ko::dequantize_page(to_oracle(fmt.v), shape, vp.data(), m, kGateVScale));
+        if (variant.head_scales) {
+          put(kd, ko::dequantize_page(to_oracle(fmt.k), shape, kp.data(), m, kscale));
+          put(vd, ko::dequantize_page(to_oracle(fmt.v), shape, vp.data(), m, vscale));
+          put(kd0, ko::dequantize_page(to_oracle(fmt.k), shape, kp.data(), m, kscale[0]));
+          put(vd0, ko::dequantize_page(to_oracle(fmt.v), shape, vp.data(), m, vscale[0]));
+        } else {
+          put(kd, ko::dequantize_page(to_oracle(fmt.k), shape, kp.data(), m, kGateKScale));
+          put(vd, ko::dequantize_page(to_oracle(fmt.v), shape, vp.data(), m, kGateVScale));
+        }
         // Rotated-domain values (the bytes read as plain q4_0) for the bound of a rotated half.
         if (rot_k) put(ky, ko::dequantize_page(ko::Half::q4_0, shape, kp.data(), m, 1.0f));
         if (rot_v) put(vy, ko::dequantize_page(ko::Half::q4_0, shape, vp.data(), m, 1.0f));
@@ -428,6 +474,15 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
       const double rms = std::sqrt(ref_sq / double(cmp_ref.size()));
       INFO("bound / rms(ref) = " << bound / rms);
       CHECK(bound <= kOraSensitivity * rms);
+      if (variant.head_scales && H > 1) {  // head 0's scale on every head: farther than the bound
+        std::vector<double> alt(ref.size());
+        ko::sdpa_f64(as, qs, kd0.data(), vd0.data(), alt.data());
+        double d = 0;
+        for (std::size_t i = 0; i < alt.size(); ++i) d = std::max(d, std::fabs(alt[i] - ref[i]));
+        INFO("head 0's scales on every head vs each head's own: " << d);
+        ++head_seqs;
+        if (d > 4 * bound) ++heads_visible;
+      }
       if (window > 0 && window < n) {  // the window cuts: one key more is farther than the bound
         ko::AttnShape wider = as;
         wider.window = window + 1;
@@ -476,6 +531,11 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
     INFO("cases on a pipelined kernel whose splits wrap the stage ring: " << slow_pipelined);
     CHECK(slow_pipelined >= 2);
   }
+  if (variant.head_scales) {
+    INFO("multi-head sequences " << head_seqs << ", head 0's scales visible in " << heads_visible);
+    CHECK(heads_visible >= 16);
+    CHECK(heads_visible * 10 >= head_seqs * 9);
+  }
   if (capped) {
     INFO("soft-capped sequences " << cap_seqs << ", cap visible in " << cap_visible);
     CHECK(cap_visible >= 16);
@@ -505,6 +565,15 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = f
 #define ORA_CUDA_STORE_ROW(A, name, prefill_mma) ORA_CUDA_STORE(#name, 6100 + 100 * static_cast<int>(HalfFormat::name))
 KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/format_list.hpp
 
+// Static fp8 scales per KV head (docs/FORMATS.md "Static scales per KV head"): the store kernel
+// divides each element by its own head's scale.
+TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU page bytes == CPU == oracle",
+          "[gate:ORA][fmt:fp8][fmt:fp8_e5m2][cuda]") {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  run_store_gate(HalfFormat::fp8_e4m3, 9500, true);
+  run_store_gate(HalfFormat::fp8_e5m2, 9600, true);
+}
+
 #define ORA_CUDA_DECODE(id, fmtname, seed)                                                                  \
   TEST_CASE("ORA.cuda.decode." id " GPU decode attention == oracle FP64 attention over the same bytes",     \
             "[gate:ORA][fmt:" fmtname "][cuda]") {                                                          \
@@ -518,14 +587,14 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
-    run_decode_gate(*f, seed + 50, true);                                                                   \
+    run_decode_gate(*f, seed + 50, {.windowed = true});                                                     \
   }                                                                                                         \
   TEST_CASE("ORA.cuda.decode_softcap." id " GPU soft-capped decode == oracle FP64 soft-capped SDPA",        \
             "[gate:ORA][fmt:" fmtname "][cuda]") {                                                          \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
-    run_decode_gate(*f, seed + 70, false, true);                                                            \
+    run_decode_gate(*f, seed + 70, {.capped = true});                                                       \
   }
 
 // Slow-pool twins (PAR.cuda.decode.slow_pool, built to catch a stage of WarpKvPipe read before its
@@ -540,7 +609,7 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
-    run_decode_gate(*f, seed + 90, false, false, true);                                                     \
+    run_decode_gate(*f, seed + 90, {.slow_pool = true});                                                    \
   }
 
 // The mixed pairs of the ORA.cuda.decode rows (beside one row per preset): those on a pipelined
@@ -562,11 +631,33 @@ KVGATE_HALF_FORMATS(ORA_CUDA_STORE_ROW, _)  // one row per half format: kvgate/f
 #define PAR_CUDA_DECODE_SLOW_POOL_PRESET(name, slot) PAR_CUDA_DECODE_SLOW_POOL(#name, #name, 7000 + 100 * slot)
 #define CUDA_DECODE_SLOW_POOL_PRESETS(X) X(f32, 1) KVGATE_CUDA_PIPELINED_PRESETS(X)  // f32 decodes on the fast kernel
 
+// Static fp8 scales per KV head (docs/FORMATS.md "Static scales per KV head"), one row per kernel that
+// reads them: the tensor-core kernel (both halves fp8; the generic one at head_dim 8), the CUDA-core
+// fast kernel with a per-head K (query multiplier) and with a per-head V (the combine's output
+// scale), and the generic kernel (the windowed twin).
+#define ORA_CUDA_DECODE_HEAD_SCALES(id, fmtname, seed)                                                      \
+  TEST_CASE("ORA.cuda.decode_head_scales." id " GPU decode, fp8 scales per KV head == oracle FP64 SDPA",     \
+            "[gate:ORA][fmt:" fmtname "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(fmtname);                                                                \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, seed, {.head_scales = true});                                                       \
+  }                                                                                                         \
+  TEST_CASE("ORA.cuda.decode_window_head_scales." id " GPU sliding-window decode, fp8 scales per KV head "  \
+            "== oracle FP64 windowed SDPA",                                                                 \
+            "[gate:ORA][fmt:" fmtname "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(fmtname);                                                                \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, seed + 50, {.windowed = true, .head_scales = true});                                \
+  }
+
 #define ORA_CUDA_DECODE_ROW(A, name, k, v, slot, kind) ORA_CUDA_DECODE(#name, #name, (7000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_list.hpp
 CUDA_DECODE_MIXED_PAIRS(ORA_CUDA_DECODE)
 CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_SLOW_POOL_PRESET)
 CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_SLOW_POOL)
+CUDA_HEAD_SCALE_PAIRS(ORA_CUDA_DECODE_HEAD_SCALES)
 
 TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the formats whose decode kernel is pipelined",
           "[gate:STO][cuda]") {
@@ -736,14 +827,15 @@ TEST_CASE("STO.cuda.resolve resolve_kv on backend cuda refuses what the CUDA ops
   register_backend_capability("cuda", nullptr);
 }
 
-TEST_CASE("STO.cuda.head_scales per-KV-head fp8 scales are refused by supports_op and the CUDA store, by name (no "
-          "device needed); heads that agree run as one scale per layer",
-          "[gate:STO][fmt:fp8]") {
-  // The CUDA kernels take one fp8 scale per (layer, K|V): a store whose scales differ across the KV
-  // heads of a layer must be refused with reason "per_head_scales_unsupported" before any device
-  // memory is touched, never run with one head's scale.
+TEST_CASE("STO.cuda.head_scales per-KV-head scales: fp8 halves run them, an nvfp4 half's are refused by name (no "
+          "device needed); a half that reads no scale ignores its list",
+          "[gate:STO][fmt:fp8][fmt:nvfp4]") {
+  // The fp8 kernels take a layer's per-head table (ORA.cuda.store_head_scales and the
+  // ORA.cuda.*_head_scales rows check their arithmetic on a device). nvfp4's FP32 global scale is one
+  // per (layer, K|V), as on the CPU store: a table whose heads differ must be refused with reason
+  // "per_head_scales_unsupported" before any device memory is touched, never run with one head's scale.
   StoreConfig c;
-  c.format = {HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3};
+  c.format = {HalfFormat::fp8_e4m3, HalfFormat::fp8_e5m2};
   c.n_layers = 2;
   c.n_kv_heads = 4;
   c.head_dim = 64;
@@ -751,27 +843,47 @@ TEST_CASE("STO.cuda.head_scales per-KV-head fp8 scales are refused by supports_o
   c.n_blocks = 4;
   c.k_scale = {0.5f, 0.5f, 0.5f, 0.5f, 0.25f, 0.25f, 0.25f, 0.25f};  // per head, but every head agrees
   c.v_scale = {0.1f, 0.2f, 0.3f, 0.4f, 0.1f, 0.1f, 0.1f, 0.1f};      // layer 0's heads differ
-  const kc::OpSupport s = kc::supports_op(kc::Op::store, c);
-  INFO("reason '" << s.reason << "' detail '" << s.detail << "'");
+  for (kc::Op op : {kc::Op::store, kc::Op::decode, kc::Op::prefill}) {
+    const kc::OpSupport s = kc::supports_op(op, c, 8);
+    INFO("fp8 with per-head V scales: reason '" << s.reason << "' detail '" << s.detail << "'");
+    CHECK(s.ok);
+  }
+  StoreConfig nv = c;
+  nv.format = {HalfFormat::fp8_e4m3, HalfFormat::nvfp4};
+  const kc::OpSupport s = kc::supports_op(kc::Op::store, nv);
+  INFO("nvfp4 V with per-head scales: reason '" << s.reason << "' detail '" << s.detail << "'");
   CHECK_FALSE(s.ok);
   CHECK(s.reason == "per_head_scales_unsupported");
   CHECK_THAT(s.detail, kvgate_catch::contains("V half"));
-  CHECK_FALSE(kc::supports_op(kc::Op::decode, c, 8).ok);
+  CHECK_THAT(s.detail, kvgate_catch::contains("layer 0"));
+  CHECK_FALSE(kc::supports_op(kc::Op::decode, nv, 8).ok);
+  CHECK_FALSE(kc::supports_op(kc::Op::prefill, nv, 8).ok);
   std::string msg;
   try {
-    kc::CudaKvStore st(c);
+    kc::CudaKvStore st(nv);
   } catch (const KvStoreError& e) {
     msg = e.what();
   }
   CHECK_THAT(msg, kvgate_catch::contains("per_head_scales_unsupported"));
-  // Anti-vacuity: heads that agree collapse to one scale per layer and pass; a V half that reads no
-  // scale (int8) ignores the list.
-  CHECK(kc::per_layer_scales(c.k_scale, 2, 4) == std::vector<float>{0.5f, 0.25f});
-  CHECK(kc::per_layer_scales(c.v_scale, 2, 4) == c.v_scale);
-  StoreConfig agree = c;
+  // The ops refuse a per-head table for an nvfp4 half too (checked before any launch; the pointer is
+  // never read).
+  const float fake = 1.0f;
+  kc::StoreRowsArgs a;
+  a.n_tokens = 1;
+  a.head_scales = &fake;
+  msg.clear();
+  try {
+    kc::store_rows(HalfFormat::nvfp4, nv.geometry(), a);
+  } catch (const std::invalid_argument& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, kvgate_catch::contains("per_head_scales_unsupported"));
+  // Anti-vacuity: nvfp4 heads that agree pass; a V half that reads no scale (int8) ignores its list;
+  // the CUDA store keeps the table per head (what its kernels read), as the CPU store does.
+  StoreConfig agree = nv;
   agree.v_scale = {0.1f, 0.1f, 0.1f, 0.1f, 0.2f, 0.2f, 0.2f, 0.2f};
   CHECK(kc::supports_op(kc::Op::store, agree).ok);
-  StoreConfig int8_v = c;
+  StoreConfig int8_v = nv;
   int8_v.format.v = HalfFormat::int8;
   CHECK(kc::supports_op(kc::Op::store, int8_v).ok);
 }

@@ -52,6 +52,16 @@ inline bool generic_only_on_cuda(HalfFormat h) {
 #define KVGATE_CUDA_PIPELINED_PRESETS(X) \
   X(f16, 2) X(bf16, 3) X(int8, 4) X(fp8, 5) X(fp8_e5m2, 6) X(q8_0, 7) X(q4_0, 8) X(k8v4, 9)
 
+// The pairs of the per-KV-head scale rows (ORA.cuda.decode*_head_scales, ORA.cuda.prefill*_head_scales),
+// as X(id, format, seed): both halves fp8 (the tensor-core kernels), an fp8 K beside a 16-bit V (the
+// per-head query multiplier on the CUDA-core decode kernel) and a 16-bit K beside an fp8 V (the
+// per-head output scale).
+#define CUDA_HEAD_SCALE_PAIRS(X)                 \
+  X("fp8", "fp8", 9000)                          \
+  X("fp8_e5m2", "fp8_e5m2", 9100)                \
+  X("mixed.fp8-bf16", "k=fp8_e4m3,v=bf16", 9200) \
+  X("mixed.bf16-fp8_e5m2", "k=bf16,v=fp8_e5m2", 9300)
+
 // Rows of the gate files' X-macro lists into the two sets a twin-list gate declares, `twins` and
 // `all`: a twin row (id, format, seed), a pipelined preset (name, slot), an ORA row (id, format,
 // seed), a KVGATE_PRESETS row.

@@ -58,6 +58,7 @@
 #include "scratch_dir.hpp"
 #include "cuda_f32_bound.hpp"
 #include "cuda_gate_common.hpp"
+#include "head_scales.hpp"
 #include "model_fixtures.hpp"
 #include "models.hpp"
 
@@ -143,12 +144,18 @@ Model swapped_layers(const Model& m) {  // the wrong-layer model: layers 0 and 1
 struct BytesCheck {
   long pages = 0, differing = 0, nonzero_bytes = 0;
   std::string first;
+  bool per_head = false;  // the engine's store had scales that differ across KV heads
 };
 
-BytesCheck check_store_bytes(const Model& m, const KvFormat& f, const std::vector<int>& seq) {
+// k_scale / v_scale: the engine's KV scales (EngineOptions::k_scale/v_scale; empty: the default).
+BytesCheck check_store_bytes(const Model& m, const KvFormat& f, const std::vector<int>& seq,
+                             const std::vector<float>& k_scale = {}, const std::vector<float>& v_scale = {}) {
   // One chunk of the whole sequence so the captured rows cover it (the chunked path is what the
   // logits gates use; the store kernel is the same).
-  kc::CudaEngine e(m, gpu_opts(f, static_cast<int>(seq.size())));
+  kc::CudaEngineOptions o = gpu_opts(f, static_cast<int>(seq.size()));
+  o.engine.k_scale = k_scale;
+  o.engine.v_scale = v_scale;
+  kc::CudaEngine e(m, o);
   e.forward().set_capture_kv(true);
   (void)e.forward_all_logits(seq);
   const auto& ck = e.forward().captured_k();
@@ -165,6 +172,7 @@ BytesCheck check_store_bytes(const Model& m, const KvFormat& f, const std::vecto
     cpu.write(cs, l, 0, n, ck.data() + off, static_cast<std::size_t>(kvd), cv.data() + off, static_cast<std::size_t>(kvd));
   }
   BytesCheck r;
+  r.per_head = e.store().per_head_scales();
   const auto gt = e.store().block_table(e.sequence());
   const auto ct = cpu.block_table(cs);
   REQUIRE(gt.size() == ct.size());
@@ -377,6 +385,34 @@ TEST_CASE("MOD.cuda.greedy.stories260K GPU greedy == README ids == CPU engine", 
 
 #define MOD_CUDA_LOGITS_ROW(A, name, k, v, slot, kind) MOD_CUDA_LOGITS(#name, #name)
 KVGATE_PRESETS(MOD_CUDA_LOGITS_ROW, _)  // one row per preset: kvgate/format_list.hpp
+
+// MOD.cuda.head_scales.stories260K: the CUDA forward with static fp8 scales per KV head (docs/CUDA.md
+// "Static fp8 scales per KV head"; the table distinct per layer, head and half, gate_head_scales) writes
+// every layer's pages as the CPU store fed the GPU's own K/V rows: the forward hands each layer's
+// store call its row of the device table. Bound: exact bytes. Anti-vacuity: the engine's store is
+// per-head, the pages hold data, and every layer's table differs from layer 0's.
+TEST_CASE("MOD.cuda.head_scales.stories260K GPU forward with fp8 scales per KV head: every layer's pages == the CPU "
+          "store fed the GPU's rows",
+          "[gate:MOD][cuda][fmt:fp8][fmt:fp8_e5m2]") {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  const Stories& s = stories();
+  const ModelConfig& c = s.rt.config;
+  const auto ks = gate_head_scales(c.n_layers, c.n_kv_heads, KvHalf::K), vs = gate_head_scales(c.n_layers, c.n_kv_heads, KvHalf::V);
+  for (const KvFormat f : {KvFormat{HalfFormat::fp8_e4m3, HalfFormat::fp8_e4m3}, KvFormat{HalfFormat::fp8_e4m3, HalfFormat::fp8_e5m2}}) {
+    const BytesCheck bc = check_store_bytes(s.rt, f, s.corpus.sequences[0], ks, vs);
+    std::cout << "MOD.cuda.head_scales.stories260K: KV " << f.name() << ", " << c.n_layers << " layers x " << c.n_kv_heads
+              << " KV heads of scales: " << bc.differing << " of " << bc.pages << " pages differ from the CPU store fed the GPU's rows"
+              << (bc.first.empty() ? "" : " (first: " + bc.first + ")") << ", " << bc.nonzero_bytes << " nonzero bytes\n";
+    INFO("KV " << f.name() << ": first differing page " << bc.first);
+    CHECK(bc.per_head);
+    CHECK(bc.differing == 0);
+    CHECK(bc.pages >= 2L * c.n_layers);  // every layer's K and V pages were compared
+    CHECK(bc.pages % (2L * c.n_layers) == 0);
+    CHECK(bc.nonzero_bytes > 0);
+  }
+  for (int l = 1; l < c.n_layers; ++l)
+    for (int h = 0; h < c.n_kv_heads; ++h) CHECK(ks[static_cast<std::size_t>(l * c.n_kv_heads + h)] != ks[static_cast<std::size_t>(h)]);
+}
 
 // STO.cuda.weights_bf16: the bf16 weight upload (page-locked double buffer, conversion on all
 // cores) stores RNE(host f32) of every weight, the same rounding __float2bfloat16_rn gives and

@@ -55,6 +55,7 @@
 #include "kvgate_oracle/formats.hpp"
 #include "kvgate_oracle/metrics.hpp"
 #include "cuda_gate_common.hpp"
+#include "head_scales.hpp"
 #include "store_harness.hpp"
 #include "kvgate/numeric.hpp"
 
@@ -137,13 +138,18 @@ std::vector<float> operand_values(HalfFormat h, const ko::PageShape& shape, cons
 // The kernel's query operand: binary32 q * q_mul (q_mul as prefill_mma.cu computes it), the
 // binary32 Walsh-Hadamard of prefill_fwht_rows (same butterfly order, then x had_c) for a rotated
 // K, then one RNE to the K operand type.
-std::vector<float> query_operands(const KvFormat& fmt, const std::vector<float>& q, int D, float k_scale) {
+// k_scales: the K scale of each KV head (query head hq reads KV head hq / group; q is [n][Hq][D]).
+std::vector<float> query_operands(const KvFormat& fmt, const std::vector<float>& q, int D, int Hq, int group,
+                                  const std::vector<float>& k_scales) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool fp8k = fmt.k == HalfFormat::fp8_e4m3 || fmt.k == HalfFormat::fp8_e5m2;
-  const float q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * (fp8k ? k_scale : 1.0f));
   const float had_c = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   std::vector<float> out(q.size());
-  for (std::size_t i = 0; i < q.size(); ++i) out[i] = q[i] * q_mul;
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    const std::size_t kvh = (i / static_cast<std::size_t>(D)) % static_cast<std::size_t>(Hq) / static_cast<std::size_t>(group);
+    const float q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * (fp8k ? k_scales[kvh] : 1.0f));
+    out[i] = q[i] * q_mul;
+  }
   if (fmt.k == HalfFormat::q4_0_rot)
     for (std::size_t r = 0; r < q.size() / D; ++r) {
       float* x = out.data() + r * D;
@@ -248,9 +254,17 @@ int case_window(int i, int block_size) {
 // worst-case bound). Softcap rounding (division, tanhf <= 2 ulp, multiply; tanh' <= 1): u |s| +
 // 3u cap per score, counted as an L1 increase of (|s| + 3 cap) / depth in the depth x u x L1 of
 // attn_f32_max_abs (depth D + 2 on the CUDA cores, D/4 + 10 on the tensor cores).
-void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = false, bool capped = false,
-                      bool slow_pool = false) {
+// Per-head-scale twin (ORA.cuda.prefill_head_scales, docs/FORMATS.md "Static scales per KV head"): the
+// store's fp8 scales differ per KV head (gate_head_scales), the oracle and the tensor-core reference
+// take each head's own; same bounds. Anti-vacuity: the reference made with head 0's scales on every
+// head is farther than 4 x kOraSensitivity x rms from the one judged in most multi-head cases.
+struct PrefillVariant {
+  bool windowed = false, capped = false, slow_pool = false, head_scales = false;
+};
+void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, PrefillVariant variant = {}) {
+  const bool windowed = variant.windowed, capped = variant.capped, slow_pool = variant.slow_pool;
   long cases = 0, windows_cut = 0, cap_cases = 0, cap_visible = 0, slow_mma = 0, slow_multi_tile = 0;
+  long head_cases = 0, heads_visible = 0;
   int case_index = 0;
   for (const PrefillCase& pc : prefill_cases(seed0)) {
     if (capped && pc.n_past + pc.n_new > 400) continue;
@@ -276,9 +290,12 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     cfg.head_dim = D;
     cfg.block_size = pc.block_size;
     cfg.n_blocks = (n_all + pc.block_size - 1) / pc.block_size + 2 * (pc.block_size + 1) + 4;
-    cfg.k_scale = {kGateKScale};
-    cfg.v_scale = {kGateVScale};
+    const std::vector<float> kscale = variant.head_scales ? gate_head_scales(1, H, KvHalf::K) : std::vector<float>(H, kGateKScale);
+    const std::vector<float> vscale = variant.head_scales ? gate_head_scales(1, H, KvHalf::V) : std::vector<float>(H, kGateVScale);
+    cfg.k_scale = kscale;
+    cfg.v_scale = vscale;
     kc::CudaKvStore gpu(cfg);
+    if (variant.head_scales && H > 1) REQUIRE(gpu.per_head_scales());
 
     // Rows: the sequence's n_all rows (gaussian K/V), decoys: large constant values.
     const StoreCase sc_rows{pc.block_size, H, D, n_all, Pattern::gaussian, pc.seed * 31, 0};
@@ -361,6 +378,8 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     const bool rot_k = fmt.k == HalfFormat::q4_0_rot, rot_v = fmt.v == HalfFormat::q4_0_rot;
     const auto table = gpu.block_table(s);
     std::vector<float> kd(static_cast<std::size_t>(n_ctx) * HD), vd(kd.size()), ky(kd.size()), vy(kd.size());
+    std::vector<float> kd0, vd0;  // head-scales twin: every head dequantized with head 0's scale
+    if (variant.head_scales) kd0.resize(kd.size()), vd0.resize(kd.size());
     for (int p = 0; p * pc.block_size < n_ctx; ++p) {
       const int t0 = p * pc.block_size, m = std::min(pc.block_size, n_ctx - t0);
       const auto kp = gpu.download_page(0, KvHalf::K, table[static_cast<std::size_t>(p)]);
@@ -368,8 +387,15 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
       auto put = [&](std::vector<float>& dst, const std::vector<float>& src) {
         std::copy_n(src.begin(), static_cast<std::size_t>(m) * HD, dst.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
       };
-      put(kd, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kGateKScale));
-      put(vd, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, kGateVScale));
+      if (variant.head_scales) {
+        put(kd, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kscale));
+        put(vd, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, vscale));
+        put(kd0, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kscale[0]));
+        put(vd0, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, vscale[0]));
+      } else {
+        put(kd, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kGateKScale));
+        put(vd, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, kGateVScale));
+      }
       if (rot_k) put(ky, ko::dequantize_page(ko::Half::q4_0, shape, kp.data(), m, 1.0f));
       if (rot_v) put(vy, ko::dequantize_page(ko::Half::q4_0, shape, vp.data(), m, 1.0f));
     }
@@ -378,6 +404,18 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     as.softcap = softcap;
     std::vector<double> ref(q.size());
     ko::sdpa_f64(as, q.data(), kd.data(), vd.data(), ref.data());
+    if (variant.head_scales && H > 1) {  // head 0's scale on every head: far from the reference judged
+      std::vector<double> alt(q.size());
+      ko::sdpa_f64(as, q.data(), kd0.data(), vd0.data(), alt.data());
+      double d = 0, r2 = 0;
+      for (std::size_t i = 0; i < alt.size(); ++i) {
+        d = std::max(d, std::fabs(alt[i] - ref[i]));
+        r2 += ref[i] * ref[i];
+      }
+      INFO("head 0's scales on every head vs each head's own: " << d);
+      ++head_cases;
+      if (d > 4 * kOraSensitivity * std::sqrt(r2 / double(alt.size()))) ++heads_visible;
+    }
     if (softcap > 0) {  // anti-vacuity of the cap: without it the reference moves (counted, judged below)
       ko::AttnShape uncapped = as;
       uncapped.softcap = 0;
@@ -432,16 +470,23 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
         std::copy(kx.begin(), kx.end(), ko_.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
         std::copy(vx.begin(), vx.end(), vo.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
       }
-      const std::vector<float> qo = query_operands(fmt, q, D, kGateKScale);
-      const double vm = (fmt.v == HalfFormat::fp8_e4m3 || fmt.v == HalfFormat::fp8_e5m2) ? double(kGateVScale) : 1.0;
+      const std::vector<float> qo = query_operands(fmt, q, D, Hq, pc.group, kscale);
+      // The fp8 V scale of the output element's KV head (the kernel's epilogue multiplier).
+      const bool fp8v = fmt.v == HalfFormat::fp8_e4m3 || fmt.v == HalfFormat::fp8_e5m2;
+      const auto vm = [&](std::size_t e) {
+        return fp8v ? double(vscale[(e / static_cast<std::size_t>(D)) % static_cast<std::size_t>(Hq) /
+                                    static_cast<std::size_t>(pc.group)])
+                    : 1.0;
+      };
       OperandRef R = operand_attention(qo, ko_, vo, pc.n_new, Hq, H, D, pc.n_past, n_ctx, 0, softcap);
       OperandRef W = operand_attention(qo, ko_, vo, pc.n_new, Hq, H, D, pc.n_past, n_ctx, 1, softcap);
       if (softcap > 0) R.max_l1 += (R.max_l1 + 3.0 * softcap) / (D / 4 + 10);  // softcap rounding (below)
       double vmax_o = 0;
-      for (float x : vo) vmax_o = std::max(vmax_o, double(std::fabs(x)));
+      for (std::size_t e = 0; e < vo.size(); ++e)
+        vmax_o = std::max(vmax_o, double(std::fabs(vo[e])) *
+                                      (fp8v ? double(vscale[(e / static_cast<std::size_t>(D)) % static_cast<std::size_t>(H)]) : 1.0));
       for (auto* x : {&R.o, &R.b, &W.o})
-        for (double& e : *x) e *= vm;
-      vmax_o *= vm;
+        for (std::size_t e = 0; e < x->size(); ++e) (*x)[e] *= vm(e);
       // The kernel's output in the domain of R (a rotated V: H applied in binary64).
       std::vector<double> gd(got.begin(), got.end());
       double o2 = 0;
@@ -602,6 +647,11 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     CHECK(slow_multi_tile >= 5);
   }
   if (windowed) CHECK(windows_cut >= 8);
+  if (variant.head_scales) {
+    INFO("multi-head cases " << head_cases << ", head 0's scales visible in " << heads_visible);
+    CHECK(heads_visible >= 8);
+    CHECK(heads_visible * 10 >= head_cases * 9);
+  }
   if (capped) {
     // Counted, not required per case: where few keys are visible or the scores stay far below the
     // cap, it moves the output by less (on the H200: visible in 12-14 of the 16-17 cases per format).
@@ -626,14 +676,14 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    run_prefill_gate(*f, seed + 50, true);                                                               \
+    run_prefill_gate(*f, seed + 50, {.windowed = true});                                                               \
   }                                                                                                      \
   TEST_CASE("ORA.cuda.prefill_softcap." id " GPU soft-capped prefill == oracle FP64 soft-capped SDPA",     \
             "[gate:ORA][fmt:" fmtname "][cuda][prefill]") {                                              \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    run_prefill_gate(*f, seed + 70, false, true);                                                        \
+    run_prefill_gate(*f, seed + 70, {.capped = true});                                                        \
   }
 
 // Slow-pool twins (PAR.cuda.prefill.slow_pool, built to catch a stage of the tensor-core kernel read
@@ -648,7 +698,7 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, bool windowed = 
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
     const auto f = parse_kv_format(fmtname);                                                             \
     REQUIRE(f.has_value());                                                                              \
-    run_prefill_gate(*f, seed + 90, false, false, true);                                                 \
+    run_prefill_gate(*f, seed + 90, {.slow_pool = true});                                                 \
   }
 
 // The mixed pairs of the ORA.cuda.prefill rows (beside one row per preset): those the tensor-core
@@ -673,6 +723,27 @@ KVGATE_PRESETS(ORA_CUDA_PREFILL_ROW, _)  // one row per preset: kvgate/format_li
 CUDA_PREFILL_MIXED_PAIRS(ORA_CUDA_PREFILL)
 KVGATE_CUDA_PIPELINED_PRESETS(PAR_CUDA_PREFILL_SLOW_POOL_PRESET)
 CUDA_PREFILL_MIXED_MMA(PAR_CUDA_PREFILL_SLOW_POOL)
+
+// Static fp8 scales per KV head (docs/FORMATS.md "Static scales per KV head"), the pairs of the
+// ORA.cuda.decode_head_scales rows: the tensor-core kernel (every pair, fp8 with an fp8 or bf16
+// half) and the CUDA-core kernel (the windowed twin).
+#define ORA_CUDA_PREFILL_HEAD_SCALES(id, fmtname, seed)                                                  \
+  TEST_CASE("ORA.cuda.prefill_head_scales." id " GPU causal prefill, fp8 scales per KV head == oracle FP64 SDPA", \
+            "[gate:ORA][fmt:" fmtname "][cuda][prefill]") {                                              \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
+    const auto f = parse_kv_format(fmtname);                                                             \
+    REQUIRE(f.has_value());                                                                              \
+    run_prefill_gate(*f, seed + 2000, {.head_scales = true});                                            \
+  }                                                                                                      \
+  TEST_CASE("ORA.cuda.prefill_window_head_scales." id " GPU sliding-window prefill, fp8 scales per KV head " \
+            "== oracle FP64 windowed SDPA",                                                              \
+            "[gate:ORA][fmt:" fmtname "][cuda][prefill]") {                                              \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                     \
+    const auto f = parse_kv_format(fmtname);                                                             \
+    REQUIRE(f.has_value());                                                                              \
+    run_prefill_gate(*f, seed + 2050, {.windowed = true, .head_scales = true});                          \
+  }
+CUDA_HEAD_SCALE_PAIRS(ORA_CUDA_PREFILL_HEAD_SCALES)
 
 TEST_CASE("STO.cuda.prefill.slow_pool_twins the prefill slow-pool twins are exactly the formats the tensor-core kernel serves",
           "[gate:STO][cuda][prefill]") {

@@ -7,6 +7,7 @@
 #include "kvgate/cuda/ops.hpp"
 #include "kvgate/resolve.hpp"
 
+#include <algorithm>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,30 +27,22 @@ Capability half_capability(HalfFormat h, const PageGeometry& g) {
 
 }  // namespace
 
-std::vector<float> per_layer_scales(const std::vector<float>& s, int n_layers, int n_kv_heads) {
-  const std::size_t L = static_cast<std::size_t>(n_layers), H = static_cast<std::size_t>(n_kv_heads);
-  if (H <= 1 || s.size() != L * H) return s;
-  std::vector<float> out;
-  for (std::size_t l = 0; l < L; ++l) {
-    const std::span<const float> heads(s.data() + l * H, H);
-    if (!uniform_heads(heads)) return s;
-    out.push_back(heads[0]);
-  }
-  return out;
-}
-
 OpSupport supports_op(Op op, const StoreConfig& c, int n_heads) {
+  // Scales per KV head (a [n_layers * n_kv_heads] table whose heads differ in some layer): the fp8
+  // kernels take the layer's table (StoreRowsArgs::head_scales, DecodeArgs/PrefillArgs::k_/v_head_scales);
+  // nvfp4's FP32 global scale is one per (layer, K|V), as on the CPU store.
+  const std::size_t L = static_cast<std::size_t>(std::max(c.n_layers, 0)), H = static_cast<std::size_t>(std::max(c.n_kv_heads, 1));
   for (int half = 0; half < 2; ++half) {
     const std::vector<float>& s = half == 0 ? c.k_scale : c.v_scale;
     const HalfFormat hf = half == 0 ? c.format.k : c.format.v;
-    if (!info(hf).per_tensor_scale) continue;  // a half that reads no scale runs whatever the list holds
-    const std::vector<float> per_layer = per_layer_scales(s, c.n_layers, c.n_kv_heads);
-    if (c.n_kv_heads > 1 && per_layer.size() == static_cast<std::size_t>(c.n_layers) * static_cast<std::size_t>(c.n_kv_heads))
-      return {false, "per_head_scales_unsupported",
-              std::string("the ") + (half == 0 ? "K" : "V") + " half (" + std::string(name(hf)) +
-                  ") has scales that differ across the KV heads of a layer; the CUDA kernels take one scale per "
-                  "(layer, K|V): run it on the CPU backend (--device cpu), or give one scale per layer",
-              {}};
+    if (!info(hf).per_tensor_scale || hf == HalfFormat::fp8_e4m3 || hf == HalfFormat::fp8_e5m2 || H <= 1 || s.size() != L * H) continue;
+    for (std::size_t l = 0; l < L; ++l)
+      if (!uniform_heads(std::span<const float>(s).subspan(l * H, H)))
+        return {false, "per_head_scales_unsupported",
+                std::string("the ") + (half == 0 ? "K" : "V") + " half (" + std::string(name(hf)) + ") has scales that differ "
+                    "across the KV heads of layer " + std::to_string(l) + ", but its FP32 global scale is one per (layer, "
+                    "K|V): per-head scales apply to fp8_e4m3/fp8_e5m2 halves only; give one scale per layer for it",
+                {}};
   }
   return supports_op(op, c.format, c.geometry(), n_heads);
 }

@@ -198,6 +198,8 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   const float k_ts = detail::applied_tensor_scale(a.format.k, a.k_scale);
   const float v_ts = detail::applied_tensor_scale(a.format.v, a.v_scale);
   L.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
+  L.k_heads = detail::applied_head_scales(a.format.k, a.k_head_scales, "decode_attention");
+  L.sm_scale = scale;
   L.had_c = detail::hadamard_scale(D);
   // A windowed call runs the generic kernel even under a plan made for full attention (a CUDA
   // graph's one plan for every layer): the split ranges carry over, the shared memory is its own.
@@ -215,6 +217,8 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   c.head_dim = D;
   c.splits = p.splits;
   c.v_mul = v_ts;
+  c.v_heads = detail::applied_head_scales(a.format.v, a.v_head_scales, "decode_attention");
+  c.group = a.n_heads / H;
   c.had_c = L.had_c;
   detail::launch_combine(c, a.format.v == HalfFormat::q4_0_rot, stream);
   return p;

@@ -1,5 +1,5 @@
-// Split-K merge of the decode partials, per-tensor V scale, and the inverse rotation of the output
-// for a Walsh-Hadamard-rotated V (the accumulation ran in the rotated domain).
+// Split-K merge of the decode partials, the V scale (per tensor or per KV head), and the inverse
+// rotation of the output for a Walsh-Hadamard-rotated V (the accumulation ran in the rotated domain).
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +18,7 @@ template <bool RotV>
 __global__ void decode_combine_kernel(CombineLaunch a) {
   extern __shared__ float sm[];  // [D] output, [splits] weights, [32] reduction scratch, [warps][D] partial sums
   const int hq = blockIdx.x, b = blockIdx.y, D = a.head_dim, S = a.splits;
+  const float v_mul = head_v_mul(a.v_mul, a.v_heads, hq / a.group);  // the V scale of the head's KV head
   float* o_s = sm;
   float* w_s = sm + D;
   float* red = w_s + S;
@@ -85,7 +86,7 @@ __global__ void decode_combine_kernel(CombineLaunch a) {
   for (int d = tid; d < D; d += nthr) {
     float acc = 0.0f;
     for (int w = 0; w < nw; ++w) acc += o_w[w * D + d];
-    o_s[d] = L > 0.0f || L != L ? acc / L * a.v_mul : 0.0f;  // a query with no visible key gets 0
+    o_s[d] = L > 0.0f || L != L ? acc / L * v_mul : 0.0f;  // a query with no visible key gets 0
   }
   __syncthreads();
   if constexpr (RotV) {

@@ -59,6 +59,13 @@ float softcap_base2(float cap, const char* op) {
                                 std::to_string(cap) + "; 0 means none)");
   return cap > 0.0f ? static_cast<float>(static_cast<double>(cap) * 1.4426950408889634) : 0.0f;
 }
+const float* applied_head_scales(HF f, const float* heads, const char* op) {
+  if (!heads || !kvgate::info(f).per_tensor_scale) return nullptr;
+  if (is_fp8(f)) return heads;
+  throw std::invalid_argument(std::string("kvgate::cuda::") + op + ": per_head_scales_unsupported: the " +
+                              std::string(kvgate::name(f)) +
+                              " half keeps one global scale per (layer, K|V); pass its tensor scale, not a per-head table");
+}
 }  // namespace detail
 
 }  // namespace kvgate::cuda

@@ -22,18 +22,11 @@ CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
     throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
                        "): " + sup.detail);
   if (cfg_.n_layers < 1 || cfg_.n_blocks < 0) throw KvStoreError("cuda kv store: n_layers must be >= 1 and n_blocks >= 0");
-  for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
-    *sc = per_layer_scales(*sc, cfg_.n_layers, cfg_.n_kv_heads);  // heads that agree: one per layer
-    if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
-    if (static_cast<int>(sc->size()) != cfg_.n_layers)
-      throw KvStoreError("cuda kv store: k_scale/v_scale must have one entry per layer");
-    for (float s : *sc)
-      if (!(s > 0.0f) || !std::isfinite(s)) throw KvStoreError("cuda kv store: per-tensor KV scales must be finite and > 0");
-  }
   for (int h = 0; h < 2; ++h) {
     page_bytes_[h] = kvgate::page_bytes(h == 0 ? cfg_.format.k : cfg_.format.v, g);
     stride_[h] = (page_bytes_[h] + kPageAlign - 1) / kPageAlign * kPageAlign;
   }
+  init_scales();
   pools_.assign(static_cast<std::size_t>(cfg_.n_layers) * 2, nullptr);
   try {
     for (int l = 0; l < cfg_.n_layers; ++l)
@@ -47,6 +40,7 @@ CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
   } catch (...) {
     for (auto* p : pools_)
       if (p) cudaFree(p);
+    if (d_head_scales_) cudaFree(d_head_scales_);
     throw;
   }
   free_list_.reserve(static_cast<std::size_t>(cfg_.n_blocks));
@@ -60,12 +54,6 @@ CudaKvStore::CudaKvStore(StoreConfig cfg, External ext) : cfg_(std::move(cfg)), 
     throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
                        "): " + sup.detail);
   if (cfg_.n_layers < 1) throw KvStoreError("cuda kv store: n_layers must be >= 1");
-  for (auto* sc : {&cfg_.k_scale, &cfg_.v_scale}) {
-    *sc = per_layer_scales(*sc, cfg_.n_layers, cfg_.n_kv_heads);  // heads that agree: one per layer
-    if (sc->empty()) sc->assign(static_cast<std::size_t>(cfg_.n_layers), 1.0f);
-    if (static_cast<int>(sc->size()) != cfg_.n_layers)
-      throw KvStoreError("cuda kv store: k_scale/v_scale must have one entry per layer");
-  }
   if (ext.pools.size() != static_cast<std::size_t>(cfg_.n_layers) * 2 || ext.n_pages < 1 || ext.stride % kPageAlign != 0)
     throw KvStoreError("cuda kv store view: needs one K and one V base per layer, >= 1 page and a stride that is a "
                        "multiple of 256 bytes");
@@ -78,7 +66,24 @@ CudaKvStore::CudaKvStore(StoreConfig cfg, External ext) : cfg_(std::move(cfg)), 
     if (!p || reinterpret_cast<std::uintptr_t>(p) % kPageAlign != 0)
       throw KvStoreError("cuda kv store view: page bases must be non-null and 256-byte aligned");
   cfg_.n_blocks = ext.n_pages;
+  init_scales();
   pools_ = std::move(ext.pools);  // not owned; the free list stays empty
+}
+
+void CudaKvStore::init_scales() {
+  normalize_kv_scales(cfg_, "cuda kv store");
+  // supports_op(Op::store, cfg_) above refused a per-head table for a half other than fp8.
+  if (!per_head_scales()) return;
+  const std::size_t n = cfg_.k_scale.size();
+  std::vector<float> both(cfg_.k_scale);
+  both.insert(both.end(), cfg_.v_scale.begin(), cfg_.v_scale.end());
+  KVGATE_CUDA_CHECK(cudaMalloc(&d_head_scales_, 2 * n * sizeof(float)));
+  const cudaError_t e = cudaMemcpy(d_head_scales_, both.data(), 2 * n * sizeof(float), cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    cudaFree(d_head_scales_);
+    d_head_scales_ = nullptr;
+    KVGATE_CUDA_CHECK(e);
+  }
 }
 
 CudaKvStore::~CudaKvStore() {
@@ -87,10 +92,40 @@ CudaKvStore::~CudaKvStore() {
       if (p) cudaFree(p);
   for (auto* p : scratch_)
     if (p) cudaFree(p);
+  if (d_head_scales_) cudaFree(d_head_scales_);
+}
+
+std::span<const float> CudaKvStore::head_scales(int layer, KvHalf h) const {
+  if (layer < 0 || layer >= cfg_.n_layers)
+    throw KvStoreError("cuda kv store: layer " + std::to_string(layer) + " is out of range (n_layers " +
+                       std::to_string(cfg_.n_layers) + ")");
+  const std::vector<float>& s = h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale;
+  const std::size_t H = static_cast<std::size_t>(std::max(cfg_.n_kv_heads, 1));
+  return std::span<const float>(s).subspan(static_cast<std::size_t>(layer) * H, H);
+}
+
+bool CudaKvStore::per_head_scales() const {
+  for (int l = 0; l < cfg_.n_layers; ++l)
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      if (!uniform_heads(head_scales(l, h))) return true;
+  return false;
 }
 
 float CudaKvStore::tensor_scale(int layer, KvHalf h) const {
-  return (h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale)[static_cast<std::size_t>(layer)];
+  const std::span<const float> s = head_scales(layer, h);
+  if (!uniform_heads(s))
+    throw KvStoreError("cuda kv store: layer " + std::to_string(layer) + "'s " + (h == KvHalf::K ? "K" : "V") +
+                       " scale differs per KV head; a per-tensor reader cannot use it (read head_scales())");
+  return s[0];
+}
+
+CudaKvStore::KernelScales CudaKvStore::kernel_scales(int layer, KvHalf h) const {
+  const std::span<const float> s = head_scales(layer, h);
+  KernelScales k;
+  k.tensor = s[0];
+  if (!uniform_heads(s))
+    k.heads = d_head_scales_ + (static_cast<std::size_t>(h == KvHalf::K ? 0 : 1) * cfg_.n_layers + layer) * s.size();
+  return k;
 }
 
 CudaKvStore::Sequence& CudaKvStore::seq(SeqId s) {
@@ -248,7 +283,9 @@ void CudaKvStore::write(SeqId s, int layer, int pos0, int n, const float* d_k, s
     a.n_tokens = n;
     a.pool = pool(layer, h);
     a.page_stride = page_stride(h);
-    a.tensor_scale = tensor_scale(layer, h);
+    const KernelScales ks = kernel_scales(layer, h);
+    a.tensor_scale = ks.tensor;
+    a.head_scales = ks.heads;
     store_rows(half_format(h), g, a, stream);
   }
   // The pageable-memory copy above returned after staging; the map vector may go.
@@ -317,8 +354,7 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
   a.max_seq_len = max_len;
   a.q = d_q;
   a.out = d_out;
-  a.k_scale = tensor_scale(layer, KvHalf::K);
-  a.v_scale = tensor_scale(layer, KvHalf::V);
+  set_kernel_scales(*this, layer, a);
   a.softmax_scale = softmax_scale;
   a.num_splits = num_splits;
   a.window = window;
@@ -354,8 +390,7 @@ std::string CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int 
   a.n_new = n_new;
   a.q = d_q;
   a.out = d_out;
-  a.k_scale = tensor_scale(layer, KvHalf::K);
-  a.v_scale = tensor_scale(layer, KvHalf::V);
+  set_kernel_scales(*this, layer, a);
   a.softmax_scale = softmax_scale;
   a.window = window;
   a.softcap = softcap;

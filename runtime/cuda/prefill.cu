@@ -66,6 +66,9 @@ void prefill_attention(const PrefillArgs& a, cudaStream_t stream) {
   const float k_ts = detail::applied_tensor_scale(a.format.k, a.k_scale);
   L.v_mul = detail::applied_tensor_scale(a.format.v, a.v_scale);
   L.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
+  L.k_heads = detail::applied_head_scales(a.format.k, a.k_head_scales, "prefill_attention");
+  L.v_heads = detail::applied_head_scales(a.format.v, a.v_head_scales, "prefill_attention");
+  L.sm_scale = scale;
   L.had_c = detail::hadamard_scale(D);
   const dim3 grid((a.n_new + L.tokens_per_cta - 1) / L.tokens_per_cta, H * L.n_hchunks);
   const int smem = detail::prefill_smem_bytes(D);

@@ -45,6 +45,9 @@ bool prefill_attention_mma(const PrefillArgs& a, cudaStream_t stream) {
   const float k_ts = detail::applied_tensor_scale(a.format.k, a.k_scale);
   p.v_mul = detail::applied_tensor_scale(a.format.v, a.v_scale);
   p.q_mul = static_cast<float>(static_cast<double>(scale) * 1.4426950408889634 * k_ts);
+  p.k_heads = detail::applied_head_scales(a.format.k, a.k_head_scales, "prefill_attention");
+  p.v_heads = detail::applied_head_scales(a.format.v, a.v_head_scales, "prefill_attention");
+  p.sm_scale = scale;
   p.had_c = detail::hadamard_scale(D);
   L.n_qtiles = (a.n_new + p.tokens_per_cta - 1) / p.tokens_per_cta;
   detail::dispatch_half(a.format.k, [&](auto kf) {

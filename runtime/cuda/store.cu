@@ -19,6 +19,7 @@ void store_rows(HalfFormat f, const PageGeometry& g, const StoreRowsArgs& a, cud
   L.n_kv_heads = g.n_kv_heads;
   L.head_dim = g.head_dim;
   L.tensor_scale = a.tensor_scale;
+  L.head_scales = detail::applied_head_scales(f, a.head_scales, "store_rows");
   L.had_c = detail::hadamard_scale(g.head_dim);
   // Every format but the element-wise ones (f32, f16, bf16, fp8 per tensor) stages the row in shared memory.
   const bool staged = f != HalfFormat::f32 && f != HalfFormat::f16 && f != HalfFormat::bf16 && f != HalfFormat::fp8_e4m3 &&

@@ -223,6 +223,8 @@ DecodePlan decode_streamed(const PagedKvStore& store, CudaDevicePool& pool, SeqI
   a.max_seq_len = len;
   a.q = d_q;
   a.out = d_out;
+  // A host store's per-tensor scales (PagedKvStore::tensor_scale refuses a layer whose heads differ:
+  // per-head tables stream through the CUDA engine's device store, CudaKvStore::kernel_scales).
   a.k_scale = store.tensor_scale(layer, KvHalf::K);
   a.v_scale = store.tensor_scale(layer, KvHalf::V);
   a.softmax_scale = softmax_scale;

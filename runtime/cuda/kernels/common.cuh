@@ -55,6 +55,25 @@ KVGATE_HD constexpr bool has_fast_kernels(HF f) {
 // The half formats whose codes are scaled by the caller's (layer, K|V) FP32 scale (fp8 per tensor;
 // nvfp4's global scale): the kernels fold K's into the query multiplier and V's into the output.
 inline float applied_tensor_scale(HF f, float s) { return kvgate::info(f).per_tensor_scale ? s : 1.0f; }
+// The per-KV-head scales a half's kernels read (docs/FORMATS.md "Static scales per KV head"): an fp8
+// half takes the device table [n_kv_heads] of its layer (null: its one tensor scale on every head); a
+// half that reads no caller scale ignores it. nvfp4 keeps one global scale per (layer, K|V): a table
+// for it is refused (std::invalid_argument naming `op`), as the CPU store refuses it.
+const float* applied_head_scales(HF f, const float* heads, const char* op);
+
+#ifdef __CUDACC__
+// The query multiplier of KV head kvh: the host's q_mul, or, with per-head K scales, the same product
+// from that head's scale in the host's order (binary64 products, one rounding to binary32), so a
+// table whose heads all hold s gives the bits of q_mul made from s.
+__device__ __forceinline__ float head_q_mul(float q_mul, float sm_scale, const float* k_heads, int kvh) {
+  return k_heads ? static_cast<float>(static_cast<double>(sm_scale) * 1.4426950408889634 * static_cast<double>(k_heads[kvh]))
+                 : q_mul;
+}
+// The output multiplier of KV head kvh: the V tensor scale, or that head's V scale.
+__device__ __forceinline__ float head_v_mul(float v_mul, const float* v_heads, int kvh) {
+  return v_heads ? v_heads[kvh] : v_mul;
+}
+#endif
 
 // Runtime HalfFormat -> template argument, one case per row of KVGATE_HALF_FORMATS. fn receives std::integral_constant<HalfFormat, F>.
 template <class Fn>

@@ -222,13 +222,15 @@ __device__ __forceinline__ float load_elem(const std::uint8_t* page, int B, int 
 
 // ---- shared prologue / epilogue --------------------------------------------------------------
 
-// q of the CTA's heads -> smem, times q_mul, rotated when K is stored rotated (q.(H y) = (H q).y).
+// q of the CTA's heads (of KV head kvh) -> smem, times the head's q_mul, rotated when K is stored
+// rotated (q.(H y) = (H q).y).
 template <bool Rot>
-__device__ void load_q(const DecodeLaunch& a, int b, int hq0, int nh, float* q_s) {
+__device__ void load_q(const DecodeLaunch& a, int b, int kvh, int hq0, int nh, float* q_s) {
   const int D = a.head_dim;
+  const float q_mul = head_q_mul(a.q_mul, a.sm_scale, a.k_heads, kvh);
   for (int i = threadIdx.x; i < kHeadsPerCta * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
-    q_s[i] = g < nh ? a.q[(static_cast<std::size_t>(b) * a.n_heads + hq0 + g) * D + d] * a.q_mul : 0.0f;
+    q_s[i] = g < nh ? a.q[(static_cast<std::size_t>(b) * a.n_heads + hq0 + g) * D + d] * q_mul : 0.0f;
   }
   __syncthreads();
   if constexpr (Rot) {
@@ -249,13 +251,15 @@ __device__ void load_q(const DecodeLaunch& a, int b, int hq0, int nh, float* q_s
   }
 }
 
-// q of one warp's heads -> q_w[4][D], times q_mul, rotated for a rotated K (warp-synchronous).
+// q of one warp's heads (of KV head kvh) -> q_w[4][D], times the head's q_mul, rotated for a rotated
+// K (warp-synchronous).
 template <bool Rot>
-__device__ void load_q_warp(const DecodeLaunch& a, int b, int hq0, int nh, float* q_w, int lane) {
+__device__ void load_q_warp(const DecodeLaunch& a, int b, int kvh, int hq0, int nh, float* q_w, int lane) {
   const int D = a.head_dim;
+  const float q_mul = head_q_mul(a.q_mul, a.sm_scale, a.k_heads, kvh);
   for (int i = lane; i < kHeadsPerCta * D; i += 32) {
     const int g = i / D, d = i % D;
-    q_w[i] = g < nh ? a.q[(static_cast<std::size_t>(b) * a.n_heads + hq0 + g) * D + d] * a.q_mul : 0.0f;
+    q_w[i] = g < nh ? a.q[(static_cast<std::size_t>(b) * a.n_heads + hq0 + g) * D + d] * q_mul : 0.0f;
   }
   __syncwarp();
   if constexpr (Rot) {
@@ -456,7 +460,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
   const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
 
   q_s += warp * kHeadsPerCta * D;
-  load_q_warp<is_rot(KF)>(a, b, hq0, nh, q_s, lane);
+  load_q_warp<is_rot(KF)>(a, b, kvh, hq0, nh, q_s, lane);
   float qr[kHeadsPerCta][E];
 #pragma unroll
   for (int g = 0; g < kHeadsPerCta; ++g)
@@ -610,7 +614,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_generic_kernel(Decod
   const int t_end = min(t_begin + a.tokens_per_split, seq_len);
   const int H = a.n_kv_heads, B = a.block_size;
   const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
-  load_q<is_rot(KF)>(a, b, hq0, nh, q_s);
+  load_q<is_rot(KF)>(a, b, kvh, hq0, nh, q_s);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float acc[kHeadsPerCta][kGenericMaxPerLane];

@@ -723,7 +723,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS
                       kvh, t_begin, t_end, lane);
   kv.prologue();
   float* q_s = reinterpret_cast<float*>(kv.spare_stage());
-  load_q_warp<is_rot(KF)>(a, b, hq0, nh, q_s, lane);
+  load_q_warp<is_rot(KF)>(a, b, kvh, hq0, nh, q_s, lane);
   typename T::QFrag qf;
   mma_q_fragments<KF, VF, D>(q_s, ln, qf);
   __syncwarp();  // every lane's reads of q_s before the copies of step STAGES - 1 overwrite it

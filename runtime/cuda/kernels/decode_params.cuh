@@ -20,6 +20,8 @@ struct DecodeLaunch {
   int batch = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, block_size = 0;
   int group = 1, n_hchunks = 1, splits = 1, tokens_per_split = 0;
   float q_mul = 1.0f;  // softmax_scale * log2(e) * k_tensor_scale
+  const float* k_heads = nullptr;  // per-KV-head K scales [n_kv_heads] (device): q_mul per head (head_q_mul)
+  float sm_scale = 0.0f;           // softmax_scale (what head_q_mul multiplies with a head's scale)
   float had_c = 1.0f;  // float(1/sqrt(double(D)))
   int window = 0;      // > 0: sliding window (keys seq_len - window .. seq_len - 1)
   float softcap2 = 0.0f;  // > 0: attention-logit soft-cap in base-2 score units (cap * log2(e)); decode.cuh softcap2
@@ -31,6 +33,8 @@ struct CombineLaunch {
   float* out = nullptr;  // [batch][n_heads][D]
   int batch = 0, n_heads = 0, head_dim = 0, splits = 1;
   float v_mul = 1.0f;  // v tensor scale
+  const float* v_heads = nullptr;  // per-KV-head V scales [n_kv_heads] (device); null: v_mul
+  int group = 1;                   // query heads per KV head (query head hq reads KV head hq / group)
   float had_c = 1.0f;
 };
 

@@ -43,6 +43,9 @@ struct PrefillLaunch {
   int n_past = 0, n_new = 0;
   float q_mul = 1.0f;  // softmax_scale * log2(e) * k_tensor_scale
   float v_mul = 1.0f;  // v tensor scale
+  const float* k_heads = nullptr;  // per-KV-head K / V scales [n_kv_heads] (device): the CTA's KV head's
+  const float* v_heads = nullptr;  // q_mul / v_mul (head_q_mul, head_v_mul); null: q_mul / v_mul
+  float sm_scale = 0.0f;           // softmax_scale (what head_q_mul multiplies with a head's scale)
   float had_c = 1.0f;  // float(1/sqrt(double(D)))
   int window = 0;      // > 0: sliding window, query i sees keys n_past + i - window + 1 .. n_past + i
   float softcap2 = 0.0f;  // > 0: attention-logit soft-cap in base-2 score units (cap * log2(e)); decode.cuh softcap2
@@ -110,11 +113,12 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(PrefillLaunch 
 
   // Row r = (token i0 + r / GC, head hq0 + r % GC); rows beyond QT*GC, nh or n_new are padding.
   auto row_valid = [&](int r) { return r < QT * GC && r % GC < nh && i0 + r / GC < a.n_new; };
+  const float q_mul = head_q_mul(a.q_mul, a.sm_scale, a.k_heads, kvh);
   for (int idx = threadIdx.x; idx < kPrefillRows * D; idx += blockDim.x) {
     const int r = idx / D, d = idx % D;
     float x = 0.0f;
     if (row_valid(r))
-      x = a.q[(static_cast<std::size_t>(i0 + r / GC) * a.n_heads + hq0 + r % GC) * D + d] * a.q_mul;
+      x = a.q[(static_cast<std::size_t>(i0 + r / GC) * a.n_heads + hq0 + r % GC) * D + d] * q_mul;
     q_s[r * DP + d] = x;
   }
   __syncthreads();
@@ -215,9 +219,10 @@ __global__ void __launch_bounds__(kPrefillThreads) prefill_kernel(PrefillLaunch 
   // Epilogue: O / l (times the fp8 V scale) -> shared memory, inverse rotation for a rotated V,
   // then coalesced stores of the valid rows.
   float* o_s = q_s;
+  const float v_mul = head_v_mul(a.v_mul, a.v_heads, kvh);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float inv = a.v_mul / l[i];
+    const float inv = v_mul / l[i];
 #pragma unroll
     for (int k = 0; k < kPrefillDimsPerLane; ++k) {
       const int d = cg + 16 * k;

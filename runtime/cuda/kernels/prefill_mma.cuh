@@ -335,11 +335,12 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
   auto row_valid = [&](int r) { return r < QT * GC && r % GC < nh && i0 + r / GC < a.n_new; };
   // Q (times q_mul, binary32) -> shared memory, rotated for a rotated K, then one rounding to the
   // K operand type into register fragments.
+  const float q_mul = head_q_mul(a.q_mul, a.sm_scale, a.k_heads, kvh);
   for (int idx = threadIdx.x; idx < kPmmaRows * D; idx += kPmmaThreads) {
     const int r = idx / D, d = idx % D;
     float x = 0.0f;
     if (row_valid(r))
-      x = __fmul_rn(a.q[(static_cast<std::size_t>(i0 + r / GC) * a.n_heads + hq0 + r % GC) * D + d], a.q_mul);
+      x = __fmul_rn(a.q[(static_cast<std::size_t>(i0 + r / GC) * a.n_heads + hq0 + r % GC) * D + d], q_mul);
     qo_s[r * C::QP + d] = x;
   }
   __syncthreads();
@@ -393,7 +394,8 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
-  const float inv0 = a.v_mul / l[0], inv1 = a.v_mul / l[1];
+  const float v_mul = head_v_mul(a.v_mul, a.v_heads, kvh);
+  const float inv0 = v_mul / l[0], inv1 = v_mul / l[1];
 #pragma unroll
   for (int n = 0; n < C::ND; ++n) {
     const int d = 8 * n + 2 * tig;

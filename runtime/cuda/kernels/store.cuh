@@ -17,7 +17,8 @@ struct StoreLaunch {
   std::uint8_t* pool = nullptr;    // page p at pool + p*page_stride
   std::size_t page_stride = 0;
   int block_size = 0, n_kv_heads = 0, head_dim = 0;
-  float tensor_scale = 1.0f;       // fp8 only
+  float tensor_scale = 1.0f;       // fp8 (and nvfp4's global scale)
+  const float* head_scales = nullptr;  // fp8: [n_kv_heads] per-KV-head scales (device); null: tensor_scale
   float had_c = 1.0f;              // q4_0_rot: float(1/sqrt(double(D)))
 };
 
@@ -44,7 +45,8 @@ __global__ void __launch_bounds__(256) store_kernel(StoreLaunch a) {
     std::uint8_t* out = page + row0;
     for (int i = tid; i < HD; i += nthr) {
       // NaN keeps its sign through x/s on the CPU; the GPU divider returns a canonical +NaN.
-      const float y = isnan(src[i]) ? src[i] : __fdiv_rn(src[i], a.tensor_scale);
+      const float s = a.head_scales ? a.head_scales[i / D] : a.tensor_scale;  // element i's KV head
+      const float y = isnan(src[i]) ? src[i] : __fdiv_rn(src[i], s);
       out[i] = F == HF::fp8_e4m3 ? dev::f32_to_fp8_e4m3(y) : dev::f32_to_fp8_e5m2(y);
     }
   } else {

@@ -312,7 +312,9 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       a.n_tokens = R;
       a.pool = store_.pool(l, half);
       a.page_stride = store_.page_stride(half);
-      a.tensor_scale = store_.tensor_scale(l, half);
+      const CudaKvStore::KernelScales ks = store_.kernel_scales(l, half);
+      a.tensor_scale = ks.tensor;
+      a.head_scales = ks.heads;
       store_rows(store_.half_format(half), g, a, stream_);
     }
     if (damage_) damage_rows(l, R);  // diagnostics: before attention reads the rows
@@ -330,8 +332,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       pa.n_new = R;
       pa.q = q_;
       pa.out = att_;
-      pa.k_scale = store_.tensor_scale(l, KvHalf::K);
-      pa.v_scale = store_.tensor_scale(l, KvHalf::V);
+      set_kernel_scales(store_, l, pa);
       pa.softmax_scale = c.attn_scale;  // Gemma: query_pre_attn_scalar^-0.5 (0: 1/sqrt(head_dim))
       pa.window = c.window(l);          // sliding layers read only their window
       pa.softcap = c.attn_softcap;      // Gemma 2: attn_logit_softcapping (0: none)
@@ -352,8 +353,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     da.max_seq_len = max_len;
     da.q = q_;
     da.out = att_;
-    da.k_scale = store_.tensor_scale(l, KvHalf::K);
-    da.v_scale = store_.tensor_scale(l, KvHalf::V);
+    set_kernel_scales(store_, l, da);
     da.softmax_scale = c.attn_scale;
     da.window = c.window(l);
     da.softcap = c.attn_softcap;

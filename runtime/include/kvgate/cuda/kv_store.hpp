@@ -39,7 +39,21 @@ class CudaKvStore {
   const StoreConfig& config() const { return cfg_; }
   PageGeometry geometry() const { return cfg_.geometry(); }
   HalfFormat half_format(KvHalf h) const { return h == KvHalf::K ? cfg_.format.k : cfg_.format.v; }
+  // The scale of each KV head of (layer, half): n_kv_heads entries, as PagedKvStore::head_scales
+  // (StoreConfig::k_scale/v_scale are kept expanded to [n_layers * n_kv_heads], layer-major).
+  std::span<const float> head_scales(int layer, KvHalf h) const;
+  // True when some (layer, half) has scales that differ across KV heads.
+  bool per_head_scales() const;
+  // The one scale of (layer, half) for per-tensor readers; throws KvStoreError when its heads differ.
   float tensor_scale(int layer, KvHalf h) const;
+  // What the kernels take for (layer, half) (StoreRowsArgs::tensor_scale/head_scales, DecodeArgs and
+  // PrefillArgs k_/v_scale and k_/v_head_scales): head 0's scale, and the device copy of the layer's
+  // n_kv_heads scales when they differ across its heads (null when they agree: the per-tensor path).
+  struct KernelScales {
+    float tensor = 1.0f;
+    const float* heads = nullptr;
+  };
+  KernelScales kernel_scales(int layer, KvHalf h) const;
 
   SeqId create_sequence();
   void free_sequence(SeqId s);
@@ -119,7 +133,12 @@ class CudaKvStore {
   // Refuses an access of `what` starting at position `first` below the released prefix.
   void check_kept(SeqId s, const Sequence& q, int first, const std::string& what) const;
 
+  // Expands the scales (normalize_kv_scales), refuses a per-head table for an nvfp4 half and copies
+  // the tables of a store with per-head scales to the device (d_head_scales_).
+  void init_scales();
+
   StoreConfig cfg_;
+  float* d_head_scales_ = nullptr;  // [2 (K, V)][n_layers][n_kv_heads] on the device when per_head_scales()
   std::size_t page_bytes_[2]{}, stride_[2]{};
   std::vector<std::uint8_t*> pools_;
   std::vector<int> free_list_;
@@ -129,5 +148,16 @@ class CudaKvStore {
   void* scratch_[4]{};
   std::size_t scratch_bytes_[4]{};
 };
+
+// Sets an attention call's K and V scales (DecodeArgs / PrefillArgs: k_scale, k_head_scales, v_scale,
+// v_head_scales) to what the store's kernels take for `layer` (CudaKvStore::kernel_scales).
+template <class Args>
+void set_kernel_scales(const CudaKvStore& st, int layer, Args& a) {
+  const CudaKvStore::KernelScales k = st.kernel_scales(layer, KvHalf::K), v = st.kernel_scales(layer, KvHalf::V);
+  a.k_scale = k.tensor;
+  a.k_head_scales = k.heads;
+  a.v_scale = v.tensor;
+  a.v_head_scales = v.heads;
+}
 
 }  // namespace kvgate::cuda

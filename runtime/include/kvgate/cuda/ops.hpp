@@ -28,13 +28,11 @@ struct OpSupport {
 // capability is checked too (the kernels are built for sm_90a + compute_90 PTX).
 OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads = 0);
 
-// The same for a store configuration, its scales included: the kernels take one fp8 scale per
-// (layer, K|V), so scales that differ across the KV heads of a layer (StoreConfig::k_scale/v_scale
-// of [n_layers * n_kv_heads]) are refused with reason "per_head_scales_unsupported" (no device needed).
+// The same for a store configuration, its scales included: fp8 halves take scales per KV head (a
+// [n_layers * n_kv_heads] StoreConfig::k_scale/v_scale whose heads differ), an nvfp4 half's are
+// refused with reason "per_head_scales_unsupported" (its global scale is one per (layer, K|V), as on
+// the CPU store; no device needed).
 OpSupport supports_op(Op op, const StoreConfig& c, int n_heads = 0);
-// A [n_layers * n_kv_heads] scale list whose heads agree in every layer, as [n_layers] (what the
-// kernels take); any other list is returned as it is.
-std::vector<float> per_layer_scales(const std::vector<float>& s, int n_layers, int n_kv_heads);
 
 // Registers the CUDA capability with kvgate::resolve_kv as backend "cuda" (runtime/cuda/capability.cpp):
 // resolve_kv(backend "cuda") then refuses what these ops cannot run, with supports_op's reason.
@@ -48,7 +46,9 @@ struct StoreRowsArgs {
   int n_tokens = 0;
   std::uint8_t* pool = nullptr;       // device pool of one (layer, half): page p at pool + p*page_stride
   std::size_t page_stride = 0;
-  float tensor_scale = 1.0f;          // fp8 per-tensor scale
+  float tensor_scale = 1.0f;          // fp8 per-tensor scale (nvfp4: the global scale)
+  const float* head_scales = nullptr; // fp8: device [n_kv_heads], the layer's scale per KV head (docs/FORMATS.md
+                                      // "Static scales per KV head"); null: tensor_scale on every head
 };
 // Quantizes each row into its slot, bit-identical to kvgate::quantize_token. Throws on an
 // unsupported format/geometry or a CUDA error.
@@ -70,6 +70,8 @@ struct DecodeArgs {
   const float* q = nullptr;       // device [batch][n_heads][D]; query at position seq_len-1
   float* out = nullptr;           // device [batch][n_heads][D]
   float k_scale = 1.0f, v_scale = 1.0f;  // per-tensor scales (fp8 halves)
+  const float* k_head_scales = nullptr;  // fp8 halves: device [n_kv_heads], the layer's scale per KV head
+  const float* v_head_scales = nullptr;  // (StoreRowsArgs::head_scales); null: k_scale / v_scale on every head
   float softmax_scale = 0.0f;            // <= 0: 1/sqrt(D)
   int num_splits = 0;                    // 0: chosen from the device's occupancy
   int window = 0;                        // > 0: sliding window, the query sees the last `window` keys
@@ -126,6 +128,8 @@ struct PrefillArgs {
   const float* q = nullptr;               // device [n_new][n_heads][D]
   float* out = nullptr;                   // device [n_new][n_heads][D]
   float k_scale = 1.0f, v_scale = 1.0f;   // per-tensor scales (fp8 halves)
+  const float* k_head_scales = nullptr;   // fp8 halves: device [n_kv_heads] scales per KV head, as
+  const float* v_head_scales = nullptr;   // DecodeArgs; null: k_scale / v_scale on every head
   float softmax_scale = 0.0f;             // <= 0: 1/sqrt(D)
   int window = 0;                         // > 0: sliding window, query i sees keys n_past+i-window+1 .. n_past+i
   float softcap = 0.0f;                   // > 0: attention-logit soft-cap, as DecodeArgs::softcap
