@@ -80,6 +80,23 @@ struct Tables {
   }
 };
 
+// An attention call (DecodeArgs / PrefillArgs) over layer 0 of the store with the tensor scales
+// ks / vs; variant 1 adds the uniform tables, variant 2 the moved ones.
+template <class Args>
+void set_layer0(const kc::CudaKvStore& gpu, int n_heads, int variant, const Tables& tab, float ks, float vs, Args& a) {
+  a.format = gpu.config().format;
+  a.geometry = gpu.geometry();
+  a.n_heads = n_heads;
+  a.k_pool = gpu.pool(0, KvHalf::K);
+  a.v_pool = gpu.pool(0, KvHalf::V);
+  a.k_page_stride = gpu.page_stride(KvHalf::K);
+  a.v_page_stride = gpu.page_stride(KvHalf::V);
+  a.k_scale = ks;
+  a.v_scale = vs;
+  if (variant == 1) a.k_head_scales = tab.k_uniform.p, a.v_head_scales = tab.v_uniform.p;
+  if (variant == 2) a.k_head_scales = tab.k_moved.p, a.v_head_scales = tab.v_moved.p;
+}
+
 struct Counts {
   long store = 0, decode = 0, prefill = 0, moved_seen = 0, moved_runs = 0;
   std::set<std::string> paths;
@@ -178,25 +195,15 @@ void run_uniform(const KvFormat& fmt, int D, float ks, float vs, Counts& n) {
     std::vector<float> out[3];
     for (int variant = 0; variant < 3; ++variant) {
       kc::DecodeArgs a;
-      a.format = fmt;
-      a.geometry = g;
-      a.n_heads = Hq;
+      set_layer0(gpu, Hq, variant, tab, ks, vs, a);
       a.batch = 1;
-      a.k_pool = gpu.pool(0, KvHalf::K);
-      a.v_pool = gpu.pool(0, KvHalf::V);
-      a.k_page_stride = gpu.page_stride(KvHalf::K);
-      a.v_page_stride = gpu.page_stride(KvHalf::V);
       a.block_tables = d_tbl.as<int>();
       a.table_stride = static_cast<int>(tbl.size());
       a.seq_lens = d_len.as<int>();
       a.max_seq_len = T;
       a.q = dq.p;
       a.out = dout.p;
-      a.k_scale = ks;
-      a.v_scale = vs;
       a.window = window;
-      if (variant == 1) a.k_head_scales = tab.k_uniform.p, a.v_head_scales = tab.v_uniform.p;
-      if (variant == 2) a.k_head_scales = tab.k_moved.p, a.v_head_scales = tab.v_moved.p;
       const kc::DecodePlan p = kc::decode_attention(a, ws);
       if (variant == 0) n.paths.insert(window > 0 ? std::string("generic") : p.path);
       out[variant] = download(dout.p, q.size());
@@ -216,23 +223,13 @@ void run_uniform(const KvFormat& fmt, int D, float ks, float vs, Counts& n) {
     std::vector<float> out[3];
     for (int variant = 0; variant < 3; ++variant) {
       kc::PrefillArgs a;
-      a.format = fmt;
-      a.geometry = g;
-      a.n_heads = Hq;
-      a.k_pool = gpu.pool(0, KvHalf::K);
-      a.v_pool = gpu.pool(0, KvHalf::V);
-      a.k_page_stride = gpu.page_stride(KvHalf::K);
-      a.v_page_stride = gpu.page_stride(KvHalf::V);
+      set_layer0(gpu, Hq, variant, tab, ks, vs, a);
       a.block_table = d_tbl.as<int>();
       a.n_past = T - n_new;
       a.n_new = n_new;
       a.q = dqp.p;
       a.out = doutp.p;
-      a.k_scale = ks;
-      a.v_scale = vs;
       a.window = window;
-      if (variant == 1) a.k_head_scales = tab.k_uniform.p, a.v_head_scales = tab.v_uniform.p;
-      if (variant == 2) a.k_head_scales = tab.k_moved.p, a.v_head_scales = tab.v_moved.p;
       kc::prefill_attention(a);
       out[variant] = download(doutp.p, qp.size());
     }

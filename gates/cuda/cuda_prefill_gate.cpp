@@ -387,14 +387,12 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, PrefillVariant v
       auto put = [&](std::vector<float>& dst, const std::vector<float>& src) {
         std::copy_n(src.begin(), static_cast<std::size_t>(m) * HD, dst.begin() + static_cast<std::ptrdiff_t>(t0) * HD);
       };
+      // Each head's own scale (every head the same one outside the head-scales twin).
+      put(kd, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kscale));
+      put(vd, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, vscale));
       if (variant.head_scales) {
-        put(kd, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kscale));
-        put(vd, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, vscale));
         put(kd0, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kscale[0]));
         put(vd0, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, vscale[0]));
-      } else {
-        put(kd, ko::dequantize_page(oracle_half(fmt.k), shape, kp.data(), m, kGateKScale));
-        put(vd, ko::dequantize_page(oracle_half(fmt.v), shape, vp.data(), m, kGateVScale));
       }
       if (rot_k) put(ky, ko::dequantize_page(ko::Half::q4_0, shape, kp.data(), m, 1.0f));
       if (rot_v) put(vy, ko::dequantize_page(ko::Half::q4_0, shape, vp.data(), m, 1.0f));
