@@ -54,6 +54,7 @@
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"
+#include "head_scales.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/engine.hpp"
@@ -98,17 +99,24 @@ const Subject& subject() {
   return *s;
 }
 
-EngineOptions cpu_opts(const KvFormat& f) {
+// A run's KV scales (EngineOptions::k_scale / v_scale; empty: the default).
+struct RunScales {
+  std::vector<float> k, v;
+};
+
+EngineOptions cpu_opts(const KvFormat& f, const RunScales& sc = {}) {
   EngineOptions o = engine_options_for(f, 1);
+  o.k_scale = sc.k;
+  o.v_scale = sc.v;
   o.block_size = kBlock;
   o.max_context = kCtx;
   o.prefill_chunk = kChunk;
   return o;
 }
 
-kc::CudaEngineOptions gpu_opts(const KvFormat& f, int resident = 0) {
+kc::CudaEngineOptions gpu_opts(const KvFormat& f, int resident = 0, const RunScales& sc = {}) {
   kc::CudaEngineOptions o;
-  o.engine = cpu_opts(f);
+  o.engine = cpu_opts(f, sc);
   o.engine.kv.backend = "cuda";
   o.engine.kv_resident = resident;
   return o;
@@ -241,11 +249,12 @@ struct CrossRun {
 
 // One direction at one cut: the writer (CPU when cpu_writes) prefills `cut` tokens and saves; the
 // reader hydrates that file, saves it again at once, and both continue with `turn` tokens.
-CrossRun cross_direction(const KvFormat& f, bool cpu_writes, int cut, int turn, const std::string& tag) {
+CrossRun cross_direction(const KvFormat& f, bool cpu_writes, int cut, int turn, const std::string& tag,
+                         const RunScales& sc) {
   const Subject& s = subject();
   const std::string wfile = temp_file(tag + ".written.kv"), rfile = temp_file(tag + ".reread.kv");
-  Engine cpu(s.m, cpu_opts(f));
-  kc::CudaEngine gpu(s.m, gpu_opts(f));
+  Engine cpu(s.m, cpu_opts(f, sc));
+  kc::CudaEngine gpu(s.m, gpu_opts(f, 0, sc));
   CrossRun out;
   std::vector<float> wnext, rnext;
   if (cpu_writes) {
@@ -272,10 +281,11 @@ CrossRun cross_direction(const KvFormat& f, bool cpu_writes, int cut, int turn, 
 
 // The first cut from kN1 on (all inside the third page) whose first new token has the same codes on
 // both backends: a code can differ from a last-ulp difference of the binary32 rows (see the header).
-CrossRun cross_parity(const char* id, const KvFormat& f, bool cpu_writes) {
+CrossRun cross_parity(const char* id, const KvFormat& f, bool cpu_writes, const RunScales& sc) {
   CrossRun r;
   for (int cut = kN1; cut < 3 * kBlock; ++cut) {
-    r = cross_direction(f, cpu_writes, cut, kTurn, f.name() + (cpu_writes ? ".cpu" : ".cuda") + std::to_string(cut));
+    r = cross_direction(f, cpu_writes, cut, kTurn,
+                        std::string(id) + (cpu_writes ? ".cpu" : ".cuda") + std::to_string(cut), sc);
     std::cout << id << ": " << (cpu_writes ? "CPU file hydrated on CUDA" : "CUDA file hydrated on the CPU") << ", cut "
               << cut << ": file after hydrate byte-identical: " << (r.round_trip_equal ? "yes" : "no") << ", compared "
               << r.check.compared << " positions (first differing new-token code at " << r.check.first_code_diff
@@ -286,7 +296,10 @@ CrossRun cross_parity(const char* id, const KvFormat& f, bool cpu_writes) {
   return r;
 }
 
-void par_cuda_persist(const char* id, const std::string& preset) {
+// sc: the run's KV scales (PAR.cuda.persist.fp8_head_scales: a per-KV-head table); with a table the
+// uninterrupted run is repeated without CUDA graphs (bit-identical: the graph's captured decode reads
+// the same device table) and the hydrated engine's store must hold the table per head.
+void par_cuda_persist(const char* id, const std::string& preset, const RunScales& sc = {}) {
   KVGATE_REQUIRE_DEVICE_OR_SKIP();
   const auto f = parse_kv_format(preset);
   REQUIRE(f.has_value());
@@ -296,16 +309,26 @@ void par_cuda_persist(const char* id, const std::string& preset) {
             << " + " << kDecode << " decode steps\n";
 
   // (1) CUDA -> CUDA, against an uninterrupted engine.
-  const std::string saved = temp_file(preset + ".saved.kv"), at_n1 = temp_file(preset + ".uninterrupted.kv");
+  const std::string saved = temp_file(std::string(id) + ".saved.kv"), at_n1 = temp_file(std::string(id) + ".uninterrupted.kv");
   std::vector<float> whole;
   {
-    kc::CudaEngine a(s.m, gpu_opts(*f));
+    kc::CudaEngine a(s.m, gpu_opts(*f, 0, sc));
     a.prefill(toks(0, kN1));
     a.save_kv(at_n1);
     whole = continuation(a, kTurn);
+    if (!sc.k.empty()) CHECK(a.store().per_head_scales());
+  }
+  if (!sc.k.empty()) {  // CUDA graph capture/replay vs plain launches: the same bits
+    kc::CudaEngineOptions o = gpu_opts(*f, 0, sc);
+    o.cuda_graphs = false;
+    kc::CudaEngine plain(s.m, o);
+    plain.prefill(toks(0, kN1));
+    const std::vector<float> p = continuation(plain, kTurn);
+    std::cout << id << ": without CUDA graphs: bit-identical to the graph run: " << (bit_equal(whole, p) ? "yes" : "no") << "\n";
+    CHECK(bit_equal(whole, p));
   }
   {
-    kc::CudaEngine b(s.m, gpu_opts(*f));
+    kc::CudaEngine b(s.m, gpu_opts(*f, 0, sc));
     b.prefill(toks(0, kN1));
     b.save_kv(saved);
     REQUIRE(b.history().size() == static_cast<std::size_t>(kN1));
@@ -315,11 +338,15 @@ void par_cuda_persist(const char* id, const std::string& preset) {
   {
     const KvFile kf = read_kv_file(saved);
     CHECK(kf.header.used_tokens == kN1);
+    if (!sc.k.empty()) {  // the file carries the table (version 3's head-scales region)
+      CHECK(kf.header.k_scale == sc.k);
+      CHECK(kf.header.v_scale == sc.v);
+    }
     CHECK(std::any_of(kf.body.begin(), kf.body.end(), [](std::uint8_t x) { return x != 0; }));  // anti-vacuity
   }
   std::vector<float> resumed;
   {
-    kc::CudaEngine c(s.m, gpu_opts(*f));
+    kc::CudaEngine c(s.m, gpu_opts(*f, 0, sc));
     const KvFile kf = read_kv_file(saved);
     const int n = c.hydrate(kf, toks(0, kN1 + kTurn));
     CHECK(n == kN1);
@@ -338,7 +365,7 @@ void par_cuda_persist(const char* id, const std::string& preset) {
             << (bit_equal(whole, resumed) ? "yes" : "no, first difference at logit " + std::to_string(first_diff)) << "\n";
   CHECK(bit_equal(whole, resumed));
   {  // Anti-vacuity: a cold engine over the same tokens (no prefix) gives other logits; logits vary.
-    kc::CudaEngine cold(s.m, gpu_opts(*f));
+    kc::CudaEngine cold(s.m, gpu_opts(*f, 0, sc));
     const std::vector<float> c = cold.forward_all_logits(toks(kN1, kN1 + kTurn));
     CHECK(!bit_equal(std::vector<float>(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(c.size())), c));
     CHECK(*std::max_element(whole.begin(), whole.end()) > *std::min_element(whole.begin(), whole.end()));
@@ -346,7 +373,7 @@ void par_cuda_persist(const char* id, const std::string& preset) {
 
   // (2) CPU-written file -> CUDA and CUDA-written file -> CPU.
   for (bool cpu_writes : {true, false}) {
-    const CrossRun r = cross_parity(id, *f, cpu_writes);
+    const CrossRun r = cross_parity(id, *f, cpu_writes, sc);
     CHECK(r.round_trip_equal);  // the pages moved between the backends as a byte copy
     CHECK(r.reader_prefill == kTurn);
     CHECK(r.check.nonfinite == 0);
@@ -481,3 +508,15 @@ void par_cuda_engine_stream(const char* id, const std::string& preset) {
 
 #define PAR_CUDA_ENGINE_ROW(A, name, k, v, slot, kind) PAR_CUDA_ENGINE(#name, #name)
 KVGATE_PRESETS(PAR_CUDA_ENGINE_ROW, _)  // one row per preset: kvgate/format_list.hpp
+
+// Static fp8 scales per KV head (docs/FORMATS.md "Static scales per KV head") through the scale
+// lifecycle on the CUDA engine: save/hydrate on CUDA, the KV file between CPU and CUDA both ways, and
+// CUDA graph replay vs plain launches, with a table distinct per layer, head and half.
+TEST_CASE("PAR.cuda.persist.fp8_head_scales CUDA conversations with fp8 scales per KV head: save/hydrate bit-identical, "
+          "CPU<->CUDA KV files, graphs on == off",
+          "[gate:PAR][cuda][fmt:fp8]") {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  const ModelConfig& c = subject().m.config;
+  const RunScales sc{gate_head_scales(c.n_layers, c.n_kv_heads, KvHalf::K), gate_head_scales(c.n_layers, c.n_kv_heads, KvHalf::V)};
+  par_cuda_persist("PAR.cuda.persist.fp8_head_scales", "fp8", sc);
+}
