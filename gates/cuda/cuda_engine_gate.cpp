@@ -512,8 +512,8 @@ KVGATE_PRESETS(PAR_CUDA_ENGINE_ROW, _)  // one row per preset: kvgate/format_lis
 // Static fp8 scales per KV head (docs/FORMATS.md "Static scales per KV head") through the scale
 // lifecycle on the CUDA engine: save/hydrate on CUDA, the KV file between CPU and CUDA both ways, and
 // CUDA graph replay vs plain launches, with a table distinct per layer, head and half.
-TEST_CASE("PAR.cuda.persist.fp8_head_scales CUDA conversations with fp8 scales per KV head: save/hydrate bit-identical, "
-          "CPU<->CUDA KV files, graphs on == off",
+TEST_CASE("PAR.cuda.persist.fp8_head_scales CUDA conversations, fp8 scales per KV head: save/hydrate bitwise, KV files "
+          "across backends, graphs on == off",
           "[gate:PAR][cuda][fmt:fp8]") {
   KVGATE_REQUIRE_DEVICE_OR_SKIP();
   const ModelConfig& c = subject().m.config;
