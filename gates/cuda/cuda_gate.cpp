@@ -79,7 +79,7 @@ double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) 
 
 // head_scales (ORA.cuda.store_head_scales, fp8 halves): the scales differ per KV head
 // (gate_head_scales), the oracle quantizes each head with its own; anti-vacuity: the oracle with head
-// 0's scale on every head gives other bytes on some page of most multi-head cases.
+// 0's scale on every head gives other bytes on some page of 3/4 of the multi-head cases or more.
 void run_store_gate(HalfFormat f, std::uint64_t seed0, bool head_scales = false) {
   const KvFormat fmt{f, f};
   long cases = 0, pages = 0, head_cases = 0, head0_differs = 0;
@@ -134,9 +134,11 @@ void run_store_gate(HalfFormat f, std::uint64_t seed0, bool head_scales = false)
   CHECK(cases >= 64);
   CHECK(pages >= 256);
   if (head_scales) {
+    // A case whose codes are all zero at either scale (the zero_cells pattern: an eighth of the
+    // cases) cannot differ; on an H100: 84 of 96 multi-head cases differ.
     INFO("multi-head cases " << head_cases << ", head 0's scales give other bytes in " << head0_differs);
     CHECK(head_cases >= 16);
-    CHECK(head0_differs * 10 >= head_cases * 9);
+    CHECK(head0_differs * 4 >= head_cases * 3);
   }
 }
 
@@ -275,8 +277,8 @@ int case_window(int i, int block_size) {
 // Per-head-scale twin (ORA.cuda.decode_head_scales, docs/FORMATS.md "Static scales per KV head"): the
 // store's fp8 scales differ per KV head (gate_head_scales: ratios that are not powers of two), the
 // oracle dequantizes each head with its own scale; same bound. Anti-vacuity: the reference made with
-// head 0's scales on every head is farther than 4 bounds from the one judged, in most multi-head
-// sequences (a kernel reading one head's scale for all goes red).
+// head 0's scales on every head is farther than 4 bounds from the one judged in 16 multi-head
+// sequences or more, and (an fp8 V) in 90% of them (a kernel reading one head's scale for all goes red).
 struct DecodeVariant {
   bool windowed = false, capped = false, slow_pool = false, head_scales = false;
 };
@@ -534,9 +536,14 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
     CHECK(slow_pipelined >= 2);
   }
   if (variant.head_scales) {
+    // With an fp8 V, head 0's V scale rescales heads 1..H-1's outputs by 1.4-3x: visible in 90% of
+    // the multi-head sequences or more. A K scale alone only changes those heads' softmax
+    // temperature, which moves nothing where one key dominates or a window of one key is read:
+    // counted, not a share (on an H100, k=fp8_e4m3,v=bf16: 56 of 80 sequences, 42 of 80 windowed).
+    const bool v_scaled = fmt.v == HalfFormat::fp8_e4m3 || fmt.v == HalfFormat::fp8_e5m2;
     INFO("multi-head sequences " << head_seqs << ", head 0's scales visible in " << heads_visible);
     CHECK(heads_visible >= 16);
-    CHECK(heads_visible * 10 >= head_seqs * 9);
+    if (v_scaled) CHECK(heads_visible * 10 >= head_seqs * 9);
   }
   if (capped) {
     INFO("soft-capped sequences " << cap_seqs << ", cap visible in " << cap_visible);

@@ -257,7 +257,8 @@ int case_window(int i, int block_size) {
 // Per-head-scale twin (ORA.cuda.prefill_head_scales, docs/FORMATS.md "Static scales per KV head"): the
 // store's fp8 scales differ per KV head (gate_head_scales), the oracle and the tensor-core reference
 // take each head's own; same bounds. Anti-vacuity: the reference made with head 0's scales on every
-// head is farther than 4 x kOraSensitivity x rms from the one judged in most multi-head cases.
+// head is farther than 4 x kOraSensitivity x rms from the one judged in 4 multi-head cases or more,
+// and (an fp8 V) in 90% of them.
 struct PrefillVariant {
   bool windowed = false, capped = false, slow_pool = false, head_scales = false;
 };
@@ -646,9 +647,12 @@ void run_prefill_gate(const KvFormat& fmt, std::uint64_t seed0, PrefillVariant v
   }
   if (windowed) CHECK(windows_cut >= 8);
   if (variant.head_scales) {
+    // As ORA.cuda.decode_head_scales: with an fp8 V in 90% of the multi-head cases or more; a K scale
+    // alone (softmax temperature only) counted (on an H100, k=fp8_e4m3,v=bf16 windowed: 9 of 15).
+    const bool v_scaled = fmt.v == HalfFormat::fp8_e4m3 || fmt.v == HalfFormat::fp8_e5m2;
     INFO("multi-head cases " << head_cases << ", head 0's scales visible in " << heads_visible);
-    CHECK(heads_visible >= 8);
-    CHECK(heads_visible * 10 >= head_cases * 9);
+    CHECK(heads_visible >= 4);
+    if (v_scaled) CHECK(heads_visible * 10 >= head_cases * 9);
   }
   if (capped) {
     // Counted, not required per case: where few keys are visible or the scores stay far below the
