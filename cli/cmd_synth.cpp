@@ -11,7 +11,8 @@ namespace kvgate::cli {
 void register_synth(CLI::App& app) {
   auto o = std::make_shared<SynthOptions>();
   auto* sub = app.add_subcommand("synth", "Write a deterministic random-weight Hugging Face model directory");
-  sub->add_option("--arch", o->arch, "llama | mistral | qwen2 | qwen3")->capture_default_str();
+  sub->add_option("--arch", o->arch, "llama | mistral | qwen2 | qwen3 | deepseek_v3 (MLA attention, dense MLP)")
+      ->capture_default_str();
   sub->add_option("--layers", o->layers, "num_hidden_layers")->capture_default_str();
   sub->add_option("--hidden", o->hidden, "hidden_size")->capture_default_str();
   sub->add_option("--ffn", o->ffn, "intermediate_size")->capture_default_str();
@@ -33,6 +34,11 @@ void register_synth(CLI::App& app) {
   sub->add_option("--rope-theta", o->rope_theta, "rope_theta (0: 1e4 for llama/mistral, 1e6 for qwen)");
   sub->add_option("--rope", o->rope,
                   "RoPE scaling: llama3 (Llama 3.1: factor 8, low/high 1/4, original 8192); default: plain");
+  sub->add_option("--kv-lora-rank", o->kv_lora_rank, "deepseek_v3: kv_lora_rank (the MLA latent width)")
+      ->capture_default_str();
+  sub->add_option("--qk-rope-head-dim", o->qk_rope_head_dim, "deepseek_v3: qk_rope_head_dim")->capture_default_str();
+  sub->add_option("--qk-nope-head-dim", o->qk_nope_head_dim, "deepseek_v3: qk_nope_head_dim")->capture_default_str();
+  sub->add_option("--v-head-dim", o->v_head_dim, "deepseek_v3: v_head_dim")->capture_default_str();
   sub->add_option("--shards", o->shards, "split the weights into N safetensors shards + index")->capture_default_str();
   sub->add_option("--threads", o->threads, "generator threads (0: all cores; the bytes are the same for any count)")
       ->capture_default_str();

@@ -245,10 +245,20 @@ std::vector<TensorSpec> tensor_specs(const SynthOptions& o, int head_dim) {
   for (int i = 0; i < o.layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     t.push_back({p + "input_layernorm.weight", {D}, Init::ones, 1});
-    t.push_back({p + "self_attn.q_proj.weight", {Q, D}, Init::normal, sd(D)});
-    t.push_back({p + "self_attn.k_proj.weight", {KV, D}, Init::normal, sd(D)});
-    t.push_back({p + "self_attn.v_proj.weight", {KV, D}, Init::normal, sd(D)});
-    t.push_back({p + "self_attn.o_proj.weight", {D, Q}, Init::normal, sd(Q)});
+    if (o.arch == "deepseek_v3") {  // MLA (load_hf.cpp load_mla_layer): q_proj, the latent and its norm, kv_b
+      const std::int64_t H = o.heads, R = o.kv_lora_rank, QK = o.qk_nope_head_dim + o.qk_rope_head_dim,
+                         VH = static_cast<std::int64_t>(o.heads) * o.v_head_dim;
+      t.push_back({p + "self_attn.q_proj.weight", {H * QK, D}, Init::normal, sd(D)});
+      t.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {R + o.qk_rope_head_dim, D}, Init::normal, sd(D)});
+      t.push_back({p + "self_attn.kv_a_layernorm.weight", {R}, Init::ones, 1});
+      t.push_back({p + "self_attn.kv_b_proj.weight", {H * (o.qk_nope_head_dim + o.v_head_dim), R}, Init::normal, sd(R)});
+      t.push_back({p + "self_attn.o_proj.weight", {D, VH}, Init::normal, sd(VH)});
+    } else {
+      t.push_back({p + "self_attn.q_proj.weight", {Q, D}, Init::normal, sd(D)});
+      t.push_back({p + "self_attn.k_proj.weight", {KV, D}, Init::normal, sd(D)});
+      t.push_back({p + "self_attn.v_proj.weight", {KV, D}, Init::normal, sd(D)});
+      t.push_back({p + "self_attn.o_proj.weight", {D, Q}, Init::normal, sd(Q)});
+    }
     if (o.arch == "qwen2") {
       t.push_back({p + "self_attn.q_proj.bias", {Q}, Init::normal, 0.1f});
       t.push_back({p + "self_attn.k_proj.bias", {KV}, Init::normal, 0.1f});
@@ -589,7 +599,8 @@ std::string config_json(const SynthOptions& o, int head_dim) {
       {"llama", {"LlamaForCausalLM", "llama"}},
       {"mistral", {"MistralForCausalLM", "mistral"}},
       {"qwen2", {"Qwen2ForCausalLM", "qwen2"}},
-      {"qwen3", {"Qwen3ForCausalLM", "qwen3"}}};
+      {"qwen3", {"Qwen3ForCausalLM", "qwen3"}},
+      {"deepseek_v3", {"DeepseekV3ForCausalLM", "deepseek_v3"}}};
   const bool qwen = o.arch == "qwen2" || o.arch == "qwen3";
   const double theta = o.rope_theta > 0 ? o.rope_theta : (qwen ? 1000000.0 : 10000.0);
   json j = {{"architectures", {names.at(o.arch).first}},
@@ -611,6 +622,27 @@ std::string config_json(const SynthOptions& o, int head_dim) {
             {"torch_dtype", o.dtype == "f32" ? "float32" : o.dtype == "f16" ? "float16" : "bfloat16"},
             {"kvgate_synth", {{"seed", o.seed}, {"generator", "kvgate synth v1"}}}};
   if (o.arch == "mistral") j["sliding_window"] = nullptr;
+  if (o.arch == "deepseek_v3") {  // DeepseekV3Config: MLA without q LoRA, every layer dense (no router runs)
+    j["head_dim"] = o.qk_rope_head_dim;  // transformers' convention: head_dim is the RoPE width
+    j["num_key_value_heads"] = o.heads;
+    j["kv_lora_rank"] = o.kv_lora_rank;
+    j["q_lora_rank"] = nullptr;
+    j["qk_rope_head_dim"] = o.qk_rope_head_dim;
+    j["qk_nope_head_dim"] = o.qk_nope_head_dim;
+    j["qk_head_dim"] = o.qk_nope_head_dim + o.qk_rope_head_dim;
+    j["v_head_dim"] = o.v_head_dim;
+    j["rope_interleave"] = true;
+    j["first_k_dense_replace"] = o.layers;
+    j["n_routed_experts"] = 4;
+    j["num_experts_per_tok"] = 2;
+    j["moe_intermediate_size"] = o.ffn;
+    j["n_shared_experts"] = 0;
+    j["n_group"] = 1;
+    j["topk_group"] = 1;
+    j["norm_topk_prob"] = true;
+    j["routed_scaling_factor"] = 1.0;
+    j["rms_norm_eps"] = 1e-6;
+  }
   if (o.rope == "llama3") {  // Llama 3.1 / 3.2 / 3.3, in transformers 5's spelling
     j.erase("rope_theta");
     j["rope_parameters"] = {{"rope_type", "llama3"},
@@ -627,16 +659,25 @@ std::string config_json(const SynthOptions& o, int head_dim) {
 
 void check_options(const SynthOptions& o) {
   auto bad = [](const std::string& m) { throw std::invalid_argument("synth: " + m); };
-  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2" && o.arch != "qwen3")
-    bad("--arch must be llama, mistral, qwen2 or qwen3 (got '" + o.arch + "')");
+  if (o.arch != "llama" && o.arch != "mistral" && o.arch != "qwen2" && o.arch != "qwen3" && o.arch != "deepseek_v3")
+    bad("--arch must be llama, mistral, qwen2, qwen3 or deepseek_v3 (got '" + o.arch + "')");
+  if (o.arch == "deepseek_v3") {
+    if (o.kv_lora_rank < 1 || o.kv_lora_rank > (1 << 16)) bad("--kv-lora-rank must be in 1..65536");
+    if (o.qk_rope_head_dim < 2 || o.qk_rope_head_dim > 512 || o.qk_rope_head_dim % 2 != 0)
+      bad("--qk-rope-head-dim must be even and in 2..512 (RoPE rotates pairs)");
+    if (o.qk_nope_head_dim < 1 || o.qk_nope_head_dim > (1 << 14)) bad("--qk-nope-head-dim must be in 1..16384");
+    if (o.v_head_dim < 1 || o.v_head_dim > o.qk_nope_head_dim + o.qk_rope_head_dim)
+      bad("--v-head-dim must be in 1..qk_nope_head_dim + qk_rope_head_dim");
+  }
   if (o.layers < 1 || o.layers > 1024) bad("--layers must be in 1..1024");
   if (o.hidden < 2 || o.hidden > (1 << 17)) bad("--hidden must be in 2..131072");
   if (o.ffn < 1 || o.ffn > (1 << 20)) bad("--ffn must be in 1..1048576");
   if (o.heads < 1 || o.kv_heads < 1 || o.heads % o.kv_heads != 0)
     bad("--heads and --kv-heads must be >= 1 and --kv-heads must divide --heads");
-  if (o.head_dim == 0 && o.hidden % o.heads != 0) bad("--hidden must be a multiple of --heads when --head-dim is 0");
+  if (o.head_dim == 0 && o.hidden % o.heads != 0 && o.arch != "deepseek_v3")
+    bad("--hidden must be a multiple of --heads when --head-dim is 0");
   const int hd = o.head_dim ? o.head_dim : o.hidden / o.heads;
-  if (hd < 2 || hd % 2 != 0) bad("head_dim must be even and >= 2 (RoPE rotates pairs), got " + std::to_string(hd));
+  if (o.arch != "deepseek_v3" && (hd < 2 || hd % 2 != 0)) bad("head_dim must be even and >= 2 (RoPE rotates pairs), got " + std::to_string(hd));
   if (o.vocab < 258 || o.vocab > (1 << 20)) bad("--vocab must be in 258..1048576 (256 bytes + bos + eos)");
   if (o.max_seq_len < 1) bad("--max-seq-len must be >= 1");
   if (o.dtype != "f32" && o.dtype != "f16" && o.dtype != "bf16") bad("--dtype must be f32, f16 or bf16");

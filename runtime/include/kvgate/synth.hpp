@@ -17,7 +17,7 @@
 namespace kvgate {
 
 struct SynthOptions {
-  std::string arch = "llama";  // llama | mistral | qwen2 | qwen3
+  std::string arch = "llama";  // llama | mistral | qwen2 | qwen3 | deepseek_v3 (MLA attention, dense MLP)
   int layers = 2;
   int hidden = 64;      // hidden_size
   int ffn = 172;        // intermediate_size
@@ -38,6 +38,13 @@ struct SynthOptions {
   double rope_theta = 0.0;    // 0: 10000 (llama, mistral) or 1000000 (qwen2, qwen3)
   std::string rope;           // empty: plain RoPE; "llama3": Llama 3.1's rope_parameters (factor 8,
                               // low/high_freq_factor 1/4, original_max_position_embeddings 8192)
+  // deepseek_v3 only (DeepseekV3Config's MLA: no q LoRA, every layer dense, first_k_dense_replace =
+  // layers): the latent width, and the per-head RoPE / no-RoPE query-key and value widths. head_dim and
+  // kv_heads are ignored (config.json's head_dim is the RoPE width; one KV head per query head).
+  int kv_lora_rank = 512;
+  int qk_rope_head_dim = 64;
+  int qk_nope_head_dim = 32;
+  int v_head_dim = 32;
   int shards = 1;             // > 1: model-0000i-of-0000n.safetensors + model.safetensors.index.json
   int threads = 0;            // generator threads (0: all cores); the bytes do not depend on it
   std::string out;            // output directory (created if missing)
