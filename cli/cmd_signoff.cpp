@@ -220,7 +220,8 @@ struct SignoffRun {
     if (!model) return;
     auto fallback_of = [&](const std::string& f) -> std::optional<DeviceFallback> {
       try {
-        const ResolvedKv r = matrix::resolve_on_device(model->config, *parse_kv_format(f), 16, o.device);
+        const ResolvedKv r =
+            matrix::resolve_on_device(model->config, *parse_kv_format(f), 16, o.device, o.mla_cache == "latent");
         if (r.fell_back()) return DeviceFallback{r.effective.name(), r.fallback_reason};
       } catch (const std::runtime_error&) {
         // --device cuda in a build without the CUDA backend: NOT-VALIDATED (record_provenance)

@@ -713,10 +713,11 @@ TEST_CASE("CLI.signoff.fallback a format the device would hold as another is not
 // (provenance mla_cache, a note on the format), the matrix's int8 row holds the latent bytes per token
 // from the format definitions (per layer the latent row in int8, 1 B each + an f16 scale, and the RoPE
 // row likewise: L x ((kv_lora_rank + 2) + (rope_dim + 2))), and the quality differs from the expanded
-// cache's (anti-vacuity: the quality engines really ran another cache). On a model without MLA the
-// flag is refused before anything is written, naming the way out.
+// cache's (anti-vacuity: the quality engines really ran another cache). fp8_ds_mla on a synthesized
+// 512-wide latent is measured as asked, not as the expanded cache's fallback. On a model without MLA
+// the flag is refused before anything is written, naming the way out.
 TEST_CASE("CLI.signoff.mla_cache --mla-cache latent signs off the latent cache; refused without MLA",
-          "[gate:CLI][fmt:int8][mla]") {
+          "[gate:CLI][fmt:int8][fmt:fp8_block128][mla]") {
   const std::string ds = deepseek_v3_ref();
   const Model m = load_model(ds);
   REQUIRE(m.config.mla.any());
@@ -753,6 +754,55 @@ TEST_CASE("CLI.signoff.mla_cache --mla-cache latent signs off the latent cache; 
   REQUIRE(qe.is_object());
   CHECK(ql["positions"].get<int>() > 0);
   CHECK(ql["kl_mean"].get<double>() != qe["kl_mean"].get<double>());
+  // The format is resolved against the latent's rows, not the expanded heads: on a model with
+  // DeepSeek-V3's latent widths (kvgate synth --arch deepseek_v3: kv_lora 512, rope 64, 2 heads of
+  // nope 32 + rope 64) fp8_ds_mla (k=fp8_block128,v=bf16) holds the latent in 128-element tiles,
+  // while an expanded token row (2 x 96 = 192) is no multiple of 128. With --mla-cache latent it is
+  // measured as asked (656 B per token and layer); with the expanded cache it is the fallback's
+  // (anti-vacuity: the two resolutions differ). A sign-off that resolved against the expanded heads
+  // reported the latent run "not measured: the engine holds k=f16,v=bf16".
+  {
+    SynthOptions so;
+    so.arch = "deepseek_v3";
+    so.layers = 2;
+    so.hidden = 128;
+    so.heads = 2;
+    so.ffn = 256;
+    so.vocab = 300;
+    so.kv_lora_rank = 512;
+    so.qk_rope_head_dim = 64;
+    so.qk_nope_head_dim = 32;
+    so.v_head_dim = 32;
+    so.max_seq_len = 256;
+    so.threads = 1;
+    so.out = (s.dir / "ds512").string();
+    synth_hf(so);
+    auto ds_signoff = [&](const std::string& cache) {
+      const std::string out = "ds512_" + cache;
+      const Run r = kvgate_cli(tiny_signoff_command(s, "--format k=fp8_block128,v=bf16 --baseline f32 --mla-cache " + cache, so.out, out));
+      INFO("stderr: " << r.err);
+      REQUIRE((r.rc == 3 || r.rc == 4 || r.rc == 0));
+      const json sj = json::parse(slurp(s.dir / out / "signoff.json")), mj = json::parse(slurp(s.dir / out / "matrix.json"));
+      json v, row;
+      for (const auto& x : sj["verdicts"])
+        if (x["format"] == "k=fp8_block128,v=bf16") v = x;
+      for (const auto& x : mj["formats"])
+        if (x["format"] == "k=fp8_block128,v=bf16") row = x;
+      return std::make_pair(v, row);
+    };
+    const auto [lv, lrow] = ds_signoff("latent");
+    INFO("latent: " << lv.dump().substr(0, 1500));
+    REQUIRE(lv.is_object());
+    REQUIRE(lrow.is_object());  // the matrix measured the format itself
+    CHECK(lv.dump().find("the engine holds") == std::string::npos);
+    CHECK(lrow["kv_bytes_per_token"] == 2 * 656);
+    CHECK(lv["quality"]["all"].is_object());
+    const auto [ev, erow] = ds_signoff("expanded");
+    INFO("expanded: " << ev.dump().substr(0, 1500));
+    CHECK(ev.dump().find("the engine holds k=f16,v=bf16") != std::string::npos);
+    CHECK(ev.dump().find("row_not_multiple_of_128") != std::string::npos);
+    CHECK_FALSE(erow.is_object());
+  }
   // Refused on a model without MLA, before any file is written.
   const Run bad = kvgate_cli(tiny_signoff_command(s, "--format int8 --mla-cache latent", tiny, "refused"));
   INFO("stderr: " << bad.err);

@@ -359,7 +359,8 @@ std::string quality_path_text(const std::string& device, int prefill_chunk) {
          "baseline's; noise: the other float KV, and the baseline on the decode path (one decode step per token)";
 }
 
-ResolvedKv resolve_on_device(const ModelConfig& cfg, const KvFormat& format, int block_size, const std::string& device) {
+ResolvedKv resolve_on_device(const ModelConfig& cfg, const KvFormat& format, int block_size, const std::string& device,
+                             bool mla_latent) {
   if (device != "cpu" && device != "cuda") throw std::invalid_argument("--device must be cpu or cuda, not '" + device + "'");
   if (device == "cuda") {
 #if KVGATE_CUDA_BUILD
@@ -371,6 +372,7 @@ ResolvedKv resolve_on_device(const ModelConfig& cfg, const KvFormat& format, int
   KvRequest req;
   req.flag = format;
   req.backend = device;
+  req.mla_latent = mla_latent;
   return resolve_kv(req, cfg, block_size);
 }
 

@@ -210,7 +210,10 @@ int signoff_prefill_chunk(const std::string& device);
 // `format` as the backend of `device` ("cpu" | "cuda") would hold it for this model: on "cuda" the
 // CUDA kernels' capability (resolve_kv backend "cuda"), so a format without CUDA kernels shows its
 // fallback here. Throws std::runtime_error for "cuda" in a build without the CUDA backend.
-ResolvedKv resolve_on_device(const ModelConfig& cfg, const KvFormat& format, int block_size, const std::string& device);
+// mla_latent: the MLA latent cache (--mla-cache latent), resolved against the latent's and the RoPE
+// key's rows (KvRequest::mla_latent), not the expanded heads.
+ResolvedKv resolve_on_device(const ModelConfig& cfg, const KvFormat& format, int block_size, const std::string& device,
+                             bool mla_latent = false);
 
 // Elapsed time per stage of a long run (the sign-off's): done(name) prints the stage's and the
 // total elapsed seconds to stderr and records them.
