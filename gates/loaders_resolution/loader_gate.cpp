@@ -588,6 +588,54 @@ TEST_CASE("STO.synth.roundtrip shapes and config of every architecture", "[gate:
   const Model m = load_hf(o.out);
   CHECK(m.config.tied_embeddings);
   CHECK(m.weights.classifier.empty());
+  {  // deepseek_v3: MLA without q LoRA, every layer dense; the loader's widths and shapes
+    SynthOptions d = tiny_options(t.sub("deepseek_v3"));
+    d.arch = "deepseek_v3";
+    d.hidden = 64;
+    d.heads = 3;
+    d.ffn = 96;
+    d.layers = 2;
+    d.kv_lora_rank = 256;
+    d.qk_rope_head_dim = 16;
+    d.qk_nope_head_dim = 24;
+    d.v_head_dim = 20;
+    const SynthResult sr = synth_hf(d);
+    const Model dm = load_hf(d.out);
+    const ModelConfig& c = dm.config;
+    CHECK(c.arch == "deepseek_v3");
+    CHECK(c.mla.kv_lora_rank == 256);
+    CHECK(c.mla.q_lora_rank == 0);
+    CHECK(c.mla.rope_dim == 16);
+    CHECK(c.mla.nope_dim == 24);
+    CHECK(c.mla.v_dim == 20);
+    CHECK(c.head_dim == 40);
+    CHECK(c.n_heads == 3);
+    CHECK(c.n_kv_heads == 3);
+    CHECK(c.moe.layer_moe == std::vector<std::uint8_t>(2, 0));  // dense: no router runs
+    const LayerWeights& L = dm.weights.layers.at(1);
+    CHECK(L.wq.size() == 3u * 40u * 64u);
+    CHECK(L.wkv_a.size() == (256u + 16u) * 64u);
+    CHECK(L.kv_a_norm == std::vector<float>(256, 1.0f));
+    CHECK(L.wkv_b.size() == 3u * (24u + 20u) * 256u);
+    CHECK(L.wo.size() == 64u * 3u * 20u);
+    CHECK(std::abs(stddev(L.wkv_b) / (1.0 / std::sqrt(256.0)) - 1.0) < 0.05);
+    std::uint64_t n = dm.weights.tok_embeddings.size() + dm.weights.final_norm.size() + dm.weights.classifier.size();
+    for (const auto& l : dm.weights.layers)
+      n += l.attn_norm.size() + l.wq.size() + l.wkv_a.size() + l.kv_a_norm.size() + l.wkv_b.size() + l.wo.size() +
+           l.ffn_norm.size() + l.w1.size() + l.w2.size() + l.w3.size();
+    CHECK(n == sr.n_params);
+    // A RoPE width the loader cannot rotate is refused by the generator, naming the flag.
+    SynthOptions bad = d;
+    bad.qk_rope_head_dim = 15;
+    bad.out = t.sub("deepseek_bad");
+    std::string msg;
+    try {
+      synth_hf(bad);
+    } catch (const std::invalid_argument& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find("--qk-rope-head-dim") != std::string::npos);
+  }
 }
 
 TEST_CASE("STO.synth.determinism same seed -> same bytes and fingerprint, other seed -> different",

@@ -672,7 +672,8 @@ void check_options(const SynthOptions& o) {
   if (o.layers < 1 || o.layers > 1024) bad("--layers must be in 1..1024");
   if (o.hidden < 2 || o.hidden > (1 << 17)) bad("--hidden must be in 2..131072");
   if (o.ffn < 1 || o.ffn > (1 << 20)) bad("--ffn must be in 1..1048576");
-  if (o.heads < 1 || o.kv_heads < 1 || o.heads % o.kv_heads != 0)
+  if (o.heads < 1) bad("--heads must be >= 1");
+  if (o.arch != "deepseek_v3" && (o.kv_heads < 1 || o.heads % o.kv_heads != 0))  // MLA: one KV head per query head
     bad("--heads and --kv-heads must be >= 1 and --kv-heads must divide --heads");
   if (o.head_dim == 0 && o.hidden % o.heads != 0 && o.arch != "deepseek_v3")
     bad("--hidden must be a multiple of --heads when --head-dim is 0");
