@@ -762,19 +762,7 @@ TEST_CASE("CLI.signoff.mla_cache --mla-cache latent signs off the latent cache; 
   // (anti-vacuity: the two resolutions differ). A sign-off that resolved against the expanded heads
   // reported the latent run "not measured: the engine holds k=f16,v=bf16".
   {
-    SynthOptions so;
-    so.arch = "deepseek_v3";
-    so.layers = 2;
-    so.hidden = 128;
-    so.heads = 2;
-    so.ffn = 256;
-    so.vocab = 300;
-    so.kv_lora_rank = 512;
-    so.qk_rope_head_dim = 64;
-    so.qk_nope_head_dim = 32;
-    so.v_head_dim = 32;
-    so.max_seq_len = 256;
-    so.threads = 1;
+    SynthOptions so = kvgate::gates::deepseek_latent512_options();  // gates/common/model_fixtures.hpp
     so.out = (s.dir / "ds512").string();
     synth_hf(so);
     auto ds_signoff = [&](const std::string& cache) {

@@ -68,6 +68,27 @@ inline SynthOptions wide_embedding_options(int vocab) {
   return o;
 }
 
+// A DeepSeek-V3-style MLA model with DeepSeek-V3's latent widths (kv_lora_rank 512,
+// qk_rope_head_dim 64) at toy size: 2 dense layers of hidden 128, 2 heads of nope 32 + rope 64 (an
+// expanded token row of 192, no multiple of 128, while the latent is 4 tiles of 128), v 32, FFN 256,
+// vocabulary 300, context 256, one generator thread. The caller sets out.
+inline SynthOptions deepseek_latent512_options() {
+  SynthOptions o;
+  o.arch = "deepseek_v3";
+  o.layers = 2;
+  o.hidden = 128;
+  o.heads = 2;
+  o.ffn = 256;
+  o.vocab = 300;
+  o.kv_lora_rank = 512;
+  o.qk_rope_head_dim = 64;
+  o.qk_nope_head_dim = 32;
+  o.v_head_dim = 32;
+  o.max_seq_len = 256;
+  o.threads = 1;
+  return o;
+}
+
 // Engine options for KV format `fmt` on model `m` with the KV resolved as the engine would (a format
 // the geometry cannot hold falls back, as resolve_kv says), pages of `block_size`, a context cap.
 inline EngineOptions resolved_engine_options(const Model& m, const KvFormat& fmt, int block_size, int max_context) {

@@ -24,6 +24,7 @@
 #include "kvgate/resolve.hpp"
 #include "kvgate/synth.hpp"
 #include "kvgate_oracle/formats.hpp"
+#include "model_fixtures.hpp"
 #include "scratch_dir.hpp"
 
 using namespace kvgate;
@@ -33,19 +34,7 @@ TEST_CASE("STO.mla.fp8_ds_mla_synth fp8_ds_mla (k=fp8_block128,v=bf16, latent ca
           "656 B per token and layer, layer 0's pages == the oracle's",
           "[gate:STO][mla][fmt:fp8_block128]") {
   const gates::ScratchDir dir("kvgate-mla-synth");
-  SynthOptions so;
-  so.arch = "deepseek_v3";
-  so.layers = 2;
-  so.hidden = 128;
-  so.heads = 2;
-  so.ffn = 256;
-  so.vocab = 300;
-  so.kv_lora_rank = 512;
-  so.qk_rope_head_dim = 64;
-  so.qk_nope_head_dim = 32;
-  so.v_head_dim = 32;
-  so.max_seq_len = 256;
-  so.threads = 1;
+  SynthOptions so = gates::deepseek_latent512_options();
   so.out = dir.sub("model");
   (void)synth_hf(so);
   const Model m = load_model(so.out);
