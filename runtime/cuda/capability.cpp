@@ -31,7 +31,8 @@ OpSupport supports_op(Op op, const StoreConfig& c, int n_heads) {
   // Scales per KV head (a [n_layers * n_kv_heads] table whose heads differ in some layer): the fp8
   // kernels take the layer's table (StoreRowsArgs::head_scales, DecodeArgs/PrefillArgs::k_/v_head_scales);
   // nvfp4's FP32 global scale is one per (layer, K|V), as on the CPU store.
-  const std::size_t L = static_cast<std::size_t>(std::max(c.n_layers, 0)), H = static_cast<std::size_t>(std::max(c.n_kv_heads, 1));
+  const std::size_t L = static_cast<std::size_t>(std::max(c.n_layers, 0));
+  const std::size_t H = static_cast<std::size_t>(std::max(c.n_kv_heads, 1));
   for (int half = 0; half < 2; ++half) {
     const std::vector<float>& s = half == 0 ? c.k_scale : c.v_scale;
     const HalfFormat hf = half == 0 ? c.format.k : c.format.v;

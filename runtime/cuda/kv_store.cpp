@@ -99,25 +99,12 @@ std::span<const float> CudaKvStore::head_scales(int layer, KvHalf h) const {
   if (layer < 0 || layer >= cfg_.n_layers)
     throw KvStoreError("cuda kv store: layer " + std::to_string(layer) + " is out of range (n_layers " +
                        std::to_string(cfg_.n_layers) + ")");
-  const std::vector<float>& s = h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale;
-  const std::size_t H = static_cast<std::size_t>(std::max(cfg_.n_kv_heads, 1));
-  return std::span<const float>(s).subspan(static_cast<std::size_t>(layer) * H, H);
+  return head_scales_of(cfg_, layer, h);
 }
 
-bool CudaKvStore::per_head_scales() const {
-  for (int l = 0; l < cfg_.n_layers; ++l)
-    for (KvHalf h : {KvHalf::K, KvHalf::V})
-      if (!uniform_heads(head_scales(l, h))) return true;
-  return false;
-}
+bool CudaKvStore::per_head_scales() const { return per_head_scales_of(cfg_); }
 
-float CudaKvStore::tensor_scale(int layer, KvHalf h) const {
-  const std::span<const float> s = head_scales(layer, h);
-  if (!uniform_heads(s))
-    throw KvStoreError("cuda kv store: layer " + std::to_string(layer) + "'s " + (h == KvHalf::K ? "K" : "V") +
-                       " scale differs per KV head; a per-tensor reader cannot use it (read head_scales())");
-  return s[0];
-}
+float CudaKvStore::tensor_scale(int layer, KvHalf h) const { return tensor_scale_of(cfg_, layer, h, "cuda kv store"); }
 
 CudaKvStore::KernelScales CudaKvStore::kernel_scales(int layer, KvHalf h) const {
   const std::span<const float> s = head_scales(layer, h);

@@ -137,26 +137,30 @@ std::vector<float> flatten_kv_scales(const std::vector<std::vector<float>>& per_
   return out;
 }
 
-std::span<const float> PagedKvStore::head_scales(int layer, KvHalf h) const {
-  const std::vector<float>& v = h == KvHalf::K ? cfg_.k_scale : cfg_.v_scale;
-  const std::size_t H = static_cast<std::size_t>(cfg_.n_kv_heads);
+std::span<const float> head_scales_of(const StoreConfig& c, int layer, KvHalf h) {
+  const std::vector<float>& v = h == KvHalf::K ? c.k_scale : c.v_scale;
+  const std::size_t H = static_cast<std::size_t>(c.n_kv_heads);
   return {v.data() + static_cast<std::size_t>(layer) * H, H};
 }
 
-bool PagedKvStore::per_head_scales() const {
-  for (int l = 0; l < cfg_.n_layers; ++l)
+bool per_head_scales_of(const StoreConfig& c) {
+  for (int l = 0; l < c.n_layers; ++l)
     for (KvHalf h : {KvHalf::K, KvHalf::V})
-      if (!uniform_heads(head_scales(l, h))) return true;
+      if (!uniform_heads(head_scales_of(c, l, h))) return true;
   return false;
 }
 
-float PagedKvStore::tensor_scale(int layer, KvHalf h) const {
-  const std::span<const float> s = head_scales(layer, h);
+float tensor_scale_of(const StoreConfig& c, int layer, KvHalf h, const std::string& who) {
+  const std::span<const float> s = head_scales_of(c, layer, h);
   if (!uniform_heads(s))
-    throw KvStoreError("kv store: layer " + std::to_string(layer) + "'s " + (h == KvHalf::K ? "K" : "V") +
+    throw KvStoreError(who + ": layer " + std::to_string(layer) + "'s " + (h == KvHalf::K ? "K" : "V") +
                        " scale differs per KV head; a per-tensor reader cannot use it (read head_scales())");
   return s[0];
 }
+
+std::span<const float> PagedKvStore::head_scales(int layer, KvHalf h) const { return head_scales_of(cfg_, layer, h); }
+bool PagedKvStore::per_head_scales() const { return per_head_scales_of(cfg_); }
+float PagedKvStore::tensor_scale(int layer, KvHalf h) const { return tensor_scale_of(cfg_, layer, h, "kv store"); }
 
 PagedKvStore::Sequence& PagedKvStore::seq(SeqId s) {
   auto it = seqs_.find(s);

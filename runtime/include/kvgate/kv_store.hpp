@@ -74,6 +74,13 @@ void normalize_kv_scales(StoreConfig& c, const std::string& who);
 std::vector<float> flatten_kv_scales(const std::vector<std::vector<float>>& per_layer, int n_kv_heads);
 // True when every entry has the bits of the first.
 bool uniform_heads(std::span<const float> s);
+// On a config whose scales are expanded (normalize_kv_scales), what every store reads: the scale of
+// each KV head of (layer, half) (n_kv_heads entries); whether some (layer, half) has heads that
+// differ; the one scale of (layer, half) for per-tensor readers (KvStoreError prefixed with `who`
+// when its heads differ). PagedKvStore and the CUDA store answer through these.
+std::span<const float> head_scales_of(const StoreConfig& c, int layer, KvHalf h);
+bool per_head_scales_of(const StoreConfig& c);
+float tensor_scale_of(const StoreConfig& c, int layer, KvHalf h, const std::string& who);
 
 // Blocks a memory budget buys: budget / (n_layers * (K page + V page)).
 int blocks_for_budget(const KvFormat& f, const PageGeometry& g, int n_layers, std::size_t budget_bytes);
