@@ -14,6 +14,7 @@
 #include <fstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include "kvgate/build_paths.hpp"
 
@@ -45,8 +46,17 @@ inline void write_file(const std::filesystem::path& path, const std::uint8_t* da
   f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
 }
 
+// Copies a fixture beside the fuzzed input. libFuzzer's -timeout runs an interval timer whose
+// SIGALRM can interrupt the copy's system calls (EINTR: std::filesystem::copy_file does not retry
+// it and throws): retry an interrupted copy; any other error is the harness's own and throws.
 inline void copy_file(const std::filesystem::path& from, const std::filesystem::path& to) {
-  std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing);
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing, ec);
+    if (!ec) return;
+    if (ec != std::errc::interrupted || attempt == 100)
+      throw std::filesystem::filesystem_error("fuzz harness: cannot copy a fixture", from, to, ec);
+  }
 }
 
 // A file of the repository (fixtures the harness needs besides the fuzzed input).
