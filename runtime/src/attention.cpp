@@ -873,6 +873,9 @@ void attention(const PagedKvStore& store, SeqId s, int layer, const AttentionArg
     }
     const float* vrows = vtile;
     if (vf == HalfFormat::f32) vrows = reinterpret_cast<const float*>(vp);
+    else if (vf == HalfFormat::int8)  // dequantize_rows' own case, called without its per-call checks
+      dequant_int8(reinterpret_cast<const std::int8_t*>(vp),
+                   reinterpret_cast<const std::uint16_t*>(vp + static_cast<std::size_t>(B) * HD), vtile, nt * H, D);
     else dequantize_rows(vf, g, nt, vp, vs, vtile);
     attend_page(a, D, HD, kstride, group, t0, nt, scale, q, kt, vrows, m, l, acc);
   }

@@ -3,9 +3,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "kvgate/blocks.hpp"
 #include "kvgate/limits.hpp"
@@ -14,6 +19,32 @@
 namespace kvgate {
 
 namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The codes of quantize_absmax127's loop, 8 elements at a time: clamp(round_half_even(x / s),
+// -127, 127), and 0 for a NaN element (the new row of an int8 cache is quantized once per token,
+// layer and half, and the loop's out-of-line round_half_even per element was most of that). The
+// same binary32 division; the quotient is clamped before it is rounded, which gives the same code
+// (rounding is monotonic and -127, 127 are integers; +-inf clamps too; a NaN quotient becomes 127
+// in min_ps, but its lane is zeroed by the ordered-compare mask); on |q| <= 127 adding then
+// subtracting 1.5 * 2^23 rounds q to an integer in the default rounding mode, ties to even, as
+// std::nearbyint in round_half_even; the conversions are exact (integers in [-127, 127], so the
+// saturating packs never saturate).
+__attribute__((target("avx2"))) void absmax127_codes_avx2(const float* x, float s, std::int8_t* codes, int n8) {
+  const __m256 sv = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+  const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+  for (int i = 0; i < n8; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 q = _mm256_max_ps(_mm256_min_ps(_mm256_div_ps(v, sv), hi), lo);
+    const __m256 r = _mm256_sub_ps(_mm256_add_ps(q, magic), magic);  // round to nearest, ties to even
+    const __m256i c = _mm256_cvttps_epi32(_mm256_and_ps(r, _mm256_cmp_ps(v, v, _CMP_ORD_Q)));  // NaN: 0
+    const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packs_epi16(c16, c16));
+  }
+}
+// KVGATE_NO_AVX2=1 forces the scalar loop (as for the attention reader), so a gate covers both.
+const bool kAbsmaxAvx2 = __builtin_cpu_supports("avx2") && std::getenv("KVGATE_NO_AVX2") == nullptr;
+#endif
 
 // Per-cell int8 quantization (and the q8_0 block body): docs/FORMATS.md "int8".
 void quantize_absmax127(const float* x, int n, std::int8_t* codes, std::uint16_t* scale_out) {
@@ -26,7 +57,14 @@ void quantize_absmax127(const float* x, int n, std::int8_t* codes, std::uint16_t
   }
   const std::uint16_t s16 = f16_scale_round_up(amax, 127);
   const float s = f16_to_f32(s16);
-  for (int i = 0; i < n; ++i) {
+  int i0 = 0;  // elements [0, i0) coded by the AVX2 kernel (the same codes), the rest below
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kAbsmaxAvx2) {
+    i0 = n / 8 * 8;
+    absmax127_codes_avx2(x, s, codes, i0);
+  }
+#endif
+  for (int i = i0; i < n; ++i) {
     // NaN elements take code 0 (docs/FORMATS.md); they were already ignored by amax.
     codes[i] = std::isnan(x[i]) ? std::int8_t{0}
                                 : static_cast<std::int8_t>(std::clamp(round_half_even(x[i] / s), -127, 127));
