@@ -15,6 +15,7 @@
 
 #include "kvgate/blocks.hpp"
 #include "kvgate/numeric.hpp"
+#include "cpu_avx2.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(KVGATE_NO_TARGET_CLONES)
 #define KVGATE_MULTIVERSION __attribute__((target_clones("avx2", "default")))
@@ -335,8 +336,6 @@ __attribute__((target("avx2"))) void rows_load_avx2(const L& ld, float* out, int
     for (int hd0 = 0; hd0 < hd_n; hd0 += 8) _mm256_storeu_ps(out + static_cast<std::size_t>(t) * hd_n + hd0, ld(t, hd0));
 }
 
-// KVGATE_NO_AVX2=1 forces the portable paths (a gate runs that way so both are covered).
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && std::getenv("KVGATE_NO_AVX2") == nullptr;
 #endif
 
 // int8 cells: scales widened first (one vectorized pass), then code * scale per cell (exact

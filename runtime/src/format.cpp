@@ -15,6 +15,7 @@
 #include "kvgate/blocks.hpp"
 #include "kvgate/limits.hpp"
 #include "kvgate/numeric.hpp"
+#include "cpu_avx2.hpp"
 
 namespace kvgate {
 
@@ -42,8 +43,6 @@ __attribute__((target("avx2"))) void absmax127_codes_avx2(const float* x, float 
     _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i), _mm_packs_epi16(c16, c16));
   }
 }
-// KVGATE_NO_AVX2=1 forces the scalar loop (as for the attention reader), so a gate covers both.
-const bool kAbsmaxAvx2 = __builtin_cpu_supports("avx2") && std::getenv("KVGATE_NO_AVX2") == nullptr;
 #endif
 
 // Per-cell int8 quantization (and the q8_0 block body): docs/FORMATS.md "int8".
@@ -59,7 +58,7 @@ void quantize_absmax127(const float* x, int n, std::int8_t* codes, std::uint16_t
   const float s = f16_to_f32(s16);
   int i0 = 0;  // elements [0, i0) coded by the AVX2 kernel (the same codes), the rest below
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (kAbsmaxAvx2) {
+  if (kHaveAvx2) {
     i0 = n / 8 * 8;
     absmax127_codes_avx2(x, s, codes, i0);
   }
