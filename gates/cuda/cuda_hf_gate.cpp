@@ -20,10 +20,11 @@ namespace {
 
 const Loaded& loaded(const std::string& name) { return gates::hf_ref::loaded(name, "MOD.cuda.hf", "cuda"); }
 
-auto cuda_engine(const Model& m) {
-  return [&m](int n_tokens) {
+auto cuda_engine(const Model& m, MlaCache mla = MlaCache::expanded) {
+  return [&m, mla](int n_tokens) {
     kc::CudaEngineOptions o;
     o.engine = engine_options_for(KvFormat{HalfFormat::f32, HalfFormat::f32}, 1);
+    o.engine.mla_cache = mla;
     o.engine.kv.backend = "cuda";
     o.engine.max_context = n_tokens;
     o.engine.prefill_chunk = n_tokens;  // one forward over all given ids
@@ -68,3 +69,26 @@ CUDA_HF_CASE("mixtral")
 // shared expert.
 CUDA_HF_CASE("deepseek_v3")
 CUDA_HF_CASE("deepseek_v3_qlora")
+
+// MOD.cuda.hf.<case>.latent.*: the DeepSeek-V3 cases with the MLA latent cache on the CUDA engine
+// (the store holds c_kv and the RoPE key; the latent kernel reads them in the weight-absorbed form,
+// runtime/cuda/kernels/mla_decode.cuh), against the same transformers logits and greedy ids as
+// MOD.hf.<case>.latent.* (the bound adds the absorbed chain: hf_ref_harness.hpp mla_latent_chain).
+// The layout is checked to be the latent one, so a silent expanded run cannot pass.
+#define CUDA_HF_LATENT_CASE(c)                                                                             \
+  TEST_CASE("MOD.cuda.hf." c ".latent.logits transformers' teacher-forced logits, CUDA engine, MLA latent cache f32", \
+            "[gate:MOD][cuda][fmt:f32][mla]") {                                                           \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                       \
+    const Loaded& l = loaded(c);                                                                           \
+    REQUIRE(cuda_engine(l.m, MlaCache::latent)(4)->stats().kv_layout.rfind("mla_latent", 0) == 0);        \
+    check_logits(l.rc, l.m, cuda_engine(l.m, MlaCache::latent), true, true);                              \
+  }                                                                                                        \
+  TEST_CASE("MOD.cuda.hf." c ".latent.greedy transformers' greedy ids, CUDA engine, MLA latent cache f32",  \
+            "[gate:MOD][cuda][fmt:f32][mla]") {                                                           \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                       \
+    const Loaded& l = loaded(c);                                                                           \
+    check_greedy(l.rc, l.m, cuda_engine(l.m, MlaCache::latent), true, true);                              \
+  }
+
+CUDA_HF_LATENT_CASE("deepseek_v3")
+CUDA_HF_LATENT_CASE("deepseek_v3_qlora")

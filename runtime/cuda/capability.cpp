@@ -45,6 +45,17 @@ OpSupport supports_op(Op op, const StoreConfig& c, int n_heads) {
                     "K|V): per-head scales apply to fp8_e4m3/fp8_e5m2 halves only; give one scale per layer for it",
                 {}};
   }
+  if (c.layout == KvLayout::mla_latent) {
+    // The latent cache: each half is stored with its own row width (latent kv_lora, RoPE key rope);
+    // attention over it is the latent kernel's (supports_mla), never decode's or prefill's.
+    if (op != Op::store) return supports_mla(c.format, c.head_dim, c.half_geometry(KvHalf::V).head_dim, n_heads);
+    for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+      const HalfFormat hf = h == KvHalf::K ? c.format.k : c.format.v;
+      const OpSupport s = supports_op(op, KvFormat{hf, hf}, c.half_geometry(h), n_heads);
+      if (!s.ok) return s;
+    }
+    return {true, {}, {}, "store"};
+  }
   return supports_op(op, c.format, c.geometry(), n_heads);
 }
 

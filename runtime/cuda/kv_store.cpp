@@ -16,14 +16,13 @@ constexpr std::size_t kPageAlign = 256;  // every page starts 256-byte aligned (
 }
 
 CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
-  const PageGeometry g = cfg_.geometry();
   const OpSupport sup = supports_op(Op::store, cfg_);
   if (!sup.ok)
     throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
                        "): " + sup.detail);
   if (cfg_.n_layers < 1 || cfg_.n_blocks < 0) throw KvStoreError("cuda kv store: n_layers must be >= 1 and n_blocks >= 0");
   for (int h = 0; h < 2; ++h) {
-    page_bytes_[h] = kvgate::page_bytes(h == 0 ? cfg_.format.k : cfg_.format.v, g);
+    page_bytes_[h] = kvgate::page_bytes(h == 0 ? cfg_.format.k : cfg_.format.v, cfg_.half_geometry(static_cast<KvHalf>(h)));
     stride_[h] = (page_bytes_[h] + kPageAlign - 1) / kPageAlign * kPageAlign;
   }
   init_scales();
@@ -48,7 +47,6 @@ CudaKvStore::CudaKvStore(StoreConfig cfg) : cfg_(std::move(cfg)) {
 }
 
 CudaKvStore::CudaKvStore(StoreConfig cfg, External ext) : cfg_(std::move(cfg)), external_(true) {
-  const PageGeometry g = cfg_.geometry();
   const OpSupport sup = supports_op(Op::store, cfg_);
   if (!sup.ok)
     throw KvStoreError("cuda kv store: format '" + cfg_.format.name() + "' is not supported here (" + sup.reason +
@@ -58,7 +56,7 @@ CudaKvStore::CudaKvStore(StoreConfig cfg, External ext) : cfg_(std::move(cfg)), 
     throw KvStoreError("cuda kv store view: needs one K and one V base per layer, >= 1 page and a stride that is a "
                        "multiple of 256 bytes");
   for (int h = 0; h < 2; ++h) {
-    page_bytes_[h] = kvgate::page_bytes(h == 0 ? cfg_.format.k : cfg_.format.v, g);
+    page_bytes_[h] = kvgate::page_bytes(h == 0 ? cfg_.format.k : cfg_.format.v, cfg_.half_geometry(static_cast<KvHalf>(h)));
     if (page_bytes_[h] > ext.stride) throw KvStoreError("cuda kv store view: the stride is smaller than a page");
     stride_[h] = ext.stride;
   }
@@ -261,8 +259,8 @@ void CudaKvStore::write(SeqId s, int layer, int pos0, int n, const float* d_k, s
   }
   auto* d_map = static_cast<int*>(scratch(0, map.size() * sizeof(int)));
   KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_map, map.data(), map.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
-  const PageGeometry g = geometry();
   for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+    const PageGeometry g = cfg_.half_geometry(h);  // the latent layout's V half: the RoPE key's width
     StoreRowsArgs a;
     a.rows = h == KvHalf::K ? d_k : d_v;
     a.row_stride = h == KvHalf::K ? k_stride : v_stride;
@@ -281,9 +279,9 @@ void CudaKvStore::write(SeqId s, int layer, int pos0, int n, const float* d_k, s
 void CudaKvStore::write_host(SeqId s, int layer, int pos0, int n, const float* k, std::size_t k_stride, const float* v,
                              std::size_t v_stride) {
   if (n <= 0) return;
-  const std::size_t HD = static_cast<std::size_t>(cfg_.n_kv_heads) * cfg_.head_dim;
-  const std::size_t kb = ((static_cast<std::size_t>(n) - 1) * k_stride + HD) * sizeof(float);
-  const std::size_t vb = ((static_cast<std::size_t>(n) - 1) * v_stride + HD) * sizeof(float);
+  const std::size_t HDk = cfg_.half_geometry(KvHalf::K).row_elems(), HDv = cfg_.half_geometry(KvHalf::V).row_elems();
+  const std::size_t kb = ((static_cast<std::size_t>(n) - 1) * k_stride + HDk) * sizeof(float);
+  const std::size_t vb = ((static_cast<std::size_t>(n) - 1) * v_stride + HDv) * sizeof(float);
   auto* dk = static_cast<float*>(scratch(1, kb));
   auto* dv = static_cast<float*>(scratch(2, vb));
   KVGATE_CUDA_CHECK(cudaMemcpy(dk, k, kb, cudaMemcpyHostToDevice));
@@ -306,6 +304,7 @@ std::size_t CudaKvStore::pool_bytes() const {
 DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_heads, const float* d_q, float* d_out,
                                DecodeWorkspace& ws, float softmax_scale, int num_splits, cudaStream_t stream,
                                int window, float softcap) {
+  refuse_latent("decode attention");
   const int batch = static_cast<int>(seqs.size());
   int max_pages = 1, max_len = 1;
   for (SeqId s : seqs) {
@@ -351,6 +350,7 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
 
 std::string CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int n_new, const float* d_q, float* d_out,
                                  float softmax_scale, cudaStream_t stream, int window, float softcap) {
+  refuse_latent("prefill attention");
   const Sequence& q = seq(s);
   if (layer < 0 || layer >= cfg_.n_layers || pos0 < 0 || n_new < 1 || pos0 + n_new > q.length)
     throw KvStoreError("cuda kv store: prefill of positions [" + std::to_string(pos0) + ", " +
@@ -384,6 +384,75 @@ std::string CudaKvStore::prefill(SeqId s, int layer, int n_heads, int pos0, int 
   prefill_attention(a, stream);
   if (window > 0) return "prefill(fp32)";  // windowed calls stay on the CUDA-core kernel (prefill_mma.cu)
   return supports_op(Op::prefill, a.format, a.geometry, n_heads).path;  // the kernel that ran
+}
+
+void CudaKvStore::refuse_latent(const char* what) const {
+  if (cfg_.layout == KvLayout::mla_latent)
+    throw KvStoreError(std::string("cuda kv store: ") + what + " reads K/V heads, but this store holds the MLA latent "
+                       "cache (layout mla_latent): read it with mla_attention (the weight-absorbed form)");
+}
+
+DecodePlan CudaKvStore::mla_attention(std::span<const SeqId> seqs, std::span<const int> lens, int layer, int n_heads,
+                                      const float* d_q, float* d_out, DecodeWorkspace& ws, float softmax_scale,
+                                      int num_splits, cudaStream_t stream) {
+  if (cfg_.layout != KvLayout::mla_latent)
+    throw KvStoreError(std::string("cuda kv store: mla_attention reads the MLA latent cache, but this store's layout is ") +
+                       name(cfg_.layout) + ": read it with decode() / prefill()");
+  if (layer < 0 || layer >= cfg_.n_layers)
+    throw KvStoreError("cuda kv store: layer " + std::to_string(layer) + " is out of range (n_layers " +
+                       std::to_string(cfg_.n_layers) + ")");
+  if (!lens.empty() && lens.size() != seqs.size())
+    throw KvStoreError("cuda kv store: mla_attention got " + std::to_string(lens.size()) + " lengths for " +
+                       std::to_string(seqs.size()) + " rows");
+  const int rows = static_cast<int>(seqs.size());
+  int max_pages = 1, max_len = 1;
+  std::vector<int> row_len(seqs.size());
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const Sequence& q = seq(seqs[i]);
+    const int n = lens.empty() ? q.length : lens[i];
+    if (n < 1 || n > q.length)
+      throw KvStoreError("cuda kv store: mla_attention row " + std::to_string(i) + " reads " + std::to_string(n) +
+                         " keys of sequence " + std::to_string(seqs[i]) + " (length " + std::to_string(q.length) +
+                         "): a row reads 1 .. length keys");
+    check_kept(seqs[i], q, 0, "latent attention");
+    row_len[i] = n;
+    max_pages = std::max(max_pages, static_cast<int>(q.blocks.size()));
+    max_len = std::max(max_len, n);
+  }
+  std::vector<int> tables(static_cast<std::size_t>(rows) * max_pages, 0);
+  for (int i = 0; i < rows; ++i) {
+    const Sequence& q = seq(seqs[static_cast<std::size_t>(i)]);
+    kernel_table(q.blocks, tables.data() + static_cast<std::ptrdiff_t>(i) * max_pages, q.blocks.size());
+  }
+  auto* d_tables = static_cast<int*>(scratch(3, (tables.size() + row_len.size()) * sizeof(int)));
+  int* d_lens = d_tables + tables.size();
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_tables, tables.data(), tables.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_lens, row_len.data(), row_len.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  MlaDecodeArgs a;
+  a.format = cfg_.format;
+  a.block_size = cfg_.block_size;
+  a.kv_lora = cfg_.head_dim;
+  a.rope = cfg_.half_geometry(KvHalf::V).head_dim;
+  a.n_heads = n_heads;
+  a.rows = rows;
+  a.k_pool = pool(layer, KvHalf::K);
+  a.v_pool = pool(layer, KvHalf::V);
+  a.k_page_stride = page_stride(KvHalf::K);
+  a.v_page_stride = page_stride(KvHalf::V);
+  a.block_tables = d_tables;
+  a.table_stride = max_pages;
+  a.seq_lens = d_lens;
+  a.max_seq_len = max_len;
+  a.q = d_q;
+  a.out = d_out;
+  a.k_scale = tensor_scale(layer, KvHalf::K);
+  a.v_scale = tensor_scale(layer, KvHalf::V);
+  a.softmax_scale = softmax_scale;
+  a.num_splits = num_splits;
+  const DecodePlan p = mla_decode_attention(a, ws, stream);
+  // The host vectors above were staged by the pageable copies; the tables slot is reused by the next call
+  // on the same stream only.
+  return p;
 }
 
 }  // namespace kvgate::cuda

@@ -90,10 +90,9 @@ static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const Cuda
     throw EngineError("cuda engine: a per-layer KV map (--kv-layers " + kv_layer_map_name(o.engine.kv_layers) +
                       ") runs on the CPU engine only: the CUDA kernels take one format for every layer; run it with "
                       "--device cpu, or give one --kv format");
-  if (o.engine.mla_cache == MlaCache::latent)
-    throw EngineError("cuda engine: --mla-cache latent (the MLA latent cache, absorbed attention) runs on the CPU "
-                      "engine only in this version: the CUDA forward caches MLA as expanded K/V rows; run it with "
-                      "--device cpu, or drop --mla-cache latent");
+  if (o.engine.mla_cache == MlaCache::latent && o.engine.kv_resident > 0)
+    throw EngineError("cuda engine: --mla-cache latent with --kv-resident (a streamed window over the latent cache) "
+                      "runs on the CPU engine only in this version; run it with --device cpu, or drop --kv-resident");
   if (o.engine.kv_read_hook)
     throw EngineError("cuda engine: a KV read hook (diagnostics) is a CPU-engine feature: the CUDA kernels read the "
                       "device pages directly; set CudaEngineOptions::damage (the damage on the stored rows) instead");
@@ -144,6 +143,8 @@ struct CudaEngine::Impl {
     stats.requested_source = opts.engine.kv.requested_source;
     stats.effective_kv = opts.engine.kv.effective.name();
     stats.backend = "cuda";
+    stats.kv_layout = sc.layout == KvLayout::mla_latent ? kv_cache_layout_latent(m.config, sc.format)
+                                                        : kv_cache_layout(m.config);
     stats.fallback_reason = opts.engine.kv.fallback_reason;
     stats.block_size = sc.block_size;
     stats.n_blocks = sc.n_blocks;

@@ -44,9 +44,26 @@ T* dmalloc(std::size_t n) {
 CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForwardOptions opts)
     : m_(model), store_(store), opts_(opts), c_(model.config()) {
   const StoreConfig& sc = store.config();
-  if (sc.n_layers != c_.n_layers || sc.n_kv_heads != c_.n_kv_heads || sc.head_dim != c_.head_dim)
+  latent_ = sc.layout == KvLayout::mla_latent;
+  if (latent_) {  // the MLA latent cache: one latent row (kv_lora) and one RoPE key (rope) per token
+    if (!c_.mla.any())
+      throw EngineError("cuda forward: the KV store holds the MLA latent cache (layout mla_latent), but the model has "
+                        "no latent attention; build the store with layout kv_heads");
+    if (sc.n_layers != c_.n_layers || sc.n_kv_heads != 1 || sc.head_dim != c_.mla.kv_lora_rank ||
+        sc.half_geometry(KvHalf::V).head_dim != c_.mla.rope_dim)
+      throw EngineError("cuda forward: the latent KV store's shape (layers " + std::to_string(sc.n_layers) + ", latent " +
+                        std::to_string(sc.head_dim) + ", RoPE key " + std::to_string(sc.half_geometry(KvHalf::V).head_dim) +
+                        ") does not match the model's (layers " + std::to_string(c_.n_layers) + ", kv_lora_rank " +
+                        std::to_string(c_.mla.kv_lora_rank) + ", qk_rope_head_dim " + std::to_string(c_.mla.rope_dim) + ")");
+    for (int l = 0; l < c_.n_layers; ++l)
+      if (c_.window(l) > 0)
+        throw EngineError("cuda forward: layer " + std::to_string(l) + " has a sliding window, which the latent kernel "
+                          "does not read; run the MLA model with --mla-cache expanded");
+  } else if (sc.n_layers != c_.n_layers || sc.n_kv_heads != c_.n_kv_heads || sc.head_dim != c_.head_dim) {
     throw EngineError("cuda forward: the KV store's shape (layers/kv heads/head_dim) does not match the model");
-  const OpSupport sup = supports_op(Op::decode, sc.format, sc.geometry(), c_.n_heads);
+  }
+  const OpSupport sup = latent_ ? supports_op(Op::decode, sc, c_.n_heads)
+                                : supports_op(Op::decode, sc.format, sc.geometry(), c_.n_heads);
   if (!sup.ok)
     throw KvStoreError("cuda forward: attention over KV format '" + sc.format.name() + "' is not supported here (" +
                        sup.reason + "): " + sup.detail);
@@ -96,6 +113,10 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
     mla_lat_ = dmalloc<float>(R * static_cast<std::size_t>(a.kv_lora_rank));
     mla_kvb_ = dmalloc<float>(R * H * static_cast<std::size_t>(a.nope_dim + a.v_dim));
     mla_att_ = dmalloc<float>(R * H * static_cast<std::size_t>(a.v_dim));
+    if (latent_) {
+      mla_qlat_ = dmalloc<float>(R * H * static_cast<std::size_t>(a.kv_lora_rank + a.rope_dim));
+      mla_olat_ = dmalloc<float>(R * H * static_cast<std::size_t>(a.kv_lora_rank));
+    }
   }
   logits_ = dmalloc<float>(R * static_cast<std::size_t>(c_.vocab_size));
   if (m_.weight_type() == WeightType::bf16)  // every GEMM input: also MLA's q_lora and kv_lora rows
@@ -203,7 +224,8 @@ CudaForward::~CudaForward() {
                   static_cast<void*>(meta_), static_cast<void*>(d_argmax_), cublas_ws_,
                   static_cast<void*>(moe_logits_), static_cast<void*>(moe_gate_), static_cast<void*>(moe_acc_),
                   static_cast<void*>(moe_y_), static_cast<void*>(mla_qa_), static_cast<void*>(mla_ckv_),
-                  static_cast<void*>(mla_lat_), static_cast<void*>(mla_kvb_), static_cast<void*>(mla_att_), damage_prev_})
+                  static_cast<void*>(mla_lat_), static_cast<void*>(mla_kvb_), static_cast<void*>(mla_att_), damage_prev_,
+                  static_cast<void*>(mla_qlat_), static_cast<void*>(mla_olat_)})
     if (p) cudaFree(p);
   if (meta_host_) cudaFreeHost(meta_host_);
   if (rope_row_host_) cudaFreeHost(rope_row_host_);
@@ -269,6 +291,11 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     const CudaModel::Layer& L = m_.layer(l);
     // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
     mk::rmsnorm(xb_, x_, L.attn_norm, R, dim, c.rms_eps, stream_);
+    const std::size_t n_x = static_cast<std::size_t>(R) * dim;
+    if (latent_) {  // MLA over the latent cache: x += o_proj(W_UV latent attention)
+      mla_latent_block(L, l, R, table_stride, max_len, plan, ws);
+      gemm(L.wo, mla_att_, x_, R, c.n_heads * c.mla.v_dim, dim, true);
+    } else {
     if (c.mla.any()) {
       mla_qkv(L, R);
     } else {
@@ -366,7 +393,6 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     else decode_attention(da, ws, stream_);
     }
     // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
-    const std::size_t n_x = static_cast<std::size_t>(R) * dim;
     if (c.mla.any()) {  // the heads' v outputs (the first v_head_dim of each padded head) feed o_proj
       const std::size_t VD = static_cast<std::size_t>(c.mla.v_dim);
       KVGATE_CUDA_CHECK(cudaMemcpy2DAsync(mla_att_, VD * sizeof(float), att_, static_cast<std::size_t>(hd) * sizeof(float),
@@ -380,6 +406,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     } else {
       gemm(L.wo, att_, x_, R, qd, dim, true);
     }
+    }  // not the latent cache
     // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
     mk::rmsnorm(xb_, x_, L.ffn_norm, R, dim, c.rms_eps, stream_);
     if (c.moe.is_moe(l)) {  // routed experts: x += sum_e gate_e expert_e(xb)
@@ -439,6 +466,81 @@ void CudaForward::moe_ffn(const CudaModel::Layer& L, int R) {
 // assemble kernel (RoPE of the rope parts, expanded K [k_nope | k_rope] and V [v | 0] per head).
 void CudaForward::mla_qkv(const CudaModel::Layer& L, int R) {
   const MlaConfig& a = c_.mla;
+  const int H = c_.n_heads, KL = a.kv_lora_rank;
+  mla_project(L, R);
+  gemm(L.wkv_b, mla_lat_, mla_kvb_, R, KL, H * (a.nope_dim + a.v_dim), false);
+  const float* cs = rope_row_cos_ ? rope_row_cos_ : rope_cos_;
+  const float* sn = rope_row_sin_ ? rope_row_sin_ : rope_sin_;
+  mk::mla_assemble(q_, mla_ckv_, mla_kvb_, k_, v_, rope_row_cos_ ? d_row_idx_ : d_pos_, R, H, a.nope_dim, a.rope_dim,
+                   a.v_dim, KL, a.rope_interleave, cs, sn, c_.head_dim / 2, stream_);
+}
+
+// MLA over the latent cache (the CPU forward's latent branch): q and the latent as mla_project, the
+// RoPE of q's rope parts and of the shared key, the rows stored (latent in the K half, the turned key
+// in the V half, each through its half format), W_UK absorbed into q, the latent kernel over the rows'
+// tables and lengths (decode: one row per sequence; a chunk: lengths pos + 1), then W_UV: mla_att_.
+void CudaForward::mla_latent_block(const CudaModel::Layer& L, int l, int R, int table_stride, int max_len,
+                                   const DecodePlan* plan, DecodeWorkspace& ws) {
+  const MlaConfig& a = c_.mla;
+  const int H = c_.n_heads, N = a.nope_dim, Rd = a.rope_dim, VD = a.v_dim, KL = a.kv_lora_rank;
+  const bool bf16 = m_.weight_type() == WeightType::bf16;
+  mla_project(L, R);
+  const float* cs = rope_row_cos_ ? rope_row_cos_ : rope_cos_;
+  const float* sn = rope_row_sin_ ? rope_row_sin_ : rope_sin_;
+  mk::mla_rope_latent(q_, mla_ckv_, rope_row_cos_ ? d_row_idx_ : d_pos_, R, H, N, Rd, KL, a.rope_interleave, cs, sn,
+                      c_.head_dim / 2, stream_);
+  const StoreConfig& sc = store_.config();
+  for (KvHalf half : {KvHalf::K, KvHalf::V}) {
+    StoreRowsArgs sa;
+    sa.rows = half == KvHalf::K ? mla_lat_ : mla_ckv_ + KL;
+    sa.row_stride = static_cast<std::size_t>(half == KvHalf::K ? KL : KL + Rd);
+    sa.slot_mapping = d_slot_;
+    sa.n_tokens = R;
+    sa.pool = store_.pool(l, half);
+    sa.page_stride = store_.page_stride(half);
+    sa.tensor_scale = store_.kernel_scales(l, half).tensor;  // one KV "head": no per-head table
+    store_rows(store_.half_format(half), sc.half_geometry(half), sa, stream_);
+  }
+  mk::mla_absorb(q_, L.wkv_b, bf16, mla_qlat_, R, H, N, Rd, VD, KL, stream_);
+  MlaDecodeArgs ma = mla_args(R, max_len);
+  ma.k_pool = store_.pool(l, KvHalf::K);
+  ma.v_pool = store_.pool(l, KvHalf::V);
+  ma.block_tables = d_tables_;
+  ma.table_stride = table_stride;
+  ma.seq_lens = d_lens_;
+  ma.q = mla_qlat_;
+  ma.out = mla_olat_;
+  ma.k_scale = store_.tensor_scale(l, KvHalf::K);
+  ma.v_scale = store_.tensor_scale(l, KvHalf::V);
+  if (plan) mla_decode_attention(ma, *plan, ws, stream_);
+  else mla_decode_attention(ma, ws, stream_);
+  mk::mla_up_v(mla_olat_, L.wkv_b, bf16, mla_att_, R, H, N, VD, KL, stream_);
+}
+
+// The latent kernel's arguments that depend on the model and the call's shape only (a graph's plan is
+// made from them).
+MlaDecodeArgs CudaForward::mla_args(int rows, int max_len) const {
+  const MlaConfig& a = c_.mla;
+  const StoreConfig& sc = store_.config();
+  MlaDecodeArgs ma;
+  ma.format = sc.format;
+  ma.block_size = sc.block_size;
+  ma.kv_lora = a.kv_lora_rank;
+  ma.rope = a.rope_dim;
+  ma.n_heads = c_.n_heads;
+  ma.rows = rows;
+  ma.k_page_stride = store_.page_stride(KvHalf::K);
+  ma.v_page_stride = store_.page_stride(KvHalf::V);
+  ma.max_seq_len = max_len;
+  // The CPU forward's: the model's attention scale, else qk_head_dim^-0.5.
+  ma.softmax_scale = c_.attn_scale > 0 ? c_.attn_scale : 1.0f / std::sqrt(static_cast<float>(a.nope_dim + a.rope_dim));
+  return ma;
+}
+
+// q (q_proj, or q_b(rmsnorm(q_a))), kv_a into mla_ckv_ and the latent rmsnorm(kv_a[:kv_lora]) into
+// mla_lat_, for the R rows (xb_ normed).
+void CudaForward::mla_project(const CudaModel::Layer& L, int R) {
+  const MlaConfig& a = c_.mla;
   const int dim = c_.dim, H = c_.n_heads, QK = a.nope_dim + a.rope_dim, KL = a.kv_lora_rank;
   if (a.q_lora_rank > 0) {
     gemm(L.wq_a, xb_, mla_qa_, R, dim, a.q_lora_rank, false);
@@ -453,11 +555,6 @@ void CudaForward::mla_qkv(const CudaModel::Layer& L, int R) {
                                       static_cast<std::size_t>(KL) * sizeof(float), static_cast<std::size_t>(R),
                                       cudaMemcpyDeviceToDevice, stream_));
   mk::rmsnorm(mla_lat_, mla_lat_, L.kv_a_norm, R, KL, c_.rms_eps, stream_);
-  gemm(L.wkv_b, mla_lat_, mla_kvb_, R, KL, H * (a.nope_dim + a.v_dim), false);
-  const float* cs = rope_row_cos_ ? rope_row_cos_ : rope_cos_;
-  const float* sn = rope_row_sin_ ? rope_row_sin_ : rope_sin_;
-  mk::mla_assemble(q_, mla_ckv_, mla_kvb_, k_, v_, rope_row_cos_ ? d_row_idx_ : d_pos_, R, H, a.nope_dim, a.rope_dim,
-                   a.v_dim, KL, a.rope_interleave, cs, sn, c_.head_dim / 2, stream_);
 }
 
 // Final norm and classifier of rows [first, first + n): logits_[0..n), greedy ids d_argmax_[0..n).
@@ -492,7 +589,17 @@ void CudaForward::drop_graphs() {
   graphs_.clear();
 }
 
+void CudaForward::set_capture_kv(bool on) {
+  if (on && latent_)
+    throw EngineError("cuda forward: K/V row capture reads expanded K/V rows; the MLA latent cache has none (run with "
+                      "--mla-cache expanded)");
+  capture_kv_ = on;
+}
+
 void CudaForward::set_damage(const std::optional<KvDamage>& d) {
+  if (d && latent_)
+    throw EngineError("cuda engine: KV damage (probe sensitivity) is applied to expanded K/V rows; the MLA latent cache "
+                      "has none (run the sensitivity with --mla-cache expanded, or on the CPU engine)");
   if (d) {
     const HalfFormat f = store_.half_format(damaged_half(d->kind));
     const char* half = damaged_half(d->kind) == KvHalf::K ? "K" : "V";
@@ -604,7 +711,7 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
       pa.n_heads = c_.n_heads;
       pa.batch = B;
       pa.max_seq_len = max_ctx_;
-      gr.plan = plan_decode(pa);
+      gr.plan = latent_ ? plan_mla_decode(mla_args(B, max_ctx_)) : plan_decode(pa);
       std::size_t ws_need = gr.plan.workspace_bytes;
       for (int l = 0; l < c_.n_layers; ++l)
         if (const int w = c_.window(l); w > 0 && !gr.window_plans.count(w)) {

@@ -3,9 +3,11 @@
 // sequence of binary32 roundings; only the RMSNorm sum of squares is reduced in another order.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "kernels.hpp"
 #include "kernels/common.cuh"
@@ -184,6 +186,106 @@ __global__ void moe_route_groups_kernel(const float* logits, const float* bias, 
   for (int k = 0; k < K; ++k) g[sel[k]] = w[k];
 }
 
+// The RoPE of one MLA rope part (a head's, or the shared key) of width 2 rh at a row's position:
+// de-interleaved first when interleave, then the rotate-half rotation (the CPU forward's turn()).
+__device__ void mla_turn(const float* x, float* out, int rh, bool interleave, const float* fc, const float* fs) {
+  float tmp[512];
+  for (int i = 0; i < rh; ++i) {
+    tmp[i] = interleave ? x[2 * i] : x[i];
+    tmp[rh + i] = interleave ? x[2 * i + 1] : x[rh + i];
+  }
+  for (int i = 0; i < rh; ++i) {
+    const float v0 = tmp[i], v1 = tmp[i + rh];
+    out[i] = v0 * fc[i] - v1 * fs[i];
+    out[i + rh] = v1 * fc[i] + v0 * fs[i];
+  }
+}
+
+// Latent cache: one block per row; thread h < H turns head h's rope part of q in place, thread H the
+// row's shared key in ckv (after the latent), in place.
+__global__ void mla_rope_latent_kernel(float* q, float* ckv, const int* d_pos, int H, int N, int Rd, int KL,
+                                       bool interleave, const float* cos_tab, const float* sin_tab, int half_stride) {
+  const int r = blockIdx.x;
+  const float* fc = cos_tab + static_cast<std::size_t>(d_pos[r]) * half_stride;
+  const float* fs = sin_tab + static_cast<std::size_t>(d_pos[r]) * half_stride;
+  for (int h = threadIdx.x; h <= H; h += blockDim.x) {
+    float* x = h < H ? q + (static_cast<std::size_t>(r) * H + h) * (N + Rd) + N : ckv + static_cast<std::size_t>(r) * (KL + Rd) + KL;
+    mla_turn(x, x, Rd / 2, interleave, fc, fs);
+  }
+}
+
+template <class W>
+__device__ __forceinline__ float weight_at(const W* w, std::size_t i) {
+  if constexpr (std::is_same_v<W, float>) return w[i];
+  else return __uint_as_float(static_cast<std::uint32_t>(w[i]) << 16);  // bf16 bits
+}
+
+constexpr int kMlaRowsPerBlock = 8;
+
+// q_lat[r][h] = W_UK_h^T q_nope[r][h] (n ascending, FP32), q_rope copied after it: block (head, 8 rows),
+// threads over the latent's dims (coalesced rows of W_UK).
+template <class W>
+__global__ void mla_absorb_kernel(const float* q, const W* wkv_b, float* qlat, int rows, int H, int N, int Rd, int VD,
+                                  int KL) {
+  extern __shared__ float qs[];  // [kMlaRowsPerBlock][N]
+  const int h = blockIdx.x, r0 = blockIdx.y * kMlaRowsPerBlock;
+  const int nr = min(kMlaRowsPerBlock, rows - r0), QK = N + Rd;
+  for (int i = threadIdx.x; i < nr * N; i += blockDim.x) {
+    const int rr = i / N, n = i % N;
+    qs[rr * N + n] = q[(static_cast<std::size_t>(r0 + rr) * H + h) * QK + n];
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < KL; j += blockDim.x) {
+    float acc[kMlaRowsPerBlock] = {};
+    for (int n = 0; n < N; ++n) {
+      const float w = weight_at(wkv_b, (static_cast<std::size_t>(h) * (N + VD) + n) * KL + j);
+#pragma unroll
+      for (int rr = 0; rr < kMlaRowsPerBlock; ++rr) acc[rr] = fmaf(qs[rr * N + n], w, acc[rr]);
+    }
+    for (int rr = 0; rr < nr; ++rr) qlat[(static_cast<std::size_t>(r0 + rr) * H + h) * (KL + Rd) + j] = acc[rr];
+  }
+  for (int i = threadIdx.x; i < nr * Rd; i += blockDim.x) {
+    const int rr = i / Rd, k = i % Rd;
+    qlat[(static_cast<std::size_t>(r0 + rr) * H + h) * (KL + Rd) + KL + k] =
+        q[(static_cast<std::size_t>(r0 + rr) * H + h) * QK + N + k];
+  }
+}
+
+// out[r][h][v] = W_UV_h[v] . o_lat[r][h]: block (head, 8 rows), a warp per output dim, lanes over the
+// latent (coalesced rows of W_UV), a butterfly sum per row.
+template <class W>
+__global__ void mla_up_v_kernel(const float* olat, const W* wkv_b, float* out, int rows, int H, int N, int VD, int KL) {
+  extern __shared__ float os[];  // [kMlaRowsPerBlock][KL]
+  const int h = blockIdx.x, r0 = blockIdx.y * kMlaRowsPerBlock;
+  const int nr = min(kMlaRowsPerBlock, rows - r0);
+  for (int i = threadIdx.x; i < kMlaRowsPerBlock * KL; i += blockDim.x) {
+    const int rr = i / KL, j = i % KL;
+    os[i] = rr < nr ? olat[(static_cast<std::size_t>(r0 + rr) * H + h) * KL + j] : 0.0f;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int v = warp; v < VD; v += nw) {
+    const std::size_t wrow = (static_cast<std::size_t>(h) * (N + VD) + N + v) * KL;
+    float acc[kMlaRowsPerBlock] = {};
+    for (int j = lane; j < KL; j += 32) {
+      const float w = weight_at(wkv_b, wrow + j);
+#pragma unroll
+      for (int rr = 0; rr < kMlaRowsPerBlock; ++rr) acc[rr] = fmaf(w, os[rr * KL + j], acc[rr]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < kMlaRowsPerBlock; ++rr)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) acc[rr] += __shfl_xor_sync(0xffffffffu, acc[rr], off);
+    if (lane < nr) {
+      float o = 0.0f;
+#pragma unroll
+      for (int rr = 0; rr < kMlaRowsPerBlock; ++rr)
+        if (rr == lane) o = acc[rr];
+      out[(static_cast<std::size_t>(r0 + lane) * H + h) * VD + v] = o;
+    }
+  }
+}
+
 // One block per row, one thread per head (heads <= blockDim).
 __global__ void mla_assemble_kernel(float* q, const float* ckv, const float* kvb, float* k, float* v, const int* d_pos,
                                     int H, int N, int Rd, int VD, int KL, bool interleave, const float* cos_tab,
@@ -192,18 +294,7 @@ __global__ void mla_assemble_kernel(float* q, const float* ckv, const float* kvb
   const int QK = N + Rd, rh = Rd / 2;
   const float* fc = cos_tab + static_cast<std::size_t>(d_pos[r]) * half_stride;
   const float* fs = sin_tab + static_cast<std::size_t>(d_pos[r]) * half_stride;
-  auto turn = [&](const float* x, float* out) {
-    float tmp[512];
-    for (int i = 0; i < rh; ++i) {
-      tmp[i] = interleave ? x[2 * i] : x[i];
-      tmp[rh + i] = interleave ? x[2 * i + 1] : x[rh + i];
-    }
-    for (int i = 0; i < rh; ++i) {
-      const float v0 = tmp[i], v1 = tmp[i + rh];
-      out[i] = v0 * fc[i] - v1 * fs[i];
-      out[i + rh] = v1 * fc[i] + v0 * fs[i];
-    }
-  };
+  auto turn = [&](const float* x, float* out) { mla_turn(x, out, rh, interleave, fc, fs); };
   for (int h = threadIdx.x; h < H; h += blockDim.x) {
     float* qh = q + (static_cast<std::size_t>(r) * H + h) * QK;
     turn(qh + N, qh + N);
@@ -437,6 +528,43 @@ void mla_assemble(float* q, const float* ckv, const float* kvb, float* k, float*
   if (rope > 512) throw std::runtime_error("cuda forward: qk_rope_head_dim > 512 is not supported");
   mla_assemble_kernel<<<rows, 64, 0, st>>>(q, ckv, kvb, k, v, d_pos, n_heads, nope, rope, vdim, kv_lora, interleave,
                                            cos_tab, sin_tab, half_stride);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_rope_latent(float* q, float* ckv, const int* d_pos, int rows, int n_heads, int nope, int rope, int kv_lora,
+                     bool interleave, const float* cos_tab, const float* sin_tab, int half_stride, cudaStream_t st) {
+  if (rows <= 0) return;
+  if (rope > 512) throw std::runtime_error("cuda forward: qk_rope_head_dim > 512 is not supported");
+  mla_rope_latent_kernel<<<rows, 64, 0, st>>>(q, ckv, d_pos, n_heads, nope, rope, kv_lora, interleave, cos_tab, sin_tab,
+                                              half_stride);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_absorb(const float* q, const void* wkv_b, bool bf16, float* qlat, int rows, int n_heads, int nope, int rope,
+                int vdim, int kv_lora, cudaStream_t st) {
+  if (rows <= 0) return;
+  const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>((rows + kMlaRowsPerBlock - 1) / kMlaRowsPerBlock));
+  const std::size_t smem = static_cast<std::size_t>(kMlaRowsPerBlock) * std::max(nope, 1) * sizeof(float);
+  if (bf16)
+    mla_absorb_kernel<<<grid, 256, smem, st>>>(q, static_cast<const std::uint16_t*>(wkv_b), qlat, rows, n_heads, nope,
+                                               rope, vdim, kv_lora);
+  else
+    mla_absorb_kernel<<<grid, 256, smem, st>>>(q, static_cast<const float*>(wkv_b), qlat, rows, n_heads, nope, rope, vdim,
+                                               kv_lora);
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
+void mla_up_v(const float* olat, const void* wkv_b, bool bf16, float* out, int rows, int n_heads, int nope, int vdim,
+              int kv_lora, cudaStream_t st) {
+  if (rows <= 0) return;
+  const dim3 grid(static_cast<unsigned>(n_heads), static_cast<unsigned>((rows + kMlaRowsPerBlock - 1) / kMlaRowsPerBlock));
+  const std::size_t smem = static_cast<std::size_t>(kMlaRowsPerBlock) * kv_lora * sizeof(float);
+  if (bf16)
+    mla_up_v_kernel<<<grid, 256, smem, st>>>(olat, static_cast<const std::uint16_t*>(wkv_b), out, rows, n_heads, nope,
+                                             vdim, kv_lora);
+  else
+    mla_up_v_kernel<<<grid, 256, smem, st>>>(olat, static_cast<const float*>(wkv_b), out, rows, n_heads, nope, vdim,
+                                             kv_lora);
   KVGATE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -56,6 +56,18 @@ void moe_route_groups(const float* logits, const float* bias, float* gate, int r
 void mla_assemble(float* q, const float* ckv, const float* kvb, float* k, float* v, const int* d_pos, int rows,
                   int n_heads, int nope, int rope, int vdim, int kv_lora, bool interleave, const float* cos_tab,
                   const float* sin_tab, int half_stride, cudaStream_t st);
+// MLA over the latent cache (the CPU forward's latent branch and attention_mla.hpp), three steps:
+//  mla_rope_latent: per row r (position d_pos[r]) turns each head's q rope part and the row's shared
+//    key (ckv[r][kv_lora ..]) in place;
+//  mla_absorb: qlat[r][h] = [W_UK_h^T q_nope[r][h] | q_rope[r][h]] ([rows][H][kv_lora + rope]) from
+//    kv_b_proj [H * (nope + vdim)][kv_lora] (f32, or bf16 when `bf16`);
+//  mla_up_v: out[r][h] = W_UV_h o_lat[r][h] ([rows][H][vdim]) from o_lat [rows][H][kv_lora].
+void mla_rope_latent(float* q, float* ckv, const int* d_pos, int rows, int n_heads, int nope, int rope, int kv_lora,
+                     bool interleave, const float* cos_tab, const float* sin_tab, int half_stride, cudaStream_t st);
+void mla_absorb(const float* q, const void* wkv_b, bool bf16, float* qlat, int rows, int n_heads, int nope, int rope,
+                int vdim, int kv_lora, cudaStream_t st);
+void mla_up_v(const float* olat, const void* wkv_b, bool bf16, float* out, int rows, int n_heads, int nope, int vdim,
+              int kv_lora, cudaStream_t st);
 // acc[r][:] += y[r][:] * gate[r * n_experts + expert] for the rows that selected the expert.
 void moe_accumulate(float* acc, const float* y, const float* gate, int expert, int n_experts, int rows, int dim,
                     cudaStream_t st);

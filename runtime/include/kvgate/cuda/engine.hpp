@@ -125,7 +125,8 @@ class CudaForward {
 
   // Device copies of the post-RoPE K/V rows of every layer of the last forward call, for gates that
   // compare the store's bytes against the CPU quantizer on the same rows: [n_layers][rows][kv_dim].
-  void set_capture_kv(bool on) { capture_kv_ = on; }
+  // K/V rows of every layer as computed (diagnostics); a latent-cache forward has none and refuses.
+  void set_capture_kv(bool on);
   const std::vector<float>& captured_k() const { return cap_k_; }
   const std::vector<float>& captured_v() const { return cap_v_; }
   // K rows rotated at position + offset (0 in use; queries keep theirs). Anti-vacuity gates inject a
@@ -173,6 +174,14 @@ class CudaForward {
   // kv_b output [rows][H][nope + v], the heads' v outputs [rows][H * v].
   float *mla_qa_ = nullptr, *mla_ckv_ = nullptr, *mla_lat_ = nullptr, *mla_kvb_ = nullptr, *mla_att_ = nullptr;
   void mla_qkv(const CudaModel::Layer& L, int R);
+  void mla_project(const CudaModel::Layer& L, int R);
+  // The MLA latent cache (store layout mla_latent): absorbed q [rows][H][kv_lora + rope] and the
+  // latent kernel's o_lat [rows][H][kv_lora].
+  bool latent_ = false;
+  float *mla_qlat_ = nullptr, *mla_olat_ = nullptr;
+  void mla_latent_block(const CudaModel::Layer& L, int l, int R, int table_stride, int max_len, const DecodePlan* plan,
+                        DecodeWorkspace& ws);
+  MlaDecodeArgs mla_args(int rows, int max_len) const;
   void moe_ffn(const CudaModel::Layer& L, int R);
   void* act16_ = nullptr;  // bf16 copy of a GEMM input (bf16 weights)
   // device metadata (one block, staged from pinned host memory in one copy)

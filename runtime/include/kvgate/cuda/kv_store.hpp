@@ -119,6 +119,15 @@ class CudaKvStore {
                       float softmax_scale = 0.0f, cudaStream_t stream = nullptr, int window = 0,
                       float softcap = 0.0f);
 
+  // Latent attention (MLA, weight-absorbed) over `layer` of a KvLayout::mla_latent store (ops.hpp
+  // MlaDecodeArgs): query row i reads the first lens[i] tokens of sequence seqs[i] (lens empty: each
+  // sequence's whole length; a decode batch). d_q [rows][n_heads][kv_lora + rope] (W_UK absorbed,
+  // RoPE applied), d_out [rows][n_heads][kv_lora] (o_lat; the caller applies W_UV). Throws
+  // KvStoreError on a kv_heads store, a length outside a sequence or released keys.
+  DecodePlan mla_attention(std::span<const SeqId> seqs, std::span<const int> lens, int layer, int n_heads,
+                           const float* d_q, float* d_out, DecodeWorkspace& ws, float softmax_scale,
+                           int num_splits = 0, cudaStream_t stream = nullptr);
+
  private:
   struct Sequence {
     int length = 0;
@@ -136,6 +145,8 @@ class CudaKvStore {
   // Expands the scales (normalize_kv_scales), refuses a per-head table for an nvfp4 half and copies
   // the tables of a store with per-head scales to the device (d_head_scales_).
   void init_scales();
+  // Refuses `what` (a K/V-heads reader) on an mla_latent store, naming mla_attention.
+  void refuse_latent(const char* what) const;
 
   StoreConfig cfg_;
   float* d_head_scales_ = nullptr;  // [2 (K, V)][n_layers][n_kv_heads] on the device when per_head_scales()

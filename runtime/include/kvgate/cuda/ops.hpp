@@ -149,4 +149,44 @@ int prefill_first_key(int n_past, int window);
 bool prefill_mma_applies(const KvFormat& f, const PageGeometry& g);
 bool prefill_attention_mma(const PrefillArgs& a, cudaStream_t stream = nullptr);
 
+// ---- latent attention (MLA, weight-absorbed; runtime/cuda/mla_decode.cu, kernels/mla_decode.cuh) ----
+// The KvLayout::mla_latent store (kv_store.hpp): per token one latent row c (kv_lora elements, the K
+// half, its half format and tensor scale) and one RoPE key r (rope elements, the V half). Query row i
+// (one token of a sequence: its block table and how many of the sequence's tokens it sees) and head h
+// carry q = [q_lat | q_rope] with W_UK already absorbed into q_lat (attention_mla.hpp) and RoPE applied:
+//   s_j   = softmax_scale * (q_lat . c_j + q_rope . r_j)       j < seq_lens[i]
+//   o_lat = sum_j softmax(s)_j c_j                             (FP32, online softmax over split-K)
+// and the caller applies W_UV. A decode batch is one row per sequence; a prefill chunk one row per
+// token with lengths pos + 1 (causal), the layout CudaForward stages for every call.
+struct MlaDecodeArgs {
+  KvFormat format;  // k: the latent's half format, v: the RoPE key's
+  int block_size = 16;
+  int kv_lora = 0;  // latent width (the store's head_dim)
+  int rope = 0;     // RoPE key width (the store's v_head_dim)
+  int n_heads = 0;  // query heads
+  int rows = 0;     // query rows
+  const std::uint8_t* k_pool = nullptr;  // device pools of one layer: latent pages, RoPE-key pages
+  const std::uint8_t* v_pool = nullptr;
+  std::size_t k_page_stride = 0, v_page_stride = 0;
+  const int* block_tables = nullptr;  // device [rows][table_stride] page ids
+  int table_stride = 0;
+  const int* seq_lens = nullptr;  // device [rows], >= 1: the keys row i sees
+  int max_seq_len = 0;            // host-side upper bound of seq_lens (sizes the split)
+  const float* q = nullptr;       // device [rows][n_heads][kv_lora + rope]
+  float* out = nullptr;           // device [rows][n_heads][kv_lora]: o_lat, normalized
+  float k_scale = 1.0f, v_scale = 1.0f;  // tensor scales of the halves (fp8; nvfp4: its global scale)
+  float softmax_scale = 0.0f;            // the model's (> 0): qk_head_dim^-0.5 (x YaRN's mscale^2)
+  int num_splits = 0;                    // 0: chosen from the device's occupancy
+};
+// Static capability of the latent kernel: reason codes as supports_op's ("row_too_large": kv_lora >
+// 512 or rope > 64; "format_unsupported": a rotated half, whose inverse transform this kernel does not
+// apply; "arch_unsupported"). path: "mla(fp32)".
+OpSupport supports_mla(const KvFormat& f, int kv_lora, int rope, int n_heads);
+// Throws on an unsupported combination (supports_mla's reason) or a CUDA error. Returns the plan
+// (splits, grid, shared memory, workspace bytes); the workspace grows on demand as decode's.
+DecodePlan plan_mla_decode(const MlaDecodeArgs& a);
+DecodePlan mla_decode_attention(const MlaDecodeArgs& a, DecodeWorkspace& ws, cudaStream_t stream = nullptr);
+DecodePlan mla_decode_attention(const MlaDecodeArgs& a, const DecodePlan& plan, DecodeWorkspace& ws,
+                                cudaStream_t stream = nullptr);
+
 }  // namespace kvgate::cuda
