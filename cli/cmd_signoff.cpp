@@ -179,8 +179,10 @@ struct SignoffRun {
                                   "kv_lora_rank in config.json); the sign-off model (" +
                                   (model ? model->config.arch : std::string("none found")) + ") has none: drop the flag");
     if (o.mla_cache == "latent" && o.device == "cuda")
-      throw std::invalid_argument("--mla-cache latent: the CUDA engine caches MLA expanded only; sign the latent cache "
-                                  "off with --device cpu, or drop the flag");
+      throw std::invalid_argument("--mla-cache latent: a CUDA sign-off of the latent cache is not offered yet (the CUDA "
+                                  "engine runs it, gated by MOD.cuda.hf.deepseek_v3*.latent, but the sign-off's CUDA "
+                                  "path has not been verified over it); sign the latent cache off with --device cpu, "
+                                  "or drop the flag");
     if (model) {
       mo_base = bench_options_from(*model, o.quick, src);
       mo_base->mla_cache = o.mla_cache;

@@ -799,12 +799,13 @@ TEST_CASE("CLI.signoff.mla_cache --mla-cache latent signs off the latent cache; 
   CHECK(bad.err.find("--mla-cache latent applies to multi-head latent attention models") != std::string::npos);
   CHECK(bad.err.find("drop the flag") != std::string::npos);
   CHECK_FALSE(fs::exists(s.dir / "refused" / "signoff.json"));
-  // And on --device cuda, whose engine caches MLA expanded only (refused up front, device or not).
+  // And on --device cuda, whose sign-off of the latent cache is not offered yet (refused up front,
+  // device or not).
   const Run cu = kvgate_cli(tiny_signoff_command(s, "--device cuda --format int8 --mla-cache latent", ds, "refused_cuda"));
   INFO("stderr: " << cu.err);
   CHECK(cu.rc != 0);
   CHECK(cu.rc < 128);
-  CHECK(cu.err.find("the CUDA engine caches MLA expanded only") != std::string::npos);
+  CHECK(cu.err.find("a CUDA sign-off of the latent cache is not offered yet") != std::string::npos);
   CHECK_FALSE(fs::exists(s.dir / "refused_cuda" / "signoff.json"));
 }
 
