@@ -16,7 +16,7 @@
 //                                on the host in FP64, against the oracle's textbook expanded MLA in
 //                                FP64 (mla_attention_f64) over the oracle's dequantization of the GPU's
 //                                own pages, per sequence: NaN/Inf first, then NMSE, then max-abs under
-//                                mla_absorbed_gpu_max_abs (gates/common/bounds.hpp); the planner's split
+//                                mla_absorbed_f32_max_abs (gates/common/bounds.hpp); the planner's split
 //                                count, one split and several splits each within that bound (the
 //                                split-K combine).
 //                            The cases hold decode batches (several sequences of different lengths,
@@ -333,21 +333,21 @@ struct MlaRun {
     return ko::MlaShape{n, H, L, N, R, VD, KL, L - n, scale};
   }
 
-  // The bound over sequence s's dequantized rows (latd, rkd): the expanded score's
+  // mla_absorbed_f32_max_abs over sequence s's dequantized rows (latd, rkd): the expanded score's
   // absolute sum (max over query rows, heads and keys), |v| = |W_UV c|, W_UV's row L1 and |c|, as
   // ORA.mla computes them (sum_(n,j) |q_n W[n][j] c_j| = sum_j |c_j| sum_n |q_n W[n][j]|).
   //
-  // The bound is mla_absorbed_gpu_max_abs: the absorption is the host's FP32 loop of
-  // attention_mla.cpp (a chain of nope roundings); the kernel's score is a dot product summed in the
-  // kernel's own association (runtime/cuda/kernels/mla_decode.cuh: lanes of kv_lora/32 + rope/32
-  // fused products, then 5 butterfly levels), its scalings (the query multiplier softmax_scale x log2(e)
+  // The GPU path's roundings are within the ones the bound counts: the absorption is the host's FP32
+  // loop of attention_mla.cpp (the same chain of nope roundings); the kernel's score is a dot product
+  // of the kv_lora + rope products in some association (runtime/cuda/kernels/mla_decode.cuh: lanes of
+  // kv_lora/32 + rope/32 fused products, then 5 butterfly levels; any association of n terms errs by
+  // <= gamma_(n-1) of their absolute sum), its scalings (the query multiplier softmax_scale x log2(e)
   // x the tensor scale, a block or cell scale per element as it dequantizes) inside the bound's + 4;
   // o_lat accumulates a split's keys in FP32 with one rescale per tile of 16 keys, and the combine adds
   // one rescale per split and the normalisation: n_ctx + n_ctx/16 + splits + 3 roundings, within
   // gamma_(n_ctx + kv_lora + 10), whose kv_lora part (the runtime's FP32 W_UV dot products) is
   // otherwise unused here: W_UV runs in FP64 with one final rounding to binary32.
-  // gpu = false: the CPU runtime's bound (mla_absorbed_f32_max_abs: its score chain is the sequential one).
-  double bound(int s, const std::vector<float>& latd, const std::vector<float>& rkd, bool gpu = true) const {
+  double bound(int s, const std::vector<float>& latd, const std::vector<float>& rkd) const {
     const int L = mc.lens[static_cast<std::size_t>(s)], n = mc.n_q[static_cast<std::size_t>(s)];
     double max_l1 = 0, vmax = 0, wl1 = 0, cmax = 0;
     for (float x : latd) cmax = std::max(cmax, double(std::fabs(x)));
@@ -389,8 +389,7 @@ struct MlaRun {
         }
       }
     }
-    return gpu ? mla_absorbed_gpu_max_abs(N, R, KL, L, max_l1, vmax, wl1, cmax)
-               : mla_absorbed_f32_max_abs(N, R, KL, L, max_l1, vmax, wl1, cmax);
+    return mla_absorbed_f32_max_abs(N, R, KL, L, max_l1, vmax, wl1, cmax);
   }
 };
 
@@ -618,10 +617,9 @@ void run_par_case(const KvFormat& fmt, const MlaCase& mc, std::uint32_t seed, lo
       }
     }
     // Output: the CPU runtime's mla_latent_attention (absorbed in FP32, W_UV in FP32) vs the GPU's
-    // o_lat with W_UV in FP64, under the CPU runtime's ORA bound of the same rows (the larger of the two:
-    // the GPU's score chain is shorter). Each is within its bound of the exact result over the same
-    // dequantized rows (ORA.mla, ORA.cuda.mla); their difference is held to the larger bound, not the
-    // triangle inequality's sum, the errors of both being far below it.
+    // o_lat with W_UV in FP64, under the ORA bound of the same rows. Each is within that bound of the
+    // exact result over the same dequantized rows (ORA.mla, ORA.cuda.mla); their difference is held
+    // to the one bound, not the triangle inequality's two, the errors of both being far below it.
     std::vector<float> latd, rkd;
     dequantize_pages(run, gpu, gids[s], si, false, latd, rkd);
     const MlaDims d{run.H, run.N, run.R, run.VD, run.KL};
@@ -633,7 +631,7 @@ void run_par_case(const KvFormat& fmt, const MlaCase& mc, std::uint32_t seed, lo
     mla_latent_attention(cpu, cids[s], 0, d, ma, run.seq_q(si), run.w.data(), cpu_out.data());
     REQUIRE(ko::count_nonfinite(std::span<const float>(cpu_out)) == 0);
     const std::vector<double> cpu_ref(cpu_out.begin(), cpu_out.end());
-    const double bound = run.bound(si, latd, rkd, false);
+    const double bound = run.bound(si, latd, rkd);
     const std::vector<float> got = run.up_project(o_lat, si);
     const double rms =
         check_mla_within(cpu_ref, got, bound, mc.sensitive ? kOraSensitivity : kMlaShapeSensitivity);
