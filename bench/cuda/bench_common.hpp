@@ -1,12 +1,18 @@
-// Shared by the standalone CUDA benchmarks (bench_decode_attn, bench_e2e_decode): the CUDA error
-// check that ends the run, and the median they report.
+// Shared by the standalone CUDA benchmarks (bench_decode_attn, bench_mla_decode, bench_e2e_decode):
+// the CUDA error check that ends the run, the median they report, CUDA-event timing, the JSON number
+// printer, comma-separated integer lists, and the memory limits measured in the run.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
+#include <string>
 #include <vector>
+
+#include "kvgate/cuda/util.hpp"
 
 #define CK(expr)                                                                                              \
   do {                                                                                                        \
@@ -24,6 +30,83 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Elapsed time between two events recorded on a stream.
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start(cudaStream_t s) { CK(cudaEventRecord(a, s)); }
+  double stop_ms(cudaStream_t s) {
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  }
+};
+
+// A JSON number ("null" for NaN/Inf).
+inline std::string jnum(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+inline std::vector<int> parse_ints(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) v.push_back(std::stoi(tok));
+  return v;
+}
+
+// The physical limits every benchmark reports against, measured in its own run: a 4 GiB
+// device-to-device copy (bytes read + written, median of 10 after 3 warm-ups) and the read-only probe
+// (kvgate/cuda/util.hpp read_probe).
+struct MemoryLimits {
+  double copy_GBps = 0, read_GBps = 0;
+};
+inline MemoryLimits measure_memory_limits(int sm_count, cudaStream_t st) {
+  const std::size_t bytes = std::size_t{4} << 30;
+  void *src = nullptr, *dst = nullptr;
+  unsigned* sink = nullptr;
+  CK(cudaMalloc(&src, bytes));
+  CK(cudaMalloc(&dst, bytes));
+  CK(cudaMalloc(&sink, 4));
+  CK(cudaMemsetAsync(src, 0x5A, bytes, st));
+  Timer tm;
+  std::vector<double> cms, rms;
+  for (int i = 0; i < 3; ++i) CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+  for (int i = 0; i < 10; ++i) {
+    tm.start(st);
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+    cms.push_back(tm.stop_ms(st));
+  }
+  for (int i = 0; i < 3; ++i) kvgate::cuda::read_probe(src, bytes, sink, sm_count, st);
+  for (int i = 0; i < 10; ++i) {
+    tm.start(st);
+    kvgate::cuda::read_probe(i % 2 ? src : dst, bytes, sink, sm_count, st);
+    rms.push_back(tm.stop_ms(st));
+  }
+  MemoryLimits m;
+  m.copy_GBps = 2.0 * bytes / (median(cms) * 1e-3) / 1e9;  // bytes read + bytes written
+  m.read_GBps = 1.0 * bytes / (median(rms) * 1e-3) / 1e9;
+  CK(cudaFree(src));
+  CK(cudaFree(dst));
+  CK(cudaFree(sink));
+  std::printf("copy D2D (read+write counted): %.0f GB/s   read-only probe: %.0f GB/s\n", m.copy_GBps, m.read_GBps);
+  return m;
 }
 
 }  // namespace kvgate::bench

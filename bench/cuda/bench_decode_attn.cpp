@@ -39,13 +39,6 @@ using kvgate::KvHalf;
 
 namespace {
 
-std::vector<int> parse_ints(const std::string& s) {
-  std::vector<int> v;
-  std::stringstream ss(s);
-  std::string tok;
-  while (std::getline(ss, tok, ',')) v.push_back(std::stoi(tok));
-  return v;
-}
 std::vector<std::string> parse_strs(const std::string& s) {
   std::vector<std::string> v;
   std::stringstream ss(s);
@@ -54,34 +47,12 @@ std::vector<std::string> parse_strs(const std::string& s) {
   return v;
 }
 
+using kvgate::bench::jnum;
 using kvgate::bench::median;
+using kvgate::bench::parse_ints;
+using kvgate::bench::Timer;
 
-struct Timer {
-  cudaEvent_t a, b;
-  Timer() {
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-  }
-  ~Timer() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-  void start(cudaStream_t s) { CK(cudaEventRecord(a, s)); }
-  double stop_ms(cudaStream_t s) {
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    return ms;
-  }
-};
 
-std::string jnum(double x) {
-  if (!std::isfinite(x)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
-}
 
 }  // namespace
 
@@ -127,35 +98,8 @@ int main(int argc, char** argv) {
   Timer tm;
 
   // ---- the limits, measured in this run -----------------------------------------------------------
-  double copy_GBps = 0, read_GBps = 0;
-  {
-    const std::size_t bytes = std::size_t{4} << 30;
-    void *src = nullptr, *dst = nullptr;
-    unsigned* sink = nullptr;
-    CK(cudaMalloc(&src, bytes));
-    CK(cudaMalloc(&dst, bytes));
-    CK(cudaMalloc(&sink, 4));
-    CK(cudaMemsetAsync(src, 0x5A, bytes, st));
-    std::vector<double> cms, rms;
-    for (int i = 0; i < 3; ++i) CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
-    for (int i = 0; i < 10; ++i) {
-      tm.start(st);
-      CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
-      cms.push_back(tm.stop_ms(st));
-    }
-    for (int i = 0; i < 3; ++i) kc::read_probe(src, bytes, sink, dev.sm_count, st);
-    for (int i = 0; i < 10; ++i) {
-      tm.start(st);
-      kc::read_probe(i % 2 ? src : dst, bytes, sink, dev.sm_count, st);
-      rms.push_back(tm.stop_ms(st));
-    }
-    copy_GBps = 2.0 * bytes / (median(cms) * 1e-3) / 1e9;  // bytes read + bytes written
-    read_GBps = 1.0 * bytes / (median(rms) * 1e-3) / 1e9;
-    CK(cudaFree(src));
-    CK(cudaFree(dst));
-    CK(cudaFree(sink));
-    std::printf("copy D2D (read+write counted): %.0f GB/s   read-only probe: %.0f GB/s\n", copy_GBps, read_GBps);
-  }
+  const kvgate::bench::MemoryLimits lim = kvgate::bench::measure_memory_limits(dev.sm_count, st);
+  const double copy_GBps = lim.copy_GBps, read_GBps = lim.read_GBps;
 
   const int H = 8, Hq = 32, D = 128, B = 16;
   const int max_ctx = *std::max_element(contexts.begin(), contexts.end());

@@ -301,6 +301,21 @@ std::size_t CudaKvStore::pool_bytes() const {
   return static_cast<std::size_t>(cfg_.n_blocks) * cfg_.n_layers * (page_bytes_[0] + page_bytes_[1]);
 }
 
+std::pair<int*, int*> CudaKvStore::upload_row_tables(std::span<const SeqId> seqs, const std::vector<int>& lens,
+                                                     int max_pages, cudaStream_t stream) {
+  std::vector<int> tables(seqs.size() * static_cast<std::size_t>(max_pages), 0);
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    const Sequence& q = seq(seqs[i]);
+    kernel_table(q.blocks, tables.data() + static_cast<std::ptrdiff_t>(i) * max_pages, q.blocks.size());
+  }
+  auto* d_tables = static_cast<int*>(scratch(3, (tables.size() + lens.size()) * sizeof(int)));
+  int* d_lens = d_tables + tables.size();
+  // Pageable host memory: each copy has staged its bytes when it returns, so the vectors may go.
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_tables, tables.data(), tables.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_lens, lens.data(), lens.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  return {d_tables, d_lens};
+}
+
 DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_heads, const float* d_q, float* d_out,
                                DecodeWorkspace& ws, float softmax_scale, int num_splits, cudaStream_t stream,
                                int window, float softcap) {
@@ -313,18 +328,14 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
     max_pages = std::max(max_pages, static_cast<int>(q.blocks.size()));
     max_len = std::max(max_len, q.length);
   }
-  std::vector<int> tables(static_cast<std::size_t>(batch) * max_pages, 0), lens(static_cast<std::size_t>(batch));
+  std::vector<int> lens(static_cast<std::size_t>(batch));
   for (int i = 0; i < batch; ++i) {
     const SeqId s = seqs[static_cast<std::size_t>(i)];
     const Sequence& q = seq(s);
     check_kept(s, q, window > 0 ? std::max(0, q.length - window) : 0, "decode attention");
-    kernel_table(q.blocks, tables.data() + static_cast<std::ptrdiff_t>(i) * max_pages, q.blocks.size());
     lens[static_cast<std::size_t>(i)] = q.length;
   }
-  auto* d_tables = static_cast<int*>(scratch(3, (tables.size() + lens.size()) * sizeof(int)));
-  int* d_lens = d_tables + tables.size();
-  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_tables, tables.data(), tables.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
-  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_lens, lens.data(), lens.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  const auto [d_tables, d_lens] = upload_row_tables(seqs, lens, max_pages, stream);
   DecodeArgs a;
   a.format = cfg_.format;
   a.geometry = geometry();
@@ -419,15 +430,7 @@ DecodePlan CudaKvStore::mla_attention(std::span<const SeqId> seqs, std::span<con
     max_pages = std::max(max_pages, static_cast<int>(q.blocks.size()));
     max_len = std::max(max_len, n);
   }
-  std::vector<int> tables(static_cast<std::size_t>(rows) * max_pages, 0);
-  for (int i = 0; i < rows; ++i) {
-    const Sequence& q = seq(seqs[static_cast<std::size_t>(i)]);
-    kernel_table(q.blocks, tables.data() + static_cast<std::ptrdiff_t>(i) * max_pages, q.blocks.size());
-  }
-  auto* d_tables = static_cast<int*>(scratch(3, (tables.size() + row_len.size()) * sizeof(int)));
-  int* d_lens = d_tables + tables.size();
-  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_tables, tables.data(), tables.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
-  KVGATE_CUDA_CHECK(cudaMemcpyAsync(d_lens, row_len.data(), row_len.size() * sizeof(int), cudaMemcpyHostToDevice, stream));
+  const auto [d_tables, d_lens] = upload_row_tables(seqs, row_len, max_pages, stream);
   MlaDecodeArgs a;
   a.format = cfg_.format;
   a.block_size = cfg_.block_size;
@@ -449,10 +452,7 @@ DecodePlan CudaKvStore::mla_attention(std::span<const SeqId> seqs, std::span<con
   a.v_scale = tensor_scale(layer, KvHalf::V);
   a.softmax_scale = softmax_scale;
   a.num_splits = num_splits;
-  const DecodePlan p = mla_decode_attention(a, ws, stream);
-  // The host vectors above were staged by the pageable copies; the tables slot is reused by the next call
-  // on the same stream only.
-  return p;
+  return mla_decode_attention(a, ws, stream);
 }
 
 }  // namespace kvgate::cuda

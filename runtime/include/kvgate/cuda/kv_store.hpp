@@ -9,6 +9,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvgate/cuda/ops.hpp"
@@ -145,6 +146,10 @@ class CudaKvStore {
   // Expands the scales (normalize_kv_scales), refuses a per-head table for an nvfp4 half and copies
   // the tables of a store with per-head scales to the device (d_head_scales_).
   void init_scales();
+  // The kernels' per-row block tables [rows][max_pages] (kernel_table of each row's sequence) and the
+  // rows' lengths, copied to scratch slot 3 on `stream`: {tables, lengths} on the device.
+  std::pair<int*, int*> upload_row_tables(std::span<const SeqId> seqs, const std::vector<int>& lens, int max_pages,
+                                          cudaStream_t stream);
   // Refuses `what` (a K/V-heads reader) on an mla_latent store, naming mla_attention.
   void refuse_latent(const char* what) const;
 
