@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/util.hpp"
 
 #define CK(expr)                                                                                              \
@@ -54,6 +55,21 @@ struct Timer {
     return ms;
   }
 };
+
+// The device a benchmark runs on, printed (name, SMs, memory, driver and runtime versions); null after
+// printing "SKIPPED: <reason>" when there is none (the caller exits 0).
+inline const kvgate::cuda::DeviceStatus* device_or_skip() {
+  const kvgate::cuda::DeviceStatus& dev = kvgate::cuda::device_status();
+  if (!dev.available) {
+    std::printf("SKIPPED: %s\n", dev.reason.c_str());
+    return nullptr;
+  }
+  std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB), driver %s, runtime %s\n", dev.name.c_str(), dev.cc_major,
+              dev.cc_minor, dev.sm_count, dev.total_mem / 1073741824.0,
+              kvgate::cuda::cuda_version_string(dev.driver_version).c_str(),
+              kvgate::cuda::cuda_version_string(dev.runtime_version).c_str());
+  return &dev;
+}
 
 // A JSON number ("null" for NaN/Inf).
 inline std::string jnum(double x) {

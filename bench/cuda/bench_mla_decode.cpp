@@ -94,14 +94,9 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const kc::DeviceStatus& dev = kc::device_status();
-  if (!dev.available) {
-    std::printf("SKIPPED: %s\n", dev.reason.c_str());
-    return 0;
-  }
-  std::printf("device: %s (sm_%d%d, %d SMs, %.1f GiB), driver %s, runtime %s\n", dev.name.c_str(), dev.cc_major,
-              dev.cc_minor, dev.sm_count, dev.total_mem / 1073741824.0, kc::cuda_version_string(dev.driver_version).c_str(),
-              kc::cuda_version_string(dev.runtime_version).c_str());
+  const kc::DeviceStatus* devp = kvgate::bench::device_or_skip();
+  if (!devp) return 0;
+  const kc::DeviceStatus& dev = *devp;
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   Timer tm;
