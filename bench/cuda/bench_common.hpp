@@ -1,6 +1,7 @@
 // Shared by the standalone CUDA benchmarks (bench_decode_attn, bench_mla_decode, bench_e2e_decode):
 // the CUDA error check that ends the run, the median they report, CUDA-event timing, the JSON number
-// printer, comma-separated integer lists, and the memory limits measured in the run.
+// printer, comma-separated integer lists, the memory limits measured in the run, the document head
+// (time, device, limits) and the atomic file write.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -8,6 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -123,6 +127,46 @@ inline MemoryLimits measure_memory_limits(int sm_count, cudaStream_t st) {
   CK(cudaFree(sink));
   std::printf("copy D2D (read+write counted): %.0f GB/s   read-only probe: %.0f GB/s\n", m.copy_GBps, m.read_GBps);
   return m;
+}
+
+// The head members of a benchmark document, as JSON text ending in ",\n": schema, UTC time of the
+// write, the device (name, compute capability, SMs, memory, L2, driver and runtime CUDA) and the
+// limits measured in the run.
+inline std::string document_head(const std::string& schema, const kvgate::cuda::DeviceStatus& dev, const MemoryLimits& lim) {
+  const std::time_t now = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::ostringstream o;
+  o << "  \"schema\": \"" << schema << "\",\n  \"when\": \"" << when << "\",\n"
+    << "  \"device\": {\"name\": \"" << dev.name << "\", \"cc\": \"" << dev.cc_major << "." << dev.cc_minor
+    << "\", \"sms\": " << dev.sm_count << ", \"memory_bytes\": " << dev.total_mem << ", \"l2_bytes\": " << dev.l2_bytes
+    << ", \"driver_cuda\": \"" << kvgate::cuda::cuda_version_string(dev.driver_version) << "\", \"runtime_cuda\": \""
+    << kvgate::cuda::cuda_version_string(dev.runtime_version) << "\"},\n"
+    << "  \"limits\": {\"copy_d2d_GBps\": " << jnum(lim.copy_GBps)
+    << ", \"copy_note\": \"cudaMemcpy D2D of 4 GiB, bytes read + written\", "
+    << "\"read_probe_GBps\": " << jnum(lim.read_GBps) << "},\n";
+  return o.str();
+}
+
+// `text` to `path` through a temporary file beside it, renamed over it: a reader never sees half a
+// file. Exits 2 naming the file when it cannot be written.
+inline void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) {
+      std::fprintf(stderr, "cannot write '%s' (the output directory must exist and be writable)\n", tmp.c_str());
+      std::exit(2);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::fprintf(stderr, "cannot rename '%s' to '%s': %s\n", tmp.c_str(), path.c_str(), ec.message().c_str());
+    std::exit(2);
+  }
 }
 
 }  // namespace kvgate::bench

@@ -15,8 +15,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -292,20 +290,12 @@ int main(int argc, char** argv) {
   }
   CK(cudaStreamDestroy(st));
 
-  const std::time_t now = std::time(nullptr);
-  char when[64];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::ofstream o(out_path);
-  o << "{\n  \"schema\": \"kvgate.bench.cuda_decode/1\",\n  \"when\": \"" << when << "\",\n"
-    << "  \"device\": {\"name\": \"" << dev.name << "\", \"cc\": \"" << dev.cc_major << "." << dev.cc_minor
-    << "\", \"sms\": " << dev.sm_count << ", \"memory_bytes\": " << dev.total_mem << ", \"l2_bytes\": " << dev.l2_bytes
-    << ", \"driver_cuda\": \"" << kc::cuda_version_string(dev.driver_version) << "\", \"runtime_cuda\": \""
-    << kc::cuda_version_string(dev.runtime_version) << "\"},\n"
-    << "  \"limits\": {\"copy_d2d_GBps\": " << jnum(copy_GBps) << ", \"copy_note\": \"cudaMemcpy D2D of 4 GiB, bytes read + written\", "
-    << "\"read_probe_GBps\": " << jnum(read_GBps) << "},\n"
+  std::ostringstream o;
+  o << "{\n" << kvgate::bench::document_head("kvgate.bench.cuda_decode/1", dev, lim)
     << "  \"shape\": {\"n_heads\": " << Hq << ", \"n_kv_heads\": " << H << ", \"head_dim\": " << D
     << ", \"block_size\": " << B << ", \"sequences_allocated\": " << n_seqs << ", \"timing\": \"CUDA events over CUDA-graph replays, median\"},\n"
     << "  \"decode\": [\n" << results.str() << "\n  ],\n  \"store\": [\n" << stores.str() << "\n  ]\n}\n";
+  kvgate::bench::write_file_atomic(out_path, o.str());
   std::printf("wrote %s\n", out_path.c_str());
   return 0;
 }

@@ -22,8 +22,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -295,25 +293,17 @@ int main(int argc, char** argv) {
   }
   CK(cudaStreamDestroy(st));
 
-  const std::time_t now = std::time(nullptr);
-  char when[64];
-  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::ofstream o(out_path);
-  o << "{\n  \"schema\": \"kvgate.bench.cuda_mla_decode/1\",\n  \"when\": \"" << when << "\",\n"
-    << "  \"device\": {\"name\": \"" << dev.name << "\", \"cc\": \"" << dev.cc_major << "." << dev.cc_minor
-    << "\", \"sms\": " << dev.sm_count << ", \"memory_bytes\": " << dev.total_mem << ", \"l2_bytes\": " << dev.l2_bytes
-    << ", \"driver_cuda\": \"" << kc::cuda_version_string(dev.driver_version) << "\", \"runtime_cuda\": \""
-    << kc::cuda_version_string(dev.runtime_version) << "\"},\n"
-    << "  \"limits\": {\"copy_d2d_GBps\": " << jnum(copy_GBps) << ", \"copy_note\": \"cudaMemcpy D2D of 4 GiB, bytes read + written\", "
-    << "\"read_probe_GBps\": " << jnum(read_GBps) << "},\n"
+  std::ostringstream o;
+  o << "{\n" << kvgate::bench::document_head("kvgate.bench.cuda_mla_decode/1", dev, lim)
     << "  \"shape\": {\"kv_lora\": " << KL << ", \"rope\": " << R << ", \"block_size\": " << B
     << ", \"softmax_scale\": " << jnum(softmax_scale) << ", \"sequences_allocated\": " << n_seqs
     << ", \"kv_bytes_note\": \"latent + RoPE-key pages covered by each row's context\""
     << ", \"timing\": \"CUDA events over CUDA-graph replays of mla_decode_attention with a plan_mla_decode plan, median\"},\n"
     << "  \"mla_decode\": [\n" << results.str() << "\n  ]\n}\n";
+  kvgate::bench::write_file_atomic(out_path, o.str());
   std::printf("wrote %s\n", out_path.c_str());
   if (!md_path.empty()) {
-    std::ofstream m(md_path);
+    std::ostringstream m;
     m << "# MLA latent decode, " << dev.name << " (driver CUDA " << kc::cuda_version_string(dev.driver_version)
       << ", runtime " << kc::cuda_version_string(dev.runtime_version) << ")\n\n"
       << "kv_lora " << KL << ", rope " << R << ", pages of " << B << " tokens; copy D2D " << jnum(copy_GBps)
@@ -321,6 +311,7 @@ int main(int argc, char** argv) {
       << " GB/s, measured in the same run. KV MB: the latent + RoPE-key pages the contexts cover; time per "
          "call: CUDA events over graph replays, median.\n\n"
       << md.str();
+    kvgate::bench::write_file_atomic(md_path, m.str());
     std::printf("wrote %s\n", md_path.c_str());
   }
   return 0;

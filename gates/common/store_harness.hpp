@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,15 @@ inline std::string first_diff(const std::uint8_t* a, const std::uint8_t* b, std:
       return "first differing byte at page offset " + std::to_string(i) + ": runtime 0x" + hex[a[i] >> 4] +
              hex[a[i] & 15] + " oracle 0x" + hex[b[i] >> 4] + hex[b[i] & 15];
   return "none";
+}
+
+// n values drawn from N(0, sd^2) by `g` (std::normal_distribution: the same sequence on one standard
+// library; the gates that use it print their seed).
+inline std::vector<float> normal_rows(std::mt19937& g, std::size_t n, float sd) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(g);
+  return x;
 }
 
 // Per-tensor fp8 scales used by the gates: non-unit, unequal, not powers of two (anti-vacuity).

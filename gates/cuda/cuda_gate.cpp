@@ -68,13 +68,6 @@ void write_both(PagedKvStore& cpu, SeqId cs, kc::CudaKvStore& gpu, SeqId gs, int
   }
 }
 
-// Largest |a[i] - b[i]| (an alternative reference against the one judged).
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-  return d;
-}
-
 // ---- ORA.cuda.store --------------------------------------------------------------------------------
 
 // head_scales (ORA.cuda.store_head_scales, fp8 halves): the scales differ per KV head
@@ -484,7 +477,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
       if (variant.head_scales && H > 1) {  // head 0's scale on every head: farther than the bound
         std::vector<double> alt(ref.size());
         ko::sdpa_f64(as, qs, kd0.data(), vd0.data(), alt.data());
-        const double d = max_abs_diff(alt, ref);
+        const double d = ko::max_abs_diff(alt, ref);
         INFO("head 0's scales on every head vs each head's own: " << d);
         ++head_seqs;
         if (d > 4 * bound) ++heads_visible;
@@ -494,7 +487,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
         wider.window = window + 1;
         std::vector<double> alt(ref.size());
         ko::sdpa_f64(wider, qs, kd.data(), vd.data(), alt.data());
-        const double d = max_abs_diff(alt, ref);
+        const double d = ko::max_abs_diff(alt, ref);
         // Counted, not required per case: the one extra key can carry a softmax weight too small to
         // move the output past 4 bounds (seen on the H200 for 2 of ~800 windowed sequences); the
         // gate requires that most windowed sequences could see an off-by-one window.
@@ -507,7 +500,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
         uncapped.softcap = 0;
         std::vector<double> alt(ref.size());
         ko::sdpa_f64(uncapped, qs, kd.data(), vd.data(), alt.data());
-        const double d = max_abs_diff(alt, ref);
+        const double d = ko::max_abs_diff(alt, ref);
         INFO("with vs without the soft-cap: " << d);
         ++cap_seqs;
         if (d > 4 * bound) ++cap_visible;

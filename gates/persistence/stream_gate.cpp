@@ -10,18 +10,12 @@
 #include "kvgate/attention.hpp"
 #include "kvgate/format_list.hpp"
 #include "par_common.hpp"
+#include "store_harness.hpp"
 
 using namespace kvgate;
 using namespace kvgate::par;
 
 namespace {
-
-std::vector<float> random_rows(std::mt19937& rng, std::size_t n, float mag) {
-  std::normal_distribution<float> d(0.0f, mag);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // Store-level parity: same writes into a resident store and a streamed one, attention after each.
 void store_parity(const KvFormat& f, int window_tokens) {
@@ -49,11 +43,11 @@ void store_parity(const KvFormat& f, int window_tokens) {
     res.extend(a, n);
     str.extend(b, n);
     for (int l = 0; l < cfg.n_layers; ++l) {
-      const auto k = random_rows(rng, static_cast<std::size_t>(n) * HD, 1.0f);
-      const auto v = random_rows(rng, static_cast<std::size_t>(n) * HD, 0.05f);
+      const auto k = gates::normal_rows(rng, static_cast<std::size_t>(n) * HD, 1.0f);
+      const auto v = gates::normal_rows(rng, static_cast<std::size_t>(n) * HD, 0.05f);
       res.write(a, l, pos, n, k.data(), HD, v.data(), HD);
       str.write(b, l, pos, n, k.data(), HD, v.data(), HD);
-      const auto q = random_rows(rng, static_cast<std::size_t>(n) * n_heads * cfg.head_dim, 0.5f);
+      const auto q = gates::normal_rows(rng, static_cast<std::size_t>(n) * n_heads * cfg.head_dim, 0.5f);
       AttentionArgs aa;
       aa.n_q = n;
       aa.n_heads = n_heads;

@@ -53,19 +53,6 @@ struct Outcome {
   int cases = 0, lossy_cases = 0, lossy_seen = 0;
 };
 
-std::vector<float> random_rows(std::mt19937& g, std::size_t n, float sd) {
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> x(n);
-  for (float& v : x) v = d(g);
-  return x;
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 void run_case(HalfFormat latent_f, HalfFormat rope_f, const MlaCase& mc, std::uint32_t seed, Outcome& out) {
   const PageGeometry gk{mc.block, 1, mc.kv_lora}, gv{mc.block, 1, mc.rope};
   if (!supports(latent_f, gk).ok || !supports(rope_f, gv).ok) return;
@@ -77,10 +64,10 @@ void run_case(HalfFormat latent_f, HalfFormat rope_f, const MlaCase& mc, std::ui
                  << R << ", ctx " << T << ", n_q " << mc.n_q << ", seed " << seed);
   std::mt19937 g(seed);
   // The latent is an RMSNorm output (O(1)); the RoPE key a rotated projection; W ~ 1/sqrt(kv_lora).
-  const std::vector<float> lat = random_rows(g, static_cast<std::size_t>(T) * KL, 1.0f);
-  const std::vector<float> rk = random_rows(g, static_cast<std::size_t>(T) * R, 1.0f);
-  const std::vector<float> w = random_rows(g, static_cast<std::size_t>(H) * (N + VD) * KL, 1.0f / std::sqrt(float(KL)));
-  const std::vector<float> q = random_rows(g, static_cast<std::size_t>(mc.n_q) * H * QK, 0.4f);
+  const std::vector<float> lat = normal_rows(g, static_cast<std::size_t>(T) * KL, 1.0f);
+  const std::vector<float> rk = normal_rows(g, static_cast<std::size_t>(T) * R, 1.0f);
+  const std::vector<float> w = normal_rows(g, static_cast<std::size_t>(H) * (N + VD) * KL, 1.0f / std::sqrt(float(KL)));
+  const std::vector<float> q = normal_rows(g, static_cast<std::size_t>(mc.n_q) * H * QK, 0.4f);
 
   StoreConfig sc;
   sc.format = {latent_f, rope_f};
@@ -174,7 +161,7 @@ void run_case(HalfFormat latent_f, HalfFormat rope_f, const MlaCase& mc, std::ui
     m2.softmax_scale = scale2;
     std::vector<double> alt(ref.size());
     ko::mla_attention_f64(m2, q2.data(), l2.data(), r2.data(), w2.data(), alt.data());
-    return max_abs_diff(alt, ref);
+    return ko::max_abs_diff(alt, ref);
   };
   if (T > 1) {  // with one key every score gives weight 1: the score-side checks need two keys
     const std::vector<float> no_rope(rkd.size(), 0.0f);
@@ -199,7 +186,7 @@ void run_case(HalfFormat latent_f, HalfFormat rope_f, const MlaCase& mc, std::ui
   if (latent_f != HalfFormat::f32 || (rope_f != HalfFormat::f32 && T > 1)) {
     std::vector<double> exact(ref.size());
     ko::mla_attention_f64(ms, q.data(), lat.data(), rk.data(), w.data(), exact.data());
-    const double qerr = max_abs_diff(exact, ref);
+    const double qerr = ko::max_abs_diff(exact, ref);
     INFO("quantization effect on the output " << qerr);
     CHECK(qerr > 0);
     out.lossy_seen += qerr > 0;

@@ -35,8 +35,8 @@ static double nmse_impl(std::span<const R> ref, std::span<const float> got) {
 double nmse(std::span<const double> ref, std::span<const float> got) { return nmse_impl(ref, got); }
 double nmse(std::span<const float> ref, std::span<const float> got) { return nmse_impl(ref, got); }
 
-template <typename R>
-static double max_abs_impl(std::span<const R> ref, std::span<const float> got) {
+template <typename R, typename G>
+static double max_abs_impl(std::span<const R> ref, std::span<const G> got) {
     same_size(ref.size(), got.size());
     double m = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
@@ -48,6 +48,7 @@ static double max_abs_impl(std::span<const R> ref, std::span<const float> got) {
 }
 double max_abs_diff(std::span<const double> ref, std::span<const float> got) { return max_abs_impl(ref, got); }
 double max_abs_diff(std::span<const float> ref, std::span<const float> got) { return max_abs_impl(ref, got); }
+double max_abs_diff(std::span<const double> ref, std::span<const double> got) { return max_abs_impl(ref, got); }
 
 template <typename A>
 static double cosine_impl(std::span<const A> a, std::span<const float> b) {

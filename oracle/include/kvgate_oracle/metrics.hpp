@@ -16,6 +16,7 @@ double nmse(std::span<const float> ref, std::span<const float> got);
 // max |got − ref| (NaN if any difference is NaN).
 double max_abs_diff(std::span<const double> ref, std::span<const float> got);
 double max_abs_diff(std::span<const float> ref, std::span<const float> got);
+double max_abs_diff(std::span<const double> ref, std::span<const double> got);
 
 // a·b / (‖a‖‖b‖); 1 when both are zero vectors, 0 when exactly one is.
 double cosine(std::span<const double> a, std::span<const float> b);
