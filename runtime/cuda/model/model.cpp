@@ -313,9 +313,6 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
 }
 
 std::unique_ptr<CudaModel> CudaModel::random(const ModelConfig& c, WeightType wt, std::uint64_t seed) {
-  if (c.moe.any() || c.mla.any())
-    throw ModelError("cuda forward: random weights are generated for dense models only (this config has "
-                     "mixture-of-experts or latent-attention layers); load a checkpoint instead");
   std::unique_ptr<CudaModel> m(new CudaModel(c, wt));
   const bool bf = wt == WeightType::bf16;
   std::uint64_t stream_id = 0;
@@ -330,44 +327,93 @@ std::unique_ptr<CudaModel> CudaModel::random(const ModelConfig& c, WeightType wt
     model_kernels::fill_const(p, n, 1.0f, nullptr);
     return p;
   };
-  const std::size_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, V = c.vocab_size;
-  void* emb = m->alloc(V * dim, true);
-  model_kernels::fill_uniform(emb, bf, V * dim, seed * 0x9E3779B97F4A7C15ull + ++stream_id, 1.0f, nullptr);
-  m->emb_ = emb;
-  m->cls_ = c.tied_embeddings ? emb : mat(V, dim);
-  m->final_norm_ = gains(dim);
-  for (int l = 0; l < c.n_layers; ++l) {
-    Layer d;
-    d.attn_norm = gains(dim);
-    d.ffn_norm = gains(dim);
-    d.wq = mat(qd, dim);
-    d.wk = mat(kvd, dim);
-    d.wv = mat(kvd, dim);
-    d.wo = mat(dim, qd);
-    d.w1 = mat(hid, dim);
-    d.w2 = mat(dim, hid);
-    d.w3 = mat(hid, dim);
-    if (c.qkv_bias) {
-      auto z = [&](std::size_t n) {
-        auto* p = static_cast<float*>(m->alloc(n, false));
-        model_kernels::fill_const(p, n, 0.0f, nullptr);
-        return p;
-      };
-      d.bq = z(qd);
-      d.bk = z(kvd);
-      d.bv = z(kvd);
+  auto zeros = [&](std::size_t n) {
+    auto* p = static_cast<float*>(m->alloc(n, false));
+    model_kernels::fill_const(p, n, 0.0f, nullptr);
+    return p;
+  };
+  // A refused cudaMalloc (out of device memory) throws from alloc() as "CUDA error: out of memory
+  // (cudaMalloc...)"; say what was being allocated and how far it got (m frees what it holds).
+  try {
+    const std::size_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, V = c.vocab_size;
+    void* emb = m->alloc(V * dim, true);
+    model_kernels::fill_uniform(emb, bf, V * dim, seed * 0x9E3779B97F4A7C15ull + ++stream_id, 1.0f, nullptr);
+    m->emb_ = emb;
+    m->cls_ = c.tied_embeddings ? emb : mat(V, dim);
+    m->final_norm_ = gains(dim);
+    for (int l = 0; l < c.n_layers; ++l) {
+      Layer d;
+      d.attn_norm = gains(dim);
+      d.ffn_norm = gains(dim);
+      if (c.mla.any()) {  // latent attention: the shapes the checkpoint constructor uploads (wk/wv null)
+        const MlaConfig& a = c.mla;
+        const std::size_t H = static_cast<std::size_t>(c.n_heads), QK = static_cast<std::size_t>(a.nope_dim + a.rope_dim),
+                          KL = static_cast<std::size_t>(a.kv_lora_rank), QL = static_cast<std::size_t>(a.q_lora_rank);
+        if (a.q_lora_rank > 0) {
+          d.wq_a = mat(QL, dim);
+          d.q_a_norm = gains(QL);
+          d.wq = mat(H * QK, QL);  // q_b_proj
+        } else {
+          d.wq = mat(H * QK, dim);  // q_proj
+        }
+        d.wkv_a = mat(KL + static_cast<std::size_t>(a.rope_dim), dim);
+        d.kv_a_norm = gains(KL);
+        d.wkv_b = mat(H * static_cast<std::size_t>(a.nope_dim + a.v_dim), KL);
+        d.wo = mat(dim, H * static_cast<std::size_t>(a.v_dim));
+      } else {
+        d.wq = mat(qd, dim);
+        d.wk = mat(kvd, dim);
+        d.wv = mat(kvd, dim);
+        d.wo = mat(dim, qd);
+      }
+      if (c.moe.is_moe(l)) {  // router + one allocation per expert matrix (w1/w2/w3 null)
+        const std::size_t E = static_cast<std::size_t>(c.moe.n_experts), I = static_cast<std::size_t>(c.moe.expert_dim);
+        d.router = mat(E, dim);
+        for (std::size_t e = 0; e < E; ++e) {
+          d.ew1.push_back(mat(I, dim));
+          d.ew2.push_back(mat(dim, I));
+          d.ew3.push_back(mat(I, dim));
+        }
+        if (c.moe.router == MoeConfig::Router::sigmoid_groups) d.router_bias = zeros(E);  // no correction
+        if (c.moe.shared_dim > 0) {
+          const std::size_t S = static_cast<std::size_t>(c.moe.shared_dim);
+          d.sw1 = mat(S, dim);
+          d.sw2 = mat(dim, S);
+          d.sw3 = mat(S, dim);
+        }
+      } else {
+        d.w1 = mat(hid, dim);
+        d.w2 = mat(dim, hid);
+        d.w3 = mat(hid, dim);
+      }
+      if (c.qkv_bias) {
+        d.bq = zeros(qd);
+        d.bk = zeros(kvd);
+        d.bv = zeros(kvd);
+      }
+      if (c.qk_norm) {
+        d.q_norm = gains(c.head_dim);
+        d.k_norm = gains(c.head_dim);
+      }
+      if (c.post_norms) {  // Gemma-shaped: the two sandwich norms (stored as 1 + w: unit gains)
+        d.post_attn_norm = gains(dim);
+        d.post_ffn_norm = gains(dim);
+      }
+      m->layers_.push_back(d);
     }
-    if (c.qk_norm) {
-      d.q_norm = gains(c.head_dim);
-      d.k_norm = gains(c.head_dim);
-    }
-    if (c.post_norms) {  // Gemma-shaped: the two sandwich norms (stored as 1 + w: unit gains)
-      d.post_attn_norm = gains(dim);
-      d.post_ffn_norm = gains(dim);
-    }
-    m->layers_.push_back(d);
+    KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
+  } catch (const std::exception& e) {
+    std::size_t free_b = 0, total_b = 0;
+    const bool info = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
+    if (!info) (void)cudaGetLastError();
+    throw std::runtime_error("cuda forward: generating random " + std::string(name(wt)) + " weights failed after " +
+                             format_bytes_exact(m->bytes_) + " had been allocated (layers done: " +
+                             std::to_string(m->layers_.size()) + " of " + std::to_string(c.n_layers) + ")" +
+                             (info ? "; with those held, the device has " + format_bytes_exact(free_b) + " free of " +
+                                         format_bytes_exact(total_b) + " (cudaMemGetInfo)"
+                                   : std::string()) +
+                             ": " + e.what());
   }
-  KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
   return m;
 }
 
