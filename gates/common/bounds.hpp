@@ -170,6 +170,19 @@ inline double mla_absorbed_f32_max_abs(int nope, int rope, int kv_lora, int n_ct
   return 4 * (4 * score_err * vmax + (n_ctx + kv_lora + 10.0) * kU32 * wl1 * cmax) + 1e-30;
 }
 
+// The same over the CUDA latent kernel (runtime/cuda/kernels/mla_decode.cuh, ORA.cuda.mla): the score
+// chain is the host's FP32 absorption (nope roundings per q_lat element), then the kernel's dot
+// product, which each of 32 lanes sums as a fused chain of ceil(kv_lora / 32) + ceil(rope / 32)
+// products before 5 butterfly levels: any association of those sums errs by <= gamma_depth of their
+// absolute sum with depth = nope + ceil(kv_lora / 32) + ceil(rope / 32) + 5, plus 4 for the query
+// multiplier and the per-element scalings as above. The value side is the CPU bound's (the kernel's
+// o_lat chain of n_ctx + n_ctx / 16 + splits + 3 roundings lies within gamma_(n_ctx + kv_lora + 10)).
+inline double mla_absorbed_gpu_max_abs(int nope, int rope, int kv_lora, int n_ctx, double max_l1_score, double vmax,
+                                       double wl1, double cmax) {
+  const double depth = nope + (kv_lora + 31) / 32 + (rope + 31) / 32 + 5 + 4.0;
+  return 4 * (4 * depth * kU32 * max_l1_score * vmax + (n_ctx + kv_lora + 10.0) * kU32 * wl1 * cmax) + 1e-30;
+}
+
 // Tensor-core prefill (runtime/cuda/kernels/prefill_mma.cuh). Its declared arithmetic: the query
 // is scaled in binary32 (and rotated for a rotated K), then rounded ONCE to the K operand type; K and
 // V are dequantized to the operand type (f16: code x scale in binary32, exact, then one RNE to f16;

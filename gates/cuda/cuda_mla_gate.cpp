@@ -16,7 +16,7 @@
 //                                on the host in FP64, against the oracle's textbook expanded MLA in
 //                                FP64 (mla_attention_f64) over the oracle's dequantization of the GPU's
 //                                own pages, per sequence: NaN/Inf first, then NMSE, then max-abs under
-//                                mla_absorbed_f32_max_abs (gates/common/bounds.hpp); the planner's split
+//                                mla_absorbed_gpu_max_abs (gates/common/bounds.hpp); the planner's split
 //                                count, one split and several splits each within that bound (the
 //                                split-K combine).
 //                            The cases hold decode batches (several sequences of different lengths,
@@ -156,19 +156,6 @@ struct Outcome {
   int cases = 0, sequences = 0, lossy_cases = 0, lossy_seen = 0, multi_split = 0;
 };
 
-std::vector<float> random_rows(std::mt19937& g, std::size_t n, float sd) {
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> x(n);
-  for (float& v : x) v = d(g);
-  return x;
-}
-
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
-
 // check_within_bound (oracle_fixtures.hpp) with the case's sensitivity: NaN/Inf first, then NMSE,
 // then max-abs, then the anti-vacuity (the bound under `sensitivity` of the reference's RMS).
 // Returns the reference's RMS.
@@ -209,8 +196,8 @@ struct MlaRun {
     // The latent is an RMSNorm output (O(1)); the RoPE key a rotated projection; W ~ 1/sqrt(kv_lora).
     for (std::size_t s = 0; s < c.lens.size(); ++s) {
       const int L = c.lens[s];
-      lat.push_back(random_rows(g, static_cast<std::size_t>(L) * KL, 1.0f));
-      rk.push_back(random_rows(g, static_cast<std::size_t>(L) * R, 1.0f));
+      lat.push_back(normal_rows(g, static_cast<std::size_t>(L) * KL, 1.0f));
+      rk.push_back(normal_rows(g, static_cast<std::size_t>(L) * R, 1.0f));
       std::vector<float> p(static_cast<std::size_t>(L) * (KL + R));
       for (int t = 0; t < L; ++t) {
         std::copy_n(lat[s].data() + static_cast<std::size_t>(t) * KL, KL, p.data() + static_cast<std::size_t>(t) * (KL + R));
@@ -218,7 +205,7 @@ struct MlaRun {
       }
       packed.push_back(std::move(p));
     }
-    w = random_rows(g, static_cast<std::size_t>(H) * (N + VD) * KL, 1.0f / std::sqrt(float(KL)));
+    w = normal_rows(g, static_cast<std::size_t>(H) * (N + VD) * KL, 1.0f / std::sqrt(float(KL)));
     q.resize(static_cast<std::size_t>(rows) * H * QK);
     std::normal_distribution<float> dn(0.0f, c.q_nope_sd), dr(0.0f, c.q_rope_sd);
     for (std::size_t i = 0; i < q.size(); ++i) q[i] = static_cast<int>(i % QK) < N ? dn(g) : dr(g);
@@ -333,21 +320,21 @@ struct MlaRun {
     return ko::MlaShape{n, H, L, N, R, VD, KL, L - n, scale};
   }
 
-  // mla_absorbed_f32_max_abs over sequence s's dequantized rows (latd, rkd): the expanded score's
+  // The bound over sequence s's dequantized rows (latd, rkd): the expanded score's
   // absolute sum (max over query rows, heads and keys), |v| = |W_UV c|, W_UV's row L1 and |c|, as
   // ORA.mla computes them (sum_(n,j) |q_n W[n][j] c_j| = sum_j |c_j| sum_n |q_n W[n][j]|).
   //
-  // The GPU path's roundings are within the ones the bound counts: the absorption is the host's FP32
-  // loop of attention_mla.cpp (the same chain of nope roundings); the kernel's score is a dot product
-  // of the kv_lora + rope products in some association (runtime/cuda/kernels/mla_decode.cuh: lanes of
-  // kv_lora/32 + rope/32 fused products, then 5 butterfly levels; any association of n terms errs by
-  // <= gamma_(n-1) of their absolute sum), its scalings (the query multiplier softmax_scale x log2(e)
+  // The bound is mla_absorbed_gpu_max_abs: the absorption is the host's FP32 loop of
+  // attention_mla.cpp (a chain of nope roundings); the kernel's score is a dot product summed in the
+  // kernel's own association (runtime/cuda/kernels/mla_decode.cuh: lanes of kv_lora/32 + rope/32
+  // fused products, then 5 butterfly levels), its scalings (the query multiplier softmax_scale x log2(e)
   // x the tensor scale, a block or cell scale per element as it dequantizes) inside the bound's + 4;
   // o_lat accumulates a split's keys in FP32 with one rescale per tile of 16 keys, and the combine adds
   // one rescale per split and the normalisation: n_ctx + n_ctx/16 + splits + 3 roundings, within
   // gamma_(n_ctx + kv_lora + 10), whose kv_lora part (the runtime's FP32 W_UV dot products) is
   // otherwise unused here: W_UV runs in FP64 with one final rounding to binary32.
-  double bound(int s, const std::vector<float>& latd, const std::vector<float>& rkd) const {
+  // gpu = false: the CPU runtime's bound (mla_absorbed_f32_max_abs: its score chain is the sequential one).
+  double bound(int s, const std::vector<float>& latd, const std::vector<float>& rkd, bool gpu = true) const {
     const int L = mc.lens[static_cast<std::size_t>(s)], n = mc.n_q[static_cast<std::size_t>(s)];
     double max_l1 = 0, vmax = 0, wl1 = 0, cmax = 0;
     for (float x : latd) cmax = std::max(cmax, double(std::fabs(x)));
@@ -389,7 +376,8 @@ struct MlaRun {
         }
       }
     }
-    return mla_absorbed_f32_max_abs(N, R, KL, L, max_l1, vmax, wl1, cmax);
+    return gpu ? mla_absorbed_gpu_max_abs(N, R, KL, L, max_l1, vmax, wl1, cmax)
+               : mla_absorbed_f32_max_abs(N, R, KL, L, max_l1, vmax, wl1, cmax);
   }
 };
 
@@ -522,7 +510,7 @@ void run_case(HalfFormat latent_f, HalfFormat rope_f, const MlaCase& mc, std::ui
       m2.softmax_scale = scale2;
       std::vector<double> alt(ref.size());
       ko::mla_attention_f64(m2, run.seq_q(si), l2.data(), r2.data(), w2.data(), alt.data());
-      return max_abs_diff(alt, ref);
+      return ko::max_abs_diff(alt, ref);
     };
     if (T > 1) {  // with one key every score gives weight 1: the score-side checks need two keys
       const std::vector<float> no_rope(rkd[s].size(), 0.0f);
@@ -548,7 +536,7 @@ void run_case(HalfFormat latent_f, HalfFormat rope_f, const MlaCase& mc, std::ui
     if (latent_f != HalfFormat::f32 || (rope_f != HalfFormat::f32 && T > 1)) {
       std::vector<double> exact(ref.size());
       ko::mla_attention_f64(ms, run.seq_q(si), run.lat[s].data(), run.rk[s].data(), run.w.data(), exact.data());
-      const double qerr = max_abs_diff(exact, ref);
+      const double qerr = ko::max_abs_diff(exact, ref);
       INFO("quantization effect on the output " << qerr);
       CHECK(qerr > 0);
       out.lossy_seen += qerr > 0;
@@ -617,9 +605,10 @@ void run_par_case(const KvFormat& fmt, const MlaCase& mc, std::uint32_t seed, lo
       }
     }
     // Output: the CPU runtime's mla_latent_attention (absorbed in FP32, W_UV in FP32) vs the GPU's
-    // o_lat with W_UV in FP64, under the ORA bound of the same rows. Each is within that bound of the
-    // exact result over the same dequantized rows (ORA.mla, ORA.cuda.mla); their difference is held
-    // to the one bound, not the triangle inequality's two, the errors of both being far below it.
+    // o_lat with W_UV in FP64, under the CPU runtime's ORA bound of the same rows (the larger of the two:
+    // the GPU's score chain is shorter). Each is within its bound of the exact result over the same
+    // dequantized rows (ORA.mla, ORA.cuda.mla); their difference is held to the larger bound, not the
+    // triangle inequality's sum, the errors of both being far below it.
     std::vector<float> latd, rkd;
     dequantize_pages(run, gpu, gids[s], si, false, latd, rkd);
     const MlaDims d{run.H, run.N, run.R, run.VD, run.KL};
@@ -631,7 +620,7 @@ void run_par_case(const KvFormat& fmt, const MlaCase& mc, std::uint32_t seed, lo
     mla_latent_attention(cpu, cids[s], 0, d, ma, run.seq_q(si), run.w.data(), cpu_out.data());
     REQUIRE(ko::count_nonfinite(std::span<const float>(cpu_out)) == 0);
     const std::vector<double> cpu_ref(cpu_out.begin(), cpu_out.end());
-    const double bound = run.bound(si, latd, rkd);
+    const double bound = run.bound(si, latd, rkd, false);
     const std::vector<float> got = run.up_project(o_lat, si);
     const double rms =
         check_mla_within(cpu_ref, got, bound, mc.sensitive ? kOraSensitivity : kMlaShapeSensitivity);

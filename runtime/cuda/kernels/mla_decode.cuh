@@ -50,41 +50,61 @@ struct MlaLaunch {
 inline int mla_smem_bytes(int kv_lora, int rope) { return kMlaTile * (kv_lora + rope) * 4; }
 
 #ifdef __CUDACC__
-// One RoPE-key element through the runtime format (one switch shared by every latent format's kernel).
-__device__ __noinline__ float mla_rope_elem(HF f, const std::uint8_t* page, int B, int R, int slot, int i) {
-  float sc = 1.0f, x = 0.0f;
-  switch (f) {
-#define KVGATE_MLA_ROPE_ROW(A, name, prefill_mma) \
-  case HF::name:                                  \
-    x = load_elem<HF::name>(page, B, 1, R, slot, 0, i, sc); \
-    break;
-    KVGATE_HALF_FORMATS(KVGATE_MLA_ROPE_ROW, _)
-#undef KVGATE_MLA_ROPE_ROW
+// Staging of one tile: thread (t, j) of the CTA's 16 x 16 reads token t's elements j, j + 16, ...
+// (one page lookup per thread; all of a thread's loads issued before any is stored, so a tile costs
+// about one DRAM round trip, not one per element).
+inline constexpr int kMlaThreadsPerToken = kMlaWarps * 32 / kMlaTile;  // 16
+inline constexpr int kMlaLatPerThread = kMlaMaxLatent / kMlaThreadsPerToken;
+inline constexpr int kMlaRopePerThread = kMlaMaxRope / kMlaThreadsPerToken;
+
+template <HF F, int N>
+__device__ __forceinline__ void mla_load_row(const std::uint8_t* page, int B, int W, int slot, int j, float (&v)[N],
+                                             int k0 = 0) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const int i = j + kMlaThreadsPerToken * (k0 + k);
+    float sc = 1.0f;
+    v[k] = i < W ? load_elem<F>(page, B, 1, W, slot, 0, i, sc) * sc : 0.0f;
   }
-  return x * sc;
 }
 
-// Dequantizes tokens [t0, t0 + n) of the row's table into c_s [kMlaTile][KL] and r_s [kMlaTile][R].
+// Dequantizes tokens [t0, t0 + n) of the row's table into c_s [kMlaTile][KL] and r_s [kMlaTile][R];
+// the RoPE key's format is a runtime switch (one unrolled load loop per case).
 template <HF KF>
 __device__ __forceinline__ void mla_stage_tile(const MlaLaunch& a, const int* table, int t0, int n, float* c_s,
                                                float* r_s) {
   const int B = a.block_size, KL = a.kv_lora, R = a.rope;
+  const int t = threadIdx.x / kMlaThreadsPerToken, j = threadIdx.x % kMlaThreadsPerToken;
+  if (t >= n) return;
+  const int pos = t0 + t;
+  const int page = __ldg(table + pos / B), slot = pos % B;
+  // The latent in two halves of 16 loads (all 32 at once spill beside the compute loop's registers).
+  const std::uint8_t* kp = a.k_pool + static_cast<std::size_t>(page) * a.k_page_stride;
 #pragma unroll
-  for (int t = 0; t < kMlaTile; ++t) {
-    if (t < n) {
-      const int pos = t0 + t;
-      const int page = __ldg(table + pos / B), slot = pos % B;
-      const std::uint8_t* kp = a.k_pool + static_cast<std::size_t>(page) * a.k_page_stride;
-      for (int i = threadIdx.x; i < KL; i += kMlaWarps * 32) {
-        float sc;
-        const float x = load_elem<KF>(kp, B, 1, KL, slot, 0, i, sc);
-        c_s[t * KL + i] = x * sc;
-      }
-      if (threadIdx.x < R) {
-        const std::uint8_t* vp = a.v_pool + static_cast<std::size_t>(page) * a.v_page_stride;
-        r_s[t * R + threadIdx.x] = mla_rope_elem(a.rope_format, vp, B, R, slot, threadIdx.x);
-      }
+  for (int h = 0; h < 2; ++h) {
+    constexpr int N = kMlaLatPerThread / 2;
+    float c[N];
+    mla_load_row<KF>(kp, B, KL, slot, j, c, h * N);
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int i = j + kMlaThreadsPerToken * (h * N + k);
+      if (i < KL) c_s[t * KL + i] = c[k];
     }
+  }
+  float r[kMlaRopePerThread];
+  const std::uint8_t* vp = a.v_pool + static_cast<std::size_t>(page) * a.v_page_stride;
+  switch (a.rope_format) {
+#define KVGATE_MLA_ROPE_ROW(A, name, prefill_mma) \
+  case HF::name:                                  \
+    mla_load_row<HF::name>(vp, B, R, slot, j, r); \
+    break;
+    KVGATE_HALF_FORMATS(KVGATE_MLA_ROPE_ROW, _)
+#undef KVGATE_MLA_ROPE_ROW
+  }
+#pragma unroll
+  for (int k = 0; k < kMlaRopePerThread; ++k) {
+    const int i = j + kMlaThreadsPerToken * k;
+    if (i < R) r_s[t * R + i] = r[k];
   }
 }
 
