@@ -225,24 +225,6 @@ struct Stage {
       : layer0(l0), layer1(l1), store(std::move(sc)), seq(store.create_sequence()), fwd(m, chunk, pool) {}
 };
 
-// The store of stage [l0, l1): the whole model's config with that range of layers, their format
-// (the per-layer map's, else the engine's one) and their scales.
-StoreConfig stage_store_config(const StoreConfig& full, const EngineOptions& o, int l0, int l1) {
-  StoreConfig sc = full;
-  sc.format = layer_kv_format(o, l0);
-  sc.n_layers = l1 - l0;
-  sc.first_layer = l0;
-  // [n_layers] per layer or [n_layers * n_kv_heads] per KV head: the stage's layers either way.
-  auto slice = [&](const std::vector<float>& v) {
-    const std::size_t per = v.size() / static_cast<std::size_t>(full.n_layers);
-    return v.empty() ? v
-                     : std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(l0)),
-                                          v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(l1)));
-  };
-  sc.k_scale = slice(full.k_scale);
-  sc.v_scale = slice(full.v_scale);
-  return sc;
-}
 
 // The stores' layer ranges: the pipeline stages, each cut further where the per-layer map changes
 // format (a stage boundary is always a store boundary; a map without changes cuts nothing).
@@ -262,6 +244,23 @@ std::vector<std::pair<int, int>> store_ranges(const std::vector<std::pair<int, i
 }
 
 }  // namespace
+
+StoreConfig stage_store_config(const StoreConfig& full, const EngineOptions& o, int l0, int l1) {
+  StoreConfig sc = full;
+  sc.format = layer_kv_format(o, l0);
+  sc.n_layers = l1 - l0;
+  sc.first_layer = l0;
+  // [n_layers] per layer or [n_layers * n_kv_heads] per KV head: the stage's layers either way.
+  auto slice = [&](const std::vector<float>& v) {
+    const std::size_t per = v.size() / static_cast<std::size_t>(full.n_layers);
+    return v.empty() ? v
+                     : std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(l0)),
+                                          v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(l1)));
+  };
+  sc.k_scale = slice(full.k_scale);
+  sc.v_scale = slice(full.v_scale);
+  return sc;
+}
 
 struct Engine::Impl {
   const Model& model;

@@ -45,22 +45,34 @@ CudaForward::CudaForward(const CudaModel& model, CudaKvStore& store, CudaForward
     : m_(model), store_(store), opts_(opts), c_(model.config()) {
   const StoreConfig& sc = store.config();
   latent_ = sc.layout == KvLayout::mla_latent;
+  // A pipeline stage (CudaModel::range) keeps the KV of its own layers only: store layer l - first.
+  const int n_stage_layers = m_.range().end_of(c_) - m_.range().first;
+  int dev = 0;
+  KVGATE_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev != m_.device())
+    throw EngineError("cuda forward: the current device is " + std::to_string(dev) + " but the weights live on device " +
+                      std::to_string(m_.device()) + "; call cudaSetDevice(" + std::to_string(m_.device()) +
+                      ") before making the forward");
   if (latent_) {  // the MLA latent cache: one latent row (kv_lora) and one RoPE key (rope) per token
     if (!c_.mla.any())
       throw EngineError("cuda forward: the KV store holds the MLA latent cache (layout mla_latent), but the model has "
                         "no latent attention; build the store with layout kv_heads");
-    if (sc.n_layers != c_.n_layers || sc.n_kv_heads != 1 || sc.head_dim != c_.mla.kv_lora_rank ||
+    if (sc.n_layers != n_stage_layers || sc.n_kv_heads != 1 || sc.head_dim != c_.mla.kv_lora_rank ||
         sc.half_geometry(KvHalf::V).head_dim != c_.mla.rope_dim)
       throw EngineError("cuda forward: the latent KV store's shape (layers " + std::to_string(sc.n_layers) + ", latent " +
                         std::to_string(sc.head_dim) + ", RoPE key " + std::to_string(sc.half_geometry(KvHalf::V).head_dim) +
-                        ") does not match the model's (layers " + std::to_string(c_.n_layers) + ", kv_lora_rank " +
+                        ") does not match the model's (layers " + std::to_string(n_stage_layers) + ", kv_lora_rank " +
                         std::to_string(c_.mla.kv_lora_rank) + ", qk_rope_head_dim " + std::to_string(c_.mla.rope_dim) + ")");
     for (int l = 0; l < c_.n_layers; ++l)
       if (c_.window(l) > 0)
         throw EngineError("cuda forward: layer " + std::to_string(l) + " has a sliding window, which the latent kernel "
                           "does not read; run the MLA model with --mla-cache expanded");
-  } else if (sc.n_layers != c_.n_layers || sc.n_kv_heads != c_.n_kv_heads || sc.head_dim != c_.head_dim) {
-    throw EngineError("cuda forward: the KV store's shape (layers/kv heads/head_dim) does not match the model");
+  } else if (sc.n_layers != n_stage_layers || sc.n_kv_heads != c_.n_kv_heads || sc.head_dim != c_.head_dim) {
+    throw EngineError("cuda forward: the KV store's shape (layers " + std::to_string(sc.n_layers) + ", kv heads " +
+                      std::to_string(sc.n_kv_heads) + ", head_dim " + std::to_string(sc.head_dim) +
+                      ") does not match the model's (layers " + std::to_string(n_stage_layers) +
+                      (n_stage_layers != c_.n_layers ? " of this pipeline stage" : "") + ", kv heads " +
+                      std::to_string(c_.n_kv_heads) + ", head_dim " + std::to_string(c_.head_dim) + ")");
   }
   const OpSupport sup = latent_ ? supports_op(Op::decode, sc, c_.n_heads)
                                 : supports_op(Op::decode, sc.format, sc.geometry(), c_.n_heads);
@@ -281,13 +293,18 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
   const bool interleaved = c.rope_style == RopeStyle::interleaved;
   const StoreConfig& sc = store_.config();
   const PageGeometry g = sc.geometry();
-  mk::embed(m_.tok_embeddings(), m_.weight_type() == WeightType::bf16, d_tokens_, x_, R, dim, stream_);
-  if (c.embed_scale > 0) mk::scale(x_, static_cast<std::size_t>(R) * dim, c.embed_scale, stream_);  // Gemma
+  if (m_.range().embeds()) {
+    mk::embed(m_.tok_embeddings(), m_.weight_type() == WeightType::bf16, d_tokens_, x_, R, dim, stream_);
+    if (c.embed_scale > 0) mk::scale(x_, static_cast<std::size_t>(R) * dim, c.embed_scale, stream_);  // Gemma
+  } else {  // a later pipeline stage: the residual rows the previous stage left (on its device)
+    KVGATE_CUDA_CHECK(cudaMemcpyAsync(x_, input_->x_, static_cast<std::size_t>(R) * dim * sizeof(float),
+                                      cudaMemcpyDefault, stream_));
+  }
   if (capture_kv_) {
     cap_k_.assign(static_cast<std::size_t>(c.n_layers) * R * kvd, 0.0f);
     cap_v_.assign(cap_k_.size(), 0.0f);
   }
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = m_.range().first; l < m_.range().end_of(c); ++l) {
     const CudaModel::Layer& L = m_.layer(l);
     // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
     mk::rmsnorm(xb_, x_, L.attn_norm, R, dim, c.rms_eps, stream_);
@@ -337,9 +354,9 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       a.row_stride = static_cast<std::size_t>(kvd);
       a.slot_mapping = d_slot_;
       a.n_tokens = R;
-      a.pool = store_.pool(l, half);
+      a.pool = store_.pool(store_layer(l), half);
       a.page_stride = store_.page_stride(half);
-      const CudaKvStore::KernelScales ks = store_.kernel_scales(l, half);
+      const CudaKvStore::KernelScales ks = store_.kernel_scales(store_layer(l), half);
       a.tensor_scale = ks.tensor;
       a.head_scales = ks.heads;
       store_rows(store_.half_format(half), g, a, stream_);
@@ -350,8 +367,8 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       pa.format = sc.format;
       pa.geometry = g;
       pa.n_heads = c.n_heads;
-      pa.k_pool = store_.pool(l, KvHalf::K);
-      pa.v_pool = store_.pool(l, KvHalf::V);
+      pa.k_pool = store_.pool(store_layer(l), KvHalf::K);
+      pa.v_pool = store_.pool(store_layer(l), KvHalf::V);
       pa.k_page_stride = store_.page_stride(KvHalf::K);
       pa.v_page_stride = store_.page_stride(KvHalf::V);
       pa.block_table = d_tables_;  // row 0: the sequence's pages
@@ -359,7 +376,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
       pa.n_new = R;
       pa.q = q_;
       pa.out = att_;
-      set_kernel_scales(store_, l, pa);
+      set_kernel_scales(store_, store_layer(l), pa);
       pa.softmax_scale = c.attn_scale;  // Gemma: query_pre_attn_scalar^-0.5 (0: 1/sqrt(head_dim))
       pa.window = c.window(l);          // sliding layers read only their window
       pa.softcap = c.attn_softcap;      // Gemma 2: attn_logit_softcapping (0: none)
@@ -370,8 +387,8 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     da.geometry = g;
     da.n_heads = c.n_heads;
     da.batch = R;
-    da.k_pool = store_.pool(l, KvHalf::K);
-    da.v_pool = store_.pool(l, KvHalf::V);
+    da.k_pool = store_.pool(store_layer(l), KvHalf::K);
+    da.v_pool = store_.pool(store_layer(l), KvHalf::V);
     da.k_page_stride = store_.page_stride(KvHalf::K);
     da.v_page_stride = store_.page_stride(KvHalf::V);
     da.block_tables = d_tables_;
@@ -380,7 +397,7 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     da.max_seq_len = max_len;
     da.q = q_;
     da.out = att_;
-    set_kernel_scales(store_, l, da);
+    set_kernel_scales(store_, store_layer(l), da);
     da.softmax_scale = c.attn_scale;
     da.window = c.window(l);
     da.softcap = c.attn_softcap;
@@ -496,22 +513,22 @@ void CudaForward::mla_latent_block(const CudaModel::Layer& L, int l, int R, int 
     sa.row_stride = static_cast<std::size_t>(half == KvHalf::K ? KL : KL + Rd);
     sa.slot_mapping = d_slot_;
     sa.n_tokens = R;
-    sa.pool = store_.pool(l, half);
+    sa.pool = store_.pool(store_layer(l), half);
     sa.page_stride = store_.page_stride(half);
-    sa.tensor_scale = store_.kernel_scales(l, half).tensor;  // one KV "head": no per-head table
+    sa.tensor_scale = store_.kernel_scales(store_layer(l), half).tensor;  // one KV "head": no per-head table
     store_rows(store_.half_format(half), sc.half_geometry(half), sa, stream_);
   }
   mk::mla_absorb(q_, L.wkv_b, bf16, mla_qlat_, R, H, N, Rd, VD, KL, stream_);
   MlaDecodeArgs ma = mla_args(R, max_len);
-  ma.k_pool = store_.pool(l, KvHalf::K);
-  ma.v_pool = store_.pool(l, KvHalf::V);
+  ma.k_pool = store_.pool(store_layer(l), KvHalf::K);
+  ma.v_pool = store_.pool(store_layer(l), KvHalf::V);
   ma.block_tables = d_tables_;
   ma.table_stride = table_stride;
   ma.seq_lens = d_lens_;
   ma.q = mla_qlat_;
   ma.out = mla_olat_;
-  ma.k_scale = store_.tensor_scale(l, KvHalf::K);
-  ma.v_scale = store_.tensor_scale(l, KvHalf::V);
+  ma.k_scale = store_.tensor_scale(store_layer(l), KvHalf::K);
+  ma.v_scale = store_.tensor_scale(store_layer(l), KvHalf::V);
   if (plan) mla_decode_attention(ma, *plan, ws, stream_);
   else mla_decode_attention(ma, ws, stream_);
   mk::mla_up_v(mla_olat_, L.wkv_b, bf16, mla_att_, R, H, N, VD, KL, stream_);
@@ -630,7 +647,7 @@ void CudaForward::damage_rows(int layer, int R) {
   a.damage = d;
   a.layer = layer;
   a.format = f == HalfFormat::f32 ? 0 : f == HalfFormat::f16 ? 1 : 2;
-  a.pool = store_.pool(layer, h);
+  a.pool = store_.pool(store_layer(layer), h);
   a.page_stride = store_.page_stride(h);
   a.block_size = sc.block_size;
   a.n_kv_heads = sc.n_kv_heads;
@@ -639,7 +656,7 @@ void CudaForward::damage_rows(int layer, int R) {
   a.d_slot = d_slot_;
   a.rows = R;
   const std::size_t row_bytes = static_cast<std::size_t>(sc.n_kv_heads) * sc.head_dim * (f == HalfFormat::f32 ? 4 : 2);
-  a.prev = static_cast<std::uint8_t*>(damage_prev_) + static_cast<std::size_t>(layer) * row_bytes;
+  a.prev = static_cast<std::uint8_t*>(damage_prev_) + static_cast<std::size_t>(store_layer(layer)) * row_bytes;
   mk::kv_damage(a, stream_);
 }
 
@@ -651,11 +668,38 @@ void check_tokens(std::span<const int> tokens, int vocab) {
 }
 }  // namespace
 
+// A pipeline stage's call: a stage without the head returns no logits or ids; a stage after the
+// first reads the rows its input stage left (set_input), which must hold as many.
+void CudaForward::check_stage_call(bool wants_outputs, int rows) const {
+  if (wants_outputs && !m_.range().has_head(c_))
+    throw EngineError("cuda forward: this pipeline stage (layers " + std::to_string(m_.range().first) + ".." +
+                      std::to_string(m_.range().end_of(c_) - 1) + ") has no classifier; ask the last stage for logits");
+  if (!m_.range().embeds()) {
+    if (!input_)
+      throw EngineError("cuda forward: this pipeline stage starts at layer " + std::to_string(m_.range().first) +
+                        " and has no input stage; call set_input with the stage before it");
+    if (rows > input_->opts_.max_rows)
+      throw EngineError("cuda forward: " + std::to_string(rows) + " rows exceed the input stage's max_rows " +
+                        std::to_string(input_->opts_.max_rows));
+  }
+}
+
+void CudaForward::set_input(const CudaForward* prev) {
+  if (m_.range().embeds())
+    throw EngineError("cuda forward: the first pipeline stage embeds its tokens; it takes no input stage");
+  if (!prev || prev->m_.range().end_of(prev->c_) != m_.range().first || prev->c_.dim != c_.dim)
+    throw EngineError("cuda forward: the input stage must end where this stage starts (layer " +
+                      std::to_string(m_.range().first) + ") and have the same model width");
+  input_ = prev;
+  drop_graphs();  // captured graphs bake the input rows' address
+}
+
 void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax) {
   const int T = static_cast<int>(tokens.size());
   if (T < 1 || T > opts_.max_rows)
     throw EngineError("cuda forward: chunk of " + std::to_string(T) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
   check_tokens(tokens, c_.vocab_size);
+  check_stage_call(logits != nullptr || argmax != nullptr, T);
   if (store_.length(s) + T > max_ctx_)
     throw EngineError("cuda forward: " + std::to_string(T) + " more tokens at position " + std::to_string(store_.length(s)) +
                       " exceed the context of " + std::to_string(max_ctx_) + " tokens");
@@ -665,6 +709,10 @@ void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* log
   for (int t = 0; t < T; ++t) rp[static_cast<std::size_t>(t)] = pos0 + t;
   stage(rs, rp, tokens, table_stride_);
   layers(T, table_stride_, pos0 + T, true, nullptr, ws_);
+  if (!m_.range().has_head(c_)) {  // a pipeline stage before the last: its rows feed the next stage
+    KVGATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
   const int first = all_logits ? 0 : T - 1;
   head(first, T - first);
   download(T - first, logits, 0, nullptr);
@@ -680,6 +728,7 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
     throw EngineError("cuda forward: decode batch of " + std::to_string(B) + " sequences / " +
                       std::to_string(tokens.size()) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
   check_tokens(tokens, c_.vocab_size);
+  check_stage_call(logits != nullptr || argmax != nullptr, B);
   for (SeqId s : seqs)
     if (store_.length(s) + 1 > max_ctx_)
       throw EngineError("cuda forward: sequence " + std::to_string(s) + " is at the context limit of " +
@@ -696,9 +745,10 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
   }
   stage(rs, rp, tokens, table_stride_);
   const bool use_graph = opts_.cuda_graphs && !capture_kv_ && k_rope_offset_ == 0;
+  const bool has_head = m_.range().has_head(c_);
   if (!use_graph) {
     layers(B, table_stride_, max_len, false, nullptr, ws_);
-    head(0, B);
+    if (has_head) head(0, B);
   } else {
     auto it = graphs_.find(B);
     if (it == graphs_.end()) {
@@ -730,7 +780,7 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
       KVGATE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
         layers(B, table_stride_, max_ctx_, false, &gr.plan, graph_ws_, &gr.window_plans);
-        head(0, B);
+        if (has_head) head(0, B);
       } catch (...) {
         cudaStreamEndCapture(stream_, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -746,7 +796,7 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
     KVGATE_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
     ++graph_replays_;
   }
-  download(B, logits, argmax ? B : 0, argmax);
+  download(B, logits, argmax ? B : 0, argmax);  // a stage before the last: nothing, then the stream sync
 }
 
 }  // namespace kvgate::cuda

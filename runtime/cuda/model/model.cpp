@@ -136,11 +136,17 @@ class CudaModel::Bf16Staging {
   std::vector<__nv_bfloat16> pageable_;
 };
 
-CudaModel::CudaModel(const ModelConfig& c, WeightType wt) : c_(c), wt_(wt) {
+CudaModel::CudaModel(const ModelConfig& c, WeightType wt, LayerRange range) : c_(c), wt_(wt), range_(range) {
   if (const std::string why = forward_unsupported_reason(c); !why.empty())
     throw ModelError("cuda forward: " + why);
+  if (range.first < 0 || range.end_of(c) > c.n_layers || range.first >= range.end_of(c))
+    throw ModelError("cuda forward: the layer range [" + std::to_string(range.first) + ", " +
+                     std::to_string(range.end_of(c)) + ") is not a non-empty range of the model's " +
+                     std::to_string(c.n_layers) + " layers");
+  range_.end = range.end_of(c);
   const DeviceStatus& d = device_status();
   if (!d.available) throw std::runtime_error("cuda forward: " + d.reason);
+  KVGATE_CUDA_CHECK(cudaGetDevice(&device_));
 }
 
 CudaModel::~CudaModel() {
@@ -191,13 +197,27 @@ std::size_t CudaModel::device_bytes(const ModelWeights& w, WeightType wt) {
   return b;
 }
 
-CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
+std::size_t CudaModel::device_bytes(const ModelWeights& w, const ModelConfig& c, WeightType wt, LayerRange r) {
+  const std::size_t mb = wt == WeightType::bf16 ? 2 : 4;
+  std::size_t b = 0;
+  auto add = [&](const auto& t, bool matrix) { b += t.size() * (matrix ? mb : 4); };
+  if (r.embeds() || (r.has_head(c) && w.classifier.empty())) add(w.tok_embeddings, true);
+  if (r.has_head(c)) {
+    add(w.classifier, true);
+    add(w.final_norm, false);
+  }
+  for (int l = r.first; l < r.end_of(c) && l < static_cast<int>(w.layers.size()); ++l)
+    w.layers[static_cast<std::size_t>(l)].for_each_tensor(add);
+  return b;
+}
+
+CudaModel::CudaModel(const Model& m, WeightType wt, LayerRange range) : CudaModel(m.config, wt, range) {
   const ModelConfig& c = m.config;
   const ModelWeights& w = m.weights;
   if (static_cast<int>(w.layers.size()) != c.n_layers) throw ModelError("cuda forward: the model has no weights loaded");
   // Refused before any allocation when the device cannot hold the weights.
   {
-    const std::size_t want = device_bytes(w, wt_);
+    const std::size_t want = device_bytes(w, c, wt_, range_);
     std::size_t free_b = 0, total_b = 0;
     KVGATE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     if (want > free_b)
@@ -215,12 +235,19 @@ CudaModel::CudaModel(const Model& m, WeightType wt) : CudaModel(m.config, wt) {
   const std::size_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
   need(w.tok_embeddings, static_cast<std::size_t>(c.vocab_size) * dim, "tok_embeddings");
   try {
-    emb_ = upload(w.tok_embeddings, true);
-    cls_ = w.classifier.empty() ? emb_ : upload(w.classifier, true);
-    final_norm_ = static_cast<const float*>(upload(w.final_norm, false));
+    const bool head = range_.has_head(c);
+    if (range_.embeds() || (head && w.classifier.empty())) emb_ = upload(w.tok_embeddings, true);
+    if (head) {
+      cls_ = w.classifier.empty() ? emb_ : upload(w.classifier, true);
+      final_norm_ = static_cast<const float*>(upload(w.final_norm, false));
+    }
     for (std::size_t li = 0; li < w.layers.size(); ++li) {
       const LayerWeights& L = w.layers[li];
       Layer d;
+      if (!range_.holds(c, static_cast<int>(li))) {  // another pipeline stage's layer
+        layers_.push_back(d);
+        continue;
+      }
       if (c.mla.any()) {  // latent attention projections (validate_weights checked their sizes)
         const MlaConfig& a = c.mla;
         const std::size_t H = static_cast<std::size_t>(c.n_heads), QK = static_cast<std::size_t>(a.nope_dim + a.rope_dim);

@@ -97,6 +97,10 @@ int widest_window_if_all(const ModelConfig& c);
 // above the model's layers, or a layer list of the wrong length, with an empty stage, or whose sum
 // is not the model's layers.
 std::vector<std::pair<int, int>> pipeline_ranges(const ModelConfig& c, const EngineOptions& o);
+// The store of a stage holding model layers [l0, l1): the whole model's config `full` with that range
+// of layers (StoreConfig::first_layer l0), their format (the per-layer map's, else the engine's one)
+// and their scales. The CPU split and the CUDA pipeline (kvgate/cuda/pipeline.hpp) build theirs with it.
+StoreConfig stage_store_config(const StoreConfig& full, const EngineOptions& o, int l0, int l1);
 // The KV format of model layer `layer`: EngineOptions::kv_layers[layer], else kv.effective.
 const KvFormat& layer_kv_format(const EngineOptions& o, int layer);
 // "single", or "pipeline:" and the stages' layer counts joined by '+'.

@@ -156,6 +156,15 @@ struct LayerWeights {
   std::vector<float> wq_a, q_a_norm;     // [q_lora][dim], [q_lora] (q_lora_rank > 0)
   std::vector<float> wkv_a, kv_a_norm;   // [kv_lora + rope][dim], [kv_lora]
   std::vector<float> wkv_b;              // [H*(nope + v)][kv_lora]
+  // Every tensor of the layer once, as ModelWeights::for_each_tensor.
+  template <class F>
+  void for_each_tensor(F&& f) const {
+    for (const Weight* t : {&wq, &wk, &wv, &wo, &w1, &w2, &w3, &ew1, &ew2, &ew3, &sw1, &sw2, &sw3}) f(*t, true);
+    for (const std::vector<float>* t : {&router, &wq_a, &wkv_a, &wkv_b}) f(*t, true);
+    for (const std::vector<float>* t : {&attn_norm, &bq, &bk, &bv, &q_norm, &k_norm, &ffn_norm, &post_attn_norm,
+                                        &post_ffn_norm, &router_bias, &q_a_norm, &kv_a_norm})
+      f(*t, false);
+  }
 };
 
 struct ModelWeights {
@@ -175,16 +184,7 @@ struct ModelWeights {
     f(tok_embeddings, true);
     f(classifier, true);
     f(final_norm, false);
-    for (const LayerWeights& L : layers) {
-      for (const Weight* t : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w1, &L.w2, &L.w3, &L.ew1, &L.ew2, &L.ew3, &L.sw1, &L.sw2,
-                              &L.sw3})
-        f(*t, true);
-      for (const std::vector<float>* t : {&L.router, &L.wq_a, &L.wkv_a, &L.wkv_b}) f(*t, true);
-      for (const std::vector<float>* t : {&L.attn_norm, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.ffn_norm,
-                                          &L.post_attn_norm, &L.post_ffn_norm, &L.router_bias, &L.q_a_norm,
-                                          &L.kv_a_norm})
-        f(*t, false);
-    }
+    for (const LayerWeights& L : layers) L.for_each_tensor(f);
   }
 };
 

@@ -43,16 +43,30 @@ const char* name(WeightType w);
 // Why the CUDA forward cannot run this model config (empty: it can). Checked by CudaModel.
 std::string forward_unsupported_reason(const ModelConfig& c);
 
+// A pipeline stage's share of the model (the layer split, CudaPipeline): layers [first, end). The
+// stage that starts at layer 0 holds the embeddings and embeds the tokens; the one that ends at the
+// last layer holds the final norm and the classifier (and the embeddings too when they are tied).
+struct LayerRange {
+  int first = 0, end = -1;  // end -1: through the model's last layer
+  int end_of(const ModelConfig& c) const { return end < 0 ? c.n_layers : end; }
+  bool embeds() const { return first == 0; }
+  bool has_head(const ModelConfig& c) const { return end_of(c) == c.n_layers; }
+  bool holds(const ModelConfig& c, int layer) const { return layer >= first && layer < end_of(c); }
+};
+
 class CudaModel {
  public:
-  // Uploads `m`'s weights (converted to bf16 when asked). Throws ModelError (unsupported config)
-  // or std::runtime_error (CUDA error, e.g. out of device memory).
-  explicit CudaModel(const Model& m, WeightType wt = WeightType::f32);
+  // Uploads `m`'s weights (converted to bf16 when asked), on the current device; `range`: only the
+  // layers of a pipeline stage (layer(l) of another layer is empty). Throws ModelError (unsupported
+  // config or range) or std::runtime_error (CUDA error, e.g. out of device memory).
+  explicit CudaModel(const Model& m, WeightType wt = WeightType::f32, LayerRange range = {});
   // A random-weight model of config `c`, generated on the device (no host copy): matrices uniform
   // with standard deviation 1/sqrt(fan_in), embeddings unit variance, norm gains 1. For benchmarks.
   static std::unique_ptr<CudaModel> random(const ModelConfig& c, WeightType wt, std::uint64_t seed);
-  // Device bytes `w` takes once uploaded as `wt` (what the constructor checks against cudaMemGetInfo).
+  // Device bytes `w` takes once uploaded as `wt` (what the constructor checks against cudaMemGetInfo);
+  // `range`: a pipeline stage's share.
   static std::size_t device_bytes(const ModelWeights& w, WeightType wt);
+  static std::size_t device_bytes(const ModelWeights& w, const ModelConfig& c, WeightType wt, LayerRange range);
   ~CudaModel();
   CudaModel(const CudaModel&) = delete;
   CudaModel& operator=(const CudaModel&) = delete;
@@ -76,6 +90,8 @@ class CudaModel {
   };
   const ModelConfig& config() const { return c_; }
   WeightType weight_type() const { return wt_; }
+  const LayerRange& range() const { return range_; }
+  int device() const { return device_; }  // the CUDA device the weights live on
   const Layer& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
   const void* tok_embeddings() const { return emb_; }
   const void* classifier() const { return cls_; }  // == tok_embeddings() when tied
@@ -83,7 +99,7 @@ class CudaModel {
   std::size_t weight_bytes() const { return bytes_; }
 
  private:
-  CudaModel(const ModelConfig& c, WeightType wt);
+  CudaModel(const ModelConfig& c, WeightType wt, LayerRange range = {});
   void* alloc(std::size_t n_elems, bool matrix);  // matrix: weight type, else f32
   void* upload(const std::vector<float>& v, bool matrix);
   void* upload(const WeightView& v, bool matrix);  // FP32 or 16-bit host weights
@@ -92,7 +108,9 @@ class CudaModel {
 
   ModelConfig c_;
   WeightType wt_;
-  std::vector<Layer> layers_;
+  LayerRange range_;
+  int device_ = 0;
+  std::vector<Layer> layers_;  // [n_layers]; empty outside range_
   const void* emb_ = nullptr;
   const void* cls_ = nullptr;
   const float* final_norm_ = nullptr;
@@ -141,6 +159,12 @@ class CudaForward {
   void set_damage(const std::optional<KvDamage>& d);
   const std::optional<KvDamage>& damage() const { return damage_; }
 
+  // Pipeline stages (CudaModel::range, CudaPipeline): a stage that starts after layer 0 reads the
+  // residual rows [rows][dim] that `prev` (the stage ending where it starts, on any device) left
+  // from the same call; the caller runs the stages in order, each after the one before returned.
+  void set_input(const CudaForward* prev);
+  const CudaModel& model() const { return m_; }
+
   cudaStream_t stream() const { return stream_; }
   const CudaForwardOptions& options() const { return opts_; }
   int graph_captures() const { return graph_captures_; }
@@ -154,6 +178,9 @@ class CudaForward {
   void head(int first_row, int n_rows);
   void gemm(const void* W, const float* x, float* out, int rows, int n_in, int n_out, bool accumulate);
   void download(int n_logit_rows, float* logits, int n_argmax, int* argmax);
+  void check_stage_call(bool wants_outputs, int rows) const;
+  int store_layer(int l) const { return l - m_.range().first; }  // a pipeline stage's store holds its layers
+  const CudaForward* input_ = nullptr;  // the previous pipeline stage (set_input), else null
 
   const CudaModel& m_;
   CudaKvStore& store_;
