@@ -180,9 +180,10 @@ struct SignoffRun {
                                   (model ? model->config.arch : std::string("none found")) + ") has none: drop the flag");
     if (o.mla_cache == "latent" && o.device == "cuda")
       throw std::invalid_argument("--mla-cache latent: a CUDA sign-off of the latent cache is not offered yet (the CUDA "
-                                  "engine runs it, gated by MOD.cuda.hf.deepseek_v3*.latent, but the sign-off's CUDA "
-                                  "path has not been verified over it); sign the latent cache off with --device cpu, "
-                                  "or drop the flag");
+                                  "engine runs it, gated by MOD.cuda.hf.deepseek_v3*.latent, but the sign-off's probe "
+                                  "sensitivity damages expanded K/V rows, which the latent cache does not have on the "
+                                  "GPU, and its CUDA path has not been run over a latent model); sign the latent cache "
+                                  "off with --device cpu, or drop the flag");
     if (model) {
       mo_base = bench_options_from(*model, o.quick, src);
       mo_base->mla_cache = o.mla_cache;
