@@ -1,7 +1,9 @@
 // INV gates: scale invariance. fp8 with a per-tensor scale: moving the K and V scales by powers of
 // two leaves every dequantized value and every attention output bit-identical (while all scaled
 // values stay normal and unsaturated). Dynamic-scale formats are homogeneous: quantize(2^k x) has
-// the same codes and 2^k times the scale.
+// the same codes and 2^k times the scale. INV.mla.*: the same two properties on the MLA latent
+// cache (KvLayout::mla_latent: the latent c_kv in the K half, the RoPE key in the V half), with the
+// weight-absorbed attention (mla_latent_attention) for the scale pairs.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -9,6 +11,7 @@
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "kvgate/attention.hpp"
+#include "kvgate/attention_mla.hpp"
 #include "kvgate/blocks.hpp"
 #include "kvgate/format_list.hpp"
 #include "kvgate/numeric.hpp"
@@ -51,8 +54,29 @@ Filled fill(const KvFormat& f, int B, int H, int D, int n, const std::vector<flo
   return out;
 }
 
+// The MLA latent cache of one layer: n tokens of latent rows (kv_lora wide) and RoPE-key rows (rope
+// wide), each half in its own format and per-tensor scale.
+Filled fill_latent(const KvFormat& f, int B, int KL, int R, int n, const std::vector<float>& lat,
+                   const std::vector<float>& rk, float ls = 1.0f, float rs = 1.0f) {
+  StoreConfig cfg;
+  cfg.format = f;
+  cfg.layout = KvLayout::mla_latent;
+  cfg.n_kv_heads = 1;
+  cfg.head_dim = KL;
+  cfg.v_head_dim = R;
+  cfg.block_size = B;
+  cfg.n_blocks = n / B + 2;
+  cfg.k_scale = {ls};
+  cfg.v_scale = {rs};
+  Filled out{std::make_unique<PagedKvStore>(cfg), 0};
+  out.seq = out.store->create_sequence();
+  out.store->extend(out.seq, n);
+  out.store->write(out.seq, 0, 0, n, lat.data(), static_cast<std::size_t>(KL), rk.data(), static_cast<std::size_t>(R));
+  return out;
+}
+
 std::vector<float> read_all(const Filled& f, KvHalf h, int n) {
-  const auto g = f.store->geometry();
+  const auto g = f.store->config().half_geometry(h);
   std::vector<float> out(static_cast<std::size_t>(n) * g.row_elems());
   f.store->read(f.seq, 0, h, 0, n, out.data());
   return out;
@@ -91,6 +115,47 @@ void run_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
     CHECK(bit_equal(read_all(moved, KvHalf::V, n), v0));
     std::vector<float> out(q.size());
     attention(*moved.store, moved.seq, 0, args, q.data(), out.data());
+    CHECK(bit_equal(out, out0));
+  }
+}
+
+// INV.mla.fp8*: the latent and the RoPE key in one fp8 format, each with its per-tensor scale; moving
+// the two scales by different powers of two leaves both halves' dequantized rows and the absorbed
+// attention (mla_latent_attention) bit-identical, so a reader that took the latent's scale for the
+// RoPE key (or the reverse) would show. Anti-vacuity: each half's stored codes change.
+void run_mla_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
+  const int B = 16, KL = 128, R = 32, n = 37, H = 4, N = 16, VD = 16, nq = 3;
+  const auto lat = banded(n * KL, 41, 1.0f), rk = banded(n * R, 42, 0.3f);
+  const float ls = kGateKScale, rs = kGateVScale * 10;
+  const auto q = banded(nq * H * (N + R), 43, 0.4f);
+  const auto w = banded(H * (N + VD) * KL, 44, 1.0f / std::sqrt(float(KL)));
+  const MlaDims d{H, N, R, VD, KL};
+  MlaAttentionArgs ma;
+  ma.n_q = nq;
+  ma.pos0 = n - nq;
+  ma.softmax_scale = 1.0f / std::sqrt(float(N + R));
+  const auto base = fill_latent({hf, hf}, B, KL, R, n, lat, rk, ls, rs);
+  const auto l0 = read_all(base, KvHalf::K, n), r0 = read_all(base, KvHalf::V, n);
+  std::vector<float> out0(static_cast<std::size_t>(nq) * H * VD);
+  mla_latent_attention(*base.store, base.seq, 0, d, ma, q.data(), w.data(), out0.data());
+  const int pairs[][2] = {{1, -2}, {3, 2}, {-4, 5}, {5, -3}};
+  for (const auto& p : pairs) {
+    const float ls2 = std::ldexp(ls, p[0]), rs2 = std::ldexp(rs, p[1]);
+    INFO("MLA latent cache, format " << name(hf) << " latent scale " << ls << " -> " << ls2 << ", RoPE-key scale "
+                                     << rs << " -> " << rs2);
+    for (float sc : {ls, ls2})
+      for (float x : lat) REQUIRE((std::fabs(x / sc) >= min_normal && std::fabs(x / sc) <= fmax));
+    for (float sc : {rs, rs2})
+      for (float x : rk) REQUIRE((std::fabs(x / sc) >= min_normal && std::fabs(x / sc) <= fmax));
+    const auto moved = fill_latent({hf, hf}, B, KL, R, n, lat, rk, ls2, rs2);
+    CHECK(std::memcmp(base.store->page(0, KvHalf::K, 0), moved.store->page(0, KvHalf::K, 0),
+                      base.store->page_bytes(KvHalf::K)) != 0);
+    CHECK(std::memcmp(base.store->page(0, KvHalf::V, 0), moved.store->page(0, KvHalf::V, 0),
+                      base.store->page_bytes(KvHalf::V)) != 0);
+    CHECK(bit_equal(read_all(moved, KvHalf::K, n), l0));
+    CHECK(bit_equal(read_all(moved, KvHalf::V, n), r0));
+    std::vector<float> out(out0.size());
+    mla_latent_attention(*moved.store, moved.seq, 0, d, ma, q.data(), w.data(), out.data());
     CHECK(bit_equal(out, out0));
   }
 }
@@ -159,21 +224,27 @@ bool dynamic_scale(HalfFormat h) {
 
 // Homogeneity of one preset: store x and 2^k x; per half, codes equal and scales x 2^k (dynamic
 // formats) and dequantized values x 2^k bit for bit (all formats here).
-void run_homogeneity(const KvFormat& fmt) {
-  const int B = 8, H = 4, D = 64, n = 20;
-  const PageGeometry g{B, H, D};
-  const auto k = banded(n * H * D, 21, 1.0f), v = banded(n * H * D, 22, 0.2f);
-  const auto base = fill(fmt, B, H, D, n, k, v);
+// latent: the MLA latent cache instead (a 512-wide latent and a 64-wide RoPE key per token).
+void run_homogeneity(const KvFormat& fmt, bool latent = false) {
+  const int B = 8, H = latent ? 1 : 4, D = 64, n = 20, KL = 512, R = 64;
+  const int k_row = latent ? KL : H * D, v_row = latent ? R : H * D;
+  const auto k = banded(n * k_row, 21, 1.0f), v = banded(n * v_row, 22, 0.2f);
+  auto make = [&](const std::vector<float>& kk, const std::vector<float>& vv) {
+    return latent ? fill_latent(fmt, B, KL, R, n, kk, vv) : fill(fmt, B, H, D, n, kk, vv);
+  };
+  const auto base = make(k, v);
   const auto table0 = base.store->block_table(base.seq);
   for (int e : {-3, 2, 5}) {
     std::vector<float> k2(k), v2(v);
     for (auto& x : k2) x = std::ldexp(x, e);
     for (auto& x : v2) x = std::ldexp(x, e);
-    const auto moved = fill(fmt, B, H, D, n, k2, v2);
+    const auto moved = make(k2, v2);
     const auto table1 = moved.store->block_table(moved.seq);
     for (KvHalf h : {KvHalf::K, KvHalf::V}) {
       const HalfFormat hf = base.store->half_format(h);
-      INFO("format " << fmt.name() << " half " << name(hf) << " exponent shift " << e);
+      const PageGeometry g = base.store->config().half_geometry(h);
+      INFO("format " << fmt.name() << (latent ? " (MLA latent cache)" : "") << " half " << name(hf)
+                     << " exponent shift " << e);
       const auto x0 = read_all(base, h, n), x1 = read_all(moved, h, n);
       long checked = 0;
       for (std::size_t i = 0; i < x0.size(); ++i) {
@@ -228,6 +299,37 @@ TEST_CASE("INV.fp8_e5m2 power-of-two K/V scale pairs give bit-identical values a
 #define INV_HOMOGENEOUS_ROW_homogeneous(name, slot) INV_HOMOGENEOUS(#name, #name)
 #define INV_HOMOGENEOUS_ROW_tensor_scaled(name, slot)
 KVGATE_PRESETS(INV_HOMOGENEOUS_ROW, _)  // one row per preset: kvgate/format_list.hpp
+
+TEST_CASE("INV.mla.fp8 MLA latent cache: power-of-two latent / RoPE-key scale pairs give bit-identical values and "
+          "absorbed attention",
+          "[gate:INV][mla][fmt:fp8]") {
+  run_mla_fp8_invariance(HalfFormat::fp8_e4m3, kE4m3Max, kE4m3MinNormal);
+}
+TEST_CASE("INV.mla.fp8_e5m2 MLA latent cache: power-of-two latent / RoPE-key scale pairs give bit-identical values "
+          "and absorbed attention",
+          "[gate:INV][mla][fmt:fp8_e5m2]") {
+  run_mla_fp8_invariance(HalfFormat::fp8_e5m2, kE5m2Max, kE5m2MinNormal);
+}
+
+// Every homogeneous half format as the latent (and as the RoPE key where its width allows; the
+// 128-element tile format keeps the RoPE key in bf16, as fp8_ds_mla does).
+#define INV_MLA_HOMOGENEOUS(id, fmt)                                                                              \
+  TEST_CASE("INV.mla." id " MLA latent cache homogeneous: quantize(2^k x) = same codes, 2^k scale",               \
+            "[gate:INV][mla][fmt:" id "]") {                                                                    \
+    const auto f = parse_kv_format(fmt);                                                                        \
+    REQUIRE(f.has_value());                                                                                     \
+    run_homogeneity(*f, true);                                                                                  \
+  }
+INV_MLA_HOMOGENEOUS("f16", "f16")
+INV_MLA_HOMOGENEOUS("bf16", "bf16")
+INV_MLA_HOMOGENEOUS("int8", "int8")
+INV_MLA_HOMOGENEOUS("q8_0", "q8_0")
+INV_MLA_HOMOGENEOUS("q4_0", "q4_0")
+INV_MLA_HOMOGENEOUS("mxfp8", "mxfp8")
+INV_MLA_HOMOGENEOUS("mxfp4", "mxfp4")
+INV_MLA_HOMOGENEOUS("fp8_per_token_head", "fp8_per_token_head")
+INV_MLA_HOMOGENEOUS("int8_per_token_head", "int8_per_token_head")
+INV_MLA_HOMOGENEOUS("fp8_ds_mla", "k=fp8_block128,v=bf16")
 
 TEST_CASE("INV.rotation normalized Walsh-Hadamard round trip and orthogonality", "[gate:INV][fmt:k8v4]") {
   for (int n : {1, 2, 8, 64, 128, 256}) {
