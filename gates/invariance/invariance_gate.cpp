@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "bounds.hpp"
 #include "catch_compat.hpp"
@@ -86,47 +87,55 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-void run_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
-  const int B = 16, H = 4, D = 64, n = 40, Hq = 8;
-  const auto k = banded(n * H * D, 11, 1.0f), v = banded(n * H * D, 12, 0.3f);
-  const float ks = kGateKScale, vs = kGateVScale * 10;
-  const auto q = banded(2 * Hq * D, 13, 0.4f);
-  const AttentionArgs args{2, Hq, n - 2, 0};
-  const auto base = fill({hf, hf}, B, H, D, n, k, v, ks, vs);
+// The scale-pair loop of INV.fp8* and INV.mla.fp8*: the K (latent) and V (RoPE key) halves in one fp8
+// format with per-tensor scales ks, vs; moving them by different powers of two must leave both halves'
+// dequantized rows and the attention output bit-identical, so a reader that took one half's scale
+// for the other would show. make(ks, vs) fills a store with the same rows; attend(store) returns its
+// attention output. Precondition: every scaled value stays normal and unsaturated. Anti-vacuity:
+// each half's stored codes change (the scale reached the store).
+template <class Make, class Attend>
+void check_scale_pairs(const std::string& what, const std::vector<float>& k, const std::vector<float>& v, float ks,
+                       float vs, double fmax, double min_normal, int n, Make make, Attend attend) {
+  const auto base = make(ks, vs);
   const auto k0 = read_all(base, KvHalf::K, n), v0 = read_all(base, KvHalf::V, n);
-  std::vector<float> out0(q.size());
-  attention(*base.store, base.seq, 0, args, q.data(), out0.data());
+  const std::vector<float> out0 = attend(base);
   const int pairs[][2] = {{1, -2}, {3, 2}, {-4, 5}, {5, -3}};
   for (const auto& p : pairs) {
     const float ks2 = std::ldexp(ks, p[0]), vs2 = std::ldexp(vs, p[1]);
-    INFO("format " << name(hf) << " k_scale " << ks << " -> " << ks2 << ", v_scale " << vs << " -> " << vs2);
-    // Precondition: every scaled value is normal and unsaturated under both scale pairs.
-    for (float s : {ks, ks2})
-      for (float x : k) REQUIRE((std::fabs(x / s) >= min_normal && std::fabs(x / s) <= fmax));
-    for (float s : {vs, vs2})
-      for (float x : v) REQUIRE((std::fabs(x / s) >= min_normal && std::fabs(x / s) <= fmax));
-    const auto moved = fill({hf, hf}, B, H, D, n, k, v, ks2, vs2);
-    // Anti-vacuity: the stored codes really changed (the scale reached the store).
-    CHECK(std::memcmp(base.store->page(0, KvHalf::K, 0), moved.store->page(0, KvHalf::K, 0),
-                      base.store->page_bytes(KvHalf::K)) != 0);
-    CHECK(std::memcmp(base.store->page(0, KvHalf::V, 0), moved.store->page(0, KvHalf::V, 0),
-                      base.store->page_bytes(KvHalf::V)) != 0);
+    INFO(what << ": K scale " << ks << " -> " << ks2 << ", V scale " << vs << " -> " << vs2);
+    for (float sc : {ks, ks2})
+      for (float x : k) REQUIRE((std::fabs(x / sc) >= min_normal && std::fabs(x / sc) <= fmax));
+    for (float sc : {vs, vs2})
+      for (float x : v) REQUIRE((std::fabs(x / sc) >= min_normal && std::fabs(x / sc) <= fmax));
+    const auto moved = make(ks2, vs2);
+    for (KvHalf h : {KvHalf::K, KvHalf::V})
+      CHECK(std::memcmp(base.store->page(0, h, 0), moved.store->page(0, h, 0), base.store->page_bytes(h)) != 0);
     CHECK(bit_equal(read_all(moved, KvHalf::K, n), k0));
     CHECK(bit_equal(read_all(moved, KvHalf::V, n), v0));
-    std::vector<float> out(q.size());
-    attention(*moved.store, moved.seq, 0, args, q.data(), out.data());
-    CHECK(bit_equal(out, out0));
+    CHECK(bit_equal(attend(moved), out0));
   }
 }
 
-// INV.mla.fp8*: the latent and the RoPE key in one fp8 format, each with its per-tensor scale; moving
-// the two scales by different powers of two leaves both halves' dequantized rows and the absorbed
-// attention (mla_latent_attention) bit-identical, so a reader that took the latent's scale for the
-// RoPE key (or the reverse) would show. Anti-vacuity: each half's stored codes change.
+void run_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
+  const int B = 16, H = 4, D = 64, n = 40, Hq = 8;
+  const auto k = banded(n * H * D, 11, 1.0f), v = banded(n * H * D, 12, 0.3f);
+  const auto q = banded(2 * Hq * D, 13, 0.4f);
+  const AttentionArgs args{2, Hq, n - 2, 0};
+  check_scale_pairs(
+      "format " + std::string(name(hf)), k, v, kGateKScale, kGateVScale * 10, fmax, min_normal, n,
+      [&](float ks, float vs) { return fill({hf, hf}, B, H, D, n, k, v, ks, vs); },
+      [&](const Filled& f) {
+        std::vector<float> out(q.size());
+        attention(*f.store, f.seq, 0, args, q.data(), out.data());
+        return out;
+      });
+}
+
+// INV.mla.fp8*: the latent (K half) and the RoPE key (V half) of the MLA latent cache, through the
+// absorbed attention (mla_latent_attention).
 void run_mla_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
   const int B = 16, KL = 128, R = 32, n = 37, H = 4, N = 16, VD = 16, nq = 3;
   const auto lat = banded(n * KL, 41, 1.0f), rk = banded(n * R, 42, 0.3f);
-  const float ls = kGateKScale, rs = kGateVScale * 10;
   const auto q = banded(nq * H * (N + R), 43, 0.4f);
   const auto w = banded(H * (N + VD) * KL, 44, 1.0f / std::sqrt(float(KL)));
   const MlaDims d{H, N, R, VD, KL};
@@ -134,30 +143,14 @@ void run_mla_fp8_invariance(HalfFormat hf, double fmax, double min_normal) {
   ma.n_q = nq;
   ma.pos0 = n - nq;
   ma.softmax_scale = 1.0f / std::sqrt(float(N + R));
-  const auto base = fill_latent({hf, hf}, B, KL, R, n, lat, rk, ls, rs);
-  const auto l0 = read_all(base, KvHalf::K, n), r0 = read_all(base, KvHalf::V, n);
-  std::vector<float> out0(static_cast<std::size_t>(nq) * H * VD);
-  mla_latent_attention(*base.store, base.seq, 0, d, ma, q.data(), w.data(), out0.data());
-  const int pairs[][2] = {{1, -2}, {3, 2}, {-4, 5}, {5, -3}};
-  for (const auto& p : pairs) {
-    const float ls2 = std::ldexp(ls, p[0]), rs2 = std::ldexp(rs, p[1]);
-    INFO("MLA latent cache, format " << name(hf) << " latent scale " << ls << " -> " << ls2 << ", RoPE-key scale "
-                                     << rs << " -> " << rs2);
-    for (float sc : {ls, ls2})
-      for (float x : lat) REQUIRE((std::fabs(x / sc) >= min_normal && std::fabs(x / sc) <= fmax));
-    for (float sc : {rs, rs2})
-      for (float x : rk) REQUIRE((std::fabs(x / sc) >= min_normal && std::fabs(x / sc) <= fmax));
-    const auto moved = fill_latent({hf, hf}, B, KL, R, n, lat, rk, ls2, rs2);
-    CHECK(std::memcmp(base.store->page(0, KvHalf::K, 0), moved.store->page(0, KvHalf::K, 0),
-                      base.store->page_bytes(KvHalf::K)) != 0);
-    CHECK(std::memcmp(base.store->page(0, KvHalf::V, 0), moved.store->page(0, KvHalf::V, 0),
-                      base.store->page_bytes(KvHalf::V)) != 0);
-    CHECK(bit_equal(read_all(moved, KvHalf::K, n), l0));
-    CHECK(bit_equal(read_all(moved, KvHalf::V, n), r0));
-    std::vector<float> out(out0.size());
-    mla_latent_attention(*moved.store, moved.seq, 0, d, ma, q.data(), w.data(), out.data());
-    CHECK(bit_equal(out, out0));
-  }
+  check_scale_pairs(
+      "MLA latent cache, format " + std::string(name(hf)), lat, rk, kGateKScale, kGateVScale * 10, fmax, min_normal, n,
+      [&](float ls, float rs) { return fill_latent({hf, hf}, B, KL, R, n, lat, rk, ls, rs); },
+      [&](const Filled& f) {
+        std::vector<float> out(static_cast<std::size_t>(nq) * H * VD);
+        mla_latent_attention(*f.store, f.seq, 0, d, ma, q.data(), w.data(), out.data());
+        return out;
+      });
 }
 
 // The stored scale of every scale-carrying unit of a page (cells for int8 and the per-token-head
