@@ -40,7 +40,25 @@ struct RunOpts : EngineFlags {  // the flags shared with `kvgate chat` (kv_flags
   bool cuda_graphs = true;
   std::string weights = "as-stored";  // 16-bit checkpoint weights: as stored (mapped) or converted to f32
   std::string cuda_weights = "f32";   // --device cuda: weights on the GPU
+  std::string devices;                // --devices 0,1: the CUDA device of each pipeline stage
 };
+
+// --devices "0,1" -> {0, 1}; empty -> {}. Indices are checked against the machine by the engine.
+std::vector<int> parse_devices(const std::string& s) {
+  std::vector<int> v;
+  if (s.empty()) return v;
+  std::size_t i = 0;
+  while (i <= s.size()) {
+    const std::size_t j = std::min(s.find(',', i), s.size());
+    const std::string item = s.substr(i, j - i);
+    if (item.empty() || item.size() > 4 || item.find_first_not_of("0123456789") != std::string::npos)
+      throw std::invalid_argument("--devices '" + s + "': '" + item +
+                                  "' is not a device index; give CUDA device indices separated by commas, e.g. --devices 0,1");
+    v.push_back(std::stoi(item));
+    i = j + 1;
+  }
+  return v;
+}
 
 WeightStorage weight_storage(const std::string& v) {
   if (v == "as-stored") return WeightStorage::as_stored;
@@ -99,9 +117,10 @@ int run_run(const RunOpts& o) {
   if (o.device != "cpu" && o.device != "cuda")
     throw std::invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
   const bool cuda = o.device == "cuda";
-  if (cuda && (o.pp.value_or(1) > 1 || !o.pp_layers.empty()))
-    throw std::invalid_argument("--pp / --pp-layers: the layer split runs on the CPU engine only (the CUDA engine "
-                                "is unsplit); run with --device cpu, or leave --pp out");
+  const std::vector<int> devices = parse_devices(o.devices);
+  if (!cuda && !devices.empty())
+    throw std::invalid_argument("--devices " + o.devices + ": CUDA devices of the pipeline stages; give --device cuda, "
+                                "or leave --devices out");
   const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast
   if (cuda) {
 #ifndef KVGATE_WITH_CUDA_MODEL
@@ -137,6 +156,7 @@ int run_run(const RunOpts& o) {
     co.engine = eo;
     co.cuda_graphs = o.cuda_graphs;
     co.weights = o.cuda_weights == "bf16" ? cuda::WeightType::bf16 : cuda::WeightType::f32;
+    co.devices = devices;
     cuda::CudaEngine engine(model, co);
     return generate_and_print(o, model, engine);
   }
@@ -330,6 +350,9 @@ void register_run(CLI::App& app) {
                   "16-bit (bf16/f16) safetensors weights: as-stored (read in place from the mapped files) or f32 "
                   "(converted copies)")
       ->capture_default_str();
+  sub->add_option("--devices", o->devices,
+                  "--device cuda with --pp: the CUDA device of each pipeline stage, e.g. 0,1 (a device may repeat; "
+                  "default: stage i on device i modulo the device count)");
   sub->add_option("--cuda-weights", o->cuda_weights, "--device cuda: weight matrices on the GPU, f32 | bf16")
       ->capture_default_str();
   add_kv_cache_flags(sub, o->cache);

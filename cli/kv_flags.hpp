@@ -157,8 +157,8 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_option("--block-size", f.block_size, "tokens per KV page")->capture_default_str();
   sub->add_option("--kv-cache-memory", f.kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
   sub->add_option("--pp", f.pp,
-                  "pipeline (layer) split into N stages, each with its own KV store (CPU engine; default 1 = unsplit, "
-                  "or the count of --pp-layers)");
+                  "pipeline (layer) split into N stages, each with its own KV store (CPU engine, or CUDA with --devices; "
+                  "default 1 = unsplit, or the count of --pp-layers)");
   sub->add_option("--pp-layers", f.pp_layers, "layers of each pipeline stage, e.g. 2,3 (default: as even as possible)");
 }
 

@@ -15,6 +15,13 @@
 //   really written); the logits are finite and not constant across positions; a stage told to
 //   return logits without the classifier, a later stage without an input stage and a device the
 //   machine lacks are refused.
+//   PAR.cuda.pp.engine           the CUDA engine with --pp 2 and --pp-layers 1,1 (kvgate run --device
+//                                cuda --pp): prefill logits of every position (forward_all_logits), the
+//                                next prefill's last row, and 24 greedy steps (GPU argmax through
+//                                graphs) equal the unsplit engine's, bitwise and id for id; the stats
+//                                report the topology and the stages' pools add up to the unsplit pool;
+//                                refused with the split: --kv-resident, saving or hydrating a KV file,
+//                                KV damage, a device list of the wrong length.
 // Bound: zero, bitwise -- each stage performs the unsplit pass's float operations for its layers in
 // the same order on the same rows (the same argument as the CPU split, PAR.split). Mutants in the
 // hand-over (a stage embedding instead of reading its input, the input rows of another stage, a
@@ -36,6 +43,8 @@
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/cuda/pipeline.hpp"
 #include "kvgate/engine.hpp"
+#include "kvgate/kv_file.hpp"
+#include "kvgate/sampler.hpp"
 
 using namespace kvgate;
 using namespace kvgate::gates::hf_ref;
@@ -216,7 +225,62 @@ void check_case(const std::string& model_name, const std::string& fmt_name, MlaC
   }
 }
 
+kc::CudaEngineOptions engine_opts(int stages, std::vector<int> layers = {}) {
+  kc::CudaEngineOptions o;
+  o.engine = engine_options_for(KvFormat{HalfFormat::int8, HalfFormat::int8}, 1);
+  o.engine.kv.backend = "cuda";
+  o.engine.max_context = 64;
+  o.engine.prefill_chunk = 5;
+  o.engine.block_size = kBlock;
+  o.engine.pipeline_stages = stages;
+  o.engine.pipeline_layers = std::move(layers);
+  return o;
+}
+
 }  // namespace
+
+TEST_CASE("PAR.cuda.pp.engine the CUDA engine split by --pp == the unsplit engine, bitwise; what the split refuses",
+          "[gate:PAR][multigpu][cuda][fmt:int8]") {
+  KVGATE_REQUIRE_DEVICE_OR_SKIP();
+  const Loaded& l = loaded("llama_default");
+  const Model& m = l.m;
+  const std::vector<int> p(l.rc.tf.front().ids.begin(), l.rc.tf.front().ids.begin() + 12);
+  SamplerOptions greedy;
+  kc::CudaEngine one(m, engine_opts(1));
+  const std::vector<float> ref_all = one.forward_all_logits(p);
+  one.reset();
+  const std::vector<float> ref_last = one.prefill(p);
+  one.reset();
+  const GenerateResult ref_gen = one.generate(p, 24, greedy);
+  REQUIRE(ref_gen.tokens.size() == 24);
+  REQUIRE(one.stats().pipeline_stages == 1);
+  for (const auto& [stages, layers] : std::vector<std::pair<int, std::vector<int>>>{{2, {}}, {1, {1, 1}}}) {
+    kc::CudaEngine split(m, engine_opts(stages, layers));
+    INFO("--pp " << stages << " --pp-layers " << layers.size() << " stages: " << split.stats().topology);
+    REQUIRE(split.stats().pipeline_stages == 2);
+    CHECK(split.stats().topology == "pipeline:1+1");
+    CHECK(split.stats().kv_pool_bytes == one.stats().kv_pool_bytes);
+    const std::vector<float> all = split.forward_all_logits(p);
+    REQUIRE(all.size() == ref_all.size());
+    CHECK(std::memcmp(all.data(), ref_all.data(), all.size() * sizeof(float)) == 0);
+    split.reset();
+    const std::vector<float> last = split.prefill(p);
+    CHECK(std::memcmp(last.data(), ref_last.data(), last.size() * sizeof(float)) == 0);
+    split.reset();
+    const GenerateResult gen = split.generate(p, 24, greedy);
+    CHECK(gen.tokens == ref_gen.tokens);
+    CHECK(split.position() == one.position());
+    // Conversations and damage are single-store paths: refused with the split, naming --pp.
+    CHECK_THROWS_WITH(split.save_kv(std::string("PAR.cuda.pp.engine.kv")), kvgate_catch::contains("--pp"));
+    CHECK_THROWS_WITH(split.set_damage(KvDamage{}), kvgate_catch::contains("--pp"));
+  }
+  auto streamed = engine_opts(2);
+  streamed.engine.kv_resident = 16;
+  CHECK_THROWS_WITH(kc::CudaEngine(m, streamed), kvgate_catch::contains("--kv-resident"));
+  auto wrong = engine_opts(2);
+  wrong.devices = {0, 0, 0};
+  CHECK_THROWS_WITH(kc::CudaEngine(m, wrong), kvgate_catch::contains("one device per stage"));
+}
 
 #define PP_CASE(id, model, fmt, mla)                                                                           \
   TEST_CASE("PAR.cuda.pp." id "." fmt " layer split (2 and 3 stages) == unsplit CUDA forward, bitwise",      \

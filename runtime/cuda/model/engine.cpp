@@ -10,6 +10,7 @@
 #include "kernels/common.cuh"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
+#include "kvgate/cuda/pipeline.hpp"
 #include "kvgate/cuda/stream_pool.hpp"
 #include "kvgate/generate_loop.hpp"
 #include "kvgate/kv_file.hpp"
@@ -65,8 +66,8 @@ Streamed make_streamed(const StoreConfig& sc, int resident, cudaStream_t upload_
 // The device store the forward runs on: its own pools (resident), or a view over the window's slots
 // (streaming: layer l's K pages at slot base + l * window_blocks * slot_bytes, V pages kv_slot_v_offset
 // further, slot_bytes apart; the view's page indices are the layer's window slots 0..window_blocks-1).
-CudaKvStore make_device_store(const StoreConfig& sc, const Streamed& st) {
-  if (!st.host) return CudaKvStore(sc);
+std::unique_ptr<CudaKvStore> make_device_store(const StoreConfig& sc, const Streamed& st) {
+  if (!st.host) return std::make_unique<CudaKvStore>(sc);
   const KvWindow& w = *st.host->window();
   const int W = w.window_blocks();
   CudaKvStore::External ext;
@@ -80,12 +81,15 @@ CudaKvStore make_device_store(const StoreConfig& sc, const Streamed& st) {
     ext.pools.push_back(base);
     ext.pools.push_back(base + w.v_offset());
   }
-  return CudaKvStore(sc, std::move(ext));
+  return std::make_unique<CudaKvStore>(sc, std::move(ext));
 }
 
-}  // namespace
-
-static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const CudaEngineOptions& o) {
+// The layer split (EngineOptions::pipeline_stages > 1): every stage's weights, store and forward on
+// its device (CudaEngineOptions::devices; default stage i on device i modulo the device count). The
+// conversation, streaming, damage and shared-weight paths are single-store in this version and are
+// refused with the split.
+// What the CUDA engine refuses whether it is split or not.
+void check_options(const CudaEngineOptions& o) {
   if (!kv_layer_map_uniform(o.engine.kv_layers))
     throw EngineError("cuda engine: a per-layer KV map (--kv-layers " + kv_layer_map_name(o.engine.kv_layers) +
                       ") runs on the CPU engine only: the CUDA kernels take one format for every layer; run it with "
@@ -96,6 +100,54 @@ static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const Cuda
   if (o.engine.kv_read_hook)
     throw EngineError("cuda engine: a KV read hook (diagnostics) is a CPU-engine feature: the CUDA kernels read the "
                       "device pages directly; set CudaEngineOptions::damage (the damage on the stored rows) instead");
+}
+
+std::unique_ptr<CudaPipeline> make_pipeline(const Model& m, const CudaEngineOptions& o, const StoreConfig& sc,
+                                            int max_ctx) {
+  check_options(o);  // first: the engine's initializers call this before the weights are made
+  const EngineOptions& e = o.engine;
+  if (e.pipeline_stages <= 1 && e.pipeline_layers.size() <= 1) {
+    if (o.devices.size() > 1)
+      throw EngineError("cuda engine: " + std::to_string(o.devices.size()) +
+                        " devices given (--devices) for an unsplit engine; give one, or split the layers with --pp " +
+                        std::to_string(o.devices.size()));
+    if (o.devices.size() == 1) {  // only the current device (no device query otherwise: CudaModel says why)
+      int cur = 0;
+      KVGATE_CUDA_CHECK(cudaGetDevice(&cur));
+      if (o.devices[0] != cur)
+        throw EngineError("cuda engine: --devices " + std::to_string(o.devices[0]) + " for an unsplit engine whose " +
+                          "current device is " + std::to_string(cur) + "; select the GPU with CUDA_VISIBLE_DEVICES");
+    }
+    return nullptr;
+  }
+  const int stages = e.pipeline_layers.empty() ? e.pipeline_stages : static_cast<int>(e.pipeline_layers.size());
+  auto refuse = [&](const std::string& what) {
+    throw EngineError("cuda engine: " + what + " with the layer split (--pp) is not supported on the CUDA engine in "
+                      "this version (its stages each hold their own store); run it with --device cpu, or drop --pp");
+  };
+  if (e.kv_resident > 0) refuse("--kv-resident (a streamed window)");
+  if (o.damage) refuse("KV damage (probe sensitivity)");
+  if (o.shared_weights) refuse("shared device weights");
+  PipelineOptions po;
+  po.devices = o.devices;
+  if (po.devices.empty()) {
+    int n_dev = 1;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) n_dev = 1;
+    for (int i = 0; i < stages; ++i) po.devices.push_back(i % n_dev);
+  } else if (static_cast<int>(po.devices.size()) != stages) {
+    throw EngineError("cuda engine: --devices names " + std::to_string(po.devices.size()) + " devices for " +
+                      std::to_string(stages) + " pipeline stages; give one device per stage (a device may repeat)");
+  }
+  po.stage_layers = e.pipeline_layers;
+  po.weights = o.weights;
+  po.store = sc;
+  po.forward = CudaForwardOptions{std::max(1, std::min(e.prefill_chunk, max_ctx)), max_ctx, o.cuda_graphs};
+  return std::make_unique<CudaPipeline>(m, std::move(po));
+}
+
+}  // namespace
+
+static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const CudaEngineOptions& o) {
   if (!o.shared_weights) return std::make_shared<const CudaModel>(m, o.weights);
   const ModelConfig& a = o.shared_weights->config();
   const ModelConfig& b = m.config;
@@ -110,14 +162,20 @@ struct CudaEngine::Impl {
   CudaEngineOptions opts;
   int max_ctx;
   StoreConfig sc;
+  // The layer split (--pp): the stages' weights, stores and forwards; `weights`, `store` and `fwd` are
+  // then stage 0's (positions and sequences are kept in step in every stage), and run/step go through
+  // the pipeline. Null: the unsplit engine, which owns the three below.
+  std::unique_ptr<CudaPipeline> pipe;
   std::shared_ptr<const CudaModel> weights_holder;  // opts.shared_weights, else this engine's own upload
   const CudaModel& weights;
   OwnedStream upload;  // streaming: the window's stream (declared before `streamed`: destroyed after it)
   Streamed streamed;   // streaming: host mirror + device window; else empty
-  CudaKvStore store;   // resident: the whole KV; streaming: the view over the window's slots
+  std::unique_ptr<CudaKvStore> own_store;
+  CudaKvStore& store;  // resident: the whole KV; streaming: the view over the window's slots
   SeqId seq;
   SeqId hseq = 0;      // streaming: the sequence in the host mirror (same tokens as `seq`)
-  CudaForward fwd;
+  std::unique_ptr<CudaForward> own_fwd;
+  CudaForward& fwd;
   std::vector<float> logits;
   EngineStats stats;
   std::vector<int> history;  // token ids whose K/V rows the sequence holds (conversations save them)
@@ -128,14 +186,20 @@ struct CudaEngine::Impl {
         opts(std::move(o)),
         max_ctx(opts.engine.max_context > 0 ? opts.engine.max_context : m.config.max_seq_len),
         sc(make_store_config(m, opts.engine, max_ctx, "cuda engine")),
-        weights_holder(own_or_shared(m, opts)),
-        weights(*weights_holder),
+        pipe(make_pipeline(m, opts, sc, max_ctx)),
+        weights_holder(pipe ? nullptr : own_or_shared(m, opts)),
+        weights(pipe ? *pipe->stage(0).model : *weights_holder),
         upload(opts.engine.kv_resident > 0),
         streamed(make_streamed(sc, opts.engine.kv_resident, upload.s)),
-        store(make_device_store(sc, streamed)),
-        seq(store.create_sequence()),
-        fwd(weights, store,
-            CudaForwardOptions{std::max(1, std::min(opts.engine.prefill_chunk, max_ctx)), max_ctx, opts.cuda_graphs}),
+        own_store(pipe ? nullptr : make_device_store(sc, streamed)),
+        store(pipe ? *pipe->stage(0).store : *own_store),
+        seq(pipe ? pipe->create_sequence() : store.create_sequence()),
+        own_fwd(pipe ? nullptr
+                     : std::make_unique<CudaForward>(
+                           weights, store,
+                           CudaForwardOptions{std::max(1, std::min(opts.engine.prefill_chunk, max_ctx)), max_ctx,
+                                              opts.cuda_graphs})),
+        fwd(pipe ? *pipe->stage(0).forward : *own_fwd),
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
     if (streamed.host) hseq = streamed.host->create_sequence();
     if (opts.damage) fwd.set_damage(opts.damage);
@@ -148,8 +212,14 @@ struct CudaEngine::Impl {
     stats.fallback_reason = opts.engine.kv.fallback_reason;
     stats.block_size = sc.block_size;
     stats.n_blocks = sc.n_blocks;
-    stats.kv_pool_bytes = streamed.host ? streamed.host->pool_bytes() : store.pool_bytes();
-    stats.kv_device_bytes = streamed.host ? streamed.host->window()->device_bytes() : store.pool_bytes();
+    stats.kv_pool_bytes = streamed.host ? streamed.host->pool_bytes() : pool_bytes();
+    stats.kv_device_bytes = streamed.host ? streamed.host->window()->device_bytes() : pool_bytes();
+    if (pipe) {
+      stats.pipeline_stages = pipe->n_stages();
+      for (int i = 0; i < pipe->n_stages(); ++i)
+        stats.stage_layers.push_back(pipe->stage(i).range.end - pipe->stage(i).range.first);
+      stats.topology = topology_name(stats.stage_layers);
+    }
     stats.kv_resident_tokens = std::max(0, opts.engine.kv_resident);
     stats.threads = 1;
     if (opts.engine.release_outside_window) release_window = widest_window_if_all(m.config);
@@ -174,6 +244,7 @@ struct CudaEngine::Impl {
     if (release_window <= 0) return;
     const int keep = prefill_first_key(store.length(seq), release_window);
     if (streamed.host) streamed.host->release_before(hseq, keep);
+    else if (pipe) pipe->release_before(seq, keep);  // every stage's store, in step
     else store.release_before(seq, keep);
   }
 
@@ -278,11 +349,17 @@ struct CudaEngine::Impl {
         }
     KVGATE_CUDA_CHECK(cudaStreamSynchronize(fwd.stream()));
   }
+  std::size_t pool_bytes() const {  // the device pools of every stage
+    if (!pipe) return store.pool_bytes();
+    std::size_t b = 0;
+    for (int i = 0; i < pipe->n_stages(); ++i) b += pipe->stage(i).store->pool_bytes();
+    return b;
+  }
   void refresh() {
     stats.position = store.length(seq);
     const std::size_t held = store.block_table(seq).size() -
                              static_cast<std::size_t>(store.released_tokens(seq) / sc.block_size);
-    stats.kv_bytes = held * static_cast<std::size_t>(store.config().n_layers) *
+    stats.kv_bytes = held * static_cast<std::size_t>(sc.n_layers) *  // every stage's layers (all alike)
                      (store.page_bytes(KvHalf::K) + store.page_bytes(KvHalf::V));
     if (streamed.host) {
       const StreamCounters c = streamed.host->stream_counters();
@@ -304,9 +381,11 @@ struct CudaEngine::Impl {
       const int pos0 = store.length(seq);
       release_outside_window();
       if (streamed.host) stream_in(n);
-      if (all) fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), all + i * V, true);
-      else fwd.forward_chunk(seq, toks.subspan(i, static_cast<std::size_t>(n)), last && !argmax ? logits.data() : nullptr,
-                             false, last ? argmax : nullptr);
+      const auto chunk = toks.subspan(i, static_cast<std::size_t>(n));
+      float* out = all ? all + i * V : last && !argmax ? logits.data() : nullptr;
+      int* id = all ? nullptr : last ? argmax : nullptr;
+      if (pipe) pipe->forward_chunk(seq, chunk, out, all != nullptr, id);
+      else fwd.forward_chunk(seq, chunk, out, all != nullptr, id);
       if (streamed.host) stream_out(pos0, n);
       history.insert(history.end(), toks.begin() + static_cast<std::ptrdiff_t>(i),
                      toks.begin() + static_cast<std::ptrdiff_t>(i) + n);
@@ -324,8 +403,12 @@ struct CudaEngine::Impl {
     const int pos0 = store.length(seq);
     release_outside_window();
     if (streamed.host) stream_in(1);
-    fwd.forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1), argmax ? nullptr : logits.data(),
-                       argmax);
+    if (pipe)
+      pipe->forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1),
+                           argmax ? nullptr : logits.data(), argmax);
+    else
+      fwd.forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1), argmax ? nullptr : logits.data(),
+                         argmax);
     if (streamed.host) stream_out(pos0, 1);
     history.push_back(token);
     stats.decode_seconds += seconds_since(t0);
@@ -381,8 +464,13 @@ GenerateResult CudaEngine::generate(std::span<const int> prompt, int steps, cons
 
 void CudaEngine::reset() {
   Impl& d = *impl_;
-  d.store.free_sequence(d.seq);
-  d.seq = d.store.create_sequence();
+  if (d.pipe) {
+    d.pipe->free_sequence(d.seq);
+    d.seq = d.pipe->create_sequence();
+  } else {
+    d.store.free_sequence(d.seq);
+    d.seq = d.store.create_sequence();
+  }
   if (d.streamed.host) {
     d.streamed.host->free_sequence(d.hseq);  // zeroes the mirror pages and drops their device copies
     d.hseq = d.streamed.host->create_sequence();
@@ -397,6 +485,9 @@ void CudaEngine::reset() {
 }
 
 void CudaEngine::set_damage(const std::optional<KvDamage>& d) {
+  if (impl_->pipe && d)
+    throw EngineError("cuda engine: KV damage (probe sensitivity) with the layer split (--pp) is not supported; run "
+                      "it on the unsplit engine");
   impl_->fwd.set_damage(d);
   impl_->opts.damage = d;
 }
@@ -409,6 +500,9 @@ std::span<const int> CudaEngine::history() const { return impl_->history; }
 // restore writer, and its pages are copied to the device.
 int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
+  if (d.pipe)
+    throw EngineError("cuda engine: conversations (--conv-id: hydrating a KV file) with the layer split (--pp) are not "
+                      "supported on the CUDA engine in this version; run them with --device cpu, or drop --pp");
   if (d.opts.damage)
     throw EngineError("cuda engine: a KV file cannot be hydrated into an engine with KV damage (diagnostics): the damage "
                       "is applied to rows as they are written, and a hydrated prefix would carry none");
@@ -463,6 +557,9 @@ int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
 
 void CudaEngine::save_kv(const std::string& path, std::span<const int> pending) const {
   Impl& d = *impl_;
+  if (d.pipe)
+    throw EngineError("cuda engine: conversations (--conv-id: saving a KV file) with the layer split (--pp) are not "
+                      "supported on the CUDA engine in this version; run them with --device cpu, or drop --pp");
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
   const int n = d.store.length(d.seq);

@@ -92,6 +92,16 @@ void CudaPipeline::free_sequence(SeqId s) {
   }
 }
 
+int CudaPipeline::release_before(SeqId s, int first_kept_pos) {
+  int n0 = 0;
+  for (std::size_t i = 0; i < stages_.size(); ++i) {
+    DeviceScope on(stages_[i].device);
+    const int n = stages_[i].store->release_before(s, first_kept_pos);
+    if (i == 0) n0 = n;
+  }
+  return n0;
+}
+
 void CudaPipeline::forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax) {
   for (std::size_t i = 0; i < stages_.size(); ++i) {
     DeviceScope on(stages_[i].device);

@@ -256,6 +256,10 @@ struct CudaEngineOptions {
   // format alive; one upload of an 8B model serves them all). Null: the engine uploads its own
   // (`weights` type). Must have been made from the same model (checked: config shape).
   std::shared_ptr<const CudaModel> shared_weights;
+  // The layer split (engine.pipeline_stages / pipeline_layers > 1 stage, kvgate/cuda/pipeline.hpp):
+  // the CUDA device of each stage, in layer order (a device may repeat); empty: stage i on device i
+  // modulo the device count. Unsplit: empty, or the current device.
+  std::vector<int> devices;
   // Diagnostics only (probe sensitivity): KV damage on the stored rows (CudaForward::set_damage);
   // the CPU engine's counterpart is EngineOptions::kv_read_hook (refused here). Nothing in a release
   // path sets it.
@@ -302,8 +306,8 @@ class CudaEngine {
   // page (or when not streaming).
   std::string check_stream_coherent() const;
   const PagedKvStore* host_mirror() const;  // null when not streaming
-  CudaKvStore& store();
-  CudaForward& forward();
+  CudaKvStore& store();      // with the layer split: stage 0's (kvgate/cuda/pipeline.hpp)
+  CudaForward& forward();    // with the layer split: stage 0's
   SeqId sequence() const;
 
  private:

@@ -42,6 +42,8 @@ class CudaPipeline {
   // A sequence in every stage's store (the same id in each: the stores are created and used in step).
   SeqId create_sequence();
   void free_sequence(SeqId s);
+  // CudaKvStore::release_before on every stage's store (each on its device); returns stage 0's count.
+  int release_before(SeqId s, int first_kept_pos);
   // As CudaForward::forward_chunk / forward_decode over the whole model.
   void forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax = nullptr);
   void forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, float* logits, int* argmax = nullptr);
