@@ -38,6 +38,18 @@ struct Filled {
   SeqId seq = 0;
 };
 
+// One layer of `cfg`'s shape (format, geometry, per-tensor scales), n tokens of K rows k_row wide and
+// V rows v_row wide written.
+Filled fill_store(StoreConfig cfg, int n, const std::vector<float>& k, int k_row, const std::vector<float>& v,
+                  int v_row) {
+  cfg.n_blocks = n / cfg.block_size + 2;
+  Filled out{std::make_unique<PagedKvStore>(cfg), 0};
+  out.seq = out.store->create_sequence();
+  out.store->extend(out.seq, n);
+  out.store->write(out.seq, 0, 0, n, k.data(), static_cast<std::size_t>(k_row), v.data(), static_cast<std::size_t>(v_row));
+  return out;
+}
+
 Filled fill(const KvFormat& f, int B, int H, int D, int n, const std::vector<float>& k, const std::vector<float>& v,
             float ks = 1.0f, float vs = 1.0f) {
   StoreConfig cfg;
@@ -45,14 +57,9 @@ Filled fill(const KvFormat& f, int B, int H, int D, int n, const std::vector<flo
   cfg.n_kv_heads = H;
   cfg.head_dim = D;
   cfg.block_size = B;
-  cfg.n_blocks = n / B + 2;
   cfg.k_scale = {ks};
   cfg.v_scale = {vs};
-  Filled out{std::make_unique<PagedKvStore>(cfg), 0};
-  out.seq = out.store->create_sequence();
-  out.store->extend(out.seq, n);
-  out.store->write(out.seq, 0, 0, n, k.data(), static_cast<std::size_t>(H * D), v.data(), static_cast<std::size_t>(H * D));
-  return out;
+  return fill_store(cfg, n, k, H * D, v, H * D);
 }
 
 // The MLA latent cache of one layer: n tokens of latent rows (kv_lora wide) and RoPE-key rows (rope
@@ -66,14 +73,9 @@ Filled fill_latent(const KvFormat& f, int B, int KL, int R, int n, const std::ve
   cfg.head_dim = KL;
   cfg.v_head_dim = R;
   cfg.block_size = B;
-  cfg.n_blocks = n / B + 2;
   cfg.k_scale = {ls};
   cfg.v_scale = {rs};
-  Filled out{std::make_unique<PagedKvStore>(cfg), 0};
-  out.seq = out.store->create_sequence();
-  out.store->extend(out.seq, n);
-  out.store->write(out.seq, 0, 0, n, lat.data(), static_cast<std::size_t>(KL), rk.data(), static_cast<std::size_t>(R));
-  return out;
+  return fill_store(cfg, n, lat, KL, rk, R);
 }
 
 std::vector<float> read_all(const Filled& f, KvHalf h, int n) {
