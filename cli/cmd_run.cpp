@@ -45,19 +45,8 @@ struct RunOpts : EngineFlags {  // the flags shared with `kvgate chat` (kv_flags
 
 // --devices "0,1" -> {0, 1}; empty -> {}. Indices are checked against the machine by the engine.
 std::vector<int> parse_devices(const std::string& s) {
-  std::vector<int> v;
-  if (s.empty()) return v;
-  std::size_t i = 0;
-  while (i <= s.size()) {
-    const std::size_t j = std::min(s.find(',', i), s.size());
-    const std::string item = s.substr(i, j - i);
-    if (item.empty() || item.size() > 4 || item.find_first_not_of("0123456789") != std::string::npos)
-      throw std::invalid_argument("--devices '" + s + "': '" + item +
-                                  "' is not a device index; give CUDA device indices separated by commas, e.g. --devices 0,1");
-    v.push_back(std::stoi(item));
-    i = j + 1;
-  }
-  return v;
+  return parse_int_list("--devices", s, 0, "a device index",
+                        "CUDA device indices separated by commas, e.g. --devices 0,1");
 }
 
 WeightStorage weight_storage(const std::string& v) {

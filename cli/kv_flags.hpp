@@ -81,8 +81,10 @@ struct EngineFlags {
   KvCacheFlags cache;
 };
 
-// --pp-layers "2,3" -> {2, 3}; empty -> {}. Counts are checked against the model by the engine.
-inline std::vector<int> parse_pp_layers(const std::string& s) {
+// A comma-separated list of integers >= `min` ("2,3" -> {2, 3}; empty -> {}): each item digits alone,
+// else invalid_argument naming the flag, the item, what it must be (`what`) and an example.
+inline std::vector<int> parse_int_list(const std::string& flag, const std::string& s, int min, const std::string& what,
+                                       const std::string& example) {
   std::vector<int> out;
   if (s.empty()) return out;
   std::size_t i = 0;
@@ -96,14 +98,18 @@ inline std::vector<int> parse_pp_layers(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (item.empty() || used != item.size() || n < 1)
-      throw std::invalid_argument("--pp-layers '" + s + "': '" + item +
-                                  "' is not a layer count >= 1; give the layers of each pipeline stage separated by "
-                                  "commas, e.g. --pp-layers 2,3");
+    if (item.empty() || used != item.size() || n < min)
+      throw std::invalid_argument(flag + " '" + s + "': '" + item + "' is not " + what + "; give " + example);
     out.push_back(n);
     i = j + 1;
   }
   return out;
+}
+
+// --pp-layers "2,3" -> {2, 3}; empty -> {}. Counts are checked against the model by the engine.
+inline std::vector<int> parse_pp_layers(const std::string& s) {
+  return parse_int_list("--pp-layers", s, 1, "a layer count >= 1",
+                        "the layers of each pipeline stage separated by commas, e.g. --pp-layers 2,3");
 }
 
 // --model, --tokenizer, --kv (the presets and halves listed from the format table), --k-scale, --v-scale.
