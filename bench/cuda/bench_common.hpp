@@ -129,6 +129,22 @@ inline MemoryLimits measure_memory_limits(int sm_count, cudaStream_t st) {
   return m;
 }
 
+// What a bandwidth benchmark starts from: its device (printed by device_or_skip; null when there is
+// none: the caller exits 0), a non-blocking stream, and the memory limits measured on it in this run.
+struct BenchDevice {
+  const kvgate::cuda::DeviceStatus* dev = nullptr;
+  cudaStream_t stream = nullptr;
+  MemoryLimits lim;
+};
+inline BenchDevice open_bench_device() {
+  BenchDevice b;
+  b.dev = device_or_skip();
+  if (!b.dev) return b;
+  CK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
+  b.lim = measure_memory_limits(b.dev->sm_count, b.stream);
+  return b;
+}
+
 // The head members of a benchmark document, as JSON text ending in ",\n": schema, UTC time of the
 // write, the device (name, compute capability, SMs, memory, L2, driver and runtime CUDA) and the
 // limits measured in the run.

@@ -83,15 +83,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const kc::DeviceStatus* devp = kvgate::bench::device_or_skip();
-  if (!devp) return 0;
-  const kc::DeviceStatus& dev = *devp;
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // The device, a stream and the limits measured in this run (bench_common.hpp).
+  const kvgate::bench::BenchDevice bd = kvgate::bench::open_bench_device();
+  if (!bd.dev) return 0;
+  const kc::DeviceStatus& dev = *bd.dev;
+  cudaStream_t st = bd.stream;
   Timer tm;
-
-  // ---- the limits, measured in this run -----------------------------------------------------------
-  const kvgate::bench::MemoryLimits lim = kvgate::bench::measure_memory_limits(dev.sm_count, st);
+  const kvgate::bench::MemoryLimits lim = bd.lim;
   const double copy_GBps = lim.copy_GBps, read_GBps = lim.read_GBps;
 
   const int H = 8, Hq = 32, D = 128, B = 16;

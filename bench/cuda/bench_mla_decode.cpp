@@ -92,15 +92,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const kc::DeviceStatus* devp = kvgate::bench::device_or_skip();
-  if (!devp) return 0;
-  const kc::DeviceStatus& dev = *devp;
-  cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  // The device, a stream and the limits measured in this run (bench_common.hpp).
+  const kvgate::bench::BenchDevice bd = kvgate::bench::open_bench_device();
+  if (!bd.dev) return 0;
+  const kc::DeviceStatus& dev = *bd.dev;
+  cudaStream_t st = bd.stream;
   Timer tm;
-
-  // ---- the limits, measured in this run (as bench_decode_attn) ---------------------------------------
-  const kvgate::bench::MemoryLimits lim = kvgate::bench::measure_memory_limits(dev.sm_count, st);
+  const kvgate::bench::MemoryLimits lim = bd.lim;
   const double copy_GBps = lim.copy_GBps, read_GBps = lim.read_GBps;
 
   // DeepSeek-V2-Lite / V3's latent cache: kv_lora_rank 512, qk_rope_head_dim 64; the softmax scale is
