@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -84,12 +85,10 @@ std::unique_ptr<CudaKvStore> make_device_store(const StoreConfig& sc, const Stre
   return std::make_unique<CudaKvStore>(sc, std::move(ext));
 }
 
-// The layer split (EngineOptions::pipeline_stages > 1): every stage's weights, store and forward on
-// its device (CudaEngineOptions::devices; default stage i on device i modulo the device count). The
-// conversation, streaming, damage and shared-weight paths are single-store in this version and are
-// refused with the split.
 // What the CUDA engine refuses whether it is split or not.
 void check_options(const CudaEngineOptions& o) {
+  if (o.engine.kv_resident < 0)
+    throw EngineError("cuda engine: --kv-resident must be >= 0 tokens (0 = off), got " + std::to_string(o.engine.kv_resident));
   if (!kv_layer_map_uniform(o.engine.kv_layers))
     throw EngineError("cuda engine: a per-layer KV map (--kv-layers " + kv_layer_map_name(o.engine.kv_layers) +
                       ") runs on the CPU engine only: the CUDA kernels take one format for every layer; run it with "
@@ -102,8 +101,14 @@ void check_options(const CudaEngineOptions& o) {
                       "device pages directly; set CudaEngineOptions::damage (the damage on the stored rows) instead");
 }
 
+// The layer split (EngineOptions::pipeline_stages > 1): every stage's weights, store and forward on
+// its device (CudaEngineOptions::devices; default stage i on device i modulo the device count);
+// `make_store` makes each stage's device store (the engine's: its own pages, or with --kv-resident a
+// view over the stage's own window). KV files and streaming go through every stage (CudaEngine::Impl);
+// KV damage and shared device weights are single-model paths and are refused with the split.
 std::unique_ptr<CudaPipeline> make_pipeline(const Model& m, const CudaEngineOptions& o, const StoreConfig& sc,
-                                            int max_ctx) {
+                                            int max_ctx,
+                                            std::function<std::unique_ptr<CudaKvStore>(int, const StoreConfig&)> make_store) {
   check_options(o);  // first: the engine's initializers call this before the weights are made
   const EngineOptions& e = o.engine;
   if (e.pipeline_stages <= 1 && e.pipeline_layers.size() <= 1) {
@@ -125,7 +130,6 @@ std::unique_ptr<CudaPipeline> make_pipeline(const Model& m, const CudaEngineOpti
     throw EngineError("cuda engine: " + what + " with the layer split (--pp) is not supported on the CUDA engine in "
                       "this version (its stages each hold their own store); run it with --device cpu, or drop --pp");
   };
-  if (e.kv_resident > 0) refuse("--kv-resident (a streamed window)");
   if (o.damage) refuse("KV damage (probe sensitivity)");
   if (o.shared_weights) refuse("shared device weights");
   PipelineOptions po;
@@ -142,6 +146,7 @@ std::unique_ptr<CudaPipeline> make_pipeline(const Model& m, const CudaEngineOpti
   po.weights = o.weights;
   po.store = sc;
   po.forward = CudaForwardOptions{std::max(1, std::min(e.prefill_chunk, max_ctx)), max_ctx, o.cuda_graphs};
+  po.make_store = std::move(make_store);
   return std::make_unique<CudaPipeline>(m, std::move(po));
 }
 
@@ -157,25 +162,52 @@ static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const Cuda
   return o.shared_weights;
 }
 
+namespace {
+
+// Streaming (--kv-resident): one stage's host mirror and device window, on the stage's device (one per
+// pipeline stage, as every GPU has its own pool; one when unsplit). The stage's forward runs on a view
+// over the window's slots; every page lives in the mirror.
+struct StageWindow {
+  int device = 0;
+  OwnedStream upload;  // the window's stream (declared before `streamed`: destroyed after it)
+  Streamed streamed;   // host mirror + device window
+  SeqId hseq = 0;      // the sequence in the host mirror (same tokens as the engine's)
+  StageWindow(int dev, const StoreConfig& c, int resident)
+      : device(dev), upload(true), streamed(make_streamed(c, resident, upload.s)) {}
+};
+
+// One pipeline stage's KV as the engine moves it (one stage when unsplit): its device, its device store
+// (resident: its own pages; streaming: the view over its window), its forward, and its window when
+// streaming. Stage i's store holds model layers [first_layer, first_layer + n_layers) at slots 0..
+struct KvStage {
+  int device = 0;
+  CudaKvStore* store = nullptr;
+  CudaForward* fwd = nullptr;
+  StageWindow* win = nullptr;  // streaming only
+};
+
+}  // namespace
+
 struct CudaEngine::Impl {
   const Model& model;
   CudaEngineOptions opts;
   int max_ctx;
   StoreConfig sc;
+  // Streaming: every stage's window and host mirror, in stage order (made by make_stage_store; declared
+  // before the stores that view them, so destroyed after them). Empty when resident.
+  std::vector<std::unique_ptr<StageWindow>> windows;
   // The layer split (--pp): the stages' weights, stores and forwards; `weights`, `store` and `fwd` are
   // then stage 0's (positions and sequences are kept in step in every stage), and run/step go through
   // the pipeline. Null: the unsplit engine, which owns the three below.
   std::unique_ptr<CudaPipeline> pipe;
   std::shared_ptr<const CudaModel> weights_holder;  // opts.shared_weights, else this engine's own upload
   const CudaModel& weights;
-  OwnedStream upload;  // streaming: the window's stream (declared before `streamed`: destroyed after it)
-  Streamed streamed;   // streaming: host mirror + device window; else empty
   std::unique_ptr<CudaKvStore> own_store;
-  CudaKvStore& store;  // resident: the whole KV; streaming: the view over the window's slots
-  SeqId seq;
-  SeqId hseq = 0;      // streaming: the sequence in the host mirror (same tokens as `seq`)
+  CudaKvStore& store;  // stage 0's: resident, its KV; streaming, the view over its window's slots
+  SeqId seq;           // the sequence, the same id in every stage's store
   std::unique_ptr<CudaForward> own_fwd;
   CudaForward& fwd;
+  std::vector<KvStage> stages;  // every stage in layer order (one when unsplit): saves, hydrates, streaming
   std::vector<float> logits;
   EngineStats stats;
   std::vector<int> history;  // token ids whose K/V rows the sequence holds (conversations save them)
@@ -186,12 +218,11 @@ struct CudaEngine::Impl {
         opts(std::move(o)),
         max_ctx(opts.engine.max_context > 0 ? opts.engine.max_context : m.config.max_seq_len),
         sc(make_store_config(m, opts.engine, max_ctx, "cuda engine")),
-        pipe(make_pipeline(m, opts, sc, max_ctx)),
+        pipe(make_pipeline(m, opts, sc, max_ctx,
+                           [this](int, const StoreConfig& c) { return make_stage_store(c); })),
         weights_holder(pipe ? nullptr : own_or_shared(m, opts)),
         weights(pipe ? *pipe->stage(0).model : *weights_holder),
-        upload(opts.engine.kv_resident > 0),
-        streamed(make_streamed(sc, opts.engine.kv_resident, upload.s)),
-        own_store(pipe ? nullptr : make_device_store(sc, streamed)),
+        own_store(pipe ? nullptr : make_stage_store(sc)),
         store(pipe ? *pipe->stage(0).store : *own_store),
         seq(pipe ? pipe->create_sequence() : store.create_sequence()),
         own_fwd(pipe ? nullptr
@@ -201,7 +232,23 @@ struct CudaEngine::Impl {
                                               opts.cuda_graphs})),
         fwd(pipe ? *pipe->stage(0).forward : *own_fwd),
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
-    if (streamed.host) hseq = streamed.host->create_sequence();
+    if (pipe) {
+      for (int i = 0; i < pipe->n_stages(); ++i) {
+        CudaPipeline::Stage& ps = pipe->stage(i);
+        stages.push_back({ps.device, ps.store.get(), ps.forward.get(), nullptr});
+      }
+    } else {
+      stages.push_back({weights.device(), &store, &fwd, nullptr});
+    }
+    if (streaming()) {
+      if (windows.size() != stages.size())
+        throw std::logic_error("cuda engine: " + std::to_string(windows.size()) + " streamed windows for " +
+                               std::to_string(stages.size()) + " stages");
+      for (std::size_t i = 0; i < stages.size(); ++i) {
+        stages[i].win = windows[i].get();
+        windows[i]->hseq = windows[i]->streamed.host->create_sequence();
+      }
+    }
     if (opts.damage) fwd.set_damage(opts.damage);
     stats.requested_kv = opts.engine.kv.requested.name();
     stats.requested_source = opts.engine.kv.requested_source;
@@ -212,8 +259,14 @@ struct CudaEngine::Impl {
     stats.fallback_reason = opts.engine.kv.fallback_reason;
     stats.block_size = sc.block_size;
     stats.n_blocks = sc.n_blocks;
-    stats.kv_pool_bytes = streamed.host ? streamed.host->pool_bytes() : pool_bytes();
-    stats.kv_device_bytes = streamed.host ? streamed.host->window()->device_bytes() : pool_bytes();
+    if (streaming()) {  // every stage's mirror (the whole KV) and device window
+      for (const auto& w : windows) {
+        stats.kv_pool_bytes += w->streamed.host->pool_bytes();
+        stats.kv_device_bytes += w->streamed.host->window()->device_bytes();
+      }
+    } else {
+      stats.kv_pool_bytes = stats.kv_device_bytes = pool_bytes();
+    }
     if (pipe) {
       stats.pipeline_stages = pipe->n_stages();
       for (int i = 0; i < pipe->n_stages(); ++i)
@@ -224,28 +277,61 @@ struct CudaEngine::Impl {
     stats.threads = 1;
     if (opts.engine.release_outside_window) release_window = widest_window_if_all(m.config);
   }
+  ~Impl() {
+    // The views and forwards first, then each stage's window and mirror with its device current; the
+    // caller's device is current again afterwards. (Nothing here may throw.)
+    int caller = 0;
+    const bool restore = cudaGetDevice(&caller) == cudaSuccess;
+    own_fwd.reset();
+    own_store.reset();
+    pipe.reset();
+    for (auto& w : windows) {
+      (void)cudaSetDevice(w->device);
+      w.reset();
+    }
+    if (restore) (void)cudaSetDevice(caller);
+  }
+
+  bool streaming() const { return !windows.empty(); }
+  // A stage's device store (the unsplit engine's: its one stage), made on the current device: its own
+  // pages, or with --kv-resident a view over a window of its own (StageWindow) over its own host mirror.
+  std::unique_ptr<CudaKvStore> make_stage_store(const StoreConfig& c) {
+    if (opts.engine.kv_resident <= 0) return std::make_unique<CudaKvStore>(c);
+    int dev = 0;
+    KVGATE_CUDA_CHECK(cudaGetDevice(&dev));
+    windows.push_back(std::make_unique<StageWindow>(dev, c, opts.engine.kv_resident));
+    return make_device_store(c, windows.back()->streamed);
+  }
 
   // The leading pages released once the forward call from position pos starts (0 without the
   // release): the whole pages before the first key the call reads (prefill_first_key: the prefill
   // kernel's first 32-key tile, at or before pos - window + 1 where a decode step starts), counted as
-  // PagedKvStore::release_before / CudaKvStore::release_before count them.
+  // PagedKvStore::release_before / CudaKvStore::release_before count them. Every stage releases alike.
   int released_pages_at(int pos) const {
     const int B = sc.block_size;
-    const int now = (streamed.host ? streamed.host->released_tokens(hseq) : store.released_tokens(seq)) / B;
+    const int now = (streaming() ? windows[0]->streamed.host->released_tokens(windows[0]->hseq)
+                                 : store.released_tokens(seq)) / B;
     if (release_window <= 0) return now;
     return std::max(now, std::min(prefill_first_key(pos, release_window) / B, pos / B));
   }
   // Before each forward call (prefill chunk or decode step), as the CPU engine: with a window on every
-  // layer the pages wholly before the first key any layer reads go back to the pool -- the device
-  // store's, or the host mirror's when streaming (its window drops their slots; stream_in marks them
-  // released in the view's table). No kernel reads a released entry (the decode kernel starts at
+  // layer the pages wholly before the first key any layer reads go back to the pool -- every stage's
+  // device store, or every stage's host mirror when streaming (its window drops their slots; stream_in
+  // marks them released in the view's table). No kernel reads a released entry (the decode kernel starts at
   // pos - window + 1, the prefill kernel at prefill_first_key); kernel_table points it at a live page.
   void release_outside_window() {
     if (release_window <= 0) return;
     const int keep = prefill_first_key(store.length(seq), release_window);
-    if (streamed.host) streamed.host->release_before(hseq, keep);
-    else if (pipe) pipe->release_before(seq, keep);  // every stage's store, in step
-    else store.release_before(seq, keep);
+    if (streaming()) {
+      for (auto& w : windows) {
+        DeviceScope on(w->device);
+        w->streamed.host->release_before(w->hseq, keep);
+      }
+    } else if (pipe) {
+      pipe->release_before(seq, keep);  // every stage's store, in step
+    } else {
+      store.release_before(seq, keep);
+    }
   }
 
   void check_room(std::size_t n) const {
@@ -258,11 +344,12 @@ struct CudaEngine::Impl {
   // through the window at once (the kernels' partial softmax states are internal), so the layer's
   // window must hold the pages each call of the next `n` tokens reads: those up to its end less the
   // ones released before it (the sliding-window release). Checked before any state changes; the
-  // message names the smallest --kv-resident that works.
+  // message names the smallest --kv-resident that works. Every stage's window has the same pages per
+  // layer and releases alike, so stage 0's answers for all.
   void check_window(std::size_t n) const {
-    if (!streamed.host) return;
+    if (!streaming()) return;
     const int B = sc.block_size;
-    const int W = streamed.host->window()->window_blocks();
+    const int W = windows[0]->streamed.host->window()->window_blocks();
     const std::size_t C = static_cast<std::size_t>(fwd.options().max_rows);
     long long len = 0, need = 0;  // the end and the pages of the call that reads most
     for (std::size_t i = 0; i < n; i += C) {
@@ -281,30 +368,34 @@ struct CudaEngine::Impl {
                         std::to_string(static_cast<long long>(pages_for(max_ctx, B)) * B) + " covers the whole context of " +
                         std::to_string(max_ctx) + " tokens), or drop --kv-resident");
   }
-  // Streaming, before a forward call that extends the sequence by n tokens: the host mirror gets the
-  // new tokens' pages; every page the call reads (pages [0, ceil((len + n) / B)) of every layer, K
-  // then V, layer by layer) is looked up in the window -- a miss uploads the block from the host
-  // mirror on the window's stream; the view's table is pointed at the window slots; the forward's
-  // stream waits (event) for the uploads queued so far.
+  // Streaming, before a forward call that extends the sequence by n tokens, for one stage (its device
+  // current): its host mirror gets the new tokens' pages; every page the call reads (pages
+  // [0, ceil((len + n) / B)) of every layer of the stage, K then V, layer by layer) is looked up in the
+  // stage's window -- a miss uploads the block from the stage's mirror on the window's stream; the
+  // view's table is pointed at the window slots; the stage's forward stream waits (event) for the
+  // uploads queued so far.
   // Every layer sees the same lookups in the same order from the same state, so the LRU puts a block
   // in the same slot of every layer's window and one table serves all layers (checked). Within the
   // pass no page evicts another: there are no more pages than slots (check_window) and each miss
   // evicts the layer's least recently used slot (checked: every page resident afterwards).
-  void stream_in(int n) {
-    PagedKvStore& host = *streamed.host;
+  void stream_in(KvStage& st, int n) {
+    DeviceScope on(st.device);
+    PagedKvStore& host = *st.win->streamed.host;
     const PagedKvStore& chost = host;  // page() const is the window lookup (the non-const one drops the device copy)
-    const CudaDevicePool& pool = *streamed.pool;
+    const CudaDevicePool& pool = *st.win->streamed.pool;
     const KvWindow& w = *host.window();
-    const int len = host.length(hseq);
-    host.extend(hseq, n);
+    const SeqId hs = st.win->hseq;
+    const int n_layers = host.config().n_layers;  // the stage's layers (slots 0..)
+    const int len = host.length(hs);
+    host.extend(hs, n);
     const int pages = pages_for(len + n, sc.block_size);
-    const int first = host.released_tokens(hseq) / sc.block_size;  // released pages: not looked up
+    const int first = host.released_tokens(hs) / sc.block_size;  // released pages: not looked up
     const int W = w.window_blocks();
     const std::size_t sb = pool.slot_bytes(), voff = w.v_offset();
     const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(pool.base());
-    const auto table = host.block_table(hseq);
+    const auto table = host.block_table(hs);
     std::vector<int> tab(static_cast<std::size_t>(pages), CudaKvStore::kReleasedBlock);
-    for (int l = 0; l < sc.n_layers; ++l)
+    for (int l = 0; l < n_layers; ++l)
       for (int p = first; p < pages; ++p) {
         const int b = table[static_cast<std::size_t>(p)];
         const auto k = reinterpret_cast<std::uintptr_t>(chost.page(l, KvHalf::K, b));
@@ -320,39 +411,50 @@ struct CudaEngine::Impl {
           throw std::logic_error("cuda engine: the window put page " + std::to_string(p) +
                                  " in different slots of layers 0 and " + std::to_string(l));
       }
-    for (int l = 0; l < sc.n_layers; ++l)
+    for (int l = 0; l < n_layers; ++l)
       for (int p = first; p < pages; ++p)
         if (!w.resident(l, table[static_cast<std::size_t>(p)]))
           throw std::logic_error("cuda engine: a page of the step was evicted by another page of the same step");
-    store.set_sequence(seq, std::move(tab), len);  // the forward extends the view to len + n
-    pool.make_wait(fwd.stream());
+    st.store->set_sequence(seq, std::move(tab), len);  // the forward extends the view to len + n
+    pool.make_wait(st.fwd->stream());
   }
   // Streaming, after the forward call wrote rows [pos0, pos0 + n) into the window's slots (store
-  // kernel on the forward's stream): the touched pages go back to the host mirror, queued on the
-  // forward's stream after the kernels (device == mirror for every other byte of those pages), then
-  // the host waits for that stream. After it the mirror holds every page, and no kernel still reads
-  // a slot that the next call's uploads (window stream, issued later by this thread) may recycle.
-  void stream_out(int pos0, int n) {
-    PagedKvStore& host = *streamed.host;
+  // kernel on the stage's forward stream), for one stage (its device current): the touched pages go
+  // back to the stage's host mirror, queued on the forward's stream after the kernels (device ==
+  // mirror for every other byte of those pages), then the host waits for that stream. After it the
+  // mirror holds every page, and no kernel still reads a slot that the next call's uploads (window
+  // stream, issued later by this thread) may recycle.
+  void stream_out(KvStage& st, int pos0, int n) {
+    DeviceScope on(st.device);
+    PagedKvStore& host = *st.win->streamed.host;
+    const CudaKvStore& ds = *st.store;
     const int B = sc.block_size;
-    const auto table = host.block_table(hseq);
-    const auto slots = store.block_table(seq);
-    for (int l = 0; l < sc.n_layers; ++l)
+    const auto table = host.block_table(st.win->hseq);
+    const auto slots = ds.block_table(seq);
+    for (int l = 0; l < host.config().n_layers; ++l)
       for (KvHalf h : {KvHalf::K, KvHalf::V})
         for (int p = pos0 / B; p <= (pos0 + n - 1) / B; ++p) {
           // Written in place, not through page() (non-const), which would drop the device copy that is
           // the source of these bytes; the pages are the store's own (host_page is its const view).
           auto* dst = const_cast<std::uint8_t*>(host.host_page(l, h, table[static_cast<std::size_t>(p)]));
           KVGATE_CUDA_CHECK(cudaMemcpyAsync(
-              dst, store.pool(l, h) + static_cast<std::size_t>(slots[static_cast<std::size_t>(p)]) * store.page_stride(h),
-              store.page_bytes(h), cudaMemcpyDeviceToHost, fwd.stream()));
+              dst, ds.pool(l, h) + static_cast<std::size_t>(slots[static_cast<std::size_t>(p)]) * ds.page_stride(h),
+              ds.page_bytes(h), cudaMemcpyDeviceToHost, st.fwd->stream()));
         }
-    KVGATE_CUDA_CHECK(cudaStreamSynchronize(fwd.stream()));
+    KVGATE_CUDA_CHECK(cudaStreamSynchronize(st.fwd->stream()));
+  }
+  // Streaming, around a forward call over every stage: each stage's window gets the call's pages
+  // before it, and each stage's mirror the pages the call wrote after it (every writer of every stage
+  // writes both copies).
+  void stream_in_all(int n) {
+    for (KvStage& st : stages) stream_in(st, n);
+  }
+  void stream_out_all(int pos0, int n) {
+    for (KvStage& st : stages) stream_out(st, pos0, n);
   }
   std::size_t pool_bytes() const {  // the device pools of every stage
-    if (!pipe) return store.pool_bytes();
     std::size_t b = 0;
-    for (int i = 0; i < pipe->n_stages(); ++i) b += pipe->stage(i).store->pool_bytes();
+    for (const KvStage& st : stages) b += st.store->pool_bytes();
     return b;
   }
   void refresh() {
@@ -361,11 +463,14 @@ struct CudaEngine::Impl {
                              static_cast<std::size_t>(store.released_tokens(seq) / sc.block_size);
     stats.kv_bytes = held * static_cast<std::size_t>(sc.n_layers) *  // every stage's layers (all alike)
                      (store.page_bytes(KvHalf::K) + store.page_bytes(KvHalf::V));
-    if (streamed.host) {
-      const StreamCounters c = streamed.host->stream_counters();
-      stats.kv_block_lookups = c.lookups;
-      stats.kv_block_misses = c.misses;
-      stats.kv_bytes_moved = c.bytes_moved;
+    if (streaming()) {  // the stages' counters added
+      stats.kv_block_lookups = stats.kv_block_misses = stats.kv_bytes_moved = 0;
+      for (const auto& w : windows) {
+        const StreamCounters c = w->streamed.host->stream_counters();
+        stats.kv_block_lookups += c.lookups;
+        stats.kv_block_misses += c.misses;
+        stats.kv_bytes_moved += c.bytes_moved;
+      }
     }
   }
   // Chunked prefill; `all` receives [n][vocab] when non-null; `argmax` the last token's greedy id.
@@ -380,13 +485,13 @@ struct CudaEngine::Impl {
       const bool last = i + static_cast<std::size_t>(n) == toks.size();
       const int pos0 = store.length(seq);
       release_outside_window();
-      if (streamed.host) stream_in(n);
+      if (streaming()) stream_in_all(n);
       const auto chunk = toks.subspan(i, static_cast<std::size_t>(n));
       float* out = all ? all + i * V : last && !argmax ? logits.data() : nullptr;
       int* id = all ? nullptr : last ? argmax : nullptr;
       if (pipe) pipe->forward_chunk(seq, chunk, out, all != nullptr, id);
       else fwd.forward_chunk(seq, chunk, out, all != nullptr, id);
-      if (streamed.host) stream_out(pos0, n);
+      if (streaming()) stream_out_all(pos0, n);
       history.insert(history.end(), toks.begin() + static_cast<std::ptrdiff_t>(i),
                      toks.begin() + static_cast<std::ptrdiff_t>(i) + n);
     }
@@ -402,23 +507,36 @@ struct CudaEngine::Impl {
     const SeqId s = seq;
     const int pos0 = store.length(seq);
     release_outside_window();
-    if (streamed.host) stream_in(1);
+    if (streaming()) stream_in_all(1);
     if (pipe)
       pipe->forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1),
                            argmax ? nullptr : logits.data(), argmax);
     else
       fwd.forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1), argmax ? nullptr : logits.data(),
                          argmax);
-    if (streamed.host) stream_out(pos0, 1);
+    if (streaming()) stream_out_all(pos0, 1);
     history.push_back(token);
     stats.decode_seconds += seconds_since(t0);
     stats.decode_tokens += 1;
   }
-  // A host store of this engine's format, shape and scales with room for `tokens` (persistence staging).
-  PagedKvStore staging(int tokens) const {
-    StoreConfig c = sc;
+  // A host store of a stage's format, shape, layers and scales (`stage_sc`: its device store's config)
+  // with room for `tokens` (persistence staging).
+  std::unique_ptr<PagedKvStore> staging(const StoreConfig& stage_sc, int tokens) const {
+    StoreConfig c = stage_sc;
     c.n_blocks = std::max(1, pages_for(tokens, sc.block_size));
-    return PagedKvStore(c);
+    return std::make_unique<PagedKvStore>(c);
+  }
+  // Streaming: every stage's host mirror as the KV file encoder reads it / the restore writer writes
+  // it, in layer order (KvStageView / KvStageTarget, as the CPU engine's stages).
+  std::vector<KvStageView> mirror_views() const {
+    std::vector<KvStageView> v;
+    for (const KvStage& st : stages) v.push_back({st.win->streamed.host.get(), st.win->hseq});
+    return v;
+  }
+  std::vector<KvStageTarget> mirror_targets() {
+    std::vector<KvStageTarget> v;
+    for (KvStage& st : stages) v.push_back({st.win->streamed.host.get(), st.win->hseq});
+    return v;
   }
 };
 
@@ -471,9 +589,10 @@ void CudaEngine::reset() {
     d.store.free_sequence(d.seq);
     d.seq = d.store.create_sequence();
   }
-  if (d.streamed.host) {
-    d.streamed.host->free_sequence(d.hseq);  // zeroes the mirror pages and drops their device copies
-    d.hseq = d.streamed.host->create_sequence();
+  for (auto& w : d.windows) {  // streaming: every stage's mirror
+    DeviceScope on(w->device);
+    w->streamed.host->free_sequence(w->hseq);  // zeroes the mirror pages and drops their device copies
+    w->hseq = w->streamed.host->create_sequence();
   }
   d.history.clear();
   d.stats.ttft_ms = 0;
@@ -496,13 +615,12 @@ std::span<const int> CudaEngine::history() const { return impl_->history; }
 
 // The KV file's pages are the CPU store's page bytes, and the CUDA store holds the same bytes
 // (ORA.cuda.store), so a file moves between the backends as a byte copy: compatibility is checked
-// against a host store of this engine's config, the matched prefix is restored into it by the CPU
-// restore writer, and its pages are copied to the device.
+// against host stores of this engine's config, the matched prefix is restored into them by the CPU
+// restore writer, and their pages are copied to the device. With the layer split every stage has its
+// own host store of its layers (KvStageTarget, as the CPU engine's stages): the file is layer-major,
+// so the same file restores split or unsplit.
 int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
-  if (d.pipe)
-    throw EngineError("cuda engine: conversations (--conv-id: hydrating a KV file) with the layer split (--pp) are not "
-                      "supported on the CUDA engine in this version; run them with --device cpu, or drop --pp");
   if (d.opts.damage)
     throw EngineError("cuda engine: a KV file cannot be hydrated into an engine with KV damage (diagnostics): the damage "
                       "is applied to rows as they are written, and a hydrated prefix would carry none");
@@ -510,43 +628,55 @@ int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
   const int most = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(0, file.header.used_tokens)),
                                                           prompt.size()));
   int n = 0;
-  if (d.streamed.host) {
-    // Streaming: the host mirror is a PagedKvStore; restore into it as the CPU engine does (the
-    // restore writer writes the mirror; its blocks are fresh, so no device copy exists yet and the
-    // first lookups load them).
-    check_kv_file_compatible(file, *d.streamed.host, fp);  // refuse before touching the sequence
+  if (d.streaming()) {
+    // Streaming: every stage's host mirror is a PagedKvStore; restore into them as the CPU engine does
+    // (the restore writer writes each mirror; their blocks are fresh, so no device copy exists yet and
+    // the first lookups of each stage's window load them).
+    check_kv_file_compatible(file, d.mirror_views(), fp);  // refuse before touching the sequence
     n = hydratable_prefix(file, prompt);
     if (n > d.max_ctx) throw EngineError("cuda engine: the KV file holds more tokens than the context");
     reset();
     const auto t0 = Clock::now();
-    restore_kv_file(file, *d.streamed.host, d.hseq, n, fp);
-    // The view's table is set by stream_in before any kernel reads it; until then it only carries the length.
-    d.store.set_sequence(d.seq, std::vector<int>(static_cast<std::size_t>(pages_for(n, d.sc.block_size)), 0), n);
+    restore_kv_file(file, d.mirror_targets(), n, fp);
+    // The views' tables are set by stream_in before any kernel reads them; until then they only carry the length.
+    for (KvStage& st : d.stages)
+      st.store->set_sequence(d.seq, std::vector<int>(static_cast<std::size_t>(pages_for(n, d.sc.block_size)), 0), n);
     d.stats.hydrate_ms = seconds_since(t0) * 1e3;
   } else {
-    PagedKvStore host = d.staging(most);
-    check_kv_file_compatible(file, host, fp);  // refuse before touching the sequence
+    std::vector<std::unique_ptr<PagedKvStore>> hosts;  // per stage: a staging store of its layers
+    std::vector<KvStageView> views;
+    for (const KvStage& st : d.stages) {
+      hosts.push_back(d.staging(st.store->config(), most));
+      views.push_back({hosts.back().get(), 0});
+    }
+    check_kv_file_compatible(file, views, fp);  // refuse before touching the sequence
     n = hydratable_prefix(file, prompt);
     if (n > d.max_ctx) throw EngineError("cuda engine: the KV file holds more tokens than the context");
     reset();
     const auto t0 = Clock::now();
-    const SeqId hs = host.create_sequence();
-    restore_kv_file(file, host, hs, n, fp);
-    d.store.extend(d.seq, n);
-    // Stream ordering: reset() zeroed the freed device pages with cudaMemset (legacy stream) and
-    // earlier calls queued kernels on the forward's stream: wait for the device before the uploads,
-    // queue them on the forward's stream (later forward calls run after them), and wait for that
-    // stream before the staging pages (pageable host memory) go out of scope.
-    KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto src = host.block_table(hs);
-    const auto dst = d.store.block_table(d.seq);
+    std::vector<KvStageTarget> targets;
+    for (auto& h : hosts) targets.push_back({h.get(), h->create_sequence()});
+    restore_kv_file(file, targets, n, fp);
     const int pages = pages_for(n, d.sc.block_size);  // the last page may be partial: its other slots are zero in both
-    for (int l = 0; l < d.sc.n_layers; ++l)
-      for (KvHalf h : {KvHalf::K, KvHalf::V})
-        for (int p = 0; p < pages; ++p)
-          d.store.upload_page(l, h, dst[static_cast<std::size_t>(p)], host.host_page(l, h, src[static_cast<std::size_t>(p)]),
-                              d.fwd.stream());
-    KVGATE_CUDA_CHECK(cudaStreamSynchronize(d.fwd.stream()));
+    for (std::size_t i = 0; i < d.stages.size(); ++i) {
+      KvStage& st = d.stages[i];
+      const PagedKvStore& host = *hosts[i];
+      DeviceScope on(st.device);
+      st.store->extend(d.seq, n);
+      // Stream ordering: reset() zeroed the freed device pages with cudaMemset (legacy stream) and
+      // earlier calls queued kernels on the stage's forward stream: wait for the device before the
+      // uploads, queue them on the forward's stream (later forward calls run after them), and wait for
+      // that stream before the staging pages (pageable host memory) go out of scope.
+      KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto src = host.block_table(targets[i].seq);
+      const auto dst = st.store->block_table(d.seq);
+      for (int l = 0; l < host.config().n_layers; ++l)  // the stage's layers, at its own slots
+        for (KvHalf h : {KvHalf::K, KvHalf::V})
+          for (int p = 0; p < pages; ++p)
+            st.store->upload_page(l, h, dst[static_cast<std::size_t>(p)],
+                                  host.host_page(l, h, src[static_cast<std::size_t>(p)]), st.fwd->stream());
+      KVGATE_CUDA_CHECK(cudaStreamSynchronize(st.fwd->stream()));
+    }
     d.stats.hydrate_ms = seconds_since(t0) * 1e3;
   }
   d.history.assign(prompt.begin(), prompt.begin() + n);
@@ -557,40 +687,62 @@ int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
 
 void CudaEngine::save_kv(const std::string& path, std::span<const int> pending) const {
   Impl& d = *impl_;
-  if (d.pipe)
-    throw EngineError("cuda engine: conversations (--conv-id: saving a KV file) with the layer split (--pp) are not "
-                      "supported on the CUDA engine in this version; run them with --device cpu, or drop --pp");
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
   const int n = d.store.length(d.seq);
   const std::string& fp = d.model.fingerprint;
-  if (d.store.released_tokens(d.seq) > 0)
+  if (d.store.released_tokens(d.seq) > 0)  // every stage releases alike
     throw KvStoreError("cuda engine: save of the KV cache: the pages of the sequence's first " +
                        std::to_string(d.store.released_tokens(d.seq)) +
                        " tokens were released (outside every layer's sliding window); run without the release "
                        "(EngineOptions::release_outside_window = false; a --conv-id run keeps them) to save it");
-  if (d.streamed.host) {  // the mirror holds every page (stream_out after every call)
-    save_kv_file(path, *d.streamed.host, d.hseq, n, transcript, fp);
+  if (d.streaming()) {  // every stage's mirror holds every page of its layers (stream_out after every call)
+    save_kv_file(path, d.mirror_views(), n, transcript, fp);
     return;
   }
-  // Resident: the device pages' used runs are downloaded into a host store of this engine's config
-  // (the CPU import writer lays them out), which the CPU encoder writes. Stream ordering: the store
-  // kernels of every forward call ran on the forward's stream; the downloads are queued on it after
-  // them, and the host waits for the stream before the encoder reads the staging pages.
-  PagedKvStore host = d.staging(n);
-  const SeqId hs = host.create_sequence();
-  const auto dev = d.store.block_table(d.seq);
-  host.import_pages(hs, n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
-    d.store.download_runs(p.layer, p.half, dev[static_cast<std::size_t>(p.page)], p.runs, page, d.fwd.stream());
-  });
-  KVGATE_CUDA_CHECK(cudaStreamSynchronize(d.fwd.stream()));
-  save_kv_file(path, host, hs, n, transcript, fp);
+  // Resident: each stage's device pages' used runs are downloaded into a host store of the stage's
+  // config (the CPU import writer lays them out); the CPU encoder writes the stages' stores as one
+  // layer-major file, the file of the unsplit store. Stream ordering: the store kernels of every
+  // forward call ran on the stage's forward stream; the downloads are queued on it after them, and the
+  // host waits for the stream before the encoder reads the staging pages.
+  std::vector<std::unique_ptr<PagedKvStore>> hosts;
+  std::vector<KvStageView> views;
+  for (std::size_t i = 0; i < d.stages.size(); ++i) {
+    const KvStage& st = d.stages[i];
+    const CudaKvStore& ds = *d.stages[i].store;
+    DeviceScope on(st.device);
+    hosts.push_back(d.staging(ds.config(), n));
+    PagedKvStore& host = *hosts.back();
+    const SeqId hs = host.create_sequence();
+    const auto dev = ds.block_table(d.seq);
+    host.import_pages(hs, n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
+      ds.download_runs(p.layer, p.half, dev[static_cast<std::size_t>(p.page)], p.runs, page, st.fwd->stream());
+    });
+    KVGATE_CUDA_CHECK(cudaStreamSynchronize(st.fwd->stream()));
+    views.push_back({&host, hs});
+  }
+  save_kv_file(path, views, n, transcript, fp);
 }
 
 std::string CudaEngine::check_stream_coherent() const {
-  return impl_->streamed.host ? impl_->streamed.host->check_stream_coherent() : std::string();
+  std::string out;
+  const Impl& d = *impl_;
+  for (std::size_t i = 0; i < d.windows.size(); ++i) {
+    DeviceScope on(d.windows[i]->device);
+    const std::string e = d.windows[i]->streamed.host->check_stream_coherent();
+    if (!e.empty()) out += (out.empty() ? "" : "; ") + (d.windows.size() > 1 ? "stage " + std::to_string(i) + ": " : "") + e;
+  }
+  return out;
 }
-const PagedKvStore* CudaEngine::host_mirror() const { return impl_->streamed.host.get(); }
+const PagedKvStore* CudaEngine::host_mirror() const { return stage_host_mirror(0); }
+const PagedKvStore* CudaEngine::stage_host_mirror(int i) const {
+  const Impl& d = *impl_;
+  if (d.windows.empty()) return nullptr;
+  return d.windows.at(static_cast<std::size_t>(i))->streamed.host.get();
+}
+int CudaEngine::n_stages() const { return static_cast<int>(impl_->stages.size()); }
+CudaKvStore& CudaEngine::stage_store(int i) { return *impl_->stages.at(static_cast<std::size_t>(i)).store; }
+int CudaEngine::stage_device(int i) const { return impl_->stages.at(static_cast<std::size_t>(i)).device; }
 
 int CudaEngine::position() const { return impl_->store.length(impl_->seq); }
 int CudaEngine::max_context() const { return impl_->max_ctx; }

@@ -9,24 +9,11 @@
 
 namespace kvgate::cuda {
 
-namespace {
-
-// Makes `device` current for the scope and restores the caller's device after it.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    KVGATE_CUDA_CHECK(cudaGetDevice(&prev_));
-    KVGATE_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() { (void)cudaSetDevice(prev_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = 0;
-};
-
-}  // namespace
+DeviceScope::DeviceScope(int device) {
+  KVGATE_CUDA_CHECK(cudaGetDevice(&prev_));
+  KVGATE_CUDA_CHECK(cudaSetDevice(device));
+}
+DeviceScope::~DeviceScope() { (void)cudaSetDevice(prev_); }
 
 CudaPipeline::CudaPipeline(const Model& m, PipelineOptions o) {
   const ModelConfig& c = m.config;
@@ -56,7 +43,8 @@ CudaPipeline::CudaPipeline(const Model& m, PipelineOptions o) {
     st.range = LayerRange{l0, l1};
     DeviceScope on(st.device);
     st.model = std::make_unique<CudaModel>(m, o.weights, st.range);
-    st.store = std::make_unique<CudaKvStore>(stage_store_config(o.store, eo, l0, l1));
+    const StoreConfig stage_sc = stage_store_config(o.store, eo, l0, l1);
+    st.store = o.make_store ? o.make_store(static_cast<int>(i), stage_sc) : std::make_unique<CudaKvStore>(stage_sc);
     st.forward = std::make_unique<CudaForward>(*st.model, *st.store, o.forward);
     if (i > 0) st.forward->set_input(stages_.back().forward.get());
     stages_.push_back(std::move(st));

@@ -17,6 +17,9 @@
 //               EngineStats with backend "cuda". With kv_resident > 0 the KV is streamed: every
 //               page in a page-locked host mirror, a window of kv_resident tokens' pages per layer
 //               on the device (stream_pool.hpp), the forward unchanged over a view of the window.
+//               With the layer split (EngineOptions::pipeline_stages, kvgate/cuda/pipeline.hpp) each
+//               stage has its own store (and, streaming, its own mirror and window on its device);
+//               KV files are saved from and hydrated into every stage, byte-identical to unsplit.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -285,8 +288,10 @@ class CudaEngine {
   std::span<const int> history() const;
   // Empties the sequence, then restores from `file` the longest prefix of `prompt` it holds (at least
   // one prompt token is left to prefill): a byte copy of the file's pages into the device store
-  // (streaming: into the host mirror). Refused (KvFileError) when the file does not match this engine
-  // (model, format, rotation, shape, scales). A file the CPU engine wrote hydrates here and vice versa.
+  // (streaming: into the host mirror); with the layer split, each stage's layers into its store. Refused
+  // (KvFileError) when the file does not match this engine (model, format, rotation, shape, scales). A
+  // file the CPU engine wrote hydrates here and vice versa; a file saved split hydrates unsplit and
+  // the reverse (the file does not depend on the split).
   int hydrate(const KvFile& file, std::span<const int> prompt);
   // Every K/V row of the sequence (the device pages read back) and the transcript history() +
   // pending as a KV file, atomically.
@@ -302,13 +307,20 @@ class CudaEngine {
   const EngineStats& stats() const;
   const Model& model() const;
   // Streaming (--kv-resident): the forward runs on a view over the device window's slots (store());
-  // every page lives in the host mirror. Empty when every resident device copy equals its mirror
-  // page (or when not streaming).
+  // every page lives in the host mirror (with the layer split: every stage its own window and mirror).
+  // Empty when every resident device copy of every stage equals its mirror page (or when not
+  // streaming); else what differs, per stage.
   std::string check_stream_coherent() const;
-  const PagedKvStore* host_mirror() const;  // null when not streaming
+  const PagedKvStore* host_mirror() const;  // null when not streaming; with the layer split stage 0's
   CudaKvStore& store();      // with the layer split: stage 0's (kvgate/cuda/pipeline.hpp)
   CudaForward& forward();    // with the layer split: stage 0's
   SeqId sequence() const;
+  // The layer split's stages (1 when unsplit): stage i's device store (streaming: the view over its
+  // window), its host mirror (null when not streaming) and its CUDA device.
+  int n_stages() const;
+  CudaKvStore& stage_store(int i);
+  const PagedKvStore* stage_host_mirror(int i) const;
+  int stage_device(int i) const;
 
  private:
   struct Impl;

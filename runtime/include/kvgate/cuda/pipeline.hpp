@@ -9,6 +9,7 @@
 // Every stage computes exactly what the unsplit forward computes for its layers, in the same order,
 // so the logits are bitwise the unsplit forward's (gate PAR.cuda.pp).
 #pragma once
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,6 +29,23 @@ struct PipelineOptions {
   WeightType weights = WeightType::f32;
   StoreConfig store;               // the unsplit store (n_layers = the model's); each stage takes its layers
   CudaForwardOptions forward;
+  // Makes stage i's device store from its config (stage_store_config: its layers, first_layer, its
+  // scales), called with the stage's device current, before its forward is made. The engine's
+  // streaming (--kv-resident) returns a view over the stage's own device window here (the window and
+  // its host mirror stay the caller's; they must outlive the pipeline). Null: a CudaKvStore of its own.
+  std::function<std::unique_ptr<CudaKvStore>(int stage, const StoreConfig& cfg)> make_store;
+};
+
+// Makes `device` current for the scope and restores the caller's device after it.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
 };
 
 class CudaPipeline {
