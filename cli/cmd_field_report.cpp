@@ -134,6 +134,8 @@ int run_field(const FieldOpts& o) {
   md << "- GPU: " << (gpus.empty() ? "none" : gpus) << "; driver " << (env["gpu_driver"].is_string() ? env["gpu_driver"].get<std::string>() : "–")
      << "; CUDA " << (env["cuda_version"].is_string() ? env["cuda_version"].get<std::string>() : "–") << "; CUDA build "
      << (env.value("cuda_build", false) ? "yes" : "no") << "\n";
+  md << "- GPUs: " << env.value("gpu_count", 0) << (env["gpu_topology"].is_string() ? "; links " + env["gpu_topology"].get<std::string>() : "")
+     << "\n";
   md << "- OS: " << env.value("os", "") << "; compiler " << env.value("compiler", "") << " `" << env.value("cxx_flags", "") << "`\n";
   const matrix::CommitStamp stamp = matrix::commit_stamp(env);
   md << "- kvgate commit " << (stamp.known() ? stamp.commit : std::string("–")) << (stamp.dirty ? " (dirty)" : "") << "\n";

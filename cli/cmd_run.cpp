@@ -110,6 +110,9 @@ int run_run(const RunOpts& o) {
   if (!cuda && !devices.empty())
     throw std::invalid_argument("--devices " + o.devices + ": CUDA devices of the pipeline stages; give --device cuda, "
                                 "or leave --devices out");
+  if (cuda && o.tp > 1)
+    throw std::invalid_argument("--tp " + std::to_string(o.tp) + " with --device cuda: tensor parallelism runs on the "
+                                "CPU engine in this version; run it with --device cpu, or split the layers with --pp");
   const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast
   if (cuda) {
 #ifndef KVGATE_WITH_CUDA_MODEL
@@ -261,6 +264,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                   {"pipeline_stages", st.pipeline_stages},
                   {"stage_layers", st.stage_layers},
                   {"topology", st.topology},
+                  {"tensor_parallel", st.tensor_parallel},
                   {"ttft_ms", st.ttft_ms},
                   {"prefill_tokens", st.prefill_tokens},
                   {"prefill_tok_s", st.prefill_tok_s()},
@@ -302,6 +306,9 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                  st.decode_tok_s(), r.stop_reason.c_str());
     if (st.kv_layout != "kv_heads") std::fprintf(stderr, "kv layout: %s\n", st.kv_layout.c_str());
     if (st.pipeline_stages > 1) std::fprintf(stderr, "topology: %s (%d pipeline stages, each its own KV store)\n", st.topology.c_str(), st.pipeline_stages);
+    if (st.tensor_parallel > 1)
+      std::fprintf(stderr, "topology: %s (%d tensor-parallel ranks, each its KV heads in its own KV store)\n",
+                   st.topology.c_str(), st.tensor_parallel);
     if (!st.kv_layer_map.empty()) {
       std::fprintf(stderr, "kv layers: %s; KV bytes per token by layer:", st.kv_layer_map.c_str());
       for (std::size_t l = 0; l < st.layer_kv_bytes_per_token.size(); ++l)

@@ -77,6 +77,7 @@ struct EngineFlags {
   std::size_t kv_cache_memory = 0;
   std::optional<int> pp;  // --pp: pipeline stages (not given: 1, or the count of --pp-layers)
   std::string pp_layers;  // --pp-layers: layers per stage, comma separated
+  int tp = 1;             // --tp: tensor-parallel ranks (CPU engine)
   std::string mla_cache = "expanded";  // --mla-cache expanded|latent (MLA models: EngineOptions::mla_cache)
   KvCacheFlags cache;
 };
@@ -166,6 +167,10 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
                   "pipeline (layer) split into N stages, each with its own KV store (CPU engine, or CUDA with --devices; "
                   "default 1 = unsplit, or the count of --pp-layers)");
   sub->add_option("--pp-layers", f.pp_layers, "layers of each pipeline stage, e.g. 2,3 (default: as even as possible)");
+  sub->add_option("--tp", f.tp,
+                  "tensor-parallel split into N ranks, each with its share of the heads (and its own KV store of them) "
+                  "and of the FFN, block outputs summed by an all-reduce (CPU engine; default 1 = unsplit)")
+      ->capture_default_str();
 }
 
 // The checks both commands make before loading anything.
@@ -186,6 +191,7 @@ inline void check_engine_flags(const EngineFlags& f) {
   if (f.v_scale && !(*f.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
   if (f.cache.resident < 0) throw std::invalid_argument("--kv-resident must be >= 0");
   if (f.pp && *f.pp < 1) throw std::invalid_argument("--pp = " + std::to_string(*f.pp) + " must be >= 1 (pipeline stages)");
+  if (f.tp < 1) throw std::invalid_argument("--tp = " + std::to_string(f.tp) + " must be >= 1 (tensor-parallel ranks)");
   const std::vector<int> layers = parse_pp_layers(f.pp_layers);
   if (f.pp && !layers.empty() && static_cast<int>(layers.size()) != *f.pp)
     throw std::invalid_argument("--pp " + std::to_string(*f.pp) + " with --pp-layers " + f.pp_layers + " (" +
@@ -235,6 +241,7 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, 
   eo.mla_cache = parse_mla_cache(f.mla_cache, "--mla-cache");
   eo.pipeline_layers = parse_pp_layers(f.pp_layers);
   eo.pipeline_stages = f.pp ? *f.pp : std::max<int>(1, static_cast<int>(eo.pipeline_layers.size()));
+  eo.tensor_parallel = f.tp;
   // A conversation is saved whole after the turn (its KV file holds every row), so its pages stay
   // even where every layer's sliding window has passed them.
   eo.release_outside_window = f.cache.conv_id.empty();

@@ -333,6 +333,34 @@ TEST_CASE("CLI.run.pp --pp / --pp-layers split the engine into pipeline stages; 
   CHECK_THAT(bad.err, kvgate_catch::contains("--pp-layers 4,2 does not split the model's 5 layers"));
 }
 
+TEST_CASE("CLI.run.tp --tp splits the engine into tensor-parallel ranks; --json reports the topology",
+          "[gate:CLI][fmt:int8]") {
+  // The CLI's ranks generate what the library's engine with the same split generates (PAR.tp.*
+  // bounds the split against the unsplit pass).
+  const json j = run_json(model_args() + " --kv int8 --steps 24 --tp 2");
+  EngineOptions eo = lib_options("int8");
+  eo.tensor_parallel = 2;
+  EngineStats st;
+  const std::vector<int> ids = lib_generate(eo, SamplerOptions{}, j["prompt_ids"].get<std::vector<int>>(), 24, &st);
+  const json& s = j["stats"];
+  CHECK(j["generated_ids"].get<std::vector<int>>() == ids);
+  CHECK(s["tensor_parallel"].get<int>() == 2);
+  CHECK(s["topology"].get<std::string>() == "tensor:2");
+  CHECK(s["kv_pool_bytes"].get<std::size_t>() == st.kv_pool_bytes);
+  CHECK(st.topology == "tensor:2");
+  // Anti-vacuity: without the flag the run is unsplit.
+  CHECK(run_json(model_args() + " --kv int8 --steps 2")["stats"]["topology"].get<std::string>() == "single");
+  const Run three = kvgate_cli("run " + model_args() + " --steps 1 --tp 3");
+  CHECK(three.rc != 0);
+  CHECK_THAT(three.err, kvgate_catch::contains("--tp 3 does not divide the model's 4 KV heads"));
+  const Run zero = kvgate_cli("run " + model_args() + " --steps 1 --tp 0");
+  CHECK(zero.rc != 0);
+  CHECK_THAT(zero.err, kvgate_catch::contains("--tp = 0 must be >= 1"));
+  const Run cuda = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --device cuda");
+  CHECK(cuda.rc != 0);
+  CHECK_THAT(cuda.err, kvgate_catch::contains("tensor parallelism runs on the CPU engine"));
+}
+
 TEST_CASE("CLI.chat.stream kvgate chat --kv-resident streams the conversation's KV", "[gate:CLI][fmt:f16]") {
   const Run r = kvgate_cli("chat " + model_args() + " --kv f16 --steps 40 --threads 1 --kv-resident 32",
                            "Once upon\n/stats\n/quit\n");

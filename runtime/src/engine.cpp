@@ -9,6 +9,7 @@
 #include "forward_cpu.hpp"
 #include "kvgate/kv_file.hpp"
 #include "kvgate/limits.hpp"
+#include "kvgate/tensor_parallel.hpp"
 #include "thread_pool.hpp"
 
 namespace kvgate {
@@ -205,7 +206,8 @@ std::vector<std::pair<int, int>> pipeline_ranges(const ModelConfig& c, const Eng
   return ranges;
 }
 
-std::string topology_name(const std::vector<int>& stage_layers) {
+std::string topology_name(const std::vector<int>& stage_layers, int tensor_parallel) {
+  if (tensor_parallel > 1) return "tensor:" + std::to_string(tensor_parallel);
   if (stage_layers.size() <= 1) return "single";
   std::string t = "pipeline:";
   for (std::size_t i = 0; i < stage_layers.size(); ++i) t += (i ? "+" : "") + std::to_string(stage_layers[i]);
@@ -267,7 +269,9 @@ struct Engine::Impl {
   EngineOptions opts;
   int max_ctx;
   detail::ThreadPool pool;
-  std::vector<std::unique_ptr<Stage>> stages;  // one when unsplit
+  std::vector<std::unique_ptr<Stage>> stages;  // one when unsplit; none with tensor parallelism
+  std::unique_ptr<TensorParallelForward> tp;   // tensor parallelism (opts.tensor_parallel > 1)
+  int chunk = 1;                               // tokens per forward step (prefill chunk)
   std::vector<float> logits;
   EngineStats stats;
   std::vector<int> history;  // token ids of the sequence (conversations save them)
@@ -281,9 +285,14 @@ struct Engine::Impl {
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
     const std::vector<std::pair<int, int>> ranges = pipeline_ranges(m.config, opts);
     const StoreConfig full = make_store_config(m, opts, max_ctx, "engine");
-    const int chunk = std::max(1, std::min(opts.prefill_chunk, max_ctx));
-    for (const auto& [l0, l1] : store_ranges(ranges, opts.kv_layers))
-      stages.push_back(std::make_unique<Stage>(m, stage_store_config(full, opts, l0, l1), l0, l1, chunk, pool));
+    chunk = std::max(1, std::min(opts.prefill_chunk, max_ctx));
+    if (opts.tensor_parallel != 1) {
+      check_tensor_parallel(ranges);
+      tp = std::make_unique<TensorParallelForward>(m, opts.tensor_parallel, full, chunk, pool.size());
+    } else {
+      for (const auto& [l0, l1] : store_ranges(ranges, opts.kv_layers))
+        stages.push_back(std::make_unique<Stage>(m, stage_store_config(full, opts, l0, l1), l0, l1, chunk, pool));
+    }
     if (!opts.kv_layers.empty()) {
       if (!kv_layer_map_uniform(opts.kv_layers)) stats.kv_layer_map = kv_layer_map_name(opts.kv_layers);
       for (int l = 0; l < m.config.n_layers; ++l) {
@@ -310,27 +319,64 @@ struct Engine::Impl {
     if (opts.kv_resident < 0) throw EngineError("engine: --kv-resident must be >= 0 tokens (0 = off)");
     stats.pipeline_stages = static_cast<int>(ranges.size());
     for (const auto& [l0, l1] : ranges) stats.stage_layers.push_back(l1 - l0);
-    for (auto& st : stages) {
-      if (opts.kv_resident > 0) st->store.set_streaming(opts.kv_resident);
-      if (opts.kv_read_hook) st->store.set_read_hook(opts.kv_read_hook);
-      stats.kv_pool_bytes += st->store.pool_bytes();
-      stats.kv_device_bytes += st->store.window() ? st->store.window()->device_bytes() : st->store.pool_bytes();
-    }
-    stats.topology = topology_name(stats.stage_layers);
+    for_each_store([&](PagedKvStore& st, SeqId&) {
+      if (opts.kv_resident > 0) st.set_streaming(opts.kv_resident);
+      if (opts.kv_read_hook) st.set_read_hook(opts.kv_read_hook);
+      stats.kv_pool_bytes += st.pool_bytes();
+      stats.kv_device_bytes += st.window() ? st.window()->device_bytes() : st.pool_bytes();
+    });
+    stats.tensor_parallel = opts.tensor_parallel;
+    stats.topology = topology_name(stats.stage_layers, opts.tensor_parallel);
     stats.kv_resident_tokens = opts.kv_resident;
     if (opts.release_outside_window) release_window = widest_window_if_all(m.config);
   }
 
+  // What tensor parallelism does not split, refused naming the option and the fix.
+  void check_tensor_parallel(const std::vector<std::pair<int, int>>& ranges) const {
+    auto refuse = [&](const std::string& what) {
+      throw EngineError("engine: tensor parallelism (--tp " + std::to_string(opts.tensor_parallel) + ") with " + what +
+                        " is not supported in this version; drop one of them");
+    };
+    if (ranges.size() > 1) refuse("a pipeline split (--pp)");
+    if (!opts.kv_layers.empty()) refuse("a per-layer KV map (--kv-layers)");
+    if (opts.kv_read_hook) refuse("KV damage (probe sensitivity)");
+    if (opts.mla_cache == MlaCache::latent) refuse("--mla-cache latent");
+  }
+  // Every KV store of the engine with its sequence: the pipeline stages' (one when unsplit), or the
+  // tensor-parallel ranks'.
+  template <class F>
+  void for_each_store(F&& f) {
+    if (tp) {
+      for (int r = 0; r < tp->ranks(); ++r) {
+        SeqId s = tp->sequence(r);
+        f(tp->store(r), s);
+      }
+      return;
+    }
+    for (auto& st : stages) f(st->store, st->seq);
+  }
+  template <class F>
+  void for_each_store(F&& f) const {
+    const_cast<Impl*>(this)->for_each_store([&](PagedKvStore& st, SeqId& s) { f(static_cast<const PagedKvStore&>(st), s); });
+  }
   Stage& first() { return *stages.front(); }
   const Stage& first() const { return *stages.front(); }
-  int length() const { return first().store.length(first().seq); }
+  const PagedKvStore& store0() const { return tp ? tp->store(0) : first().store; }
+  SeqId seq0() const { return tp ? tp->sequence(0) : first().seq; }
+  int length() const { return store0().length(seq0()); }
+  void refuse_files_with_tp(const char* what) const {
+    if (tp)
+      throw EngineError(std::string("engine: conversations (--conv-id: ") + what + " a KV file) with tensor parallelism "
+                        "(--tp) are not supported in this version (each rank holds its KV heads in its own store); "
+                        "drop --tp");
+  }
 
   // Before a forward step of queries from position `pos0`: the keys any layer reads start at
   // pos0 - window + 1, so the whole pages before it go back to the pool (every stage's).
   void release_outside_window() {
     if (release_window <= 0) return;
     const int keep_from = length() - release_window + 1;
-    for (auto& st : stages) st->store.release_before(st->seq, keep_from);
+    for_each_store([&](PagedKvStore& st, SeqId& s) { st.release_before(s, keep_from); });
   }
 
   void check_room(std::size_t n) const {
@@ -343,13 +389,13 @@ struct Engine::Impl {
     stats.position = length();
     stats.kv_bytes = 0;
     StreamCounters sc;
-    for (const auto& st : stages) {
-      stats.kv_bytes += st->store.sequence_bytes(st->seq);
-      const StreamCounters c = st->store.stream_counters();
+    for_each_store([&](const PagedKvStore& st, SeqId s) {
+      stats.kv_bytes += st.sequence_bytes(s);
+      const StreamCounters c = st.stream_counters();
       sc.lookups += c.lookups;
       sc.misses += c.misses;
       sc.bytes_moved += c.bytes_moved;
-    }
+    });
     stats.kv_block_lookups = sc.lookups;
     stats.kv_block_misses = sc.misses;
     stats.kv_bytes_moved = sc.bytes_moved;
@@ -358,6 +404,10 @@ struct Engine::Impl {
   // grows by n; the first stage embeds, each stage runs its layers over its own store and hands the
   // activations to the next; the last computes the logits.
   void forward(const int* toks, int n, float* out, bool all) {
+    if (tp) {
+      tp->forward(toks, n, out, all);
+      return;
+    }
     if (stages.size() == 1) {
       Stage& st = first();
       st.fwd.forward(st.store, st.seq, toks, n, out, all);
@@ -382,7 +432,7 @@ struct Engine::Impl {
     check_room(toks.size());
     history.insert(history.end(), toks.begin(), toks.end());
     const auto t0 = Clock::now();
-    const int C = first().fwd.max_chunk();
+    const int C = chunk;
     const std::size_t V = logits.size();
     for (std::size_t i = 0; i < toks.size(); i += static_cast<std::size_t>(C)) {
       const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(C), toks.size() - i));
@@ -395,16 +445,19 @@ struct Engine::Impl {
     refresh();
   }
   std::vector<KvStageView> views() const {
+    refuse_files_with_tp("saving");
     std::vector<KvStageView> v;
     for (const auto& st : stages) v.push_back({&st->store, st->seq});
     return v;
   }
   std::vector<KvStageTarget> targets() {
+    refuse_files_with_tp("hydrating");
     std::vector<KvStageTarget> v;
     for (auto& st : stages) v.push_back({&st->store, st->seq});
     return v;
   }
   const Stage& stage(int i) const {
+    if (tp) throw EngineError("engine: tensor parallelism (--tp) has no pipeline stages; read its ranks (rank_store)");
     if (i < 0 || i >= static_cast<int>(stages.size()))
       throw EngineError("engine: no pipeline stage " + std::to_string(i) + " (the engine has " +
                         std::to_string(stages.size()) + ")");
@@ -459,6 +512,7 @@ GenerateResult Engine::generate(std::span<const int> prompt, int steps, const Sa
 
 void Engine::reset() {
   Impl& d = *impl_;
+  if (d.tp) d.tp->reset_sequences();
   for (auto& st : d.stages) {
     st->store.free_sequence(st->seq);
     st->seq = st->store.create_sequence();
@@ -479,6 +533,7 @@ void Engine::reset() {
   d.stats.pipeline_stages = keep.pipeline_stages;
   d.stats.stage_layers = keep.stage_layers;
   d.stats.topology = keep.topology;
+  d.stats.tensor_parallel = keep.tensor_parallel;
   d.stats.kv_layer_map = keep.kv_layer_map;
   d.stats.layer_kv = keep.layer_kv;
   d.stats.layer_kv_bytes_per_token = keep.layer_kv_bytes_per_token;
@@ -488,7 +543,7 @@ void Engine::reset() {
 }
 
 void Engine::truncate(int n_tokens) {
-  for (auto& st : impl_->stages) st->store.truncate(st->seq, n_tokens);
+  impl_->for_each_store([&](PagedKvStore& st, SeqId& s) { st.truncate(s, n_tokens); });
   impl_->history.resize(static_cast<std::size_t>(n_tokens));
   impl_->refresh();
 }
@@ -498,6 +553,7 @@ std::span<const int> Engine::history() const { return impl_->history; }
 
 int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
+  d.refuse_files_with_tp("hydrating");
   check_kv_file_compatible(file, d.views(), d.model.fingerprint);  // refuse before touching the sequence
   const int n = hydratable_prefix(file, prompt);
   if (n > d.max_ctx) throw EngineError("engine: the KV file holds more tokens than the context");
@@ -526,15 +582,31 @@ const EngineStats& Engine::stats() const {
   return impl_->stats;
 }
 const Model& Engine::model() const { return impl_->model; }
-const PagedKvStore& Engine::store() const { return impl_->first().store; }
-PagedKvStore& Engine::store() { return impl_->first().store; }
-SeqId Engine::sequence() const { return impl_->first().seq; }
-int Engine::stage_count() const { return static_cast<int>(impl_->stages.size()); }
+const PagedKvStore& Engine::store() const { return impl_->store0(); }
+PagedKvStore& Engine::store() { return const_cast<PagedKvStore&>(impl_->store0()); }
+SeqId Engine::sequence() const { return impl_->seq0(); }
+int Engine::stage_count() const { return impl_->tp ? 1 : static_cast<int>(impl_->stages.size()); }
 const PagedKvStore& Engine::stage_store(int stage) const { return impl_->stage(stage).store; }
 SeqId Engine::stage_sequence(int stage) const { return impl_->stage(stage).seq; }
 std::pair<int, int> Engine::stage_layers(int stage) const {
   const Stage& st = impl_->stage(stage);
   return {st.layer0, st.layer1};
+}
+
+int Engine::tp_ranks() const { return impl_->tp ? impl_->tp->ranks() : 1; }
+const PagedKvStore& Engine::rank_store(int rank) const {
+  if (!impl_->tp) {
+    if (rank != 0) throw EngineError("engine: no tensor-parallel rank " + std::to_string(rank) + " (the engine is not split by --tp)");
+    return impl_->store0();
+  }
+  if (rank < 0 || rank >= impl_->tp->ranks())
+    throw EngineError("engine: no tensor-parallel rank " + std::to_string(rank) + " (the engine has " +
+                      std::to_string(impl_->tp->ranks()) + ")");
+  return impl_->tp->store(rank);
+}
+SeqId Engine::rank_sequence(int rank) const {
+  rank_store(rank);  // the same refusals
+  return impl_->tp ? impl_->tp->sequence(rank) : impl_->seq0();
 }
 
 }  // namespace kvgate

@@ -398,71 +398,100 @@ void CpuForward::receive(const float* x, int T, int pos0) {
 
 void CpuForward::run_layers(PagedKvStore& store, SeqId s, int l0, int l1, int T, int pos0) {
   const ModelConfig& c = c_;
-  const ModelWeights& w = m_.weights;
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
+  const int dim = c.dim;
   for (int l = l0; l < l1; ++l) {
     const int sl = l - l0;  // the layer's slot in this store
-    const LayerWeights& L = w.layers[static_cast<std::size_t>(l)];
-    // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
-    for (int t = 0; t < T; ++t)
-      rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
-              L.attn_norm.data(), dim, c.rms_eps);
+    const LayerWeights& L = m_.weights.layers[static_cast<std::size_t>(l)];
     if (c.mla.any()) {
+      for (int t = 0; t < T; ++t)
+        rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
+                L.attn_norm.data(), dim, c.rms_eps);
       mla_attention(store, s, L, l, sl, T, pos0);
     } else {
-      matmul(pool_, q_.data(), xb_.data(), L.wq, c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
-      matmul(pool_, k_.data(), xb_.data(), L.wk, c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
-      matmul(pool_, v_.data(), xb_.data(), L.wv, c.qkv_bias ? L.bv.data() : nullptr, T, dim, kvd, false);
-      if (c.qk_norm) {  // qwen3: RMSNorm over each head of q and k, before RoPE
-        for (int i = 0; i < T * c.n_heads; ++i)
-          rmsnorm(q_.data() + static_cast<std::size_t>(i) * hd, q_.data() + static_cast<std::size_t>(i) * hd,
-                  L.q_norm.data(), hd, c.rms_eps);
-        for (int i = 0; i < T * c.n_kv_heads; ++i)
-          rmsnorm(k_.data() + static_cast<std::size_t>(i) * hd, k_.data() + static_cast<std::size_t>(i) * hd,
-                  L.k_norm.data(), hd, c.rms_eps);
-      }
-      const bool local_rope = layer_uses_local_rope(c, l);
-      rope(q_.data(), T, c.n_heads, local_rope);
-      rope(k_.data(), T, c.n_kv_heads, local_rope);
-      // K/V rows go through the KV format; attention reads them back from the store.
-      store.write(s, sl, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
-      attend(store, s, l, sl, T, pos0);
-      // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
-      if (c.post_norms) {
-        matmul(pool_, xb2_.data(), att_.data(), L.wo, nullptr, T, qd, dim, false);
-        add_normed(L.post_attn_norm.data(), T);
-      } else {
-        matmul(pool_, x_.data(), att_.data(), L.wo, nullptr, T, qd, dim, true);
-      }
+      attention_block(store, s, l, sl, T, pos0);
+      add_block(c.post_norms ? L.post_attn_norm.data() : nullptr, T);
     }
-    // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
-    for (int t = 0; t < T; ++t)
-      rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
-              L.ffn_norm.data(), dim, c.rms_eps);
-    if (c.moe.is_moe(l)) {  // routed experts: x += sum_e p_e expert_e(xb)
+    if (c.moe.is_moe(l)) {  // routed experts: x += sum_e p_e expert_e(rmsnorm(x))
+      for (int t = 0; t < T; ++t)
+        rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
+                L.ffn_norm.data(), dim, c.rms_eps);
       moe_ffn(L, T);
       for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i) x_[i] += moe_[i];
       continue;
     }
-    matmul(pool_, hb_.data(), xb_.data(), L.w1, nullptr, T, dim, hid, false);
-    matmul(pool_, hb2_.data(), xb_.data(), L.w3, nullptr, T, dim, hid, false);
-    if (c.ffn_act == FfnAct::gelu_tanh) geglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
-    else swiglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
-    if (c.post_norms) {
-      matmul(pool_, xb2_.data(), hb_.data(), L.w2, nullptr, T, hid, dim, false);
-      add_normed(L.post_ffn_norm.data(), T);
-    } else {
-      matmul(pool_, x_.data(), hb_.data(), L.w2, nullptr, T, hid, dim, true);
-    }
-    // NaN/inf in weights or KV would otherwise reach the logits (and greedy argmax gives token 0):
-    // the first layer whose output is not finite is named, O(T*dim) per layer.
-    for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i)
-      if (!std::isfinite(x_[i]))
-        throw EngineError("forward: layer " + std::to_string(l) + " produced a non-finite value (" +
-                          std::to_string(x_[i]) + ") at position " + std::to_string(pos0 + static_cast<int>(i / dim)) +
-                          ", element " + std::to_string(i % dim) +
-                          ": the model's weights or the KV cache hold NaN/inf (check the model file)");
+    ffn_block(l, T);
+    add_block(c.post_norms ? L.post_ffn_norm.data() : nullptr, T);
+    check_finite(l, T, pos0);
   }
+}
+
+void CpuForward::attention_block(PagedKvStore& store, SeqId s, int l, int sl, int T, int pos0) {
+  const ModelConfig& c = c_;
+  const LayerWeights& L = m_.weights.layers[static_cast<std::size_t>(l)];
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  // xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
+  for (int t = 0; t < T; ++t)
+    rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
+            L.attn_norm.data(), dim, c.rms_eps);
+  matmul(pool_, q_.data(), xb_.data(), L.wq, c.qkv_bias ? L.bq.data() : nullptr, T, dim, qd, false);
+  matmul(pool_, k_.data(), xb_.data(), L.wk, c.qkv_bias ? L.bk.data() : nullptr, T, dim, kvd, false);
+  matmul(pool_, v_.data(), xb_.data(), L.wv, c.qkv_bias ? L.bv.data() : nullptr, T, dim, kvd, false);
+  if (c.qk_norm) {  // qwen3: RMSNorm over each head of q and k, before RoPE
+    for (int i = 0; i < T * c.n_heads; ++i)
+      rmsnorm(q_.data() + static_cast<std::size_t>(i) * hd, q_.data() + static_cast<std::size_t>(i) * hd,
+              L.q_norm.data(), hd, c.rms_eps);
+    for (int i = 0; i < T * c.n_kv_heads; ++i)
+      rmsnorm(k_.data() + static_cast<std::size_t>(i) * hd, k_.data() + static_cast<std::size_t>(i) * hd,
+              L.k_norm.data(), hd, c.rms_eps);
+  }
+  const bool local_rope = layer_uses_local_rope(c, l);
+  rope(q_.data(), T, c.n_heads, local_rope);
+  rope(k_.data(), T, c.n_kv_heads, local_rope);
+  // K/V rows go through the KV format; attention reads them back from the store.
+  store.write(s, sl, pos0, T, k_.data(), static_cast<std::size_t>(kvd), v_.data(), static_cast<std::size_t>(kvd));
+  attend(store, s, l, sl, T, pos0);
+  // The block's output: att Wo.
+  matmul(pool_, xb2_.data(), att_.data(), L.wo, nullptr, T, qd, dim, false);
+}
+
+void CpuForward::ffn_block(int l, int T) {
+  const ModelConfig& c = c_;
+  const LayerWeights& L = m_.weights.layers[static_cast<std::size_t>(l)];
+  const int dim = c.dim, hid = c.hidden_dim;
+  // xb = rmsnorm(x); the block's output: W2 (act(xb W1) * (xb W3)); act = SiLU, or the tanh GELU (Gemma).
+  for (int t = 0; t < T; ++t)
+    rmsnorm(xb_.data() + static_cast<std::size_t>(t) * dim, x_.data() + static_cast<std::size_t>(t) * dim,
+            L.ffn_norm.data(), dim, c.rms_eps);
+  matmul(pool_, hb_.data(), xb_.data(), L.w1, nullptr, T, dim, hid, false);
+  matmul(pool_, hb2_.data(), xb_.data(), L.w3, nullptr, T, dim, hid, false);
+  if (c.ffn_act == FfnAct::gelu_tanh) geglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
+  else swiglu(hb_.data(), hb2_.data(), static_cast<std::size_t>(T) * hid);
+  matmul(pool_, xb2_.data(), hb_.data(), L.w2, nullptr, T, hid, dim, false);
+}
+
+void CpuForward::add_block(const float* post_norm, int T) {
+  // x += y (Gemma: x += rmsnorm_post(y)); the same single rounding as a matmul accumulating into x.
+  if (post_norm) {
+    add_normed(post_norm, T);
+    return;
+  }
+  for (std::size_t i = 0; i < static_cast<std::size_t>(T) * c_.dim; ++i) x_[i] += xb2_[i];
+}
+
+void CpuForward::set_residual(const float* x, int T) {
+  std::memcpy(x_.data(), x, sizeof(float) * static_cast<std::size_t>(T) * static_cast<std::size_t>(c_.dim));
+}
+
+void CpuForward::check_finite(int l, int T, int pos0) const {
+  // NaN/inf in weights or KV would otherwise reach the logits (and greedy argmax gives token 0):
+  // the first layer whose output is not finite is named, O(T*dim) per layer.
+  const int dim = c_.dim;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(T) * dim; ++i)
+    if (!std::isfinite(x_[i]))
+      throw EngineError("forward: layer " + std::to_string(l) + " produced a non-finite value (" +
+                        std::to_string(x_[i]) + ") at position " + std::to_string(pos0 + static_cast<int>(i / dim)) +
+                        ", element " + std::to_string(i % dim) +
+                        ": the model's weights or the KV cache hold NaN/inf (check the model file)");
 }
 
 void CpuForward::head(int T, float* logits, bool all_logits) {

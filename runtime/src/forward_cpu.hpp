@@ -48,6 +48,25 @@ class CpuForward {
   // The residual stream of the chunk, [T][dim]: what a stage hands to the next.
   const float* activations() const { return x_.data(); }
 
+  // The two blocks of a dense (non-MLA, non-MoE) layer, as run_layers runs them and as a tensor-
+  // parallel rank runs them on its slice of the heads and FFN width (tensor_parallel.hpp): each
+  // leaves its output y = [T][dim] in block_output(); add_block then adds it to the residual
+  // stream (x += y, or x += rmsnorm_post(y) with post_norm). A rank's y is its partial sum, which
+  // the all-reduce replaces by the sum over ranks before add_block.
+  //   attention_block: xb = rmsnorm(x); q, k, v; K/V rows into layer `sl` of `store`; attention;
+  //                    y = att Wo.
+  //   ffn_block:       xb = rmsnorm(x); y = W2 (act(xb W1) * (xb W3)).
+  void attention_block(PagedKvStore& store, SeqId s, int l, int sl, int T, int pos0);
+  void ffn_block(int l, int T);
+  void add_block(const float* post_norm, int T);
+  float* block_output() { return xb2_.data(); }
+  const float* attention_rows() const { return att_.data(); }  // [T][q_dim]: the heads' outputs
+  const float* ffn_hidden() const { return hb_.data(); }       // [T][hidden]: act(xb W1) * (xb W3)
+  // Overwrites the residual stream [T][dim] (a rank's replica; the chunk's RoPE angles stay).
+  void set_residual(const float* x, int T);
+  // Throws EngineError naming layer l when the residual stream holds NaN/inf.
+  void check_finite(int l, int T, int pos0) const;
+
   int max_chunk() const { return max_chunk_; }
   // Width the RoPE turns: head_dim, or MLA's qk_rope_head_dim.
   int rope_width() const { return c_.mla.any() ? c_.mla.rope_dim : c_.head_dim; }

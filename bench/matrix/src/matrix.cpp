@@ -776,7 +776,9 @@ void cpu_timing_row(MatrixRun& r, const Fmt& F, int L, int w, nlohmann::json& ro
     counters = stream_counters(e.stats());
     row["kv_bytes"] = e.stats().kv_bytes;
     row["pipeline_stages"] = e.stats().pipeline_stages;
+    row["tensor_parallel"] = e.stats().tensor_parallel;
     row["topology"] = e.stats().topology;
+    row["gpus"] = e.stats().devices;
     if (o.timing && L + o.warm_turn + 1 <= cfg.max_seq_len && !o.cache_dir.empty()) {
       std::filesystem::create_directories(o.cache_dir);
       const std::span<const int> p2(r.perf_ids.data(), static_cast<std::size_t>(L + o.warm_turn));
@@ -837,7 +839,9 @@ void timing_rows(MatrixRun& r) {
           // Topology of the engine that measured the row: the matrix runs the unsplit engine (one
           // store, one device); a split run (EngineOptions::pipeline_stages) reports its stages here.
           row["pipeline_stages"] = 1;
+          row["tensor_parallel"] = 1;
           row["topology"] = "single";
+          row["gpus"] = device == "cuda" ? 1 : 0;
           for (const char* k : {"pool_bytes", "ttft_cold_ms", "ttft_warm_ms", "prefill_tok_s", "decode_tok_s"}) row[k] = nullptr;
           row["status"] = "ok";
           row["reason"] = "";

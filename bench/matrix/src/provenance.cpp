@@ -204,6 +204,11 @@ nlohmann::json provenance(const ProvenanceOptions& o) {
   }
   j["gpus"] = gpus;
   j["gpu_driver"] = driver.empty() ? nlohmann::json(nullptr) : nlohmann::json(driver);
+  // Device count and how the GPUs are linked (a multi-GPU field report says which rig it came from).
+  j["gpu_count"] = static_cast<int>(gpus.size());
+  const std::string topo = gpus.size() > 1 ? gpu_topology(capture("nvidia-smi topo -m"), static_cast<int>(gpus.size()))
+                                           : gpu_topology("", static_cast<int>(gpus.size()));
+  j["gpu_topology"] = topo.empty() ? nlohmann::json(nullptr) : nlohmann::json(topo);
   std::string cuda;
   const std::string smi_head = capture("nvidia-smi");
   if (const auto p = smi_head.find("CUDA Version:"); p != std::string::npos) {
@@ -256,6 +261,39 @@ nlohmann::json provenance(const ProvenanceOptions& o) {
   return j;
 }
 
+std::string gpu_topology(const std::string& topo_m, int n_gpus) {
+  if (n_gpus <= 0) return "";
+  if (n_gpus == 1) return "single";
+  // Rows "GPUi <link to GPU0> <link to GPU1> ... <CPU affinity> ...", the diagonal "X".
+  std::vector<std::vector<std::string>> link(static_cast<std::size_t>(n_gpus),
+                                             std::vector<std::string>(static_cast<std::size_t>(n_gpus), "?"));
+  std::istringstream in(topo_m);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::string head;
+    ls >> head;
+    if (head.rfind("GPU", 0) != 0 || head.size() < 4) continue;
+    int i = -1;
+    try {
+      i = std::stoi(head.substr(3));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (i < 0 || i >= n_gpus) continue;
+    for (int k = 0; k < n_gpus; ++k) {
+      std::string cell;
+      if (!(ls >> cell)) break;
+      link[static_cast<std::size_t>(i)][static_cast<std::size_t>(k)] = cell;
+    }
+  }
+  std::string out;
+  for (int i = 0; i < n_gpus; ++i)
+    for (int k = i + 1; k < n_gpus; ++k)
+      out += (out.empty() ? "" : ",") + ("GPU" + std::to_string(i) + "-GPU" + std::to_string(k) + ":" +
+                                        link[static_cast<std::size_t>(i)][static_cast<std::size_t>(k)]);
+  return out;
+}
+
 nlohmann::json provenance_brief(const nlohmann::json& p) {
   nlohmann::json b;
   b["git_commit"] = p.value("git_commit", nlohmann::json(nullptr));
@@ -265,6 +303,8 @@ nlohmann::json provenance_brief(const nlohmann::json& p) {
   for (const auto& g : p.value("gpus", nlohmann::json::array())) gpu += (gpu.empty() ? "" : "; ") + g.value("name", "");
   b["gpu"] = gpu.empty() ? nlohmann::json(nullptr) : nlohmann::json(gpu);
   b["gpu_driver"] = p.value("gpu_driver", nlohmann::json(nullptr));
+  b["gpu_count"] = p.value("gpu_count", static_cast<int>(p.value("gpus", nlohmann::json::array()).size()));
+  b["gpu_topology"] = p.value("gpu_topology", nlohmann::json(nullptr));
   b["cuda_version"] = p.value("cuda_version", nlohmann::json(nullptr));
   b["compiler"] = p.value("compiler", "");
   b["cxx_flags"] = p.value("cxx_flags", "");

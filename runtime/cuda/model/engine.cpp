@@ -1,5 +1,6 @@
 // CudaEngine: one sequence over a CudaKvStore, the CPU Engine's API subset the CLI needs.
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -272,6 +273,13 @@ struct CudaEngine::Impl {
       for (int i = 0; i < pipe->n_stages(); ++i)
         stats.stage_layers.push_back(pipe->stage(i).range.end - pipe->stage(i).range.first);
       stats.topology = topology_name(stats.stage_layers);
+    }
+    // The distinct CUDA devices the engine runs on (matrix rows and field reports: "gpus").
+    stats.devices = 1;
+    if (pipe) {
+      std::set<int> used;
+      for (int i = 0; i < pipe->n_stages(); ++i) used.insert(pipe->stage(i).device);
+      stats.devices = static_cast<int>(used.size());
     }
     stats.kv_resident_tokens = std::max(0, opts.engine.kv_resident);
     stats.threads = 1;

@@ -64,6 +64,12 @@ struct EngineOptions {
   // Layers of each stage (pipeline_stages entries, each >= 1, summing to n_layers); empty: as even
   // as possible, the first n_layers % pipeline_stages stages one layer more.
   std::vector<int> pipeline_layers;
+  // Tensor parallelism (kvgate/tensor_parallel.hpp; --tp N), laid out as a multi-GPU engine splits
+  // every layer: rank r holds its share of the query and KV heads (with its OWN KV store of those
+  // heads) and of the FFN rows; the ranks' block outputs are summed by an all-reduce. The logits
+  // differ from the unsplit engine's by float reassociation only (PAR.tp). 1: no split. Refused
+  // with a pipeline split, a per-layer KV map, KV files, the read hook, MLA and MoE models.
+  int tensor_parallel = 1;
   // Per-layer KV formats (kvgate/kv_layer_map.hpp, --kv-layers): one per model layer; empty: every
   // layer holds kv.effective. Each run of layers with one format gets its own store (a pipeline
   // stage is cut further where the format changes). A map can be neither saved to nor hydrated
@@ -103,8 +109,9 @@ std::vector<std::pair<int, int>> pipeline_ranges(const ModelConfig& c, const Eng
 StoreConfig stage_store_config(const StoreConfig& full, const EngineOptions& o, int l0, int l1);
 // The KV format of model layer `layer`: EngineOptions::kv_layers[layer], else kv.effective.
 const KvFormat& layer_kv_format(const EngineOptions& o, int layer);
-// "single", or "pipeline:" and the stages' layer counts joined by '+'.
-std::string topology_name(const std::vector<int>& stage_layers);
+// "single", or "pipeline:" and the stages' layer counts joined by '+', or "tensor:N" for N > 1
+// tensor-parallel ranks.
+std::string topology_name(const std::vector<int>& stage_layers, int tensor_parallel = 1);
 
 struct EngineStats {
   std::string requested_kv;
@@ -122,6 +129,8 @@ struct EngineStats {
   int pipeline_stages = 1;
   std::vector<int> stage_layers;
   std::string topology = "single";
+  int tensor_parallel = 1;         // tensor-parallel ranks (topology "tensor:N")
+  int devices = 0;                 // distinct CUDA devices the engine runs on (0: the CPU engine)
   // Per-layer KV (EngineOptions::kv_layers): the map's canonical name ("" when every layer holds
   // effective_kv), each layer's format and its KV bytes per token (K + V page bytes / block size).
   std::string kv_layer_map;
@@ -205,6 +214,11 @@ class Engine {
   const PagedKvStore& stage_store(int stage) const;
   SeqId stage_sequence(int stage) const;
   std::pair<int, int> stage_layers(int stage) const;
+  // Tensor-parallel ranks (EngineOptions::tensor_parallel; 1 when unsplit), each rank's KV store
+  // (its KV heads of every layer) and sequence. Rank 0's are store() and sequence().
+  int tp_ranks() const;
+  const PagedKvStore& rank_store(int rank) const;
+  SeqId rank_sequence(int rank) const;
 
  private:
   struct Impl;

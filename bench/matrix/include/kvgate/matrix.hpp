@@ -55,6 +55,11 @@ CommitStamp commit_stamp(const nlohmann::json& provenance);
 nlohmann::json provenance_brief(const nlohmann::json& full);
 // The environment fingerprint of field reports: provenance plus memory and nvidia-smi lines.
 nlohmann::json environment(const ProvenanceOptions& o);
+// How the GPUs of a machine are linked, from the text of `nvidia-smi topo -m` with n GPUs: "" for
+// none, "single" for one, else every pair's link as nvidia-smi names it ("GPU0-GPU1:NV18,
+// GPU0-GPU2:SYS, ..."; NV# = NVLink bonds, PIX/PXB/PHB/NODE/SYS = PCIe paths). A pair the text
+// does not give is "?". The provenance's gpu_topology.
+std::string gpu_topology(const std::string& topo_m, int n_gpus);
 
 // --- models and corpora -------------------------------------------------------------------------
 // Where the shared models live: kvgate::model_dirs (kvgate/model_paths.hpp), the source tree

@@ -1,0 +1,93 @@
+// Tensor parallelism of the CPU forward pass, laid out as a multi-GPU engine splits every layer
+// (Megatron style) so that the split is tested on a CPU machine before it runs on several GPUs:
+//
+//   rank r of N holds   query heads [r H/N, (r+1) H/N) and their KV heads [r Hkv/N, (r+1) Hkv/N)
+//                       (a GQA group never straddles ranks), with its OWN KV store of those heads;
+//                       the rows of Wq/Wk/Wv (and biases) of its heads and the columns of Wo that
+//                       read them; FFN rows [r F/N, (r+1) F/N) of W1/W3 and the columns of W2.
+//   every rank holds    the embeddings, the norms, the head and a replica of the residual stream.
+//
+// A block (attention, FFN) leaves on every rank a partial output [T][dim] (its heads' or FFN
+// slice's share of the block's matmul); the all-reduce sums the partials in rank order
+// (((y_0 + y_1) + y_2) + ...) and every rank adds the sum to its replica of the residual. Column
+// splits (q, k, v, W1, W3) compute every output element with the same dot product as the unsplit
+// pass, so each rank's K/V rows, attention outputs and FFN hidden rows are bitwise the unsplit
+// ones' slices (given the same residual); the row splits (Wo, W2) and the all-reduce reassociate
+// one sum per block, so the block outputs differ from the unsplit ones by float rounding only
+// (PAR.tp's derived bound). With N = 1 the pass is bitwise the unsplit engine's.
+//
+// Not split (refused by name): MLA and MoE layers, per-layer KV maps, a pipeline split at the same
+// time, KV files (save/hydrate) and the probe read hook. The rank stores stream (kv_resident) and
+// keep the host-mirror rule each on its own.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "kvgate/kv_store.hpp"
+#include "kvgate/model.hpp"
+
+namespace kvgate {
+
+// What rank r of a tensor-parallel split holds (TensorParallelForward::slice).
+struct TpSlice {
+  int q_head0 = 0, q_heads = 0;    // query heads [q_head0, q_head0 + q_heads)
+  int kv_head0 = 0, kv_heads = 0;  // KV heads [kv_head0, kv_head0 + kv_heads)
+  int ffn0 = 0, ffn = 0;           // FFN rows [ffn0, ffn0 + ffn)
+};
+
+// Why `m` cannot be split over `ranks` tensor-parallel ranks, or "" when it can.
+std::string tensor_parallel_refusal(const ModelConfig& c, int ranks);
+// Rank r's slice of the model (heads, KV heads, FFN rows): an even split.
+TpSlice tensor_parallel_slice(const ModelConfig& c, int ranks, int r);
+// Rank r's KV store: `full` (the unsplit store) with the rank's KV heads and their per-head scales.
+StoreConfig tensor_parallel_store_config(const StoreConfig& full, const ModelConfig& c, int ranks, int r);
+
+class TensorParallelForward {
+ public:
+  // Throws EngineError (kvgate/engine.hpp) when the model cannot be split (tensor_parallel_refusal)
+  // or KvStoreError when a rank's store cannot hold the format (e.g. a 32-block wider than a rank's
+  // row). `full` is the unsplit engine's StoreConfig (make_store_config).
+  TensorParallelForward(const Model& m, int ranks, const StoreConfig& full, int max_chunk, int threads);
+  ~TensorParallelForward();
+  TensorParallelForward(const TensorParallelForward&) = delete;
+  TensorParallelForward& operator=(const TensorParallelForward&) = delete;
+
+  int ranks() const;
+  TpSlice slice(int r) const;
+  const Model& rank_model(int r) const;  // the rank's weights (sliced copies; FP32)
+  PagedKvStore& store(int r);
+  const PagedKvStore& store(int r) const;
+  SeqId sequence(int r) const;
+  void reset_sequences();  // every rank's sequence freed and made anew
+
+  // One chunk (T tokens at the sequences' end) through every layer; the logits of the last token
+  // ([vocab]) or of every token ([T][vocab]) when all_logits. The steps below, in this order.
+  void forward(const int* tokens, int T, float* logits, bool all_logits);
+
+  // --- the pass in steps (forward() runs them; PAR.tp drives them one block at a time) ----------
+  // Checks the chunk, extends every rank's sequence by T, embeds on every rank; returns pos0.
+  int begin_chunk(const int* tokens, int T);
+  // Every rank's attention block of layer l (its heads over its own store), then the all-reduce:
+  // block_sum() = sum over ranks of the partial outputs.
+  void attention(int l, int T, int pos0);
+  // Every rank's FFN block of layer l, then the all-reduce.
+  void ffn(int l, int T);
+  // Every rank adds block_sum() to its residual replica (through the layer's post-norm on a post-norm
+  // model: attention_block picks post_attn_norm, else post_ffn_norm); then the NaN/inf check.
+  void add_block(int l, bool attention_block, int T, int pos0);
+  // The final norm and the classifier (rank 0's replica).
+  void head(int T, float* logits, bool all_logits);
+
+  const float* block_sum() const;               // [T][dim]
+  const float* partial(int r) const;            // [T][dim]: rank r's partial of the last block
+  const float* attention_rows(int r) const;     // [T][q_heads * head_dim] of rank r
+  const float* ffn_hidden(int r) const;         // [T][ffn] of rank r
+  const float* residual(int r) const;           // [T][dim]: rank r's replica
+  void set_residual(const float* x, int T);     // overwrite every rank's replica (teacher forcing)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvgate
