@@ -133,17 +133,8 @@ std::string temp_file(const std::string& name) {
   return dir.sub(name);
 }
 
-std::vector<std::uint8_t> file_bytes(const std::string& path) {
-  const KvFile f = read_kv_file(path);  // verifies structure and checksums
-  REQUIRE(f.file_bytes > kKvFileHeaderBytes);
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in.good());
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using kvgate::gates::cuda_gate::bit_equal;
+using kvgate::gates::cuda_gate::file_bytes;
 
 // The uninterrupted run's continuation after the first n1 tokens: a chunk of `turn` tokens (all
 // logits), then kDecode decode steps fed with the corpus' next tokens (their logits appended).

@@ -1,5 +1,6 @@
 // Shared by the sources of gate_cuda: the skip rule without a device, a device float buffer, the
-// oracle's name of a half format and a first-differing-byte report for page comparisons.
+// oracle's name of a half format, a first-differing-byte report for page comparisons, a KV file's
+// verified bytes and a bitwise comparison of float vectors.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,10 +14,13 @@
 #include <vector>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "catch_compat.hpp"
 #include "kvgate/cuda/device.hpp"
+#include "kvgate/kv_file.hpp"
 #include "kvgate/cuda/kv_store.hpp"
 #include "kvgate/cuda/ops.hpp"
 #include "kvgate/format.hpp"
@@ -35,6 +39,20 @@
   } while (0)
 
 namespace kvgate::gates::cuda_gate {
+
+// The bytes of a KV file, after read_kv_file has verified its structure and checksums.
+inline std::vector<std::uint8_t> file_bytes(const std::string& path) {
+  const KvFile f = read_kv_file(path);
+  REQUIRE(f.file_bytes > kKvFileHeaderBytes);
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Two float vectors equal bit for bit (NaN payloads and signed zeros included).
+inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
 
 using gates::oracle_half;  // gates/common/oracle_fixtures.hpp
 
