@@ -37,6 +37,16 @@ decltype(auto) dispatch_decode(const KvFormat& f, int head_dim, Fn&& fn) {
   });
 }
 
+// DecodeLaunch::cell_bytes: the K + V bytes of one cell (token x KV head) as the formats lay out a
+// page. page_bytes / block_size is one token row's bytes, exact for every format (docs/FORMATS.md
+// "Geometry"); a row's share per head is rounded up where a scale block spans heads (head_dim below
+// the block), so the count never falls below the format's need.
+unsigned decode_cell_bytes(const KvFormat& f, const PageGeometry& g) {
+  const std::size_t B = static_cast<std::size_t>(g.block_size), H = static_cast<std::size_t>(g.n_kv_heads);
+  const std::size_t row = kvgate::page_bytes(f.k, g) / B + kvgate::page_bytes(f.v, g) / B;
+  return static_cast<unsigned>((row + H - 1) / H);
+}
+
 }  // namespace
 
 OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_heads) {
@@ -194,6 +204,8 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   L.window = a.window;
   if (a.window < 0) throw std::invalid_argument("kvgate::cuda::decode_attention: window must be >= 0");
   L.softcap2 = detail::softcap_base2(a.softcap, "decode_attention");
+  L.bytes_read = a.bytes_read;
+  if (a.bytes_read != nullptr) L.cell_bytes = decode_cell_bytes(a.format, a.geometry);
   const float scale = a.softmax_scale > 0 ? a.softmax_scale : 1.0f / std::sqrt(static_cast<float>(D));
   const float k_ts = detail::applied_tensor_scale(a.format.k, a.k_scale);
   const float v_ts = detail::applied_tensor_scale(a.format.v, a.v_scale);

@@ -91,6 +91,33 @@ CudaKvStore::~CudaKvStore() {
   for (auto* p : scratch_)
     if (p) cudaFree(p);
   if (d_head_scales_) cudaFree(d_head_scales_);
+  if (d_bytes_read_) cudaFree(d_bytes_read_);
+}
+
+void CudaKvStore::set_read_counter(bool on) {
+  if (on && !d_bytes_read_) {
+    KVGATE_CUDA_CHECK(cudaMalloc(&d_bytes_read_, sizeof(unsigned long long)));
+    reset_read_bytes();
+  } else if (!on && d_bytes_read_) {
+    KVGATE_CUDA_CHECK(cudaDeviceSynchronize());  // no kernel still adds to it
+    KVGATE_CUDA_CHECK(cudaFree(d_bytes_read_));
+    d_bytes_read_ = nullptr;
+  }
+}
+
+std::uint64_t CudaKvStore::read_bytes() const {
+  if (!d_bytes_read_) return 0;
+  KVGATE_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels of every stream that counted have finished
+  unsigned long long n = 0;
+  KVGATE_CUDA_CHECK(cudaMemcpy(&n, d_bytes_read_, sizeof n, cudaMemcpyDeviceToHost));
+  return n;
+}
+
+void CudaKvStore::reset_read_bytes() {
+  if (!d_bytes_read_) return;
+  KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
+  KVGATE_CUDA_CHECK(cudaMemset(d_bytes_read_, 0, sizeof(unsigned long long)));
+  KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 std::span<const float> CudaKvStore::head_scales(int layer, KvHalf h) const {
@@ -356,6 +383,7 @@ DecodePlan CudaKvStore::decode(std::span<const SeqId> seqs, int layer, int n_hea
   a.num_splits = num_splits;
   a.window = window;
   a.softcap = softcap;
+  a.bytes_read = d_bytes_read_;  // null unless set_read_counter(true)
   return decode_attention(a, ws, stream);
 }
 
@@ -452,6 +480,7 @@ DecodePlan CudaKvStore::mla_attention(std::span<const SeqId> seqs, std::span<con
   a.v_scale = tensor_scale(layer, KvHalf::V);
   a.softmax_scale = softmax_scale;
   a.num_splits = num_splits;
+  a.bytes_read = d_bytes_read_;  // null unless set_read_counter(true)
   return mla_decode_attention(a, ws, stream);
 }
 

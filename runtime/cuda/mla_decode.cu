@@ -129,6 +129,13 @@ DecodePlan mla_decode_attention(const MlaDecodeArgs& a, const DecodePlan& p, Dec
   L.q_mul_lat = static_cast<float>(static_cast<double>(a.softmax_scale) * 1.4426950408889634 * s_c);
   L.q_mul_rope = static_cast<float>(static_cast<double>(a.softmax_scale) * 1.4426950408889634 * s_r);
   L.out_mul = s_c;
+  L.bytes_read = a.bytes_read;
+  if (a.bytes_read != nullptr) {  // one token's latent + RoPE key bytes (page_bytes / block_size: exact)
+    const std::size_t B = static_cast<std::size_t>(a.block_size);
+    std::size_t tb = kvgate::page_bytes(a.format.k, PageGeometry{a.block_size, 1, a.kv_lora}) / B;
+    if (a.rope > 0) tb += kvgate::page_bytes(a.format.v, PageGeometry{a.block_size, 1, a.rope}) / B;
+    L.token_bytes = static_cast<unsigned>(tb);
+  }
   const dim3 grid(static_cast<unsigned>(p.head_chunks), static_cast<unsigned>(p.splits), static_cast<unsigned>(a.rows));
   detail::dispatch_half(a.format.k, [&](auto kf) {
     auto k = detail::mla_decode_kernel<decltype(kf)::value>;

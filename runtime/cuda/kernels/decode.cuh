@@ -305,6 +305,14 @@ __device__ inline void write_partials(const DecodeLaunch& a, int b, int split, i
   }
 }
 
+// Bytes-moved accounting (DecodeLaunch::bytes_read, docs/CUDA.md "What a decode step reads on the
+// GPU"): `cells` (token x KV head) that a warp's loop read from the pool, times the formats' bytes of
+// one cell, added once by the calling lane after the loop. Off (null, the default): one uniform branch.
+__device__ __forceinline__ void count_read(const DecodeLaunch& a, unsigned cells) {
+  if (a.bytes_read != nullptr && cells != 0u)
+    atomicAdd(a.bytes_read, static_cast<unsigned long long>(cells) * a.cell_bytes);
+}
+
 // ---- the per-warp staging pipeline of the fast and tensor-core kernels ---------------------------
 // Warp w of a CTA streams the cells of its own KV head through a private STAGES-deep cp.async ring
 // (no CTA-wide barrier in the main loop). A stage holds TOK tokens: K cells (stride SK), V cells
@@ -416,6 +424,23 @@ struct WarpKvPipe {
   // After the step's last read of its stage (the stage is refilled STAGES - 1 steps later).
   __device__ __forceinline__ void release() const { __syncwarp(); }
   __device__ __forceinline__ void drain() const { cp_async_wait<0>(); }
+  // Bytes-moved accounting after the loop, every lane of the warp (off: one uniform branch; the loop
+  // carries nothing for it). `steps` is the number of steps the caller's loop acquired: prologue()
+  // and acquire() issued the copies of steps 0 .. steps + STAGES - 2, each token's through lookup(),
+  // the one test that decides what is copied (a page >= 0: its K and V cells; else zero-filled,
+  // nothing read). Those lookups are replayed here, the tokens that hit a page counted once (by
+  // their first copy lane) and added by lane 0. A loop that runs more steps, a range that reaches
+  // past the split or the sequence, a lookup that admits more tokens: each raises the count.
+  __device__ __forceinline__ void count_read(int steps) const {
+    if (a.bytes_read == nullptr) return;
+    unsigned tokens = 0;
+    for (int st = 0; st < steps + Cfg::STAGES - 1; ++st) {
+      int pg, sl;
+      lookup(st, pg, sl);
+      tokens += __popc(__ballot_sync(0xffffffffu, csub == 0 && pg >= 0));
+    }
+    if (ctau == 0 && csub == 0) detail::count_read(a, tokens);
+  }
   // The ring's last stage, which prologue() leaves unwritten: scratch for the caller until its
   // first acquire() (which issues the copies of step STAGES - 1 into it) after a __syncwarp().
   __device__ __forceinline__ std::uint8_t* spare_stage() const { return wpipe + (Cfg::STAGES - 1) * Cfg::STAGE_AL; }
@@ -479,7 +504,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
 
   WarpKvPipe<KF, VF, D, Cfg> kv(a, table, pipe + warp * Cfg::WARP_SMEM, kvh, t_begin, t_end, lane);
   kv.prologue();
-  for (int st = 0; st < kv.n_steps; ++st) {
+  int st = 0;  // after the loop: the steps it ran (count_read)
+  for (; st < kv.n_steps; ++st) {
     const std::uint8_t* sb = kv.acquire(st);
     const std::uint8_t* scw = kv.scale_words(sb);
     const std::uint8_t* par = kv.parity(sb);
@@ -554,6 +580,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
     kv.release();
   }
   kv.drain();
+  kv.count_read(st);
 
   // Merge the token groups of the warp (lanes that differ above the slice bits).
 #pragma unroll
@@ -626,7 +653,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_generic_kernel(Decod
 #pragma unroll
     for (int k = 0; k < kGenericMaxPerLane; ++k) acc[g][k] = 0.0f;
   }
-  for (int t = t_begin + warp; t < t_end; t += kDecodeWarps) {
+  int t = t_begin + warp;  // after the loop: one step of kDecodeWarps per token visited (count_read)
+  for (; t < t_end; t += kDecodeWarps) {
     const int page = __ldg(table + t / B), slot = t % B;
     const std::uint8_t* kp = a.k_pool + static_cast<std::size_t>(page) * a.k_page_stride;
     const std::uint8_t* vp = a.v_pool + static_cast<std::size_t>(page) * a.v_page_stride;
@@ -685,6 +713,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) decode_generic_kernel(Decod
       epml[(warp * kHeadsPerCta + g) * 2 + 1] = l[g];
     }
   }
+  // Bytes-moved accounting: the tokens this warp's loop visited, each reading its K and V cells.
+  if (lane == 0 && t > t_begin + warp) count_read(a, static_cast<unsigned>((t - t_begin - warp) / kDecodeWarps));
   __syncthreads();
   write_partials(a, b, split, hq0, nh, ep, epml, kDecodeWarps);
 }

@@ -730,7 +730,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS
 
   MmaState<KF, VF, D> st;
   st.init();
-  for (int step = 0; step < kv.n_steps; ++step) {
+  int step = 0;  // after the loop: the steps it ran (count_read)
+  for (; step < kv.n_steps; ++step) {
     const std::uint8_t* sb = kv.acquire(step);
     float s[T::NT][4], p[T::NT][4], bt[T::NT][4];
     mma_compute_qk<KF, VF, D>(sb, qf, ln, t_begin + step * Cfg::TOK, t_end, a.softcap2, s);
@@ -740,6 +741,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS
     kv.release();
   }
   kv.drain();
+  kv.count_read(step);
   mma_write_partials<KF, VF, D>(a, st, ln, b, split, hq0, nh);
 }
 

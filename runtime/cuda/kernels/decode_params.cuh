@@ -25,6 +25,11 @@ struct DecodeLaunch {
   float had_c = 1.0f;  // float(1/sqrt(double(D)))
   int window = 0;      // > 0: sliding window (keys seq_len - window .. seq_len - 1)
   float softcap2 = 0.0f;  // > 0: attention-logit soft-cap in base-2 score units (cap * log2(e)); decode.cuh softcap2
+  // Bytes-moved accounting (docs/CUDA.md "What a decode step reads on the GPU"): null, the default,
+  // leaves it off (one uniform branch per warp after its loop). Else every warp adds, once, the cells
+  // (token x KV head) its loop copied from the pool times cell_bytes (decode.cuh count_read).
+  unsigned long long* bytes_read = nullptr;
+  unsigned cell_bytes = 0;  // K + V bytes of one cell as the formats lay out a page (decode.cu decode_cell_bytes)
 };
 
 struct CombineLaunch {

@@ -45,6 +45,11 @@ struct MlaLaunch {
   float q_mul_lat = 1.0f;   // softmax_scale * log2(e) * s_c
   float q_mul_rope = 1.0f;  // softmax_scale * log2(e) * s_r
   float out_mul = 1.0f;     // s_c
+  // Bytes-moved accounting (MlaDecodeArgs::bytes_read): null, the default, leaves it off; else each CTA
+  // adds, once after its loop, the tokens it staged times token_bytes (latent + RoPE key bytes of one
+  // token as the formats lay out a page).
+  unsigned long long* bytes_read = nullptr;
+  unsigned token_bytes = 0;
 };
 
 inline int mla_smem_bytes(int kv_lora, int rope) { return kMlaTile * (kv_lora + rope) * 4; }
@@ -149,7 +154,8 @@ __global__ void __launch_bounds__(kMlaWarps * 32, 2) mla_decode_kernel(MlaLaunch
     for (int k = 0; k < kMlaLatPerLane; ++k) acc[g][k] = 0.0f;
   }
 
-  for (int t0 = t_begin; t0 < t_end; t0 += kMlaTile) {
+  int t0 = t_begin;  // after the loop: one tile past the last one staged (bytes_read)
+  for (; t0 < t_end; t0 += kMlaTile) {
     const int n = min(kMlaTile, t_end - t0);
     __syncthreads();  // every warp is done with the previous tile
     mla_stage_tile<KF>(a, table, t0, n, c_s, r_s);
@@ -222,6 +228,9 @@ __global__ void __launch_bounds__(kMlaWarps * 32, 2) mla_decode_kernel(MlaLaunch
       }
     }
   }
+  // Bytes-moved accounting: the tokens of the tiles the loop staged (the last tile's n of them).
+  if (a.bytes_read != nullptr && threadIdx.x == 0 && t0 > t_begin)
+    atomicAdd(a.bytes_read, static_cast<unsigned long long>(min(t0, t_end) - t_begin) * a.token_bytes);
   // Partials of the split (a split past the row's keys leaves m = -inf, l = 0, o = 0).
 #pragma unroll
   for (int g = 0; g < kMlaHeadsPerWarp; ++g) {

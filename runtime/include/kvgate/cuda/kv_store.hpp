@@ -112,6 +112,19 @@ class CudaKvStore {
                     DecodeWorkspace& ws, float softmax_scale = 0.0f, int num_splits = 0,
                     cudaStream_t stream = nullptr, int window = 0, float softcap = 0.0f);
 
+  // Bytes-moved accounting of the attention kernels (docs/CUDA.md "What a decode step reads on the
+  // GPU"): while on, decode() and mla_attention() hand their kernels a device counter
+  // (DecodeArgs::bytes_read / MlaDecodeArgs::bytes_read) to which every warp (MLA: every CTA) adds the
+  // KV bytes its loop read from the pool; off (the default) they hand none and the kernels pay one
+  // uniform branch. Turning it on allocates the counter and zeroes it; off frees it. prefill() and
+  // the callers that build DecodeArgs themselves (the CUDA forward) are not counted.
+  void set_read_counter(bool on);
+  bool read_counter_on() const { return d_bytes_read_ != nullptr; }
+  // The bytes counted since the counter was turned on or last reset (0 when off); both synchronize
+  // the device first, so every stream's counted kernels have finished.
+  std::uint64_t read_bytes() const;
+  void reset_read_bytes();
+
   // Causal prefill attention of the chunk at positions [pos0, pos0 + n_new) of sequence s over
   // `layer` (the chunk's K/V rows must already be written): d_q/d_out [n_new][n_heads][D]. window > 0:
   // each query sees its last `window` keys only. Returns the kernel that ran (supports_op's path:
@@ -161,6 +174,7 @@ class CudaKvStore {
   std::map<SeqId, Sequence> seqs_;
   SeqId next_id_ = 0;
   bool external_ = false;
+  unsigned long long* d_bytes_read_ = nullptr;  // set_read_counter
   void* scratch_[4]{};
   std::size_t scratch_bytes_[4]{};
 };

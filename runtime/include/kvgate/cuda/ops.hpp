@@ -77,6 +77,13 @@ struct DecodeArgs {
   int window = 0;                        // > 0: sliding window, the query sees the last `window` keys
   float softcap = 0.0f;                  // > 0: attention-logit soft-cap, s -> softcap * tanh(s / softcap)
                                          // after the scale, before the mask (Gemma 2's attn_logit_softcapping)
+  // Bytes-moved accounting (docs/CUDA.md "What a decode step reads on the GPU"): device counter, null =
+  // off (the default; the kernels then pay one uniform branch per warp). When set, the attention
+  // kernel adds the KV bytes its loops read: the cells (token x KV head) each warp copied from the
+  // pool, times (K + V page bytes) / (block_size x n_kv_heads), rounded up where a scale block spans
+  // heads (head_dim below the block). A head chunk re-reads its KV head's cells (group > 4: counted
+  // once per chunk). The caller zeroes it and reads it after the stream; CudaKvStore::set_read_counter.
+  unsigned long long* bytes_read = nullptr;
 };
 
 struct DecodePlan {
@@ -177,6 +184,9 @@ struct MlaDecodeArgs {
   float k_scale = 1.0f, v_scale = 1.0f;  // tensor scales of the halves (fp8; nvfp4: its global scale)
   float softmax_scale = 0.0f;            // the model's (> 0): qk_head_dim^-0.5 (x YaRN's mscale^2)
   int num_splits = 0;                    // 0: chosen from the device's occupancy
+  // Bytes-moved accounting as DecodeArgs::bytes_read: each CTA adds the tokens it staged times the
+  // latent's plus the RoPE key's token bytes (every 16-head chunk stages the row's tokens again).
+  unsigned long long* bytes_read = nullptr;
 };
 // Static capability of the latent kernel: reason codes as supports_op's ("row_too_large": kv_lora >
 // 512 or rope > 64; "format_unsupported": a rotated half, whose inverse transform this kernel does not
