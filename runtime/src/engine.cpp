@@ -288,7 +288,7 @@ struct Engine::Impl {
     chunk = std::max(1, std::min(opts.prefill_chunk, max_ctx));
     if (opts.tensor_parallel != 1) {
       check_tensor_parallel(ranges);
-      tp = std::make_unique<TensorParallelForward>(m, opts.tensor_parallel, full, chunk, pool.size());
+      tp = std::make_unique<TensorParallelForward>(m, opts.tensor_parallel, full, chunk, pool);
     } else {
       for (const auto& [l0, l1] : store_ranges(ranges, opts.kv_layers))
         stages.push_back(std::make_unique<Stage>(m, stage_store_config(full, opts, l0, l1), l0, l1, chunk, pool));
@@ -354,10 +354,6 @@ struct Engine::Impl {
       return;
     }
     for (auto& st : stages) f(st->store, st->seq);
-  }
-  template <class F>
-  void for_each_store(F&& f) const {
-    const_cast<Impl*>(this)->for_each_store([&](PagedKvStore& st, SeqId& s) { f(static_cast<const PagedKvStore&>(st), s); });
   }
   Stage& first() { return *stages.front(); }
   const Stage& first() const { return *stages.front(); }

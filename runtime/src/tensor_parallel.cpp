@@ -140,12 +140,13 @@ struct TensorParallelForward::Impl {
   };
   const Model& m;
   int n;
-  detail::ThreadPool pool;
+  std::unique_ptr<detail::ThreadPool> own_pool;  // when the caller gave a thread count, not its pool
   std::vector<std::unique_ptr<Rank>> ranks;
   std::vector<float> sum;  // [max_chunk][dim]: the all-reduced block output
 
-  Impl(const Model& model, int n_ranks, const StoreConfig& full, int chunk, int threads)
-      : m(model), n(n_ranks), pool(threads) {
+  Impl(const Model& model, int n_ranks, const StoreConfig& full, int chunk, detail::ThreadPool* shared, int threads)
+      : m(model), n(n_ranks), own_pool(shared ? nullptr : std::make_unique<detail::ThreadPool>(threads)) {
+    detail::ThreadPool& pool = shared ? *shared : *own_pool;
     if (const std::string why = tensor_parallel_refusal(m.config, n); !why.empty())
       throw EngineError("engine: tensor parallelism (--tp " + std::to_string(n) + "): " + why);
     const std::size_t rows = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(m.config.dim);
@@ -170,8 +171,11 @@ struct TensorParallelForward::Impl {
 };
 
 TensorParallelForward::TensorParallelForward(const Model& m, int ranks, const StoreConfig& full, int max_chunk,
+                                             detail::ThreadPool& pool)
+    : impl_(std::make_unique<Impl>(m, ranks, full, max_chunk, &pool, 0)) {}
+TensorParallelForward::TensorParallelForward(const Model& m, int ranks, const StoreConfig& full, int max_chunk,
                                              int threads)
-    : impl_(std::make_unique<Impl>(m, ranks, full, max_chunk, threads)) {}
+    : impl_(std::make_unique<Impl>(m, ranks, full, max_chunk, nullptr, threads)) {}
 TensorParallelForward::~TensorParallelForward() = default;
 
 int TensorParallelForward::ranks() const { return impl_->n; }

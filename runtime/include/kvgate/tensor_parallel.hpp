@@ -28,6 +28,10 @@
 
 namespace kvgate {
 
+namespace detail {
+class ThreadPool;  // the CPU forward's worker threads (internal)
+}
+
 // What rank r of a tensor-parallel split holds (TensorParallelForward::slice).
 struct TpSlice {
   int q_head0 = 0, q_heads = 0;    // query heads [q_head0, q_head0 + q_heads)
@@ -46,7 +50,10 @@ class TensorParallelForward {
  public:
   // Throws EngineError (kvgate/engine.hpp) when the model cannot be split (tensor_parallel_refusal)
   // or KvStoreError when a rank's store cannot hold the format (e.g. a 32-block wider than a rank's
-  // row). `full` is the unsplit engine's StoreConfig (make_store_config).
+  // row). `full` is the unsplit engine's StoreConfig (make_store_config). The ranks run one after
+  // the other on one pool of worker threads: the caller's (the engine's; it must outlive this), or
+  // one of `threads` workers of its own.
+  TensorParallelForward(const Model& m, int ranks, const StoreConfig& full, int max_chunk, detail::ThreadPool& pool);
   TensorParallelForward(const Model& m, int ranks, const StoreConfig& full, int max_chunk, int threads);
   ~TensorParallelForward();
   TensorParallelForward(const TensorParallelForward&) = delete;
