@@ -253,18 +253,9 @@ bool run_mla_bytes(HalfFormat latent, std::uint64_t seed) {
   const KvFormat f{latent, HalfFormat::bf16};
   if (!supports(f.k, PageGeometry{B, 1, KL}).ok || !kc::supports_mla(f, KL, R, Hq).ok) return false;
   INFO("latent format " << name(latent));
-  StoreConfig sc;
-  sc.format = f;
-  sc.layout = KvLayout::mla_latent;
-  sc.n_layers = 1;
-  sc.n_kv_heads = 1;
-  sc.head_dim = KL;
-  sc.v_head_dim = R;
-  sc.block_size = B;
+  StoreConfig sc = cuda_gate::latent_store_config(f, KL, R, B);
   sc.n_blocks = 4;
   for (int L : kLens) sc.n_blocks += (L + B - 1) / B;
-  sc.k_scale = {kGateKScale};
-  sc.v_scale = {kGateVScale};
   kc::CudaKvStore gpu(sc);
   std::vector<SeqId> ids;
   for (std::size_t s = 0; s < kLens.size(); ++s) {

@@ -54,6 +54,7 @@
 #include "bounds.hpp"
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"
+#include "cuda_stories_subject.hpp"
 #include "head_scales.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
@@ -79,24 +80,12 @@ constexpr int kDecode = 5;  // decode steps after it
 constexpr int kWindow = 80; // --kv-resident: 5 pages of 16
 constexpr double kGpuExtraPerLayer = 8;  // as cuda_model_gate.cpp: + n_ctx per layer
 
-struct Subject {
-  Model m;
-  std::vector<int> tokens;  // corpus sequence 0 (256 ids)
-};
+using Subject = kvgate::gates::cuda_gate::StoriesSubject;
 
 const Subject& subject() {
-  static std::unique_ptr<Subject> s;
-  if (s) return *s;
-  const ModelLookup lk = find_model("stories260K/stories260K.bin");
-  if (!lk.found()) FAIL(lk.message);
-  auto st = std::make_unique<Subject>();
-  st->m = load_model(lk.path);
-  const Corpus c = load_corpus(corpus_path());
-  REQUIRE(!c.sequences.empty());
-  st->tokens = c.sequences[0];
-  REQUIRE(st->tokens.size() >= static_cast<std::size_t>(kN1 + 23 + kDecode + 1));
-  s = std::move(st);
-  return *s;
+  const Subject& s = kvgate::gates::cuda_gate::stories_subject();
+  REQUIRE(s.tokens.size() >= static_cast<std::size_t>(kN1 + 23 + kDecode + 1));
+  return s;
 }
 
 // A run's KV scales (EngineOptions::k_scale / v_scale; empty: the default).

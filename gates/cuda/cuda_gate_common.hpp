@@ -1,6 +1,6 @@
 // Shared by the sources of gate_cuda: the skip rule without a device, a device float buffer, the
 // oracle's name of a half format, a first-differing-byte report for page comparisons, a KV file's
-// verified bytes and a bitwise comparison of float vectors.
+// verified bytes, a bitwise comparison of float vectors and a latent (MLA) store's config.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,6 +26,7 @@
 #include "kvgate/format.hpp"
 #include "kvgate_oracle/formats.hpp"
 #include "oracle_fixtures.hpp"
+#include "store_harness.hpp"
 
 // Every [cuda] case starts with this: without a device it prints "SKIPPED: no CUDA device: ..." and
 // returns, so gate_cuda exits 0 on CPU-only CI while the message keeps the skip visible.
@@ -195,5 +196,22 @@ struct MappedPages {
     }
   }
 };
+
+// One layer of a latent (MLA) store: the latent rows ([kv_lora] per token) in the K half, the
+// shared RoPE key rows ([rope_dim]) in the V half, with the gates' K/V scales; the caller sets
+// n_blocks.
+inline StoreConfig latent_store_config(const KvFormat& f, int kv_lora, int rope_dim, int block_size) {
+  StoreConfig sc;
+  sc.format = f;
+  sc.layout = KvLayout::mla_latent;
+  sc.n_layers = 1;
+  sc.n_kv_heads = 1;
+  sc.head_dim = kv_lora;
+  sc.v_head_dim = rope_dim;
+  sc.block_size = block_size;
+  sc.k_scale = {kGateKScale};
+  sc.v_scale = {kGateVScale};
+  return sc;
+}
 
 }  // namespace kvgate::gates::cuda_gate

@@ -219,19 +219,10 @@ struct MlaRun {
   }
 
   StoreConfig config() const {
-    StoreConfig sc;
-    sc.format = fmt;
-    sc.layout = KvLayout::mla_latent;
-    sc.n_layers = 1;
-    sc.n_kv_heads = 1;
-    sc.head_dim = KL;
-    sc.v_head_dim = R;
-    sc.block_size = B;
+    StoreConfig sc = cuda_gate::latent_store_config(fmt, KL, R, B);
     sc.n_blocks = 2;  // the decoy's
     for (int L : mc.lens) sc.n_blocks += (L + B - 1) / B;
     sc.n_blocks += 2;
-    sc.k_scale = {kGateKScale};
-    sc.v_scale = {kGateVScale};
     return sc;
   }
 

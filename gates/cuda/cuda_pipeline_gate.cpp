@@ -59,6 +59,7 @@
 #include "../model_vs_oracle/model_harness.hpp"
 #include "catch_compat.hpp"
 #include "cuda_gate_common.hpp"
+#include "cuda_stories_subject.hpp"
 #include "head_scales.hpp"
 #include "kvgate/cuda/device.hpp"
 #include "kvgate/cuda/engine.hpp"
@@ -279,25 +280,13 @@ const std::vector<std::vector<int>>& splits() {
   return s;
 }
 
-struct Subject {
-  Model m;
-  std::vector<int> tokens;  // corpus sequence 0 (256 ids)
-};
+using Subject = kvgate::gates::cuda_gate::StoriesSubject;
 
 const Subject& subject() {
-  static std::unique_ptr<Subject> s;
-  if (s) return *s;
-  const kvgate::gates::ModelLookup lk = kvgate::gates::find_model("stories260K/stories260K.bin");
-  if (!lk.found()) FAIL(lk.message);
-  auto st = std::make_unique<Subject>();
-  st->m = load_model(lk.path);
-  const auto c = kvgate::gates::model_level::load_corpus(kvgate::gates::model_level::corpus_path());
-  REQUIRE(!c.sequences.empty());
-  st->tokens = c.sequences[0];
-  REQUIRE(st->tokens.size() >= static_cast<std::size_t>(kN1 + 23 + kDecode + 1));
-  REQUIRE(st->m.config.n_layers == 5);  // the splits below
-  s = std::move(st);
-  return *s;
+  const Subject& s = kvgate::gates::cuda_gate::stories_subject();
+  REQUIRE(s.tokens.size() >= static_cast<std::size_t>(kN1 + 23 + kDecode + 1));
+  REQUIRE(s.m.config.n_layers == 5);  // the splits below
+  return s;
 }
 
 std::span<const int> toks(int from, int to) {
