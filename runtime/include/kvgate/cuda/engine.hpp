@@ -20,6 +20,9 @@
 //               With the layer split (EngineOptions::pipeline_stages, kvgate/cuda/pipeline.hpp) each
 //               stage has its own store (and, streaming, its own mirror and window on its device);
 //               KV files are saved from and hydrated into every stage, byte-identical to unsplit.
+//               With tensor parallelism (EngineOptions::tensor_parallel, kvgate/cuda/tensor_parallel.hpp)
+//               each rank has its sliced weights, its own store of its KV heads and its own forward;
+//               streaming, KV files and KV damage are refused with it.
 #pragma once
 #include <cuda_runtime_api.h>
 
