@@ -26,11 +26,11 @@
 //                           S = sum_r sum_j |a_rj w_rij|, gamma(k) = k u / (1 - k u), u = 2^-24;
 //                         derived: each rank's GEMM sums n/N products in some order (any order:
 //                         gamma(n/N) S_r; Higham, Accuracy and Stability, 3.1), the all-reduce adds N
-//                         partials in rank order (N - 1 roundings). No absolute term: nothing underflows
-//                         at these magnitudes (no subnormal product is formed; checked: min |a w| > 0
-//                         is not needed, the bound holds with the relative model only, so a result
-//                         within it is the derived claim). The same check runs on the reference (N = 1:
-//                         gamma(n)). Anti-vacuity: for every rank some element's share |sum_j a_rj w_rij|
+//                         partials in rank order (N - 1 roundings). No absolute term: the relative
+//                         rounding model needs every product to be normal (an addition whose result is
+//                         subnormal is exact under gradual underflow); checked: no exact product
+//                         a_j w_ij (nor xb_j w_ij in (ii)) lies in (0, FLT_MIN). The same check runs on
+//                         the reference (N = 1: gamma(n)). Anti-vacuity: for every rank some element's share |sum_j a_rj w_rij|
 //                         exceeds the bound there (a missing or doubled rank term is caught), and the
 //                         bound stays below 1e-3 of the largest output.
 //                     (ii) each rank's K/V rows before quantization (CudaForward::set_capture_kv) vs the
@@ -64,6 +64,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -235,7 +236,7 @@ void run_anchor(const KvFormat& f) {
 // --- PAR.cuda.tp.<fmt> ------------------------------------------------------------------------------
 struct BlockStats {
   double worst_ratio = 0, max_out = 0, max_bound = 0;
-  long long elements = 0;
+  long long elements = 0, subnormal_products = 0;
   std::vector<int> rank_seen;  // per rank: elements where its share alone exceeds the bound
 };
 
@@ -266,6 +267,7 @@ void check_block(kc::CudaTensorParallel& tp, int l, bool attention, int T, Block
         const float* wi = w[static_cast<std::size_t>(r)].data() + static_cast<std::size_t>(i) * n_r;
         for (int j = 0; j < n_r; ++j) {
           const double p = static_cast<double>(ar[j]) * static_cast<double>(wi[j]);
+          bs.subnormal_products += p != 0 && std::fabs(p) < static_cast<double>(FLT_MIN);
           share[static_cast<std::size_t>(r)] += p;
           S += std::fabs(p);
         }
@@ -289,7 +291,7 @@ void check_block(kc::CudaTensorParallel& tp, int l, bool attention, int T, Block
 }
 
 struct KvStats {
-  long long elements = 0, bitwise = 0;
+  long long elements = 0, bitwise = 0, subnormal_products = 0;
   double worst_ratio = 0;
 };
 
@@ -313,9 +315,12 @@ void check_kv(kc::CudaTensorParallel& ref, kc::CudaTensorParallel& tp, int r, in
     for (int t = 0; t < T; ++t) {
       std::vector<double> S(static_cast<std::size_t>(kvd_r), 0.0);
       for (int i = 0; i < kvd_r; ++i)
-        for (int j = 0; j < dim; ++j)
-          S[static_cast<std::size_t>(i)] += std::fabs(static_cast<double>(xb[static_cast<std::size_t>(t) * dim + j]) *
-                                                      w[static_cast<std::size_t>(i) * dim + j]);
+        for (int j = 0; j < dim; ++j) {
+          const double p = std::fabs(static_cast<double>(xb[static_cast<std::size_t>(t) * dim + j]) *
+                                     w[static_cast<std::size_t>(i) * dim + j]);
+          ks.subnormal_products += p != 0 && p < static_cast<double>(FLT_MIN);
+          S[static_cast<std::size_t>(i)] += p;
+        }
       for (int i = 0; i < kvd_r; ++i) {
         const float gv = got[(static_cast<std::size_t>(l) * T + t) * kvd_r + i];
         const float rv = all[(static_cast<std::size_t>(l) * T + t) * kvd + h0 * hd + i];
@@ -424,6 +429,7 @@ void run_teacher_forced(const KvFormat& f, int N, std::vector<int> devices = {})
   // Anti-vacuity of (i): the comparisons ran, the bound is small against the outputs, and every rank's
   // share alone exceeds it somewhere (the sum without that rank, or with it twice, is outside it).
   for (const BlockStats* b : {&attn, &ffn, &attn_ref, &ffn_ref}) {
+    CHECK(b->subnormal_products == 0);  // the bound's rounding model (no absolute term) applies
     CHECK(b->elements > 0);
     CHECK(b->max_out > 0);
     CHECK(b->max_bound < 1e-3 * b->max_out);
@@ -434,6 +440,7 @@ void run_teacher_forced(const KvFormat& f, int N, std::vector<int> devices = {})
       CHECK(b->rank_seen[static_cast<std::size_t>(r)] > 0);
     }
   CHECK(kv.elements > 0);
+  CHECK(kv.subnormal_products == 0);
   // (iii): each rank's store holds only its KV heads, with their scales, and its pages are the CPU
   // store's encoding of the rank's rows.
   const kc::CudaKvStore& rs = *ref.rank(0).store;
