@@ -108,11 +108,21 @@ int run_run(const RunOpts& o) {
   const bool cuda = o.device == "cuda";
   const std::vector<int> devices = parse_devices(o.devices);
   if (!cuda && !devices.empty())
-    throw std::invalid_argument("--devices " + o.devices + ": CUDA devices of the pipeline stages; give --device cuda, "
-                                "or leave --devices out");
-  if (cuda && o.tp > 1)
-    throw std::invalid_argument("--tp " + std::to_string(o.tp) + " with --device cuda: tensor parallelism runs on the "
-                                "CPU engine in this version; run it with --device cpu, or split the layers with --pp");
+    throw std::invalid_argument("--devices " + o.devices + ": CUDA devices of the pipeline stages or tensor-parallel "
+                                "ranks; give --device cuda, or leave --devices out");
+  if (cuda && o.tp > 1) {  // the CUDA engine's tensor parallelism (kvgate/cuda/tensor_parallel.hpp): what it refuses,
+                           // before anything loads (the engine refuses the same by name)
+    const std::string tp = "--tp " + std::to_string(o.tp) + " with --device cuda";
+    if ((o.pp && *o.pp > 1) || parse_pp_layers(o.pp_layers).size() > 1)
+      throw std::invalid_argument(tp + " and a layer split (--pp): the CUDA engine splits one way at a time; drop one "
+                                  "of --tp and --pp");
+    if (o.cache.resident > 0)
+      throw std::invalid_argument(tp + " and --kv-resident: the tensor-parallel ranks keep their KV resident (no "
+                                  "streamed window) in this version; drop --kv-resident, or drop --tp");
+    if (!o.cache.conv_id.empty())
+      throw std::invalid_argument(tp + " and --conv-id: KV files are not saved from or hydrated into tensor-parallel "
+                                  "ranks in this version; drop --conv-id, or drop --tp");
+  }
   const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast
   if (cuda) {
 #ifndef KVGATE_WITH_CUDA_MODEL
@@ -348,7 +358,8 @@ void register_run(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--devices", o->devices,
                   "--device cuda with --pp: the CUDA device of each pipeline stage, e.g. 0,1 (a device may repeat; "
-                  "default: stage i on device i modulo the device count)");
+                  "default: stage i on device i modulo the device count); with --tp: the device of each rank "
+                  "(default: every rank on the current device)");
   sub->add_option("--cuda-weights", o->cuda_weights, "--device cuda: weight matrices on the GPU, f32 | bf16")
       ->capture_default_str();
   add_kv_cache_flags(sub, o->cache);

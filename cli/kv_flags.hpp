@@ -77,7 +77,7 @@ struct EngineFlags {
   std::size_t kv_cache_memory = 0;
   std::optional<int> pp;  // --pp: pipeline stages (not given: 1, or the count of --pp-layers)
   std::string pp_layers;  // --pp-layers: layers per stage, comma separated
-  int tp = 1;             // --tp: tensor-parallel ranks (CPU engine)
+  int tp = 1;             // --tp: tensor-parallel ranks (CPU engine, or the CUDA engine)
   std::string mla_cache = "expanded";  // --mla-cache expanded|latent (MLA models: EngineOptions::mla_cache)
   KvCacheFlags cache;
 };
@@ -169,7 +169,9 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_option("--pp-layers", f.pp_layers, "layers of each pipeline stage, e.g. 2,3 (default: as even as possible)");
   sub->add_option("--tp", f.tp,
                   "tensor-parallel split into N ranks, each with its share of the heads (and its own KV store of them) "
-                  "and of the FFN, block outputs summed by an all-reduce (CPU engine; default 1 = unsplit)")
+                  "and of the FFN, block outputs summed by an all-reduce (CPU engine, or CUDA: ranks on the current GPU or one "
+                  "per --devices entry; with --device cuda refused with --pp, --kv-resident and --conv-id; default 1 = "
+                  "unsplit)")
       ->capture_default_str();
 }
 

@@ -356,9 +356,20 @@ TEST_CASE("CLI.run.tp --tp splits the engine into tensor-parallel ranks; --json 
   const Run zero = kvgate_cli("run " + model_args() + " --steps 1 --tp 0");
   CHECK(zero.rc != 0);
   CHECK_THAT(zero.err, kvgate_catch::contains("--tp = 0 must be >= 1"));
+  // --device cuda: the CUDA engine splits too (PAR.cuda.tp.*); what it refuses is refused before anything
+  // loads, naming both options and the fix, on any machine (with or without a GPU or the CUDA backend).
+  const Run cuda_pp = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --pp 2 --device cuda");
+  CHECK(cuda_pp.rc != 0);
+  CHECK_THAT(cuda_pp.err, kvgate_catch::contains("--tp 2 with --device cuda and a layer split (--pp)"));
+  CHECK_THAT(cuda_pp.err, kvgate_catch::contains("drop one of --tp and --pp"));
+  const Run cuda_res = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --kv-resident 32 --device cuda");
+  CHECK(cuda_res.rc != 0);
+  CHECK_THAT(cuda_res.err, kvgate_catch::contains("--tp 2 with --device cuda and --kv-resident"));
+  // Anti-vacuity: --tp 2 alone with --device cuda is not refused by the split checks; it fails only
+  // where no CUDA backend or device is (and runs where one is).
   const Run cuda = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --device cuda");
-  CHECK(cuda.rc != 0);
-  CHECK_THAT(cuda.err, kvgate_catch::contains("tensor parallelism runs on the CPU engine"));
+  CHECK(cuda.err.find("--tp 2 with --device cuda and") == std::string::npos);
+  if (cuda.rc != 0) CHECK_THAT(cuda.err, kvgate_catch::contains("--device cuda"));
 }
 
 TEST_CASE("CLI.chat.stream kvgate chat --kv-resident streams the conversation's KV", "[gate:CLI][fmt:f16]") {

@@ -47,7 +47,9 @@ std::vector<float> head_scales_of(const std::vector<float>& s, int n_layers, int
   return out;
 }
 
-Model slice_model(const Model& m, int ranks, int r) {
+}  // namespace
+
+Model tensor_parallel_model(const Model& m, int ranks, int r) {
   const ModelConfig& c = m.config;
   const TpSlice sl = tensor_parallel_slice(c, ranks, r);
   const int hd = c.head_dim, dim = c.dim;
@@ -88,8 +90,6 @@ Model slice_model(const Model& m, int ranks, int r) {
   }
   return s;
 }
-
-}  // namespace
 
 std::string tensor_parallel_refusal(const ModelConfig& c, int ranks) {
   const std::string n = std::to_string(ranks);
@@ -151,7 +151,7 @@ struct TensorParallelForward::Impl {
       throw EngineError("engine: tensor parallelism (--tp " + std::to_string(n) + "): " + why);
     const std::size_t rows = static_cast<std::size_t>(chunk) * static_cast<std::size_t>(m.config.dim);
     for (int r = 0; r < n; ++r) {
-      ranks.push_back(std::make_unique<Rank>(slice_model(m, n, r), tensor_parallel_store_config(full, m.config, n, r),
+      ranks.push_back(std::make_unique<Rank>(tensor_parallel_model(m, n, r), tensor_parallel_store_config(full, m.config, n, r),
                                              chunk, pool));
       ranks.back()->partial.resize(rows);
     }

@@ -14,6 +14,7 @@
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/cuda/pipeline.hpp"
 #include "kvgate/cuda/stream_pool.hpp"
+#include "kvgate/cuda/tensor_parallel.hpp"
 #include "kvgate/generate_loop.hpp"
 #include "kvgate/kv_file.hpp"
 
@@ -151,6 +152,36 @@ std::unique_ptr<CudaPipeline> make_pipeline(const Model& m, const CudaEngineOpti
   return std::make_unique<CudaPipeline>(m, std::move(po));
 }
 
+// Tensor parallelism (EngineOptions::tensor_parallel > 1, kvgate/cuda/tensor_parallel.hpp): every
+// rank's sliced weights, store and forward on its device (CudaEngineOptions::devices: one per rank;
+// default every rank on the current device). What the split does not carry is refused by name.
+std::unique_ptr<CudaTensorParallel> make_tensor_parallel(const Model& m, const CudaEngineOptions& o,
+                                                         const StoreConfig& sc, int max_ctx) {
+  const EngineOptions& e = o.engine;
+  if (e.tensor_parallel == 1) return nullptr;
+  check_options(o);  // first, as make_pipeline
+  const std::string tp = "--tp " + std::to_string(e.tensor_parallel);
+  if (e.tensor_parallel < 1) throw EngineError("cuda engine: " + tp + ": give 1 (no split) or more ranks");
+  auto refuse = [&](const std::string& what, const std::string& fix) {
+    throw EngineError("cuda engine: tensor parallelism (" + tp + ") with " + what +
+                      " is not supported on the CUDA engine in this version; " + fix);
+  };
+  if (e.pipeline_stages > 1 || e.pipeline_layers.size() > 1)
+    refuse("a layer split (--pp)", "drop one of --tp and --pp");
+  if (o.damage) refuse("KV damage (probe sensitivity)", "run it unsplit (drop --tp)");
+  if (o.shared_weights) refuse("shared device weights", "let the engine upload its ranks' weights (no shared_weights)");
+  if (e.kv_resident > 0)
+    refuse("--kv-resident (a streamed KV window)", "drop --kv-resident (every rank's KV resident), or drop --tp");
+  if (e.mla_cache == MlaCache::latent) refuse("--mla-cache latent", "drop --tp");
+  TensorParallelOptions to;
+  to.ranks = e.tensor_parallel;
+  to.devices = o.devices;
+  to.weights = o.weights;
+  to.store = sc;
+  to.forward = CudaForwardOptions{std::max(1, std::min(e.prefill_chunk, max_ctx)), max_ctx, false};
+  return std::make_unique<CudaTensorParallel>(m, std::move(to));
+}
+
 }  // namespace
 
 static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const CudaEngineOptions& o) {
@@ -201,6 +232,10 @@ struct CudaEngine::Impl {
   // then stage 0's (positions and sequences are kept in step in every stage), and run/step go through
   // the pipeline. Null: the unsplit engine, which owns the three below.
   std::unique_ptr<CudaPipeline> pipe;
+  // Tensor parallelism (--tp): the ranks' weights, stores and forwards; `weights`, `store` and `fwd`
+  // are then rank 0's (sequences kept in step in every rank's store), run/step go through the ranks.
+  // Not with `pipe` (refused). Declared after `pipe`: made after it (make_pipeline returns null then).
+  std::unique_ptr<CudaTensorParallel> tp;
   std::shared_ptr<const CudaModel> weights_holder;  // opts.shared_weights, else this engine's own upload
   const CudaModel& weights;
   std::unique_ptr<CudaKvStore> own_store;
@@ -219,24 +254,31 @@ struct CudaEngine::Impl {
         opts(std::move(o)),
         max_ctx(opts.engine.max_context > 0 ? opts.engine.max_context : m.config.max_seq_len),
         sc(make_store_config(m, opts.engine, max_ctx, "cuda engine")),
-        pipe(make_pipeline(m, opts, sc, max_ctx,
-                           [this](int, const StoreConfig& c) { return make_stage_store(c); })),
-        weights_holder(pipe ? nullptr : own_or_shared(m, opts)),
-        weights(pipe ? *pipe->stage(0).model : *weights_holder),
-        own_store(pipe ? nullptr : make_stage_store(sc)),
-        store(pipe ? *pipe->stage(0).store : *own_store),
-        seq(pipe ? pipe->create_sequence() : store.create_sequence()),
-        own_fwd(pipe ? nullptr
+        pipe(opts.engine.tensor_parallel != 1
+                 ? nullptr
+                 : make_pipeline(m, opts, sc, max_ctx, [this](int, const StoreConfig& c) { return make_stage_store(c); })),
+        tp(make_tensor_parallel(m, opts, sc, max_ctx)),
+        weights_holder(pipe || tp ? nullptr : own_or_shared(m, opts)),
+        weights(pipe ? *pipe->stage(0).model : tp ? *tp->rank(0).weights : *weights_holder),
+        own_store(pipe || tp ? nullptr : make_stage_store(sc)),
+        store(pipe ? *pipe->stage(0).store : tp ? *tp->rank(0).store : *own_store),
+        seq(pipe ? pipe->create_sequence() : tp ? tp->create_sequence() : store.create_sequence()),
+        own_fwd(pipe || tp ? nullptr
                      : std::make_unique<CudaForward>(
                            weights, store,
                            CudaForwardOptions{std::max(1, std::min(opts.engine.prefill_chunk, max_ctx)), max_ctx,
                                               opts.cuda_graphs})),
-        fwd(pipe ? *pipe->stage(0).forward : *own_fwd),
+        fwd(pipe ? *pipe->stage(0).forward : tp ? *tp->rank(0).forward : *own_fwd),
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
     if (pipe) {
       for (int i = 0; i < pipe->n_stages(); ++i) {
         CudaPipeline::Stage& ps = pipe->stage(i);
         stages.push_back({ps.device, ps.store.get(), ps.forward.get(), nullptr});
+      }
+    } else if (tp) {  // every rank: pool_bytes() adds their pools (KV files and streaming are refused)
+      for (int r = 0; r < tp->ranks(); ++r) {
+        CudaTensorParallel::Rank& rk = tp->rank(r);
+        stages.push_back({rk.device, rk.store.get(), rk.forward.get(), nullptr});
       }
     } else {
       stages.push_back({weights.device(), &store, &fwd, nullptr});
@@ -274,6 +316,10 @@ struct CudaEngine::Impl {
         stats.stage_layers.push_back(pipe->stage(i).range.end - pipe->stage(i).range.first);
       stats.topology = topology_name(stats.stage_layers);
     }
+    if (tp) {
+      stats.tensor_parallel = tp->ranks();
+      stats.topology = tp->topology();
+    }
     // The distinct CUDA devices the engine runs on (matrix rows and field reports: "gpus").
     stats.devices = 1;
     if (pipe) {
@@ -281,6 +327,7 @@ struct CudaEngine::Impl {
       for (int i = 0; i < pipe->n_stages(); ++i) used.insert(pipe->stage(i).device);
       stats.devices = static_cast<int>(used.size());
     }
+    if (tp) stats.devices = tp->n_devices();
     stats.kv_resident_tokens = std::max(0, opts.engine.kv_resident);
     stats.threads = 1;
     if (opts.engine.release_outside_window) release_window = widest_window_if_all(m.config);
@@ -293,6 +340,7 @@ struct CudaEngine::Impl {
     own_fwd.reset();
     own_store.reset();
     pipe.reset();
+    tp.reset();
     for (auto& w : windows) {
       (void)cudaSetDevice(w->device);
       w.reset();
@@ -301,6 +349,13 @@ struct CudaEngine::Impl {
   }
 
   bool streaming() const { return !windows.empty(); }
+  // KV files with tensor parallelism: each rank holds its KV heads in its own store; no file layout
+  // for that is written or read here (the CPU engine refuses it too).
+  [[noreturn]] void refuse_kv_file(const char* what) const {
+    throw EngineError(std::string("cuda engine: ") + what + " a KV file (--conv-id / save_kv / hydrate) with tensor " +
+                      "parallelism (--tp " + std::to_string(tp->ranks()) + ") is not supported in this version (each " +
+                      "rank holds its KV heads in its own store); drop --tp, or run without the KV file");
+  }
   // A stage's device store (the unsplit engine's: its one stage), made on the current device: its own
   // pages, or with --kv-resident a view over a window of its own (StageWindow) over its own host mirror.
   std::unique_ptr<CudaKvStore> make_stage_store(const StoreConfig& c) {
@@ -337,6 +392,8 @@ struct CudaEngine::Impl {
       }
     } else if (pipe) {
       pipe->release_before(seq, keep);  // every stage's store, in step
+    } else if (tp) {
+      tp->release_before(seq, keep);  // every rank's store, in step
     } else {
       store.release_before(seq, keep);
     }
@@ -470,7 +527,8 @@ struct CudaEngine::Impl {
     const std::size_t held = store.block_table(seq).size() -
                              static_cast<std::size_t>(store.released_tokens(seq) / sc.block_size);
     stats.kv_bytes = held * static_cast<std::size_t>(sc.n_layers) *  // every stage's layers (all alike)
-                     (store.page_bytes(KvHalf::K) + store.page_bytes(KvHalf::V));
+                     (store.page_bytes(KvHalf::K) + store.page_bytes(KvHalf::V)) *
+                     static_cast<std::size_t>(tp ? tp->ranks() : 1);  // every rank's heads (all alike)
     if (streaming()) {  // the stages' counters added
       stats.kv_block_lookups = stats.kv_block_misses = stats.kv_bytes_moved = 0;
       for (const auto& w : windows) {
@@ -498,6 +556,7 @@ struct CudaEngine::Impl {
       float* out = all ? all + i * V : last && !argmax ? logits.data() : nullptr;
       int* id = all ? nullptr : last ? argmax : nullptr;
       if (pipe) pipe->forward_chunk(seq, chunk, out, all != nullptr, id);
+      else if (tp) tp->forward_chunk(seq, chunk, out, all != nullptr, id);
       else fwd.forward_chunk(seq, chunk, out, all != nullptr, id);
       if (streaming()) stream_out_all(pos0, n);
       history.insert(history.end(), toks.begin() + static_cast<std::ptrdiff_t>(i),
@@ -519,6 +578,9 @@ struct CudaEngine::Impl {
     if (pipe)
       pipe->forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1),
                            argmax ? nullptr : logits.data(), argmax);
+    else if (tp)
+      tp->forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1),
+                         argmax ? nullptr : logits.data(), argmax);
     else
       fwd.forward_decode(std::span<const SeqId>(&s, 1), std::span<const int>(&token, 1), argmax ? nullptr : logits.data(),
                          argmax);
@@ -593,6 +655,9 @@ void CudaEngine::reset() {
   if (d.pipe) {
     d.pipe->free_sequence(d.seq);
     d.seq = d.pipe->create_sequence();
+  } else if (d.tp) {
+    d.tp->free_sequence(d.seq);
+    d.seq = d.tp->create_sequence();
   } else {
     d.store.free_sequence(d.seq);
     d.seq = d.store.create_sequence();
@@ -615,6 +680,9 @@ void CudaEngine::set_damage(const std::optional<KvDamage>& d) {
   if (impl_->pipe && d)
     throw EngineError("cuda engine: KV damage (probe sensitivity) with the layer split (--pp) is not supported; run "
                       "it on the unsplit engine");
+  if (impl_->tp && d)
+    throw EngineError("cuda engine: KV damage (probe sensitivity) with tensor parallelism (--tp) is not supported; run "
+                      "it on the unsplit engine (drop --tp)");
   impl_->fwd.set_damage(d);
   impl_->opts.damage = d;
 }
@@ -629,6 +697,7 @@ std::span<const int> CudaEngine::history() const { return impl_->history; }
 // so the same file restores split or unsplit.
 int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
+  if (d.tp) d.refuse_kv_file("hydrating");
   if (d.opts.damage)
     throw EngineError("cuda engine: a KV file cannot be hydrated into an engine with KV damage (diagnostics): the damage "
                       "is applied to rows as they are written, and a hydrated prefix would carry none");
@@ -695,6 +764,7 @@ int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
 
 void CudaEngine::save_kv(const std::string& path, std::span<const int> pending) const {
   Impl& d = *impl_;
+  if (d.tp) d.refuse_kv_file("saving");
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
   const int n = d.store.length(d.seq);

@@ -237,7 +237,7 @@ CudaForward::~CudaForward() {
                   static_cast<void*>(moe_logits_), static_cast<void*>(moe_gate_), static_cast<void*>(moe_acc_),
                   static_cast<void*>(moe_y_), static_cast<void*>(mla_qa_), static_cast<void*>(mla_ckv_),
                   static_cast<void*>(mla_lat_), static_cast<void*>(mla_kvb_), static_cast<void*>(mla_att_), damage_prev_,
-                  static_cast<void*>(mla_qlat_), static_cast<void*>(mla_olat_)})
+                  static_cast<void*>(mla_qlat_), static_cast<void*>(mla_olat_), static_cast<void*>(tp_partial_)})
     if (p) cudaFree(p);
   if (meta_host_) cudaFreeHost(meta_host_);
   if (rope_row_host_) cudaFreeHost(rope_row_host_);
@@ -289,10 +289,56 @@ void CudaForward::stage(const std::vector<SeqId>& row_seq, const std::vector<int
 void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws,
                          const std::map<int, DecodePlan>* window_plans) {
   const ModelConfig& c = c_;
-  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
-  const bool interleaved = c.rope_style == RopeStyle::interleaved;
-  const StoreConfig& sc = store_.config();
-  const PageGeometry g = sc.geometry();
+  const int dim = c.dim, qd = c.q_dim(), hid = c.hidden_dim, hd = c.head_dim;
+  begin_layers(R);
+  for (int l = m_.range().first; l < m_.range().end_of(c); ++l) {
+    const CudaModel::Layer& L = m_.layer(l);
+    // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
+    mk::rmsnorm(xb_, x_, L.attn_norm, R, dim, c.rms_eps, stream_);
+    const std::size_t n_x = static_cast<std::size_t>(R) * dim;
+    if (latent_) {  // MLA over the latent cache: x += o_proj(W_UV latent attention)
+      mla_latent_block(L, l, R, table_stride, max_len, plan, ws);
+      gemm(L.wo, mla_att_, x_, R, c.n_heads * c.mla.v_dim, dim, true);
+    } else {
+    attend(l, R, table_stride, max_len, chunk, plan, ws, window_plans);
+    // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
+    if (c.mla.any()) {  // the heads' v outputs (the first v_head_dim of each padded head) feed o_proj
+      const std::size_t VD = static_cast<std::size_t>(c.mla.v_dim);
+      KVGATE_CUDA_CHECK(cudaMemcpy2DAsync(mla_att_, VD * sizeof(float), att_, static_cast<std::size_t>(hd) * sizeof(float),
+                                          VD * sizeof(float), static_cast<std::size_t>(R) * c.n_heads,
+                                          cudaMemcpyDeviceToDevice, stream_));
+      gemm(L.wo, mla_att_, x_, R, c.n_heads * c.mla.v_dim, dim, true);
+    } else if (c.post_norms) {
+      gemm(L.wo, att_, post_, R, qd, dim, false);
+      mk::rmsnorm(post_, post_, L.post_attn_norm, R, dim, c.rms_eps, stream_);
+      mk::add(x_, post_, n_x, stream_);
+    } else {
+      gemm(L.wo, att_, x_, R, qd, dim, true);
+    }
+    }  // not the latent cache
+    // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
+    mk::rmsnorm(xb_, x_, L.ffn_norm, R, dim, c.rms_eps, stream_);
+    if (c.moe.is_moe(l)) {  // routed experts: x += sum_e gate_e expert_e(xb)
+      moe_ffn(L, R);
+      mk::add(x_, moe_acc_, static_cast<std::size_t>(R) * dim, stream_);
+      continue;
+    }
+    ffn_hidden_rows(L, R);
+    if (c.post_norms) {
+      gemm(L.w2, hb_, post_, R, hid, dim, false);
+      mk::rmsnorm(post_, post_, L.post_ffn_norm, R, dim, c.rms_eps, stream_);
+      mk::add(x_, post_, n_x, stream_);
+    } else {
+      gemm(L.w2, hb_, x_, R, hid, dim, true);
+    }
+  }
+}
+
+// The residual rows' start of a call (layers() and the tensor-parallel steps): the embedding of the
+// staged tokens (a later pipeline stage: the rows its input stage left), and the K/V capture buffers.
+void CudaForward::begin_layers(int R) {
+  const ModelConfig& c = c_;
+  const int dim = c.dim, kvd = c.kv_dim();
   if (m_.range().embeds()) {
     mk::embed(m_.tok_embeddings(), m_.weight_type() == WeightType::bf16, d_tokens_, x_, R, dim, stream_);
     if (c.embed_scale > 0) mk::scale(x_, static_cast<std::size_t>(R) * dim, c.embed_scale, stream_);  // Gemma
@@ -304,15 +350,20 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     cap_k_.assign(static_cast<std::size_t>(c.n_layers) * R * kvd, 0.0f);
     cap_v_.assign(cap_k_.size(), 0.0f);
   }
-  for (int l = m_.range().first; l < m_.range().end_of(c); ++l) {
-    const CudaModel::Layer& L = m_.layer(l);
-    // Attention block: xb = rmsnorm(x); q, k, v = xb Wq, xb Wk, xb Wv (+ bias).
-    mk::rmsnorm(xb_, x_, L.attn_norm, R, dim, c.rms_eps, stream_);
-    const std::size_t n_x = static_cast<std::size_t>(R) * dim;
-    if (latent_) {  // MLA over the latent cache: x += o_proj(W_UV latent attention)
-      mla_latent_block(L, l, R, table_stride, max_len, plan, ws);
-      gemm(L.wo, mla_att_, x_, R, c.n_heads * c.mla.v_dim, dim, true);
-    } else {
+}
+
+// Layer l's attention of the R staged rows (xb_ normed, not the latent cache): q, k, v (MLA: its
+// projections), bias, QK-norm, RoPE, the K/V capture, the store kernel, the damage, then attention
+// from the store into att_ [R][q_dim]. The Wo GEMM is the caller's (layers(): accumulated into x_;
+// the tensor-parallel step: into the partial buffer).
+void CudaForward::attend(int l, int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan,
+                         DecodeWorkspace& ws, const std::map<int, DecodePlan>* window_plans) {
+  const ModelConfig& c = c_;
+  const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  const bool interleaved = c.rope_style == RopeStyle::interleaved;
+  const StoreConfig& sc = store_.config();
+  const PageGeometry g = sc.geometry();
+  const CudaModel::Layer& L = m_.layer(l);
     if (c.mla.any()) {
       mla_qkv(L, R);
     } else {
@@ -409,40 +460,17 @@ void CudaForward::layers(int R, int table_stride, int max_len, bool chunk, const
     if (lp) decode_attention(da, *lp, ws, stream_);
     else decode_attention(da, ws, stream_);
     }
-    // x += att Wo (Gemma: x += rmsnorm_post(att Wo))
-    if (c.mla.any()) {  // the heads' v outputs (the first v_head_dim of each padded head) feed o_proj
-      const std::size_t VD = static_cast<std::size_t>(c.mla.v_dim);
-      KVGATE_CUDA_CHECK(cudaMemcpy2DAsync(mla_att_, VD * sizeof(float), att_, static_cast<std::size_t>(hd) * sizeof(float),
-                                          VD * sizeof(float), static_cast<std::size_t>(R) * c.n_heads,
-                                          cudaMemcpyDeviceToDevice, stream_));
-      gemm(L.wo, mla_att_, x_, R, c.n_heads * c.mla.v_dim, dim, true);
-    } else if (c.post_norms) {
-      gemm(L.wo, att_, post_, R, qd, dim, false);
-      mk::rmsnorm(post_, post_, L.post_attn_norm, R, dim, c.rms_eps, stream_);
-      mk::add(x_, post_, n_x, stream_);
-    } else {
-      gemm(L.wo, att_, x_, R, qd, dim, true);
-    }
-    }  // not the latent cache
-    // FFN block: x += W2 (act(xb W1) * (xb W3)), xb = rmsnorm(x); act = SiLU, or the tanh GELU (Gemma).
-    mk::rmsnorm(xb_, x_, L.ffn_norm, R, dim, c.rms_eps, stream_);
-    if (c.moe.is_moe(l)) {  // routed experts: x += sum_e gate_e expert_e(xb)
-      moe_ffn(L, R);
-      mk::add(x_, moe_acc_, static_cast<std::size_t>(R) * dim, stream_);
-      continue;
-    }
+}
+
+// The dense FFN's hidden rows of the R rows (xb_ normed): hb_ = act(xb W1) * (xb W3) [R][hidden];
+// act = SiLU, or the tanh GELU (Gemma). The W2 GEMM is the caller's.
+void CudaForward::ffn_hidden_rows(const CudaModel::Layer& L, int R) {
+  const ModelConfig& c = c_;
+  const int dim = c.dim, hid = c.hidden_dim;
     gemm(L.w1, xb_, hb_, R, dim, hid, false);
     gemm(L.w3, xb_, hb2_, R, dim, hid, false);
     if (c.ffn_act == FfnAct::gelu_tanh) mk::geglu(hb_, hb2_, static_cast<std::size_t>(R) * hid, stream_);
     else mk::swiglu(hb_, hb2_, static_cast<std::size_t>(R) * hid, stream_);
-    if (c.post_norms) {
-      gemm(L.w2, hb_, post_, R, hid, dim, false);
-      mk::rmsnorm(post_, post_, L.post_ffn_norm, R, dim, c.rms_eps, stream_);
-      mk::add(x_, post_, n_x, stream_);
-    } else {
-      gemm(L.w2, hb_, x_, R, hid, dim, true);
-    }
-  }
 }
 
 // Mixture-of-experts FFN of the R rows (xb_ normed): router GEMM, the route kernel (dense gate
@@ -797,6 +825,113 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
     ++graph_replays_;
   }
   download(B, logits, argmax ? B : 0, argmax);  // a stage before the last: nothing, then the stream sync
+}
+
+// --- the tensor-parallel rank's steps (kvgate/cuda/tensor_parallel.hpp) ------------------------------
+
+void CudaForward::tp_check(const char* step) const {
+  auto refuse = [&](const std::string& what) {
+    throw EngineError(std::string("cuda forward: ") + step + ": " + what +
+                      " is not split by tensor parallelism in this version; run it unsplit (drop --tp) or on the CPU "
+                      "engine (--device cpu)");
+  };
+  if (latent_) refuse("the MLA latent cache");
+  if (c_.mla.any()) refuse("latent attention (MLA)");
+  if (c_.moe.any()) refuse("a mixture-of-experts layer");
+  if (!m_.range().embeds() || !m_.range().has_head(c_)) refuse("a pipeline stage (--pp)");
+  if (damage_) refuse("KV damage (probe sensitivity)");
+}
+
+float* CudaForward::tp_partial() {
+  if (!tp_partial_) tp_partial_ = dmalloc<float>(static_cast<std::size_t>(opts_.max_rows) * c_.dim);
+  return tp_partial_;
+}
+
+int CudaForward::tp_begin_chunk(SeqId s, std::span<const int> tokens) {
+  tp_check("tp_begin_chunk");
+  const int T = static_cast<int>(tokens.size());
+  if (T < 1 || T > opts_.max_rows)
+    throw EngineError("cuda forward: chunk of " + std::to_string(T) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
+  check_tokens(tokens, c_.vocab_size);
+  if (store_.length(s) + T > max_ctx_)
+    throw EngineError("cuda forward: " + std::to_string(T) + " more tokens at position " + std::to_string(store_.length(s)) +
+                      " exceed the context of " + std::to_string(max_ctx_) + " tokens");
+  tp_partial();
+  const int pos0 = store_.extend(s, T);
+  std::vector<SeqId> rs(static_cast<std::size_t>(T), s);
+  std::vector<int> rp(static_cast<std::size_t>(T));
+  for (int t = 0; t < T; ++t) rp[static_cast<std::size_t>(t)] = pos0 + t;
+  stage(rs, rp, tokens, table_stride_);
+  begin_layers(T);
+  tp_ = TpCall{T, pos0 + T, true, true};
+  return pos0;
+}
+
+void CudaForward::tp_begin_decode(std::span<const SeqId> seqs, std::span<const int> tokens) {
+  tp_check("tp_begin_decode");
+  const int B = static_cast<int>(seqs.size());
+  if (B < 1 || B > opts_.max_rows || tokens.size() != seqs.size())
+    throw EngineError("cuda forward: decode batch of " + std::to_string(B) + " sequences / " +
+                      std::to_string(tokens.size()) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
+  check_tokens(tokens, c_.vocab_size);
+  for (SeqId s : seqs)
+    if (store_.length(s) + 1 > max_ctx_)
+      throw EngineError("cuda forward: sequence " + std::to_string(s) + " is at the context limit of " +
+                        std::to_string(max_ctx_) + " tokens");
+  tp_partial();
+  std::vector<SeqId> rs(seqs.begin(), seqs.end());
+  std::vector<int> rp(static_cast<std::size_t>(B));
+  int max_len = 1;
+  for (int b = 0; b < B; ++b) {
+    rp[static_cast<std::size_t>(b)] = store_.extend(seqs[static_cast<std::size_t>(b)], 1);
+    max_len = std::max(max_len, rp[static_cast<std::size_t>(b)] + 1);
+  }
+  stage(rs, rp, tokens, table_stride_);
+  begin_layers(B);
+  tp_ = TpCall{B, max_len, false, true};
+}
+
+void CudaForward::tp_attention_partial(int l) {
+  if (!tp_.active) throw EngineError("cuda forward: tp_attention_partial before tp_begin_chunk / tp_begin_decode");
+  const CudaModel::Layer& L = m_.layer(l);
+  const int R = tp_.rows;
+  mk::rmsnorm(xb_, x_, L.attn_norm, R, c_.dim, c_.rms_eps, stream_);
+  attend(l, R, table_stride_, tp_.max_len, tp_.chunk, nullptr, ws_, nullptr);
+  gemm(L.wo, att_, tp_partial_, R, c_.q_dim(), c_.dim, false);
+}
+
+void CudaForward::tp_ffn_partial(int l) {
+  if (!tp_.active) throw EngineError("cuda forward: tp_ffn_partial before tp_begin_chunk / tp_begin_decode");
+  const CudaModel::Layer& L = m_.layer(l);
+  const int R = tp_.rows;
+  mk::rmsnorm(xb_, x_, L.ffn_norm, R, c_.dim, c_.rms_eps, stream_);
+  ffn_hidden_rows(L, R);
+  gemm(L.w2, hb_, tp_partial_, R, c_.hidden_dim, c_.dim, false);
+}
+
+void CudaForward::tp_add_partial(const float* post_norm) {
+  if (!tp_.active) throw EngineError("cuda forward: tp_add_partial before tp_begin_chunk / tp_begin_decode");
+  const int R = tp_.rows;
+  if (post_norm) mk::rmsnorm(tp_partial_, tp_partial_, post_norm, R, c_.dim, c_.rms_eps, stream_);
+  mk::add(x_, tp_partial_, static_cast<std::size_t>(R) * c_.dim, stream_);
+}
+
+void CudaForward::tp_finish(float* logits, bool all_logits, int* argmax) {
+  if (!tp_.active) throw EngineError("cuda forward: tp_finish before tp_begin_chunk / tp_begin_decode");
+  const int R = tp_.rows;
+  tp_.active = false;
+  if (!tp_.chunk) {  // a decode batch: every row's logits and ids
+    head(0, R);
+    download(R, logits, argmax ? R : 0, argmax);
+    return;
+  }
+  const int first = all_logits ? 0 : R - 1;
+  head(first, R - first);
+  download(R - first, logits, 0, nullptr);
+  if (argmax) {  // the last row's id sits at index R - 1 - first
+    KVGATE_CUDA_CHECK(cudaMemcpy(h_argmax_, d_argmax_ + (R - 1 - first), sizeof(int), cudaMemcpyDeviceToHost));
+    *argmax = h_argmax_[0];
+  }
 }
 
 }  // namespace kvgate::cuda

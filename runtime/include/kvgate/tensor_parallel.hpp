@@ -43,6 +43,12 @@ struct TpSlice {
 std::string tensor_parallel_refusal(const ModelConfig& c, int ranks);
 // Rank r's slice of the model (heads, KV heads, FFN rows): an even split.
 TpSlice tensor_parallel_slice(const ModelConfig& c, int ranks, int r);
+// Rank r's share of the weights (TensorParallelForward's ranks, the CUDA engine's CudaTensorParallel):
+// the config with the rank's heads, KV heads (and their per-head scales) and FFN rows; the rows of
+// Wq/Wk/Wv (+ biases) and W1/W3, the columns of Wo and W2; embeddings, norms and the head replicated.
+// Every matrix is an FP32 copy, 16-bit storage converted exactly (so a bf16 upload of a slice is the
+// unsplit bf16 upload's slice bit for bit). The caller checks tensor_parallel_refusal first.
+Model tensor_parallel_model(const Model& m, int ranks, int r);
 // Rank r's KV store: `full` (the unsplit store) with the rank's KV heads and their per-head scales.
 StoreConfig tensor_parallel_store_config(const StoreConfig& full, const ModelConfig& c, int ranks, int r);
 

@@ -20,6 +20,9 @@
 //               With the layer split (EngineOptions::pipeline_stages, kvgate/cuda/pipeline.hpp) each
 //               stage has its own store (and, streaming, its own mirror and window on its device);
 //               KV files are saved from and hydrated into every stage, byte-identical to unsplit.
+//               With tensor parallelism (EngineOptions::tensor_parallel, kvgate/cuda/tensor_parallel.hpp)
+//               each rank has its sliced weights, its own store of its KV heads and its own forward;
+//               streaming, KV files and KV damage are refused with it.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -168,6 +171,33 @@ class CudaForward {
   void set_input(const CudaForward* prev);
   const CudaModel& model() const { return m_; }
 
+  // --- the steps of a tensor-parallel rank (CudaTensorParallel, kvgate/cuda/tensor_parallel.hpp) -------
+  // A call over the rank's own store: tp_begin_chunk / tp_begin_decode (the checks of forward_chunk /
+  // forward_decode, the rank's sequences extended, the rows' metadata staged for its store, the
+  // embedding), then per layer tp_attention_partial + tp_add_partial and tp_ffn_partial +
+  // tp_add_partial, then tp_finish (head, download, stream sync). Dense layers only (MLA, MoE, the
+  // latent cache, a pipeline stage and KV damage are refused: EngineError). No CUDA graph: every step
+  // launches eagerly on stream(); attention plans per call as a graph-less decode does.
+  int tp_begin_chunk(SeqId s, std::span<const int> tokens);  // returns the chunk's first position
+  void tp_begin_decode(std::span<const SeqId> seqs, std::span<const int> tokens);
+  // xb = rmsnorm(x), attention of layer l over the rank's heads (the steps of layers()), then
+  // partial = att Wo (beta 0: the Wo GEMM alone, no residual): [rows][dim].
+  void tp_attention_partial(int l);
+  // xb = rmsnorm(x), hidden = act(xb W1) * (xb W3), partial = hidden W2 (beta 0): [rows][dim].
+  void tp_ffn_partial(int l);
+  // x += rmsnorm_post(partial) (post_norm: the layer's Gemma post-norm) or x += partial.
+  void tp_add_partial(const float* post_norm);
+  // Final norm and classifier over the call's rows (all_logits: every row, else the last), logits and
+  // the last row's greedy id downloaded (both nullable); then the stream is synchronised.
+  void tp_finish(float* logits, bool all_logits, int* argmax);
+  int tp_rows() const { return tp_.rows; }
+  // Device buffers of the rank (valid for the current call's tp_rows() rows, on stream()'s device):
+  float* tp_partial();                          // [max_rows][dim]: the block's partial / the all-reduced sum
+  float* residual() { return x_; }              // [max_rows][dim]: the residual rows
+  const float* normed_rows() const { return xb_; }       // [rows][dim]: the last rmsnorm's rows (block input)
+  const float* attention_out() const { return att_; }    // [rows][q_dim]: the heads' attention outputs
+  const float* ffn_hidden() const { return hb_; }        // [rows][hidden_dim]: act(xb W1) * (xb W3)
+
   cudaStream_t stream() const { return stream_; }
   const CudaForwardOptions& options() const { return opts_; }
   int graph_captures() const { return graph_captures_; }
@@ -178,6 +208,17 @@ class CudaForward {
              int table_stride);
   void layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws,
               const std::map<int, DecodePlan>* window_plans = nullptr);
+  // layers()' named steps, shared with the tensor-parallel steps (same arguments, same launches):
+  void begin_layers(int R);  // embedding (or the input stage's rows) and the K/V capture buffers
+  void attend(int l, int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws,
+              const std::map<int, DecodePlan>* window_plans);  // q/k/v .. attention into att_
+  void ffn_hidden_rows(const CudaModel::Layer& L, int R);    // hb_ = act(xb W1) * (xb W3)
+  void tp_check(const char* step) const;                      // what the tensor-parallel steps refuse
+  struct TpCall {
+    int rows = 0, max_len = 0;  // rows of the call; the longest attention span (keys)
+    bool chunk = false, active = false;
+  } tp_;
+  float* tp_partial_ = nullptr;  // [max_rows][dim], allocated by the first tensor-parallel step
   void head(int first_row, int n_rows);
   void gemm(const void* W, const float* x, float* out, int rows, int n_in, int n_out, bool accumulate);
   void download(int n_logit_rows, float* logits, int n_argmax, int* argmax);
