@@ -26,8 +26,9 @@
 //              PAR.cuda.pp.stream and PAR.cuda.engine_stream.
 //   Also:      every rank streams: each rank's mirror counts misses > 0, exactly 2 layers x 6 pages (each
 //              block loaded once: the window holds every live page of a call, released pages are never
-//              read again), bytes moved = misses x (K page + V page) of the rank's geometry, both ranks
-//              alike; the engine's stats are the ranks' counters added; the window (kv_device_bytes) is
+//              read again; a replay of the engine's release / extend / lookup sequence on a host-pooled
+//              PagedKvStore window of the rank's shape gave 12 misses, 0 evictions, at most 4 pages per
+//              call), bytes moved = misses x (K page + V page) of the rank's geometry, both ranks alike; the engine's stats are the ranks' counters added; the window (kv_device_bytes) is
 //              smaller than the resident ranks' pools; each rank's mirror holds its KV heads (n_kv_heads
 //              = 4 / 2) and the mirrors are distinct; after the run each rank's mirror is coherent with
 //              its device window (check_stream_coherent empty); after reset() the same prefill gives the
