@@ -170,8 +170,8 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_option("--tp", f.tp,
                   "tensor-parallel split into N ranks, each with its share of the heads (and its own KV store of them) "
                   "and of the FFN, block outputs summed by an all-reduce (CPU engine, or CUDA: ranks on the current GPU or one "
-                  "per --devices entry; with --device cuda refused with --pp, --kv-resident and --conv-id; default 1 = "
-                  "unsplit)")
+                  "per --devices entry; with --kv-resident each rank streams its own KV window; with --device cuda refused "
+                  "with --pp and --conv-id; default 1 = unsplit)")
       ->capture_default_str();
 }
 

@@ -362,14 +362,19 @@ TEST_CASE("CLI.run.tp --tp splits the engine into tensor-parallel ranks; --json 
   CHECK(cuda_pp.rc != 0);
   CHECK_THAT(cuda_pp.err, kvgate_catch::contains("--tp 2 with --device cuda and a layer split (--pp)"));
   CHECK_THAT(cuda_pp.err, kvgate_catch::contains("drop one of --tp and --pp"));
-  const Run cuda_res = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --kv-resident 32 --device cuda");
-  CHECK(cuda_res.rc != 0);
-  CHECK_THAT(cuda_res.err, kvgate_catch::contains("--tp 2 with --device cuda and --kv-resident"));
-  // Anti-vacuity: --tp 2 alone with --device cuda is not refused by the split checks; it fails only
-  // where no CUDA backend or device is (and runs where one is).
-  const Run cuda = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --device cuda");
-  CHECK(cuda.err.find("--tp 2 with --device cuda and") == std::string::npos);
-  if (cuda.rc != 0) CHECK_THAT(cuda.err, kvgate_catch::contains("--device cuda"));
+  const Run cuda_conv = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --conv-id tp --device cuda");
+  CHECK(cuda_conv.rc != 0);
+  CHECK_THAT(cuda_conv.err, kvgate_catch::contains("--tp 2 with --device cuda and --conv-id"));
+  CHECK_THAT(cuda_conv.err, kvgate_catch::contains("drop --conv-id, or drop --tp"));
+  // Anti-vacuity: --tp 2 alone with --device cuda is not refused by the split checks, nor with
+  // --kv-resident (each rank streams its own window: PAR.cuda.tp.stream.*); they fail only where no
+  // CUDA backend or device is (and run where one is).
+  for (const char* extra : {"", " --kv-resident 64"}) {
+    const Run cuda = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --device cuda" + extra);
+    INFO("--tp 2 --device cuda" << extra << ": " << cuda.err);
+    CHECK(cuda.err.find("--tp 2 with --device cuda and") == std::string::npos);
+    if (cuda.rc != 0) CHECK_THAT(cuda.err, kvgate_catch::contains("--device cuda"));
+  }
 }
 
 TEST_CASE("CLI.chat.stream kvgate chat --kv-resident streams the conversation's KV", "[gate:CLI][fmt:f16]") {

@@ -57,9 +57,12 @@
 //                     tensor_parallel 2 and the topology "tensor:2 (ranks on cuda:D,cuda:D)", the ranks'
 //                     pools add up to the unsplit engine's pool and each rank store holds half the KV
 //                     heads; refused naming the option and the fix: 3 ranks on 4 KV heads, --pp with
-//                     --tp, --kv-resident, KV damage, a KV file save and hydrate.
-// The CLI's refusals of --tp with --device cuda (--pp, --kv-resident, --conv-id) are checked without a
-// device by CLI.run.tp (gates/cli/cli_gate.cpp).
+//                     --tp, KV damage, a KV file save and hydrate. --kv-resident is not refused: every
+//                     rank gets its own host mirror and device window (checked here: one mirror per
+//                     rank, of its KV heads); PAR.cuda.tp.stream.<fmt> (gates/cuda/cuda_tp_stream_gate.cpp)
+//                     gates the streamed ranks against the resident ones, bitwise.
+// The CLI's refusals of --tp with --device cuda (--pp, --conv-id) are checked without a device by
+// CLI.run.tp (gates/cli/cli_gate.cpp), as is that --kv-resident with --tp is no longer refused there.
 // Without a device every case prints "SKIPPED: no CUDA device: <reason>" and passes.
 #include <cuda_runtime_api.h>
 
@@ -587,9 +590,18 @@ TEST_CASE("PAR.cuda.tp.engine the CUDA engine with --tp 2 runs, reports its topo
   pp.engine.pipeline_stages = 2;
   CHECK_THROWS_WITH(kc::CudaEngine(m, pp), kvgate_catch::contains("a layer split (--pp)"));
   CHECK_THROWS_WITH(kc::CudaEngine(m, pp), kvgate_catch::contains("drop one of --tp and --pp"));
-  kc::CudaEngineOptions res = engine_cuda(m, f, 2);
-  res.engine.kv_resident = 32;
-  CHECK_THROWS_WITH(kc::CudaEngine(m, res), kvgate_catch::contains("--kv-resident"));
+  {  // --kv-resident with --tp: a host mirror and a device window per rank, each of the rank's KV heads.
+    kc::CudaEngineOptions res = engine_cuda(m, f, 2);
+    res.engine.kv_resident = 32;
+    kc::CudaEngine se(m, res);
+    REQUIRE(se.n_stages() == 2);
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(se.stage_host_mirror(r) != nullptr);
+      CHECK(se.stage_host_mirror(r)->config().n_kv_heads == m.config.n_kv_heads / 2);
+    }
+    CHECK(se.stage_host_mirror(0) != se.stage_host_mirror(1));
+    CHECK(se.stats().kv_resident_tokens == 32);
+  }
   kc::CudaEngineOptions dmg = engine_cuda(m, f, 2);
   dmg.damage = KvDamage{};
   CHECK_THROWS_WITH(kc::CudaEngine(m, dmg), kvgate_catch::contains("KV damage"));

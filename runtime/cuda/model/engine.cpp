@@ -154,9 +154,12 @@ std::unique_ptr<CudaPipeline> make_pipeline(const Model& m, const CudaEngineOpti
 
 // Tensor parallelism (EngineOptions::tensor_parallel > 1, kvgate/cuda/tensor_parallel.hpp): every
 // rank's sliced weights, store and forward on its device (CudaEngineOptions::devices: one per rank;
-// default every rank on the current device). What the split does not carry is refused by name.
-std::unique_ptr<CudaTensorParallel> make_tensor_parallel(const Model& m, const CudaEngineOptions& o,
-                                                         const StoreConfig& sc, int max_ctx) {
+// default every rank on the current device); `make_store` makes each rank's device store from its
+// StoreConfig (its KV heads), as make_pipeline's does per stage (with --kv-resident a view over the
+// rank's own window over its own host mirror). What the split does not carry is refused by name.
+std::unique_ptr<CudaTensorParallel> make_tensor_parallel(
+    const Model& m, const CudaEngineOptions& o, const StoreConfig& sc, int max_ctx,
+    std::function<std::unique_ptr<CudaKvStore>(int, const StoreConfig&)> make_store) {
   const EngineOptions& e = o.engine;
   if (e.tensor_parallel == 1) return nullptr;
   check_options(o);  // first, as make_pipeline
@@ -170,8 +173,6 @@ std::unique_ptr<CudaTensorParallel> make_tensor_parallel(const Model& m, const C
     refuse("a layer split (--pp)", "drop one of --tp and --pp");
   if (o.damage) refuse("KV damage (probe sensitivity)", "run it unsplit (drop --tp)");
   if (o.shared_weights) refuse("shared device weights", "let the engine upload its ranks' weights (no shared_weights)");
-  if (e.kv_resident > 0)
-    refuse("--kv-resident (a streamed KV window)", "drop --kv-resident (every rank's KV resident), or drop --tp");
   if (e.mla_cache == MlaCache::latent) refuse("--mla-cache latent", "drop --tp");
   TensorParallelOptions to;
   to.ranks = e.tensor_parallel;
@@ -179,6 +180,7 @@ std::unique_ptr<CudaTensorParallel> make_tensor_parallel(const Model& m, const C
   to.weights = o.weights;
   to.store = sc;
   to.forward = CudaForwardOptions{std::max(1, std::min(e.prefill_chunk, max_ctx)), max_ctx, false};
+  to.make_store = std::move(make_store);
   return std::make_unique<CudaTensorParallel>(m, std::move(to));
 }
 
@@ -197,8 +199,9 @@ static std::shared_ptr<const CudaModel> own_or_shared(const Model& m, const Cuda
 namespace {
 
 // Streaming (--kv-resident): one stage's host mirror and device window, on the stage's device (one per
-// pipeline stage, as every GPU has its own pool; one when unsplit). The stage's forward runs on a view
-// over the window's slots; every page lives in the mirror.
+// pipeline stage or tensor-parallel rank, as every GPU has its own pool; one when unsplit). The stage's
+// forward runs on a view over the window's slots; every page lives in the mirror. A rank's mirror and
+// window hold its KV heads (its StoreConfig: tensor_parallel_store_config) for every layer.
 struct StageWindow {
   int device = 0;
   OwnedStream upload;  // the window's stream (declared before `streamed`: destroyed after it)
@@ -208,9 +211,10 @@ struct StageWindow {
       : device(dev), upload(true), streamed(make_streamed(c, resident, upload.s)) {}
 };
 
-// One pipeline stage's KV as the engine moves it (one stage when unsplit): its device, its device store
-// (resident: its own pages; streaming: the view over its window), its forward, and its window when
-// streaming. Stage i's store holds model layers [first_layer, first_layer + n_layers) at slots 0..
+// One pipeline stage's KV as the engine moves it (one stage when unsplit; with --tp one per rank): its
+// device, its device store (resident: its own pages; streaming: the view over its window), its forward,
+// and its window when streaming. Stage i's store holds model layers [first_layer, first_layer +
+// n_layers) at slots 0..; rank r's store every layer of its KV heads.
 struct KvStage {
   int device = 0;
   CudaKvStore* store = nullptr;
@@ -225,8 +229,9 @@ struct CudaEngine::Impl {
   CudaEngineOptions opts;
   int max_ctx;
   StoreConfig sc;
-  // Streaming: every stage's window and host mirror, in stage order (made by make_stage_store; declared
-  // before the stores that view them, so destroyed after them). Empty when resident.
+  // Streaming: every stage's (or tensor-parallel rank's) window and host mirror, in stage / rank order
+  // (made by make_stage_store; declared before the stores that view them, so destroyed after them).
+  // Empty when resident.
   std::vector<std::unique_ptr<StageWindow>> windows;
   // The layer split (--pp): the stages' weights, stores and forwards; `weights`, `store` and `fwd` are
   // then stage 0's (positions and sequences are kept in step in every stage), and run/step go through
@@ -243,7 +248,7 @@ struct CudaEngine::Impl {
   SeqId seq;           // the sequence, the same id in every stage's store
   std::unique_ptr<CudaForward> own_fwd;
   CudaForward& fwd;
-  std::vector<KvStage> stages;  // every stage in layer order (one when unsplit): saves, hydrates, streaming
+  std::vector<KvStage> stages;  // every stage in layer order (one when unsplit; the ranks with --tp): saves, hydrates, streaming
   std::vector<float> logits;
   EngineStats stats;
   std::vector<int> history;  // token ids whose K/V rows the sequence holds (conversations save them)
@@ -257,7 +262,8 @@ struct CudaEngine::Impl {
         pipe(opts.engine.tensor_parallel != 1
                  ? nullptr
                  : make_pipeline(m, opts, sc, max_ctx, [this](int, const StoreConfig& c) { return make_stage_store(c); })),
-        tp(make_tensor_parallel(m, opts, sc, max_ctx)),
+        tp(make_tensor_parallel(m, opts, sc, max_ctx,
+                                [this](int, const StoreConfig& c) { return make_stage_store(c); })),
         weights_holder(pipe || tp ? nullptr : own_or_shared(m, opts)),
         weights(pipe ? *pipe->stage(0).model : tp ? *tp->rank(0).weights : *weights_holder),
         own_store(pipe || tp ? nullptr : make_stage_store(sc)),
@@ -275,7 +281,7 @@ struct CudaEngine::Impl {
         CudaPipeline::Stage& ps = pipe->stage(i);
         stages.push_back({ps.device, ps.store.get(), ps.forward.get(), nullptr});
       }
-    } else if (tp) {  // every rank: pool_bytes() adds their pools (KV files and streaming are refused)
+    } else if (tp) {  // every rank, in rank order: pool_bytes() adds their pools; streaming per rank (KV files are refused)
       for (int r = 0; r < tp->ranks(); ++r) {
         CudaTensorParallel::Rank& rk = tp->rank(r);
         stages.push_back({rk.device, rk.store.get(), rk.forward.get(), nullptr});
@@ -409,8 +415,8 @@ struct CudaEngine::Impl {
   // through the window at once (the kernels' partial softmax states are internal), so the layer's
   // window must hold the pages each call of the next `n` tokens reads: those up to its end less the
   // ones released before it (the sliding-window release). Checked before any state changes; the
-  // message names the smallest --kv-resident that works. Every stage's window has the same pages per
-  // layer and releases alike, so stage 0's answers for all.
+  // message names the smallest --kv-resident that works. Every stage's (rank's) window has the same
+  // pages per layer and releases alike, so stage 0's answers for all.
   void check_window(std::size_t n) const {
     if (!streaming()) return;
     const int B = sc.block_size;
@@ -508,9 +514,12 @@ struct CudaEngine::Impl {
         }
     KVGATE_CUDA_CHECK(cudaStreamSynchronize(st.fwd->stream()));
   }
-  // Streaming, around a forward call over every stage: each stage's window gets the call's pages
-  // before it, and each stage's mirror the pages the call wrote after it (every writer of every stage
-  // writes both copies).
+  // Streaming, around a forward call over every stage (or every tensor-parallel rank): each stage's
+  // window gets the call's pages before it, and each stage's mirror the pages the call wrote after it
+  // (every writer of every stage writes both copies). With --tp every rank's stream_in runs before the
+  // ranks' forward (its forward stream waits for its own window's uploads; the all-reduce's events then
+  // order the ranks' streams among themselves), and every rank's stream_out after it (queued on the
+  // rank's forward stream, which CudaTensorParallel::finish has already synchronised).
   void stream_in_all(int n) {
     for (KvStage& st : stages) stream_in(st, n);
   }
@@ -808,7 +817,9 @@ std::string CudaEngine::check_stream_coherent() const {
   for (std::size_t i = 0; i < d.windows.size(); ++i) {
     DeviceScope on(d.windows[i]->device);
     const std::string e = d.windows[i]->streamed.host->check_stream_coherent();
-    if (!e.empty()) out += (out.empty() ? "" : "; ") + (d.windows.size() > 1 ? "stage " + std::to_string(i) + ": " : "") + e;
+    if (!e.empty())
+      out += (out.empty() ? "" : "; ") +
+             (d.windows.size() > 1 ? (d.tp ? "rank " : "stage ") + std::to_string(i) + ": " : "") + e;
   }
   return out;
 }

@@ -56,7 +56,8 @@ CudaTensorParallel::CudaTensorParallel(const Model& m, TensorParallelOptions o) 
     Rank& k = ranks_.back();
     DeviceScope on(k.device);
     k.weights = std::make_unique<CudaModel>(k.model, o.weights);
-    k.store = std::make_unique<CudaKvStore>(tensor_parallel_store_config(o.store, c, n, r));
+    const StoreConfig rank_sc = tensor_parallel_store_config(o.store, c, n, r);
+    k.store = o.make_store ? o.make_store(r, rank_sc) : std::make_unique<CudaKvStore>(rank_sc);
     k.forward = std::make_unique<CudaForward>(*k.weights, *k.store, o.forward);
     (void)k.forward->tp_partial();  // allocated on the rank's device now
     KVGATE_CUDA_CHECK(cudaEventCreateWithFlags(&k.partial_done, cudaEventDisableTiming));

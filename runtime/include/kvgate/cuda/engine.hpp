@@ -21,8 +21,9 @@
 //               stage has its own store (and, streaming, its own mirror and window on its device);
 //               KV files are saved from and hydrated into every stage, byte-identical to unsplit.
 //               With tensor parallelism (EngineOptions::tensor_parallel, kvgate/cuda/tensor_parallel.hpp)
-//               each rank has its sliced weights, its own store of its KV heads and its own forward;
-//               streaming, KV files and KV damage are refused with it.
+//               each rank has its sliced weights, its own store of its KV heads and its own forward,
+//               and, streaming, its own host mirror and device window of its KV heads (each rank
+//               streams as a pipeline stage does); KV files and KV damage are refused with it.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -348,16 +349,18 @@ class CudaEngine {
   const EngineStats& stats() const;
   const Model& model() const;
   // Streaming (--kv-resident): the forward runs on a view over the device window's slots (store());
-  // every page lives in the host mirror (with the layer split: every stage its own window and mirror).
-  // Empty when every resident device copy of every stage equals its mirror page (or when not
-  // streaming); else what differs, per stage.
+  // every page lives in the host mirror (with the layer split: every stage its own window and mirror;
+  // with tensor parallelism: every rank its own window and mirror of its KV heads).
+  // Empty when every resident device copy of every stage (rank) equals its mirror page (or when not
+  // streaming); else what differs, per stage ("stage i: ...") or per rank ("rank r: ...").
   std::string check_stream_coherent() const;
-  const PagedKvStore* host_mirror() const;  // null when not streaming; with the layer split stage 0's
-  CudaKvStore& store();      // with the layer split: stage 0's (kvgate/cuda/pipeline.hpp)
-  CudaForward& forward();    // with the layer split: stage 0's
+  const PagedKvStore* host_mirror() const;  // null when not streaming; split: stage 0's / rank 0's
+  CudaKvStore& store();      // with the layer split: stage 0's (kvgate/cuda/pipeline.hpp); with --tp rank 0's
+  CudaForward& forward();    // with the layer split: stage 0's; with --tp rank 0's
   SeqId sequence() const;
-  // The layer split's stages (1 when unsplit): stage i's device store (streaming: the view over its
-  // window), its host mirror (null when not streaming) and its CUDA device.
+  // The layer split's stages (1 when unsplit; with tensor parallelism the ranks, in rank order): stage
+  // i's device store (streaming: the view over its window), its host mirror (null when not streaming)
+  // and its CUDA device.
   int n_stages() const;
   CudaKvStore& stage_store(int i);
   const PagedKvStore* stage_host_mirror(int i) const;

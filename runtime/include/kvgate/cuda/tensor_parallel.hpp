@@ -25,13 +25,20 @@
 // The column splits (q, k, v, W1, W3) compute the same dot products as the unsplit pass; the row splits
 // (Wo, W2) and the all-reduce reassociate one sum per block (gate PAR.cuda.tp, gates/cuda/cuda_tp_gate.cpp).
 //
+// Streaming (--kv-resident) works per rank: TensorParallelOptions::make_store makes each rank's device
+// store (as PipelineOptions::make_store per stage), and CudaEngine passes one that gives every rank its
+// own host mirror (a PagedKvStore of the rank's StoreConfig: its KV heads, every layer) and its own
+// device window, returning the view over the window; the engine streams each rank's pages in before the
+// ranks' forward call and out after it, exactly as per pipeline stage (gate PAR.cuda.tp.stream.<fmt>,
+// gates/cuda/cuda_tp_stream_gate.cpp). This class itself has no streaming or persistence.
+//
 // Refused by name (EngineError, naming the option and the fix): what tensor_parallel_refusal refuses
 // (MLA, MoE, a rank count that does not divide the KV heads or the FFN width), a pipeline split at the
-// same time, KV damage, shared device weights, streaming (--kv-resident) and KV files (save/hydrate)
-// -- the last two by CudaEngine; this class has no streaming or persistence.
+// same time, KV damage, shared device weights, and KV files (save/hydrate) -- the last by CudaEngine.
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -51,6 +58,11 @@ struct TensorParallelOptions {
   WeightType weights = WeightType::f32;
   StoreConfig store;         // the unsplit store (make_store_config); each rank takes its KV heads
   CudaForwardOptions forward;  // cuda_graphs is ignored (no graphs in the split)
+  // Makes rank r's device store from its config (tensor_parallel_store_config: its KV heads and their
+  // scales), called with the rank's device current, before its forward is made. The engine's streaming
+  // (--kv-resident) returns a view over the rank's own device window here (the window and its host
+  // mirror stay the caller's; they must outlive this object). Null: a CudaKvStore of its own.
+  std::function<std::unique_ptr<CudaKvStore>(int rank, const StoreConfig& cfg)> make_store;
 };
 
 class CudaTensorParallel {
