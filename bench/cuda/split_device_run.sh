@@ -12,7 +12,7 @@
 #   bench/cuda/split_device_run.sh ASSETS OUT [DEADLINE]
 #
 # ASSETS holds xxhash/{include,lib} and models/ (stories260K). OUT gets summary.txt, failures.txt,
-# the run JSONs and logs.tar.gz. Written in round 24, when no device could be started: not yet run.
+# the run JSONs and logs.tar.gz. First run in round 25 (bench/results/gate_proof_cuda_round25.md).
 set -uo pipefail
 t0=$(date +%s)
 assets=$(cd "${1:?usage: bench/cuda/split_device_run.sh ASSETS OUT [DEADLINE]}" && pwd)
@@ -22,6 +22,10 @@ el() { echo "$(( $(date +%s) - t0 ))s"; }
 export KVGATE_MODELS=$assets/models KVGATE_SOURCE_DIR=$PWD NCCL_NVLS_ENABLE=0
 S=$out/summary.txt
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1; nvidia-smi topo -m | head -3; } | tee "$S"
+# A build folder kept from an earlier call on a warm machine may hold objects of that call's last
+# mutants: this tree arrives with file times older than those objects, so ninja would keep them.
+# Touch every source a catalogued mutant patches before building.
+[ -f build-r24/build.ninja ] && python3 -c "import json; print('\n'.join(sorted({m['file'] for m in json.load(open('mutations/catalog.json'))['mutants']})))" | xargs -r touch
 cmake -S . -B build-r24 -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVGATE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a-real "-DCMAKE_CXX_FLAGS=-I$assets/xxhash/include -DXXH_INLINE_ALL" \
   "-DCMAKE_EXE_LINKER_FLAGS=-L$assets/xxhash/lib" >"$out/logs/configure.log" 2>&1 || { tail -20 "$out/logs/configure.log"; exit 1; }
