@@ -35,6 +35,22 @@ inline const Model& synth_model_once(const std::string& key, SynthOptions o) {
   return *e->model;
 }
 
+// The tensor-parallel gates' model (PAR.tp, PAR.cuda.tp, PAR.cuda.tp.stream): a 2-layer GQA Llama
+// with 8 query / 4 KV heads of 32 (hidden 256, FFN 512, vocab 300), so 2 and 4 ranks split it and a
+// 32-element block never straddles two heads.
+inline SynthOptions synth_tp_options() {
+  SynthOptions o;
+  o.layers = 2;
+  o.hidden = 256;
+  o.heads = 8;
+  o.kv_heads = 4;
+  o.ffn = 512;
+  o.vocab = 300;
+  o.seed = 11;
+  o.max_seq_len = 256;
+  return o;
+}
+
 // Rows of 2 KV heads x head_dim 12 = 24 floats: no multiple of 32 and head_dim no power of two, so
 // q8_0 and k8v4 fall back on it (docs/FORMATS.md, capability rules). Hidden 48, 4 query heads,
 // FFN 64, vocabulary 300; the caller sets layers, seed and context.

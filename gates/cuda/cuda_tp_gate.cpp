@@ -98,18 +98,7 @@ namespace {
 
 constexpr int kBlock = 16, kChunk = 7, kSteps = 8, kFree = 16, kCtx = 128, kPrompt = 19;
 
-const Model& synth_tp() {
-  SynthOptions o;
-  o.layers = 2;
-  o.hidden = 256;
-  o.heads = 8;
-  o.kv_heads = 4;
-  o.ffn = 512;
-  o.vocab = 300;
-  o.seed = 11;
-  o.max_seq_len = 256;
-  return gates::synth_model_once("cuda_tp", o);
-}
+const Model& synth_tp() { return gates::synth_model_once("cuda_tp", gates::synth_tp_options()); }
 
 KvFormat fmt_named(const std::string& name) {
   const auto f = parse_kv_format(name);

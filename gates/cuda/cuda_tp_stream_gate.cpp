@@ -68,16 +68,7 @@ constexpr int kBlock = 16, kChunk = 7, kCtx = 128, kPrompt = 61, kDecode = 32, k
 // The synth model of PAR.cuda.tp with a sliding window of kSlide tokens on every layer.
 const Model& synth_tp_windowed() {
   static const Model m = [] {
-    SynthOptions o;
-    o.layers = 2;
-    o.hidden = 256;
-    o.heads = 8;
-    o.kv_heads = 4;
-    o.ffn = 512;
-    o.vocab = 300;
-    o.seed = 11;
-    o.max_seq_len = 256;
-    const Model& base = gates::synth_model_once("cuda_tp_stream", o);
+    const Model& base = gates::synth_model_once("cuda_tp_stream", gates::synth_tp_options());
     Model w;
     w.path = base.path + " (sliding windows)";
     w.source_kind = base.source_kind;

@@ -750,20 +750,25 @@ void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* log
   }
 }
 
-void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, float* logits, int* argmax) {
+// A decode batch's checks (forward_decode, tp_begin_decode): 1..max_rows sequences, one token each,
+// ids in the vocabulary, every sequence below the context limit. Returns the batch size.
+int CudaForward::check_decode_batch(std::span<const SeqId> seqs, std::span<const int> tokens) const {
   const int B = static_cast<int>(seqs.size());
   if (B < 1 || B > opts_.max_rows || tokens.size() != seqs.size())
     throw EngineError("cuda forward: decode batch of " + std::to_string(B) + " sequences / " +
                       std::to_string(tokens.size()) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
   check_tokens(tokens, c_.vocab_size);
-  check_stage_call(logits != nullptr || argmax != nullptr, B);
   for (SeqId s : seqs)
     if (store_.length(s) + 1 > max_ctx_)
       throw EngineError("cuda forward: sequence " + std::to_string(s) + " is at the context limit of " +
                         std::to_string(max_ctx_) + " tokens");
-  if (damage_ && B > 1)
-    throw EngineError("cuda forward: KV damage (diagnostics) runs one sequence at a time; got a decode batch of " +
-                      std::to_string(B) + " sequences");
+  return B;
+}
+
+// Every sequence of the batch extended by one token and the rows staged; returns the longest
+// attention span (the planner's max_len).
+int CudaForward::stage_decode(std::span<const SeqId> seqs, std::span<const int> tokens) {
+  const int B = static_cast<int>(seqs.size());
   std::vector<SeqId> rs(seqs.begin(), seqs.end());
   std::vector<int> rp(static_cast<std::size_t>(B));
   int max_len = 1;
@@ -772,6 +777,16 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
     max_len = std::max(max_len, rp[static_cast<std::size_t>(b)] + 1);
   }
   stage(rs, rp, tokens, table_stride_);
+  return max_len;
+}
+
+void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, float* logits, int* argmax) {
+  const int B = check_decode_batch(seqs, tokens);
+  check_stage_call(logits != nullptr || argmax != nullptr, B);
+  if (damage_ && B > 1)
+    throw EngineError("cuda forward: KV damage (diagnostics) runs one sequence at a time; got a decode batch of " +
+                      std::to_string(B) + " sequences");
+  const int max_len = stage_decode(seqs, tokens);
   const bool use_graph = opts_.cuda_graphs && !capture_kv_ && k_rope_offset_ == 0;
   const bool has_head = m_.range().has_head(c_);
   if (!use_graph) {
@@ -869,24 +884,9 @@ int CudaForward::tp_begin_chunk(SeqId s, std::span<const int> tokens) {
 
 void CudaForward::tp_begin_decode(std::span<const SeqId> seqs, std::span<const int> tokens) {
   tp_check("tp_begin_decode");
-  const int B = static_cast<int>(seqs.size());
-  if (B < 1 || B > opts_.max_rows || tokens.size() != seqs.size())
-    throw EngineError("cuda forward: decode batch of " + std::to_string(B) + " sequences / " +
-                      std::to_string(tokens.size()) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
-  check_tokens(tokens, c_.vocab_size);
-  for (SeqId s : seqs)
-    if (store_.length(s) + 1 > max_ctx_)
-      throw EngineError("cuda forward: sequence " + std::to_string(s) + " is at the context limit of " +
-                        std::to_string(max_ctx_) + " tokens");
+  const int B = check_decode_batch(seqs, tokens);
   tp_partial();
-  std::vector<SeqId> rs(seqs.begin(), seqs.end());
-  std::vector<int> rp(static_cast<std::size_t>(B));
-  int max_len = 1;
-  for (int b = 0; b < B; ++b) {
-    rp[static_cast<std::size_t>(b)] = store_.extend(seqs[static_cast<std::size_t>(b)], 1);
-    max_len = std::max(max_len, rp[static_cast<std::size_t>(b)] + 1);
-  }
-  stage(rs, rp, tokens, table_stride_);
+  const int max_len = stage_decode(seqs, tokens);
   begin_layers(B);
   tp_ = TpCall{B, max_len, false, true};
 }

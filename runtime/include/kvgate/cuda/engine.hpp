@@ -205,6 +205,8 @@ class CudaForward {
   int graph_replays() const { return graph_replays_; }
 
  private:
+  int check_decode_batch(std::span<const SeqId> seqs, std::span<const int> tokens) const;
+  int stage_decode(std::span<const SeqId> seqs, std::span<const int> tokens);
   void stage(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos, std::span<const int> tokens,
              int table_stride);
   void layers(int R, int table_stride, int max_len, bool chunk, const DecodePlan* plan, DecodeWorkspace& ws,
