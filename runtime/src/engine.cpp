@@ -605,8 +605,8 @@ int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
   }
   const int n = hydratable_prefix(file, prompt);
   if (n > d.max_ctx) throw EngineError("engine: the KV file holds more tokens than the context");
-  const auto t0 = Clock::now();
-  if (d.tp) {
+  auto t0 = Clock::now();
+  if (d.tp) {  // restored into the staging store before the ranks are touched (a refusal loses nothing)
     const std::unique_ptr<PagedKvStore> staging = d.staging_store(n);
     const SeqId sseq = staging->create_sequence();
     const KvStageTarget one[1] = {{staging.get(), sseq}};
@@ -615,6 +615,7 @@ int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
     d.scatter_ranks(*staging, sseq, n);
   } else {
     reset();
+    t0 = Clock::now();
     restore_kv_file(file, d.targets(), n, d.model.fingerprint);
   }
   d.history.assign(prompt.begin(), prompt.begin() + n);
