@@ -356,6 +356,18 @@ TEST_CASE("CLI.run.tp --tp splits the engine into tensor-parallel ranks; --json 
   const Run zero = kvgate_cli("run " + model_args() + " --steps 1 --tp 0");
   CHECK(zero.rc != 0);
   CHECK_THAT(zero.err, kvgate_catch::contains("--tp = 0 must be >= 1"));
+  {  // --conv-id with --tp on the CPU: the second turn hydrates the first turn's file (PAR.tp.persist
+     // checks the bytes); the file moves to an unsplit run too.
+    Scratch sc;
+    const std::string conv = model_args() + " --kv int8 --steps 4 --conv-id tp --kv-cache-dir " + q((sc.dir / "kv").string());
+    const json t1 = run_json(conv + " --tp 2 --prompt " + q("Once upon a time"));
+    CHECK(t1["stats"]["hydrated_tokens"].get<int>() == 0);
+    const json t2 = run_json(conv + " --tp 2 --prompt " + q(" there was"));
+    CHECK(t2["stats"]["hydrated_tokens"].get<int>() > 0);
+    CHECK(t2["stats"]["topology"].get<std::string>() == "tensor:2");
+    const json t3 = run_json(conv + " --prompt " + q(" a fox"));
+    CHECK(t3["stats"]["hydrated_tokens"].get<int>() > t2["stats"]["hydrated_tokens"].get<int>());
+  }
   // --device cuda: the CUDA engine splits too (PAR.cuda.tp.*); what it refuses is refused before anything
   // loads, naming both options and the fix, on any machine (with or without a GPU or the CUDA backend).
   const Run cuda_pp = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --pp 2 --device cuda");

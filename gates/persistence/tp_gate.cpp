@@ -14,10 +14,31 @@
 //   PAR.tp.stream.<fmt>  --tp 2 streamed (windows of 3 and 8 tokens) == --tp 2 resident, bitwise;
 //                     every rank streams (misses on each) and after every step each rank's device
 //                     copies equal its host mirror.
+//   PAR.tp.persist.<fmt>  KV files (conversations) with --tp: the ranks' pages are gathered into an
+//                     unsplit staging store and saved through the unsplit writer; a hydrate restores
+//                     the file into a staging store and scatters each rank's head slice into its store.
+//                     (a) an unsplit engine's file hydrated into --tp 2 and --tp 4 and saved again ==
+//                         the file, byte for byte;
+//                     (b) a --tp 2 engine's file hydrated into an unsplit engine and saved again ==
+//                         the --tp 2 file; that file hydrated into --tp 2 (resident, and streamed)
+//                         continues (a chunk of new tokens, decode steps) bitwise as the uninterrupted
+//                         --tp 2 engine;
+//                     (c) after a --tp hydrate each rank's store holds, bitwise (dequantized rows),
+//                         its KV heads' slice of the unsplit engine's hydrated rows.
+//                     Anti-vacuity: the files hold more than one page per layer and non-zero bytes;
+//                     a byte flipped in rank 1's store after a hydrate changes the saved file; the
+//                     --tp 2 file differs from the unsplit engine's own for the same prompt (the
+//                     all-reduce reassociates later layers' inputs; printed, not required).
+//                     Bound: zero, bitwise -- the file's bytes are moved between pages (memcpy of each
+//                     head range, copy_head_slice / place_head_slice in runtime/src/format.cpp), never
+//                     recomputed; runtime_unit's head_slice test shows that a rank page quantized from
+//                     its heads alone is byte for byte that head range of the unsplit page, for every
+//                     half format.
 //   PAR.tp.archs      (b) on the transformers references Gemma 3 (post-norms, sliding layers,
 //                     soft-caps), Qwen3 (QK-norm) and Qwen2 (qkv bias) with --tp 2.
 //   PAR.tp.options    refusals (ranks that do not divide the KV heads or the FFN, --pp, --kv-layers,
-//                     MoE and MLA models, KV files) name the option and the fix.
+//                     MoE and MLA models) name the option and the fix; a KV file that does not match
+//                     the run is refused by a --tp engine before its ranks are touched.
 //
 // Bound of (b), derived: a block output element is y_i = sum_j a_j w_ij over n terms (n = q_dim for
 // attention, the FFN width for the FFN), with the same a on both sides (checked bitwise). Any float
@@ -30,6 +51,7 @@
 // amount no bound here derives; the teacher-forced blocks pin every operation of the split.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "hf_arch_ref.hpp"
@@ -333,7 +355,118 @@ void run_tp_stream(const Model& m, const KvFormat& f) {
   }
 }
 
+// KV files with --tp (PAR.tp.persist): see the header.
+void run_tp_persist(const Model& m, const KvFormat& f) {
+  INFO("model " << m.path << ", format " << f.name());
+  const ModelConfig& c = m.config;
+  const std::vector<std::vector<int>> turns = three_turns(m);
+  std::vector<int> prompt = turns[0];
+  prompt.insert(prompt.end(), turns[1].begin(), turns[1].end());
+  std::vector<int> longer = prompt;  // a hydrate of `longer` takes every saved token (one is left to prefill)
+  longer.insert(longer.end(), turns[2].begin(), turns[2].end());
+  const int n = static_cast<int>(prompt.size());
+  TempDir dir;
+  auto saved = [&](const Engine& e, const std::string& name) {
+    e.save_kv(dir.file(name));
+    return read_bytes(dir.file(name));
+  };
+  // The continuation: turn 3 as one chunk, then kSteps greedy decode steps.
+  auto continue_turn = [&](Engine& e) {
+    std::vector<std::vector<float>> out;
+    out.push_back(e.prefill(turns[2]));
+    for (int s = 0; s < kSteps; ++s) out.push_back(e.decode(argmax(out.back())));
+    return out;
+  };
+
+  Engine single(m, tp_options(m, f, 1));
+  single.prefill(prompt);
+  const std::vector<std::uint8_t> file1 = saved(single, "single.kvf");
+  {  // anti-vacuity: more than one page per layer, non-zero page bytes
+    const KvFile k = read_kv_file(dir.file("single.kvf"));
+    REQUIRE(k.header.used_tokens == n);
+    CHECK(n > k.header.block_size);
+    CHECK(std::any_of(k.body.begin(), k.body.end(), [](std::uint8_t b) { return b != 0; }));
+  }
+  Engine hydrated1(m, tp_options(m, f, 1));  // the unsplit engine's hydrated rows, for (c)
+  REQUIRE(hydrated1.hydrate(read_kv_file(dir.file("single.kvf")), longer) == n);
+
+  for (int ranks : {2, 4}) {  // (a) and (c)
+    INFO("unsplit file hydrated into --tp " << ranks);
+    Engine e(m, tp_options(m, f, ranks));
+    REQUIRE(e.hydrate(read_kv_file(dir.file("single.kvf")), longer) == n);
+    CHECK(e.position() == n);
+    CHECK(saved(e, "tp" + std::to_string(ranks) + ".kvf") == file1);
+    for (int r = 0; r < ranks; ++r) {
+      const TpSlice s = tensor_parallel_slice(c, ranks, r);
+      for (int l = 0; l < c.n_layers; ++l)
+        for (KvHalf h : {KvHalf::K, KvHalf::V}) {
+          INFO("rank " << r << ", layer " << l << ", half " << (h == KvHalf::K ? "K" : "V"));
+          const std::vector<float> all = layer_rows(hydrated1.store(), hydrated1.sequence(), l, h);
+          const std::vector<float> want = columns(all.data(), n, c.kv_dim(), s.kv_head0 * c.head_dim, s.kv_heads * c.head_dim);
+          const std::vector<float> got = layer_rows(e.rank_store(r), e.rank_sequence(r), l, h);
+          CHECK(bitwise_equal(got, want));
+          CHECK(std::any_of(got.begin(), got.end(), [](float x) { return x != 0.0f; }));
+        }
+      CHECK(e.rank_store(r).check_guards().empty());
+    }
+  }
+
+  // (b) a --tp 2 engine's file.
+  Engine tp2(m, tp_options(m, f, 2));
+  tp2.prefill(prompt);
+  const std::vector<std::uint8_t> file2 = saved(tp2, "tp2_own.kvf");
+  if (file2 == file1)
+    WARN("the --tp 2 file equals the unsplit engine's for this prompt (no row changed by the all-reduce's rounding)");
+  else
+    std::printf("PAR.tp.persist.%s: the --tp 2 file differs from the unsplit engine's (%zu bytes)\n", f.name().c_str(),
+                file2.size());
+  const std::vector<std::vector<float>> want = continue_turn(tp2);  // uninterrupted
+  Engine unsplit(m, tp_options(m, f, 1));
+  REQUIRE(unsplit.hydrate(read_kv_file(dir.file("tp2_own.kvf")), longer) == n);
+  CHECK(saved(unsplit, "via_unsplit.kvf") == file2);
+  for (int resident : {0, 20}) {
+    INFO("hydrated into --tp 2, --kv-resident " << resident);
+    Engine e(m, tp_options(m, f, 2, resident));
+    REQUIRE(e.hydrate(read_kv_file(dir.file("via_unsplit.kvf")), longer) == n);
+    for (int r = 0; r < 2; ++r) CHECK(e.rank_store(r).check_stream_coherent().empty());
+    const std::vector<std::vector<float>> got = continue_turn(e);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      INFO("logit vector " << i);
+      CHECK(bitwise_equal(got[i], want[i]));
+    }
+    if (resident > 0)
+      for (int r = 0; r < 2; ++r) {
+        CHECK(e.rank_store(r).streaming());
+        CHECK(e.rank_store(r).check_stream_coherent().empty());
+      }
+  }
+
+  {  // anti-vacuity: a byte of rank 1's store changes the saved file
+    Engine e(m, tp_options(m, f, 2));
+    REQUIRE(e.hydrate(read_kv_file(dir.file("single.kvf")), longer) == n);
+    PagedKvStore& st = const_cast<PagedKvStore&>(e.rank_store(1));
+    const int block = st.block_table(e.rank_sequence(1))[0];
+    st.page(0, KvHalf::K, block)[0] ^= 0x40;
+    CHECK(saved(e, "flipped.kvf") != file1);
+  }
+}
+
 }  // namespace
+
+#define PAR_TP_PERSIST(id, preset)                                                                                 \
+  TEST_CASE("PAR.tp.persist." id " KV files with --tp: unsplit <-> --tp 2 / --tp 4 round trips byte for byte; a "  \
+            "hydrated --tp 2 continues bitwise",                                                                    \
+            "[gate:PAR][fmt:" preset "]") {                                                                         \
+    run_tp_persist(synth_tp(), fmt_of(preset));                                                                     \
+  }
+PAR_TP_PERSIST("f32", "f32")
+PAR_TP_PERSIST("int8", "int8")
+PAR_TP_PERSIST("k8v4", "k8v4")
+PAR_TP_PERSIST("q4_0", "q4_0")
+PAR_TP_PERSIST("fp8", "fp8")
+PAR_TP_PERSIST("mxfp4", "mxfp4")
+PAR_TP_PERSIST("fp8_per_token_head", "fp8_per_token_head")
 
 #define PAR_TP(id, preset)                                                                                          \
   TEST_CASE("PAR.tp." id " 2 and 4 tensor-parallel ranks: teacher-forced blocks within the derived bound, rank " \
@@ -380,16 +513,18 @@ TEST_CASE("PAR.tp.options splits that tensor parallelism does not make are refus
   // A rank row narrower than a 32-block: the store refuses the format, naming it.
   const Model& llama = hf_ref("llama_default");  // 2 KV heads of 16: one rank holds 16 elements a row
   CHECK_THROWS(Engine(llama, tp_options(llama, fmt_of("q8_0"), 2)));
-  // KV files are refused with the split, before anything is touched.
+  // KV files work with the split (PAR.tp.persist); a file that does not match the run (another
+  // format) is refused before the ranks are touched.
   Engine e(m, with(2));
   e.prefill(three_turns(m)[0]);
   TempDir dir;
-  CHECK_THROWS_WITH(e.save_kv(dir.file("x.kvf")), kvgate_catch::contains("with tensor parallelism (--tp)"));
-  Engine single(m, with(1));
+  e.save_kv(dir.file("x.kvf"));
+  Engine single(m, tp_options(m, fmt_of("q8_0"), 1));
   single.prefill(three_turns(m)[0]);
   single.save_kv(dir.file("y.kvf"));
   CHECK_THROWS_WITH(e.hydrate(read_kv_file(dir.file("y.kvf")), three_turns(m)[0]),
-                    kvgate_catch::contains("with tensor parallelism (--tp)"));
+                    kvgate_catch::contains("does not match this run"));
   CHECK(e.position() == static_cast<int>(three_turns(m)[0].size()));  // nothing lost
+  CHECK(e.rank_store(1).length(e.rank_sequence(1)) == e.position());
   CHECK(e.stage_count() == 1);
 }

@@ -276,6 +276,7 @@ struct Engine::Impl {
   EngineStats stats;
   std::vector<int> history;  // token ids of the sequence (conversations save them)
   int release_window = 0;    // > 0: every layer is windowed; the widest window (pages before it are released)
+  StoreConfig full_config;   // the unsplit store's config (make_store_config): KV files with --tp go through one
 
   Impl(const Model& m, EngineOptions o)
       : model(m),
@@ -285,6 +286,7 @@ struct Engine::Impl {
         logits(static_cast<std::size_t>(m.config.vocab_size)) {
     const std::vector<std::pair<int, int>> ranges = pipeline_ranges(m.config, opts);
     const StoreConfig full = make_store_config(m, opts, max_ctx, "engine");
+    full_config = full;
     chunk = std::max(1, std::min(opts.prefill_chunk, max_ctx));
     if (opts.tensor_parallel != 1) {
       check_tensor_parallel(ranges);
@@ -360,11 +362,54 @@ struct Engine::Impl {
   const PagedKvStore& store0() const { return tp ? tp->store(0) : first().store; }
   SeqId seq0() const { return tp ? tp->sequence(0) : first().seq; }
   int length() const { return store0().length(seq0()); }
+  // KV files with tensor parallelism go through an unsplit staging store (the file's layout is the
+  // unsplit engine's): every format whose rank pages are head slices of the unsplit page
+  // (head_slice_refusal, kvgate/format.hpp) is supported; another is refused by name.
   void refuse_files_with_tp(const char* what) const {
-    if (tp)
-      throw EngineError(std::string("engine: conversations (--conv-id: ") + what + " a KV file) with tensor parallelism "
-                        "(--tp) are not supported in this version (each rank holds its KV heads in its own store); "
-                        "drop --tp");
+    if (!tp) return;
+    for (int r = 0; r < tp->ranks(); ++r) {
+      const TpSlice sl = tp->slice(r);
+      for (const KvHalf h : {KvHalf::K, KvHalf::V}) {
+        const HalfFormat hf = h == KvHalf::K ? full_config.format.k : full_config.format.v;
+        if (const std::string why = head_slice_refusal(hf, full_config.half_geometry(h), sl.kv_head0, sl.kv_heads);
+            !why.empty())
+          throw EngineError(std::string("engine: conversations (--conv-id: ") + what + " a KV file) with tensor "
+                            "parallelism (--tp " + std::to_string(tp->ranks()) + ") and the " + std::string(name(hf)) +
+                            " half are not supported (a rank's pages are not head slices of the unsplit page: " + why +
+                            "); drop --tp or pick another --kv format");
+      }
+    }
+  }
+  // An unsplit store (the engine's full config, with the blocks of n tokens) and a sequence of n
+  // tokens' pages: what a --tp engine saves from and hydrates into.
+  std::unique_ptr<PagedKvStore> staging_store(int n) const {
+    StoreConfig sc = full_config;
+    sc.n_blocks = std::max(1, (n + sc.block_size - 1) / sc.block_size);
+    return std::make_unique<PagedKvStore>(std::move(sc));
+  }
+  // Gather: every rank's pages of tokens [0, n) placed at its heads of the staging store's pages.
+  void gather_ranks(PagedKvStore& staging, SeqId sseq, int n) const {
+    staging.extend(sseq, n);
+    const std::span<const int> blocks = staging.block_table(sseq);
+    for (int r = 0; r < tp->ranks(); ++r) {
+      const TpSlice sl = tp->slice(r);
+      tp->store(r).export_pages(tp->sequence(r), n, [&](const PagedKvStore::PageRef& p, const std::uint8_t* page) {
+        place_head_slice(staging.half_format(p.half), staging.half_geometry(p.half), sl.kv_head0, sl.kv_heads, page,
+                         staging.page(p.layer, p.half, blocks[static_cast<std::size_t>(p.page)]));
+      });
+    }
+  }
+  // Scatter: each rank's (empty) sequence gets n tokens whose pages are its heads' slices of the
+  // staging store's pages (import_pages: the host mirror and the device copy when streaming).
+  void scatter_ranks(const PagedKvStore& staging, SeqId sseq, int n) {
+    const std::span<const int> blocks = staging.block_table(sseq);
+    for (int r = 0; r < tp->ranks(); ++r) {
+      const TpSlice sl = tp->slice(r);
+      tp->store(r).import_pages(tp->sequence(r), n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
+        copy_head_slice(staging.half_format(p.half), staging.half_geometry(p.half), sl.kv_head0, sl.kv_heads,
+                        staging.host_page(p.layer, p.half, blocks[static_cast<std::size_t>(p.page)]), page);
+      });
+    }
   }
 
   // Before a forward step of queries from position `pos0`: the keys any layer reads start at
@@ -440,14 +485,15 @@ struct Engine::Impl {
     stats.prefill_tokens += static_cast<long long>(toks.size());
     refresh();
   }
+  // The stages' stores (a --tp engine saves and hydrates through staging_store instead).
   std::vector<KvStageView> views() const {
-    refuse_files_with_tp("saving");
+    if (tp) throw EngineError("engine: internal error: KV file views of a tensor-parallel engine");
     std::vector<KvStageView> v;
     for (const auto& st : stages) v.push_back({&st->store, st->seq});
     return v;
   }
   std::vector<KvStageTarget> targets() {
-    refuse_files_with_tp("hydrating");
+    if (tp) throw EngineError("engine: internal error: KV file targets of a tensor-parallel engine");
     std::vector<KvStageTarget> v;
     for (auto& st : stages) v.push_back({&st->store, st->seq});
     return v;
@@ -550,12 +596,28 @@ std::span<const int> Engine::history() const { return impl_->history; }
 int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
   d.refuse_files_with_tp("hydrating");
-  check_kv_file_compatible(file, d.views(), d.model.fingerprint);  // refuse before touching the sequence
+  if (d.tp) {  // the file is checked against, and restored into, an unsplit staging store
+    const std::unique_ptr<PagedKvStore> shape = d.staging_store(0);
+    const KvStageView one[1] = {{shape.get(), 0}};
+    check_kv_file_compatible(file, one, d.model.fingerprint);  // refuse before touching the sequences
+  } else {
+    check_kv_file_compatible(file, d.views(), d.model.fingerprint);  // refuse before touching the sequence
+  }
   const int n = hydratable_prefix(file, prompt);
   if (n > d.max_ctx) throw EngineError("engine: the KV file holds more tokens than the context");
-  reset();
-  const auto t0 = Clock::now();
-  restore_kv_file(file, d.targets(), n, d.model.fingerprint);
+  auto t0 = Clock::now();
+  if (d.tp) {  // restored into the staging store before the ranks are touched (a refusal loses nothing)
+    const std::unique_ptr<PagedKvStore> staging = d.staging_store(n);
+    const SeqId sseq = staging->create_sequence();
+    const KvStageTarget one[1] = {{staging.get(), sseq}};
+    restore_kv_file(file, one, n, d.model.fingerprint);
+    reset();
+    d.scatter_ranks(*staging, sseq, n);
+  } else {
+    reset();
+    t0 = Clock::now();
+    restore_kv_file(file, d.targets(), n, d.model.fingerprint);
+  }
   d.history.assign(prompt.begin(), prompt.begin() + n);
   d.stats.hydrated_tokens = n;
   d.stats.hydrate_ms = seconds_since(t0) * 1e3;
@@ -567,6 +629,16 @@ void Engine::save_kv(const std::string& path, std::span<const int> pending) cons
   const Impl& d = *impl_;
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
+  if (d.tp) {  // the ranks' pages gathered into one unsplit store: the file an unsplit engine writes
+    d.refuse_files_with_tp("saving");
+    const int n = d.length();
+    const std::unique_ptr<PagedKvStore> staging = d.staging_store(n);
+    const SeqId sseq = staging->create_sequence();
+    d.gather_ranks(*staging, sseq, n);
+    const KvStageView one[1] = {{staging.get(), sseq}};
+    save_kv_file(path, one, n, transcript, d.model.fingerprint);
+    return;
+  }
   save_kv_file(path, d.views(), d.length(), transcript, d.model.fingerprint);
 }
 

@@ -692,6 +692,77 @@ std::vector<ByteRun> token_ranges(HalfFormat f, const PageGeometry& g, int slot)
   return r;
 }
 
+std::string head_slice_refusal(HalfFormat f, const PageGeometry& full, int head0, int n_heads) {
+  const HalfFormatInfo& i = info(f);
+  if (const Capability c = supports(f, full); !c.ok) return c.detail;
+  if (head0 < 0 || n_heads < 1 || head0 + n_heads > full.n_kv_heads)
+    return "heads [" + std::to_string(head0) + ", " + std::to_string(head0 + n_heads) + ") are not heads of a page of " +
+           std::to_string(full.n_kv_heads);
+  const long long e0 = static_cast<long long>(head0) * full.head_dim, ne = static_cast<long long>(n_heads) * full.head_dim;
+  if (e0 % i.block_elems != 0 || ne % i.block_elems != 0)
+    return std::string(i.name) + " quantizes the token row in " + std::to_string(i.block_elems) +
+           "-element blocks; heads [" + std::to_string(head0) + ", " + std::to_string(head0 + n_heads) + ") of " +
+           std::to_string(full.head_dim) + " elements are not whole blocks";
+  // The layout argument covers these regions only: a format with another region is not cut.
+  for (const ByteRun& r : page_runs(f, full))
+    if (r.name != "codes" && r.name != "blocks" && r.name != "scales")
+      return std::string(i.name) + " has a page region '" + r.name + "' that is not cut by heads";
+  return "";
+}
+
+namespace {
+
+// One region of the head-major token rows: full-page offset and row bytes, slice offset in a row and
+// slice bytes; the rank page's region starts at rank_offset with rows of slice bytes.
+struct SliceRegion {
+  std::size_t full_offset, full_row, slice_at, slice_bytes, rank_offset;
+};
+
+std::vector<SliceRegion> slice_regions(HalfFormat f, const PageGeometry& full, int head0, int n_heads) {
+  if (const std::string why = head_slice_refusal(f, full, head0, n_heads); !why.empty())
+    throw std::invalid_argument("head slice: " + why);
+  const HalfFormatInfo& i = info(f);
+  const std::size_t B = static_cast<std::size_t>(full.block_size), H = static_cast<std::size_t>(full.n_kv_heads);
+  const std::size_t D = static_cast<std::size_t>(full.head_dim), be = static_cast<std::size_t>(i.block_elems);
+  const std::size_t h0 = static_cast<std::size_t>(head0), n = static_cast<std::size_t>(n_heads);
+  const std::size_t codes_row = H * D / be * i.block_bytes, rank_codes_row = n * D / be * i.block_bytes;
+  std::vector<SliceRegion> out{{0, codes_row, h0 * D / be * i.block_bytes, rank_codes_row, 0}};
+  if (i.block_scale_bytes != 0)
+    out.push_back({B * codes_row, H * D / be * i.block_scale_bytes, h0 * D / be * i.block_scale_bytes,
+                   n * D / be * i.block_scale_bytes, B * rank_codes_row});
+  else if (i.cell_scale_bytes != 0)
+    out.push_back({B * codes_row, H * i.cell_scale_bytes, h0 * i.cell_scale_bytes, n * i.cell_scale_bytes,
+                   B * rank_codes_row});
+  // The regions must tile both pages exactly (page_runs is the layout's one definition).
+  std::size_t full_total = 0, rank_total = 0;
+  for (const SliceRegion& r : out) full_total += B * r.full_row, rank_total += B * r.slice_bytes;
+  const PageGeometry rank{full.block_size, n_heads, full.head_dim};
+  if (full_total != page_bytes(f, full) || rank_total != page_bytes(f, rank) ||
+      out.size() != page_runs(f, full).size())
+    throw std::logic_error("head slice: the regions of " + std::string(i.name) + " do not tile its page");
+  return out;
+}
+
+}  // namespace
+
+void copy_head_slice(HalfFormat f, const PageGeometry& full, int head0, int n_heads, const std::uint8_t* full_page,
+                     std::uint8_t* rank_page) {
+  const std::size_t B = static_cast<std::size_t>(full.block_size);
+  for (const SliceRegion& r : slice_regions(f, full, head0, n_heads))
+    for (std::size_t t = 0; t < B; ++t)
+      std::memcpy(rank_page + r.rank_offset + t * r.slice_bytes, full_page + r.full_offset + t * r.full_row + r.slice_at,
+                  r.slice_bytes);
+}
+
+void place_head_slice(HalfFormat f, const PageGeometry& full, int head0, int n_heads, const std::uint8_t* rank_page,
+                      std::uint8_t* full_page) {
+  const std::size_t B = static_cast<std::size_t>(full.block_size);
+  for (const SliceRegion& r : slice_regions(f, full, head0, n_heads))
+    for (std::size_t t = 0; t < B; ++t)
+      std::memcpy(full_page + r.full_offset + t * r.full_row + r.slice_at, rank_page + r.rank_offset + t * r.slice_bytes,
+                  r.slice_bytes);
+}
+
 std::string KvFormat::name() const {
   for (const auto& p : kPresets)
     if (p.fmt == *this) return std::string(p.name);

@@ -68,7 +68,9 @@ struct EngineOptions {
   // every layer: rank r holds its share of the query and KV heads (with its OWN KV store of those
   // heads) and of the FFN rows; the ranks' block outputs are summed by an all-reduce. The logits
   // differ from the unsplit engine's by float reassociation only (PAR.tp). 1: no split. Refused
-  // with a pipeline split, a per-layer KV map, KV files, the read hook, MLA and MoE models.
+  // with a pipeline split, a per-layer KV map, the read hook, MLA and MoE models. KV files work:
+  // they hold the unsplit layout (the ranks' pages are gathered into, and hydrated through, an
+  // unsplit staging store; PAR.tp.persist), so a file moves between --tp N and an unsplit engine.
   int tensor_parallel = 1;
   // Per-layer KV formats (kvgate/kv_layer_map.hpp, --kv-layers): one per model layer; empty: every
   // layer holds kv.effective. Each run of layers with one format gets its own store (a pipeline

@@ -103,6 +103,23 @@ double bytes_per_cell(HalfFormat f, const PageGeometry& g);
 // Byte ranges of the page that hold token `slot` (for parity checks of used slots only).
 std::vector<ByteRun> token_ranges(HalfFormat f, const PageGeometry& g, int slot);
 
+// --- Head slices of a page (tensor parallelism: a rank's store holds KV heads [head0, head0 + n)) ---
+// Every region of a page (page_runs: "codes", "blocks", "scales") is token-major with a row per
+// token that is head-major: the row of H*D elements in block_elems-element blocks of block_bytes
+// (codes/blocks), then per block block_scale_bytes (MX, nvfp4, fp8_block128 scales) or per head
+// cell_scale_bytes (int8, *_per_token_head scales). The bytes of heads [head0, head0 + n) are the
+// same sub-range of every row when head0*D and n*D are whole blocks; a page of those n heads alone
+// (geometry {B, n, D}) holds exactly those sub-ranges, row after row. Why heads [head0, head0 + n)
+// of format f cannot be cut out of a page of geometry `full` ("" when they can).
+std::string head_slice_refusal(HalfFormat f, const PageGeometry& full, int head0, int n_heads);
+// Copies heads [head0, head0 + n_heads) of every slot of a page of geometry `full` into a page of
+// geometry {B, n_heads, D} (rank_page, page_bytes of that geometry), and the inverse (writes only
+// those heads' bytes of full_page). Throw std::invalid_argument with head_slice_refusal's reason.
+void copy_head_slice(HalfFormat f, const PageGeometry& full, int head0, int n_heads, const std::uint8_t* full_page,
+                     std::uint8_t* rank_page);
+void place_head_slice(HalfFormat f, const PageGeometry& full, int head0, int n_heads, const std::uint8_t* rank_page,
+                      std::uint8_t* full_page);
+
 // --- K/V pairs and presets ---------------------------------------------------------------
 struct KvFormat {
   HalfFormat k = HalfFormat::f16;

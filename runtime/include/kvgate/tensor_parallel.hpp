@@ -17,8 +17,10 @@
 // (PAR.tp's derived bound). With N = 1 the pass is bitwise the unsplit engine's.
 //
 // Not split (refused by name): MLA and MoE layers, per-layer KV maps, a pipeline split at the same
-// time, KV files (save/hydrate) and the probe read hook. The rank stores stream (kv_resident) and
-// keep the host-mirror rule each on its own.
+// time and the probe read hook. The rank stores stream (kv_resident) and keep the host-mirror rule
+// each on its own. KV files (save/hydrate, the engine) keep the unsplit layout: a rank's page is
+// its heads' slice of the unsplit page (copy_head_slice, kvgate/format.hpp), so the engine gathers
+// the ranks' pages into an unsplit staging store to save, and scatters a restored one to hydrate.
 #pragma once
 #include <memory>
 #include <vector>
