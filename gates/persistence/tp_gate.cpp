@@ -68,18 +68,7 @@ constexpr int kSteps = 8;
 constexpr int kChunk = 7;
 
 // A GQA model with 4 KV heads of 32 (32-blocks inside a head), so 2 and 4 ranks split it.
-const Model& synth_tp() {
-  SynthOptions o;
-  o.layers = 2;
-  o.hidden = 256;
-  o.heads = 8;
-  o.kv_heads = 4;
-  o.ffn = 512;
-  o.vocab = 300;
-  o.seed = 11;
-  o.max_seq_len = 256;
-  return gates::synth_model_once("tp", o);
-}
+const Model& synth_tp() { return gates::synth_model_once("tp", gates::synth_tp_options()); }
 
 const Model& hf_ref(const char* name) {
   static std::map<std::string, std::unique_ptr<Model>> cache;
