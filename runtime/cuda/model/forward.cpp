@@ -722,25 +722,33 @@ void CudaForward::set_input(const CudaForward* prev) {
   drop_graphs();  // captured graphs bake the input rows' address
 }
 
-void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax) {
+// A chunk's checks (forward_chunk, tp_begin_chunk): 1..max_rows tokens, ids in the vocabulary, room
+// in the context. Returns the token count.
+int CudaForward::check_chunk(SeqId s, std::span<const int> tokens) const {
   const int T = static_cast<int>(tokens.size());
   if (T < 1 || T > opts_.max_rows)
     throw EngineError("cuda forward: chunk of " + std::to_string(T) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
   check_tokens(tokens, c_.vocab_size);
-  check_stage_call(logits != nullptr || argmax != nullptr, T);
   if (store_.length(s) + T > max_ctx_)
     throw EngineError("cuda forward: " + std::to_string(T) + " more tokens at position " + std::to_string(store_.length(s)) +
                       " exceed the context of " + std::to_string(max_ctx_) + " tokens");
+  return T;
+}
+
+// The sequence extended by the chunk and its rows staged; returns the chunk's first position.
+int CudaForward::stage_chunk(SeqId s, std::span<const int> tokens) {
+  const int T = static_cast<int>(tokens.size());
   const int pos0 = store_.extend(s, T);
   std::vector<SeqId> rs(static_cast<std::size_t>(T), s);
   std::vector<int> rp(static_cast<std::size_t>(T));
   for (int t = 0; t < T; ++t) rp[static_cast<std::size_t>(t)] = pos0 + t;
   stage(rs, rp, tokens, table_stride_);
-  layers(T, table_stride_, pos0 + T, true, nullptr, ws_);
-  if (!m_.range().has_head(c_)) {  // a pipeline stage before the last: its rows feed the next stage
-    KVGATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return;
-  }
+  return pos0;
+}
+
+// The classifier over a chunk's last row (every row when all_logits), the logits downloaded, and
+// the last row's argmax when asked.
+void CudaForward::chunk_logits(int T, float* logits, bool all_logits, int* argmax) {
   const int first = all_logits ? 0 : T - 1;
   head(first, T - first);
   download(T - first, logits, 0, nullptr);
@@ -748,6 +756,18 @@ void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* log
     KVGATE_CUDA_CHECK(cudaMemcpy(h_argmax_, d_argmax_ + (T - 1 - first), sizeof(int), cudaMemcpyDeviceToHost));
     *argmax = h_argmax_[0];
   }
+}
+
+void CudaForward::forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax) {
+  const int T = check_chunk(s, tokens);
+  check_stage_call(logits != nullptr || argmax != nullptr, T);
+  const int pos0 = stage_chunk(s, tokens);
+  layers(T, table_stride_, pos0 + T, true, nullptr, ws_);
+  if (!m_.range().has_head(c_)) {  // a pipeline stage before the last: its rows feed the next stage
+    KVGATE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return;
+  }
+  chunk_logits(T, logits, all_logits, argmax);
 }
 
 // A decode batch's checks (forward_decode, tp_begin_decode): 1..max_rows sequences, one token each,
@@ -864,19 +884,9 @@ float* CudaForward::tp_partial() {
 
 int CudaForward::tp_begin_chunk(SeqId s, std::span<const int> tokens) {
   tp_check("tp_begin_chunk");
-  const int T = static_cast<int>(tokens.size());
-  if (T < 1 || T > opts_.max_rows)
-    throw EngineError("cuda forward: chunk of " + std::to_string(T) + " tokens (max " + std::to_string(opts_.max_rows) + ")");
-  check_tokens(tokens, c_.vocab_size);
-  if (store_.length(s) + T > max_ctx_)
-    throw EngineError("cuda forward: " + std::to_string(T) + " more tokens at position " + std::to_string(store_.length(s)) +
-                      " exceed the context of " + std::to_string(max_ctx_) + " tokens");
+  const int T = check_chunk(s, tokens);
   tp_partial();
-  const int pos0 = store_.extend(s, T);
-  std::vector<SeqId> rs(static_cast<std::size_t>(T), s);
-  std::vector<int> rp(static_cast<std::size_t>(T));
-  for (int t = 0; t < T; ++t) rp[static_cast<std::size_t>(t)] = pos0 + t;
-  stage(rs, rp, tokens, table_stride_);
+  const int pos0 = stage_chunk(s, tokens);
   begin_layers(T);
   tp_ = TpCall{T, pos0 + T, true, true};
   return pos0;
@@ -925,13 +935,7 @@ void CudaForward::tp_finish(float* logits, bool all_logits, int* argmax) {
     download(R, logits, argmax ? R : 0, argmax);
     return;
   }
-  const int first = all_logits ? 0 : R - 1;
-  head(first, R - first);
-  download(R - first, logits, 0, nullptr);
-  if (argmax) {  // the last row's id sits at index R - 1 - first
-    KVGATE_CUDA_CHECK(cudaMemcpy(h_argmax_, d_argmax_ + (R - 1 - first), sizeof(int), cudaMemcpyDeviceToHost));
-    *argmax = h_argmax_[0];
-  }
+  chunk_logits(R, logits, all_logits, argmax);
 }
 
 }  // namespace kvgate::cuda

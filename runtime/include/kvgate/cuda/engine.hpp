@@ -206,6 +206,9 @@ class CudaForward {
 
  private:
   int check_decode_batch(std::span<const SeqId> seqs, std::span<const int> tokens) const;
+  int check_chunk(SeqId s, std::span<const int> tokens) const;
+  int stage_chunk(SeqId s, std::span<const int> tokens);
+  void chunk_logits(int T, float* logits, bool all_logits, int* argmax);
   int stage_decode(std::span<const SeqId> seqs, std::span<const int> tokens);
   void stage(const std::vector<SeqId>& row_seq, const std::vector<int>& row_pos, std::span<const int> tokens,
              int table_stride);
