@@ -419,11 +419,7 @@ void par_cuda_engine_stream(const char* id, const std::string& preset) {
     CHECK(coh.empty());
     {  // Anti-vacuity: a mirror byte changed behind the window's back is seen (then restored).
       const PagedKvStore& h = *e.host_mirror();
-      int blk = -1;
-      for (int b = 0; b < h.total_blocks() && blk < 0; ++b)
-        if (h.window()->resident(0, b)) blk = b;
-      REQUIRE(blk >= 0);
-      auto* p = const_cast<std::uint8_t*>(h.host_page(0, KvHalf::V, blk));
+      std::uint8_t* p = kvgate::gates::cuda_gate::resident_mirror_byte(h);
       p[0] ^= 0x5A;
       CHECK(!e.check_stream_coherent().empty());
       p[0] ^= 0x5A;

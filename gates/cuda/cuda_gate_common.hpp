@@ -214,4 +214,15 @@ inline StoreConfig latent_store_config(const KvFormat& f, int kv_lora, int rope_
   return sc;
 }
 
+// The first byte of layer 0's V page in the first block the mirror's window holds: a byte that a
+// coherence check (check_stream_coherent) must see when it changes behind the window (the streaming
+// gates' anti-vacuity). Fails the case when the window holds no block of layer 0.
+inline std::uint8_t* resident_mirror_byte(const PagedKvStore& h) {
+  REQUIRE(h.window() != nullptr);
+  for (int b = 0; b < h.total_blocks(); ++b)
+    if (h.window()->resident(0, b)) return const_cast<std::uint8_t*>(h.host_page(0, KvHalf::V, b));
+  FAIL("the mirror's window holds no block of layer 0");
+  return nullptr;
+}
+
 }  // namespace kvgate::gates::cuda_gate

@@ -504,11 +504,7 @@ void pp_stream(const char* id, const std::string& preset) {
       {  // Anti-vacuity: a byte of the LAST stage's mirror changed behind its window is seen (then restored).
         const int last = e.n_stages() - 1;
         const PagedKvStore& h = *e.stage_host_mirror(last);
-        int blk = -1;
-        for (int b = 0; b < h.total_blocks() && blk < 0; ++b)
-          if (h.window()->resident(0, b)) blk = b;
-        REQUIRE(blk >= 0);
-        auto* p = const_cast<std::uint8_t*>(h.host_page(0, KvHalf::V, blk));
+        std::uint8_t* p = kvgate::gates::cuda_gate::resident_mirror_byte(h);
         p[0] ^= 0x5A;
         const std::string seen = e.check_stream_coherent();
         CHECK(seen.find("stage " + std::to_string(last)) != std::string::npos);

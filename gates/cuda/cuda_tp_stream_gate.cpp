@@ -205,11 +205,7 @@ void tp_stream(const char* id, const std::string& preset) {
   CHECK(coh.empty());
   {  // Anti-vacuity: a byte of rank 1's mirror changed behind its window is seen and named (then restored).
     const PagedKvStore& h = *e.stage_host_mirror(1);
-    int blk = -1;
-    for (int b = 0; b < h.total_blocks() && blk < 0; ++b)
-      if (h.window()->resident(0, b)) blk = b;
-    REQUIRE(blk >= 0);
-    auto* p = const_cast<std::uint8_t*>(h.host_page(0, KvHalf::V, blk));
+    std::uint8_t* p = kvgate::gates::cuda_gate::resident_mirror_byte(h);
     p[0] ^= 0x5A;
     const std::string seen = e.check_stream_coherent();
     std::cout << id << ": rank 1 mirror byte changed: " << (seen.empty() ? std::string("not seen") : seen) << "\n";
