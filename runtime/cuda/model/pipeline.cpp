@@ -15,19 +15,52 @@ DeviceScope::DeviceScope(int device) {
 }
 DeviceScope::~DeviceScope() { (void)cudaSetDevice(prev_); }
 
-CudaPipeline::CudaPipeline(const Model& m, PipelineOptions o) {
-  const ModelConfig& c = m.config;
-  if (o.devices.empty()) throw EngineError("cuda pipeline: no devices given (one per stage, e.g. --devices 0,1)");
+void check_device_indices(const std::vector<int>& devices, const std::string& who) {
   int n_dev = 0;
   if (cudaGetDeviceCount(&n_dev) != cudaSuccess) {
     (void)cudaGetLastError();
     n_dev = 0;
   }
-  for (int d : o.devices)
+  for (int d : devices)
     if (d < 0 || d >= n_dev)
-      throw EngineError("cuda pipeline: device " + std::to_string(d) + " is not on this machine (it has " +
-                        std::to_string(n_dev) + " CUDA device" + (n_dev == 1 ? "" : "s") +
-                        "); give indices below that in --devices");
+      throw EngineError(who + "device " + std::to_string(d) + " is not on this machine (it has " + std::to_string(n_dev) +
+                        " CUDA device" + (n_dev == 1 ? "" : "s") + "); give indices below that in --devices");
+}
+
+SeqId create_sequence_in_step(std::span<const DeviceStore> parts, const std::string& who, const char* part) {
+  SeqId id = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    DeviceScope on(parts[i].device);
+    const SeqId s = parts[i].store->create_sequence();
+    if (i == 0) id = s;
+    else if (s != id)
+      throw EngineError(who + part + " " + std::to_string(i) + " made sequence " + std::to_string(s) + " where " + part +
+                        " 0 made " + std::to_string(id) + " (the " + part + " stores are out of step)");
+  }
+  return id;
+}
+
+void free_sequence_in_step(std::span<const DeviceStore> parts, SeqId s) {
+  for (const DeviceStore& p : parts) {
+    DeviceScope on(p.device);
+    p.store->free_sequence(s);
+  }
+}
+
+int release_before_in_step(std::span<const DeviceStore> parts, SeqId s, int first_kept_pos) {
+  int n0 = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    DeviceScope on(parts[i].device);
+    const int n = parts[i].store->release_before(s, first_kept_pos);
+    if (i == 0) n0 = n;
+  }
+  return n0;
+}
+
+CudaPipeline::CudaPipeline(const Model& m, PipelineOptions o) {
+  const ModelConfig& c = m.config;
+  if (o.devices.empty()) throw EngineError("cuda pipeline: no devices given (one per stage, e.g. --devices 0,1)");
+  check_device_indices(o.devices, "cuda pipeline: ");
   if (o.store.n_layers != c.n_layers)
     throw EngineError("cuda pipeline: the store config holds " + std::to_string(o.store.n_layers) +
                       " layers; give the unsplit model's (" + std::to_string(c.n_layers) + ")");
@@ -60,34 +93,16 @@ CudaPipeline::~CudaPipeline() {
   }
 }
 
-SeqId CudaPipeline::create_sequence() {
-  SeqId id = 0;
-  for (std::size_t i = 0; i < stages_.size(); ++i) {
-    DeviceScope on(stages_[i].device);
-    const SeqId s = stages_[i].store->create_sequence();
-    if (i == 0) id = s;
-    else if (s != id)
-      throw EngineError("cuda pipeline: stage " + std::to_string(i) + " made sequence " + std::to_string(s) +
-                        " where stage 0 made " + std::to_string(id) + " (the stage stores are out of step)");
-  }
-  return id;
+std::vector<DeviceStore> CudaPipeline::stores() const {
+  std::vector<DeviceStore> v;
+  for (const Stage& st : stages_) v.push_back({st.device, st.store.get()});
+  return v;
 }
 
-void CudaPipeline::free_sequence(SeqId s) {
-  for (Stage& st : stages_) {
-    DeviceScope on(st.device);
-    st.store->free_sequence(s);
-  }
-}
-
+SeqId CudaPipeline::create_sequence() { return create_sequence_in_step(stores(), "cuda pipeline: ", "stage"); }
+void CudaPipeline::free_sequence(SeqId s) { free_sequence_in_step(stores(), s); }
 int CudaPipeline::release_before(SeqId s, int first_kept_pos) {
-  int n0 = 0;
-  for (std::size_t i = 0; i < stages_.size(); ++i) {
-    DeviceScope on(stages_[i].device);
-    const int n = stages_[i].store->release_before(s, first_kept_pos);
-    if (i == 0) n0 = n;
-  }
-  return n0;
+  return release_before_in_step(stores(), s, first_kept_pos);
 }
 
 void CudaPipeline::forward_chunk(SeqId s, std::span<const int> tokens, float* logits, bool all_logits, int* argmax) {

@@ -10,7 +10,7 @@
 
 #include "kernels.hpp"
 #include "kernels/common.cuh"
-#include "kvgate/cuda/pipeline.hpp"  // DeviceScope
+#include "kvgate/cuda/pipeline.hpp"  // DeviceScope, check_device_indices, the parts-in-step helpers
 
 namespace kvgate::cuda {
 
@@ -27,11 +27,6 @@ CudaTensorParallel::CudaTensorParallel(const Model& m, TensorParallelOptions o) 
                       ", KV heads " + std::to_string(o.store.n_kv_heads) + "); give make_store_config's");
   if (o.store.layout == KvLayout::mla_latent)
     throw EngineError(tp + "the MLA latent cache (--mla-cache latent) is not split; drop --tp");
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    n_dev = 0;
-  }
   if (o.devices.empty()) {
     int cur = 0;
     KVGATE_CUDA_CHECK(cudaGetDevice(&cur));
@@ -40,10 +35,7 @@ CudaTensorParallel::CudaTensorParallel(const Model& m, TensorParallelOptions o) 
   if (static_cast<int>(o.devices.size()) != n)
     throw EngineError(tp + "--devices names " + std::to_string(o.devices.size()) + " devices for " + std::to_string(n) +
                       " ranks; give one device per rank (a device may repeat), or leave --devices out");
-  for (int d : o.devices)
-    if (d < 0 || d >= n_dev)
-      throw EngineError(tp + "device " + std::to_string(d) + " is not on this machine (it has " + std::to_string(n_dev) +
-                        " CUDA device" + (n_dev == 1 ? "" : "s") + "); give indices below that in --devices");
+  check_device_indices(o.devices, tp);
   o.forward.cuda_graphs = false;  // the split runs eagerly
   max_rows_ = static_cast<std::size_t>(o.forward.max_rows);
   ranks_.reserve(static_cast<std::size_t>(n));
@@ -88,34 +80,18 @@ CudaTensorParallel::~CudaTensorParallel() {
   if (restore) (void)cudaSetDevice(caller);
 }
 
+std::vector<DeviceStore> CudaTensorParallel::stores() const {
+  std::vector<DeviceStore> v;
+  for (const Rank& k : ranks_) v.push_back({k.device, k.store.get()});
+  return v;
+}
+
 SeqId CudaTensorParallel::create_sequence() {
-  SeqId id = 0;
-  for (std::size_t r = 0; r < ranks_.size(); ++r) {
-    DeviceScope on(ranks_[r].device);
-    const SeqId s = ranks_[r].store->create_sequence();
-    if (r == 0) id = s;
-    else if (s != id)
-      throw EngineError("cuda tensor parallel: rank " + std::to_string(r) + " made sequence " + std::to_string(s) +
-                        " where rank 0 made " + std::to_string(id) + " (the rank stores are out of step)");
-  }
-  return id;
+  return create_sequence_in_step(stores(), "cuda tensor parallel: ", "rank");
 }
-
-void CudaTensorParallel::free_sequence(SeqId s) {
-  for (Rank& k : ranks_) {
-    DeviceScope on(k.device);
-    k.store->free_sequence(s);
-  }
-}
-
+void CudaTensorParallel::free_sequence(SeqId s) { free_sequence_in_step(stores(), s); }
 int CudaTensorParallel::release_before(SeqId s, int first_kept_pos) {
-  int n0 = 0;
-  for (std::size_t r = 0; r < ranks_.size(); ++r) {
-    DeviceScope on(ranks_[r].device);
-    const int n = ranks_[r].store->release_before(s, first_kept_pos);
-    if (r == 0) n0 = n;
-  }
-  return n0;
+  return release_before_in_step(stores(), s, first_kept_pos);
 }
 
 int CudaTensorParallel::begin_chunk(SeqId s, std::span<const int> tokens) {

@@ -48,6 +48,19 @@ class DeviceScope {
   int prev_ = 0;
 };
 
+// The parts of a split over devices (the pipeline's stages, the tensor-parallel ranks) share these:
+// `devices` checked against the machine (EngineError "<who>device D is not on this machine ..."), and
+// a sequence created, freed or released in every part's store in step, each on its part's device
+// (`part` names a part in messages: "stage", "rank").
+void check_device_indices(const std::vector<int>& devices, const std::string& who);
+struct DeviceStore {
+  int device = 0;
+  CudaKvStore* store = nullptr;
+};
+SeqId create_sequence_in_step(std::span<const DeviceStore> parts, const std::string& who, const char* part);
+void free_sequence_in_step(std::span<const DeviceStore> parts, SeqId s);
+int release_before_in_step(std::span<const DeviceStore> parts, SeqId s, int first_kept_pos);  // part 0's count
+
 class CudaPipeline {
  public:
   // Throws EngineError (no devices, a device index the machine lacks, ranges that do not split the
@@ -80,6 +93,7 @@ class CudaPipeline {
   std::string topology() const;
 
  private:
+  std::vector<DeviceStore> stores() const;
   std::vector<Stage> stages_;
 };
 

@@ -46,6 +46,7 @@
 
 #include "kvgate/cuda/engine.hpp"
 #include "kvgate/cuda/kv_store.hpp"
+#include "kvgate/cuda/pipeline.hpp"  // DeviceStore, the parts-in-step helpers
 #include "kvgate/engine.hpp"
 #include "kvgate/model.hpp"
 #include "kvgate/tensor_parallel.hpp"
@@ -119,6 +120,7 @@ class CudaTensorParallel {
   std::string topology() const;
 
  private:
+  std::vector<DeviceStore> stores() const;
   void all_reduce();
   void sync_all();
   const Model& m_;
