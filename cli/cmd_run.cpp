@@ -116,9 +116,6 @@ int run_run(const RunOpts& o) {
     if ((o.pp && *o.pp > 1) || parse_pp_layers(o.pp_layers).size() > 1)
       throw std::invalid_argument(tp + " and a layer split (--pp): the CUDA engine splits one way at a time; drop one "
                                   "of --tp and --pp");
-    if (!o.cache.conv_id.empty())
-      throw std::invalid_argument(tp + " and --conv-id: KV files are not saved from or hydrated into tensor-parallel "
-                                  "ranks in this version; drop --conv-id, or drop --tp");
   }
   const std::optional<KvFormat> flag = requested_format(o);  // before loading: a typo fails fast
   if (cuda) {

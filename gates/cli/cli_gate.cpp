@@ -374,14 +374,13 @@ TEST_CASE("CLI.run.tp --tp splits the engine into tensor-parallel ranks; --json 
   CHECK(cuda_pp.rc != 0);
   CHECK_THAT(cuda_pp.err, kvgate_catch::contains("--tp 2 with --device cuda and a layer split (--pp)"));
   CHECK_THAT(cuda_pp.err, kvgate_catch::contains("drop one of --tp and --pp"));
-  const Run cuda_conv = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --conv-id tp --device cuda");
-  CHECK(cuda_conv.rc != 0);
-  CHECK_THAT(cuda_conv.err, kvgate_catch::contains("--tp 2 with --device cuda and --conv-id"));
-  CHECK_THAT(cuda_conv.err, kvgate_catch::contains("drop --conv-id, or drop --tp"));
   // Anti-vacuity: --tp 2 alone with --device cuda is not refused by the split checks, nor with
-  // --kv-resident (each rank streams its own window: PAR.cuda.tp.stream.*); they fail only where no
-  // CUDA backend or device is (and run where one is).
-  for (const char* extra : {"", " --kv-resident 64"}) {
+  // --kv-resident (each rank streams its own window: PAR.cuda.tp.stream.*) or --conv-id (KV files with
+  // the split: PAR.cuda.tp.persist.*); they fail only where no CUDA backend or device is (and run where
+  // one is).
+  Scratch cuda_sc;
+  const std::string cuda_conv = " --conv-id tp --kv-cache-dir " + q((cuda_sc.dir / "kv").string());
+  for (const std::string& extra : {std::string(), std::string(" --kv-resident 64"), cuda_conv}) {
     const Run cuda = kvgate_cli("run " + model_args() + " --steps 1 --tp 2 --device cuda" + extra);
     INFO("--tp 2 --device cuda" << extra << ": " << cuda.err);
     CHECK(cuda.err.find("--tp 2 with --device cuda and") == std::string::npos);

@@ -364,21 +364,13 @@ struct Engine::Impl {
   int length() const { return store0().length(seq0()); }
   // KV files with tensor parallelism go through an unsplit staging store (the file's layout is the
   // unsplit engine's): every format whose rank pages are head slices of the unsplit page
-  // (head_slice_refusal, kvgate/format.hpp) is supported; another is refused by name.
+  // (tensor_parallel_file_refusal, kvgate/tensor_parallel.hpp) is supported; another is refused by name.
   void refuse_files_with_tp(const char* what) const {
     if (!tp) return;
-    for (int r = 0; r < tp->ranks(); ++r) {
-      const TpSlice sl = tp->slice(r);
-      for (const KvHalf h : {KvHalf::K, KvHalf::V}) {
-        const HalfFormat hf = h == KvHalf::K ? full_config.format.k : full_config.format.v;
-        if (const std::string why = head_slice_refusal(hf, full_config.half_geometry(h), sl.kv_head0, sl.kv_heads);
-            !why.empty())
-          throw EngineError(std::string("engine: conversations (--conv-id: ") + what + " a KV file) with tensor "
-                            "parallelism (--tp " + std::to_string(tp->ranks()) + ") and the " + std::string(name(hf)) +
-                            " half are not supported (a rank's pages are not head slices of the unsplit page: " + why +
-                            "); drop --tp or pick another --kv format");
-      }
-    }
+    if (const std::string why = tensor_parallel_file_refusal(full_config, model.config, tp->ranks()); !why.empty())
+      throw EngineError(std::string("engine: conversations (--conv-id: ") + what + " a KV file) with tensor "
+                        "parallelism (--tp " + std::to_string(tp->ranks()) + ") and " + why +
+                        " (a rank's pages are not head slices of the unsplit page); drop --tp or pick another --kv format");
   }
   // An unsplit store (the engine's full config, with the blocks of n tokens) and a sequence of n
   // tokens' pages: what a --tp engine saves from and hydrates into.
@@ -387,29 +379,16 @@ struct Engine::Impl {
     sc.n_blocks = std::max(1, (n + sc.block_size - 1) / sc.block_size);
     return std::make_unique<PagedKvStore>(std::move(sc));
   }
-  // Gather: every rank's pages of tokens [0, n) placed at its heads of the staging store's pages.
-  void gather_ranks(PagedKvStore& staging, SeqId sseq, int n) const {
-    staging.extend(sseq, n);
-    const std::span<const int> blocks = staging.block_table(sseq);
-    for (int r = 0; r < tp->ranks(); ++r) {
-      const TpSlice sl = tp->slice(r);
-      tp->store(r).export_pages(tp->sequence(r), n, [&](const PagedKvStore::PageRef& p, const std::uint8_t* page) {
-        place_head_slice(staging.half_format(p.half), staging.half_geometry(p.half), sl.kv_head0, sl.kv_heads, page,
-                         staging.page(p.layer, p.half, blocks[static_cast<std::size_t>(p.page)]));
-      });
-    }
+  // The ranks' stores and sequences, in rank order (gather_rank_pages / scatter_rank_pages).
+  std::vector<KvStageView> rank_views() const {
+    std::vector<KvStageView> v;
+    for (int r = 0; r < tp->ranks(); ++r) v.push_back({&tp->store(r), tp->sequence(r)});
+    return v;
   }
-  // Scatter: each rank's (empty) sequence gets n tokens whose pages are its heads' slices of the
-  // staging store's pages (import_pages: the host mirror and the device copy when streaming).
-  void scatter_ranks(const PagedKvStore& staging, SeqId sseq, int n) {
-    const std::span<const int> blocks = staging.block_table(sseq);
-    for (int r = 0; r < tp->ranks(); ++r) {
-      const TpSlice sl = tp->slice(r);
-      tp->store(r).import_pages(tp->sequence(r), n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
-        copy_head_slice(staging.half_format(p.half), staging.half_geometry(p.half), sl.kv_head0, sl.kv_heads,
-                        staging.host_page(p.layer, p.half, blocks[static_cast<std::size_t>(p.page)]), page);
-      });
-    }
+  std::vector<KvStageTarget> rank_targets() {
+    std::vector<KvStageTarget> v;
+    for (int r = 0; r < tp->ranks(); ++r) v.push_back({&tp->store(r), tp->sequence(r)});
+    return v;
   }
 
   // Before a forward step of queries from position `pos0`: the keys any layer reads start at
@@ -612,7 +591,7 @@ int Engine::hydrate(const KvFile& file, std::span<const int> prompt) {
     const KvStageTarget one[1] = {{staging.get(), sseq}};
     restore_kv_file(file, one, n, d.model.fingerprint);
     reset();
-    d.scatter_ranks(*staging, sseq, n);
+    scatter_rank_pages(*staging, sseq, n, d.model.config, d.rank_targets());
   } else {
     reset();
     t0 = Clock::now();
@@ -634,7 +613,7 @@ void Engine::save_kv(const std::string& path, std::span<const int> pending) cons
     const int n = d.length();
     const std::unique_ptr<PagedKvStore> staging = d.staging_store(n);
     const SeqId sseq = staging->create_sequence();
-    d.gather_ranks(*staging, sseq, n);
+    gather_rank_pages(d.rank_views(), d.model.config, *staging, sseq, n);
     const KvStageView one[1] = {{staging.get(), sseq}};
     save_kv_file(path, one, n, transcript, d.model.fingerprint);
     return;

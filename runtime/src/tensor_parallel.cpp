@@ -128,6 +128,46 @@ StoreConfig tensor_parallel_store_config(const StoreConfig& full, const ModelCon
   return sc;
 }
 
+std::string tensor_parallel_file_refusal(const StoreConfig& full, const ModelConfig& c, int ranks) {
+  for (int r = 0; r < ranks; ++r) {
+    const TpSlice sl = tensor_parallel_slice(c, ranks, r);
+    for (const KvHalf h : {KvHalf::K, KvHalf::V}) {
+      const HalfFormat hf = h == KvHalf::K ? full.format.k : full.format.v;
+      if (const std::string why = head_slice_refusal(hf, full.half_geometry(h), sl.kv_head0, sl.kv_heads); !why.empty())
+        return "the " + std::string(name(hf)) + (h == KvHalf::K ? " K" : " V") + " half: " + why;
+    }
+  }
+  return "";
+}
+
+void gather_rank_pages(std::span<const KvStageView> ranks, const ModelConfig& c, PagedKvStore& full, SeqId fseq, int n) {
+  full.extend(fseq, n);
+  const std::span<const int> blocks = full.block_table(fseq);
+  const int N = static_cast<int>(ranks.size());
+  for (int r = 0; r < N; ++r) {
+    const TpSlice sl = tensor_parallel_slice(c, N, r);
+    const KvStageView& rk = ranks[static_cast<std::size_t>(r)];
+    rk.store->export_pages(rk.seq, n, [&](const PagedKvStore::PageRef& p, const std::uint8_t* page) {
+      place_head_slice(full.half_format(p.half), full.half_geometry(p.half), sl.kv_head0, sl.kv_heads, page,
+                       full.page(p.layer, p.half, blocks[static_cast<std::size_t>(p.page)]));
+    });
+  }
+}
+
+void scatter_rank_pages(const PagedKvStore& full, SeqId fseq, int n, const ModelConfig& c,
+                        std::span<const KvStageTarget> ranks) {
+  const std::span<const int> blocks = full.block_table(fseq);
+  const int N = static_cast<int>(ranks.size());
+  for (int r = 0; r < N; ++r) {
+    const TpSlice sl = tensor_parallel_slice(c, N, r);
+    const KvStageTarget& rk = ranks[static_cast<std::size_t>(r)];
+    rk.store->import_pages(rk.seq, n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
+      copy_head_slice(full.half_format(p.half), full.half_geometry(p.half), sl.kv_head0, sl.kv_heads,
+                      full.host_page(p.layer, p.half, blocks[static_cast<std::size_t>(p.page)]), page);
+    });
+  }
+}
+
 struct TensorParallelForward::Impl {
   struct Rank {
     Model model;

@@ -281,7 +281,7 @@ struct CudaEngine::Impl {
         CudaPipeline::Stage& ps = pipe->stage(i);
         stages.push_back({ps.device, ps.store.get(), ps.forward.get(), nullptr});
       }
-    } else if (tp) {  // every rank, in rank order: pool_bytes() adds their pools; streaming per rank (KV files are refused)
+    } else if (tp) {  // every rank, in rank order: pool_bytes() adds their pools; streaming, saves and hydrates per rank
       for (int r = 0; r < tp->ranks(); ++r) {
         CudaTensorParallel::Rank& rk = tp->rank(r);
         stages.push_back({rk.device, rk.store.get(), rk.forward.get(), nullptr});
@@ -355,12 +355,15 @@ struct CudaEngine::Impl {
   }
 
   bool streaming() const { return !windows.empty(); }
-  // KV files with tensor parallelism: each rank holds its KV heads in its own store; no file layout
-  // for that is written or read here (the CPU engine refuses it too).
-  [[noreturn]] void refuse_kv_file(const char* what) const {
-    throw EngineError(std::string("cuda engine: ") + what + " a KV file (--conv-id / save_kv / hydrate) with tensor " +
-                      "parallelism (--tp " + std::to_string(tp->ranks()) + ") is not supported in this version (each " +
-                      "rank holds its KV heads in its own store); drop --tp, or run without the KV file");
+  // KV files with tensor parallelism keep the unsplit layout (the file an unsplit engine writes): a
+  // rank's pages are its heads' slices of the unsplit pages (tensor_parallel_file_refusal,
+  // kvgate/tensor_parallel.hpp); another format is refused by name, before anything is touched.
+  void refuse_files_with_tp(const char* what) const {
+    if (!tp) return;
+    if (const std::string why = tensor_parallel_file_refusal(sc, model.config, tp->ranks()); !why.empty())
+      throw EngineError(std::string("cuda engine: ") + what + " a KV file (--conv-id / save_kv / hydrate) with tensor " +
+                        "parallelism (--tp " + std::to_string(tp->ranks()) + ") and " + why +
+                        " (a rank's pages are not head slices of the unsplit page); drop --tp or pick another --kv format");
   }
   // A stage's device store (the unsplit engine's: its one stage), made on the current device: its own
   // pages, or with --kv-resident a view over a window of its own (StageWindow) over its own host mirror.
@@ -703,46 +706,71 @@ std::span<const int> CudaEngine::history() const { return impl_->history; }
 // against host stores of this engine's config, the matched prefix is restored into them by the CPU
 // restore writer, and their pages are copied to the device. With the layer split every stage has its
 // own host store of its layers (KvStageTarget, as the CPU engine's stages): the file is layer-major,
-// so the same file restores split or unsplit.
+// so the same file restores split or unsplit. With tensor parallelism the file is restored into one
+// unsplit host store and each rank takes its KV heads' slices of its pages (scatter_rank_pages); a
+// --tp save gathers the ranks' pages into one (gather_rank_pages): files move between unsplit, --tp N
+// and the CPU engine's --tp N both ways (PAR.cuda.tp.persist).
 int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
   Impl& d = *impl_;
-  if (d.tp) d.refuse_kv_file("hydrating");
   if (d.opts.damage)
     throw EngineError("cuda engine: a KV file cannot be hydrated into an engine with KV damage (diagnostics): the damage "
                       "is applied to rows as they are written, and a hydrated prefix would carry none");
+  d.refuse_files_with_tp("hydrating");
   const std::string& fp = d.model.fingerprint;
   const int most = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(0, file.header.used_tokens)),
                                                           prompt.size()));
+  // With --tp the file (the unsplit layout) is checked against, and restored into, one unsplit host
+  // store first, before any rank is touched; each rank's host store or mirror then takes its heads'
+  // slices of it (scatter_rank_pages). Unsplit or per stage, the file restores into the stages' own.
+  const std::unique_ptr<PagedKvStore> full = d.tp ? d.staging(d.sc, most) : nullptr;
+  SeqId fseq = 0;
+  auto check = [&](std::span<const KvStageView> stage_views) {  // refuse before touching the sequence
+    if (!full) return check_kv_file_compatible(file, stage_views, fp);
+    const KvStageView one[1] = {{full.get(), 0}};
+    check_kv_file_compatible(file, one, fp);
+  };
+  auto prefix = [&] {  // the tokens to restore; with --tp, restored into the unsplit store now
+    const int n = hydratable_prefix(file, prompt);
+    if (n > d.max_ctx) throw EngineError("cuda engine: the KV file holds more tokens than the context");
+    if (full) {
+      fseq = full->create_sequence();
+      const KvStageTarget one[1] = {{full.get(), fseq}};
+      restore_kv_file(file, one, n, fp);
+    }
+    return n;
+  };
+  auto restore = [&](std::span<const KvStageTarget> targets, int n) {
+    if (full) scatter_rank_pages(*full, fseq, n, d.model.config, targets);
+    else restore_kv_file(file, targets, n, fp);
+  };
   int n = 0;
   if (d.streaming()) {
     // Streaming: every stage's host mirror is a PagedKvStore; restore into them as the CPU engine does
     // (the restore writer writes each mirror; their blocks are fresh, so no device copy exists yet and
     // the first lookups of each stage's window load them).
-    check_kv_file_compatible(file, d.mirror_views(), fp);  // refuse before touching the sequence
-    n = hydratable_prefix(file, prompt);
-    if (n > d.max_ctx) throw EngineError("cuda engine: the KV file holds more tokens than the context");
+    check(d.mirror_views());
+    n = prefix();
     reset();
     const auto t0 = Clock::now();
-    restore_kv_file(file, d.mirror_targets(), n, fp);
+    restore(d.mirror_targets(), n);
     // The views' tables are set by stream_in before any kernel reads them; until then they only carry the length.
     for (KvStage& st : d.stages)
       st.store->set_sequence(d.seq, std::vector<int>(static_cast<std::size_t>(pages_for(n, d.sc.block_size)), 0), n);
     d.stats.hydrate_ms = seconds_since(t0) * 1e3;
   } else {
-    std::vector<std::unique_ptr<PagedKvStore>> hosts;  // per stage: a staging store of its layers
+    std::vector<std::unique_ptr<PagedKvStore>> hosts;  // per stage (rank): a staging store of its layers (heads)
     std::vector<KvStageView> views;
     for (const KvStage& st : d.stages) {
       hosts.push_back(d.staging(st.store->config(), most));
       views.push_back({hosts.back().get(), 0});
     }
-    check_kv_file_compatible(file, views, fp);  // refuse before touching the sequence
-    n = hydratable_prefix(file, prompt);
-    if (n > d.max_ctx) throw EngineError("cuda engine: the KV file holds more tokens than the context");
+    check(views);
+    n = prefix();
     reset();
     const auto t0 = Clock::now();
     std::vector<KvStageTarget> targets;
     for (auto& h : hosts) targets.push_back({h.get(), h->create_sequence()});
-    restore_kv_file(file, targets, n, fp);
+    restore(targets, n);
     const int pages = pages_for(n, d.sc.block_size);  // the last page may be partial: its other slots are zero in both
     for (std::size_t i = 0; i < d.stages.size(); ++i) {
       KvStage& st = d.stages[i];
@@ -773,7 +801,7 @@ int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
 
 void CudaEngine::save_kv(const std::string& path, std::span<const int> pending) const {
   Impl& d = *impl_;
-  if (d.tp) d.refuse_kv_file("saving");
+  d.refuse_files_with_tp("saving");
   std::vector<int> transcript(d.history);
   transcript.insert(transcript.end(), pending.begin(), pending.end());
   const int n = d.store.length(d.seq);
@@ -783,32 +811,39 @@ void CudaEngine::save_kv(const std::string& path, std::span<const int> pending) 
                        std::to_string(d.store.released_tokens(d.seq)) +
                        " tokens were released (outside every layer's sliding window); run without the release "
                        "(EngineOptions::release_outside_window = false; a --conv-id run keeps them) to save it");
-  if (d.streaming()) {  // every stage's mirror holds every page of its layers (stream_out after every call)
-    save_kv_file(path, d.mirror_views(), n, transcript, fp);
-    return;
-  }
-  // Resident: each stage's device pages' used runs are downloaded into a host store of the stage's
-  // config (the CPU import writer lays them out); the CPU encoder writes the stages' stores as one
-  // layer-major file, the file of the unsplit store. Stream ordering: the store kernels of every
-  // forward call ran on the stage's forward stream; the downloads are queued on it after them, and the
-  // host waits for the stream before the encoder reads the staging pages.
+  // Every stage's (rank's) pages as host stores: streaming, its mirror (it holds every page of its
+  // layers: stream_out after every call); resident, its device pages' used runs downloaded into a host
+  // store of the stage's config (the CPU import writer lays them out). Stream ordering: the store
+  // kernels of every forward call ran on the stage's forward stream; the downloads are queued on it
+  // after them, and the host waits for the stream before the encoder reads the staging pages.
   std::vector<std::unique_ptr<PagedKvStore>> hosts;
   std::vector<KvStageView> views;
-  for (std::size_t i = 0; i < d.stages.size(); ++i) {
-    const KvStage& st = d.stages[i];
-    const CudaKvStore& ds = *d.stages[i].store;
-    DeviceScope on(st.device);
-    hosts.push_back(d.staging(ds.config(), n));
-    PagedKvStore& host = *hosts.back();
-    const SeqId hs = host.create_sequence();
-    const auto dev = ds.block_table(d.seq);
-    host.import_pages(hs, n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
-      ds.download_runs(p.layer, p.half, dev[static_cast<std::size_t>(p.page)], p.runs, page, st.fwd->stream());
-    });
-    KVGATE_CUDA_CHECK(cudaStreamSynchronize(st.fwd->stream()));
-    views.push_back({&host, hs});
+  if (d.streaming()) {
+    views = d.mirror_views();
+  } else {
+    for (std::size_t i = 0; i < d.stages.size(); ++i) {
+      const KvStage& st = d.stages[i];
+      const CudaKvStore& ds = *d.stages[i].store;
+      DeviceScope on(st.device);
+      hosts.push_back(d.staging(ds.config(), n));
+      PagedKvStore& host = *hosts.back();
+      const SeqId hs = host.create_sequence();
+      const auto dev = ds.block_table(d.seq);
+      host.import_pages(hs, n, [&](const PagedKvStore::PageRef& p, std::uint8_t* page) {
+        ds.download_runs(p.layer, p.half, dev[static_cast<std::size_t>(p.page)], p.runs, page, st.fwd->stream());
+      });
+      KVGATE_CUDA_CHECK(cudaStreamSynchronize(st.fwd->stream()));
+      views.push_back({&host, hs});
+    }
   }
-  save_kv_file(path, views, n, transcript, fp);
+  // The CPU encoder writes the stages' stores as one layer-major file, the file of the unsplit store;
+  // with --tp the ranks' pages are first gathered into one unsplit store (gather_rank_pages).
+  if (!d.tp) return save_kv_file(path, views, n, transcript, fp);
+  const std::unique_ptr<PagedKvStore> full = d.staging(d.sc, n);
+  const SeqId fseq = full->create_sequence();
+  gather_rank_pages(views, d.model.config, *full, fseq, n);
+  const KvStageView one[1] = {{full.get(), fseq}};
+  save_kv_file(path, one, n, transcript, fp);
 }
 
 std::string CudaEngine::check_stream_coherent() const {

@@ -23,8 +23,11 @@
 // the ranks' pages into an unsplit staging store to save, and scatters a restored one to hydrate.
 #pragma once
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "kvgate/kv_file.hpp"  // KvStageView, KvStageTarget
 #include "kvgate/kv_store.hpp"
 #include "kvgate/model.hpp"
 
@@ -53,6 +56,20 @@ TpSlice tensor_parallel_slice(const ModelConfig& c, int ranks, int r);
 Model tensor_parallel_model(const Model& m, int ranks, int r);
 // Rank r's KV store: `full` (the unsplit store) with the rank's KV heads and their per-head scales.
 StoreConfig tensor_parallel_store_config(const StoreConfig& full, const ModelConfig& c, int ranks, int r);
+
+// --- KV files with tensor parallelism (the CPU and the CUDA engine's save / hydrate) ----------------
+// A file keeps the unsplit layout; rank r's page is its KV heads' slice of the unsplit page
+// (copy_head_slice, kvgate/format.hpp). Why the formats of `full` (the unsplit store) cannot be cut so
+// for `ranks` ranks of model `c`, as "the <format> <K|V> half: <reason>", or "" when every rank's can.
+std::string tensor_parallel_file_refusal(const StoreConfig& full, const ModelConfig& c, int ranks);
+// Gather (save): every rank's pages of tokens [0, n) (ranks[r]: rank r's store and sequence, in rank
+// order) placed at the rank's heads of the pages of `full`'s sequence fseq, which this extends to n
+// tokens (an empty sequence of an unsplit store: make_store_config's config).
+void gather_rank_pages(std::span<const KvStageView> ranks, const ModelConfig& c, PagedKvStore& full, SeqId fseq, int n);
+// Scatter (hydrate): each rank's empty sequence gets n tokens whose pages are its heads' slices of
+// the pages of `full`'s sequence fseq (import_pages: a streaming store's mirror and device copy both).
+void scatter_rank_pages(const PagedKvStore& full, SeqId fseq, int n, const ModelConfig& c,
+                        std::span<const KvStageTarget> ranks);
 
 class TensorParallelForward {
  public:

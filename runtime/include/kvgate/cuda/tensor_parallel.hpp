@@ -30,11 +30,15 @@
 // own host mirror (a PagedKvStore of the rank's StoreConfig: its KV heads, every layer) and its own
 // device window, returning the view over the window; the engine streams each rank's pages in before the
 // ranks' forward call and out after it, exactly as per pipeline stage (gate PAR.cuda.tp.stream.<fmt>,
-// gates/cuda/cuda_tp_stream_gate.cpp). This class itself has no streaming or persistence.
+// gates/cuda/cuda_tp_stream_gate.cpp). KV files go through the engine too: CudaEngine::save_kv gathers
+// the ranks' pages (device or mirror) into one unsplit host store and writes the unsplit file;
+// hydrate restores a file into one and scatters each rank's heads (gate PAR.cuda.tp.persist.<fmt>).
+// This class itself has no streaming or persistence.
 //
 // Refused by name (EngineError, naming the option and the fix): what tensor_parallel_refusal refuses
 // (MLA, MoE, a rank count that does not divide the KV heads or the FFN width), a pipeline split at the
-// same time, KV damage, shared device weights, and KV files (save/hydrate) -- the last by CudaEngine.
+// same time, KV damage and shared device weights; KV files only for a format whose rank pages are
+// head slices of the unsplit page (tensor_parallel_file_refusal, by CudaEngine).
 #pragma once
 #include <cuda_runtime_api.h>
 
