@@ -35,7 +35,7 @@ inline const Model& synth_model_once(const std::string& key, SynthOptions o) {
   return *e->model;
 }
 
-// The tensor-parallel gates' model (PAR.tp, PAR.cuda.tp, PAR.cuda.tp.stream): a 2-layer GQA Llama
+// The tensor-parallel gates' model (PAR.tp, PAR.cuda.tp, PAR.cuda.tp.stream, PAR.cuda.tp.persist): a 2-layer GQA Llama
 // with 8 query / 4 KV heads of 32 (hidden 256, FFN 512, vocab 300), so 2 and 4 ranks split it and a
 // 32-element block never straddles two heads.
 inline SynthOptions synth_tp_options() {
