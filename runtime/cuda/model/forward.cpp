@@ -452,6 +452,7 @@ void CudaForward::attend(int l, int R, int table_stride, int max_len, bool chunk
     da.softmax_scale = c.attn_scale;
     da.window = c.window(l);
     da.softcap = c.attn_softcap;
+    da.bytes_read = store_.read_counter();  // null unless the store counts (STO.cuda.bytes_read.forward)
     // Under a graph, a sliding layer takes the plan made for its window (splits over the window's keys),
     // not full attention's (whose splits would leave the whole window to one CTA per head).
     const DecodePlan* lp = plan;
@@ -557,6 +558,7 @@ void CudaForward::mla_latent_block(const CudaModel::Layer& L, int l, int R, int 
   ma.out = mla_olat_;
   ma.k_scale = store_.tensor_scale(store_layer(l), KvHalf::K);
   ma.v_scale = store_.tensor_scale(store_layer(l), KvHalf::V);
+  ma.bytes_read = store_.read_counter();  // null unless the store counts
   if (plan) mla_decode_attention(ma, *plan, ws, stream_);
   else mla_decode_attention(ma, ws, stream_);
   mk::mla_up_v(mla_olat_, L.wkv_b, bf16, mla_att_, R, H, N, VD, KL, stream_);
@@ -813,6 +815,12 @@ void CudaForward::forward_decode(std::span<const SeqId> seqs, std::span<const in
     layers(B, table_stride_, max_len, false, nullptr, ws_);
     if (has_head) head(0, B);
   } else {
+    // A captured graph bakes the store's read counter address (null when the store does not count):
+    // the graphs captured under another counter are dropped and captured again.
+    if (store_.read_counter() != graph_counter_) {
+      drop_graphs();
+      graph_counter_ = store_.read_counter();
+    }
     auto it = graphs_.find(B);
     if (it == graphs_.end()) {
       // One plan for every length up to the context (empty splits exit at once), so the captured

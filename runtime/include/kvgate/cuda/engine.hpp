@@ -293,6 +293,7 @@ class CudaForward {
     std::map<int, DecodePlan> window_plans;  // sliding layers, by window: splits over the window's keys
   };
   std::map<int, Graph> graphs_;  // by batch size
+  const unsigned long long* graph_counter_ = nullptr;  // the store's read counter the graphs were captured with
   int graph_captures_ = 0, graph_replays_ = 0;
 };
 

@@ -116,10 +116,12 @@ class CudaKvStore {
   // GPU"): while on, decode() and mla_attention() hand their kernels a device counter
   // (DecodeArgs::bytes_read / MlaDecodeArgs::bytes_read) to which every warp (MLA: every CTA) adds the
   // KV bytes its loop read from the pool; off (the default) they hand none and the kernels pay one
-  // uniform branch. Turning it on allocates the counter and zeroes it; off frees it. prefill() and
-  // the callers that build DecodeArgs themselves (the CUDA forward) are not counted.
+  // uniform branch. Turning it on allocates the counter and zeroes it; off frees it. prefill() is not
+  // counted. The CUDA forward builds its own DecodeArgs / MlaDecodeArgs and hands its decode launches
+  // read_counter() (its chunks' prefill launches are not counted).
   void set_read_counter(bool on);
   bool read_counter_on() const { return d_bytes_read_ != nullptr; }
+  unsigned long long* read_counter() const { return d_bytes_read_; }  // the device counter; null when off
   // The bytes counted since the counter was turned on or last reset (0 when off); both synchronize
   // the device first, so every stream's counted kernels have finished.
   std::uint64_t read_bytes() const;
