@@ -240,7 +240,7 @@ void run_bytes_gate(const KvFormat& f, std::uint64_t seed) {
   CHECK(counts.split_runs > 0);
   CHECK(counts.chunked_runs > 0);
   CHECK(counts.generic_runs > 0);
-  const bool fast_pair = !cuda_gate::generic_only_on_cuda(f.k) && !cuda_gate::generic_only_on_cuda(f.v);
+  const bool fast_pair = cuda_gate::decode_pipelined_on_cuda(f.k, f.v);
   if (fast_pair) CHECK(counts.pipelined_runs > 0);
 }
 

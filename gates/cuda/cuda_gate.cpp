@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -46,6 +47,7 @@ namespace kc = kvgate::cuda;
 
 namespace {
 
+using cuda_gate::decode_pipelined_on_cuda;
 using cuda_gate::first_diff;
 using cuda_gate::generic_only_on_cuda;
 using DevBuf = cuda_gate::DevFloats;
@@ -279,6 +281,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
   const bool windowed = variant.windowed, capped = variant.capped, slow_pool = variant.slow_pool;
   long cases = 0, windows_cut = 0, windowed_seqs = 0, cap_seqs = 0, cap_visible = 0, slow_pipelined = 0;
   long head_seqs = 0, heads_visible = 0;
+  std::map<std::string, long> path_cases;  // plan.path -> cases (the kernel each case ran on)
   int case_index = 0;
   kc::DecodeWorkspace ws;
   for (const DecodeCase& dc : decode_cases(seed0)) {
@@ -352,6 +355,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
     REQUIRE(cudaMemcpy(got.data(), dout.p, got.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
     INFO("plan path=" << plan.path << " splits=" << plan.splits << " tokens/split=" << plan.tokens_per_split
                       << " ctas=" << plan.ctas);
+    ++path_cases[window > 0 ? std::string("generic") : plan.path];
 
     // NaN/Inf first (the output was poisoned with NaN: an unwritten element shows here).
     REQUIRE(ko::count_nonfinite(std::span<const float>(got)) == 0);
@@ -521,6 +525,22 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
     }
   }
   CHECK(cases >= (capped ? 16 : 24));
+  {
+    // The kernels the cases ran on (visible with -s): without a window, a pair with a pipelined
+    // decode kernel (decode_pipelined_on_cuda: fast or tensor-core, at head_dim 64/128/256) must
+    // have run cases on it (the 2026 halves' tensor-core path included), and every pair some on
+    // the generic kernel (head_dim 8).
+    std::ostringstream o;
+    long pipelined = 0;
+    for (const auto& [path, n] : path_cases) {
+      o << " " << path << ":" << n;
+      if (path != "generic") pipelined += n;
+    }
+    INFO("format " << fmt.name() << " decode paths:" << o.str());
+    if (!windowed && decode_pipelined_on_cuda(fmt.k, fmt.v)) CHECK(pipelined >= 8);
+    if (windowed || !decode_pipelined_on_cuda(fmt.k, fmt.v)) CHECK(pipelined == 0);
+    CHECK(path_cases.count("generic") == 1);
+  }
   if (slow_pool) {
     // Anti-vacuity: the case list (decode_cases) gives every format at least two sequences on a
     // pipelined kernel whose splits wrap the ring (2 or 3 per format on the H200; 4, the first
@@ -600,11 +620,12 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
   }
 
 // Slow-pool twins (PAR.cuda.decode.slow_pool, built to catch a stage of WarpKvPipe read before its
-// cp.async.wait_group): one per format whose decode runs on a pipelined kernel. The formats left out
-// (MX, NVFP4, the per-(token, head) halves) decode on the generic kernel only, which makes no
-// asynchronous copy: over the same bytes it gives the same bits from any memory, so a twin would be a
-// gate no bug can turn red. STO.cuda.slow_pool_twins checks this list against the kernels' own choice
-// (supports_op's path), so a format moving between kernels cannot leave the list stale.
+// cp.async.wait_group): one per format whose decode runs on a pipelined kernel (the 2026 presets
+// included: their tensor-core kernel stages codes and scales with cp.async). The formats left out
+// (the fp8_block128 pair) decode on the generic kernel only, which makes no asynchronous copy: over
+// the same bytes it gives the same bits from any memory, so a twin would be a gate no bug can turn
+// red. STO.cuda.slow_pool_twins checks this list against the kernels' own choice (supports_op's
+// path), so a format moving between kernels cannot leave the list stale.
 #define PAR_CUDA_DECODE_SLOW_POOL(id, fmtname, seed)                                                        \
   TEST_CASE("PAR.cuda.decode.slow_pool." id " GPU decode over pages in mapped host memory == over device pages, bit for bit", \
             "[gate:PAR][fmt:" fmtname "][cuda]") {                                                          \
@@ -631,7 +652,9 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
 // The formats of PAR.cuda.decode.slow_pool: the presets and mixed pairs above whose decode is
 // pipelined (seeds as their ORA.cuda.decode rows: 7000 + 100 x the preset's slot, + 90).
 #define PAR_CUDA_DECODE_SLOW_POOL_PRESET(name, slot) PAR_CUDA_DECODE_SLOW_POOL(#name, #name, 7000 + 100 * slot)
-#define CUDA_DECODE_SLOW_POOL_PRESETS(X) X(f32, 1) KVGATE_CUDA_PIPELINED_PRESETS(X)  // f32 decodes on the fast kernel
+// f32 decodes on the fast kernel; the 2026 presets on the tensor-core kernel.
+#define CUDA_DECODE_SLOW_POOL_PRESETS(X) \
+  X(f32, 1) KVGATE_CUDA_PIPELINED_PRESETS(X) KVGATE_CUDA_DECODE_MMA_2026_PRESETS(X)
 
 // Static fp8 scales per KV head (docs/FORMATS.md "Static scales per KV head"), one row per kernel that
 // reads them: the tensor-core kernel (both halves fp8; the generic one at head_dim 8), the CUDA-core
@@ -671,7 +694,8 @@ TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the f
   CUDA_DECODE_MIXED_PIPELINED(CUDA_TWIN_ROW)
   CUDA_DECODE_MIXED_PAIRS(CUDA_ORA_ROW)
   KVGATE_PRESETS(CUDA_ORA_PRESET, _)
-  // 16 twins; 7 formats decode generically (6 presets, the fp8_block128 pair).
+  // 22 twins (16, and the 6 presets of the 2026 halves on the tensor-core kernel); 1 format decodes
+  // generically (the fp8_block128 pair).
   cuda_gate::check_twin_list(
       twins, all,
       [](const KvFormat& f, std::string& why) {
@@ -680,7 +704,7 @@ TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the f
         why = "path '" + s.path + "'";
         return s.path != "generic";
       },
-      16, 7);
+      22, 1);
 }
 
 TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names the kernel path",
@@ -712,11 +736,26 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
         "fast(D=256)");
   CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::f32, HalfFormat::int8}, {16, 8, 128}, 32).path ==
         "fast(D=128)");
+  // The 2026 halves: tensor cores with themselves (and mxfp8 K with mxfp4 V), generic beside another half.
+  const KvFormat mx8{HalfFormat::mxfp8, HalfFormat::mxfp8}, mx84{HalfFormat::mxfp8, HalfFormat::mxfp4};
+  CHECK(kc::supports_op(kc::Op::decode, mx8, {16, 8, 128}, 32).path == "mma(D=128)");
+  CHECK(kc::supports_op(kc::Op::decode, mx84, {16, 8, 64}, 8).path == "mma(D=64)");
+  CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::nvfp4, HalfFormat::nvfp4}, {16, 2, 256}, 8).path ==
+        "mma(D=256)");
+  CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::int8_per_token_head, HalfFormat::int8_per_token_head},
+                        {16, 8, 128}, 32)
+            .path == "mma(D=128)");
+  CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::mxfp4, HalfFormat::mxfp8}, {16, 8, 128}, 32).path ==
+        "generic");
+  CHECK(kc::supports_op(kc::Op::decode, KvFormat{HalfFormat::mxfp8, HalfFormat::int8}, {16, 8, 128}, 32).path ==
+        "generic");
+  CHECK(kc::supports_op(kc::Op::decode, mx8, {16, 4, 8}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::decode, k8v4, {16, 4, 8}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::decode, i8, {16, 8, 96}, 8).path == "generic");
   CHECK(kc::supports_op(kc::Op::store, q8, {16, 8, 128}, 0).ok);
-  // Every pair of half formats is accepted where the geometry allows it; a pair holding a half
-  // without fast kernels decodes on the generic kernel (STO.cuda.generic_formats).
+  // Every pair of half formats is accepted where the geometry allows it; a pair without a pipelined
+  // kernel (decode_pipelined_on_cuda) decodes on the generic kernel (STO.cuda.generic_formats), a
+  // pair of 2026 halves with one on the tensor cores.
   long accepted = 0, generic = 0;
   for (HalfFormat kf : all_half_formats())
     for (HalfFormat vf : all_half_formats()) {
@@ -724,21 +763,28 @@ TEST_CASE("STO.cuda.capability supports_op refuses with stable reasons and names
       const kc::OpSupport s = kc::supports_op(kc::Op::decode, KvFormat{kf, vf}, {16, 8, 128}, 32);
       CHECK(s.ok);
       accepted += s.ok;
-      if (generic_only_on_cuda(kf) || generic_only_on_cuda(vf)) {
+      if (!decode_pipelined_on_cuda(kf, vf)) {
         CHECK(s.path == "generic");
         generic += s.path == "generic";
+      } else if (generic_only_on_cuda(kf) || generic_only_on_cuda(vf)) {
+        CHECK(s.path == "mma(D=128)");
+      } else {
+        CHECK(s.path != "generic");
       }
     }
   CHECK(accepted == 225);  // anti-vacuity: the 15 half formats, every pair
-  CHECK(generic == 225 - 81);  // the pairs of the nine fast formats run fast or mma at D = 128
+  // The 81 pairs of the nine fast formats run fast or mma at D = 128, and 6 pairs of 2026 halves
+  // (5 halves with themselves, mxfp8 K with mxfp4 V) mma.
+  CHECK(generic == 225 - 81 - 6);
   if (!dev.available) WARN("device checks of STO.cuda.capability SKIPPED: " << dev.reason);
 }
 
-TEST_CASE("STO.cuda.generic_formats MX, NVFP4 and per-token-head halves are stored, decoded generically, kept by the resolver",
+TEST_CASE("STO.cuda.generic_formats MX, NVFP4 and per-token-head halves are stored, decoded generically beside older halves, kept by the resolver",
           "[gate:STO][cuda][fmt:mxfp8][fmt:mxfp4][fmt:nvfp4][fmt:fp8_per_token_head][fmt:int8_per_token_head]") {
   // No device needed: the capability switch and the resolver. Their kernels are the generic decode
-  // kernel and the CUDA-core prefill kernel, both reading through load_elem (decode.cuh); the ORA.cuda
-  // rows of these presets check their bytes and attention on a device.
+  // kernel and the CUDA-core prefill kernel, both reading through load_elem (decode.cuh), and for a
+  // half with itself (fp8_block128 excepted) the tensor-core decode kernel at head_dim 64/128/256
+  // (decode_mma.cuh); the ORA.cuda rows of these presets check their bytes and attention on a device.
   long generic_halves = 0;
   for (HalfFormat h : all_half_formats()) {
     if (!generic_only_on_cuda(h)) continue;
@@ -753,7 +799,8 @@ TEST_CASE("STO.cuda.generic_formats MX, NVFP4 and per-token-head halves are stor
         const kc::OpSupport pr = kc::supports_op(kc::Op::prefill, f, g, 8);
         CHECK(st.ok);
         CHECK(de.ok);
-        CHECK(de.path == "generic");
+        const bool mma = f.k == f.v && h != HalfFormat::fp8_block128;
+        CHECK(de.path == (mma ? "mma(D=" + std::to_string(d) + ")" : std::string("generic")));
         CHECK(pr.ok);
         CHECK(pr.path == "prefill(fp32)");
         CHECK_FALSE(kc::prefill_mma_applies(f, g));

@@ -57,12 +57,20 @@ inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) 
 
 using gates::oracle_half;  // gates/common/oracle_fixtures.hpp
 
-// The half formats the CUDA fast and tensor-core decode kernels do not read (docs/CUDA.md; typed
-// here, not read from the runtime): a pair holding one decodes on the generic kernel at every
-// head_dim and prefills on the CUDA-core kernel; store, decode and prefill all run it.
+// The 2026 half formats (docs/CUDA.md "Dispatch"; typed here, not read from the runtime): a pair
+// holding one prefills on the CUDA-core kernel and decodes on the generic kernel at every head_dim,
+// except the pairs of decode_pipelined_on_cuda; store, decode and prefill all run it.
 inline bool generic_only_on_cuda(HalfFormat h) {
   return h == HalfFormat::mxfp8 || h == HalfFormat::mxfp4 || h == HalfFormat::nvfp4 ||
          h == HalfFormat::fp8_per_token_head || h == HalfFormat::int8_per_token_head || h == HalfFormat::fp8_block128;
+}
+// The (K, V) pairs whose decode has a pipelined kernel (fast or tensor-core) at head_dim 64/128/256
+// (typed here, not read from the runtime): every pair of the nine older halves; each 2026 half but
+// fp8_block128 with itself (tensor cores); mxfp8 K with mxfp4 V (the preset k_mxfp8_v_mxfp4).
+inline bool decode_pipelined_on_cuda(HalfFormat k, HalfFormat v) {
+  if (!generic_only_on_cuda(k) && !generic_only_on_cuda(v)) return true;
+  if (k == v) return k != HalfFormat::fp8_block128;
+  return k == HalfFormat::mxfp8 && v == HalfFormat::mxfp4;
 }
 
 // The presets whose halves both have fast / tensor-core CUDA kernels, as X(name, slot) (slot: the
@@ -70,6 +78,12 @@ inline bool generic_only_on_cuda(HalfFormat h) {
 // decode and prefill both copy pages asynchronously, so both slow-pool twin lists start from them.
 #define KVGATE_CUDA_PIPELINED_PRESETS(X) \
   X(f16, 2) X(bf16, 3) X(int8, 4) X(fp8, 5) X(fp8_e5m2, 6) X(q8_0, 7) X(q4_0, 8) X(k8v4, 9)
+// The 2026 presets, as X(name, slot): their decode runs on the tensor-core kernel at head_dim
+// 64/128/256 (decode_pipelined_on_cuda), their prefill on the CUDA-core kernel, so only the decode
+// slow-pool twin list takes them.
+#define KVGATE_CUDA_DECODE_MMA_2026_PRESETS(X)                                                     \
+  X(mxfp8, 20) X(mxfp4, 21) X(k_mxfp8_v_mxfp4, 22) X(nvfp4, 23) X(fp8_per_token_head, 24) \
+      X(int8_per_token_head, 25)
 
 // The pairs of the per-KV-head scale rows (ORA.cuda.decode*_head_scales, ORA.cuda.prefill*_head_scales),
 // as X(id, format, seed): both halves fp8 (the tensor-core kernels), an fp8 K beside a 16-bit V (the

@@ -77,16 +77,13 @@ OpSupport supports_op(Op op, const KvFormat& f, const PageGeometry& g, int n_hea
     if (op == Op::prefill) {
       s.path = prefill_mma_applies(f, g) ? "prefill(mma,D=" + std::to_string(g.head_dim) + ")" : "prefill(fp32)";
     } else {
-      // Tensor cores when both halves are narrow (kernels/decode_params.cuh mma_half); CUDA cores otherwise;
-      // the generic kernel for a head_dim without a fast instantiation or a half without fast
-      // kernels (kernels/common.cuh has_fast_kernels: the MX, NVFP4 and per-(token, head) formats).
+      // Tensor cores when both halves are narrow (kernels/common.cuh narrow_code_half); CUDA cores
+      // otherwise; the generic kernel for a head_dim without a fast instantiation or a pair without
+      // pipelined kernels (kernels/common.cuh has_pipelined_decode, the predicate that also decides
+      // what decode_launch.cuh instantiates: a 2026 half beside an older one, fp8_block128).
       const std::string d = std::to_string(g.head_dim);
-      const auto narrow = [](HalfFormat h) {
-        return h == HalfFormat::int8 || h == HalfFormat::fp8_e4m3 || h == HalfFormat::fp8_e5m2 || h == HalfFormat::q8_0 ||
-               h == HalfFormat::q4_0 || h == HalfFormat::q4_0_rot;
-      };
-      const bool mma = narrow(f.k) && narrow(f.v);
-      const bool fast = fast_head_dim(g.head_dim) && detail::has_fast_kernels(f.k) && detail::has_fast_kernels(f.v);
+      const bool mma = detail::narrow_code_half(f.k) && detail::narrow_code_half(f.v);
+      const bool fast = fast_head_dim(g.head_dim) && detail::has_pipelined_decode(f.k, f.v);
       s.path = !fast ? "generic" : mma ? "mma(D=" + d + ")" : "fast(D=" + d + ")";
     }
   }

@@ -33,24 +33,54 @@ KVGATE_HD constexpr bool is_block32(HF f) { return f == HF::q8_0 || f == HF::q4_
 KVGATE_HD constexpr bool is_rot(HF f) { return f == HF::q4_0_rot; }
 KVGATE_HD constexpr bool is_q4(HF f) { return f == HF::q4_0 || f == HF::q4_0_rot; }
 KVGATE_HD constexpr bool is_fp8(HF f) { return f == HF::fp8_e4m3 || f == HF::fp8_e5m2; }
+KVGATE_HD constexpr bool is_mx(HF f) { return f == HF::mxfp8 || f == HF::mxfp4; }
+KVGATE_HD constexpr bool is_e2m1(HF f) { return f == HF::mxfp4 || f == HF::nvfp4; }
+KVGATE_HD constexpr bool is_per_token_head(HF f) { return f == HF::fp8_per_token_head || f == HF::int8_per_token_head; }
 KVGATE_HD constexpr int elem_bytes(HF f) { return f == HF::f32 ? 4 : (f == HF::f16 || f == HF::bf16) ? 2 : 1; }
 KVGATE_HD constexpr int block_bytes(HF f) { return f == HF::q8_0 ? 34 : 18; }
 
 // Bytes of one cell (token x KV head) in the codes region, for D >= 32 (block formats: D/32 blocks,
-// scales embedded). int8 keeps its scale in a separate region (2 B per cell).
-KVGATE_HD constexpr int cell_bytes(HF f, int D) { return is_block32(f) ? (D / 32) * block_bytes(f) : D * elem_bytes(f); }
+// scales embedded; E2M1 halves: two codes per byte). int8, the MX, NVFP4 and per-(token, head) halves
+// keep their scales in a separate region (cell_scale_bytes).
+KVGATE_HD constexpr int cell_bytes(HF f, int D) {
+  return is_block32(f) ? (D / 32) * block_bytes(f) : is_e2m1(f) ? D / 2 : D * elem_bytes(f);
+}
+// Bytes of one cell's scales in the page's separate scales run (docs/FORMATS.md "Geometry"), for
+// D >= 32: int8 2 (f16), the per-(token, head) halves 4 (binary32), mxfp8 / mxfp4 D/32 (one UE8M0
+// per 32-block), nvfp4 D/16 (one E4M3 per 16-block); 0 for the others.
+KVGATE_HD constexpr int cell_scale_bytes(HF f, int D) {
+  return f == HF::int8 ? 2 : is_per_token_head(f) ? 4 : is_mx(f) ? D / 32 : f == HF::nvfp4 ? D / 16 : 0;
+}
 
 KVGATE_HD constexpr int gcd_c(int a, int b) { return b == 0 ? a : gcd_c(b, a % b); }
 
 // Every half format has CUDA kernels: the store kernel (bit-exact with the CPU reference) and the
 // element accessor load_elem (decode.cuh) that the generic decode kernel and the CUDA-core prefill
 // kernel read through. The fast and tensor-core decode kernels (per-lane cell slices, decode.cuh
-// Slice) exist for the nine formats below; a pair holding another half (mxfp8, mxfp4, nvfp4,
-// fp8_per_token_head, int8_per_token_head, fp8_block128) decodes on the generic kernel at every head_dim
-// (supports_op says path "generic"), and no fast or tensor-core kernel is instantiated for it.
+// Slice; decode_mma.cuh fragments) exist for every pair of the nine formats below, at head_dim
+// 64/128/256 (has_pipelined_decode).
 KVGATE_HD constexpr bool has_fast_kernels(HF f) {
   return f == HF::f32 || f == HF::f16 || f == HF::bf16 || f == HF::int8 || f == HF::fp8_e4m3 || f == HF::fp8_e5m2 ||
          f == HF::q8_0 || f == HF::q4_0 || f == HF::q4_0_rot;
+}
+// The 2026 halves with a tensor-core decode kernel only (decode_mma.cuh; no CUDA-core Slice), and
+// only in the pairs has_pipelined_decode names: mxfp8, mxfp4, nvfp4, fp8_per_token_head,
+// int8_per_token_head. fp8_block128 has none.
+KVGATE_HD constexpr bool mma_only_half(HF f) { return is_mx(f) || f == HF::nvfp4 || is_per_token_head(f); }
+// Halves whose codes convert to f16 exactly (int8, q8_0, q4_0 - 8, e4m3, e5m2, e2m1): the operands
+// of the tensor-core decode kernel. A pair of two of them takes it where has_pipelined_decode holds.
+KVGATE_HD constexpr bool narrow_code_half(HF f) {
+  return f == HF::int8 || is_fp8(f) || is_block32(f) || mma_only_half(f);
+}
+// The (K, V) pairs whose fast or tensor-core decode kernels are instantiated (decode_launch.cuh
+// kDecodeInstantiated) and chosen by supports_op at head_dim 64/128/256: every pair of the nine
+// has_fast_kernels formats; each mma_only_half paired with itself; and mxfp8 K with mxfp4 V (the
+// preset k_mxfp8_v_mxfp4). Any other pair holding a 2026 half (with an older half, or fp8_block128)
+// decodes on the generic kernel at every head_dim (path "generic"), and nothing else is
+// instantiated for it: each pair costs CI compile time.
+KVGATE_HD constexpr bool has_pipelined_decode(HF k, HF v) {
+  return (has_fast_kernels(k) && has_fast_kernels(v)) || (mma_only_half(k) && k == v) ||
+         (k == HF::mxfp8 && v == HF::mxfp4);
 }
 // The half formats whose codes are scaled by the caller's (layer, K|V) FP32 scale (fp8 per tensor;
 // nvfp4's global scale): the kernels fold K's into the query multiplier and V's into the output.

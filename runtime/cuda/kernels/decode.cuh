@@ -398,8 +398,30 @@ struct WarpKvPipe {
         const std::uint8_t* src = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
         cp_async<4>(scw + ctau * 8 + 4, src, valid);
       }
+      if constexpr (mma_only_half(KF)) copy_cell_scales<KF, Cfg::CBK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, cell);
+      if constexpr (mma_only_half(VF))
+        copy_cell_scales<VF, Cfg::CBV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, cell);
       par[ctau] = static_cast<std::uint8_t>(cell & 1);
     }
+  }
+  // The scales of this lane's token (the caller: its copy lane csub 0) for a half that keeps them in
+  // a run after its codes (the 2026 halves, docs/FORMATS.md "Geometry": B x H cells of CB code bytes,
+  // then cell_scale_bytes per cell in cell order), staged after the cell's codes in its stage row
+  // (half_stage + token * S + CB, 16-byte aligned). The run starts at B*H*CB, a multiple of 32 at
+  // D >= 64, in a 256-byte aligned page, so 4, 8 or 16 scale bytes are naturally aligned for one
+  // cp.async; 2 (mxfp8 / mxfp4 at D = 64) copy the aligned 4-byte word holding them, and the parity
+  // byte (cell & 1) says which half is the cell's, as for int8. A page's padding to its 256-byte
+  // stride covers the word's other half past the run's end.
+  template <HF F, int CB, int S>
+  __device__ __forceinline__ void copy_cell_scales(std::uint8_t* half_stage, const std::uint8_t* pool,
+                                                   std::size_t page_stride, int page, std::size_t cell) const {
+    constexpr int SB = cell_scale_bytes(F, D), CP = SB < 4 ? 4 : SB;
+    static_assert(CP == 4 || CP == 8 || CP == 16, "cp.async copies 4, 8 or 16 bytes");
+    const bool valid = page >= 0;
+    const std::size_t run = static_cast<std::size_t>(a.block_size) * a.n_kv_heads * CB;
+    const std::uint8_t* src =
+        pool + (valid ? static_cast<std::size_t>(page) * page_stride + run + ((cell * SB) & ~static_cast<std::size_t>(CP - 1)) : 0);
+    cp_async<CP>(half_stage + ctau * S + CB, src, valid);
   }
   // Steps 0 .. STAGES-2 in flight, the lookup of step STAGES-1 done.
   __device__ __forceinline__ void prologue() {

@@ -58,14 +58,15 @@ int decode_max_active_kernels(int smem_bytes) {
   return n;
 }
 
-// The fast and tensor-core kernels exist for pairs of the nine formats of common.cuh
-// has_fast_kernels; another pair instantiates the generic kernel only (D == 0), which supports_op
-// routes it to at every head_dim (path "generic").
+// The fast and tensor-core kernels exist for the pairs of common.cuh has_pipelined_decode (the
+// nine has_fast_kernels formats with each other; a 2026 half with itself; mxfp8 K with mxfp4 V);
+// another pair instantiates the generic kernel only (D == 0), which supports_op routes it to at
+// every head_dim (path "generic"), from the same predicate.
 template <HF KF, HF VF, int D>
-inline constexpr bool kDecodeInstantiated = D == 0 || (has_fast_kernels(KF) && has_fast_kernels(VF));
+inline constexpr bool kDecodeInstantiated = D == 0 || has_pipelined_decode(KF, VF);
 [[noreturn]] inline void throw_no_fast_kernels() {
   throw std::invalid_argument("kvgate::cuda decode: this K/V pair decodes on the generic kernel only "
-                              "(supports_op says path 'generic'; common.cuh has_fast_kernels)");
+                              "(supports_op says path 'generic'; common.cuh has_pipelined_decode)");
 }
 template <HF KF, HF VF, int D>
 void launch_decode(const DecodeLaunch& a, int smem_bytes, cudaStream_t stream) {

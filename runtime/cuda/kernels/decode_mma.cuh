@@ -1,13 +1,22 @@
 // Tensor-core decode path for the narrow half formats (int8, fp8_e4m3, fp8_e5m2, q8_0, q4_0,
-// q4_0_rot) at head_dim 64/128/256 (docs/CUDA.md). Per warp and 16-token tile:
+// q4_0_rot, and the 2026 halves mxfp8, mxfp4, nvfp4, fp8_per_token_head, int8_per_token_head in the
+// pairs of common.cuh has_pipelined_decode) at head_dim 64/128/256 (docs/CUDA.md). Per warp and
+// 16-token tile:
 //   S^T[16 tok x 8 heads] = K[16 x D] . Q^T[D x 8]      (mma.sync m16n8k16, f16 in, f32 accumulate)
 //   O^T[D x 8 heads]     += V^T[D x 16 tok] . P^T[16 x 8]
-// Codes convert to f16 exactly (int8, q8_0, q4_0-8, e4m3, e5m2 all fit); q and the softmax weights
-// are split hi + lo in f16 (two MMAs; |x - hi - lo| <= 2^-22 |x|, or 2^-25 absolute below the f16
-// normal range), so products are exact and every sum is FP32: the numerics of the CUDA-core path.
-// Per-token / per-block scales: K scales multiply the FP32 scores (one accumulator per 32-block for
-// q8_0/q4_0); V scales multiply P before the split, normalised by the tile's largest scale so the
-// f16 operands stay in [0, 1], and the tile's MMA result is added to O times that scale.
+// Codes convert to f16 exactly (int8, q8_0, q4_0-8, e4m3, e5m2, e2m1 all fit); q and the softmax
+// weights are split hi + lo in f16 (two MMAs; |x - hi - lo| <= 2^-22 |x|, or 2^-25 absolute below the
+// f16 normal range), so products are exact and every sum is FP32: the numerics of the CUDA-core path.
+// Scales: K scales multiply the FP32 scores: per token (int8 f16, per-(token, head) binary32) after
+// the K . q sum, per block through one FP32 accumulator per block (q8_0/q4_0 f16 d, mxfp8/mxfp4
+// UE8M0 2^e per 32 dims, nvfp4 E4M3 per 16 dims = one k-step). V scales multiply P before the split,
+// per token, or per token and block for the block formats (the scale varies along the output dims,
+// so a block's m-tiles get their own P^T fragments: both m-tiles of a 32-block, one m-tile for
+// nvfp4's 16-blocks), normalised by a running power-of-two reference per scale group (the tile's
+// largest scale) so the f16 operands stay in [0, 1]; O accumulates in units of that reference and
+// the epilogue multiplies it back (exact: powers of two). Every scale is exact in binary32 (f16,
+// UE8M0, E4M3, binary32), so each product rounds once, as on the CUDA cores. nvfp4's global scale
+// is the caller's (layer, K|V) FP32 tensor scale, folded into q and the output like fp8's.
 // The 4 query heads of a GQA chunk are the N columns 0..3; when both halves are narrow (f16 terms),
 // columns 4..7 carry the lo terms of the same 4 heads (q_lo for S, P_lo for O), so one MMA does the
 // work of the hi and lo MMAs and the two partial sums meet in FP32 through one xor-2 shuffle (lanes
@@ -80,6 +89,34 @@ inline constexpr std::uint32_t kMagic = 0x64646464u;  // f16 0x64xx = 1024 + xx
 inline constexpr std::uint32_t kI8Off = 0x64806480u;  // 1152 = 1024 + 128 (int8 biased by 128)
 inline constexpr std::uint32_t kQ4Off = 0x64086408u;  // 1032 = 1024 + 8   (q4 code - 8)
 
+// E2M1 -> f16, exactly: every E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6) is an f16 whose low byte is
+// 0, so a byte permute of this table by the 3 magnitude bits gives the f16's high byte; a second
+// permute moves the sign (nibble bit 3) to bit 15. No arithmetic: the bits are the value's.
+inline constexpr std::uint32_t kE2m1HiLo = 0x3E3C3800u;  // f16 high bytes of 0, 0.5, 1, 1.5
+inline constexpr std::uint32_t kE2m1HiHi = 0x46444240u;  // of 2, 3, 4, 6
+// The E2M1 codes in the high nibbles of bytes 0 and 1 of y -> f16 pair (byte 0's in the low half).
+// Selector nibbles 1 and 3 are the magnitudes (nibbles 0 and 2 are 0: table byte 0, the zero low
+// byte); the sign bits 7 and 15 go to 15 and 31 with their bytes.
+__device__ __forceinline__ std::uint32_t e2m1_hi_nibbles_to_h2(std::uint32_t y) {
+  return prmt(kE2m1HiLo, kE2m1HiHi, y & 0x7070u) | (prmt(y, 0u, 0x1404) & 0x80008000u);
+}
+// Four bytes of E2M1 codes (two per byte) -> four f16 pairs: h[0] the low nibbles of bytes 0 and 1,
+// h[1] their high nibbles, h[2] and h[3] the same of bytes 2 and 3 (shifts bring each nibble pair to
+// the high nibbles of the low two bytes).
+__device__ __forceinline__ void e2m1x8_to_h2(std::uint32_t w, std::uint32_t (&h)[4]) {
+  h[0] = e2m1_hi_nibbles_to_h2(w << 4);
+  h[1] = e2m1_hi_nibbles_to_h2(w);
+  h[2] = e2m1_hi_nibbles_to_h2(w >> 12);
+  h[3] = e2m1_hi_nibbles_to_h2(w >> 16);
+}
+
+// The byte format whose code conversion a half shares: int8_per_token_head reads as int8, mxfp8 and
+// fp8_per_token_head as fp8_e4m3 (their scales are applied elsewhere).
+template <HF F>
+KVGATE_HD constexpr HF code_half() {
+  return F == HF::int8_per_token_head ? HF::int8 : (F == HF::mxfp8 || F == HF::fp8_per_token_head) ? HF::fp8_e4m3 : F;
+}
+
 // int8 (4 codes in w, dims +0..+3) -> (dims 0,1), (dims 2,3) as f16 pairs.
 __device__ __forceinline__ void i8x4_to_h2(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
   w ^= 0x80808080u;
@@ -123,6 +160,22 @@ __device__ __forceinline__ void k_frag32(const std::uint8_t* r0, const std::uint
       i8x4_to_h2(w0, A[0], A[2]);
       i8x4_to_h2(w1, A[1], A[3]);
     }
+  } else if constexpr (is_e2m1(F)) {
+    // mxfp4 / nvfp4: byte j holds dims 2j (low nibble), 2j+1 (high). k-step j covers dims 16j ..
+    // 16j + 15 (one nvfp4 16-block); lane t reads bytes 8j + 2t, +1 (dims 16j + 4t .. +3) of rows g
+    // and g+8, and its k-slots are 2t, 2t+1 <-> dims 4t, 4t+2 and 2t+8, 2t+9 <-> dims 4t+1, 4t+3
+    // (e2m1x8_to_h2 pairs low nibbles and high nibbles; mma_q_fragments pairs q the same way).
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      std::uint32_t (&A)[4] = jj == 0 ? A0 : A1;
+      const int off = 16 * blk + 8 * jj + 2 * t;  // 2-byte aligned
+      std::uint32_t h[4];
+      e2m1x8_to_h2(lds16(r0 + off) | (static_cast<std::uint32_t>(lds16(r1 + off)) << 16), h);
+      A[0] = h[0];  // row g, k-slots 2t, 2t+1
+      A[2] = h[1];  // row g, k-slots 2t+8, 2t+9
+      A[1] = h[2];  // row g+8
+      A[3] = h[3];
+    }
   } else {  // q4_0 / q4_0_rot: qs[j] holds dims j (low nibble) and j+16 (high nibble)
     const int off = 18 * blk + 2 + 4 * t;
 #pragma unroll
@@ -140,12 +193,10 @@ __device__ __forceinline__ void k_frag32(const std::uint8_t* r0, const std::uint
   }
 }
 
-// V^T fragments of one 32-dim block (m-tiles 2*blk, 2*blk+1): m-tile i row g <-> dim 16i + 2g,
-// row g+8 <-> dim 16i + 2g + 1; k-slots are the tile's tokens (2t, 2t+1, 2t+8, 2t+9).
-// v[k]: V cells of tokens 2t, 2t+1, 2t+8, 2t+9.
+// v_frag32 (below) of q8_0, q4_0 / q4_0_rot and the byte formats (two tokens' codes per f16 pair).
 template <HF F>
-__device__ __forceinline__ void v_frag32(const std::uint8_t* const (&v)[4], int blk, int g, std::uint32_t (&A0)[4],
-                                         std::uint32_t (&A1)[4]) {
+__device__ __forceinline__ void v_frag32_bytes(const std::uint8_t* const (&v)[4], int blk, int g, std::uint32_t (&A0)[4],
+                                               std::uint32_t (&A1)[4]) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {  // tokens (2t, 2t+1) -> a[0], a[1]; (2t+8, 2t+9) -> a[2], a[3]
     const std::uint8_t* va = v[2 * half];
@@ -180,13 +231,46 @@ __device__ __forceinline__ void v_frag32(const std::uint8_t* const (&v)[4], int 
   }
 }
 
+
+// V^T fragments of one 32-dim block (m-tiles 2*blk, 2*blk+1): m-tile i row g <-> dim 16i + 2g,
+// row g+8 <-> dim 16i + 2g + 1; k-slots are the tile's tokens (2t, 2t+1, 2t+8, 2t+9).
+// v[k]: V cells of tokens 2t, 2t+1, 2t+8, 2t+9.
+template <HF F>
+__device__ __forceinline__ void v_frag32(const std::uint8_t* const (&v)[4], int blk, int g, std::uint32_t (&A0)[4],
+                                         std::uint32_t (&A1)[4]) {
+  if constexpr (is_e2m1(F)) {
+    // mxfp4 / nvfp4: dims 16i + 2g, 16i + 2g + 1 are the low and high nibbles of byte 8i + g, so
+    // m-tile i (one nvfp4 16-block) takes one byte per token: the four tokens' bytes side by side,
+    // h[0] = low nibbles of tokens 2t, 2t+1 (a0: row g), h[1] their high nibbles (a1: row g+8),
+    // h[2], h[3] those of tokens 2t+8, 2t+9 (a2, a3).
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      std::uint32_t (&A)[4] = jj == 0 ? A0 : A1;
+      const int off = 16 * blk + 8 * jj + g;
+      std::uint32_t h[4];
+      e2m1x8_to_h2(static_cast<std::uint32_t>(v[0][off]) | (static_cast<std::uint32_t>(v[1][off]) << 8) |
+                       (static_cast<std::uint32_t>(v[2][off]) << 16) | (static_cast<std::uint32_t>(v[3][off]) << 24),
+                   h);
+      A[0] = h[0];
+      A[1] = h[1];
+      A[2] = h[2];
+      A[3] = h[3];
+    }
+  } else {
+    v_frag32_bytes<F>(v, blk, g, A0, A1);
+  }
+}
+
 // Exact power-of-two normalisation: scale = 2^ceil-ish(log2 mx) > mx, inv = 1/scale (both exact).
 __device__ __forceinline__ void pow2_norm(float mx, float& scale, float& inv) {
   if (!(mx > 0.0f)) {
     scale = inv = 1.0f;
     return;
   }
-  const unsigned E = (__float_as_uint(mx) >> 23) & 0xFFu;  // f16 scales are normal binary32 values
+  // E <= 252 for every scale a store writes: f16, E4M3, binary32 per-(token, head) scales (<= FLT_MAX / 127)
+  // and UE8M0 codes (<= 2^125); a binary32 subnormal (E = 0: UE8M0 2^-127, a tiny per-token-head
+  // scale) gets 2^-126 and 2^126, still exact.
+  const unsigned E = (__float_as_uint(mx) >> 23) & 0xFFu;
   scale = __uint_as_float((E + 1u) << 23);
   inv = __uint_as_float((253u - E) << 23);
 }
@@ -223,15 +307,16 @@ __device__ __forceinline__ const std::uint8_t* ldsm_row_v16(const std::uint8_t* 
 template <HF F>
 __device__ __forceinline__ void k_frag32_ldsm(const std::uint8_t* tile, int stride, int blk, int lane,
                                               std::uint32_t (&A0)[4], std::uint32_t (&A1)[4]) {
+  constexpr HF C = code_half<F>();
   std::uint32_t w[4];
   ldsm_x4(ldsm_row(tile, stride, blk, lane), w);  // w0: (g, jj0) w1: (g+8, jj0) w2: (g, jj1) w3: (g+8, jj1)
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     std::uint32_t (&A)[4] = q < 2 ? A0 : A1;
     const int row = q & 1;
-    if constexpr (F == HF::int8) {
+    if constexpr (C == HF::int8) {
       i8x4_to_h2(w[q], A[row], A[row + 2]);
-    } else if constexpr (F == HF::fp8_e4m3) {
+    } else if constexpr (C == HF::fp8_e4m3) {
       A[row] = e4m3x2_to_h2(w[q]);
       A[row + 2] = e4m3x2_to_h2(w[q] >> 16);
     } else {
@@ -244,17 +329,18 @@ __device__ __forceinline__ void k_frag32_ldsm(const std::uint8_t* tile, int stri
 template <HF F>
 __device__ __forceinline__ void v_frag32_ldsm(const std::uint8_t* tile, int stride, int blk, int lane,
                                               std::uint32_t (&A0)[4], std::uint32_t (&A1)[4]) {
+  constexpr HF C = code_half<F>();
   std::uint32_t x[4];
   ldsm_x4_t(ldsm_row(tile, stride, blk, lane), x);  // x = [v(2t,2g), v(2t,2g+1), v(2t+1,2g), v(2t+1,2g+1)]
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     std::uint32_t (&A)[4] = q < 2 ? A0 : A1;
     const int half = q & 1;  // tokens (2t, 2t+1) or (2t+8, 2t+9)
-    if constexpr (F == HF::int8) {
+    if constexpr (C == HF::int8) {
       const std::uint32_t xb = x[q] ^ 0x80808080u;
       A[2 * half] = hsub2u(prmt(xb, kMagic, 0x4240), kI8Off);
       A[2 * half + 1] = hsub2u(prmt(xb, kMagic, 0x4341), kI8Off);
-    } else if constexpr (F == HF::fp8_e4m3) {
+    } else if constexpr (C == HF::fp8_e4m3) {
       const std::uint32_t y = prmt(x[q], x[q], 0x3120);
       A[2 * half] = e4m3x2_to_h2(y);
       A[2 * half + 1] = e4m3x2_to_h2(y >> 16);
@@ -265,8 +351,38 @@ __device__ __forceinline__ void v_frag32_ldsm(const std::uint8_t* tile, int stri
   }
 }
 
+// One code byte per element, rows read by ldmatrix (the per-(token, head) halves and mxfp8 too:
+// their scales sit after the codes, code_half converts).
 template <HF F>
-KVGATE_HD constexpr bool byte_half() { return F == HF::int8 || F == HF::fp8_e4m3 || F == HF::fp8_e5m2; }
+KVGATE_HD constexpr bool byte_half() {
+  constexpr HF C = code_half<F>();
+  return C == HF::int8 || C == HF::fp8_e4m3 || C == HF::fp8_e5m2;
+}
+
+// ---- the staged scales ---------------------------------------------------------------------------
+// The scale of token u's cell (stage row `row`, h = 0: K, 1: V): int8's f16 from the stage's scale
+// words; a per-(token, head) half's binary32, staged after its CB code bytes (4-byte aligned).
+template <HF F, int CB>
+__device__ __forceinline__ float staged_cell_scale(const std::uint8_t* row, const std::uint8_t* scw, const std::uint8_t* par,
+                                                   int u, int h) {
+  if constexpr (F == HF::int8) return stage_int8_scale(scw, par, u, h);
+  else return *reinterpret_cast<const float*>(row + CB);
+}
+// The scale of block b of a staged cell row (`par`: the token's parity byte): q8_0 / q4_0 their
+// 32-block's f16 d (embedded); mxfp8 / mxfp4 their 32-block's UE8M0 code, 2^(c - 127) exactly;
+// nvfp4 its 16-block's E4M3 code, exactly (the global scale is folded into q and the output). The
+// 2026 halves' codes are staged after the cell's codes, at byte 2 x parity of the staged word
+// where a cell has 2 (mxfp8 / mxfp4 at D = 64; decode.cuh WarpKvPipe::copy_cell_scales).
+template <HF F, int D>
+__device__ __forceinline__ float staged_block_scale(const std::uint8_t* row, int par, int b) {
+  if constexpr (is_block32(F)) {
+    return h2f(lds16(row + block_bytes(F) * b));
+  } else {
+    const std::uint8_t c = row[cell_bytes(F, D) + (cell_scale_bytes(F, D) < 4 ? 2 * par : 0) + b];
+    if constexpr (F == HF::nvfp4) return e4m3_val(c);
+    else return e8m0_val(c);
+  }
+}
 
 // ---- the kernel, assembled from named steps ----------------------------------------------------
 // decode_mma_kernel = load_q_warp + mma_q_fragments, then per pipeline stage (WarpKvPipe):
@@ -289,9 +405,18 @@ struct MmaTraits {
   // Column packing (see the top of the file): both halves narrow, i.e. two f16 terms each.
   static constexpr bool kPack = !wide16_half<KF>() && !wide16_half<VF>();
   static_assert(!kPack || (NQ == 2 && NP == 2 && kHeadsPerCta == 4), "column packing needs 2 terms and 4 heads");
-  static constexpr bool k_blockscaled = is_block32(KF), v_blockscaled = is_block32(VF);
-  static constexpr bool v_scaled = v_blockscaled || VF == HF::int8;
-  static constexpr int NVREF = v_blockscaled ? NBLK : 1;  // V scale references (per 32-dim block or one)
+  // K scales: one FP32 score accumulator per 32-dim block (q8_0, q4_0, mxfp8, mxfp4) or per 16-dim
+  // block (nvfp4: one k-step each), or one scale per token after the sum (int8, per-(token, head)).
+  static constexpr bool k_blockscaled = is_block32(KF) || is_mx(KF), k_block16 = KF == HF::nvfp4;
+  static constexpr bool k_cellscaled = KF == HF::int8 || is_per_token_head(KF);
+  // V scales: per token and block (VG dims: 32, nvfp4 16), or per token.
+  static constexpr bool v_blockscaled = is_block32(VF) || is_mx(VF) || VF == HF::nvfp4;
+  static constexpr bool v_cellscaled = VF == HF::int8 || is_per_token_head(VF);
+  static constexpr bool v_scaled = v_blockscaled || v_cellscaled;
+  static constexpr int VG = VF == HF::nvfp4 ? 16 : 32;
+  static constexpr int NVREF = v_blockscaled ? D / VG : 1;  // V scale references (per V scale group or one)
+  // The V scale reference of m-tile i (output dims 16i .. 16i + 15, inside one scale group).
+  KVGATE_HD static constexpr int vref_of(int i) { return v_blockscaled ? i * 16 / VG : 0; }
   using Pipe = WarpKvPipe<KF, VF, D, Cfg>;
   using QFrag = std::uint32_t[NQ][KSTEPS][2];
 };
@@ -310,8 +435,9 @@ __device__ __forceinline__ MmaLane mma_lane(int lane) {
 
 // The running state of one warp: O^T accumulators (m-tile i, rows g / g + 8, heads 2t, 2t+1), the
 // softmax max and sum of heads 2t, 2t+1, and the running power-of-two reference of the V scales
-// (int8: one; q8_0/q4_0: one per 32-dim block): O accumulates sum p * (scale / vref) * code,
-// rescaled exactly when vref grows, like the softmax max; the epilogue multiplies by vref.
+// (int8, per-(token, head): one; q8_0/q4_0/mxfp8/mxfp4: one per 32-dim block; nvfp4: one per 16-dim
+// block, i.e. per m-tile): O accumulates sum p * (scale / vref) * code, rescaled exactly when vref
+// grows, like the softmax max; the epilogue multiplies by vref.
 template <HF KF, HF VF, int D>
 struct MmaState {
   using T = MmaTraits<KF, VF, D>;
@@ -354,7 +480,7 @@ struct MmaState {
       const float f = vref[k] * iv;  // exact: powers of two (0 on the first raise)
 #pragma unroll
       for (int i = 0; i < T::MT; ++i)
-        if (!T::v_blockscaled || i / 2 == k) {
+        if (T::vref_of(i) == k) {
           o[i][0] *= f;
           o[i][1] *= f;
           o[i][2] *= f;
@@ -366,7 +492,9 @@ struct MmaState {
 };
 
 // Q^T fragments (column n = head g; zero for the padding columns 4..7), split into NQ terms of
-// K's MMA operand type. k-slot mapping: natural for 16-bit K (ldmatrix), 16j + 4t + r otherwise.
+// K's MMA operand type. k-slot mapping (pr 0: k-slots 2t, 2t+1; pr 1: 2t+8, 2t+9): natural for
+// 16-bit K (ldmatrix); dims 16j + 4t + 2pr, +1 for byte and q8_0/q4_0 K; dims 16j + 4t + pr, +2 for
+// E2M1 K (k_frag32 pairs the low nibbles, then the high ones).
 template <HF KF, HF VF, int D>
 __device__ __forceinline__ void mma_q_fragments(const float* q_s, const MmaLane& ln,
                                                 typename MmaTraits<KF, VF, D>::QFrag& qf) {
@@ -376,9 +504,12 @@ __device__ __forceinline__ void mma_q_fragments(const float* q_s, const MmaLane&
   for (int j = 0; j < T::KSTEPS; ++j)
 #pragma unroll
     for (int pr = 0; pr < 2; ++pr) {
-      const int d0 = wide16_half<KF>() ? 16 * j + 2 * ln.t + 8 * pr : 16 * j + 4 * ln.t + 2 * pr;
+      const int d0 = wide16_half<KF>() ? 16 * j + 2 * ln.t + 8 * pr
+                     : is_e2m1(KF)     ? 16 * j + 4 * ln.t + pr
+                                       : 16 * j + 4 * ln.t + 2 * pr;
+      const int d1 = is_e2m1(KF) ? d0 + 2 : d0 + 1;
       const float x0 = ln.col_head < kHeadsPerCta ? q_s[ln.col_head * D + d0] : 0.0f;
-      const float x1 = ln.col_head < kHeadsPerCta ? q_s[ln.col_head * D + d0 + 1] : 0.0f;
+      const float x1 = ln.col_head < kHeadsPerCta ? q_s[ln.col_head * D + d1] : 0.0f;
       std::uint32_t tmp[NQ];
       split_terms_h2<KF>(x0, x1, tmp);
       if constexpr (T::kPack) {
@@ -427,23 +558,37 @@ __device__ __forceinline__ void mma_compute_qk(const std::uint8_t* sb, const typ
         std::uint32_t A0[4], A1[4];
         if constexpr (byte_half<KF>()) k_frag32_ldsm<KF>(kcell + 16 * tl * Cfg::SK, Cfg::SK, blk, lane, A0, A1);
         else k_frag32<KF>(r0, r1, blk, t, A0, A1);
-        if constexpr (T::k_blockscaled) {
+        if constexpr (T::k_blockscaled || T::k_block16) {
           float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           if constexpr (kPack) {  // hi or lo column per lane; two independent chains (the two 16-dim halves)
             mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
             mma16816(cl, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
+          } else if constexpr (T::k_block16) {  // c: the first 16-dim block (hi + lo), cl: the second
+            mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
+            mma16816(cl, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
+            mma16816(c, A0, qf[1][2 * blk][0], qf[1][2 * blk][1]);
+            mma16816(cl, A1, qf[1][2 * blk + 1][0], qf[1][2 * blk + 1][1]);
           } else {
             mma16816(c, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
             mma16816(cl, A0, qf[1][2 * blk][0], qf[1][2 * blk][1]);
             mma16816(c, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
             mma16816(cl, A1, qf[1][2 * blk + 1][0], qf[1][2 * blk + 1][1]);
           }
-          const int bb = block_bytes(KF);
-          const float d0 = h2f(lds16(r0 + bb * blk)), d1 = h2f(lds16(r1 + bb * blk));
-          sh[0] = fmaf(c[0] + cl[0], d0, sh[0]);
-          sh[1] = fmaf(c[1] + cl[1], d0, sh[1]);
-          sh[2] = fmaf(c[2] + cl[2], d1, sh[2]);
-          sh[3] = fmaf(c[3] + cl[3], d1, sh[3]);
+          const int p0 = is_mx(KF) ? par[16 * tl + g] : 0, p1 = is_mx(KF) ? par[16 * tl + g + 8] : 0;  // rows g, g+8
+          if constexpr (T::k_block16) {  // nvfp4: c and cl are the two 16-blocks, each its own scale
+            const float a0 = staged_block_scale<KF, D>(r0, p0, 2 * blk), b0 = staged_block_scale<KF, D>(r0, p0, 2 * blk + 1);
+            const float a1 = staged_block_scale<KF, D>(r1, p1, 2 * blk), b1 = staged_block_scale<KF, D>(r1, p1, 2 * blk + 1);
+            sh[0] = fmaf(cl[0], b0, fmaf(c[0], a0, sh[0]));
+            sh[1] = fmaf(cl[1], b0, fmaf(c[1], a0, sh[1]));
+            sh[2] = fmaf(cl[2], b1, fmaf(c[2], a1, sh[2]));
+            sh[3] = fmaf(cl[3], b1, fmaf(c[3], a1, sh[3]));
+          } else {
+            const float d0 = staged_block_scale<KF, D>(r0, p0, blk), d1 = staged_block_scale<KF, D>(r1, p1, blk);
+            sh[0] = fmaf(c[0] + cl[0], d0, sh[0]);
+            sh[1] = fmaf(c[1] + cl[1], d0, sh[1]);
+            sh[2] = fmaf(c[2] + cl[2], d1, sh[2]);
+            sh[3] = fmaf(c[3] + cl[3], d1, sh[3]);
+          }
         } else if constexpr (kPack) {  // two independent chains (the two 16-dim halves of the block)
           mma16816(sh, A0, qf[0][2 * blk][0], qf[0][2 * blk][1]);
           mma16816(sl, A1, qf[0][2 * blk + 1][0], qf[0][2 * blk + 1][1]);
@@ -461,10 +606,10 @@ __device__ __forceinline__ void mma_compute_qk(const std::uint8_t* sb, const typ
 #pragma unroll
       for (int k = 0; k < 4; ++k) s[tl][k] += __shfl_xor_sync(0xffffffffu, s[tl][k], 2);
     }
-    if constexpr (KF == HF::int8) {
+    if constexpr (T::k_cellscaled) {  // int8, per-(token, head): the token's scale times its score
       const int u0 = 16 * tl + g, u1 = u0 + 8;
-      const float k0 = stage_int8_scale(scw, par, u0, 0);
-      const float k1 = stage_int8_scale(scw, par, u1, 0);
+      const float k0 = staged_cell_scale<KF, Cfg::CBK>(r0, scw, par, u0, 0);
+      const float k1 = staged_cell_scale<KF, Cfg::CBK>(r1, scw, par, u1, 0);
       s[tl][0] *= k0;
       s[tl][1] *= k0;
       s[tl][2] *= k1;
@@ -553,7 +698,8 @@ __device__ __forceinline__ void mma_p_fragments(const float (&p)[MmaTraits<KF, V
 }
 
 // O^T += V^T P^T over the stage: 16-bit V by ldmatrix as stored; narrow V dequantized per 32-dim
-// block, its scales folded into P (normalised by the running reference vref).
+// block, its scales folded into P (normalised by the running reference vref): a token's scale once
+// for the whole stage, a block format's per scale group (the m-tiles of that group's dims).
 template <HF KF, HF VF, int D>
 __device__ __forceinline__ void mma_compute_pv(const std::uint8_t* sb, const float (&bt)[MmaTraits<KF, VF, D>::NT][4],
                                                const MmaLane& ln, MmaState<KF, VF, D>& st) {
@@ -578,13 +724,13 @@ __device__ __forceinline__ void mma_compute_pv(const std::uint8_t* sb, const flo
       for (int q = 0; q < NP; ++q) pf[tl][q][pair] = tmp[q];
     }
   };
-  if constexpr (VF == HF::int8) {
+  if constexpr (T::v_cellscaled) {  // int8 (f16), per-(token, head) (binary32): scales >= 0
     float sv[NT][4], mx = 0.0f;
 #pragma unroll
     for (int tl = 0; tl < NT; ++tl)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        sv[tl][k] = stage_int8_scale(scw, par, 16 * tl + tk[k], 1);
+        sv[tl][k] = staged_cell_scale<VF, Cfg::CBV>(vcell + (16 * tl + tk[k]) * Cfg::SV, scw, par, 16 * tl + tk[k], 1);
         mx = fmaxf(mx, sv[tl][k]);
       }
     const float inv = st.raise_vref(0, mx);
@@ -624,32 +770,44 @@ __device__ __forceinline__ void mma_compute_pv(const std::uint8_t* sb, const flo
           v_frag32<VF>(vr, blk, g, A0[tl], A1[tl]);
         }
       }
-      if constexpr (T::v_blockscaled) {
-        const int bb = block_bytes(VF);
-        float dv[NT][4], mx = 0.0f;
-#pragma unroll
-        for (int tl = 0; tl < NT; ++tl)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            dv[tl][k] = h2f(lds16(vcell + (16 * tl + tk[k]) * Cfg::SV + bb * blk));
-            mx = fmaxf(mx, fabsf(dv[tl][k]));
-          }
-        const float inv = st.raise_vref(blk, mx);
-        // the sign of d travels with the weight (q4_0 d is negative for positive extremes)
+      // The block's m-tiles 2 blk (A0) and 2 blk + 1 (A1) += V^T P^T with the current pf; for a
+      // block-scaled V only the m-tiles of one scale group at a time (lo_tile / hi_tile).
+      auto mma_block = [&](bool lo_tile, bool hi_tile) {
 #pragma unroll
         for (int tl = 0; tl < NT; ++tl) {
-          set_pf(tl, 0, bt[tl][0] * (dv[tl][0] * inv), bt[tl][1] * (dv[tl][1] * inv));
-          set_pf(tl, 1, bt[tl][2] * (dv[tl][2] * inv), bt[tl][3] * (dv[tl][3] * inv));
+          if constexpr (!kPack) {
+            if (lo_tile) mma16816(st.o[2 * blk], A0[tl], pf[tl][1][0], pf[tl][1][1]);
+            if (hi_tile) mma16816(st.o[2 * blk + 1], A1[tl], pf[tl][1][0], pf[tl][1][1]);
+          }
+          if (lo_tile) mma16816(st.o[2 * blk], A0[tl], pf[tl][0][0], pf[tl][0][1]);
+          if (hi_tile) mma16816(st.o[2 * blk + 1], A1[tl], pf[tl][0][0], pf[tl][0][1]);
         }
-      }
+      };
+      if constexpr (T::v_blockscaled) {
+        constexpr int NG = 32 / T::VG;  // scale groups per 32-dim block: 1, or 2 (nvfp4)
 #pragma unroll
-      for (int tl = 0; tl < NT; ++tl) {
-        if constexpr (!kPack) {
-          mma16816(st.o[2 * blk], A0[tl], pf[tl][1][0], pf[tl][1][1]);
-          mma16816(st.o[2 * blk + 1], A1[tl], pf[tl][1][0], pf[tl][1][1]);
+        for (int sg = 0; sg < NG; ++sg) {
+          const int grp = NG * blk + sg;  // the group's block index (32-block, or nvfp4 16-block)
+          float dv[NT][4], mx = 0.0f;
+#pragma unroll
+          for (int tl = 0; tl < NT; ++tl)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const int u = 16 * tl + tk[k];
+              dv[tl][k] = staged_block_scale<VF, D>(vcell + u * Cfg::SV, is_mx(VF) ? par[u] : 0, grp);
+              mx = fmaxf(mx, fabsf(dv[tl][k]));
+            }
+          const float inv = st.raise_vref(grp, mx);
+          // the sign of d travels with the weight (q4_0 d is negative for positive extremes)
+#pragma unroll
+          for (int tl = 0; tl < NT; ++tl) {
+            set_pf(tl, 0, bt[tl][0] * (dv[tl][0] * inv), bt[tl][1] * (dv[tl][1] * inv));
+            set_pf(tl, 1, bt[tl][2] * (dv[tl][2] * inv), bt[tl][3] * (dv[tl][3] * inv));
+          }
+          mma_block(NG == 1 || sg == 0, NG == 1 || sg == 1);
         }
-        mma16816(st.o[2 * blk], A0[tl], pf[tl][0][0], pf[tl][0][1]);
-        mma16816(st.o[2 * blk + 1], A1[tl], pf[tl][0][0], pf[tl][0][1]);
+      } else {
+        mma_block(true, true);
       }
     }
   }
@@ -686,7 +844,7 @@ __device__ __forceinline__ void mma_write_partials(const DecodeLaunch& a, MmaSta
         // rows g, g+8 of m-tile i: dims 16i + g, 16i + g + 8 (16-bit V) or 16i + 2g, 16i + 2g + 1
         const int d0 = wide16_half<VF>() ? 16 * i + g : 16 * i + 2 * g;
         const int d1 = wide16_half<VF>() ? d0 + 8 : d0 + 1;
-        const float vr = T::v_scaled ? st.vref[T::v_blockscaled ? i / 2 : 0] : 1.0f;
+        const float vr = T::v_scaled ? st.vref[T::vref_of(i)] : 1.0f;
         po[d0] = st.o[i][hh] * vr;
         po[d1] = st.o[i][2 + hh] * vr;
       }

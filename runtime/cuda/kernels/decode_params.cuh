@@ -69,12 +69,11 @@ struct FastCfg {
   static constexpr int SMEM = Q_SMEM + PIPE_SMEM;
 };
 
-// Halves the tensor-core path reads: the narrow formats (codes converted to f16 exactly) and the
-// 16-bit ones (fed to bf16/f16 MMAs as stored). f32 stays on the CUDA cores.
+// Halves the tensor-core path reads: the narrow formats (codes converted to f16 exactly: common.cuh
+// narrow_code_half, the 2026 halves included) and the 16-bit ones (fed to bf16/f16 MMAs as stored).
+// f32 stays on the CUDA cores.
 template <HF F>
-KVGATE_HD constexpr bool narrow_half() {
-  return F == HF::int8 || F == HF::fp8_e4m3 || F == HF::fp8_e5m2 || F == HF::q8_0 || F == HF::q4_0 || F == HF::q4_0_rot;
-}
+KVGATE_HD constexpr bool narrow_half() { return narrow_code_half(F); }
 template <HF F>
 KVGATE_HD constexpr bool wide16_half() { return F == HF::f16 || F == HF::bf16; }
 // The 16-bit halves are supported by the tensor-core kernel (and passed the gates on the H200) but
@@ -87,11 +86,19 @@ KVGATE_HD constexpr int mma_cell_stride(int x) {
   return (x + 15) / 16 * 16 + (((x + 15) / 16 * 16) % 64 == 0 ? 16 : 0);
 }
 
+// Bytes a stage row keeps after a cell's codes for the cell's scales (decode.cuh WarpKvPipe
+// copy_cell_scales): the 2026 halves stage them there (at least the aligned 4-byte word that holds
+// them); int8's go to the stage's scale words; the others embed theirs in the codes (q8_0, q4_0).
+KVGATE_HD constexpr int staged_scale_bytes(HF f, int D) {
+  return mma_only_half(f) ? (cell_scale_bytes(f, D) < 4 ? 4 : cell_scale_bytes(f, D)) : 0;
+}
+
 template <HF KF, HF VF, int D>
 struct MmaCfg {
   static constexpr int CBK = cell_bytes(KF, D), CBV = cell_bytes(VF, D);
   static constexpr int CGK = gcd_c(CBK, 16), CGV = gcd_c(CBV, 16);
-  static constexpr int SK = mma_cell_stride(CBK), SV = mma_cell_stride(CBV);
+  // A stage row: the cell's codes, then (2026 halves) its staged scales, padded (mma_cell_stride).
+  static constexpr int SK = mma_cell_stride(CBK + staged_scale_bytes(KF, D)), SV = mma_cell_stride(CBV + staged_scale_bytes(VF, D));
   // One 16-token MMA tile per warp stage and a 3-deep ring: the kernel is latency-bound, so 12
   // resident warps per SM beat larger tiles with fewer warps (measured on the H200: 2 tiles x
   // 2 stages x 8 warps ran int8 at 2.2 TB/s, 1 x 3 x 12 at 2.5 TB/s).
@@ -121,7 +128,7 @@ KVGATE_HD constexpr bool use_mma() { return D != 0 && mma_half<KF>() && mma_half
 
 template <HF KF, HF VF, int D>
 int decode_smem_bytes(int head_dim) {
-  if constexpr (D == 0 || !has_fast_kernels(KF) || !has_fast_kernels(VF)) return generic_smem_bytes(head_dim);
+  if constexpr (D == 0 || !has_pipelined_decode(KF, VF)) return generic_smem_bytes(head_dim);
   else if constexpr (use_mma<KF, VF, D>()) return MmaCfg<KF, VF, D>::SMEM;
   else return FastCfg<KF, VF, D>::SMEM;
 }
