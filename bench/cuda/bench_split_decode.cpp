@@ -7,7 +7,9 @@
 //   1       unsplit: one CudaModel + CudaKvStore + CudaForward (decode replays a CUDA graph, as the
 //           CUDA engine runs it)
 //   1eager  unsplit without CUDA graphs: the baseline the tensor-parallel ranks (which run eagerly)
-//           compare with
+//           compare with. Listed with 1, it is measured in split 1's run (a second CudaForward without
+//           graphs over the same weights, store and sequences, decoding after split 1's steps; its
+//           TTFT is split 1's: the prefill runs no graph either way) instead of prefilling again
 //   tpN     CudaTensorParallel with N ranks (kvgate/cuda/tensor_parallel.hpp; eager decode)
 //   ppN     CudaPipeline with N stages (kvgate/cuda/pipeline.hpp; the CPU split's even layer ranges,
 //           each stage's decode replays its own graph)
@@ -334,8 +336,9 @@ int part_device(const std::vector<int>& devices, int n_machine, int i) {
   return i % std::max(1, n_machine);
 }
 
+// forwards: CudaForwards per part (2 for split 1 when split 1eager rides on its run).
 Plan make_plan(const SplitSpec& sp, const kvgate::ModelConfig& c, const kvgate::KvFormat& fmt, const std::vector<int>& devices,
-               int n_machine, int batch, int max_ctx, int max_rows) {
+               int n_machine, int batch, int max_ctx, int max_rows, int forwards = 1) {
   Plan p;
   const int n_blocks = batch * ((max_ctx + kBlock - 1) / kBlock);
   std::vector<std::pair<int, int>> ranges;
@@ -359,7 +362,7 @@ Plan make_plan(const SplitSpec& sp, const kvgate::ModelConfig& c, const kvgate::
     const kvgate::PageGeometry g{kBlock, q.kv_heads, c.head_dim};
     q.kv_bytes = static_cast<std::size_t>(n_blocks) * static_cast<std::size_t>(q.layer1 - q.layer0) *
                  (stride_of(kvgate::page_bytes(fmt.k, g)) + stride_of(kvgate::page_bytes(fmt.v, g)));
-    q.buffer_bytes = forward_buffer_bytes(c, q.q_heads, q.kv_heads, q.ffn, max_rows, max_ctx);
+    q.buffer_bytes = static_cast<std::size_t>(forwards) * forward_buffer_bytes(c, q.q_heads, q.kv_heads, q.ffn, max_rows, max_ctx);
     if (sp.kind == Kind::tp && i == 0)  // rank 0's gather and sum buffers
       q.buffer_bytes += (static_cast<std::size_t>(tp) + 1) * static_cast<std::size_t>(max_rows) * c.dim * 4;
     for (kc::Op op : {kc::Op::store, kc::Op::decode, kc::Op::prefill}) {
@@ -468,6 +471,7 @@ class Unsplit final : public Runner {
   }
   ~Unsplit() override {
     kc::DeviceScope on(device_);
+    eager_.reset();
     fwd_.reset();
     store_.reset();
     model_.reset();
@@ -486,19 +490,27 @@ class Unsplit final : public Runner {
   }
   void forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, int* argmax) override {
     kc::DeviceScope on(device_);
-    fwd_->forward_decode(seqs, tokens, nullptr, argmax);
+    (eager_ ? eager_ : fwd_)->forward_decode(seqs, tokens, nullptr, argmax);
+  }
+  // From now on decode runs through a second forward over the same weights and store without CUDA
+  // graphs (split 1eager measured on split 1's sequences: the prefill path has no graph either way).
+  void switch_to_eager() {
+    kc::DeviceScope on(device_);
+    kc::CudaForwardOptions o = fwd_->options();
+    o.cuda_graphs = false;
+    eager_ = std::make_unique<kc::CudaForward>(*model_, *store_, o);
   }
   std::vector<Part> parts() override { return {{device_, store_.get(), model_->weight_bytes(), "every layer"}}; }
   std::string topology() const override {
-    return std::string("unsplit on cuda:") + std::to_string(device_) +
-           (fwd_->options().cuda_graphs ? " (decode graph replay)" : " (eager decode)");
+    const bool graphs = !eager_ && fwd_->options().cuda_graphs;
+    return std::string("unsplit on cuda:") + std::to_string(device_) + (graphs ? " (decode graph replay)" : " (eager decode)");
   }
 
  private:
   int device_;
   std::unique_ptr<kc::CudaModel> model_;
   std::unique_ptr<kc::CudaKvStore> store_;
-  std::unique_ptr<kc::CudaForward> fwd_;
+  std::unique_ptr<kc::CudaForward> fwd_, eager_;
 };
 
 class Pipe final : public Runner {
@@ -632,6 +644,28 @@ int prefill(Runner& run, SeqId s, const std::vector<int>& prompt, int chunk) {
     run.forward_chunk(s, all.subspan(p, n), p + n == prompt.size() ? &first : nullptr);
   }
   return first;
+}
+
+// --warmup + --steps batched decode steps (greedy feedback through `tokens`), each timed on the host;
+// the record's decode fields.
+void measure_decode(Runner& run, const std::vector<SeqId>& seqs, std::vector<int>& tokens, int warmup, int steps,
+                    json& r) {
+  std::vector<int> ids(seqs.size(), 0);
+  std::vector<double> wall;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto h0 = Clock::now();
+    run.forward_decode(seqs, tokens, ids.data());
+    const double ms = ms_since(h0);
+    tokens = ids;  // greedy feedback
+    if (i >= warmup) wall.push_back(ms);
+  }
+  double sum = 0;
+  for (double x : wall) sum += x;
+  const double batch = static_cast<double>(seqs.size());
+  r["decode_ms_per_step"] = kvgate::bench::median(wall);
+  r["decode_ms_all"] = wall;
+  r["decode_tok_s"] = batch * steps * 1e3 / sum;
+  r["decode_tok_s_median"] = batch * 1e3 / kvgate::bench::median(wall);
 }
 
 // --- the device block and the table -------------------------------------------------------------
@@ -800,7 +834,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const int max_ctx = context + warmup + steps + 8;  // every decode step fits (the forward checks length + 1)
+  bool has_1 = false, has_1eager = false;
+  for (const SplitSpec& sp : splits) has_1 |= sp.name == "1", has_1eager |= sp.name == "1eager";
+  // With both, 1eager is measured in split 1's run (a second, graph-less forward over its store and
+  // sequences) instead of prefilling its own: its decode steps come after split 1's.
+  const bool eager_rides = has_1 && has_1eager;
+  // Every decode step fits (the forward checks length + 1), split 1eager's after split 1's too.
+  const int max_ctx = context + (eager_rides ? 2 : 1) * (warmup + steps) + 8;
   const int max_rows = std::max(batch, std::min(prefill_chunk, context));
   const std::size_t host_bytes = host_model_bytes(cfg);
   bool any_tp = false;
@@ -852,9 +892,13 @@ int main(int argc, char** argv) {
   // before it runs).
   for (const auto& [pname, fmt] : presets)
     for (const SplitSpec& sp : splits) {
+      if (eager_rides && sp.name == "1eager") {
+        progress("plan %-6s %-7s: measured in split 1's run (a second forward, no CUDA graphs)", pname.c_str(), "1eager");
+        continue;
+      }
       Plan p;
       try {
-        p = make_plan(sp, cfg, fmt, devices, plan_devices, batch, max_ctx, max_rows);
+        p = make_plan(sp, cfg, fmt, devices, plan_devices, batch, max_ctx, max_rows, eager_rides && sp.name == "1" ? 2 : 1);
       } catch (const std::exception& e) {
         progress("plan %-6s %-7s: %s", pname.c_str(), sp.name.c_str(), e.what());
         continue;
@@ -949,18 +993,26 @@ int main(int argc, char** argv) {
 
   for (const auto& [pname, fmt] : presets) {
     for (const SplitSpec& sp : splits) {
-      json r;
+      if (eager_rides && sp.name == "1eager") continue;  // measured in split 1's run
+      json r, eager;
       r["preset"] = pname;
       r["split"] = sp.name;
       r["kind"] = sp.kind == Kind::tp ? "tensor_parallel" : sp.kind == Kind::pp ? "pipeline" : "unsplit";
       r["parts"] = sp.parts;
       auto finish = [&] {
         rows.push_back(r);
+        if (eager_rides && sp.name == "1") {
+          if (eager.is_null()) {
+            eager = {{"preset", pname}, {"split", "1eager"}, {"kind", "unsplit"}, {"parts", 1}};
+            eager["skipped"] = "measured in split 1's run, which did not reach its decode";
+          }
+          rows.push_back(eager);
+        }
         publish();
       };
       Plan p;
       try {
-        p = make_plan(sp, cfg, fmt, devices, n_machine, batch, max_ctx, max_rows);
+        p = make_plan(sp, cfg, fmt, devices, n_machine, batch, max_ctx, max_rows, eager_rides && sp.name == "1" ? 2 : 1);
       } catch (const std::exception& e) {
         r["error"] = e.what();
         finish();
@@ -1100,26 +1152,28 @@ int main(int argc, char** argv) {
         r["fill_ms"] = ms_since(tf);
 
         // Decode.
-        std::vector<int> tokens(seqs.size(), first >= 0 ? first : 1), ids(seqs.size(), 0);
-        std::vector<double> wall;
-        for (int i = 0; i < warmup + steps; ++i) {
-          const auto h0 = Clock::now();
-          run->forward_decode(seqs, tokens, ids.data());
-          const double ms = ms_since(h0);
-          tokens = ids;  // greedy feedback
-          if (i >= warmup) wall.push_back(ms);
-        }
-        double sum = 0;
-        for (double x : wall) sum += x;
-        r["decode_ms_per_step"] = kvgate::bench::median(wall);
-        r["decode_ms_all"] = wall;
-        r["decode_tok_s"] = batch * steps * 1e3 / sum;
-        r["decode_tok_s_median"] = batch * 1e3 / kvgate::bench::median(wall);
+        std::vector<int> tokens(seqs.size(), first >= 0 ? first : 1);
+        measure_decode(*run, seqs, tokens, warmup, steps, r);
         progress("%-6s %-7s decode %.1f tok/s, %.2f ms/step (median), fill %.0f ms; between parts %s per step",
                  pname.c_str(), sp.name.c_str(), r["decode_tok_s"].get<double>(), r["decode_ms_per_step"].get<double>(),
                  r["fill_ms"].get<double>(), human_bytes(step.between_parts).c_str());
+        if (eager_rides && sp.name == "1") {  // split 1eager on the same weights, store and sequences
+          eager = r;
+          eager["split"] = "1eager";
+          for (const char* k : {"decode_ms_per_step", "decode_ms_all", "decode_tok_s", "decode_tok_s_median"}) eager.erase(k);
+          static_cast<Unsplit&>(*run).switch_to_eager();
+          measure_decode(*run, seqs, tokens, warmup, steps, eager);
+          eager["topology"] = run->topology();
+          eager["measured_with"] =
+              "split 1's run: a second CudaForward without CUDA graphs over the same weights and store; TTFT, fill "
+              "and construct_s are split 1's (the prefill runs no graph either way); the decode steps start " +
+              std::to_string(warmup + steps) + " tokens further into the context than split 1's";
+          progress("%-6s %-7s decode %.1f tok/s, %.2f ms/step (median), eager, on split 1's sequences", pname.c_str(),
+                   "1eager", eager["decode_tok_s"].get<double>(), eager["decode_ms_per_step"].get<double>());
+        }
       } catch (const std::exception& e) {
         r["error"] = e.what();
+        if (!eager.is_null() && !eager.contains("decode_tok_s")) eager["error"] = e.what();
         progress("%-6s %-7s error: %s", pname.c_str(), sp.name.c_str(), e.what());
         for (int d : used_devices) {  // a CUDA error (e.g. out of memory) must not leak into the next row
           kc::DeviceScope on(d);
