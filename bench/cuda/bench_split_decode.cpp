@@ -57,6 +57,10 @@
 //   The same formulas with rows = the prompt's tokens give the TTFT prefill's bytes. "between devices"
 //   counts the copies whose two parts are on different devices (0 when every part shares one GPU).
 //
+// Cross-check: each row records its first token and sequence 0's greedy decode ids; same_ids_as_1 says
+// whether they equal split 1's (a ppN row must: the layer split is bitwise the unsplit forward; a tpN
+// row may not: tensor parallelism reassociates the block sums).
+//
 // The JSON document (schema "kvgate.bench.cuda_split_decode/1", --out) is rewritten atomically after
 // every record ("complete": false until the last), so a run cut short keeps what it measured; a
 // Markdown table goes to stdout at the end. --plan prints the configurations' memory and traffic
@@ -650,15 +654,17 @@ int prefill(Runner& run, SeqId s, const std::vector<int>& prompt, int chunk) {
 // the record's decode fields.
 void measure_decode(Runner& run, const std::vector<SeqId>& seqs, std::vector<int>& tokens, int warmup, int steps,
                     json& r) {
-  std::vector<int> ids(seqs.size(), 0);
+  std::vector<int> ids(seqs.size(), 0), ids0;
   std::vector<double> wall;
   for (int i = 0; i < warmup + steps; ++i) {
     const auto h0 = Clock::now();
     run.forward_decode(seqs, tokens, ids.data());
     const double ms = ms_since(h0);
     tokens = ids;  // greedy feedback
+    ids0.push_back(ids[0]);
     if (i >= warmup) wall.push_back(ms);
   }
+  r["decode_ids_seq0"] = ids0;  // every step's greedy id of sequence 0, warm-up steps included
   double sum = 0;
   for (double x : wall) sum += x;
   const double batch = static_cast<double>(seqs.size());
@@ -702,10 +708,18 @@ std::string human_bytes(std::uint64_t b) {
 }
 
 // Every measured row's ratios to the unsplit rows ("1", and "1eager" when it ran) of its preset in
-// this run: decode_tok_s_vs_1 = its decode tok/s / theirs, ttft_vs_1 = its TTFT / theirs.
+// this run: decode_tok_s_vs_1 = its decode tok/s / theirs, ttft_vs_1 = its TTFT / theirs. And whether
+// its first token and sequence 0's greedy decode ids equal split 1's (same_ids_as_1): the layer split
+// computes the unsplit forward's logits bitwise (gate PAR.cuda.pp), so a ppN row must say true;
+// tensor parallelism reassociates the block sums (PAR.cuda.tp), so a tpN row may differ; 1eager
+// decodes after split 1's steps (not compared).
 void add_ratios(json& rows) {
   for (json& r : rows) {
     if (!r.contains("decode_tok_s")) continue;
+    for (const json& b : rows)
+      if (r.value("split", "") != "1eager" && b.value("preset", "") == r.value("preset", "") &&
+          b.value("split", "") == "1" && b.contains("decode_ids_seq0"))
+        r["same_ids_as_1"] = r["first_token"] == b["first_token"] && r["decode_ids_seq0"] == b["decode_ids_seq0"];
     for (const char* base : {"1", "1eager"})
       for (const json& b : rows)
         if (b.value("preset", "") == r.value("preset", "") && b.value("split", "") == base && b.contains("decode_tok_s")) {
@@ -718,8 +732,8 @@ void add_ratios(json& rows) {
 
 void print_table(const json& rows) {
   std::printf("\n| preset | split | parts | devices | shared | TTFT ms | decode tok/s | ms/step | decode vs 1 | TTFT vs 1 "
-              "| between parts / step | between devices / step | KV pool | topology / note |\n");
-  std::printf("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+              "| ids = 1 | between parts / step | between devices / step | KV pool | topology / note |\n");
+  std::printf("|---|---|---:|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|\n");
   for (const json& r : rows) {
     std::string devs;
     if (r.contains("devices"))
@@ -728,11 +742,12 @@ void print_table(const json& rows) {
     if (r.contains("skipped")) note = "skipped: " + r["skipped"].get<std::string>();
     if (r.contains("error")) note = "error: " + r["error"].get<std::string>();
     const json* st = r.contains("bytes_between_parts_per_step") ? &r["bytes_between_parts_per_step"] : nullptr;
-    std::printf("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+    const std::string same = !r.contains("same_ids_as_1") ? "-" : r["same_ids_as_1"].get<bool>() ? "yes" : "no";
+    std::printf("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
                 r.value("preset", "").c_str(), r.value("split", "").c_str(), r.value("parts", 0), devs.c_str(),
                 r.value("shared_device", false) ? "yes" : "no", fmt_num(r, "ttft_ms", "%.1f").c_str(),
                 fmt_num(r, "decode_tok_s", "%.1f").c_str(), fmt_num(r, "decode_ms_per_step", "%.2f").c_str(),
-                fmt_num(r, "decode_tok_s_vs_1", "%.3f").c_str(), fmt_num(r, "ttft_vs_1", "%.3f").c_str(),
+                fmt_num(r, "decode_tok_s_vs_1", "%.3f").c_str(), fmt_num(r, "ttft_vs_1", "%.3f").c_str(), same.c_str(),
                 st ? human_bytes((*st)["between_parts_bytes"].get<std::uint64_t>()).c_str() : "-",
                 st ? human_bytes((*st)["between_devices_bytes"].get<std::uint64_t>()).c_str() : "-",
                 r.contains("kv_pool_bytes") ? human_bytes(r["kv_pool_bytes"].get<std::uint64_t>()).c_str() : "-",
@@ -1160,7 +1175,8 @@ int main(int argc, char** argv) {
         if (eager_rides && sp.name == "1") {  // split 1eager on the same weights, store and sequences
           eager = r;
           eager["split"] = "1eager";
-          for (const char* k : {"decode_ms_per_step", "decode_ms_all", "decode_tok_s", "decode_tok_s_median"}) eager.erase(k);
+          for (const char* k : {"decode_ms_per_step", "decode_ms_all", "decode_tok_s", "decode_tok_s_median", "decode_ids_seq0"})
+            eager.erase(k);
           static_cast<Unsplit&>(*run).switch_to_eager();
           measure_decode(*run, seqs, tokens, warmup, steps, eager);
           eager["topology"] = run->topology();

@@ -86,16 +86,17 @@ for path in sys.argv[1:]:
     print("devices: %s; driver CUDA %s, runtime %s; context %d x batch %d, %d steps; %s" % (
         ", ".join(g["name"] for g in d["gpus"]), d["driver"], d["cuda_runtime"], s["context"], s["batch"], s["steps"], s["note"]))
     print("host model generated in %s s\n" % j["model"].get("host_generate_s", "-"))
-    print("| preset | split | devices | TTFT ms | decode tok/s | ms/step | decode vs 1 | decode vs 1eager | TTFT vs 1 | between parts / step | KV pool | note |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("| preset | split | devices | TTFT ms | decode tok/s | ms/step | decode vs 1 | decode vs 1eager | TTFT vs 1 | ids = 1 | between parts / step | KV pool | note |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|")
     f = lambda r, k, p: (p % r[k]) if isinstance(r.get(k), (int, float)) else "-"
     for r in j["results"]:
         note = r.get("skipped") and "skipped: " + r["skipped"] or r.get("error") and "error: " + r["error"] or r.get("topology", "")
         st = r.get("bytes_between_parts_per_step")
-        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        same = {True: "yes", False: "no"}.get(r.get("same_ids_as_1"), "-")
+        print("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["preset"], r["split"], ",".join(str(x) for x in r.get("devices", [])), f(r, "ttft_ms", "%.1f"),
             f(r, "decode_tok_s", "%.1f"), f(r, "decode_ms_per_step", "%.2f"), f(r, "decode_tok_s_vs_1", "%.3f"),
-            f(r, "decode_tok_s_vs_1eager", "%.3f"), f(r, "ttft_vs_1", "%.3f"), hb(st["between_parts_bytes"]) if st else "-",
+            f(r, "decode_tok_s_vs_1eager", "%.3f"), f(r, "ttft_vs_1", "%.3f"), same, hb(st["between_parts_bytes"]) if st else "-",
             hb(r["kv_pool_bytes"]) if "kv_pool_bytes" in r else "-", note))
     print()
 PY
