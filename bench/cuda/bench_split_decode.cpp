@@ -687,8 +687,18 @@ json device_block(int n_dev) {
     gpus.push_back({{"index", d}, {"name", pr.name}, {"cc", std::to_string(pr.major) + "." + std::to_string(pr.minor)},
                     {"sm_count", pr.multiProcessorCount}, {"total_mem", pr.totalGlobalMem}});
   }
+  // cudaDeviceCanAccessPeer per ordered pair; the runtime enables no peer access (no
+  // cudaDeviceEnablePeerAccess), so its cross-device cudaMemcpyDefault copies take the driver's path.
+  json peer = json::array();
+  for (int a = 0; a < n_dev; ++a)
+    for (int b = 0; b < n_dev; ++b)
+      if (a != b) {
+        int can = 0;
+        CK(cudaDeviceCanAccessPeer(&can, a, b));
+        peer.push_back({{"from", a}, {"to", b}, {"can_access_peer", can != 0}});
+      }
   return {{"count", n_dev}, {"driver", kc::cuda_version_string(drv)}, {"cuda_runtime", kc::cuda_version_string(rt)},
-          {"gpus", gpus}};
+          {"gpus", gpus}, {"peer", peer}, {"peer_access_enabled", false}};
 }
 
 std::string fmt_num(const json& r, const char* key, const char* f) {
