@@ -22,7 +22,7 @@
 # H100 and H200 alike. Host: the 15.0 GiB host model and, while tp2 runs, its ranks' FP32 slices
 # (26.0 GiB).
 #
-# Time, estimated for one H100 (nothing here has run on a device yet): configure 15 s + build
+# Time, estimated for one H100 before its first run (round 26 measured 317 s for both runs on a warm build): configure 15 s + build
 # ~130 s (bench_split_decode and the CUDA libraries from a bare tree, 16 cores; gate_cuda took 118 s)
 # + run 1 ~230 s (host model ~5 s; per preset: 3 builds of the split, tp2's host slicing ~10-15 s of
 # them, and 3 TTFT prefills of 32K tokens in chunks of 128 at ~10-15 s each, the 1eager row riding on
