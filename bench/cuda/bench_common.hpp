@@ -6,7 +6,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -29,6 +31,26 @@
   } while (0)
 
 namespace kvgate::bench {
+
+// Seconds since the program started (the first use of bench_clock_start).
+inline const std::chrono::steady_clock::time_point bench_clock_start = std::chrono::steady_clock::now();
+inline double elapsed_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_clock_start).count();
+}
+// A progress line with the UTC time and the seconds since the start, flushed (a run cut short still
+// says how far it got).
+__attribute__((format(printf, 1, 2))) inline void progress(const char* fmt, ...) {
+  const std::time_t now = std::time(nullptr);
+  char utc[16];
+  std::strftime(utc, sizeof utc, "%H:%M:%S", std::gmtime(&now));
+  std::printf("[%s +%.1fs] ", utc, elapsed_s());
+  va_list ap;
+  va_start(ap, fmt);
+  std::vprintf(fmt, ap);
+  va_end(ap);
+  std::printf("\n");
+  std::fflush(stdout);
+}
 
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;

@@ -84,23 +84,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 using kvgate::bench::median;
-
-const Clock::time_point g_start = Clock::now();
-double elapsed_s() { return std::chrono::duration<double>(Clock::now() - g_start).count(); }
-
-// Progress line with the UTC time and the seconds since the start, flushed (a run cut short still says how far it got).
-__attribute__((format(printf, 1, 2))) void progress(const char* fmt, ...) {
-  const std::time_t now = std::time(nullptr);
-  char utc[16];
-  std::strftime(utc, sizeof utc, "%H:%M:%S", std::gmtime(&now));
-  std::printf("[%s +%.1fs] ", utc, elapsed_s());
-  va_list ap;
-  va_start(ap, fmt);
-  std::vprintf(fmt, ap);
-  va_end(ap);
-  std::printf("\n");
-  std::fflush(stdout);
-}
+using kvgate::bench::elapsed_s;
+using kvgate::bench::progress;
 
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "bench_e2e_decode: %s\n", msg.c_str());

@@ -119,26 +119,14 @@ using nlohmann::json;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using kvgate::bench::elapsed_s;
+using kvgate::bench::progress;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
 constexpr double kGiB = 1073741824.0;
 constexpr int kBlock = 16;               // tokens per KV page (the engine's default block_size)
 constexpr std::size_t kPageAlign = 256;  // CudaKvStore's page stride alignment (kv_store.cpp)
 
-const Clock::time_point g_start = Clock::now();
-double elapsed_s() { return std::chrono::duration<double>(Clock::now() - g_start).count(); }
-double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
-
-__attribute__((format(printf, 1, 2))) void progress(const char* fmt, ...) {
-  const std::time_t now = std::time(nullptr);
-  char utc[16];
-  std::strftime(utc, sizeof utc, "%H:%M:%S", std::gmtime(&now));
-  std::printf("[%s +%.1fs] ", utc, elapsed_s());
-  va_list ap;
-  va_start(ap, fmt);
-  std::vprintf(fmt, ap);
-  va_end(ap);
-  std::printf("\n");
-  std::fflush(stdout);
-}
 
 std::string gib(double b) {
   char s[32];

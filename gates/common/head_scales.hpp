@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "kvgate/engine.hpp"
 #include "kvgate/kv_store.hpp"
 #include "store_harness.hpp"
 
@@ -21,6 +22,14 @@ inline std::vector<float> gate_head_scales(int n_layers, int n_kv_heads, KvHalf 
       s.push_back(half == KvHalf::K ? static_cast<float>(0.37 * (1 + 0.29 * h) * (1 + 0.13 * l))
                                     : static_cast<float>(0.0213 * (1 + 0.41 * h) * (1 + 0.17 * l)));
   return s;
+}
+
+// The gates' scales on an fp8 e4m3 half of `f` (the engine's k_scale / v_scale for a model of
+// n_layers x n_kv_heads); other formats keep their options' scales.
+inline void set_gate_head_scales_if_fp8(EngineOptions& o, const KvFormat& f, int n_layers, int n_kv_heads) {
+  if (f.k != HalfFormat::fp8_e4m3 && f.v != HalfFormat::fp8_e4m3) return;
+  o.k_scale = gate_head_scales(n_layers, n_kv_heads, KvHalf::K);
+  o.v_scale = gate_head_scales(n_layers, n_kv_heads, KvHalf::V);
 }
 
 struct HeadScaledStore {

@@ -78,10 +78,7 @@ EngineOptions engine_opts(const Model& m, const KvFormat& f, int ranks) {
   o.max_context = kCtx;
   o.prefill_chunk = kChunk;
   o.tensor_parallel = ranks;
-  if (is_fp8(f)) {
-    o.k_scale = gates::gate_head_scales(m.config.n_layers, m.config.n_kv_heads, KvHalf::K);
-    o.v_scale = gates::gate_head_scales(m.config.n_layers, m.config.n_kv_heads, KvHalf::V);
-  }
+  gates::set_gate_head_scales_if_fp8(o, f, m.config.n_layers, m.config.n_kv_heads);
   return o;
 }
 

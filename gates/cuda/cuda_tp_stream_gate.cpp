@@ -81,8 +81,6 @@ const Model& synth_tp_windowed() {
   return m;
 }
 
-bool is_fp8(const KvFormat& f) { return f.k == HalfFormat::fp8_e4m3 || f.v == HalfFormat::fp8_e4m3; }
-
 kc::CudaEngineOptions tp_opts(const Model& m, const KvFormat& f, int resident) {
   kc::CudaEngineOptions o;
   o.engine = engine_options_for(f, 1);
@@ -92,10 +90,7 @@ kc::CudaEngineOptions tp_opts(const Model& m, const KvFormat& f, int resident) {
   o.engine.prefill_chunk = kChunk;
   o.engine.tensor_parallel = kRanks;
   o.engine.kv_resident = resident;
-  if (is_fp8(f)) {
-    o.engine.k_scale = gates::gate_head_scales(m.config.n_layers, m.config.n_kv_heads, KvHalf::K);
-    o.engine.v_scale = gates::gate_head_scales(m.config.n_layers, m.config.n_kv_heads, KvHalf::V);
-  }
+  gates::set_gate_head_scales_if_fp8(o.engine, f, m.config.n_layers, m.config.n_kv_heads);
   o.weights = kc::WeightType::f32;
   return o;
 }
