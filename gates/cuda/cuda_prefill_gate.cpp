@@ -870,8 +870,10 @@ TEST_CASE("STO.cuda.prefill_mma.race_probe tensor-core prefills for the racechec
   CHECK(ran == 9);
 }
 
-// Opt-in ([.]: run it by name), not yet a gate: its first H200 run named the probe without the
-// trailing '*' Catch2 needs, so the probe never ran under the sanitizer; fixed, not re-run.
+// Opt-in ([.]: run it by name; a racecheck run of the probe takes the sanitizer's time, so the shards
+// of a whole gate_cuda run skip it): its first H200 run named the probe without the trailing '*'
+// Catch2 needs, so the probe never ran under the sanitizer; its first full run (an H100, round 26)
+// ran the nine probe prefills under racecheck with 0 hazards.
 TEST_CASE("STO.cuda.prefill_mma.racecheck compute-sanitizer racecheck: 0 shared-memory hazards in the tensor-core prefill",
           "[.][sanitizer][fmt:int8][cuda][prefill]") {
   KVGATE_REQUIRE_DEVICE_OR_SKIP();
