@@ -265,6 +265,7 @@ int generate_and_print(const RunOpts& o, const Model& model, E& engine) {
                   {"block_size", st.block_size},
                   {"n_blocks", st.n_blocks},
                   {"threads", st.threads},
+                  {"prefill_chunk", st.prefill_chunk},
                   {"pipeline_stages", st.pipeline_stages},
                   {"stage_layers", st.stage_layers},
                   {"topology", st.topology},

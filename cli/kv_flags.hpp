@@ -74,6 +74,7 @@ struct EngineFlags {
   bool strict = false;
   int threads = 0;
   int block_size = 16;
+  int prefill_chunk = 0;  // --prefill-chunk; 0: the device's (default_prefill_chunk: cpu 128, cuda 512)
   std::size_t kv_cache_memory = 0;
   std::optional<int> pp;  // --pp: pipeline stages (not given: 1, or the count of --pp-layers)
   std::string pp_layers;  // --pp-layers: layers per stage, comma separated
@@ -162,6 +163,9 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_flag("--strict-kv,--no-kv-fallback", f.strict, "fail instead of falling back to another KV format");
   sub->add_option("--threads", f.threads, "CPU threads (0 = all cores)")->capture_default_str();
   sub->add_option("--block-size", f.block_size, "tokens per KV page")->capture_default_str();
+  sub->add_option("--prefill-chunk", f.prefill_chunk,
+                  "tokens per batched prefill step (0 = the device's default: 128 on cpu, 512 on cuda)")
+      ->capture_default_str();
   sub->add_option("--kv-cache-memory", f.kv_cache_memory, "KV pool bytes (0 = enough for the model's context)");
   sub->add_option("--pp", f.pp,
                   "pipeline (layer) split into N stages, each with its own KV store (CPU engine, or CUDA with --devices; "
@@ -170,8 +174,8 @@ inline void add_engine_flags(CLI::App* sub, EngineFlags& f) {
   sub->add_option("--tp", f.tp,
                   "tensor-parallel split into N ranks, each with its share of the heads (and its own KV store of them) "
                   "and of the FFN, block outputs summed by an all-reduce (CPU engine, or CUDA: ranks on the current GPU or one "
-                  "per --devices entry; with --kv-resident each rank streams its own KV window; with --device cuda refused "
-                  "with --pp and --conv-id; default 1 = unsplit)")
+                  "per --devices entry; with --kv-resident each rank streams its own KV window; --conv-id saves the unsplit "
+                  "file layout; with --device cuda refused with --pp; default 1 = unsplit)")
       ->capture_default_str();
 }
 
@@ -188,6 +192,10 @@ inline void check_engine_flags(const EngineFlags& f) {
   limits::check(limits::kThreads, f.threads, "--threads", "value");
   if (f.block_size < 1) throw std::invalid_argument("--block-size = " + std::to_string(f.block_size) + " must be >= 1");
   limits::check(limits::kBlockSize, f.block_size, "--block-size", "value");
+  if (f.prefill_chunk < 0)
+    throw std::invalid_argument("--prefill-chunk = " + std::to_string(f.prefill_chunk) +
+                                " must be >= 0 (0 = the device's default: 128 on cpu, 512 on cuda)");
+  limits::check(limits::kPrefillChunk, f.prefill_chunk, "--prefill-chunk", "value");
   limits::check(limits::kKvPoolBytes, f.kv_cache_memory, "--kv-cache-memory", "value");
   if (f.k_scale && !(*f.k_scale > 0)) throw std::invalid_argument("--k-scale must be > 0");
   if (f.v_scale && !(*f.v_scale > 0)) throw std::invalid_argument("--v-scale must be > 0");
@@ -237,6 +245,7 @@ inline EngineOptions engine_options(const EngineFlags& f, const ResolvedKv& kv, 
     if (!kv_layer_map_uniform(map)) eo.kv_layers = std::move(map);
   }
   eo.block_size = f.block_size;
+  eo.prefill_chunk = f.prefill_chunk > 0 ? f.prefill_chunk : default_prefill_chunk(kv.backend.empty() ? "cpu" : kv.backend);
   eo.kv_cache_memory = f.kv_cache_memory;
   eo.threads = f.threads;
   eo.kv_resident = f.cache.resident;

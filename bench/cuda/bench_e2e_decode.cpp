@@ -263,7 +263,7 @@ json rope_json(const kvgate::RopeConfig& r, float model_theta) {
 int main(int argc, char** argv) {
   std::string out_path = "bench_e2e_decode.json", arch = "llama", rope, mla_cache;
   int context = 32768, batch = 16, steps = 8, warmup = 2, layers = 0;
-  int ttft = 0, ttft_runs = 3, ttft_warmup = 1, prefill_chunk = kvgate::EngineOptions{}.prefill_chunk;
+  int ttft = 0, ttft_runs = 3, ttft_warmup = 1, prefill_chunk = kvgate::default_prefill_chunk("cuda");
   bool decode = true, formats_given = false;
   std::vector<std::string> formats;
   for (const auto& p : kvgate::presets()) formats.emplace_back(p.name);

@@ -69,7 +69,7 @@
 //
 //   bench_split_decode [--out FILE] [--splits 1,tp2,pp2] [--devices 0,1] [--presets bf16,fp8,int8,k8v4]
 //                      [--context 32768] [--batch 16] [--steps 32] [--warmup 2] [--layers 32]
-//                      [--prefill-chunk 128] [--fill copy|prefill] [--seed 1] [--threads 0] [--plan]
+//                      [--prefill-chunk 512] [--fill copy|prefill] [--seed 1] [--threads 0] [--plan]
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 
@@ -760,7 +760,7 @@ int main(int argc, char** argv) {
   std::string out_path = "bench_split_decode.json", splits_s = "1,tp2,pp2", devices_s,
               presets_s = "bf16,fp8,int8,k8v4", fill = "copy";
   int context = 32768, batch = 16, steps = 32, warmup = 2, layers = 32, threads = 0;
-  int prefill_chunk = kvgate::EngineOptions{}.prefill_chunk;
+  int prefill_chunk = kvgate::default_prefill_chunk("cuda");
   std::uint64_t seed = 1;
   bool plan_only = false;
   CLI::App app{"bench_split_decode: decode tok/s and TTFT of an 8B-shaped model split over parts (tensor parallel, "
@@ -779,7 +779,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--layers", layers, "model layers (the Llama-3-8B shape has 32)")->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  app.add_option("--prefill-chunk", prefill_chunk, "tokens per forward_chunk of the prefill (the engine's default)")
+  app.add_option("--prefill-chunk", prefill_chunk,
+                 "tokens per forward_chunk of the prefill (default_prefill_chunk(\"cuda\"): the CLI's on --device cuda)")
       ->check(CLI::Range(1, 65536))->capture_default_str();
   app.add_option("--fill", fill, "how the other sequences get their KV: copy (sequence 0's pages) or prefill")
       ->check(CLI::IsMember({"copy", "prefill"}))->capture_default_str();

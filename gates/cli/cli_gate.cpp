@@ -263,9 +263,10 @@ TEST_CASE("CLI.run.pool --kv-cache-memory and --block-size size the pool", "[gat
   CHECK(st.kv_pool_bytes <= 98304u);
 }
 
-TEST_CASE("CLI.run.flag_limits --top-k, --threads, --block-size and --kv-cache-memory over their limits are refused",
+TEST_CASE("CLI.run.flag_limits --top-k, --threads, --block-size, --prefill-chunk and --kv-cache-memory over their limits "
+          "are refused",
           "[gate:CLI][fmt:f16]") {
-  // Bound: TOP_K, THREADS, BLOCK_SIZE and KV_POOL_BYTES of runtime/limits, lowered through their
+  // Bound: TOP_K, THREADS, BLOCK_SIZE, PREFILL_CHUNK and KV_POOL_BYTES of runtime/limits, lowered through their
   // override (inherited by the child) to exactly the value given: at the limit the run succeeds, one
   // over it exits 1 naming the flag, the value, the limit and the override -- the flag check's own
   // message, before the model is loaded or the engine sees the value.
@@ -275,7 +276,7 @@ TEST_CASE("CLI.run.flag_limits --top-k, --threads, --block-size and --kv-cache-m
     std::uint64_t at;
   };
   for (const Case& c : {Case{"TOP_K", "--top-k", 8}, Case{"THREADS", "--threads", 2}, Case{"BLOCK_SIZE", "--block-size", 16},
-                        Case{"KV_POOL_BYTES", "--kv-cache-memory", 1u << 20}}) {
+                        Case{"PREFILL_CHUNK", "--prefill-chunk", 4}, Case{"KV_POOL_BYTES", "--kv-cache-memory", 1u << 20}}) {
     INFO("KVGATE_LIMIT_" << c.limit << ", " << c.flag);
     const gates::ScopedLimit lim(c.limit, c.at);
     const std::string base = "run " + model_args() + " --kv f16 --prompt Once --steps 2 " +
@@ -290,6 +291,31 @@ TEST_CASE("CLI.run.flag_limits --top-k, --threads, --block-size and --kv-cache-m
                         std::to_string(c.at) + " on the ") != std::string::npos);
     CHECK(over.err.find(std::string("KVGATE_LIMIT_") + c.limit + "=N") != std::string::npos);
   }
+}
+
+TEST_CASE("CLI.run.prefill_chunk --prefill-chunk reaches the engine; without it the device's default (cpu 128)",
+          "[gate:CLI][fmt:f16]") {
+  // The CPU run without the flag takes default_prefill_chunk("cpu") = 128 (reported as stats.prefill_chunk,
+  // and the library engine with EngineOptions' default gives the same greedy ids); with --prefill-chunk 5
+  // the prompt is prefilled in chunks of 5 (the stats say so, and the ids are the library engine's with
+  // prefill_chunk = 5). A negative value is refused naming the flag.
+  const json def = run_json(model_args() + " --kv f16 --steps 12");
+  CHECK(def["stats"]["prefill_chunk"].get<int>() == default_prefill_chunk("cpu"));
+  CHECK(default_prefill_chunk("cpu") == EngineOptions{}.prefill_chunk);
+  CHECK(default_prefill_chunk("cuda") == 512);  // the GPU's default (docs/CUDA.md: TTFT in chunks of 128 vs 512)
+  const json five = run_json(model_args() + " --kv f16 --steps 12 --prefill-chunk 5");
+  CHECK(five["stats"]["prefill_chunk"].get<int>() == 5);
+  EngineOptions eo = lib_options("f16");
+  eo.prefill_chunk = 5;
+  CHECK(five["generated_ids"].get<std::vector<int>>() ==
+        lib_generate(eo, SamplerOptions{}, five["prompt_ids"].get<std::vector<int>>(), 12));
+  const Run neg = kvgate_cli("run " + model_args() + " --steps 1 --prefill-chunk -1");
+  CHECK(neg.rc != 0);
+  CHECK_THAT(neg.err, kvgate_catch::contains("--prefill-chunk = -1 must be >= 0"));
+  // --device cuda (where a device is): the GPU's default reaches the CUDA engine.
+  const Run cuda = kvgate_cli("run " + model_args() + " --kv f16 --steps 1 --device cuda --json");
+  if (cuda.rc == 0)  // at most the context
+    CHECK(json::parse(cuda.out)["stats"]["prefill_chunk"].get<int>() == std::min(512, stories().model.config.max_seq_len));
 }
 
 TEST_CASE("CLI.run.stream --kv-resident streams and --json reports the window's own counters", "[gate:CLI][fmt:f16]") {

@@ -14,6 +14,8 @@
 
 namespace kvgate {
 
+int default_prefill_chunk(std::string_view backend) { return backend == "cuda" ? 512 : 128; }
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -318,6 +320,7 @@ struct Engine::Impl {
     stats.block_size = full.block_size;
     stats.n_blocks = full.n_blocks;
     stats.threads = pool.size();
+    stats.prefill_chunk = chunk;
     if (opts.kv_resident < 0) throw EngineError("engine: --kv-resident must be >= 0 tokens (0 = off)");
     stats.pipeline_stages = static_cast<int>(ranges.size());
     for (const auto& [l0, l1] : ranges) stats.stage_layers.push_back(l1 - l0);
@@ -551,6 +554,7 @@ void Engine::reset() {
   d.stats.n_blocks = keep.n_blocks;
   d.stats.kv_pool_bytes = keep.kv_pool_bytes;
   d.stats.threads = keep.threads;
+  d.stats.prefill_chunk = keep.prefill_chunk;
   d.stats.pipeline_stages = keep.pipeline_stages;
   d.stats.stage_layers = keep.stage_layers;
   d.stats.topology = keep.topology;

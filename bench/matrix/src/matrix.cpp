@@ -349,7 +349,7 @@ signoff::QualityOptions quality_options_for(const Model& m, const std::string& d
   return q;
 }
 
-int signoff_prefill_chunk(const std::string& device) { return device == "cuda" ? 512 : 128; }
+int signoff_prefill_chunk(const std::string& device) { return default_prefill_chunk(device); }
 
 std::string quality_path_text(const std::string& device, int prefill_chunk) {
   const std::string engine = device == "cuda" ? "kvgate::cuda::CudaEngine (GPU)" : "kvgate::Engine (CPU)";

@@ -308,6 +308,7 @@ struct CudaEngine::Impl {
     stats.fallback_reason = opts.engine.kv.fallback_reason;
     stats.block_size = sc.block_size;
     stats.n_blocks = sc.n_blocks;
+    stats.prefill_chunk = fwd.options().max_rows;  // the chunk run() steps by
     if (streaming()) {  // every stage's mirror (the whole KV) and device window
       for (const auto& w : windows) {
         stats.kv_pool_bytes += w->streamed.host->pool_bytes();

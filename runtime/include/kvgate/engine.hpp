@@ -10,6 +10,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,13 @@ const char* name(MlaCache m);
 // "expanded" / "latent"; throws EngineError naming `flag` and the choices otherwise.
 MlaCache parse_mla_cache(const std::string& s, const std::string& flag);
 
+// The prefill chunk the CLI and the sign-off give an engine on `backend` when none is asked for:
+// 128 tokens on "cpu" (EngineOptions' default), 512 on "cuda". On the GPU a 128-token chunk leaves
+// most SMs idle in the attention and reads every weight four times as often: on an H100, the 32K-token
+// TTFT of the Llama-3-8B shape is 13.4-17.1 s in chunks of 128 and 4.1-5.2 s in chunks of 512
+// (bench/results/gate_proof_cuda_round26.md).
+int default_prefill_chunk(std::string_view backend);
+
 struct EngineOptions {
   ResolvedKv kv;                   // kv.effective is what the store holds; the rest goes to stats
   int block_size = 16;             // tokens per KV page
@@ -48,7 +56,7 @@ struct EngineOptions {
   std::vector<float> v_scale;
   int threads = 1;                 // 0: std::thread::hardware_concurrency()
   int max_context = 0;             // 0: the model's max_seq_len
-  int prefill_chunk = 128;         // tokens per batched prefill step
+  int prefill_chunk = 128;         // tokens per batched prefill step (the CLI: default_prefill_chunk)
   int kv_resident = 0;             // > 0: stream KV with a device window of this many tokens (kv_stream.hpp)
   // When every layer has a sliding window (Mistral-style, not Gemma's interleaved global layers),
   // the pages whose every position lies outside the window of all layers go back to the pool before
@@ -127,6 +135,7 @@ struct EngineStats {
   int block_size = 0;
   int n_blocks = 0;
   int threads = 1;
+  int prefill_chunk = 0;           // tokens per prefill step (EngineOptions::prefill_chunk, at most the context)
   // Topology: pipeline stages and the layers of each ("single", or "pipeline:2+3": stage layer counts).
   int pipeline_stages = 1;
   std::vector<int> stage_layers;

@@ -208,9 +208,8 @@ void set_device(MatrixOptions& mo, const std::string& device, const std::string&
 signoff::QualityOptions quality_options_for(const Model& m, const std::string& device, const std::vector<std::vector<int>>& corpus,
                                             int quality_tokens, int decode_path_tokens);
 std::string quality_path_text(const std::string& device, int prefill_chunk);  // the record's quality_method.path
-// The prefill chunk of the sign-off's engines on `device`: 128 tokens on the CPU (the engine's
-// default), one quality window (512) on CUDA, where a 128-token chunk leaves most SMs idle in the
-// attention and reads every weight four times as often.
+// The prefill chunk of the sign-off's engines on `device`: default_prefill_chunk (kvgate/engine.hpp),
+// 128 tokens on the CPU, 512 (one quality window) on CUDA, as `kvgate run` / `chat` take.
 int signoff_prefill_chunk(const std::string& device);
 // `format` as the backend of `device` ("cpu" | "cuda") would hold it for this model: on "cuda" the
 // CUDA kernels' capability (resolve_kv backend "cuda"), so a format without CUDA kernels shows its

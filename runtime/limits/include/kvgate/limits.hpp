@@ -58,6 +58,8 @@ inline constexpr Limit kReportRecords{"REPORT_RECORDS", "records in a report", 1
 // --- engine flags --------------------------------------------------------------------------------
 inline constexpr Limit kBlockSize{"BLOCK_SIZE", "tokens per KV page (--block-size)", 4096};
 inline constexpr Limit kThreads{"THREADS", "CPU threads (--threads)", 4096};
+// The GPU forward holds [chunk][vocab] FP32 logits (4 GiB at 8192 x 128256): a larger chunk is a typo.
+inline constexpr Limit kPrefillChunk{"PREFILL_CHUNK", "tokens per prefill step (--prefill-chunk)", 8192};
 inline constexpr Limit kTopK{"TOP_K", "--top-k", 1u << 22};
 inline constexpr Limit kKvPoolBytes{"KV_POOL_BYTES", "KV pool bytes (--kv-cache-memory)", 1ull << 40};  // 1 TiB
 inline constexpr Limit kCacheBudgetBytes{"CACHE_BUDGET_BYTES", "KV cache folder budget (--kv-cache-budget)",
