@@ -528,7 +528,7 @@ kc::CudaEngineOptions engine_cuda(const Model& m, const KvFormat& f, int tp) {
   }                                                                                                               \
   TEST_CASE("PAR.cuda.tp." id " 2 and 4 CUDA tensor-parallel ranks, teacher-forced: all-reduced blocks within "   \
             "the derived bound, K/V rows within two dot-product orders, rank stores == the CPU store's bytes",    \
-            "[gate:PAR][fmt:" id "][cuda]") {                                                                     \
+            "[gate:PAR][multigpu][fmt:" id "][cuda]") {                                                           \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                              \
     run_tp(fmt_named(name));                                                                                      \
   }

@@ -30,6 +30,9 @@
 //   (5) streaming   --tp 2 --kv-resident 64 (a window and a host mirror per rank): its save after the
 //                 same prefix is the resident --tp 2 file, byte for byte; the resident file hydrated into
 //                 it saves back the same bytes and continues bitwise as the resident --tp 2 engine.
+//   (7) two GPUs  where the machine has 2 GPUs of one model: --tp 2 --devices 0,1 saves the one-GPU
+//                 --tp 2 file byte for byte and continues its hydrate bitwise as the one-GPU --tp 2
+//                 engine (else that part prints SKIPPED: no multi-GPU machine has been lent yet).
 //   (6) CPU <-> CUDA  the CPU engine's --tp 2 file hydrated into the CUDA --tp 2 engine saves back the
 //                 same bytes, and the CUDA --tp 2 file hydrated into the CPU --tp 2 engine likewise (the
 //                 page bytes are the CPU store's: ORA.cuda.store).
@@ -38,6 +41,8 @@
 // 0's and rank 1's pages differ after the hydrate; a file of another format is refused by the --tp
 // engine before its ranks are touched (the position is kept).
 // Without a device every case prints "SKIPPED: no CUDA device: <reason>" and passes.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -265,6 +270,36 @@ void tp_persist(const char* id, const std::string& preset) {
       CHECK(back == tp2);
       CHECK(bit_equal(got, whole_tp2));
     }
+    // (7) ranks on two GPUs (where the machine has two of the same model): --tp 2 --devices 0,1
+    // saves the one-GPU --tp 2 file byte for byte (each rank runs the same kernels on the same rows;
+    // the all-reduce sums in rank order on rank 0's device) and continues a hydrate of it bitwise.
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess) n_dev = 0;
+    auto model_of = [](int d) {
+      cudaDeviceProp p{};
+      return cudaGetDeviceProperties(&p, d) == cudaSuccess ? std::string(p.name) : std::string();
+    };
+    if (n_dev >= 2 && model_of(0) == model_of(1)) {
+      kc::CudaEngineOptions two = cuda_opts(m, *f, 2);
+      two.devices = {0, 1};
+      {
+        kc::CudaEngine e(m, two);
+        CHECK(e.stats().devices == 2);
+        e.prefill(prefix(m));
+        e.save_kv(temp_file(tag + ".two_gpus.kv"));
+        const bool same = file_bytes(temp_file(tag + ".two_gpus.kv")) == tp2;
+        std::cout << id << ": --tp 2 --devices 0,1 save == the one-GPU --tp 2 file: " << (same ? "yes" : "no") << "\n";
+        CHECK(same);
+      }
+      std::vector<float> got;
+      const auto back = hydrate_and_resave(m, two, tp_files[0], temp_file(tag + ".two_gpus_hyd.kv"), &got);
+      std::cout << id << ": --tp 2 file -> --tp 2 --devices 0,1: save == the file: " << (back == tp2 ? "yes" : "no")
+                << "; continuation == one-GPU --tp 2: " << (bit_equal(got, whole_tp2) ? "yes" : "no") << "\n";
+      CHECK(back == tp2);
+      CHECK(bit_equal(got, whole_tp2));
+    } else {
+      WARN("SKIPPED (part): --tp 2 on devices 0,1 needs 2 GPUs of one model; this machine has " << n_dev);
+    }
   }
   // (6) CPU <-> CUDA, --tp 2 on both.
   {
@@ -306,7 +341,7 @@ void tp_persist(const char* id, const std::string& preset) {
 #define CUDA_TP_PERSIST_CASE(id, name)                                                                              \
   TEST_CASE("PAR.cuda.tp.persist." id " CUDA engine --tp 2 / --tp 4 KV files: the unsplit layout, byte for byte; "  \
             "hydrates across unsplit, rank counts, streaming and the CPU engine",                                   \
-            "[gate:PAR][fmt:" id "][cuda]") {                                                                       \
+            "[gate:PAR][multigpu][fmt:" id "][cuda]") {                                                                       \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                                \
     tp_persist("PAR.cuda.tp.persist." id, name);                                                                    \
   }

@@ -14,7 +14,8 @@
 //
 //   Subject:   CudaEngine with EngineOptions::tensor_parallel = 2 and kv_resident = 64: each rank its
 //              own host mirror (a PagedKvStore of the rank's StoreConfig) and device window, its forward
-//              on a view over the window.
+//              on a view over the window. Rank r on device r modulo the device count: both on cuda:0
+//              where one GPU is (every run so far), on cuda:0 and cuda:1 where two are.
 //   Reference: the same engine with tensor_parallel = 2 and every rank's KV resident.
 //   Bound:     ZERO -- the logits of every prefill position and every decode step are bitwise equal.
 //              Where it comes from: streaming moves page bytes, not arithmetic. The rank's forward runs
@@ -90,6 +91,11 @@ kc::CudaEngineOptions tp_opts(const Model& m, const KvFormat& f, int resident) {
   o.engine.prefill_chunk = kChunk;
   o.engine.tensor_parallel = kRanks;
   o.engine.kv_resident = resident;
+  // Rank r on device r modulo the machine's device count (both on cuda:0 where one GPU is), as the
+  // layer split's stream gate places its stages: on two GPUs the ranks' windows live on two devices.
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) n_dev = 1;
+  for (int r = 0; r < kRanks; ++r) o.devices.push_back(r % n_dev);
   gates::set_gate_head_scales_if_fp8(o.engine, f, m.config.n_layers, m.config.n_kv_heads);
   o.weights = kc::WeightType::f32;
   return o;
@@ -224,7 +230,7 @@ void tp_stream(const char* id, const std::string& preset) {
 #define CUDA_TP_STREAM_CASE(id, name)                                                                               \
   TEST_CASE("PAR.cuda.tp.stream." id " CUDA engine --tp 2 --kv-resident (a window per rank) == --tp 2 resident, "   \
             "bitwise; every rank streams, mirrors coherent",                                                        \
-            "[gate:PAR][fmt:" id "][cuda]") {                                                                       \
+            "[gate:PAR][multigpu][fmt:" id "][cuda]") {                                                                       \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                                \
     tp_stream("PAR.cuda.tp.stream." id, name);                                                                      \
   }
