@@ -505,48 +505,48 @@ class Unsplit final : public Runner {
   std::unique_ptr<kc::CudaForward> fwd_, eager_;
 };
 
-class Pipe final : public Runner {
+// A split's Runner: CudaPipeline and CudaTensorParallel take the same calls (no logits, the GPU
+// argmax); each split lists its own parts.
+template <class Split, class Options>
+class SplitRunner : public Runner {
  public:
-  Pipe(const kvgate::Model& m, kc::PipelineOptions o) : p_(m, std::move(o)) {}
-  SeqId create_sequence() override { return p_.create_sequence(); }
-  void free_sequence(SeqId s) override { p_.free_sequence(s); }
+  SplitRunner(const kvgate::Model& m, Options o) : split_(m, std::move(o)) {}
+  SeqId create_sequence() override { return split_.create_sequence(); }
+  void free_sequence(SeqId s) override { split_.free_sequence(s); }
   void forward_chunk(SeqId s, std::span<const int> tokens, int* argmax) override {
-    p_.forward_chunk(s, tokens, nullptr, false, argmax);
+    split_.forward_chunk(s, tokens, nullptr, false, argmax);
   }
   void forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, int* argmax) override {
-    p_.forward_decode(seqs, tokens, nullptr, argmax);
+    split_.forward_decode(seqs, tokens, nullptr, argmax);
   }
+  std::string topology() const override { return split_.topology(); }
+
+ protected:
+  Split split_;
+};
+
+class Pipe final : public SplitRunner<kc::CudaPipeline, kc::PipelineOptions> {
+ public:
+  using SplitRunner::SplitRunner;
   std::vector<Part> parts() override {
     std::vector<Part> v;
-    for (int i = 0; i < p_.n_stages(); ++i) {
-      kc::CudaPipeline::Stage& st = p_.stage(i);
+    for (int i = 0; i < split_.n_stages(); ++i) {
+      kc::CudaPipeline::Stage& st = split_.stage(i);
       v.push_back({st.device, st.store.get(), st.model->weight_bytes(),
                    "stage " + std::to_string(i) + ": layers " + std::to_string(st.range.first) + "-" +
                        std::to_string(st.range.end - 1)});
     }
     return v;
   }
-  std::string topology() const override { return p_.topology(); }
-
- private:
-  kc::CudaPipeline p_;
 };
 
-class Tp final : public Runner {
+class Tp final : public SplitRunner<kc::CudaTensorParallel, kc::TensorParallelOptions> {
  public:
-  Tp(const kvgate::Model& m, kc::TensorParallelOptions o) : t_(m, std::move(o)) {}
-  SeqId create_sequence() override { return t_.create_sequence(); }
-  void free_sequence(SeqId s) override { t_.free_sequence(s); }
-  void forward_chunk(SeqId s, std::span<const int> tokens, int* argmax) override {
-    t_.forward_chunk(s, tokens, nullptr, false, argmax);
-  }
-  void forward_decode(std::span<const SeqId> seqs, std::span<const int> tokens, int* argmax) override {
-    t_.forward_decode(seqs, tokens, nullptr, argmax);
-  }
+  using SplitRunner::SplitRunner;
   std::vector<Part> parts() override {
     std::vector<Part> v;
-    for (int r = 0; r < t_.ranks(); ++r) {
-      kc::CudaTensorParallel::Rank& k = t_.rank(r);
+    for (int r = 0; r < split_.ranks(); ++r) {
+      kc::CudaTensorParallel::Rank& k = split_.rank(r);
       v.push_back({k.device, k.store.get(), k.weights->weight_bytes(),
                    "rank " + std::to_string(r) + ": KV heads " + std::to_string(k.slice.kv_head0) + "-" +
                        std::to_string(k.slice.kv_head0 + k.slice.kv_heads - 1) + ", FFN rows " +
@@ -554,10 +554,6 @@ class Tp final : public Runner {
     }
     return v;
   }
-  std::string topology() const override { return t_.topology(); }
-
- private:
-  kc::CudaTensorParallel t_;
 };
 
 // --- the KV fill --------------------------------------------------------------------------------
