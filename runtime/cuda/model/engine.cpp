@@ -785,6 +785,10 @@ int CudaEngine::hydrate(const KvFile& file, std::span<const int> prompt) {
       KVGATE_CUDA_CHECK(cudaDeviceSynchronize());
       const auto src = host.block_table(targets[i].seq);
       const auto dst = st.store->block_table(d.seq);
+      if (static_cast<int>(src.size()) < pages || static_cast<int>(dst.size()) < pages)
+        throw EngineError("cuda engine: hydrate: " + std::string(d.tp ? "rank " : "stage ") + std::to_string(i) +
+                          " holds " + std::to_string(src.size()) + " restored pages of the " + std::to_string(pages) +
+                          " the file's " + std::to_string(n) + " tokens need (the restore skipped it)");
       for (int l = 0; l < host.config().n_layers; ++l)  // the stage's layers, at its own slots
         for (KvHalf h : {KvHalf::K, KvHalf::V})
           for (int p = 0; p < pages; ++p)
