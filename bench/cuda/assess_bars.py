@@ -55,14 +55,15 @@ def main(bench_path, peer_path, out_path, *opts):
             sys.exit("usage: assess_bars.py BENCH.json PEER.json OUT.json [--before OLD_BENCH.json]")
         try:
             old = json.load(open(opts[1]))
-            before = {(r["format"], r["context"], r["batch"]): r for r in old["decode"]}
+            before = {(r["format"], r["context"], r["batch"]): r for r in old["decode"] if not r.get("forced_splits")}
         except (OSError, ValueError, KeyError) as e:
             sys.exit(f"assess_bars.py: --before {opts[1]}: not a bench_decode_attn JSON ({e}); "
                      "give the file bench_decode_attn --out wrote")
     bench = json.load(open(bench_path))
     peer = json.load(open(peer_path))
     copy = bench["limits"]["copy_d2d_GBps"]
-    dec = {(r["format"], r["context"], r["batch"]): r for r in bench["decode"]}
+    # the planner's rows (a --splits sweep adds rows with forced split counts)
+    dec = {(r["format"], r["context"], r["batch"]): r for r in bench["decode"] if not r.get("forced_splits")}
     # PyTorch bf16 peer: the faster of the two GQA expressions per shape.
     torch_bf16 = {}
     for r in peer["records"]:

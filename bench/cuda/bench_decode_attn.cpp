@@ -6,7 +6,9 @@
 // "kvgate.bench.cuda_decode/1").
 //
 //   bench_decode_attn [--out FILE] [--contexts 4096,32768,131072] [--batches 1,16,64]
-//                     [--formats f32,f16,...] [--reps N] [--quick]
+//                     [--formats f32,f16,...] [--reps N] [--quick] [--splits 0,64,128,...]
+// --splits: split counts to force (DecodeArgs::num_splits; 0 = the planner's, the default), one row
+// each: the split-K sweep that shows what the planner's choice costs at each batch.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> formats;  // default: every preset (kvgate/format_list.hpp)
   for (const kvgate::Preset& p : kvgate::presets()) formats.emplace_back(p.name);
   int reps = 20;
+  std::vector<int> split_counts = {0};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
     else if (a == "--batches") batches = parse_ints(next());
     else if (a == "--formats") formats = parse_strs(next());
     else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--splits") split_counts = parse_ints(next());
     else if (a == "--quick") {
       contexts = {4096, 32768};
       batches = {1, 16};
@@ -215,7 +219,8 @@ int main(int argc, char** argv) {
     kc::DecodeWorkspace ws;
 
     for (int ctx : contexts)
-      for (int batch : batches) {
+      for (int batch : batches)
+      for (int forced : split_counts) {
         std::vector<int> lens(n_seqs, ctx);
         CK(cudaMemcpy(dlens, lens.data(), sizeof(int) * n_seqs, cudaMemcpyHostToDevice));
         kc::DecodeArgs a;
@@ -231,6 +236,7 @@ int main(int argc, char** argv) {
         a.max_seq_len = ctx;
         a.k_scale = cfg.k_scale[0];
         a.v_scale = cfg.v_scale[0];
+        a.num_splits = forced;
         const kc::DecodePlan plan = kc::plan_decode(a);
         ws.reserve(plan.workspace_bytes);
         // One graph = R decode calls over different sequence windows (so the KV working set is
@@ -277,7 +283,8 @@ int main(int argc, char** argv) {
                 << ", \"kv_bytes\": " << jnum(bytes_per_call) << ", \"GBps\": " << jnum(GBps)
                 << ", \"frac_of_copy\": " << jnum(GBps / copy_GBps) << ", \"frac_of_read_probe\": " << jnum(GBps / read_GBps)
                 << ", \"path\": \"" << plan.path << "\", \"splits\": " << plan.splits << ", \"ctas\": " << plan.ctas
-                << ", \"resident_ctas\": " << plan.resident_ctas << ", \"timed_runs\": " << ms.size() << "}";
+                << ", \"resident_ctas\": " << plan.resident_ctas << ", \"forced_splits\": " << forced
+                << ", \"timed_runs\": " << ms.size() << "}";
         first_result = false;
       }
     CK(cudaFree(dtables));
