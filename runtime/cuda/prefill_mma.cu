@@ -33,8 +33,8 @@ bool prefill_attention_mma(const PrefillArgs& a, cudaStream_t stream) {
   p.head_dim = D;
   p.block_size = a.geometry.block_size;
   p.group = a.n_heads / H;
-  // As the CUDA-core kernel: up to 8 query heads of a GQA group per CTA, the rest of its 64 rows
-  // consecutive query tokens.
+  // As the CUDA-core kernel: up to 8 query heads of a GQA group per CTA, the rest of its
+  // kPmmaRows (128) rows consecutive query tokens.
   p.heads_per_cta = std::min(p.group, detail::kPrefillMaxHeadsPerCta);
   p.n_hchunks = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
   p.tokens_per_cta = detail::kPmmaRows / p.heads_per_cta;

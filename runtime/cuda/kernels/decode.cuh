@@ -36,6 +36,21 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ldmatrix of four 8x8 16-bit matrices (rows 16-byte aligned in shared memory; lane l gives the
+// address of row l % 8 of matrix l / 8, and receives row l / 4, columns 2 (l % 4), +1 of each):
+// the tensor-core decode kernels (byte formats) and the tensor-core prefill (every operand).
+__device__ __forceinline__ void ldsm_x4(const void* p, std::uint32_t (&r)[4]) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sa));
+}
+__device__ __forceinline__ void ldsm_x4_t(const void* p, std::uint32_t (&r)[4]) {
+  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(sa));
+}
 __device__ __forceinline__ float h2f(std::uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 // Attention-logit soft-cap (Gemma 2's attn_logit_softcapping: s -> cap tanh(s / cap), after the

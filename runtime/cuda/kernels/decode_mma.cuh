@@ -275,19 +275,6 @@ __device__ __forceinline__ void pow2_norm(float mx, float& scale, float& inv) {
   inv = __uint_as_float((253u - E) << 23);
 }
 
-// ---- ldmatrix variants for the byte formats (int8, fp8): rows are 16-byte aligned in shared memory.
-__device__ __forceinline__ void ldsm_x4(const void* p, std::uint32_t (&r)[4]) {
-  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(sa));
-}
-__device__ __forceinline__ void ldsm_x4_t(const void* p, std::uint32_t (&r)[4]) {
-  const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(sa));
-}
 // Matrix mi = lane/8 of one 32-dim block of a 16-token tile: tokens 8*(mi&1) + lane%8, dims
 // 16*(mi>>1) .. +16. Non-transposed, lane (g, t) gets token g (+8) dims 4t..4t+3 of the half:
 // the K fragment words; transposed, it gets tokens 2t, 2t+1 of dims 2g, 2g+1: the V^T words.

@@ -2,8 +2,9 @@
 // prefill"). FlashAttention-2 structure with mma.sync.aligned.m16n8k16 (f16 or bf16 operands, FP32
 // accumulate), online softmax in FP32 (base 2), templated on (K half, V half, head_dim).
 //
-// One CTA = 4 warps = 64 query rows (token x query head of one KV head's GQA group, mapped as the
-// CUDA-core kernel maps them), one KV head. Warp w owns rows 16w .. 16w+15; lane (g = lane/4,
+// One CTA = 8 warps = 128 query rows (token x query head of one KV head's GQA group: up to 8 heads
+// of the group, the rest consecutive tokens), one KV head: every K/V tile is loaded and
+// dequantized once for 128 rows. Warp w owns rows 16w .. 16w+15; lane (g = lane/4,
 // tig = lane%4) owns rows 16w+g and 16w+g+8 of S and O (the m16n8 C-fragment layout). Per KV tile of
 // BN keys (64; 32 at D = 256):
 //   load_tile      cp.async of the tile's raw K and V cells (page bytes as stored, block table
@@ -33,17 +34,22 @@ namespace kvgate::cuda::detail {
 template <HF KF, HF VF, int D>
 struct PmmaCfg {
   static constexpr int BN = D == 256 ? 32 : 64;  // keys per tile
+  // DIRECT: both halves 16-bit (f16 / bf16), whose stored bits are the MMA operands: the cells are
+  // copied straight into the operand layout (K [BN][KP], V [BN][KP], each stage its own pair) and
+  // read by ldmatrix (V transposed by ldmatrix.trans); no dequant pass, no separate operand tiles.
+  static constexpr bool DIRECT = (KF == HF::f16 || KF == HF::bf16) && (VF == HF::f16 || VF == HF::bf16);
   static constexpr int CBK = cell_bytes(KF, D), CBV = cell_bytes(VF, D);
   static constexpr int CGK = gcd_c(CBK, 16), CGV = gcd_c(CBV, 16);  // cp.async chunk (4, 8 or 16 B)
-  static constexpr int SK = (CBK + 15) / 16 * 16, SV = (CBV + 15) / 16 * 16;  // raw cell strides
+  static constexpr int KP = D + 8;                      // K tile row stride (halves): 4g+tig banks
+  static constexpr int VP = BN + 8;                     // V^T tile row stride (halves)
+  // raw cell strides (bytes): the operand row stride for a DIRECT stage
+  static constexpr int SK = DIRECT ? KP * 2 : (CBK + 15) / 16 * 16, SV = DIRECT ? KP * 2 : (CBV + 15) / 16 * 16;
   static constexpr int RAW = BN * (SK + SV);            // one raw stage (K then V)
   static constexpr int QP = D + 4;                      // fp32 Q/O staging row stride
   static constexpr int QO_BYTES = kPmmaRows * QP * 4;
   static constexpr int REGION = (2 * RAW > QO_BYTES ? 2 * RAW : QO_BYTES);  // raw stages alias Q/O
-  static constexpr int KP = D + 8;                      // K tile row stride (halves): 4g+tig banks
-  static constexpr int VP = BN + 8;                     // V^T tile row stride (halves)
-  static constexpr int K_OFF = REGION, V_OFF = K_OFF + BN * KP * 2;
-  static constexpr int SC_OFF = V_OFF + D * VP * 2;  // int8 cell scales of the tile: K [BN], V [BN] (fp32)
+  static constexpr int K_OFF = REGION, V_OFF = K_OFF + (DIRECT ? 0 : BN * KP * 2);
+  static constexpr int SC_OFF = V_OFF + (DIRECT ? 0 : D * VP * 2);  // int8 cell scales of the tile: K [BN], V [BN] (fp32)
   static constexpr int SMEM = SC_OFF + 2 * BN * 4;
   static constexpr int NT = BN / 8;                     // n-tiles of S per warp
   static constexpr int KD = D / 16;                     // k-steps of Q K^T
@@ -222,19 +228,23 @@ __device__ __forceinline__ void dequant_tile(const PrefillLaunch& a, int kvh, in
 }
 
 // ---- compute_qk -----------------------------------------------------------------------------
+// B fragments by ldmatrix.x4 from K[BN][KP]: lane l addresses row 8n + l % 8 (key), dims
+// 16kd + 8 (l / 8): matrices 0..3 are b0, b1 of k-step kd and b0, b1 of kd + 1 (lane (g, tig) gets
+// K[key 8n + g][dims 16kd + 8i + 2tig, +1]). Row strides of 4 words mod 32: conflict-free phases.
 template <HF KF, HF VF, int D>
 __device__ __forceinline__ void compute_qk(const std::uint32_t (&qf)[PmmaCfg<KF, VF, D>::KD][4], const std::uint16_t* k_s,
-                                           int g, int tig, float (&s)[PmmaCfg<KF, VF, D>::NT][4]) {
+                                           int lane, float (&s)[PmmaCfg<KF, VF, D>::NT][4]) {
   using C = PmmaCfg<KF, VF, D>;
+  const std::uint16_t* kl = k_s + (lane & 7) * C::KP + 8 * (lane >> 3);
 #pragma unroll
   for (int n = 0; n < C::NT; ++n) {
     s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    const std::uint16_t* kr = k_s + (8 * n + g) * C::KP + 2 * tig;  // B(k, n) = K[key 8n+g][dim k]
 #pragma unroll
-    for (int kd = 0; kd < C::KD; ++kd) {
-      const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(kr + 16 * kd);
-      const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(kr + 16 * kd + 8);
-      mma16816<op_bf16<KF>()>(s[n], qf[kd], b0, b1);
+    for (int kd = 0; kd < C::KD; kd += 2) {
+      std::uint32_t b[4];
+      ldsm_x4(kl + 8 * n * C::KP + 16 * kd, b);
+      mma16816<op_bf16<KF>()>(s[n], qf[kd], b[0], b[1]);
+      mma16816<op_bf16<KF>()>(s[n], qf[kd + 1], b[2], b[3]);
     }
   }
 }
@@ -287,11 +297,14 @@ __device__ __forceinline__ void online_softmax_update(float (&s)[PmmaCfg<KF, VF,
 }
 
 // ---- compute_pv -----------------------------------------------------------------------------
+// B fragments by ldmatrix.x4 from V^T[D][VP]: lane l addresses row 8 (n + l / 16) + l % 8 (dim),
+// keys 16kc + 8 ((l / 8) % 2): matrices 0..3 are b0, b1 of n-tile n and b0, b1 of n + 1.
 template <HF KF, HF VF, int D>
-__device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::NT][4], const std::uint16_t* vt_s, int g,
-                                           int tig, float (&acc)[PmmaCfg<KF, VF, D>::ND][4]) {
+__device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::NT][4], const std::uint16_t* vt_s,
+                                           int lane, float (&acc)[PmmaCfg<KF, VF, D>::ND][4]) {
   using C = PmmaCfg<KF, VF, D>;
   constexpr bool BF = op_bf16<VF>();
+  const std::uint16_t* vl = vt_s + ((lane & 7) + 8 * (lane >> 4)) * C::VP + 8 * ((lane >> 3) & 1);
 #pragma unroll
   for (int kc = 0; kc < C::KC; ++kc) {
     // A fragment of P for keys 16kc .. 16kc+15: the C fragments of S n-tiles 2kc and 2kc+1.
@@ -301,11 +314,38 @@ __device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::
     pa[2] = pack2(to_op<BF>(p[2 * kc + 1][0]), to_op<BF>(p[2 * kc + 1][1]));
     pa[3] = pack2(to_op<BF>(p[2 * kc + 1][2]), to_op<BF>(p[2 * kc + 1][3]));
 #pragma unroll
-    for (int n = 0; n < C::ND; ++n) {
-      const std::uint16_t* vr = vt_s + (8 * n + g) * C::VP + 16 * kc + 2 * tig;  // B(k, n) = V^T[dim 8n+g][key k]
-      const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(vr);
-      const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(vr + 8);
-      mma16816<BF>(acc[n], pa, b0, b1);
+    for (int n = 0; n < C::ND; n += 2) {
+      std::uint32_t b[4];
+      ldsm_x4(vl + 8 * n * C::VP + 16 * kc, b);
+      mma16816<BF>(acc[n], pa, b[0], b[1]);
+      mma16816<BF>(acc[n + 1], pa, b[2], b[3]);
+    }
+  }
+}
+
+// ---- compute_pv (DIRECT) -----------------------------------------------------------------------
+// V as stored, [BN][KP] (key rows): ldmatrix.trans of the 8x8 blocks (keys 16kc + 8 ((l / 8) % 2) +
+// l % 8, dims 8 (n + l / 16)) gives lane (g, tig) V[keys 16kc + 2tig, +1 (+8)][dim 8n + g]: b0, b1
+// of n-tiles n and n + 1. The same MMAs and operands as compute_pv over V^T.
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void compute_pv_direct(const float (&p)[PmmaCfg<KF, VF, D>::NT][4], const std::uint16_t* v_s,
+                                                  int lane, float (&acc)[PmmaCfg<KF, VF, D>::ND][4]) {
+  using C = PmmaCfg<KF, VF, D>;
+  constexpr bool BF = op_bf16<VF>();
+  const std::uint16_t* vl = v_s + ((lane & 7) + 8 * ((lane >> 3) & 1)) * C::KP + 8 * (lane >> 4);
+#pragma unroll
+  for (int kc = 0; kc < C::KC; ++kc) {
+    std::uint32_t pa[4];
+    pa[0] = pack2(to_op<BF>(p[2 * kc][0]), to_op<BF>(p[2 * kc][1]));
+    pa[1] = pack2(to_op<BF>(p[2 * kc][2]), to_op<BF>(p[2 * kc][3]));
+    pa[2] = pack2(to_op<BF>(p[2 * kc + 1][0]), to_op<BF>(p[2 * kc + 1][1]));
+    pa[3] = pack2(to_op<BF>(p[2 * kc + 1][2]), to_op<BF>(p[2 * kc + 1][3]));
+#pragma unroll
+    for (int n = 0; n < C::ND; n += 2) {
+      std::uint32_t b[4];
+      ldsm_x4_t(vl + 16 * kc * C::KP + 8 * n, b);
+      mma16816<BF>(acc[n], pa, b[0], b[1]);
+      mma16816<BF>(acc[n + 1], pa, b[2], b[3]);
     }
   }
 }
@@ -316,7 +356,7 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
   using C = PmmaCfg<KF, VF, D>;
   const PrefillLaunch& a = L.p;
   extern __shared__ __align__(16) std::uint8_t pm_smem[];
-  float* qo_s = reinterpret_cast<float*>(pm_smem);  // [64][QP] fp32, aliased by the raw stages
+  float* qo_s = reinterpret_cast<float*>(pm_smem);  // [kPmmaRows][QP] fp32, aliased by the raw stages
   std::uint8_t* raw_s = pm_smem;                     // 2 stages of RAW bytes
   std::uint16_t* k_s = reinterpret_cast<std::uint16_t*>(pm_smem + C::K_OFF);
   std::uint16_t* vt_s = reinterpret_cast<std::uint16_t*>(pm_smem + C::V_OFF);
@@ -376,14 +416,22 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
     else cp_async_commit();  // empty group: "all but the newest group" is tile j below
     cp_async_wait<1>();
     __syncthreads();  // tile j's raw bytes visible to every thread
-    dequant_tile<KF, VF, D>(a, kvh, t0, t_end, raw_s + (j & 1) * C::RAW, k_s, vt_s, sc_s);
-    __syncthreads();  // K / V^T tiles complete
+    const std::uint8_t* stage = raw_s + (j & 1) * C::RAW;
     float s[C::NT][4];
-    compute_qk<KF, VF, D>(qf, k_s, g, tig, s);
-    online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
-    compute_pv<KF, VF, D>(s, vt_s, g, tig, acc);
-    // The next iteration's first barrier orders these K/V^T reads before its dequant; the raw
-    // stage it overwrites (tile j+2 into stage j & 1) was last read by this iteration's dequant.
+    if constexpr (C::DIRECT) {
+      compute_qk<KF, VF, D>(qf, reinterpret_cast<const std::uint16_t*>(stage), lane, s);
+      online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
+      compute_pv_direct<KF, VF, D>(s, reinterpret_cast<const std::uint16_t*>(stage + C::BN * C::SK), lane, acc);
+      __syncthreads();  // every warp is done with stage j & 1 before tile j+2 is copied into it
+    } else {
+      dequant_tile<KF, VF, D>(a, kvh, t0, t_end, stage, k_s, vt_s, sc_s);
+      __syncthreads();  // K / V^T tiles complete
+      compute_qk<KF, VF, D>(qf, k_s, lane, s);
+      online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
+      compute_pv<KF, VF, D>(s, vt_s, lane, acc);
+      // The next iteration's first barrier orders these K/V^T reads before its dequant; the raw
+      // stage it overwrites (tile j+2 into stage j & 1) was last read by this iteration's dequant.
+    }
   }
 
   // write_out: O / l (x fp8 V scale) -> shared memory, inverse rotation, coalesced stores.

@@ -7,9 +7,9 @@
 
 namespace kvgate::cuda::detail {
 
-inline constexpr int kPmmaWarps = 4;
+inline constexpr int kPmmaWarps = 8;
 inline constexpr int kPmmaThreads = kPmmaWarps * 32;
-inline constexpr int kPmmaRows = 16 * kPmmaWarps;  // 64 query rows per CTA, as kPrefillRows
+inline constexpr int kPmmaRows = 16 * kPmmaWarps;  // 128 query rows per CTA (the CUDA-core kernel: 64)
 
 // Halves the MMA kernel reads: every stored format except f32 (an f32 store asks for FP32
 // attention; those pairs stay on the CUDA-core kernel): the rows of KVGATE_HALF_FORMATS marked mma.
