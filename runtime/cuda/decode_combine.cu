@@ -10,25 +10,31 @@ namespace kvgate::cuda::detail {
 __device__ __forceinline__ float safe_exp2_diff_c(float m, float M) { return m == -INFINITY ? 0.0f : exp2f(m - M); }
 
 // ---- split merge + output transform --------------------------------------------------------------
-inline constexpr int kCombineWarps = 8;       // warps per (query head, sequence): splits spread over them
+// 16 warps per (query head, sequence) where there are that many splits: at batch 1 (hundreds of
+// splits, n_heads CTAs) the o-pass's loads in flight scale with the warps. The count depends on the
+// split count only, never on the batch, so a sequence's output does not depend on its companions.
+inline constexpr int kCombineWarps = 16;      // warps per (query head, sequence): splits spread over them
 inline constexpr int kCombineMaxPerLane = 8;  // dims per lane (head_dim <= 256)
 inline int combine_warps(int splits) { return splits < kCombineWarps ? (splits < 1 ? 1 : splits) : kCombineWarps; }
 
 template <bool RotV>
-__global__ void decode_combine_kernel(CombineLaunch a) {
-  extern __shared__ float sm[];  // [D] output, [splits] weights, [32] reduction scratch, [warps][D] partial sums
+__global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(CombineLaunch a) {
+  extern __shared__ float sm[];  // [D] output, [splits] weights, [splits] l, [32] scratch, [warps][D] partial sums
   const int hq = blockIdx.x, b = blockIdx.y, D = a.head_dim, S = a.splits;
   const float v_mul = head_v_mul(a.v_mul, a.v_heads, hq / a.group);  // the V scale of the head's KV head
   float* o_s = sm;
   float* w_s = sm + D;
-  float* red = w_s + S;
+  float* l_s = w_s + S;
+  float* red = l_s + S;
   float* o_w = red + 32;
   const std::size_t base = static_cast<std::size_t>(b) * S * a.n_heads + hq;  // + s * n_heads
   const int tid = threadIdx.x, nthr = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = (nthr + 31) / 32;
-  // 1. M = max_s m_s (all splits loaded in parallel, block reduction).
+  // 1. (m_s, l_s) of every split in one pass of loads; M = max_s m_s (block reduction).
   float M = -INFINITY;
   for (int s = tid; s < S; s += nthr) {
-    const float m = a.part_ml[(base + static_cast<std::size_t>(s) * a.n_heads) * 2];
+    const std::size_t i = (base + static_cast<std::size_t>(s) * a.n_heads) * 2;
+    const float m = a.part_ml[i];
+    l_s[s] = a.part_ml[i + 1];
     w_s[s] = m;
     M = fmaxf(M, m);
   }
@@ -38,12 +44,12 @@ __global__ void decode_combine_kernel(CombineLaunch a) {
   M = -INFINITY;
   for (int w = 0; w < nw; ++w) M = fmaxf(M, red[w]);
   __syncthreads();
-  // 2. weights w_s = 2^(m_s - M) and L = sum_s l_s w_s.
+  // 2. weights w_s = 2^(m_s - M) and L = sum_s l_s w_s (from shared memory: no second pass of loads).
   float L = 0.0f;
   for (int s = tid; s < S; s += nthr) {
     const float w = safe_exp2_diff_c(w_s[s], M);
     w_s[s] = w;
-    L += a.part_ml[(base + static_cast<std::size_t>(s) * a.n_heads) * 2 + 1] * w;
+    L += l_s[s] * w;
   }
   for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
   if (lane == 0) red[warp] = L;
@@ -110,7 +116,7 @@ void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
   if (a.head_dim > 32 * kCombineMaxPerLane)
     throw std::invalid_argument("kvgate::cuda decode combine: head_dim " + std::to_string(a.head_dim) + " > 256");
   const int nw = combine_warps(a.splits), threads = 32 * nw;
-  const std::size_t smem = static_cast<std::size_t>(a.head_dim + a.splits + 32 + nw * a.head_dim) * sizeof(float);
+  const std::size_t smem = static_cast<std::size_t>(a.head_dim + 2 * a.splits + 32 + nw * a.head_dim) * sizeof(float);
   if (smem > 48 * 1024) {
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
