@@ -297,6 +297,16 @@ __device__ __forceinline__ void online_softmax_update(float (&s)[PmmaCfg<KF, VF,
 }
 
 // ---- compute_pv -----------------------------------------------------------------------------
+// A fragment of P for keys 16kc .. 16kc+15 from the C fragments of S n-tiles 2kc (s0) and 2kc+1 (s1),
+// rounded to V's operand type (no shuffles: the m16n8 C layout is the m16k16 A layout's halves).
+template <bool BF>
+__device__ __forceinline__ void p_fragment(const float (&s0)[4], const float (&s1)[4], std::uint32_t (&pa)[4]) {
+  pa[0] = pack2(to_op<BF>(s0[0]), to_op<BF>(s0[1]));
+  pa[1] = pack2(to_op<BF>(s0[2]), to_op<BF>(s0[3]));
+  pa[2] = pack2(to_op<BF>(s1[0]), to_op<BF>(s1[1]));
+  pa[3] = pack2(to_op<BF>(s1[2]), to_op<BF>(s1[3]));
+}
+
 // B fragments by ldmatrix.x4 from V^T[D][VP]: lane l addresses row 8 (n + l / 16) + l % 8 (dim),
 // keys 16kc + 8 ((l / 8) % 2): matrices 0..3 are b0, b1 of n-tile n and b0, b1 of n + 1.
 template <HF KF, HF VF, int D>
@@ -307,12 +317,8 @@ __device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::
   const std::uint16_t* vl = vt_s + ((lane & 7) + 8 * (lane >> 4)) * C::VP + 8 * ((lane >> 3) & 1);
 #pragma unroll
   for (int kc = 0; kc < C::KC; ++kc) {
-    // A fragment of P for keys 16kc .. 16kc+15: the C fragments of S n-tiles 2kc and 2kc+1.
     std::uint32_t pa[4];
-    pa[0] = pack2(to_op<BF>(p[2 * kc][0]), to_op<BF>(p[2 * kc][1]));
-    pa[1] = pack2(to_op<BF>(p[2 * kc][2]), to_op<BF>(p[2 * kc][3]));
-    pa[2] = pack2(to_op<BF>(p[2 * kc + 1][0]), to_op<BF>(p[2 * kc + 1][1]));
-    pa[3] = pack2(to_op<BF>(p[2 * kc + 1][2]), to_op<BF>(p[2 * kc + 1][3]));
+    p_fragment<BF>(p[2 * kc], p[2 * kc + 1], pa);
 #pragma unroll
     for (int n = 0; n < C::ND; n += 2) {
       std::uint32_t b[4];
@@ -336,10 +342,7 @@ __device__ __forceinline__ void compute_pv_direct(const float (&p)[PmmaCfg<KF, V
 #pragma unroll
   for (int kc = 0; kc < C::KC; ++kc) {
     std::uint32_t pa[4];
-    pa[0] = pack2(to_op<BF>(p[2 * kc][0]), to_op<BF>(p[2 * kc][1]));
-    pa[1] = pack2(to_op<BF>(p[2 * kc][2]), to_op<BF>(p[2 * kc][3]));
-    pa[2] = pack2(to_op<BF>(p[2 * kc + 1][0]), to_op<BF>(p[2 * kc + 1][1]));
-    pa[3] = pack2(to_op<BF>(p[2 * kc + 1][2]), to_op<BF>(p[2 * kc + 1][3]));
+    p_fragment<BF>(p[2 * kc], p[2 * kc + 1], pa);
 #pragma unroll
     for (int n = 0; n < C::ND; n += 2) {
       std::uint32_t b[4];
