@@ -18,6 +18,8 @@
 //   online_softmax_update  causal mask (key t visible to row r iff t <= n_past + token(r)), running
 //                  max, P = exp2(S - m), the accumulator rescaled by exp2(m_old - m_new);
 //   compute_pv     O[16 x D] += P V, P reused from the S C-fragments as A fragments (no shuffles);
+//   (DIRECT: both halves f16/bf16: the cells are copied into the operand layout and read in place,
+//   no dequant_tile; PmmaCfg::DIRECT;)
 //   write_out      O / l (x fp8 V scale) -> shared memory -> inverse rotation for a rotated V ->
 //                  coalesced stores of the valid rows.
 // Operand rounding (the kernel's declared arithmetic, reproduced by the gate's reference): the
@@ -307,14 +309,18 @@ __device__ __forceinline__ void p_fragment(const float (&s0)[4], const float (&s
   pa[3] = pack2(to_op<BF>(s1[2]), to_op<BF>(s1[3]));
 }
 
-// B fragments by ldmatrix.x4 from V^T[D][VP]: lane l addresses row 8 (n + l / 16) + l % 8 (dim),
-// keys 16kc + 8 ((l / 8) % 2): matrices 0..3 are b0, b1 of n-tile n and b0, b1 of n + 1.
+// B fragments by ldmatrix.x4, four 8x8 blocks per instruction: b0, b1 of n-tile n and b0, b1 of
+// n + 1. From V^T[D][VP] (the dequant pass's tile): lane l addresses row 8 (n + l / 16) + l % 8
+// (dim), keys 16kc + 8 ((l / 8) % 2). DIRECT, from V as stored [BN][KP] (key rows) by
+// ldmatrix.trans: lane l addresses key 16kc + 8 ((l / 8) % 2) + l % 8, dims 8 (n + l / 16), and
+// lane (g, tig) receives V[keys 16kc + 2tig, +1 (+8)][dim 8n + g]: the same words, the same MMAs.
 template <HF KF, HF VF, int D>
-__device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::NT][4], const std::uint16_t* vt_s,
+__device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::NT][4], const std::uint16_t* v_s,
                                            int lane, float (&acc)[PmmaCfg<KF, VF, D>::ND][4]) {
   using C = PmmaCfg<KF, VF, D>;
   constexpr bool BF = op_bf16<VF>();
-  const std::uint16_t* vl = vt_s + ((lane & 7) + 8 * (lane >> 4)) * C::VP + 8 * ((lane >> 3) & 1);
+  const std::uint16_t* vl = C::DIRECT ? v_s + ((lane & 7) + 8 * ((lane >> 3) & 1)) * C::KP + 8 * (lane >> 4)
+                                      : v_s + ((lane & 7) + 8 * (lane >> 4)) * C::VP + 8 * ((lane >> 3) & 1);
 #pragma unroll
   for (int kc = 0; kc < C::KC; ++kc) {
     std::uint32_t pa[4];
@@ -322,31 +328,8 @@ __device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::
 #pragma unroll
     for (int n = 0; n < C::ND; n += 2) {
       std::uint32_t b[4];
-      ldsm_x4(vl + 8 * n * C::VP + 16 * kc, b);
-      mma16816<BF>(acc[n], pa, b[0], b[1]);
-      mma16816<BF>(acc[n + 1], pa, b[2], b[3]);
-    }
-  }
-}
-
-// ---- compute_pv (DIRECT) -----------------------------------------------------------------------
-// V as stored, [BN][KP] (key rows): ldmatrix.trans of the 8x8 blocks (keys 16kc + 8 ((l / 8) % 2) +
-// l % 8, dims 8 (n + l / 16)) gives lane (g, tig) V[keys 16kc + 2tig, +1 (+8)][dim 8n + g]: b0, b1
-// of n-tiles n and n + 1. The same MMAs and operands as compute_pv over V^T.
-template <HF KF, HF VF, int D>
-__device__ __forceinline__ void compute_pv_direct(const float (&p)[PmmaCfg<KF, VF, D>::NT][4], const std::uint16_t* v_s,
-                                                  int lane, float (&acc)[PmmaCfg<KF, VF, D>::ND][4]) {
-  using C = PmmaCfg<KF, VF, D>;
-  constexpr bool BF = op_bf16<VF>();
-  const std::uint16_t* vl = v_s + ((lane & 7) + 8 * ((lane >> 3) & 1)) * C::KP + 8 * (lane >> 4);
-#pragma unroll
-  for (int kc = 0; kc < C::KC; ++kc) {
-    std::uint32_t pa[4];
-    p_fragment<BF>(p[2 * kc], p[2 * kc + 1], pa);
-#pragma unroll
-    for (int n = 0; n < C::ND; n += 2) {
-      std::uint32_t b[4];
-      ldsm_x4_t(vl + 16 * kc * C::KP + 8 * n, b);
+      if constexpr (C::DIRECT) ldsm_x4_t(vl + 16 * kc * C::KP + 8 * n, b);
+      else ldsm_x4(vl + 8 * n * C::VP + 16 * kc, b);
       mma16816<BF>(acc[n], pa, b[0], b[1]);
       mma16816<BF>(acc[n + 1], pa, b[2], b[3]);
     }
@@ -424,7 +407,7 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
     if constexpr (C::DIRECT) {
       compute_qk<KF, VF, D>(qf, reinterpret_cast<const std::uint16_t*>(stage), lane, s);
       online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
-      compute_pv_direct<KF, VF, D>(s, reinterpret_cast<const std::uint16_t*>(stage + C::BN * C::SK), lane, acc);
+      compute_pv<KF, VF, D>(s, reinterpret_cast<const std::uint16_t*>(stage + C::BN * C::SK), lane, acc);
       __syncthreads();  // every warp is done with stage j & 1 before tile j+2 is copied into it
     } else {
       dequant_tile<KF, VF, D>(a, kvh, t0, t_end, stage, k_s, vt_s, sc_s);
