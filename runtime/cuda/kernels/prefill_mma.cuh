@@ -18,8 +18,8 @@
 //   online_softmax_update  causal mask (key t visible to row r iff t <= n_past + token(r)), running
 //                  max, P = exp2(S - m), the accumulator rescaled by exp2(m_old - m_new);
 //   compute_pv     O[16 x D] += P V, P reused from the S C-fragments as A fragments (no shuffles);
-//   (DIRECT: both halves f16/bf16: the cells are copied into the operand layout and read in place,
-//   no dequant_tile; PmmaCfg::DIRECT;)
+//   DIRECT (PmmaCfg: both halves f16/bf16): no dequant_tile; the cells are copied into the operand
+//                  layout and read in place by compute_qk / compute_pv.
 //   write_out      O / l (x fp8 V scale) -> shared memory -> inverse rotation for a rotated V ->
 //                  coalesced stores of the valid rows.
 // Operand rounding (the kernel's declared arithmetic, reproduced by the gate's reference): the
@@ -403,21 +403,21 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
     cp_async_wait<1>();
     __syncthreads();  // tile j's raw bytes visible to every thread
     const std::uint8_t* stage = raw_s + (j & 1) * C::RAW;
-    float s[C::NT][4];
-    if constexpr (C::DIRECT) {
-      compute_qk<KF, VF, D>(qf, reinterpret_cast<const std::uint16_t*>(stage), lane, s);
-      online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
-      compute_pv<KF, VF, D>(s, reinterpret_cast<const std::uint16_t*>(stage + C::BN * C::SK), lane, acc);
-      __syncthreads();  // every warp is done with stage j & 1 before tile j+2 is copied into it
-    } else {
+    // The operands: the stage itself (DIRECT), else the K / V^T tiles the dequant pass writes.
+    const std::uint16_t* k_op = C::DIRECT ? reinterpret_cast<const std::uint16_t*>(stage) : k_s;
+    const std::uint16_t* v_op = C::DIRECT ? reinterpret_cast<const std::uint16_t*>(stage + C::BN * C::SK) : vt_s;
+    if constexpr (!C::DIRECT) {
       dequant_tile<KF, VF, D>(a, kvh, t0, t_end, stage, k_s, vt_s, sc_s);
       __syncthreads();  // K / V^T tiles complete
-      compute_qk<KF, VF, D>(qf, k_s, lane, s);
-      online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
-      compute_pv<KF, VF, D>(s, vt_s, lane, acc);
-      // The next iteration's first barrier orders these K/V^T reads before its dequant; the raw
-      // stage it overwrites (tile j+2 into stage j & 1) was last read by this iteration's dequant.
     }
+    float s[C::NT][4];
+    compute_qk<KF, VF, D>(qf, k_op, lane, s);
+    online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
+    compute_pv<KF, VF, D>(s, v_op, lane, acc);
+    // Dequant pass: the next iteration's first barrier orders these K/V^T reads before its dequant;
+    // the raw stage it overwrites (tile j+2 into stage j & 1) was last read by this one's dequant.
+    // DIRECT: the stage is the operand, so every warp must be done with it before tile j+2's copy.
+    if constexpr (C::DIRECT) __syncthreads();
   }
 
   // write_out: O / l (x fp8 V scale) -> shared memory, inverse rotation, coalesced stores.
