@@ -50,6 +50,16 @@ inline std::vector<std::uint8_t> file_bytes(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// The bytes of a saved KV file after two checks of what it holds: `tokens` positions in its header
+// and a body that is not all zeros (anti-vacuity: byte comparisons against an empty save prove
+// nothing). The persistence gates' reference files go through it.
+inline std::vector<std::uint8_t> saved_file_bytes(const std::string& path, int tokens) {
+  const KvFile kf = read_kv_file(path);
+  CHECK(kf.header.used_tokens == tokens);
+  CHECK(std::any_of(kf.body.begin(), kf.body.end(), [](std::uint8_t x) { return x != 0; }));  // anti-vacuity
+  return file_bytes(path);
+}
+
 // Two float vectors equal bit for bit (NaN payloads and signed zeros included).
 inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
