@@ -9,7 +9,7 @@
 // BN keys (64; 32 at D = 256):
 //   load_tile      cp.async of the tile's raw K and V cells (page bytes as stored, block table
 //                  lookup per key; keys past the CTA's last visible key zero-filled) into a
-//                  double buffer: tile j+1 is in flight while tile j is computed;
+//                  double buffer;
 //   dequant_tile   raw cells -> K[BN][D+8] and V^T[D][BN+8] in shared memory as the MMA operand
 //                  type (bf16 for a bf16 half, stored bits; f16 otherwise: codes x scale in
 //                  binary32, exact, then one RNE to f16; fp8 codes are exact in f16, the per-tensor
@@ -18,8 +18,11 @@
 //   online_softmax_update  causal mask (key t visible to row r iff t <= n_past + token(r)), running
 //                  max, P = exp2(S - m), the accumulator rescaled by exp2(m_old - m_new);
 //   compute_pv     O[16 x D] += P V, P reused from the S C-fragments as A fragments (no shuffles);
-//   DIRECT (PmmaCfg: both halves f16/bf16): no dequant_tile; the cells are copied into the operand
-//                  layout and read in place by compute_qk / compute_pv.
+//   run_tiles_dequant  the loop with a dequant pass, software-pipelined: tile j computed from one
+//                  operand buffer while tile j+1 is dequantized into the other (half the warps
+//                  dequantize first, half compute first) and tile j+2 is copied;
+//   run_tiles_direct   DIRECT (PmmaCfg: both halves f16/bf16): no dequant_tile; the cells are copied
+//                  into the operand layout and read in place by compute_qk / compute_pv.
 //   write_out      O / l (x fp8 V scale) -> shared memory -> inverse rotation for a rotated V ->
 //                  coalesced stores of the valid rows.
 // Operand rounding (the kernel's declared arithmetic, reproduced by the gate's reference): the
@@ -50,9 +53,14 @@ struct PmmaCfg {
   static constexpr int QP = D + 4;                      // fp32 Q/O staging row stride
   static constexpr int QO_BYTES = kPmmaRows * QP * 4;
   static constexpr int REGION = (2 * RAW > QO_BYTES ? 2 * RAW : QO_BYTES);  // raw stages alias Q/O
-  static constexpr int K_OFF = REGION, V_OFF = K_OFF + (DIRECT ? 0 : BN * KP * 2);
-  static constexpr int SC_OFF = V_OFF + (DIRECT ? 0 : D * VP * 2);  // int8 cell scales of the tile: K [BN], V [BN] (fp32)
-  static constexpr int SMEM = SC_OFF + 2 * BN * 4;
+  // Dequant pass: two operand buffers (tile j computed from one while tile j+1 is dequantized into
+  // the other), each K [BN][KP] then V^T [D][VP]; the int8 cell scales per raw stage (K [BN], V [BN]).
+  static constexpr int KOP = DIRECT ? 0 : BN * KP * 2;  // bytes of one K operand tile
+  static constexpr int OPB = DIRECT ? 0 : KOP + D * VP * 2;
+  static constexpr int K_OFF = REGION;
+  static constexpr int SC_OFF = K_OFF + 2 * OPB;
+  static constexpr int SC_N = 2 * BN;                   // scales per stage (K keys, then V keys)
+  static constexpr int SMEM = SC_OFF + (DIRECT ? 0 : 2 * SC_N * 4);
   static constexpr int NT = BN / 8;                     // n-tiles of S per warp
   static constexpr int KD = D / 16;                     // k-steps of Q K^T
   static constexpr int ND = D / 8;                      // n-tiles of O per warp
@@ -93,7 +101,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const std::uint32_t (&a)
 
 // ---- load_tile: cp.async of the raw cells of keys [t0, t0 + BN) of KV head kvh --------------
 // Cell of (token t, head h) at page + (slot * H + h) * CB for every format with D >= 32 (codes;
-// 32-blocks of the head; int8 codes — the int8 cell scales are read in dequant_tile).
+// 32-blocks of the head; int8 codes — the int8 cell scales are fetched by fetch_tile_scale).
 template <int CB, int CG, int S, int BN>
 __device__ __forceinline__ void load_cells(const std::uint8_t* pool, std::size_t page_stride, const int* table, int B,
                                            int H, int kvh, int t0, int t_end, std::uint8_t* dst) {
@@ -176,27 +184,35 @@ __device__ __forceinline__ float int8_scale(const std::uint8_t* pool, std::size_
   return h2f(__ldg(s + (t % B) * H + kvh));
 }
 
+// int8 halves: the cell scale this thread fetches for the tile of keys [t0, t0 + BN): thread i < BN
+// key t0 + i of K, BN <= i < 2 BN key t0 + i - BN of V (1 otherwise). A plain load (2-byte words: no
+// cp.async), issued with the tile's copies and stored to the stage's scale slots (store_tile_scale)
+// once this thread's work on the current tile is done, so its latency hides behind that work.
 template <HF KF, HF VF, int D>
-__device__ __forceinline__ void dequant_tile(const PrefillLaunch& a, int kvh, int t0, int t_end, const std::uint8_t* raw,
-                                             std::uint16_t* k_s, std::uint16_t* vt_s, float* sc_s) {
+__device__ __forceinline__ float fetch_tile_scale(const PrefillLaunch& a, int kvh, int t0, int t_end) {
   using C = PmmaCfg<KF, VF, D>;
-  // int8 halves: the tile's cell scales once per key into shared memory (2-byte words: no cp.async).
-  // sc_s was last read by the previous tile's dequant, before that iteration's second barrier.
-  if constexpr (KF == HF::int8 || VF == HF::int8) {
-    for (int i = threadIdx.x; i < 2 * C::BN; i += kPmmaThreads) {
-      const int tau = i % C::BN;
-      float x = 1.0f;
-      if (i < C::BN) {
-        if constexpr (KF == HF::int8)
-          x = int8_scale(a.k_pool, a.k_page_stride, a.block_table, a.block_size, a.n_kv_heads, D, kvh, t0 + tau, t_end);
-      } else {
-        if constexpr (VF == HF::int8)
-          x = int8_scale(a.v_pool, a.v_page_stride, a.block_table, a.block_size, a.n_kv_heads, D, kvh, t0 + tau, t_end);
-      }
-      sc_s[i] = x;
-    }
-    __syncthreads();
-  }
+  static_assert(C::SC_N <= kPmmaThreads, "one scale per thread");
+  const int i = threadIdx.x;
+  float x = 1.0f;
+  if constexpr (KF == HF::int8)
+    if (i < C::BN) x = int8_scale(a.k_pool, a.k_page_stride, a.block_table, a.block_size, a.n_kv_heads, D, kvh, t0 + i, t_end);
+  if constexpr (VF == HF::int8)
+    if (i >= C::BN && i < C::SC_N)
+      x = int8_scale(a.v_pool, a.v_page_stride, a.block_table, a.block_size, a.n_kv_heads, D, kvh, t0 + i - C::BN, t_end);
+  return x;
+}
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void store_tile_scale(float x, float* sc_stage) {
+  if constexpr (KF == HF::int8 || VF == HF::int8)
+    if (threadIdx.x < PmmaCfg<KF, VF, D>::SC_N) sc_stage[threadIdx.x] = x;
+}
+
+// The raw stage -> K [BN][KP] and V^T [D][VP] operand tiles; sc_s: the stage's int8 cell scales.
+// No barrier inside: the caller orders it (see run_tiles_dequant).
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void dequant_tile(const std::uint8_t* raw, std::uint16_t* k_s, std::uint16_t* vt_s,
+                                             const float* sc_s) {
+  using C = PmmaCfg<KF, VF, D>;
   // K: one (key, 8-element chunk) per item, written as one 16-byte store into row key of K.
   for (int i = threadIdx.x; i < C::BN * (D / 8); i += kPmmaThreads) {
     const int tau = i / (D / 8), c = i % (D / 8);
@@ -336,6 +352,101 @@ __device__ __forceinline__ void compute_pv(const float (&p)[PmmaCfg<KF, VF, D>::
   }
 }
 
+// ---- the KV loop ----------------------------------------------------------------------------
+// What one warp carries through the loop: Q fragments, its rows' causal limits, the online-softmax
+// state and the O accumulator.
+template <HF KF, HF VF, int D>
+struct TileState {
+  const std::uint32_t (&qf)[PmmaCfg<KF, VF, D>::KD][4];
+  const int (&lim)[2];
+  float c2;
+  int lane, tig;
+  float (&m)[2];
+  float (&l)[2];
+  float (&acc)[PmmaCfg<KF, VF, D>::ND][4];
+};
+
+// One KV tile from its operands (K rows, V as stored or V^T): S = Q K^T, softmax update, O += P V.
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void attend_tile(TileState<KF, VF, D>& st, const std::uint16_t* k_op, const std::uint16_t* v_op,
+                                            int t0) {
+  float s[PmmaCfg<KF, VF, D>::NT][4];
+  compute_qk<KF, VF, D>(st.qf, k_op, st.lane, s);
+  online_softmax_update<KF, VF, D>(s, t0, st.tig, st.lim, st.c2, st.m, st.l, st.acc);
+  compute_pv<KF, VF, D>(s, v_op, st.lane, st.acc);
+}
+
+// DIRECT: tile j+1's copy in flight while tile j is read in place from its stage. Two barriers a
+// tile: after the copy wait (tile j landed, for every thread) and at the end (every warp done
+// reading the stage before tile j+2 is copied into it).
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void run_tiles_direct(const PrefillLaunch& a, int kvh, int t_end, int n_tiles,
+                                                 std::uint8_t* raw_s, TileState<KF, VF, D>& st) {
+  using C = PmmaCfg<KF, VF, D>;
+  load_tile<KF, VF, D>(a, kvh, 0, t_end, raw_s);
+  for (int j = 0; j < n_tiles; ++j) {
+    if (j + 1 < n_tiles) load_tile<KF, VF, D>(a, kvh, (j + 1) * C::BN, t_end, raw_s + ((j + 1) & 1) * C::RAW);
+    else cp_async_commit();  // empty group: "all but the newest group" is tile j below
+    cp_async_wait<1>();
+    __syncthreads();  // tile j's raw bytes visible to every thread
+    const std::uint8_t* stage = raw_s + (j & 1) * C::RAW;
+    attend_tile<KF, VF, D>(st, reinterpret_cast<const std::uint16_t*>(stage),
+                           reinterpret_cast<const std::uint16_t*>(stage + C::BN * C::SK), j * C::BN);
+    __syncthreads();  // every warp done reading the stage before tile j+2 is copied into it
+  }
+}
+
+// Dequant pass, software-pipelined: while tile j is computed from operand buffer j & 1, tile j+1
+// is dequantized from raw stage (j+1) & 1 into buffer (j+1) & 1, and tile j+2 is being copied into
+// raw stage j & 1. One barrier a tile, at the top of iteration j; it orders
+//   - tile j+1's copies (waited just before it) before its dequantization (every thread's reads);
+//   - the dequantization of tile j (iteration j-1) before tile j's MMAs (operand buffer j & 1);
+//   - the MMAs of tile j-1 (buffer (j+1) & 1) before tile j+1's dequantization overwrites it;
+//   - tile j's dequantization (raw stage j & 1, its scales) before tile j+2's copy and scales.
+// Warps 0-3 dequantize first and then compute, warps 4-7 the other way round: warps w and w + 4 are
+// scheduled on the same SM sub-partition (warp id mod 4), so one of each pair issues the pass's
+// integer and shared-memory work while the other keeps the tensor cores busy (one 256-thread CTA
+// fills the SM at D >= 128: no other CTA would overlap the pass).
+template <HF KF, HF VF, int D>
+__device__ __forceinline__ void run_tiles_dequant(const PrefillLaunch& a, int kvh, int t_end, int n_tiles,
+                                                  std::uint8_t* smem, int warp, TileState<KF, VF, D>& st) {
+  using C = PmmaCfg<KF, VF, D>;
+  std::uint8_t* raw_s = smem;
+  float* sc_s = reinterpret_cast<float*>(smem + C::SC_OFF);
+  auto k_buf = [&](int b) { return reinterpret_cast<std::uint16_t*>(smem + C::K_OFF + b * C::OPB); };
+  auto v_buf = [&](int b) { return reinterpret_cast<std::uint16_t*>(smem + C::K_OFF + b * C::OPB + C::KOP); };
+  auto dequant = [&](int t) {
+    dequant_tile<KF, VF, D>(raw_s + (t & 1) * C::RAW, k_buf(t & 1), v_buf(t & 1), sc_s + (t & 1) * C::SC_N);
+  };
+  // prologue: tiles 0 and 1 copied, tile 0 dequantized
+  load_tile<KF, VF, D>(a, kvh, 0, t_end, raw_s);
+  store_tile_scale<KF, VF, D>(fetch_tile_scale<KF, VF, D>(a, kvh, 0, t_end), sc_s);
+  if (n_tiles > 1) {
+    load_tile<KF, VF, D>(a, kvh, C::BN, t_end, raw_s + C::RAW);
+    store_tile_scale<KF, VF, D>(fetch_tile_scale<KF, VF, D>(a, kvh, C::BN, t_end), sc_s + C::SC_N);
+  } else {
+    cp_async_commit();  // empty group: "all but the newest group" is tile 0 below
+  }
+  cp_async_wait<1>();
+  __syncthreads();  // tile 0's bytes and both tiles' scales visible
+  dequant(0);
+  const bool dequant_first = warp < kPmmaWarps / 2;
+  for (int j = 0; j < n_tiles; ++j) {
+    cp_async_wait<0>();  // tile j+1's copies (this thread's)
+    __syncthreads();
+    const bool next = j + 1 < n_tiles, after = j + 2 < n_tiles;
+    float sc = 1.0f;
+    if (after) {
+      load_tile<KF, VF, D>(a, kvh, (j + 2) * C::BN, t_end, raw_s + (j & 1) * C::RAW);
+      sc = fetch_tile_scale<KF, VF, D>(a, kvh, (j + 2) * C::BN, t_end);
+    }
+    if (dequant_first && next) dequant(j + 1);
+    attend_tile<KF, VF, D>(st, k_buf(j & 1), v_buf(j & 1), j * C::BN);
+    if (!dequant_first && next) dequant(j + 1);
+    if (after) store_tile_scale<KF, VF, D>(sc, sc_s + (j & 1) * C::SC_N);
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 template <HF KF, HF VF, int D>
 __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L) {
@@ -343,10 +454,6 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
   const PrefillLaunch& a = L.p;
   extern __shared__ __align__(16) std::uint8_t pm_smem[];
   float* qo_s = reinterpret_cast<float*>(pm_smem);  // [kPmmaRows][QP] fp32, aliased by the raw stages
-  std::uint8_t* raw_s = pm_smem;                     // 2 stages of RAW bytes
-  std::uint16_t* k_s = reinterpret_cast<std::uint16_t*>(pm_smem + C::K_OFF);
-  std::uint16_t* vt_s = reinterpret_cast<std::uint16_t*>(pm_smem + C::V_OFF);
-  float* sc_s = reinterpret_cast<float*>(pm_smem + C::SC_OFF);
 
   const int kvh = blockIdx.y / a.n_hchunks, hc = blockIdx.y % a.n_hchunks;
   const int GC = a.heads_per_cta, QT = a.tokens_per_cta;
@@ -395,30 +502,9 @@ __global__ void __launch_bounds__(kPmmaThreads) prefill_mma_kernel(PmmaLaunch L)
   __syncthreads();  // Q staging done before the raw stages (aliased) are written
 
   const int n_tiles = (t_end + C::BN - 1) / C::BN;  // the last one may be partial
-  load_tile<KF, VF, D>(a, kvh, 0, t_end, raw_s);
-  for (int j = 0; j < n_tiles; ++j) {
-    const int t0 = j * C::BN;
-    if (j + 1 < n_tiles) load_tile<KF, VF, D>(a, kvh, t0 + C::BN, t_end, raw_s + ((j + 1) & 1) * C::RAW);
-    else cp_async_commit();  // empty group: "all but the newest group" is tile j below
-    cp_async_wait<1>();
-    __syncthreads();  // tile j's raw bytes visible to every thread
-    const std::uint8_t* stage = raw_s + (j & 1) * C::RAW;
-    // The operands: the stage itself (DIRECT), else the K / V^T tiles the dequant pass writes.
-    const std::uint16_t* k_op = C::DIRECT ? reinterpret_cast<const std::uint16_t*>(stage) : k_s;
-    const std::uint16_t* v_op = C::DIRECT ? reinterpret_cast<const std::uint16_t*>(stage + C::BN * C::SK) : vt_s;
-    if constexpr (!C::DIRECT) {
-      dequant_tile<KF, VF, D>(a, kvh, t0, t_end, stage, k_s, vt_s, sc_s);
-      __syncthreads();  // K / V^T tiles complete
-    }
-    float s[C::NT][4];
-    compute_qk<KF, VF, D>(qf, k_op, lane, s);
-    online_softmax_update<KF, VF, D>(s, t0, tig, lim, a.softcap2, m, l, acc);
-    compute_pv<KF, VF, D>(s, v_op, lane, acc);
-    // Dequant pass: the next iteration's first barrier orders these K/V^T reads before its dequant;
-    // the raw stage it overwrites (tile j+2 into stage j & 1) was last read by this one's dequant.
-    // DIRECT: the stage is the operand, so every warp must be done with it before tile j+2's copy.
-    if constexpr (C::DIRECT) __syncthreads();
-  }
+  TileState<KF, VF, D> st{qf, lim, a.softcap2, lane, tig, m, l, acc};
+  if constexpr (C::DIRECT) run_tiles_direct<KF, VF, D>(a, kvh, t_end, n_tiles, pm_smem, st);
+  else run_tiles_dequant<KF, VF, D>(a, kvh, t_end, n_tiles, pm_smem, warp, st);
 
   // write_out: O / l (x fp8 V scale) -> shared memory, inverse rotation, coalesced stores.
   cp_async_wait<0>();
