@@ -1,5 +1,10 @@
 // Split-K merge of the decode partials, the V scale (per tensor or per KV head), and the inverse
 // rotation of the output for a Walsh-Hadamard-rotated V (the accumulation ran in the rotated domain).
+// Launched as a programmatic dependent of the decode kernel (Hopper PDL): its CTAs may be scheduled
+// while the decode kernel's last CTAs run, and wait (griddepcontrol.wait) for that grid to complete
+// and its partials to be visible before the first read. KVGATE_CUDA_PDL=0 launches it plainly.
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +34,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
   float* o_w = red + 32;
   const std::size_t base = static_cast<std::size_t>(b) * S * a.n_heads + hq;  // + s * n_heads
   const int tid = threadIdx.x, nthr = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = (nthr + 31) / 32;
+  // The decode kernel's partials: complete and visible after this (a no-op for a plain launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // 1. (m_s, l_s) of every split in one pass of loads; M = max_s m_s (block reduction).
   float M = -INFINITY;
   for (int s = tid; s < S; s += nthr) {
@@ -121,9 +128,22 @@ void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  if (rot_v) decode_combine_kernel<true><<<grid, threads, smem, stream>>>(a);
-  else decode_combine_kernel<false><<<grid, threads, smem, stream>>>(a);
-  KVGATE_CUDA_CHECK(cudaGetLastError());
+  static const bool pdl = [] {
+    const char* e = std::getenv("KVGATE_CUDA_PDL");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  if (rot_v) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<true>, a));
+  else KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<false>, a));
 }
 
 }  // namespace kvgate::cuda::detail

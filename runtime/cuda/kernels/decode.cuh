@@ -36,6 +36,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// Programmatic dependent launch (Hopper): the split-K combine is launched as the decode grid's
+// programmatic dependent (decode_combine.cu), so once every CTA of a decode grid has executed this,
+// the combine's CTAs may be scheduled beside its last ones; they wait (griddepcontrol.wait) for the
+// decode grid's completion and memory before reading its partials. Every decode kernel issues it
+// first thing; without a programmatic dependent it does nothing.
+__device__ __forceinline__ void allow_dependent_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::); }
+
 // ldmatrix of four 8x8 16-bit matrices (rows 16-byte aligned in shared memory; lane l gives the
 // address of row l % 8 of matrix l / 8, and receives row l / 4, columns 2 (l % 4), +1 of each):
 // the tensor-core decode kernels (byte formats) and the tensor-core prefill (every operand).
@@ -498,6 +505,7 @@ __device__ __forceinline__ float stage_int8_scale(const std::uint8_t* scw, const
 
 template <HF KF, HF VF, int D>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(DecodeLaunch a) {
+  allow_dependent_launch();
   using Cfg = FastCfg<KF, VF, D>;
   using KS = Slice<KF, D>;
   using VS = Slice<VF, D>;
@@ -659,6 +667,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
 
 template <HF KF, HF VF>
 __global__ void __launch_bounds__(kDecodeWarps * 32) decode_generic_kernel(DecodeLaunch a) {
+  allow_dependent_launch();
   extern __shared__ __align__(16) std::uint8_t smem[];
   const int D = a.head_dim;
   float* q_s = reinterpret_cast<float*>(smem);

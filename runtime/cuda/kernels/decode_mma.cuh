@@ -845,6 +845,7 @@ __device__ __forceinline__ void mma_write_partials(const DecodeLaunch& a, MmaSta
 
 template <HF KF, HF VF, int D>
 __global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS) decode_mma_kernel(DecodeLaunch a) {
+  allow_dependent_launch();
   using T = MmaTraits<KF, VF, D>;
   using Cfg = typename T::Cfg;
   extern __shared__ __align__(16) std::uint8_t smem[];
