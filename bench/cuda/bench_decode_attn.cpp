@@ -56,13 +56,6 @@ using kvgate::bench::Timer;
 
 }  // namespace
 
-// The combine's launch mode (decode_combine.cu): programmatic dependent of the decode kernel unless
-// KVGATE_CUDA_PDL=0; recorded so an A/B of the two says which file is which.
-static bool pdl_on() {
-  const char* e = std::getenv("KVGATE_CUDA_PDL");
-  return e == nullptr || std::string(e) != "0";
-}
-
 int main(int argc, char** argv) {
   std::string out_path = "bench_decode_attn.json";
   std::vector<int> contexts{4096, 32768, 131072}, batches{1, 16, 64};
@@ -306,7 +299,7 @@ int main(int argc, char** argv) {
   o << "{\n" << kvgate::bench::document_head("kvgate.bench.cuda_decode/1", dev, lim)
     << "  \"shape\": {\"n_heads\": " << Hq << ", \"n_kv_heads\": " << H << ", \"head_dim\": " << D
     << ", \"block_size\": " << B << ", \"sequences_allocated\": " << n_seqs << ", \"timing\": \"CUDA events over CUDA-graph replays, median\"},\n"
-    << "  \"combine_pdl\": " << (pdl_on() ? "true" : "false") << ",\n"
+    << "  \"combine_pdl\": " << (kvgate::cuda::decode_combine_pdl() ? "true" : "false") << ",\n"
     << "  \"decode\": [\n" << results.str() << "\n  ],\n  \"store\": [\n" << stores.str() << "\n  ]\n}\n";
   kvgate::bench::write_file_atomic(out_path, o.str());
   std::printf("wrote %s\n", out_path.c_str());

@@ -9,6 +9,17 @@
 #include <string>
 
 #include "kernels/decode_params.cuh"
+#include "kvgate/cuda/ops.hpp"
+
+namespace kvgate::cuda {
+bool decode_combine_pdl() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVGATE_CUDA_PDL");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+}  // namespace kvgate::cuda
 
 namespace kvgate::cuda::detail {
 
@@ -128,10 +139,6 @@ void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  static const bool pdl = [] {
-    const char* e = std::getenv("KVGATE_CUDA_PDL");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -141,7 +148,7 @@ void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = decode_combine_pdl() ? 1 : 0;
   if (rot_v) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<true>, a));
   else KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<false>, a));
 }

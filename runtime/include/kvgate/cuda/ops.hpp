@@ -117,6 +117,9 @@ DecodePlan decode_attention(const DecodeArgs& a, DecodeWorkspace& ws, cudaStream
 // when capturing).
 DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& plan, DecodeWorkspace& ws,
                             cudaStream_t stream = nullptr);
+// Whether decode_attention launches its split-K combine as the decode kernel's programmatic
+// dependent (Hopper PDL): yes unless the environment sets KVGATE_CUDA_PDL=0 (read once).
+bool decode_combine_pdl();
 
 // ---- prefill attention (runtime/cuda/prefill.cu, kernels/prefill.cuh) ------------------------------
 // Causal attention of a chunk of n_new query tokens of one sequence at positions
