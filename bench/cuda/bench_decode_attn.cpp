@@ -300,7 +300,6 @@ int main(int argc, char** argv) {
     << "  \"shape\": {\"n_heads\": " << Hq << ", \"n_kv_heads\": " << H << ", \"head_dim\": " << D
     << ", \"block_size\": " << B << ", \"sequences_allocated\": " << n_seqs << ", \"timing\": \"CUDA events over CUDA-graph replays, median\"},\n"
     << "  \"combine_pdl\": " << (kvgate::cuda::decode_combine_pdl() ? "true" : "false") << ",\n"
-    << "  \"combine_dim_split\": " << (kvgate::cuda::decode_combine_dim_split() ? "true" : "false") << ",\n"
     << "  \"decode\": [\n" << results.str() << "\n  ],\n  \"store\": [\n" << stores.str() << "\n  ]\n}\n";
   kvgate::bench::write_file_atomic(out_path, o.str());
   std::printf("wrote %s\n", out_path.c_str());

@@ -3,10 +3,6 @@
 // Launched as a programmatic dependent of the decode kernel (Hopper PDL): its CTAs may be scheduled
 // while the decode kernel's last CTAs run, and wait (griddepcontrol.wait) for that grid to complete
 // and its partials to be visible before the first read. KVGATE_CUDA_PDL=0 launches it plainly.
-// Without a rotation the output's dims are spread over CTAs of 32 dims each (a third grid
-// dimension): at batch 1 that is n_heads x D/32 CTAs instead of n_heads. Every dim's sum runs in
-// the same order either way (bitwise the same output); KVGATE_CUDA_COMBINE_DSPLIT=0 keeps one CTA
-// per (head, sequence).
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -23,13 +19,6 @@ bool decode_combine_pdl() {
   }();
   return on;
 }
-bool decode_combine_dim_split() {
-  static const bool on = [] {
-    const char* e = std::getenv("KVGATE_CUDA_COMBINE_DSPLIT");
-    return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
-  return on;
-}
 }  // namespace kvgate::cuda
 
 namespace kvgate::cuda::detail {
@@ -42,24 +31,15 @@ __device__ __forceinline__ float safe_exp2_diff_c(float m, float M) { return m =
 // split count only, never on the batch, so a sequence's output does not depend on its companions.
 inline constexpr int kCombineWarps = 16;      // warps per (query head, sequence): splits spread over them
 inline constexpr int kCombineMaxPerLane = 8;  // dims per lane (head_dim <= 256)
-inline constexpr int kCombineDimsPerCta = 32;  // dims per CTA where the output is not rotated
 inline int combine_warps(int splits) { return splits < kCombineWarps ? (splits < 1 ? 1 : splits) : kCombineWarps; }
-// CTAs per (query head, sequence): the output's dims in chunks of 32, or 1 (a rotated V's inverse
-// transform mixes every dim; the switch off). Depends on the head size only, never on the batch.
-inline int combine_dim_ctas(int head_dim, bool rot_v) {
-  return rot_v || !decode_combine_dim_split() ? 1 : (head_dim + kCombineDimsPerCta - 1) / kCombineDimsPerCta;
-}
 
 template <bool RotV>
 __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(CombineLaunch a) {
-  extern __shared__ float sm[];  // [dn] output, [splits] weights, [splits] l, [32] scratch, [warps][dn] partial sums
+  extern __shared__ float sm[];  // [D] output, [splits] weights, [splits] l, [32] scratch, [warps][D] partial sums
   const int hq = blockIdx.x, b = blockIdx.y, D = a.head_dim, S = a.splits;
-  // This CTA's dims: [d0, d0 + dn) (all of them with one CTA per head and sequence).
-  const int dc = gridDim.z == 1 ? D : kCombineDimsPerCta;
-  const int d0 = static_cast<int>(blockIdx.z) * dc, dn = min(dc, D - d0);
   const float v_mul = head_v_mul(a.v_mul, a.v_heads, hq / a.group);  // the V scale of the head's KV head
   float* o_s = sm;
-  float* w_s = sm + dn;
+  float* w_s = sm + D;
   float* l_s = w_s + S;
   float* red = l_s + S;
   float* o_w = red + 32;
@@ -94,12 +74,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
   __syncthreads();
   L = 0.0f;
   for (int w = 0; w < nw; ++w) L += red[w];
-  // 3. o[d] = sum_s o_s[d] w_s / L. Warp w sums the splits w, w + nw, ... (lane: dims d0 + lane + 32k,
+  // 3. o[d] = sum_s o_s[d] w_s / L. Warp w sums the splits w, w + nw, ... (lane: dims lane + 32k,
   //    so a split's row is one coalesced read per warp), four splits' loads in flight at a time;
   //    the warps' sums then meet in warp order. At batch 1 (hundreds of splits, few CTAs) this is
   //    nw x the loads in flight of one thread per dim walking every split.
   {
-    const float* po = a.part_o + base * D + d0;  // split s: po + s * n_heads * D
+    const float* po = a.part_o + base * D;  // split s: po + s * n_heads * D
     const std::size_t ss = static_cast<std::size_t>(a.n_heads) * D;
     float acc[kCombineMaxPerLane];
 #pragma unroll
@@ -111,7 +91,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
       for (int u = 0; u < 4; ++u)
 #pragma unroll
         for (int k = 0; k < kCombineMaxPerLane; ++k)
-          v[u][k] = lane + 32 * k < dn ? po[static_cast<std::size_t>(s + u * nw) * ss + lane + 32 * k] : 0.0f;
+          v[u][k] = lane + 32 * k < D ? po[static_cast<std::size_t>(s + u * nw) * ss + lane + 32 * k] : 0.0f;
 #pragma unroll
       for (int u = 0; u < 4; ++u)
 #pragma unroll
@@ -120,16 +100,16 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
     for (; s < S; s += nw) {
 #pragma unroll
       for (int k = 0; k < kCombineMaxPerLane; ++k)
-        if (lane + 32 * k < dn) acc[k] += po[static_cast<std::size_t>(s) * ss + lane + 32 * k] * w_s[s];
+        if (lane + 32 * k < D) acc[k] += po[static_cast<std::size_t>(s) * ss + lane + 32 * k] * w_s[s];
     }
 #pragma unroll
     for (int k = 0; k < kCombineMaxPerLane; ++k)
-      if (lane + 32 * k < dn) o_w[warp * dn + lane + 32 * k] = acc[k];
+      if (lane + 32 * k < D) o_w[warp * D + lane + 32 * k] = acc[k];
   }
   __syncthreads();
-  for (int d = tid; d < dn; d += nthr) {
+  for (int d = tid; d < D; d += nthr) {
     float acc = 0.0f;
-    for (int w = 0; w < nw; ++w) acc += o_w[w * dn + d];
+    for (int w = 0; w < nw; ++w) acc += o_w[w * D + d];
     o_s[d] = L > 0.0f || L != L ? acc / L * v_mul : 0.0f;  // a query with no visible key gets 0
   }
   __syncthreads();
@@ -145,17 +125,16 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
       __syncthreads();
     }
   }
-  float* out = a.out + (static_cast<std::size_t>(b) * a.n_heads + hq) * D + d0;
-  for (int d = tid; d < dn; d += nthr) out[d] = RotV ? o_s[d] * a.had_c : o_s[d];
+  float* out = a.out + (static_cast<std::size_t>(b) * a.n_heads + hq) * D;
+  for (int d = tid; d < D; d += nthr) out[d] = RotV ? o_s[d] * a.had_c : o_s[d];
 }
 
 void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
+  const dim3 grid(a.n_heads, a.batch);
   if (a.head_dim > 32 * kCombineMaxPerLane)
     throw std::invalid_argument("kvgate::cuda decode combine: head_dim " + std::to_string(a.head_dim) + " > 256");
-  const int dz = combine_dim_ctas(a.head_dim, rot_v), dc = dz == 1 ? a.head_dim : kCombineDimsPerCta;
-  const dim3 grid(a.n_heads, a.batch, dz);
   const int nw = combine_warps(a.splits), threads = 32 * nw;
-  const std::size_t smem = static_cast<std::size_t>(dc + 2 * a.splits + 32 + nw * dc) * sizeof(float);
+  const std::size_t smem = static_cast<std::size_t>(a.head_dim + 2 * a.splits + 32 + nw * a.head_dim) * sizeof(float);
   if (smem > 48 * 1024) {
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

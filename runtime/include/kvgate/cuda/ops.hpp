@@ -120,9 +120,6 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& plan, DecodeW
 // Whether decode_attention launches its split-K combine as the decode kernel's programmatic
 // dependent (Hopper PDL): yes unless the environment sets KVGATE_CUDA_PDL=0 (read once).
 bool decode_combine_pdl();
-// Whether the combine spreads an unrotated output's dims over CTAs of 32 (n_heads x D/32 CTAs per
-// sequence): yes unless the environment sets KVGATE_CUDA_COMBINE_DSPLIT=0 (read once).
-bool decode_combine_dim_split();
 
 // ---- prefill attention (runtime/cuda/prefill.cu, kernels/prefill.cuh) ------------------------------
 // Causal attention of a chunk of n_new query tokens of one sequence at positions
