@@ -10,7 +10,7 @@
 # The build folder is build-gpu-gates (CMAKE_CUDA_ARCHITECTURES=90a-real: one SASS per kernel TU, for
 # H100/H200). Prints the device, each program's summary and every failed block.
 # With Catch2 3 (--shard-count), gate_cuda runs as SHARDS (default 6) processes side by side on the
-# one GPU (its cases are small: the whole program in ~100 s on an H100 instead of ~5 min); then the
+# one GPU (its cases are small: six shards ran the whole program in ~100 s on an H100); then the
 # opt-in STO.cuda.prefill_mma.racecheck (compute-sanitizer racecheck over the tensor-core prefill)
 # and compute-sanitizer memcheck over a prefill + decode subset. OUT/logs.tgz holds every log (one
 # file to bring back from a machine that returns few).
