@@ -9,6 +9,8 @@
 //                     [--formats f32,f16,...] [--reps N] [--quick] [--splits 0,64,128,...]
 // --splits: split counts to force (DecodeArgs::num_splits; 0 = the planner's, the default), one row
 // each: the split-K sweep that shows what the planner's choice costs at each batch.
+// Every row also times its launch floor: the same graph of R calls with empty kernels of the
+// decode's and the merge's grids (launch_floor_us), what batch 1 pays before any work.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -104,8 +106,8 @@ int main(int argc, char** argv) {
   const kvgate::PageGeometry g{B, H, D};
   std::ostringstream results, stores;
   bool first_result = true, first_store = true;
-  std::printf("%-9s %7s %5s %6s %10s %10s %8s %7s %6s\n", "format", "ctx", "batch", "splits", "time_us", "KV_MB",
-              "GB/s", "%copy", "%read");
+  std::printf("%-9s %7s %5s %6s %10s %10s %8s %7s %6s %8s\n", "format", "ctx", "batch", "splits", "time_us", "KV_MB",
+              "GB/s", "%copy", "%read", "floor_us");
 
   for (const std::string& fname : formats) {
     const auto fmt = kvgate::parse_kv_format(fname);
@@ -273,9 +275,31 @@ int main(int argc, char** argv) {
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
         const double t_ms = median(ms);
+        // The launch floor of the same graph: R x (an empty kernel of the decode's grid, then one of
+        // the merge's), timed alike; what a call costs with no work (batch 1 is launch-bound).
+        double floor_ms = 0;
+        {
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+          for (int w = 0; w < R; ++w) {
+            kc::launch_empty(plan.ctas, 128, st);
+            kc::launch_empty(Hq * batch, 512, st);
+          }
+          CK(cudaStreamEndCapture(st, &graph));
+          CK(cudaGraphInstantiate(&exec, graph, 0));
+          for (int i = 0; i < 2; ++i) CK(cudaGraphLaunch(exec, st));
+          std::vector<double> fl;
+          for (int i = 0; i < 20; ++i) {
+            tm.start(st);
+            CK(cudaGraphLaunch(exec, st));
+            fl.push_back(tm.stop_ms(st) / R);
+          }
+          CK(cudaGraphExecDestroy(exec));
+          CK(cudaGraphDestroy(graph));
+          floor_ms = median(fl);
+        }
         const double GBps = bytes_per_call / (t_ms * 1e-3) / 1e9;
-        std::printf("%-9s %7d %5d %6d %10.2f %10.1f %8.0f %6.1f%% %5.1f%%\n", fname.c_str(), ctx, batch, plan.splits,
-                    t_ms * 1e3, bytes_per_call / 1e6, GBps, 100 * GBps / copy_GBps, 100 * GBps / read_GBps);
+        std::printf("%-9s %7d %5d %6d %10.2f %10.1f %8.0f %6.1f%% %5.1f%% %8.2f\n", fname.c_str(), ctx, batch, plan.splits,
+                    t_ms * 1e3, bytes_per_call / 1e6, GBps, 100 * GBps / copy_GBps, 100 * GBps / read_GBps, floor_ms * 1e3);
         std::fflush(stdout);
         results << (first_result ? "" : ",\n") << "    {\"format\": \"" << fname << "\", \"k\": \""
                 << kvgate::name(fmt->k) << "\", \"v\": \"" << kvgate::name(fmt->v) << "\", \"context\": " << ctx
@@ -284,7 +308,7 @@ int main(int argc, char** argv) {
                 << ", \"frac_of_copy\": " << jnum(GBps / copy_GBps) << ", \"frac_of_read_probe\": " << jnum(GBps / read_GBps)
                 << ", \"path\": \"" << plan.path << "\", \"splits\": " << plan.splits << ", \"ctas\": " << plan.ctas
                 << ", \"resident_ctas\": " << plan.resident_ctas << ", \"forced_splits\": " << forced
-                << ", \"timed_runs\": " << ms.size() << "}";
+                << ", \"timed_runs\": " << ms.size() << ", \"launch_floor_us\": " << jnum(floor_ms * 1e3) << "}";
         first_result = false;
       }
     CK(cudaFree(dtables));

@@ -27,14 +27,33 @@ __device__ __forceinline__ float safe_exp2_diff_c(float m, float M) { return m =
 
 // ---- split merge + output transform --------------------------------------------------------------
 // 16 warps per (query head, sequence) where there are that many splits: at batch 1 (hundreds of
-// splits, n_heads CTAs) the o-pass's loads in flight scale with the warps. The count depends on the
-// split count only, never on the batch, so a sequence's output does not depend on its companions.
-inline constexpr int kCombineWarps = 16;      // warps per (query head, sequence): splits spread over them
-inline constexpr int kCombineMaxPerLane = 8;  // dims per lane (head_dim <= 256)
+// splits, n_heads CTAs) the merge is latency-bound, so its loads are issued in as few dependent
+// rounds as possible. The count depends on the split count only, never on the batch, so a
+// sequence's output does not depend on its companions.
+inline constexpr int kCombineWarps = 16;  // warps per (query head, sequence): splits spread over them
+inline constexpr int kCombineRowRegs = 64;  // floats of partial rows one lane holds in flight
 inline int combine_warps(int splits) { return splits < kCombineWarps ? (splits < 1 ? 1 : splits) : kCombineWarps; }
 
-template <bool RotV>
+// One lane's share of a partial row: VEC consecutive dims per chunk (one 16-byte load for
+// VEC = 4), chunk c at dims 32 * VEC * c + VEC * lane; NCH chunks cover head_dim.
+template <int VEC>
+struct CombineVec;
+template <>
+struct CombineVec<4> {
+  __device__ static __forceinline__ void load(const float* p, float (&v)[4]) {
+    const float4 x = __ldcg(reinterpret_cast<const float4*>(p));  // written by another grid: L2, not L1
+    v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+  }
+};
+template <>
+struct CombineVec<1> {
+  __device__ static __forceinline__ void load(const float* p, float (&v)[1]) { v[0] = __ldcg(p); }
+};
+
+template <bool RotV, int VEC, int NCH>
 __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(CombineLaunch a) {
+  constexpr int PER = VEC * NCH;                    // floats of one row per lane
+  constexpr int U = kCombineRowRegs / PER < 1 ? 1 : kCombineRowRegs / PER;  // rows per lane per round
   extern __shared__ float sm[];  // [D] output, [splits] weights, [splits] l, [32] scratch, [warps][D] partial sums
   const int hq = blockIdx.x, b = blockIdx.y, D = a.head_dim, S = a.splits;
   const float v_mul = head_v_mul(a.v_mul, a.v_heads, hq / a.group);  // the V scale of the head's KV head
@@ -45,14 +64,38 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
   float* o_w = red + 32;
   const std::size_t base = static_cast<std::size_t>(b) * S * a.n_heads + hq;  // + s * n_heads
   const int tid = threadIdx.x, nthr = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = (nthr + 31) / 32;
+  const float* po = a.part_o + base * D;  // split s: po + s * n_heads * D
+  const std::size_t ss = static_cast<std::size_t>(a.n_heads) * D;
+  // Warp w merges the splits w, w + nw, w + 2 nw, ... in that order, U rows a round.
+  auto load_round = [&](int s0, float (&v)[U][PER]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * nw;
+#pragma unroll
+      for (int c = 0; c < NCH; ++c) {
+        const int d = 32 * VEC * c + VEC * lane;
+        float x[VEC];
+        if (s < S && d < D) CombineVec<VEC>::load(po + static_cast<std::size_t>(s) * ss + d, x);
+        else
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) x[e] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[u][c * VEC + e] = x[e];
+      }
+    }
+  };
   // The decode kernel's partials: complete and visible after this (a no-op for a plain launch).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // 1. (m_s, l_s) of every split in one pass of loads; M = max_s m_s (block reduction).
+  // 1. The first round of partial rows goes out before the (m, l) loads, so both are in flight
+  //    together: at batch 1 (hundreds of splits, n_heads CTAs) one round covers nw * U splits.
+  float v[U][PER];
+  load_round(warp, v);
+  // 2. (m_s, l_s) of every split in one pass of loads; M = max_s m_s (block reduction).
   float M = -INFINITY;
   for (int s = tid; s < S; s += nthr) {
     const std::size_t i = (base + static_cast<std::size_t>(s) * a.n_heads) * 2;
-    const float m = a.part_ml[i];
-    l_s[s] = a.part_ml[i + 1];
+    const float m = __ldcg(a.part_ml + i);
+    l_s[s] = __ldcg(a.part_ml + i + 1);
     w_s[s] = m;
     M = fmaxf(M, m);
   }
@@ -62,7 +105,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
   M = -INFINITY;
   for (int w = 0; w < nw; ++w) M = fmaxf(M, red[w]);
   __syncthreads();
-  // 2. weights w_s = 2^(m_s - M) and L = sum_s l_s w_s (from shared memory: no second pass of loads).
+  // 3. weights w_s = 2^(m_s - M) and L = sum_s l_s w_s (from shared memory: no second pass of loads).
   float L = 0.0f;
   for (int s = tid; s < S; s += nthr) {
     const float w = safe_exp2_diff_c(w_s[s], M);
@@ -74,37 +117,31 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
   __syncthreads();
   L = 0.0f;
   for (int w = 0; w < nw; ++w) L += red[w];
-  // 3. o[d] = sum_s o_s[d] w_s / L. Warp w sums the splits w, w + nw, ... (lane: dims lane + 32k,
-  //    so a split's row is one coalesced read per warp), four splits' loads in flight at a time;
-  //    the warps' sums then meet in warp order. At batch 1 (hundreds of splits, few CTAs) this is
-  //    nw x the loads in flight of one thread per dim walking every split.
+  // 4. o[d] = sum_s o_s[d] w_s / L: each warp's rows in split order, the rounds after the first
+  //    loaded a round at a time; the warps' sums then meet in warp order.
   {
-    const float* po = a.part_o + base * D;  // split s: po + s * n_heads * D
-    const std::size_t ss = static_cast<std::size_t>(a.n_heads) * D;
-    float acc[kCombineMaxPerLane];
+    float acc[PER];
 #pragma unroll
-    for (int k = 0; k < kCombineMaxPerLane; ++k) acc[k] = 0.0f;
-    int s = warp;
-    for (; s + 3 * nw < S; s += 4 * nw) {
-      float v[4][kCombineMaxPerLane];
+    for (int k = 0; k < PER; ++k) acc[k] = 0.0f;
+    for (int s0 = warp;;) {
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
+      for (int u = 0; u < U; ++u) {
+        const int s = s0 + u * nw;
+        const float w = s < S ? w_s[s] : 0.0f;
 #pragma unroll
-        for (int k = 0; k < kCombineMaxPerLane; ++k)
-          v[u][k] = lane + 32 * k < D ? po[static_cast<std::size_t>(s + u * nw) * ss + lane + 32 * k] : 0.0f;
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-#pragma unroll
-        for (int k = 0; k < kCombineMaxPerLane; ++k) acc[k] += v[u][k] * w_s[s + u * nw];
-    }
-    for (; s < S; s += nw) {
-#pragma unroll
-      for (int k = 0; k < kCombineMaxPerLane; ++k)
-        if (lane + 32 * k < D) acc[k] += po[static_cast<std::size_t>(s) * ss + lane + 32 * k] * w_s[s];
+        for (int k = 0; k < PER; ++k) acc[k] += v[u][k] * w;
+      }
+      s0 += U * nw;
+      if (s0 >= S) break;
+      load_round(s0, v);
     }
 #pragma unroll
-    for (int k = 0; k < kCombineMaxPerLane; ++k)
-      if (lane + 32 * k < D) o_w[warp * D + lane + 32 * k] = acc[k];
+    for (int c = 0; c < NCH; ++c)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int d = 32 * VEC * c + VEC * lane + e;
+        if (d < D) o_w[warp * D + d] = acc[c * VEC + e];
+      }
   }
   __syncthreads();
   for (int d = tid; d < D; d += nthr) {
@@ -129,15 +166,34 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
   for (int d = tid; d < D; d += nthr) out[d] = RotV ? o_s[d] * a.had_c : o_s[d];
 }
 
+// The instantiation for a head_dim: 16-byte row loads where rows stay 16-byte aligned (D % 4 == 0),
+// one or two chunks of 128 dims; 4-byte loads, up to 8 chunks of 32, otherwise.
+template <bool RotV>
+void launch_combine_kernel(const cudaLaunchConfig_t& cfg, const CombineLaunch& a) {
+  const int D = a.head_dim;
+  if (D % 4 == 0 && D <= 128) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 4, 1>, a));
+  else if (D % 4 == 0) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 4, 2>, a));
+  else if (D <= 128) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 1, 4>, a));
+  else KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 1, 8>, a));
+}
+
+template <bool RotV>
+void set_combine_smem(int bytes) {
+  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
 void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
   const dim3 grid(a.n_heads, a.batch);
-  if (a.head_dim > 32 * kCombineMaxPerLane)
+  if (a.head_dim > 256)
     throw std::invalid_argument("kvgate::cuda decode combine: head_dim " + std::to_string(a.head_dim) + " > 256");
   const int nw = combine_warps(a.splits), threads = 32 * nw;
   const std::size_t smem = static_cast<std::size_t>(a.head_dim + 2 * a.splits + 32 + nw * a.head_dim) * sizeof(float);
   if (smem > 48 * 1024) {
-    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    set_combine_smem<true>(static_cast<int>(smem));
+    set_combine_smem<false>(static_cast<int>(smem));
   }
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -149,8 +205,8 @@ void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = decode_combine_pdl() ? 1 : 0;
-  if (rot_v) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<true>, a));
-  else KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<false>, a));
+  if (rot_v) launch_combine_kernel<true>(cfg, a);
+  else launch_combine_kernel<false>(cfg, a);
 }
 
 }  // namespace kvgate::cuda::detail

@@ -59,4 +59,13 @@ void read_probe(const void* d_x, std::size_t bytes, unsigned* d_sink, int num_sm
   KVGATE_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+__global__ void empty_kernel() {}
+}  // namespace
+
+void launch_empty(int ctas, int threads, cudaStream_t stream) {
+  empty_kernel<<<ctas, threads, 0, stream>>>();
+  KVGATE_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace kvgate::cuda
