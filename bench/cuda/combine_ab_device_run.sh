@@ -13,7 +13,7 @@
 # base/decode_combine.cu. OUT gets r.tgz: the build log, the gate shards' logs, the mutants' logs,
 # b1_{head,base}_{1,2}.json and the printed output. The base binary is this build with the one file
 # swapped and relinked (the libraries are static), so the two differ only in the merge.
-# STEPS (default "gates mutants ab"; "bars" adds the memory-wall bars: PyTorch peer, every preset at
+# STEPS (default "gates mutants ab"; "sanitize": memcheck + racecheck over decode gates; "bars" adds the memory-wall bars: PyTorch peer, every preset at
 # 4K/32K/128K x 1/16/64, assess_bars.py) picks the steps after the build and ROUNDS (default 2) the A/B
 # rounds, for a call that shares its ten minutes with other work; the build is reused when it exists.
 # EXTRA_TARGETS: more ninja targets for the same build (bench_e2e_decode, bench_prefill_attn).
@@ -71,6 +71,14 @@ EOF
   ninja -C $B -j16 gate_cuda > "$R/mut_$id.restore.log" 2>&1 || echo "$id: rebuild after restore failed"
   echo "$id: $([ $killed = 1 ] && echo KILLED || echo SURVIVED) $(el)"
 }
+if has sanitize; then  # compute-sanitizer over the decode gates that run the merge's rounds
+  echo "== memcheck + racecheck over decode gates $(el)"
+  (cd $B && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "../$G" \
+    "ORA.cuda.decode.int8*,ORA.cuda.decode.k8v4*,ORA.cuda.decode.f32*,ORA.cuda.decode.q4_0*,INV.cuda.schedule.int8*" \
+    > "$R/memcheck_decode.txt" 2>&1; echo "memcheck rc=$?: $(grep -E "ERROR SUMMARY" "$R/memcheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/memcheck_decode.txt" | tail -1)")
+  (cd $B && timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "../$G" "ORA.cuda.decode.int8*" \
+    > "$R/racecheck_decode.txt" 2>&1; echo "racecheck rc=$?: $(grep -E "RACECHECK SUMMARY" "$R/racecheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/racecheck_decode.txt" | tail -1)")
+fi
 if has mutants; then
 echo "== combine mutants $(el)"
 mutant CUDA.combine.tail_split_dropped

@@ -233,11 +233,12 @@ std::vector<DecodeCase> decode_cases(std::uint64_t seed0) {
   // The split merge loads nw x U partial rows a round (decode_combine.cu: 256 splits at D <= 128,
   // 128 at D = 256): split counts past one round (282 and 132 after the planner's rounding of
   // tokens per split to 16), and a head_dim that is not a multiple of 4 (4-byte row loads). At
-  // D = 256 and 2100 keys the rotated formats' output RMS fell just under 10 bounds (k8v4: bound /
-  // rms 0.106 on the H200): the query scale x 1.25 makes one or two keys dominate (effective count
-  // n (n/2)^-(1.25^2) < 1), as the formula intends for every case.
+  // D = 256 and 2100 keys the output RMS of k8v4 and of fp8 with per-head scales fell just under 10
+  // bounds (bound / rms 0.106 and 0.101 on the H200): the query scale x 1.15 makes one key dominate
+  // (effective count n (n/2)^-(1.15^2) < 1: the output RMS up to sqrt(2) x that of two keys) while
+  // the bound grows 1.15x with the scores' L1.
   out.push_back({16, 8, 128, 4, {4500, 700}, 300, seed0 + 106});
-  out.push_back({16, 4, 256, 2, {2100}, 140, seed0 + 107, 1.25});
+  out.push_back({16, 4, 256, 2, {2100}, 140, seed0 + 107, 1.15});
   out.push_back({4, 2, 6, 2, {301}, 5, seed0 + 108});
   return out;
 }
