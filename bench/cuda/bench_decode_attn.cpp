@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
         CK(cudaGraphDestroy(graph));
         const double t_ms = median(ms);
         // The launch floor of the same graph: R x (an empty kernel of the decode's grid, then one of
-        // the merge's), timed alike; what a call costs with no work (batch 1 is launch-bound).
+        // the merge's), timed alike: what a call costs with no work, beside what it costs with it.
         double floor_ms = 0;
         {
           CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));

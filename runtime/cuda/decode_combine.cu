@@ -168,21 +168,11 @@ __global__ void __launch_bounds__(kCombineWarps * 32) decode_combine_kernel(Comb
 
 // The instantiation for a head_dim: 16-byte row loads where rows stay 16-byte aligned (D % 4 == 0),
 // one or two chunks of 128 dims; 4-byte loads, up to 8 chunks of 32, otherwise.
+using CombineKernel = void (*)(CombineLaunch);
 template <bool RotV>
-void launch_combine_kernel(const cudaLaunchConfig_t& cfg, const CombineLaunch& a) {
-  const int D = a.head_dim;
-  if (D % 4 == 0 && D <= 128) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 4, 1>, a));
-  else if (D % 4 == 0) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 4, 2>, a));
-  else if (D <= 128) KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 1, 4>, a));
-  else KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_combine_kernel<RotV, 1, 8>, a));
-}
-
-template <bool RotV>
-void set_combine_smem(int bytes) {
-  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 4, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 4, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 1, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  KVGATE_CUDA_CHECK(cudaFuncSetAttribute(decode_combine_kernel<RotV, 1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+CombineKernel combine_kernel_for(int D) {
+  if (D % 4 == 0) return D <= 128 ? decode_combine_kernel<RotV, 4, 1> : decode_combine_kernel<RotV, 4, 2>;
+  return D <= 128 ? decode_combine_kernel<RotV, 1, 4> : decode_combine_kernel<RotV, 1, 8>;
 }
 
 void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
@@ -191,10 +181,9 @@ void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
     throw std::invalid_argument("kvgate::cuda decode combine: head_dim " + std::to_string(a.head_dim) + " > 256");
   const int nw = combine_warps(a.splits), threads = 32 * nw;
   const std::size_t smem = static_cast<std::size_t>(a.head_dim + 2 * a.splits + 32 + nw * a.head_dim) * sizeof(float);
-  if (smem > 48 * 1024) {
-    set_combine_smem<true>(static_cast<int>(smem));
-    set_combine_smem<false>(static_cast<int>(smem));
-  }
+  const CombineKernel kernel = rot_v ? combine_kernel_for<true>(a.head_dim) : combine_kernel_for<false>(a.head_dim);
+  if (smem > 48 * 1024)
+    KVGATE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -205,8 +194,7 @@ void launch_combine(const CombineLaunch& a, bool rot_v, cudaStream_t stream) {
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = decode_combine_pdl() ? 1 : 0;
-  if (rot_v) launch_combine_kernel<true>(cfg, a);
-  else launch_combine_kernel<false>(cfg, a);
+  KVGATE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a));
 }
 
 }  // namespace kvgate::cuda::detail
