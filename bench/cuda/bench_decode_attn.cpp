@@ -324,6 +324,7 @@ int main(int argc, char** argv) {
     << "  \"shape\": {\"n_heads\": " << Hq << ", \"n_kv_heads\": " << H << ", \"head_dim\": " << D
     << ", \"block_size\": " << B << ", \"sequences_allocated\": " << n_seqs << ", \"timing\": \"CUDA events over CUDA-graph replays, median\"},\n"
     << "  \"combine_pdl\": " << (kvgate::cuda::decode_combine_pdl() ? "true" : "false") << ",\n"
+    << "  \"page_tiles\": " << (kvgate::cuda::decode_page_tiles() ? "true" : "false") << ",\n"
     << "  \"decode\": [\n" << results.str() << "\n  ],\n  \"store\": [\n" << stores.str() << "\n  ]\n}\n";
   kvgate::bench::write_file_atomic(out_path, o.str());
   std::printf("wrote %s\n", out_path.c_str());

@@ -240,6 +240,9 @@ std::vector<DecodeCase> decode_cases(std::uint64_t seed0) {
   out.push_back({16, 8, 128, 4, {4500, 700}, 300, seed0 + 106});
   out.push_back({16, 4, 256, 2, {2100}, 140, seed0 + 107, 1.15});
   out.push_back({4, 2, 6, 2, {301}, 5, seed0 + 108});
+  // Pages of 64 tokens: the tensor-core kernel's page tiles (decode.cuh WarpKvPipe) start a split's
+  // 16-token steps inside a page (slot 16, 32 or 48), which 16-token pages never do.
+  out.push_back({64, 8, 128, 4, {1500, 333}, 0, seed0 + 109});
   return out;
 }
 

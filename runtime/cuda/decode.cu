@@ -2,6 +2,8 @@
 // dispatch switch from runtime (K half, V half, head_dim) to the kernel templates.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/decode_params.cuh"
 #include "kvgate/cuda/device.hpp"
@@ -10,6 +12,14 @@
 namespace kvgate::cuda {
 
 using detail::HF;
+
+bool decode_page_tiles() {
+  static const bool on = [] {
+    const char* e = std::getenv("KVGATE_CUDA_PAGE_TILES");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
 
 namespace {
 
@@ -199,6 +209,7 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& p, DecodeWork
   L.splits = p.splits;
   L.tokens_per_split = p.tokens_per_split;
   L.window = a.window;
+  L.page_tiles = decode_page_tiles();
   if (a.window < 0) throw std::invalid_argument("kvgate::cuda::decode_attention: window must be >= 0");
   L.softcap2 = detail::softcap_base2(a.softcap, "decode_attention");
   L.bytes_read = a.bytes_read;

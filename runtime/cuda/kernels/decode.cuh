@@ -341,9 +341,25 @@ __device__ __forceinline__ void count_read(const DecodeLaunch& a, unsigned cells
 // (stride SV), the int8 scale words (8 B per token: the aligned 4-byte word holding the cell's K
 // scale, then V's) and one parity byte per token saying which 16-bit half of that word is the
 // cell's. LPT lanes copy one token; the page lookup of a step is prefetched one step ahead.
+// Two ways to find a step's cells (PAGED, a template argument so that each way gets its own
+// registers; the tensor-core kernel picks one per CTA by page_tiles_apply and DecodeLaunch::
+// page_tiles, which KVGATE_CUDA_PAGE_TILES=0 turns off; the CUDA-core kernel takes token lookups):
+//   page tiles (PAGED): the block size is a power of two >= TOK and the range starts on a multiple
+//     of TOK, so a step's TOK tokens lie in one page: one table entry per step (the same address in
+//     every lane, one broadcast load), and a chunk's source is the page's base plus an offset that
+//     depends on the lane alone; no shuffles. Every preset's 16-token pages with the planner's
+//     splits (multiples of 16 tokens) take this way on the tensor-core kernel.
+//   token lookups: any other block size (1, 3, 7, 8) or range start: each token's page looked up
+//     by its copy lanes and moved to the chunk's lane by shuffles.
 // Cfg provides TOK, STAGES, LPT, SK, SV, CBK, CBV, CGK, CGV, STAGE_AL.
-template <HF KF, HF VF, int D, class Cfg>
+template <HF KF, HF VF, int D, class Cfg, bool PAGED = false>
 struct WarpKvPipe {
+  static constexpr bool page_tiles = PAGED;
+  // Whether a warp's range [t_begin, ...) may take page tiles (uniform across the CTA).
+  __device__ static bool page_tiles_apply(const DecodeLaunch& a, int t_begin) {
+    const int B = a.block_size;
+    return (B & (B - 1)) == 0 && B >= Cfg::TOK && t_begin % Cfg::TOK == 0;
+  }
   const DecodeLaunch& a;
   const int* table;
   std::uint8_t* wpipe;  // this warp's STAGES * STAGE_AL bytes
@@ -361,8 +377,21 @@ struct WarpKvPipe {
     const int B = a.block_size;
     bshift = (B & (B - 1)) == 0 ? __ffs(B) - 1 : -1;
   }
-  // Page and slot of this lane's copy token of step st (page -1: past the range, zero-filled).
+  // Page and slot of this lane's copy token of step st (page -1: past the range, zero-filled); with
+  // page tiles, the step's page and the slot of its first token, the same in every lane (page -1:
+  // past the last step). The page-tile load does not wait for the sequence length: its index is
+  // clamped into the table row ([0, table_stride), none for an empty row) and the entry read
+  // whatever n_steps turns out to be, so at a CTA's start the table load and the length load are
+  // in flight together (an entry past the sequence is read, never used).
   __device__ __forceinline__ void lookup(int st, int& page, int& slot) const {
+    if constexpr (page_tiles) {
+      const int tk0 = t_begin + st * Cfg::TOK;
+      const int idx = min(tk0 >> bshift, a.table_stride - 1);
+      const int entry = idx >= 0 ? __ldg(table + idx) : -1;
+      page = st < n_steps ? entry : -1;
+      slot = tk0 & (a.block_size - 1);
+      return;
+    }
     const int tk = t_begin + st * Cfg::TOK + ctau;
     if (st < n_steps && tk < t_end) {
       // A power-of-two block size (every preset's 16) shifts and masks instead of the ~20
@@ -401,13 +430,46 @@ struct WarpKvPipe {
       if (TOTAL % 32 == 0 || idx < TOTAL) cp_async<CG>(dst + tau * S + c * CG, src, valid);
     }
   }
+  // copy_half with page tiles: the same chunks per lane, read from the step's one page (page -1:
+  // nothing), the step's first n_valid tokens (the rest zero-filled). Tokens are n_kv_heads cells
+  // apart; the warp's cell of token slot0 + tau is at ((slot0 + tau) * n_kv_heads + kvh) * CB.
+  template <int CB, int CG, int S>
+  __device__ __forceinline__ void copy_half_page(std::uint8_t* dst, const std::uint8_t* pool, std::size_t page_stride,
+                                                 int page, int slot0, int n_valid) const {
+    constexpr int NCH = CB / CG, TOTAL = Cfg::TOK * NCH;
+    const int lane = ctau * Cfg::LPT + csub;
+    const int token_bytes = a.n_kv_heads * CB;
+    const std::uint8_t* base =
+        pool + (page >= 0 ? static_cast<std::size_t>(page) * page_stride + static_cast<std::size_t>(slot0 * a.n_kv_heads + kvh) * CB
+                          : 0);
+#pragma unroll
+    for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
+      const int idx = lane + 32 * i;
+      const int tau = min(idx / NCH, Cfg::TOK - 1), c = idx - (idx / NCH) * NCH;
+      if (TOTAL % 32 == 0 || idx < TOTAL) cp_async<CG>(dst + tau * S + c * CG, base + tau * token_bytes + c * CG, tau < n_valid);
+    }
+  }
+  // Tokens of step st (page from lookup) that are in the range: the step's first n; with token
+  // lookups every looked-up token is (page -1 past it).
+  __device__ __forceinline__ int step_tokens(int st, int page) const {
+    return page < 0 ? 0 : min(Cfg::TOK, t_end - (t_begin + st * Cfg::TOK));
+  }
   __device__ __forceinline__ void issue(int st, int page, int slot) const {
     const int H = a.n_kv_heads, B = a.block_size;
     std::uint8_t* sb = wpipe + (st % Cfg::STAGES) * Cfg::STAGE_AL;
-    const bool valid = page >= 0;
+    // This lane's copy token ctau: its slot and whether it is in the range (its scales copied).
+    bool valid = page >= 0;
+    if constexpr (page_tiles) {
+      const int n_valid = step_tokens(st, page);
+      copy_half_page<Cfg::CBK, Cfg::CGK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, slot, n_valid);
+      copy_half_page<Cfg::CBV, Cfg::CGV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, slot, n_valid);
+      slot += ctau;
+      valid = ctau < n_valid;
+    } else {
+      copy_half<Cfg::CBK, Cfg::CGK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, slot);
+      copy_half<Cfg::CBV, Cfg::CGV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, slot);
+    }
     const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
-    copy_half<Cfg::CBK, Cfg::CGK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, slot);
-    copy_half<Cfg::CBV, Cfg::CGV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, slot);
     if (csub == 0) {
       std::uint8_t* scw = sb + Cfg::TOK * (Cfg::SK + Cfg::SV);
       std::uint8_t* par = scw + Cfg::TOK * 8;
@@ -420,14 +482,14 @@ struct WarpKvPipe {
         const std::uint8_t* src = a.v_pool + (valid ? static_cast<std::size_t>(page) * a.v_page_stride + codes + ((cell * 2) & ~std::size_t{3}) : 0);
         cp_async<4>(scw + ctau * 8 + 4, src, valid);
       }
-      if constexpr (mma_only_half(KF)) copy_cell_scales<KF, Cfg::CBK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, cell);
+      if constexpr (mma_only_half(KF)) copy_cell_scales<KF, Cfg::CBK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, cell, valid);
       if constexpr (mma_only_half(VF))
-        copy_cell_scales<VF, Cfg::CBV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, cell);
+        copy_cell_scales<VF, Cfg::CBV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, cell, valid);
       par[ctau] = static_cast<std::uint8_t>(cell & 1);
     }
   }
-  // The scales of this lane's token (the caller: its copy lane csub 0) for a half that keeps them in
-  // a run after its codes (the 2026 halves, docs/FORMATS.md "Geometry": B x H cells of CB code bytes,
+  // The scales of this lane's token (the caller: its copy lane csub 0; valid: the token is in the
+  // range, else zero-filled) for a half that keeps them in a run after its codes (the 2026 halves, docs/FORMATS.md "Geometry": B x H cells of CB code bytes,
   // then cell_scale_bytes per cell in cell order), staged after the cell's codes in its stage row
   // (half_stage + token * S + CB, 16-byte aligned). The run starts at B*H*CB, a multiple of 32 at
   // D >= 64, in a 256-byte aligned page, so 4, 8 or 16 scale bytes are naturally aligned for one
@@ -436,10 +498,9 @@ struct WarpKvPipe {
   // stride covers the word's other half past the run's end.
   template <HF F, int CB, int S>
   __device__ __forceinline__ void copy_cell_scales(std::uint8_t* half_stage, const std::uint8_t* pool,
-                                                   std::size_t page_stride, int page, std::size_t cell) const {
+                                                   std::size_t page_stride, int page, std::size_t cell, bool valid) const {
     constexpr int SB = cell_scale_bytes(F, D), CP = SB < 4 ? 4 : SB;
     static_assert(CP == 4 || CP == 8 || CP == 16, "cp.async copies 4, 8 or 16 bytes");
-    const bool valid = page >= 0;
     const std::size_t run = static_cast<std::size_t>(a.block_size) * a.n_kv_heads * CB;
     const std::uint8_t* src =
         pool + (valid ? static_cast<std::size_t>(page) * page_stride + run + ((cell * SB) & ~static_cast<std::size_t>(CP - 1)) : 0);
@@ -470,10 +531,10 @@ struct WarpKvPipe {
   __device__ __forceinline__ void drain() const { cp_async_wait<0>(); }
   // Bytes-moved accounting after the loop, every lane of the warp (off: one uniform branch; the loop
   // carries nothing for it). `steps` is the number of steps the caller's loop acquired: prologue()
-  // and acquire() issued the copies of steps 0 .. steps + STAGES - 2, each token's through lookup(),
-  // the one test that decides what is copied (a page >= 0: its K and V cells; else zero-filled,
-  // nothing read). Those lookups are replayed here, the tokens that hit a page counted once (by
-  // their first copy lane) and added by lane 0. A loop that runs more steps, a range that reaches
+  // and acquire() issued the copies of steps 0 .. steps + STAGES - 2, each token's through lookup()
+  // (and, with page tiles, step_tokens), the one test that decides what is copied (a token in the
+  // range: its K and V cells; else zero-filled, nothing read). Those lookups are replayed here, the
+  // tokens in the range counted once (by their first copy lane) and added by lane 0. A loop that runs more steps, a range that reaches
   // past the split or the sequence, a lookup that admits more tokens: each raises the count.
   __device__ __forceinline__ void count_read(int steps) const {
     if (a.bytes_read == nullptr) return;
@@ -481,7 +542,8 @@ struct WarpKvPipe {
     for (int st = 0; st < steps + Cfg::STAGES - 1; ++st) {
       int pg, sl;
       lookup(st, pg, sl);
-      tokens += __popc(__ballot_sync(0xffffffffu, csub == 0 && pg >= 0));
+      const bool in_range = page_tiles ? ctau < step_tokens(st, pg) : pg >= 0;
+      tokens += __popc(__ballot_sync(0xffffffffu, csub == 0 && in_range));
     }
     if (ctau == 0 && csub == 0) detail::count_read(a, tokens);
   }

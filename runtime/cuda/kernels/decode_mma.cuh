@@ -88,6 +88,20 @@ __device__ __forceinline__ std::uint32_t lds32(const std::uint8_t* p) { return *
 inline constexpr std::uint32_t kMagic = 0x64646464u;  // f16 0x64xx = 1024 + xx
 inline constexpr std::uint32_t kI8Off = 0x64806480u;  // 1152 = 1024 + 128 (int8 biased by 128)
 inline constexpr std::uint32_t kQ4Off = 0x64086408u;  // 1032 = 1024 + 8   (q4 code - 8)
+// A q4 code left in its byte's high nibble: f16 0x64c0 = 1024 + 16 c; times 1/16 (0x2C00) plus -72
+// (0xD480) is c - 8, exact (64 + c and c - 8 are f16 integers; one fma rounds once), so the
+// high nibble needs no shift: one LOP3 and one HFMA2 per pair, like the low nibble's LOP3 + HSUB2.
+inline constexpr std::uint32_t kQ4HiMul = 0x2C002C00u;  // 1/16
+inline constexpr std::uint32_t kQ4HiOff = 0xD480D480u;  // -72 = -(1024 / 16 + 8)
+__device__ __forceinline__ std::uint32_t q4_lo_h2(std::uint32_t x) {  // low nibbles of bytes 0, 2 -> code - 8
+  return hsub2u((x & 0x000F000Fu) | 0x64006400u, kQ4Off);
+}
+__device__ __forceinline__ std::uint32_t q4_hi_h2(std::uint32_t x) {  // high nibbles of bytes 0, 2 -> code - 8
+  const std::uint32_t h = (x & 0x00F000F0u) | 0x64006400u, mul = kQ4HiMul, off = kQ4HiOff;
+  __half2 r = __hfma2(*reinterpret_cast<const __half2*>(&h), *reinterpret_cast<const __half2*>(&mul),
+                      *reinterpret_cast<const __half2*>(&off));
+  return *reinterpret_cast<std::uint32_t*>(&r);
+}
 
 // E2M1 -> f16, exactly: every E2M1 value (0, 0.5, 1, 1.5, 2, 3, 4, 6) is an f16 whose low byte is
 // 0, so a byte permute of this table by the 3 magnitude bits gives the f16's high byte; a second
@@ -183,11 +197,9 @@ __device__ __forceinline__ void k_frag32(const std::uint8_t* r0, const std::uint
       const std::uint8_t* r = row == 0 ? r0 : r1;
 #pragma unroll
       for (int pr = 0; pr < 2; ++pr) {  // pr 0: dims 4t,4t+1 (+16); pr 1: dims 4t+2,4t+3 (+16)
-        const std::uint32_t y = prmt(lds16(r + off + 2 * pr), kMagic, 0x4140);
-        const std::uint32_t lo = hsub2u(y & 0xFF0FFF0Fu, kQ4Off);
-        const std::uint32_t hi = hsub2u(((y >> 4) & 0x000F000Fu) | 0x64006400u, kQ4Off);
-        A0[row + 2 * pr] = lo;  // a[0]/a[2]: row g; a[1]/a[3]: row g+8
-        A1[row + 2 * pr] = hi;
+        const std::uint32_t y = prmt(lds16(r + off + 2 * pr), 0u, 0x5140);  // the two bytes to bytes 0 and 2
+        A0[row + 2 * pr] = q4_lo_h2(y);  // a[0]/a[2]: row g; a[1]/a[3]: row g+8
+        A1[row + 2 * pr] = q4_hi_h2(y);
       }
     }
   }
@@ -203,11 +215,11 @@ __device__ __forceinline__ void v_frag32_bytes(const std::uint8_t* const (&v)[4]
     const std::uint8_t* vb = v[2 * half + 1];
     if constexpr (is_q4(F)) {
       const int off = 18 * blk + 2 + 2 * g;
-      const std::uint32_t x = prmt(lds16(va + off), lds16(vb + off), 0x5410);
-      A0[2 * half] = hsub2u((x & 0x000F000Fu) | 0x64006400u, kQ4Off);
-      A0[2 * half + 1] = hsub2u(((x >> 8) & 0x000F000Fu) | 0x64006400u, kQ4Off);
-      A1[2 * half] = hsub2u(((x >> 4) & 0x000F000Fu) | 0x64006400u, kQ4Off);
-      A1[2 * half + 1] = hsub2u(((x >> 12) & 0x000F000Fu) | 0x64006400u, kQ4Off);
+      const std::uint32_t x = prmt(lds16(va + off), lds16(vb + off), 0x5410);  // token a's bytes 0, 1; b's 2, 3
+      A0[2 * half] = q4_lo_h2(x);            // dim 2g: low nibbles of bytes 0, 2
+      A0[2 * half + 1] = q4_lo_h2(x >> 8);   // dim 2g + 1: of bytes 1, 3
+      A1[2 * half] = q4_hi_h2(x);            // dims + 16: the high nibbles
+      A1[2 * half + 1] = q4_hi_h2(x >> 8);
     } else {
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
@@ -843,30 +855,20 @@ __device__ __forceinline__ void mma_write_partials(const DecodeLaunch& a, MmaSta
   }
 }
 
-template <HF KF, HF VF, int D>
-__global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS) decode_mma_kernel(DecodeLaunch a) {
-  allow_dependent_launch();
+// One warp's work over its split (below): the staging pipeline's way to find cells (PAGED:
+// page tiles, else token lookups; decode.cuh WarpKvPipe) is a template argument, so each way is
+// compiled with its own registers.
+template <HF KF, HF VF, int D, bool PAGED>
+__device__ __forceinline__ void decode_mma_warp(const DecodeLaunch& a, std::uint8_t* smem, int lane, int warp, int kvh,
+                                                int split, int b, int hq0, int nh, int t_begin, int t_end) {
   using T = MmaTraits<KF, VF, D>;
   using Cfg = typename T::Cfg;
-  extern __shared__ __align__(16) std::uint8_t smem[];
-
-  // Warp w serves KV head kvh0 + w over the CTA's whole token range: the four warps read the
-  // adjacent cells of the same tokens, so DRAM sees 4 cells (512 B of int8 at D=128) contiguous
-  // per token instead of one 72-128 B cell strided by n_kv_heads cells.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
-  const int split = blockIdx.y, b = blockIdx.z;
-  if (kvh >= a.n_kv_heads) return;  // no CTA-wide barrier below: idle warps may leave
-  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
-  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
-  const int t_begin = split * a.tokens_per_split;
-  const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
   const MmaLane ln = mma_lane<KF, VF, D>(lane);
 
   // The first KV copies go out before q is read, so q's load hides behind them; q is staged in the
   // ring's spare stage, which the first acquire() refills only after the __syncwarp below.
-  typename T::Pipe kv(a, a.block_tables + static_cast<std::size_t>(b) * a.table_stride, smem + warp * Cfg::WARP_SMEM,
-                      kvh, t_begin, t_end, lane);
+  WarpKvPipe<KF, VF, D, Cfg, PAGED> kv(a, a.block_tables + static_cast<std::size_t>(b) * a.table_stride,
+                                       smem + warp * Cfg::WARP_SMEM, kvh, t_begin, t_end, lane);
   kv.prologue();
   float* q_s = reinterpret_cast<float*>(kv.spare_stage());
   load_q_warp<is_rot(KF)>(a, b, kvh, hq0, nh, q_s, lane);
@@ -889,6 +891,29 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS
   kv.drain();
   kv.count_read(step);
   mma_write_partials<KF, VF, D>(a, st, ln, b, split, hq0, nh);
+}
+
+template <HF KF, HF VF, int D>
+__global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS) decode_mma_kernel(DecodeLaunch a) {
+  allow_dependent_launch();
+  using T = MmaTraits<KF, VF, D>;
+  extern __shared__ __align__(16) std::uint8_t smem[];
+
+  // Warp w serves KV head kvh0 + w over the CTA's whole token range: the four warps read the
+  // adjacent cells of the same tokens, so DRAM sees 4 cells (512 B of int8 at D=128) contiguous
+  // per token instead of one 72-128 B cell strided by n_kv_heads cells.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
+  const int split = blockIdx.y, b = blockIdx.z;
+  if (kvh >= a.n_kv_heads) return;  // no CTA-wide barrier below: idle warps may leave
+  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
+  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
+  const int t_begin = split * a.tokens_per_split;
+  const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
+  if (a.page_tiles && T::Pipe::page_tiles_apply(a, t_begin))
+    decode_mma_warp<KF, VF, D, true>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+  else
+    decode_mma_warp<KF, VF, D, false>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
 }
 
 }  // namespace kvgate::cuda::detail

@@ -120,6 +120,11 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& plan, DecodeW
 // Whether decode_attention launches its split-K combine as the decode kernel's programmatic
 // dependent (Hopper PDL): yes unless the environment sets KVGATE_CUDA_PDL=0 (read once).
 bool decode_combine_pdl();
+// Whether the tensor-core decode kernel may read a 16-token step as one page's tile (one table
+// entry per step, no per-token lookups; kernels/decode.cuh WarpKvPipe) where the block size and
+// the split allow it: yes unless the environment sets KVGATE_CUDA_PAGE_TILES=0 (read once; the
+// A/B of the two ways in one binary).
+bool decode_page_tiles();
 
 // ---- prefill attention (runtime/cuda/prefill.cu, kernels/prefill.cuh) ------------------------------
 // Causal attention of a chunk of n_new query tokens of one sequence at positions

@@ -1,0 +1,114 @@
+#!/bin/bash
+# This tree's decode kernels against earlier ones, in one device call (round 31's A/B of the
+# tensor-core decode's page tiles): build gate_cuda and bench_decode_attn once; the decode gates (or
+# the whole gate_cuda) in Catch2 shards; mutants applied by hand (patch, rebuild gate_cuda, run the
+# gates that must kill it, restore, rebuild); bench_decode_attn with this tree's kernels and with the
+# base files swapped in (the same binary relinked), interleaved; Nsight Compute's instruction counts
+# and pipe use of both. From the repository root on the GPU machine:
+#
+#   for f in runtime/cuda/kernels/decode.cuh runtime/cuda/kernels/decode_mma.cuh; do   # (here)
+#     git show <rev>:$f > gpu_assets/base/$(basename $f); done
+#   bench/cuda/decode_ab_device_run.sh gpu_assets OUT                                    # (there)
+#
+# ASSETS holds xxhash/{include,lib} (a machine without the package), models/ (KVGATE_MODELS) and
+# base/<file> for each of BASE_FILES (default the two decode headers above). OUT gets r.tgz.
+# STEPS (default "gates ab"): gates (GATES, a Catch2 filter, default every ORA/INV/PAR/STO decode
+# gate; GATES=all runs the whole program), mutants (MUTANTS: catalog ids), ab (A/B rows: AB_FORMATS,
+# AB_CONTEXTS, AB_BATCHES, ROUNDS), ncu (per-pipe instruction counts of one launch per NCU_CASES
+# format:context:batch, this tree's and the base's). BUILD reuses a configured tree.
+set -u
+STEPS=${STEPS:-gates ab}
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+A=$(cd "${1:?usage: bench/cuda/decode_ab_device_run.sh ASSETS OUT}" && pwd)
+OUT=${2:?usage: bench/cuda/decode_ab_device_run.sh ASSETS OUT}
+mkdir -p "$OUT/r"; R=$(cd "$OUT/r" && pwd)
+BASE_FILES=${BASE_FILES:-runtime/cuda/kernels/decode.cuh runtime/cuda/kernels/decode_mma.cuh}
+for f in $BASE_FILES; do [ -f "$A/base/$(basename "$f")" ] || { echo "no $A/base/$(basename "$f") (see the header)"; exit 2; }; done
+export KVGATE_MODELS="$A/models"
+T0=$(date +%s); el() { echo "[$(($(date +%s) - T0))s]"; }
+XX=("-DCMAKE_CXX_FLAGS=-I$A/xxhash/include -DXXH_INLINE_ALL" "-DCMAKE_EXE_LINKER_FLAGS=-L$A/xxhash/lib")
+B=${BUILD:-build-decode-ab}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1; } | tee "$R/device.txt"
+echo "== build gate_cuda + bench_decode_attn $(el)"
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVGATE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKVGATE_BUILD_BENCH=ON "${XX[@]}" \
+  > "$R/build.log" 2>&1 && ninja -C $B -j16 gate_cuda bench_decode_attn ${EXTRA_TARGETS:-} >> "$R/build.log" 2>&1 ||
+  { grep -E "error|FAILED" -A3 "$R/build.log" | head -40; cd "$OUT" && tar czf r.tgz r; exit 1; }
+G=$(find $B/gates -name gate_cuda -type f | head -1); BD=$(find $B/bench -name bench_decode_attn -type f | head -1)
+cp "$BD" /tmp/bench_decode_head
+
+if has gates; then
+  F=${GATES:-ORA.cuda.decode*,INV.cuda.schedule*,PAR.cuda.decode*,STO.cuda.bytes_read*}
+  [ "$F" = all ] && F=""
+  echo "== gate_cuda ${F:-(whole)}, 6 shards $(el)"
+  for i in 0 1 2 3 4 5; do
+    (cd $B && timeout 400 "../$G" $F --shard-count 6 --shard-index $i > "$R/gate_cuda.shard$i.txt" 2>&1; echo $? > "$R/gate_cuda.shard$i.rc") &
+  done
+  wait
+  for i in 0 1 2 3 4 5; do echo "shard $i rc $(cat "$R/gate_cuda.shard$i.rc"): $(grep -E "^(All tests passed|test cases)" "$R/gate_cuda.shard$i.txt" | tail -1)"; grep -B2 -A12 FAILED "$R/gate_cuda.shard$i.txt" | head -30; done
+fi
+
+mutant() {  # $1 id; the catalog's anchor -> replacement in its file, gate_cuda rebuilt, its expected gates run
+  local id=$1
+  python3 - "$id" <<'EOF' || return 1
+import json, sys
+c = json.load(open("mutations/catalog.json"))
+m = next(x for x in c["mutants"] if x["id"] == sys.argv[1])
+a = m["anchor"] if isinstance(m["anchor"], str) else "\n".join(m["anchor"])
+r = m["replacement"] if isinstance(m["replacement"], str) else "\n".join(m["replacement"])
+s = open(m["file"]).read()
+assert s.count(a) == 1, "anchor not unique"
+open("/tmp/mutant.orig", "w").write(s)
+open("/tmp/mutant.file", "w").write(m["file"])
+open(m["file"], "w").write(s.replace(a, r))
+open("/tmp/mutant.gates", "w").write(" ".join(m["expect_killed_by"]))
+EOF
+  local f; f=$(cat /tmp/mutant.file)
+  ninja -C $B -j16 gate_cuda > "$R/mut_$id.build.log" 2>&1 || echo "$id: build failed"
+  local killed=0 g
+  for g in $(cat /tmp/mutant.gates); do
+    (cd $B && timeout 120 "../$G" "$g*" > "$R/mut_$id.$g.txt" 2>&1) || killed=1
+    echo "$id: $g $(grep -q "All tests passed" "$R/mut_$id.$g.txt" && echo pass || echo RED)"
+  done
+  cp /tmp/mutant.orig "$f"
+  ninja -C $B -j16 gate_cuda > "$R/mut_$id.restore.log" 2>&1 || echo "$id: rebuild after restore failed"
+  echo "$id: $([ $killed = 1 ] && echo KILLED || echo SURVIVED) $(el)"
+}
+if has mutants; then
+  echo "== mutants $(el)"
+  for id in ${MUTANTS:-}; do mutant "$id"; done
+fi
+
+if has ab || has ncu; then
+  echo "== base kernels: $BASE_FILES swapped, bench relinked $(el)"
+  for f in $BASE_FILES; do cp "$f" "/tmp/head.$(basename "$f")"; cp "$A/base/$(basename "$f")" "$f"; done
+  ninja -C $B -j16 bench_decode_attn > "$R/base_build.log" 2>&1 || tail -20 "$R/base_build.log"
+  cp "$BD" /tmp/bench_decode_base
+  for f in $BASE_FILES; do cp "/tmp/head.$(basename "$f")" "$f"; done
+  ninja -C $B -j16 bench_decode_attn >> "$R/base_build.log" 2>&1 || tail -20 "$R/base_build.log"  # this tree's again
+fi
+if has ab; then
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for t in head base; do
+      echo "== $t, run $round $(el)"
+      timeout 200 /tmp/bench_decode_$t --formats "${AB_FORMATS:-int8,fp8,q8_0,q4_0,k8v4}" --contexts "${AB_CONTEXTS:-4096,32768,131072}" \
+        --batches "${AB_BATCHES:-1,16,64}" --reps "${AB_REPS:-50}" --out "$R/ab_${t}_$round.json" > "$R/ab_${t}_$round.txt" 2>&1
+      grep -v "store" "$R/ab_${t}_$round.txt" | tail -48
+    done
+  done
+fi
+if has ncu; then
+  for c in ${NCU_CASES:-q4_0:32768:16 int8:32768:16}; do
+    IFS=: read -r f ctx bt <<< "$c"
+    for t in head base; do
+      echo "== ncu $t $f ${ctx}x$bt $(el)"
+      timeout 150 ncu --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats \
+        --section WarpStateStats --section Occupancy \
+        --metrics smsp__inst_executed.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_lsu.sum,smsp__inst_executed_pipe_tensor.sum,smsp__inst_executed_pipe_xu.sum,smsp__inst_executed_pipe_adu.sum,smsp__inst_executed_pipe_uniform.sum,smsp__inst_executed_pipe_cbu.sum \
+        -k regex:"decode_(mma|fast)" --launch-skip 3 --launch-count 1 \
+        /tmp/bench_decode_$t --formats "$f" --contexts "$ctx" --batches "$bt" --reps 1 --out /tmp/ncu_bench.json > "$R/ncu_${t}_${f}_${ctx}x$bt.txt" 2>&1
+      grep -E "Duration|DRAM Throughput|Issue Slots Busy|highest-utilized|No Eligible|inst_executed" "$R/ncu_${t}_${f}_${ctx}x$bt.txt" | cut -c1-160 | head -16
+    done
+  done
+fi
+echo "== done $(el)"
+cd "$OUT" && tar czf r.tgz r && rm -rf r
