@@ -25,16 +25,9 @@ OUT=${2:?usage: bench/cuda/combine_ab_device_run.sh ASSETS OUT}
 mkdir -p "$OUT/r"; R=$(cd "$OUT/r" && pwd)
 [ -f "$A/base/decode_combine.cu" ] || { echo "no $A/base/decode_combine.cu: extract the earlier merge first (see the header)"; exit 2; }
 export KVGATE_MODELS="$A/models"
-T0=$(date +%s); el() { echo "[$(($(date +%s) - T0))s]"; }
-XX=("-DCMAKE_CXX_FLAGS=-I$A/xxhash/include -DXXH_INLINE_ALL" "-DCMAKE_EXE_LINKER_FLAGS=-L$A/xxhash/lib")
 B=${BUILD:-build-combine-ab}  # BUILD: reuse a configured tree (e.g. scripts/gpu-gates.sh's build-gpu-gates)
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nvcc --version | tail -1; } | tee "$R/device.txt"
-echo "== build gate_cuda + bench_decode_attn $(el)"
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVGATE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKVGATE_BUILD_BENCH=ON "${XX[@]}" \
-  > "$R/build.log" 2>&1 && ninja -C $B -j16 gate_cuda bench_decode_attn ${EXTRA_TARGETS:-} >> "$R/build.log" 2>&1 ||
-  { grep -E "error|FAILED" -A3 "$R/build.log" | head -40; cd "$OUT" && tar czf r.tgz r; exit 1; }
-G=$(find $B/gates -name gate_cuda -type f | head -1); BD=$(find $B/bench -name bench_decode_attn -type f | head -1)
-cp "$BD" /tmp/bench_decode_head
+. "$(dirname "$0")/device_ab_lib.sh"  # el, device_build, device_mutant
+device_build
 
 if has gates; then
 echo "== gate_cuda, 6 shards $(el)"
@@ -45,32 +38,6 @@ wait
 for i in 0 1 2 3 4 5; do echo "shard $i rc $(cat "$R/gate_cuda.shard$i.rc"): $(grep -E "^(All tests passed|test cases)" "$R/gate_cuda.shard$i.txt" | tail -1)"; grep -B2 -A12 FAILED "$R/gate_cuda.shard$i.txt" | head -30; done
 fi
 
-mutant() {  # $1 id; the catalog's anchor -> replacement in its file, gate_cuda rebuilt, its expected gates run
-  local id=$1
-  python3 - "$id" apply <<'EOF' || return 1
-import json, sys
-c = json.load(open("mutations/catalog.json"))
-m = next(x for x in c["mutants"] if x["id"] == sys.argv[1])
-a = m["anchor"] if isinstance(m["anchor"], str) else "\n".join(m["anchor"])
-r = m["replacement"] if isinstance(m["replacement"], str) else "\n".join(m["replacement"])
-s = open(m["file"]).read()
-assert s.count(a) == 1, "anchor not unique"
-open("/tmp/mutant.orig", "w").write(s)
-open("/tmp/mutant.file", "w").write(m["file"])
-open(m["file"], "w").write(s.replace(a, r))
-open("/tmp/mutant.gates", "w").write(" ".join(m["expect_killed_by"]))
-EOF
-  local f; f=$(cat /tmp/mutant.file)
-  ninja -C $B -j16 gate_cuda > "$R/mut_$id.build.log" 2>&1 || echo "$id: build failed"
-  local killed=0 g
-  for g in $(cat /tmp/mutant.gates); do
-    (cd $B && timeout 120 "../$G" "$g*" > "$R/mut_$id.$g.txt" 2>&1) || killed=1
-    echo "$id: $g rc=$( grep -q "All tests passed" "$R/mut_$id.$g.txt" && echo pass || echo RED)"
-  done
-  cp /tmp/mutant.orig "$f"
-  ninja -C $B -j16 gate_cuda > "$R/mut_$id.restore.log" 2>&1 || echo "$id: rebuild after restore failed"
-  echo "$id: $([ $killed = 1 ] && echo KILLED || echo SURVIVED) $(el)"
-}
 if has sanitize; then  # compute-sanitizer over the decode gates that run the merge's rounds
   echo "== memcheck + racecheck over decode gates $(el)"
   (cd $B && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "../$G" \
@@ -81,8 +48,8 @@ if has sanitize; then  # compute-sanitizer over the decode gates that run the me
 fi
 if has mutants; then
 echo "== combine mutants $(el)"
-mutant CUDA.combine.tail_split_dropped
-mutant CUDA.combine.second_round_not_loaded
+device_mutant CUDA.combine.tail_split_dropped
+device_mutant CUDA.combine.second_round_not_loaded
 fi
 has ab || { echo "== done $(el)"; cd "$OUT" && tar czf r.tgz r && rm -rf r; exit 0; }
 
