@@ -7,6 +7,8 @@
 //                            then NMSE and max-abs under the derived FP32 bound (bounds.hpp),
 //                            across page sizes, GQA ratios, head_dims 8/64/128/256, ragged batches,
 //                            contexts crossing pages and forced split counts.
+//  PAR.cuda.decode.page_tiles.<fmt>  the tensor-core decode with page tiles == with token lookups,
+//                            bit for bit, every decode case (kernels/decode.cuh WarpKvPipe).
 //  STO.cuda.capability       supports_op refusals and kernel paths (no device needed).
 //  STO.cuda.slow_pool_twins  PAR.cuda.decode.slow_pool.<fmt> exists exactly for the formats whose
 //                            decode kernel is pipelined (no device needed).
@@ -289,13 +291,19 @@ int case_window(int i, int block_size) {
 // oracle dequantizes each head with its own scale; same bound. Anti-vacuity: the reference made with
 // head 0's scales on every head is farther than 4 bounds from the one judged in 16 multi-head
 // sequences or more, and (an fp8 V) in 90% of them (a kernel reading one head's scale for all goes red).
+// Page-tile twin (PAR.cuda.decode.page_tiles): every case again with the tensor-core kernel's page
+// tiles on and off (kvgate::cuda::set_decode_page_tiles; kernels/decode.cuh WarpKvPipe), outputs bit
+// for bit equal: both ways stage the same bytes in the same places, so a page, slot, head or
+// zero-fill that one of them gets wrong shows there, however small its effect on the output.
+// Anti-vacuity: at least 8 cases per format on the tensor-core kernel with pages a page tile
+// covers (a power of two >= 16 tokens: the 16- and 64-token cases).
 struct DecodeVariant {
-  bool windowed = false, capped = false, slow_pool = false, head_scales = false;
+  bool windowed = false, capped = false, slow_pool = false, head_scales = false, page_tiles_twin = false;
 };
 void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant variant = {}) {
   const bool windowed = variant.windowed, capped = variant.capped, slow_pool = variant.slow_pool;
   long cases = 0, windows_cut = 0, windowed_seqs = 0, cap_seqs = 0, cap_visible = 0, slow_pipelined = 0;
-  long head_seqs = 0, heads_visible = 0;
+  long head_seqs = 0, heads_visible = 0, tile_cases = 0;
   std::map<std::string, long> path_cases;  // plan.path -> cases (the kernel each case ran on)
   int case_index = 0;
   kc::DecodeWorkspace ws;
@@ -394,6 +402,33 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
       CHECK(differ == 0);
       // A pipelined kernel (fast, mma) whose splits wrap the 3-stage ring (> 2 stages of <= 16 tokens).
       if (plan.path != "generic" && plan.tokens_per_split > 32) ++slow_pipelined;
+      continue;
+    }
+
+    if (variant.page_tiles_twin) {
+      const bool was = kc::decode_page_tiles();
+      std::vector<float> both[2];
+      for (int on = 0; on < 2; ++on) {
+        kc::set_decode_page_tiles(on == 1);
+        DevBuf dtw(q.size());
+        REQUIRE(cudaMemcpy(dtw.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+        kc::DecodeWorkspace ws2;
+        const kc::DecodePlan p2 = gpu.decode(seqs, 0, Hq, dq.p, dtw.p, ws2, 0.0f, dc.num_splits, nullptr, window, softcap);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        CHECK(p2.path == plan.path);
+        CHECK(p2.splits == plan.splits);
+        both[on].resize(q.size());
+        REQUIRE(cudaMemcpy(both[on].data(), dtw.p, q.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      }
+      kc::set_decode_page_tiles(was);
+      REQUIRE(ko::count_nonfinite(std::span<const float>(both[0])) == 0);
+      REQUIRE(ko::count_nonfinite(std::span<const float>(both[1])) == 0);
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < q.size(); ++i) differ += std::memcmp(&both[0][i], &both[1][i], 4) != 0;
+      INFO(differ << " of " << q.size() << " outputs differ in their bits between page tiles and token lookups");
+      CHECK(differ == 0);
+      const int B = dc.block_size;
+      if (plan.path.rfind("mma", 0) == 0 && window == 0 && (B & (B - 1)) == 0 && B >= 16) ++tile_cases;
       continue;
     }
 
@@ -556,6 +591,12 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
     if (windowed || !decode_pipelined_on_cuda(fmt.k, fmt.v)) CHECK(pipelined == 0);
     CHECK(path_cases.count("generic") == 1);
   }
+  if (variant.page_tiles_twin) {
+    // 13 such cases in decode_cases at the time of writing (6 geometry cases with 16-token pages at
+    // head_dim 64-256, 7 long cases); 8 leaves room for a changed list, not for an empty one.
+    INFO("cases on the tensor-core kernel with pages a page tile covers: " << tile_cases);
+    CHECK(tile_cases >= 8);
+  }
   if (slow_pool) {
     // Anti-vacuity: the case list (decode_cases) gives every format at least two sequences on a
     // pipelined kernel whose splits wrap the ring (2 or 3 per format on the H200; 4, the first
@@ -650,6 +691,19 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
     run_decode_gate(*f, seed + 90, {.slow_pool = true});                                                    \
   }
 
+// Page-tile twins (PAR.cuda.decode.page_tiles): one per preset whose decode runs on the tensor-core
+// kernel (the only kernel with page tiles), seeds as their ORA.cuda.decode rows + 95.
+#define PAR_CUDA_DECODE_PAGE_TILES(name, slot)                                                              \
+  TEST_CASE("PAR.cuda.decode.page_tiles." #name " GPU decode with page tiles == with token lookups, bit for bit", \
+            "[gate:PAR][fmt:" #name "][cuda]") {                                                          \
+    KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
+    const auto f = parse_kv_format(#name);                                                                  \
+    REQUIRE(f.has_value());                                                                                 \
+    run_decode_gate(*f, 7000 + 100 * slot + 95, {.page_tiles_twin = true});                                \
+  }
+#define CUDA_DECODE_MMA_PRESETS(X) \
+  X(int8, 4) X(fp8, 5) X(fp8_e5m2, 6) X(q8_0, 7) X(q4_0, 8) X(k8v4, 9) KVGATE_CUDA_DECODE_MMA_2026_PRESETS(X)
+
 // The mixed pairs of the ORA.cuda.decode rows (beside one row per preset): those on a pipelined
 // kernel, then the fp8_ds_mla pair (generic kernel).
 #define CUDA_DECODE_MIXED_PIPELINED(X)              \
@@ -697,6 +751,7 @@ KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_lis
 CUDA_DECODE_MIXED_PAIRS(ORA_CUDA_DECODE)
 CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_SLOW_POOL_PRESET)
 CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_SLOW_POOL)
+CUDA_DECODE_MMA_PRESETS(PAR_CUDA_DECODE_PAGE_TILES)
 CUDA_HEAD_SCALE_PAIRS(ORA_CUDA_DECODE_HEAD_SCALES)
 
 TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the formats whose decode kernel is pipelined",

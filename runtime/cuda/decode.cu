@@ -1,6 +1,7 @@
 // Op: decode attention. Capability check, split planning from the device's occupancy, and the one
 // dispatch switch from runtime (K half, V half, head_dim) to the kernel templates.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -13,13 +14,18 @@ namespace kvgate::cuda {
 
 using detail::HF;
 
-bool decode_page_tiles() {
-  static const bool on = [] {
+namespace {
+std::atomic<bool>& page_tiles_flag() {
+  static std::atomic<bool> on{[] {
     const char* e = std::getenv("KVGATE_CUDA_PAGE_TILES");
     return e == nullptr || std::strcmp(e, "0") != 0;
-  }();
+  }()};
   return on;
 }
+}  // namespace
+
+bool decode_page_tiles() { return page_tiles_flag().load(std::memory_order_relaxed); }
+void set_decode_page_tiles(bool on) { page_tiles_flag().store(on, std::memory_order_relaxed); }
 
 namespace {
 

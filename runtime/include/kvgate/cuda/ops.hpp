@@ -125,6 +125,9 @@ bool decode_combine_pdl();
 // the split allow it: yes unless the environment sets KVGATE_CUDA_PAGE_TILES=0 (read once; the
 // A/B of the two ways in one binary).
 bool decode_page_tiles();
+// Overrides that choice for the decode calls launched after it, process-wide (the gates' twin that
+// runs every case both ways, PAR.cuda.decode.page_tiles).
+void set_decode_page_tiles(bool on);
 
 // ---- prefill attention (runtime/cuda/prefill.cu, kernels/prefill.cuh) ------------------------------
 // Causal attention of a chunk of n_new query tokens of one sequence at positions
