@@ -292,8 +292,8 @@ int case_window(int i, int block_size) {
 // head 0's scales on every head is farther than 4 bounds from the one judged in 16 multi-head
 // sequences or more, and (an fp8 V) in 90% of them (a kernel reading one head's scale for all goes red).
 // Page-tile twin (PAR.cuda.decode.page_tiles): every case again with the tensor-core kernel's page
-// tiles on and off (kvgate::cuda::set_decode_page_tiles; kernels/decode.cuh WarpKvPipe), outputs bit
-// for bit equal: both ways stage the same bytes in the same places, so a page, slot, head or
+// tiles switched the other way (kvgate::cuda::set_decode_page_tiles; kernels/decode.cuh
+// WarpKvPipe), outputs bit for bit equal: both ways stage the same bytes in the same places, so a page, slot, head or
 // zero-fill that one of them gets wrong shows there, however small its effect on the output.
 // Anti-vacuity: at least 8 cases per format on the tensor-core kernel with pages a page tile
 // covers (a power of two >= 16 tokens: the 16- and 64-token cases).
@@ -383,21 +383,27 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
     // NaN/Inf first (the output was poisoned with NaN: an unwritten element shows here).
     REQUIRE(ko::count_nonfinite(std::span<const float>(got)) == 0);
 
-    if (slow_pool) {
-      cuda_gate::MappedPages mp;
-      mp.map(gpu, seqs);
-      DevBuf dslow(q.size());
-      REQUIRE(cudaMemcpy(dslow.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    // The same decode again through `store` (sequences `ids`) into a NaN-poisoned buffer: the same
+    // plan, and how many outputs differ in their bits from `got`.
+    auto bits_differ_again = [&](auto& store, const auto& ids) {
+      DevBuf dagain(q.size());
+      REQUIRE(cudaMemcpy(dagain.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
       kc::DecodeWorkspace ws2;
-      const kc::DecodePlan p2 =
-          mp.view->decode(mp.seqs, 0, Hq, dq.p, dslow.p, ws2, 0.0f, dc.num_splits, nullptr, window, softcap);
+      const kc::DecodePlan p2 = store.decode(ids, 0, Hq, dq.p, dagain.p, ws2, 0.0f, dc.num_splits, nullptr, window, softcap);
       REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-      std::vector<float> slow(q.size());
-      REQUIRE(cudaMemcpy(slow.data(), dslow.p, slow.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      std::vector<float> again(q.size());
+      REQUIRE(cudaMemcpy(again.data(), dagain.p, again.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
       CHECK(p2.path == plan.path);
       CHECK(p2.splits == plan.splits);
       std::size_t differ = 0;
-      for (std::size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &slow[i], 4) != 0;
+      for (std::size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &again[i], 4) != 0;
+      return differ;
+    };
+
+    if (slow_pool) {
+      cuda_gate::MappedPages mp;
+      mp.map(gpu, seqs);
+      const std::size_t differ = bits_differ_again(*mp.view, mp.seqs);
       INFO(differ << " of " << got.size() << " outputs differ in their bits");
       CHECK(differ == 0);
       // A pipelined kernel (fast, mma) whose splits wrap the 3-stage ring (> 2 stages of <= 16 tokens).
@@ -405,27 +411,12 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
       continue;
     }
 
-    if (variant.page_tiles_twin) {
+    if (variant.page_tiles_twin) {  // `got` ran with the process's setting; the other way now
       const bool was = kc::decode_page_tiles();
-      std::vector<float> both[2];
-      for (int on = 0; on < 2; ++on) {
-        kc::set_decode_page_tiles(on == 1);
-        DevBuf dtw(q.size());
-        REQUIRE(cudaMemcpy(dtw.p, poison.data(), q.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
-        kc::DecodeWorkspace ws2;
-        const kc::DecodePlan p2 = gpu.decode(seqs, 0, Hq, dq.p, dtw.p, ws2, 0.0f, dc.num_splits, nullptr, window, softcap);
-        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
-        CHECK(p2.path == plan.path);
-        CHECK(p2.splits == plan.splits);
-        both[on].resize(q.size());
-        REQUIRE(cudaMemcpy(both[on].data(), dtw.p, q.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
-      }
+      kc::set_decode_page_tiles(!was);
+      const std::size_t differ = bits_differ_again(gpu, seqs);
       kc::set_decode_page_tiles(was);
-      REQUIRE(ko::count_nonfinite(std::span<const float>(both[0])) == 0);
-      REQUIRE(ko::count_nonfinite(std::span<const float>(both[1])) == 0);
-      std::size_t differ = 0;
-      for (std::size_t i = 0; i < q.size(); ++i) differ += std::memcmp(&both[0][i], &both[1][i], 4) != 0;
-      INFO(differ << " of " << q.size() << " outputs differ in their bits between page tiles and token lookups");
+      INFO(differ << " of " << got.size() << " outputs differ in their bits between page tiles and token lookups");
       CHECK(differ == 0);
       const int B = dc.block_size;
       if (plan.path.rfind("mma", 0) == 0 && window == 0 && (B & (B - 1)) == 0 && B >= 16) ++tile_cases;

@@ -408,45 +408,39 @@ struct WarpKvPipe {
   // TOK x NCH chunks (NCH = CB / CG per cell) is chunk idx % NCH of token idx / NCH, so one warp
   // instruction moves whole consecutive cells (int8 at D = 128: 4 cells of 128 B, 4 cache lines)
   // instead of 32 B of each of 16 cells (16 lines): the L1 handles a quarter of the wavefronts for
-  // the same bytes. A token's lookup lives in its copy lanes (token tau: lane tau * LPT) and
-  // reaches the chunk's lane by shuffles.
+  // the same bytes. Where a chunk's token is:
+  //   token lookups: the token's lookup lives in its copy lanes (token tau: lane tau * LPT) and
+  //     reaches the chunk's lane by shuffles (page -1: zero-filled);
+  //   page tiles: `page` and `slot` are the step's (slot of its first token), the same in every
+  //     lane; tokens are n_kv_heads cells apart, so the warp's cell of token slot + tau is at
+  //     ((slot + tau) * n_kv_heads + kvh) * CB; the step's first n_valid tokens are copied, the
+  //     rest zero-filled.
   template <int CB, int CG, int S>
   __device__ __forceinline__ void copy_half(std::uint8_t* dst, const std::uint8_t* pool, std::size_t page_stride, int page,
-                                            int slot) const {
+                                            int slot, int n_valid) const {
     constexpr int NCH = CB / CG, TOTAL = Cfg::TOK * NCH;
     const int lane = ctau * Cfg::LPT + csub;
     const std::size_t cell_base = static_cast<std::size_t>(kvh) * CB;
-#pragma unroll
-    for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
-      const int idx = lane + 32 * i;
-      const int tau = min(idx / NCH, Cfg::TOK - 1), c = idx - (idx / NCH) * NCH;
-      const int pg = __shfl_sync(0xffffffffu, page, tau * Cfg::LPT);
-      const int sl = __shfl_sync(0xffffffffu, slot, tau * Cfg::LPT);
-      const bool valid = pg >= 0;
-      const std::uint8_t* src =
-          pool + (valid ? static_cast<std::size_t>(pg) * page_stride + static_cast<std::size_t>(sl) * a.n_kv_heads * CB +
-                              cell_base + c * CG
-                        : 0);
-      if (TOTAL % 32 == 0 || idx < TOTAL) cp_async<CG>(dst + tau * S + c * CG, src, valid);
-    }
-  }
-  // copy_half with page tiles: the same chunks per lane, read from the step's one page (page -1:
-  // nothing), the step's first n_valid tokens (the rest zero-filled). Tokens are n_kv_heads cells
-  // apart; the warp's cell of token slot0 + tau is at ((slot0 + tau) * n_kv_heads + kvh) * CB.
-  template <int CB, int CG, int S>
-  __device__ __forceinline__ void copy_half_page(std::uint8_t* dst, const std::uint8_t* pool, std::size_t page_stride,
-                                                 int page, int slot0, int n_valid) const {
-    constexpr int NCH = CB / CG, TOTAL = Cfg::TOK * NCH;
-    const int lane = ctau * Cfg::LPT + csub;
     const int token_bytes = a.n_kv_heads * CB;
-    const std::uint8_t* base =
-        pool + (page >= 0 ? static_cast<std::size_t>(page) * page_stride + static_cast<std::size_t>(slot0 * a.n_kv_heads + kvh) * CB
+    const std::uint8_t* base =  // page tiles: the warp's cell of the step's first token
+        pool + (page >= 0 ? static_cast<std::size_t>(page) * page_stride + static_cast<std::size_t>(slot * a.n_kv_heads + kvh) * CB
                           : 0);
 #pragma unroll
     for (int i = 0; i < (TOTAL + 31) / 32; ++i) {
       const int idx = lane + 32 * i;
       const int tau = min(idx / NCH, Cfg::TOK - 1), c = idx - (idx / NCH) * NCH;
-      if (TOTAL % 32 == 0 || idx < TOTAL) cp_async<CG>(dst + tau * S + c * CG, base + tau * token_bytes + c * CG, tau < n_valid);
+      if constexpr (page_tiles) {
+        if (TOTAL % 32 == 0 || idx < TOTAL) cp_async<CG>(dst + tau * S + c * CG, base + tau * token_bytes + c * CG, tau < n_valid);
+      } else {
+        const int pg = __shfl_sync(0xffffffffu, page, tau * Cfg::LPT);
+        const int sl = __shfl_sync(0xffffffffu, slot, tau * Cfg::LPT);
+        const bool valid = pg >= 0;
+        const std::uint8_t* src =
+            pool + (valid ? static_cast<std::size_t>(pg) * page_stride + static_cast<std::size_t>(sl) * a.n_kv_heads * CB +
+                                cell_base + c * CG
+                          : 0);
+        if (TOTAL % 32 == 0 || idx < TOTAL) cp_async<CG>(dst + tau * S + c * CG, src, valid);
+      }
     }
   }
   // Tokens of step st (page from lookup) that are in the range: the step's first n; with token
@@ -457,18 +451,12 @@ struct WarpKvPipe {
   __device__ __forceinline__ void issue(int st, int page, int slot) const {
     const int H = a.n_kv_heads, B = a.block_size;
     std::uint8_t* sb = wpipe + (st % Cfg::STAGES) * Cfg::STAGE_AL;
+    const int n_valid = page_tiles ? step_tokens(st, page) : 0;  // page tiles: the step's tokens in the range
+    copy_half<Cfg::CBK, Cfg::CGK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, slot, n_valid);
+    copy_half<Cfg::CBV, Cfg::CGV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, slot, n_valid);
     // This lane's copy token ctau: its slot and whether it is in the range (its scales copied).
-    bool valid = page >= 0;
-    if constexpr (page_tiles) {
-      const int n_valid = step_tokens(st, page);
-      copy_half_page<Cfg::CBK, Cfg::CGK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, slot, n_valid);
-      copy_half_page<Cfg::CBV, Cfg::CGV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, slot, n_valid);
-      slot += ctau;
-      valid = ctau < n_valid;
-    } else {
-      copy_half<Cfg::CBK, Cfg::CGK, Cfg::SK>(sb, a.k_pool, a.k_page_stride, page, slot);
-      copy_half<Cfg::CBV, Cfg::CGV, Cfg::SV>(sb + Cfg::TOK * Cfg::SK, a.v_pool, a.v_page_stride, page, slot);
-    }
+    if constexpr (page_tiles) slot += ctau;
+    const bool valid = page_tiles ? ctau < n_valid : page >= 0;
     const std::size_t cell = static_cast<std::size_t>(slot) * H + kvh;
     if (csub == 0) {
       std::uint8_t* scw = sb + Cfg::TOK * (Cfg::SK + Cfg::SV);
