@@ -7,8 +7,8 @@
 //                            then NMSE and max-abs under the derived FP32 bound (bounds.hpp),
 //                            across page sizes, GQA ratios, head_dims 8/64/128/256, ragged batches,
 //                            contexts crossing pages and forced split counts.
-//  PAR.cuda.decode.page_tiles.<fmt>  the tensor-core decode with page tiles == with token lookups,
-//                            bit for bit, every decode case (kernels/decode.cuh WarpKvPipe).
+//  PAR.cuda.decode.page_tiles.<fmt>  the pipelined decode (fast, tensor-core) with page tiles == with
+//                            token lookups, bit for bit, every decode case (kernels/decode.cuh WarpKvPipe).
 //  STO.cuda.capability       supports_op refusals and kernel paths (no device needed).
 //  STO.cuda.slow_pool_twins  PAR.cuda.decode.slow_pool.<fmt> exists exactly for the formats whose
 //                            decode kernel is pipelined (no device needed).
@@ -291,12 +291,12 @@ int case_window(int i, int block_size) {
 // oracle dequantizes each head with its own scale; same bound. Anti-vacuity: the reference made with
 // head 0's scales on every head is farther than 4 bounds from the one judged in 16 multi-head
 // sequences or more, and (an fp8 V) in 90% of them (a kernel reading one head's scale for all goes red).
-// Page-tile twin (PAR.cuda.decode.page_tiles): every case again with the tensor-core kernel's page
+// Page-tile twin (PAR.cuda.decode.page_tiles): every case again with the pipelined kernels' page
 // tiles switched the other way (kvgate::cuda::set_decode_page_tiles; kernels/decode.cuh
 // WarpKvPipe), outputs bit for bit equal: both ways stage the same bytes in the same places, so a page, slot, head or
 // zero-fill that one of them gets wrong shows there, however small its effect on the output.
-// Anti-vacuity: at least 8 cases per format on the tensor-core kernel with pages a page tile
-// covers (a power of two >= 16 tokens: the 16- and 64-token cases).
+// Anti-vacuity: at least 8 cases per format on a pipelined kernel with pages a page tile of either
+// kernel covers (a power of two >= 16 tokens: the 16- and 64-token cases).
 struct DecodeVariant {
   bool windowed = false, capped = false, slow_pool = false, head_scales = false, page_tiles_twin = false;
 };
@@ -419,7 +419,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
       INFO(differ << " of " << got.size() << " outputs differ in their bits between page tiles and token lookups");
       CHECK(differ == 0);
       const int B = dc.block_size;
-      if (plan.path.rfind("mma", 0) == 0 && window == 0 && (B & (B - 1)) == 0 && B >= 16) ++tile_cases;
+      if (plan.path != "generic" && window == 0 && (B & (B - 1)) == 0 && B >= 16) ++tile_cases;
       continue;
     }
 
@@ -585,7 +585,7 @@ void run_decode_gate(const KvFormat& fmt, std::uint64_t seed0, DecodeVariant var
   if (variant.page_tiles_twin) {
     // 13 such cases in decode_cases at the time of writing (6 geometry cases with 16-token pages at
     // head_dim 64-256, 7 long cases); 8 leaves room for a changed list, not for an empty one.
-    INFO("cases on the tensor-core kernel with pages a page tile covers: " << tile_cases);
+    INFO("cases on a pipelined kernel with pages a page tile covers: " << tile_cases);
     CHECK(tile_cases >= 8);
   }
   if (slow_pool) {
@@ -682,18 +682,18 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
     run_decode_gate(*f, seed + 90, {.slow_pool = true});                                                    \
   }
 
-// Page-tile twins (PAR.cuda.decode.page_tiles): one per preset whose decode runs on the tensor-core
-// kernel (the only kernel with page tiles), seeds as their ORA.cuda.decode rows + 95.
-#define PAR_CUDA_DECODE_PAGE_TILES(name, slot)                                                              \
-  TEST_CASE("PAR.cuda.decode.page_tiles." #name " GPU decode with page tiles == with token lookups, bit for bit", \
-            "[gate:PAR][fmt:" #name "][cuda]") {                                                          \
+// Page-tile twins (PAR.cuda.decode.page_tiles): one per preset and mixed pair whose decode runs on a
+// pipelined kernel (fast or tensor-core: the kernels with page tiles), seeds as their
+// ORA.cuda.decode rows + 95.
+#define PAR_CUDA_DECODE_PAGE_TILES(id, fmtname, seed)                                                       \
+  TEST_CASE("PAR.cuda.decode.page_tiles." id " GPU decode with page tiles == with token lookups, bit for bit", \
+            "[gate:PAR][fmt:" fmtname "][cuda]") {                                                          \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
-    const auto f = parse_kv_format(#name);                                                                  \
+    const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
-    run_decode_gate(*f, 7000 + 100 * slot + 95, {.page_tiles_twin = true});                                \
+    run_decode_gate(*f, seed + 95, {.page_tiles_twin = true});                                              \
   }
-#define CUDA_DECODE_MMA_PRESETS(X) \
-  X(int8, 4) X(fp8, 5) X(fp8_e5m2, 6) X(q8_0, 7) X(q4_0, 8) X(k8v4, 9) KVGATE_CUDA_DECODE_MMA_2026_PRESETS(X)
+#define PAR_CUDA_DECODE_PAGE_TILES_PRESET(name, slot) PAR_CUDA_DECODE_PAGE_TILES(#name, #name, 7000 + 100 * slot)
 
 // The mixed pairs of the ORA.cuda.decode rows (beside one row per preset): those on a pipelined
 // kernel, then the fp8_ds_mla pair (generic kernel).
@@ -742,7 +742,8 @@ KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_lis
 CUDA_DECODE_MIXED_PAIRS(ORA_CUDA_DECODE)
 CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_SLOW_POOL_PRESET)
 CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_SLOW_POOL)
-CUDA_DECODE_MMA_PRESETS(PAR_CUDA_DECODE_PAGE_TILES)
+CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_PAGE_TILES_PRESET)
+CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_PAGE_TILES)
 CUDA_HEAD_SCALE_PAIRS(ORA_CUDA_DECODE_HEAD_SCALES)
 
 TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the formats whose decode kernel is pipelined",

@@ -342,13 +342,14 @@ __device__ __forceinline__ void count_read(const DecodeLaunch& a, unsigned cells
 // scale, then V's) and one parity byte per token saying which 16-bit half of that word is the
 // cell's. LPT lanes copy one token; the page lookup of a step is prefetched one step ahead.
 // Two ways to find a step's cells (PAGED, a template argument so that each way gets its own
-// registers; the tensor-core kernel picks one per CTA by page_tiles_apply and DecodeLaunch::
-// page_tiles, which KVGATE_CUDA_PAGE_TILES=0 turns off; the CUDA-core kernel takes token lookups):
+// registers; the fast and tensor-core kernels pick one per CTA by page_tiles_apply and
+// DecodeLaunch::page_tiles, which KVGATE_CUDA_PAGE_TILES=0 turns off):
 //   page tiles (PAGED): the block size is a power of two >= TOK and the range starts on a multiple
 //     of TOK, so a step's TOK tokens lie in one page: one table entry per step (the same address in
 //     every lane, one broadcast load), and a chunk's source is the page's base plus an offset that
 //     depends on the lane alone; no shuffles. Every preset's 16-token pages with the planner's
-//     splits (multiples of 16 tokens) take this way on the tensor-core kernel.
+//     splits (multiples of 16 tokens) take this way (TOK: 16 on the tensor-core kernel, 4 or 8
+//     on the fast one).
 //   token lookups: any other block size (1, 3, 7, 8) or range start: each token's page looked up
 //     by its copy lanes and moved to the chunk's lane by shuffles.
 // Cfg provides TOK, STAGES, LPT, SK, SV, CBK, CBV, CGK, CGV, STAGE_AL.
@@ -553,30 +554,19 @@ __device__ __forceinline__ float stage_int8_scale(const std::uint8_t* scw, const
 
 // ---- fast path ----------------------------------------------------------------------------------
 
-template <HF KF, HF VF, int D>
-__global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(DecodeLaunch a) {
-  allow_dependent_launch();
+// One warp's work over its split (the kernel below): PAGED picks the staging pipeline's way to find
+// cells (WarpKvPipe: page tiles or token lookups), a template argument so that each way gets its
+// own registers, as in the tensor-core kernel (decode_mma.cuh decode_mma_warp).
+template <HF KF, HF VF, int D, bool PAGED>
+__device__ __forceinline__ void decode_fast_warp(const DecodeLaunch& a, std::uint8_t* smem, int lane, int warp, int kvh,
+                                                 int split, int b, int hq0, int nh, int t_begin, int t_end) {
   using Cfg = FastCfg<KF, VF, D>;
   using KS = Slice<KF, D>;
   using VS = Slice<VF, D>;
   constexpr int E = Cfg::E, L = Cfg::L, TG = Cfg::TG, C = Cfg::C, TGC = Cfg::TGC;
-  extern __shared__ __align__(16) std::uint8_t smem[];
   float* q_s = reinterpret_cast<float*>(smem);
   std::uint8_t* pipe = smem + Cfg::Q_SMEM;
-
-  // Warp w serves KV head kvh0 + w over the whole token range of the CTA (adjacent cells of the
-  // same tokens: contiguous DRAM reads across the CTA's warps).
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int j = lane % L, r = lane / L;
-  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
-  const int split = blockIdx.y, b = blockIdx.z;
-  const int H = a.n_kv_heads;
-  if (kvh >= H) return;  // no CTA-wide barrier below
-  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
-  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
-  const int seq_len = a.seq_lens[b];
-  const int t_begin = split * a.tokens_per_split;
-  const int t_end = min(t_begin + a.tokens_per_split, seq_len);
   const int* table = a.block_tables + static_cast<std::size_t>(b) * a.table_stride;
 
   q_s += warp * kHeadsPerCta * D;
@@ -597,7 +587,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
     for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
   }
 
-  WarpKvPipe<KF, VF, D, Cfg> kv(a, table, pipe + warp * Cfg::WARP_SMEM, kvh, t_begin, t_end, lane);
+  WarpKvPipe<KF, VF, D, Cfg, PAGED> kv(a, table, pipe + warp * Cfg::WARP_SMEM, kvh, t_begin, t_end, lane);
   kv.prologue();
   int st = 0;  // after the loop: the steps it ran (count_read)
   for (; st < kv.n_steps; ++st) {
@@ -710,6 +700,27 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(Decod
       }
     }
   }
+}
+
+template <HF KF, HF VF, int D>
+__global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(DecodeLaunch a) {
+  allow_dependent_launch();
+  using Pipe = WarpKvPipe<KF, VF, D, FastCfg<KF, VF, D>, true>;
+  extern __shared__ __align__(16) std::uint8_t smem[];
+  // Warp w serves KV head kvh0 + w over the whole token range of the CTA (adjacent cells of the
+  // same tokens: contiguous DRAM reads across the CTA's warps).
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
+  const int split = blockIdx.y, b = blockIdx.z;
+  if (kvh >= a.n_kv_heads) return;  // no CTA-wide barrier below
+  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
+  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
+  const int t_begin = split * a.tokens_per_split;
+  const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
+  if (a.page_tiles && Pipe::page_tiles_apply(a, t_begin))
+    decode_fast_warp<KF, VF, D, true>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+  else
+    decode_fast_warp<KF, VF, D, false>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
 }
 
 // ---- generic path: any head_dim <= 256; one token per warp step, lanes over the head vector -----

@@ -30,7 +30,7 @@ struct DecodeLaunch {
   // (token x KV head) its loop copied from the pool times cell_bytes (decode.cuh count_read).
   unsigned long long* bytes_read = nullptr;
   unsigned cell_bytes = 0;  // K + V bytes of one cell as the formats lay out a page (decode.cu decode_cell_bytes)
-  bool page_tiles = true;   // the tensor-core kernel may take page tiles (ops.hpp decode_page_tiles)
+  bool page_tiles = true;   // the fast and tensor-core kernels may take page tiles (ops.hpp decode_page_tiles)
 };
 
 struct CombineLaunch {
