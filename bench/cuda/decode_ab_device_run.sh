@@ -14,7 +14,7 @@
 # base/<file> for each of BASE_FILES (default the two decode headers above). OUT gets r.tgz.
 # STEPS (default "gates ab"): gates (GATES, a Catch2 filter, default every ORA/INV/PAR/STO decode
 # gate; GATES=all runs the whole program), mutants (MUTANTS: catalog ids), ab (A/B rows: AB_FORMATS,
-# AB_CONTEXTS, AB_BATCHES, ROUNDS), ncu (per-pipe instruction counts of one launch per NCU_CASES
+# AB_CONTEXTS, AB_BATCHES, ROUNDS; AB_PT0=1 adds this tree's kernels with page tiles off), ncu (per-pipe instruction counts of one launch per NCU_CASES
 # format:context:batch, this tree's and the base's). BUILD reuses a configured tree.
 set -u
 STEPS=${STEPS:-gates ab}
@@ -42,7 +42,9 @@ fi
 
 if has mutants; then
   echo "== mutants $(el)"
-  for id in ${MUTANTS:-}; do device_mutant "$id"; done
+  # one rebuild after the last mutant (each mutant's build starts from the restored file)
+  read -ra ids <<< "${MUTANTS:-}"
+  for i in "${!ids[@]}"; do device_mutant "${ids[$i]}" "$([ "$i" = $((${#ids[@]} - 1)) ] && echo 1 || echo 0)"; done
 fi
 
 if has ab || has ncu; then
@@ -55,9 +57,12 @@ if has ab || has ncu; then
 fi
 if has ab; then
   for round in $(seq 1 "${ROUNDS:-2}"); do
-    for t in head base; do
+    for t in head base ${AB_PT0:+pt0}; do
       echo "== $t, run $round $(el)"
-      timeout 200 /tmp/bench_decode_$t --formats "${AB_FORMATS:-int8,fp8,q8_0,q4_0,k8v4}" --contexts "${AB_CONTEXTS:-4096,32768,131072}" \
+      # pt0: this tree's binary with page tiles off (the page tiles' share of head vs base)
+      exe=/tmp/bench_decode_$t; pt=1
+      [ "$t" = pt0 ] && { exe=/tmp/bench_decode_head; pt=0; }
+      KVGATE_CUDA_PAGE_TILES=$pt timeout 200 "$exe" --formats "${AB_FORMATS:-int8,fp8,q8_0,q4_0,k8v4}" --contexts "${AB_CONTEXTS:-4096,32768,131072}" \
         --batches "${AB_BATCHES:-1,16,64}" --reps "${AB_REPS:-50}" --out "$R/ab_${t}_$round.json" > "$R/ab_${t}_$round.txt" 2>&1
       grep -v "store" "$R/ab_${t}_$round.txt" | tail -48
     done

@@ -8,10 +8,12 @@
 #                   sets G and BD (their paths below the repository root) and keeps a copy of the
 #                   benchmark as /tmp/bench_decode_head; on a failed build prints the errors and
 #                   exits (OUT/r.tgz holds the log);
-#   device_mutant ID  applies the catalog's anchor -> replacement of mutant ID to its file,
-#                   rebuilds gate_cuda, runs each gate the mutant must be killed by, restores the
-#                   file and rebuilds again (so a later step never runs the mutant's binary), and
-#                   prints KILLED or SURVIVED.
+#   device_mutant ID [REBUILD]  applies the catalog's anchor -> replacement of mutant ID to its
+#                   file, rebuilds gate_cuda, runs each gate the mutant must be killed by, restores
+#                   the file and (REBUILD 1, the default) rebuilds again, so a later step never runs
+#                   the mutant's binary; REBUILD 0 leaves that to the caller (a run of mutants
+#                   rebuilds once after the last: each mutant's own build starts from the restored
+#                   file), and prints KILLED or SURVIVED.
 T0=$(date +%s)
 el() { echo "[$(($(date +%s) - T0))s]"; }
 device_build() {
@@ -28,7 +30,7 @@ device_build() {
   cp "$BD" /tmp/bench_decode_head
 }
 device_mutant() {
-  local id=$1
+  local id=$1 rebuild=${2:-1}
   python3 - "$id" <<'PY' || return 1
 import json, sys
 c = json.load(open("mutations/catalog.json"))
@@ -50,6 +52,6 @@ PY
     echo "$id: $g $(grep -q "All tests passed" "$R/mut_$id.$g.txt" && echo pass || echo RED)"
   done
   cp /tmp/mutant.orig "$f"
-  ninja -C "$B" -j16 gate_cuda > "$R/mut_$id.restore.log" 2>&1 || echo "$id: rebuild after restore failed"
+  [ "$rebuild" = 1 ] && { ninja -C "$B" -j16 gate_cuda > "$R/mut_$id.restore.log" 2>&1 || echo "$id: rebuild after restore failed"; }
   echo "$id: $([ $killed = 1 ] && echo KILLED || echo SURVIVED) $(el)"
 }
