@@ -13,7 +13,8 @@
 # ASSETS holds xxhash/{include,lib} (a machine without the package), models/ (KVGATE_MODELS) and
 # base/<file> for each of BASE_FILES (default the two decode headers above). OUT gets r.tgz.
 # STEPS (default "gates ab"): gates (GATES, a Catch2 filter, default every ORA/INV/PAR/STO decode
-# gate; GATES=all runs the whole program), mutants (MUTANTS: catalog ids), ab (A/B rows: AB_FORMATS,
+# gate; GATES=all runs the whole program), sanitize (compute-sanitizer memcheck over SAN_GATES, racecheck
+# over two decode presets), mutants (MUTANTS: catalog ids), ab (A/B rows: AB_FORMATS,
 # AB_CONTEXTS, AB_BATCHES, ROUNDS; AB_PT0=1 adds this tree's kernels with page tiles off), ncu (per-pipe instruction counts of one launch per NCU_CASES
 # format:context:batch, this tree's and the base's). BUILD reuses a configured tree.
 set -u
@@ -38,6 +39,15 @@ if has gates; then
   done
   wait
   for i in 0 1 2 3 4 5; do echo "shard $i rc $(cat "$R/gate_cuda.shard$i.rc"): $(grep -E "^(All tests passed|test cases)" "$R/gate_cuda.shard$i.txt" | tail -1)"; grep -B2 -A12 FAILED "$R/gate_cuda.shard$i.txt" | head -30; done
+fi
+
+if has sanitize; then  # compute-sanitizer over decode gates that take both ways of both pipelined kernels
+  SAN=${SAN_GATES:-ORA.cuda.decode.int8*,ORA.cuda.decode.q4_0*,ORA.cuda.decode.bf16*,ORA.cuda.decode.f32*,PAR.cuda.decode.page_tiles.k8v4*,PAR.cuda.decode.page_tiles.mixed.int8-f32*}
+  echo "== memcheck + racecheck over $SAN $(el)"
+  (cd "$B" && timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "../$G" "$SAN" \
+    > "$R/memcheck_decode.txt" 2>&1; echo "memcheck rc=$?: $(grep -E "ERROR SUMMARY" "$R/memcheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/memcheck_decode.txt" | tail -1)")
+  (cd "$B" && timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "../$G" "ORA.cuda.decode.int8*,ORA.cuda.decode.bf16*" \
+    > "$R/racecheck_decode.txt" 2>&1; echo "racecheck rc=$?: $(grep -E "RACECHECK SUMMARY" "$R/racecheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/racecheck_decode.txt" | tail -1)")
 fi
 
 if has mutants; then
