@@ -713,6 +713,30 @@ TEST_CASE("ORA.dequant_rows attention's vectorized page read == dequantize_token
       dequantize_token(f, g8, 0, codes.data(), ts, ref.data());
       CHECK(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) == 0);
     }
+  // int8 pages at head_dim 8 (the AVX2 and AVX-512 kernels of that shape) whose cell scales run
+  // through all 65536 binary16 codes (subnormals, inf, every NaN payload, signaling or quiet): the
+  // vectorized read == dequantize_token, bitwise (a NaN scale gives the same NaN product however
+  // it was widened). Pages of 16 x 4 cells: the AVX-512 kernel's 16-cell groups, whole.
+  {
+    const PageGeometry g8{16, 4, 8};
+    std::vector<std::uint8_t> page(page_bytes(HalfFormat::int8, g8));
+    const std::size_t codes_bytes = static_cast<std::size_t>(g8.block_size) * g8.row_elems();
+    std::size_t differ = 0;
+    for (int base = 0; base < 65536; base += 64) {
+      for (std::size_t i = 0; i < codes_bytes; ++i) page[i] = static_cast<std::uint8_t>((i * 37 + base) % 255);
+      for (int c = 0; c < 64; ++c) {
+        page[codes_bytes + 2 * static_cast<std::size_t>(c)] = static_cast<std::uint8_t>((base + c) & 0xFF);
+        page[codes_bytes + 2 * static_cast<std::size_t>(c) + 1] = static_cast<std::uint8_t>((base + c) >> 8);
+      }
+      std::vector<float> fast(codes_bytes), ref(codes_bytes);
+      dequantize_rows(HalfFormat::int8, g8, g8.block_size, page.data(), 1.0f, fast.data());
+      for (int t = 0; t < g8.block_size; ++t)
+        dequantize_token(HalfFormat::int8, g8, t, page.data(), 1.0f, ref.data() + static_cast<std::size_t>(t) * g8.row_elems());
+      differ += std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) != 0;
+    }
+    INFO("int8 pages (head_dim 8) over every scale code whose vectorized read differs in its bits: " << differ);
+    CHECK(differ == 0);
+  }
   // The f16 widening over all 65536 codes (incl. subnormals, inf, NaN payloads) is exact.
   const PageGeometry g{1, 1, 65536};
   std::vector<std::uint8_t> page(65536 * 2);

@@ -548,11 +548,23 @@ bool needs_device(const Mutant& m) {
   return std::find(m.requires_.begin(), m.requires_.end(), "cuda-device") != m.requires_.end();
 }
 
+// requires: avx512: the mutated kernel runs only where the CPU has AVX-512F (runtime/src/cpu_avx2.hpp
+// kHaveAvx512); elsewhere no gate can reach it.
+bool host_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
 // Why a mutant cannot run in this environment, or "" when it can. `built`: the scratch build and
 // the baseline exist (before that, only the device probe can decide).
 std::string requirement_gap(const Env& e, const Mutant& m, bool built) {
   if (needs_device(m) && e.device_probed && !e.device_present)
     return "requires a CUDA device: none found (" + e.device_how + ")";
+  if (std::find(m.requires_.begin(), m.requires_.end(), "avx512") != m.requires_.end() && !host_has_avx512())
+    return "requires a CPU with AVX-512F: this host has none, so the kernel it mutates never runs here";
   if (!built) return {};
   if (!e.red.empty() && !m.expect_killed_by.empty() &&
       std::all_of(m.expect_killed_by.begin(), m.expect_killed_by.end(), [&](const std::string& id) { return e.red.count(id) > 0; })) {
