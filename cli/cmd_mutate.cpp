@@ -143,7 +143,7 @@ void register_mutate(CLI::App& app) {
                   "comma-separated gate executables to build and run instead of all (smoke tests; the run is then "
                   "partial)");
   sub->add_option("--only-requires", c->only_requires,
-                  "comma-separated requirement kinds (cuda, cuda-device): run only the mutants that require one of "
+                  "comma-separated requirement kinds (cuda, cuda-device, avx512): run only the mutants that require one of "
                   "them (partial run)");
   sub->add_flag("--expected-gates-only", c->expected_gates_only,
                 "run only the gates each mutant names in expect_killed_by (baseline and canary: their union); for "

@@ -653,6 +653,9 @@ std::vector<LogLocation> error_locations(std::string_view log) {
   static const std::regex gcc_req(R"(^(.+?):(\d+):(\d+):\s+required from)");
   // clang says where a template was instantiated in a note (gcc: "required from here").
   static const std::regex clang_inst(R"(^(.+?):(\d+):(\d+):\s+note: in instantiation of .* requested here)");
+  // gcc names an always_inline intrinsic's header as the error ("inlining failed ... target specific
+  // option mismatch": a switch's lambda lacks its function's target attribute) and the call in a note.
+  static const std::regex gcc_called(R"(^(.+?):(\d+):(\d+):\s+note: called from here)");
   static const std::regex nvcc(R"(^(.+?)\((\d+)\): (error|catastrophic error))");
   std::vector<LogLocation> out;
   std::size_t pos = 0;
@@ -663,7 +666,8 @@ std::vector<LogLocation> error_locations(std::string_view log) {
     pos = nl + 1;
     std::smatch mt;
     if (std::regex_search(line, mt, gcc) || std::regex_search(line, mt, gcc_req) ||
-        std::regex_search(line, mt, clang_inst) || std::regex_search(line, mt, nvcc))
+        std::regex_search(line, mt, clang_inst) || std::regex_search(line, mt, gcc_called) ||
+        std::regex_search(line, mt, nvcc))
       out.push_back({mt[1].str(), std::stoi(mt[2].str()), mt.size() > 3 && mt[3].matched && !mt[3].str().empty() &&
                                                               std::isdigit(static_cast<unsigned char>(mt[3].str()[0]))
                                                           ? std::stoi(mt[3].str())

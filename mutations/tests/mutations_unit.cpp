@@ -729,8 +729,11 @@ TEST_CASE("schemata: compiler error locations move a switch to its next form, th
       "../src/a.cpp:14:2: warning: unused\n"
       "/x/src/c.cpp:5:148: note: in instantiation of function template specialization 'n::typed<const signed char &, "
       "unsigned char>' requested here\n"
-      "/x/src/c.cpp:9:1: note: candidate function not viable\n");
-  REQUIRE(locs.size() == 4);
+      "/x/src/c.cpp:9:1: note: candidate function not viable\n"
+      "/usr/lib/gcc/x86_64-linux-gnu/12/include/avx512fintrin.h:90:1: error: inlining failed in call to "
+      "'always_inline' '__m512i _mm512_set_epi32(int, ...)': target specific option mismatch\n"
+      "../src/d.cpp:193:92: note: called from here\n");
+  REQUIRE(locs.size() == 6);
   CHECK(locs[0].file == "../src/a.cpp");
   CHECK(locs[0].line == 12);
   CHECK(locs[1].line == 3);
@@ -738,6 +741,8 @@ TEST_CASE("schemata: compiler error locations move a switch to its next form, th
   CHECK(locs[2].line == 40);
   CHECK(locs[3].file == "/x/src/c.cpp");  // clang: where the template was instantiated
   CHECK(locs[3].line == 5);
+  CHECK(locs[5].file == "../src/d.cpp");  // gcc: where an intrinsic that could not be inlined was called
+  CHECK(locs[5].line == 193);
 
   const fs::path d = temp_dir("schemata");
   fs::create_directories(d / "src");
