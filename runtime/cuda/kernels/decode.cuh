@@ -348,8 +348,8 @@ __device__ __forceinline__ void count_read(const DecodeLaunch& a, unsigned cells
 //     of TOK, so a step's TOK tokens lie in one page: one table entry per step (the same address in
 //     every lane, one broadcast load), and a chunk's source is the page's base plus an offset that
 //     depends on the lane alone; no shuffles. Every preset's 16-token pages with the planner's
-//     splits (multiples of 16 tokens) take this way (TOK: 16 on the tensor-core kernel, 4 or 8
-//     on the fast one).
+//     splits (multiples of 16 tokens) take this way (TOK: 16 on the tensor-core kernel, 2 to 16
+//     on the fast one, FastCfg::TGC).
 //   token lookups: any other block size (1, 3, 7, 8) or range start: each token's page looked up
 //     by its copy lanes and moved to the chunk's lane by shuffles.
 // Cfg provides TOK, STAGES, LPT, SK, SV, CBK, CBV, CGK, CGV, STAGE_AL.

@@ -120,7 +120,7 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& plan, DecodeW
 // Whether decode_attention launches its split-K combine as the decode kernel's programmatic
 // dependent (Hopper PDL): yes unless the environment sets KVGATE_CUDA_PDL=0 (read once).
 bool decode_combine_pdl();
-// Whether the pipelined decode kernels (fast, tensor-core) may read a step (16 tokens, 4 or 8 on
+// Whether the pipelined decode kernels (fast, tensor-core) may read a step (16 tokens, 2 to 16 on
 // the fast kernel) as one page's tile (one table entry per step, no per-token lookups;
 // kernels/decode.cuh WarpKvPipe) where the block size and the split allow it: yes unless the environment sets KVGATE_CUDA_PAGE_TILES=0 (read once; the
 // A/B of the two ways in one binary).
