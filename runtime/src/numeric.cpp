@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)  // as attention.cpp: clang builds (the fuzzers) take the portable code
 #include <immintrin.h>
 #endif
 
@@ -170,7 +170,7 @@ std::uint16_t scale_round_up(float amax, int levels) {
   return s;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // The hardware's binary16 conversions (F16C), the same results as f32_to_f16_rne and f16_to_f32
 // wherever the search calls them: RNE with overflow to inf, and an exact widening of a non-NaN
 // code (the search widens codes 0 .. 0x7BFF only, and any NaN quotient takes the saturation
@@ -186,7 +186,7 @@ const bool kHaveF16c = __builtin_cpu_supports("f16c") && std::getenv("KVGATE_NO_
 }  // namespace
 
 std::uint16_t f16_scale_round_up(float amax, int levels) {
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   if (kHaveF16c) return scale_round_up<f32_to_f16_f16c, f16_to_f32_f16c>(amax, levels);
 #endif
   return scale_round_up<f32_to_f16_rne, f16_to_f32>(amax, levels);
