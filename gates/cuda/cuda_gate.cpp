@@ -666,26 +666,24 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
     run_decode_gate(*f, seed + 70, {.capped = true});                                                       \
   }
 
-// Slow-pool twins (PAR.cuda.decode.slow_pool, built to catch a stage of WarpKvPipe read before its
-// cp.async.wait_group): one per format whose decode runs on a pipelined kernel (the 2026 presets
-// included: their tensor-core kernel stages codes and scales with cp.async). The formats left out
-// (the fp8_block128 pair) decode on the generic kernel only, which makes no asynchronous copy: over
-// the same bytes it gives the same bits from any memory, so a twin would be a gate no bug can turn
-// red. STO.cuda.slow_pool_twins checks this list against the kernels' own choice (supports_op's
-// path), so a format moving between kernels cannot leave the list stale.
-#define PAR_CUDA_DECODE_SLOW_POOL(id, fmtname, seed)                                                        \
+// The twins of every format whose decode runs on a pipelined kernel (fast or tensor-core), seeds as
+// its ORA.cuda.decode rows + 90 and + 95:
+//  - slow pool (PAR.cuda.decode.slow_pool, built to catch a stage of WarpKvPipe read before its
+//    cp.async.wait_group; the 2026 presets included: their tensor-core kernel stages codes and
+//    scales with cp.async). The formats left out (the fp8_block128 pair) decode on the generic
+//    kernel only, which makes no asynchronous copy: over the same bytes it gives the same bits from
+//    any memory, so a twin would be a gate no bug can turn red. STO.cuda.slow_pool_twins checks this
+//    list against the kernels' own choice (supports_op's path), so a format moving between kernels
+//    cannot leave the list stale;
+//  - page tiles (PAR.cuda.decode.page_tiles): the pipelined kernels are the ones with page tiles.
+#define PAR_CUDA_DECODE_TWINS(id, fmtname, seed)                                                            \
   TEST_CASE("PAR.cuda.decode.slow_pool." id " GPU decode over pages in mapped host memory == over device pages, bit for bit", \
             "[gate:PAR][fmt:" fmtname "][cuda]") {                                                          \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
     const auto f = parse_kv_format(fmtname);                                                                \
     REQUIRE(f.has_value());                                                                                 \
     run_decode_gate(*f, seed + 90, {.slow_pool = true});                                                    \
-  }
-
-// Page-tile twins (PAR.cuda.decode.page_tiles): one per preset and mixed pair whose decode runs on a
-// pipelined kernel (fast or tensor-core: the kernels with page tiles), seeds as their
-// ORA.cuda.decode rows + 95.
-#define PAR_CUDA_DECODE_PAGE_TILES(id, fmtname, seed)                                                       \
+  }                                                                                                         \
   TEST_CASE("PAR.cuda.decode.page_tiles." id " GPU decode with page tiles == with token lookups, bit for bit", \
             "[gate:PAR][fmt:" fmtname "][cuda]") {                                                          \
     KVGATE_REQUIRE_DEVICE_OR_SKIP();                                                                        \
@@ -693,7 +691,6 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
     REQUIRE(f.has_value());                                                                                 \
     run_decode_gate(*f, seed + 95, {.page_tiles_twin = true});                                              \
   }
-#define PAR_CUDA_DECODE_PAGE_TILES_PRESET(name, slot) PAR_CUDA_DECODE_PAGE_TILES(#name, #name, 7000 + 100 * slot)
 
 // The mixed pairs of the ORA.cuda.decode rows (beside one row per preset): those on a pipelined
 // kernel, then the fp8_ds_mla pair (generic kernel).
@@ -709,9 +706,9 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
   CUDA_DECODE_MIXED_PIPELINED(X)   \
   X("mixed.fp8_block128-bf16", "k=fp8_block128,v=bf16", 8700)
 
-// The formats of PAR.cuda.decode.slow_pool: the presets and mixed pairs above whose decode is
-// pipelined (seeds as their ORA.cuda.decode rows: 7000 + 100 x the preset's slot, + 90).
-#define PAR_CUDA_DECODE_SLOW_POOL_PRESET(name, slot) PAR_CUDA_DECODE_SLOW_POOL(#name, #name, 7000 + 100 * slot)
+// The formats of the twins (PAR.cuda.decode.slow_pool, .page_tiles): the presets and mixed pairs
+// above whose decode is pipelined (seeds as their ORA.cuda.decode rows: 7000 + 100 x the slot).
+#define PAR_CUDA_DECODE_TWINS_PRESET(name, slot) PAR_CUDA_DECODE_TWINS(#name, #name, 7000 + 100 * slot)
 // f32 decodes on the fast kernel; the 2026 presets on the tensor-core kernel.
 #define CUDA_DECODE_SLOW_POOL_PRESETS(X) \
   X(f32, 1) KVGATE_CUDA_PIPELINED_PRESETS(X) KVGATE_CUDA_DECODE_MMA_2026_PRESETS(X)
@@ -740,10 +737,8 @@ TEST_CASE("ORA.cuda.store_head_scales fp8 halves with a scale per KV head: GPU p
 #define ORA_CUDA_DECODE_ROW(A, name, k, v, slot, kind) ORA_CUDA_DECODE(#name, #name, (7000 + 100 * slot))
 KVGATE_PRESETS(ORA_CUDA_DECODE_ROW, _)  // one row per preset: kvgate/format_list.hpp
 CUDA_DECODE_MIXED_PAIRS(ORA_CUDA_DECODE)
-CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_SLOW_POOL_PRESET)
-CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_SLOW_POOL)
-CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_PAGE_TILES_PRESET)
-CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_PAGE_TILES)
+CUDA_DECODE_SLOW_POOL_PRESETS(PAR_CUDA_DECODE_TWINS_PRESET)
+CUDA_DECODE_MIXED_PIPELINED(PAR_CUDA_DECODE_TWINS)
 CUDA_HEAD_SCALE_PAIRS(ORA_CUDA_DECODE_HEAD_SCALES)
 
 TEST_CASE("STO.cuda.slow_pool_twins the decode slow-pool twins are exactly the formats whose decode kernel is pipelined",
