@@ -13,6 +13,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_params.cuh"
 
@@ -552,6 +553,28 @@ __device__ __forceinline__ float stage_int8_scale(const std::uint8_t* scw, const
   return h2f(static_cast<std::uint16_t>(w >> (16 * par[u])));
 }
 
+// The start of the fast and tensor-core kernels: warp w of a CTA serves KV head kvh0 + w over the
+// CTA's whole token range (the warps read the adjacent cells of the same tokens, so DRAM sees them
+// contiguous per token instead of one cell strided by n_kv_heads cells); an idle warp leaves (no
+// CTA-wide barrier follows). run(paged, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end) is the
+// warp's work, with paged a std::bool_constant: page tiles where DecodeLaunch::page_tiles allows
+// them and Pipe (the kernel's WarpKvPipe) can take them for this range.
+template <class Pipe, class Run>
+__device__ __forceinline__ void decode_warp_start(const DecodeLaunch& a, Run&& run) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
+  const int split = blockIdx.y, b = blockIdx.z;
+  if (kvh >= a.n_kv_heads) return;
+  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
+  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
+  const int t_begin = split * a.tokens_per_split;
+  const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
+  if (a.page_tiles && Pipe::page_tiles_apply(a, t_begin))
+    run(std::true_type{}, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+  else
+    run(std::false_type{}, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+}
+
 // ---- fast path ----------------------------------------------------------------------------------
 
 // One warp's work over its split (the kernel below): PAGED picks the staging pipeline's way to find
@@ -705,22 +728,11 @@ __device__ __forceinline__ void decode_fast_warp(const DecodeLaunch& a, std::uin
 template <HF KF, HF VF, int D>
 __global__ void __launch_bounds__(kDecodeWarps * 32, 2) decode_fast_kernel(DecodeLaunch a) {
   allow_dependent_launch();
-  using Pipe = WarpKvPipe<KF, VF, D, FastCfg<KF, VF, D>, true>;
   extern __shared__ __align__(16) std::uint8_t smem[];
-  // Warp w serves KV head kvh0 + w over the whole token range of the CTA (adjacent cells of the
-  // same tokens: contiguous DRAM reads across the CTA's warps).
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
-  const int split = blockIdx.y, b = blockIdx.z;
-  if (kvh >= a.n_kv_heads) return;  // no CTA-wide barrier below
-  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
-  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
-  const int t_begin = split * a.tokens_per_split;
-  const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
-  if (a.page_tiles && Pipe::page_tiles_apply(a, t_begin))
-    decode_fast_warp<KF, VF, D, true>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
-  else
-    decode_fast_warp<KF, VF, D, false>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+  decode_warp_start<WarpKvPipe<KF, VF, D, FastCfg<KF, VF, D>, true>>(
+      a, [&](auto paged, int lane, int warp, int kvh, int split, int b, int hq0, int nh, int t_begin, int t_end) {
+        decode_fast_warp<KF, VF, D, decltype(paged)::value>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+      });
 }
 
 // ---- generic path: any head_dim <= 256; one token per warp step, lanes over the head vector -----

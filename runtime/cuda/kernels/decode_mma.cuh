@@ -896,24 +896,12 @@ __device__ __forceinline__ void decode_mma_warp(const DecodeLaunch& a, std::uint
 template <HF KF, HF VF, int D>
 __global__ void __launch_bounds__(kDecodeWarps * 32, MmaCfg<KF, VF, D>::MIN_CTAS) decode_mma_kernel(DecodeLaunch a) {
   allow_dependent_launch();
-  using T = MmaTraits<KF, VF, D>;
   extern __shared__ __align__(16) std::uint8_t smem[];
-
-  // Warp w serves KV head kvh0 + w over the CTA's whole token range: the four warps read the
-  // adjacent cells of the same tokens, so DRAM sees 4 cells (512 B of int8 at D=128) contiguous
-  // per token instead of one 72-128 B cell strided by n_kv_heads cells.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kvh = (blockIdx.x / a.n_hchunks) * kDecodeWarps + warp, hc = blockIdx.x % a.n_hchunks;
-  const int split = blockIdx.y, b = blockIdx.z;
-  if (kvh >= a.n_kv_heads) return;  // no CTA-wide barrier below: idle warps may leave
-  const int hq0 = kvh * a.group + hc * kHeadsPerCta;
-  const int nh = min(kHeadsPerCta, a.group - hc * kHeadsPerCta);
-  const int t_begin = split * a.tokens_per_split;
-  const int t_end = min(t_begin + a.tokens_per_split, a.seq_lens[b]);
-  if (a.page_tiles && T::Pipe::page_tiles_apply(a, t_begin))
-    decode_mma_warp<KF, VF, D, true>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
-  else
-    decode_mma_warp<KF, VF, D, false>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+  // Four warps, four KV heads: DRAM sees 4 cells (512 B of int8 at D=128) contiguous per token.
+  decode_warp_start<typename MmaTraits<KF, VF, D>::Pipe>(
+      a, [&](auto paged, int lane, int warp, int kvh, int split, int b, int hq0, int nh, int t_begin, int t_end) {
+        decode_mma_warp<KF, VF, D, decltype(paged)::value>(a, smem, lane, warp, kvh, split, b, hq0, nh, t_begin, t_end);
+      });
 }
 
 }  // namespace kvgate::cuda::detail
