@@ -39,12 +39,8 @@ for i in 0 1 2 3 4 5; do echo "shard $i rc $(cat "$R/gate_cuda.shard$i.rc"): $(g
 fi
 
 if has sanitize; then  # compute-sanitizer over the decode gates that run the merge's rounds
-  echo "== memcheck + racecheck over decode gates $(el)"
-  (cd $B && timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "../$G" \
-    "ORA.cuda.decode.int8*,ORA.cuda.decode.k8v4*,ORA.cuda.decode.f32*,ORA.cuda.decode.q4_0*,INV.cuda.schedule.int8*" \
-    > "$R/memcheck_decode.txt" 2>&1; echo "memcheck rc=$?: $(grep -E "ERROR SUMMARY" "$R/memcheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/memcheck_decode.txt" | tail -1)")
-  (cd $B && timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "../$G" "ORA.cuda.decode.int8*" \
-    > "$R/racecheck_decode.txt" 2>&1; echo "racecheck rc=$?: $(grep -E "RACECHECK SUMMARY" "$R/racecheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/racecheck_decode.txt" | tail -1)")
+  device_sanitize "ORA.cuda.decode.int8*,ORA.cuda.decode.k8v4*,ORA.cuda.decode.f32*,ORA.cuda.decode.q4_0*,INV.cuda.schedule.int8*" \
+    "ORA.cuda.decode.int8*"
 fi
 if has mutants; then
 echo "== combine mutants $(el)"

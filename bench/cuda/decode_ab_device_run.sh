@@ -42,12 +42,8 @@ if has gates; then
 fi
 
 if has sanitize; then  # compute-sanitizer over decode gates that take both ways of both pipelined kernels
-  SAN=${SAN_GATES:-ORA.cuda.decode.int8*,ORA.cuda.decode.q4_0*,ORA.cuda.decode.bf16*,ORA.cuda.decode.f32*,PAR.cuda.decode.page_tiles.k8v4*,PAR.cuda.decode.page_tiles.mixed.int8-f32*}
-  echo "== memcheck + racecheck over $SAN $(el)"
-  (cd "$B" && timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "../$G" "$SAN" \
-    > "$R/memcheck_decode.txt" 2>&1; echo "memcheck rc=$?: $(grep -E "ERROR SUMMARY" "$R/memcheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/memcheck_decode.txt" | tail -1)")
-  (cd "$B" && timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "../$G" "ORA.cuda.decode.int8*,ORA.cuda.decode.bf16*" \
-    > "$R/racecheck_decode.txt" 2>&1; echo "racecheck rc=$?: $(grep -E "RACECHECK SUMMARY" "$R/racecheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/racecheck_decode.txt" | tail -1)")
+  device_sanitize "${SAN_GATES:-ORA.cuda.decode.int8*,ORA.cuda.decode.q4_0*,ORA.cuda.decode.bf16*,ORA.cuda.decode.f32*,PAR.cuda.decode.page_tiles.k8v4*,PAR.cuda.decode.page_tiles.mixed.int8-f32*}" \
+    "ORA.cuda.decode.int8*,ORA.cuda.decode.bf16*"
 fi
 
 if has mutants; then

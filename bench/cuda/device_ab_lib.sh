@@ -13,7 +13,10 @@
 #                   the file and (REBUILD 1, the default) rebuilds again, so a later step never runs
 #                   the mutant's binary; REBUILD 0 leaves that to the caller (a run of mutants
 #                   rebuilds once after the last: each mutant's own build starts from the restored
-#                   file), and prints KILLED or SURVIVED.
+#                   file), and prints KILLED or SURVIVED;
+#   device_sanitize MEMCHECK RACECHECK  compute-sanitizer memcheck over the Catch2 filter MEMCHECK and
+#                   racecheck over RACECHECK, on gate_cuda (logs R/memcheck_decode.txt,
+#                   R/racecheck_decode.txt), printing each tool's summary.
 T0=$(date +%s)
 el() { echo "[$(($(date +%s) - T0))s]"; }
 device_build() {
@@ -54,4 +57,12 @@ PY
   cp /tmp/mutant.orig "$f"
   [ "$rebuild" = 1 ] && { ninja -C "$B" -j16 gate_cuda > "$R/mut_$id.restore.log" 2>&1 || echo "$id: rebuild after restore failed"; }
   echo "$id: $([ $killed = 1 ] && echo KILLED || echo SURVIVED) $(el)"
+}
+device_sanitize() {
+  local mem=$1 race=$2
+  echo "== memcheck over $mem, racecheck over $race $(el)"
+  (cd "$B" && timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "../$G" "$mem" \
+    > "$R/memcheck_decode.txt" 2>&1; echo "memcheck rc=$?: $(grep -E "ERROR SUMMARY" "$R/memcheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/memcheck_decode.txt" | tail -1)")
+  (cd "$B" && timeout 150 compute-sanitizer --tool racecheck --error-exitcode 3 "../$G" "$race" \
+    > "$R/racecheck_decode.txt" 2>&1; echo "racecheck rc=$?: $(grep -E "RACECHECK SUMMARY" "$R/racecheck_decode.txt" | tail -1) $(grep -E "^(All tests passed|test cases)" "$R/racecheck_decode.txt" | tail -1)")
 }
