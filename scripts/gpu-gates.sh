@@ -11,11 +11,12 @@
 # H100/H200). Prints the device, each program's summary and every failed block.
 # With Catch2 3 (--shard-count), gate_cuda runs as SHARDS (default 6) processes side by side on the
 # one GPU (its cases are small: six shards ran the whole program in ~100 s on an H100); then the
-# opt-in STO.cuda.prefill_mma.racecheck (compute-sanitizer racecheck over the tensor-core prefill)
-# and compute-sanitizer memcheck over a prefill + decode subset. OUT/logs.tgz holds every log (one
+# opt-in STO.cuda.prefill_mma.racecheck (compute-sanitizer racecheck over the tensor-core prefill),
+# compute-sanitizer memcheck over a prefill + decode subset, and memcheck + racecheck over the
+# decode's page-tile twins (both pipelined kernels). OUT/logs.tgz holds every log (one
 # file to bring back from a machine that returns few).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 assets="$(cd "${1:-gpu_assets}" && pwd)"
 out="${2:-${OUT:-gpu-gates.out}}"
 mkdir -p "$out"
@@ -71,6 +72,14 @@ if command -v compute-sanitizer >/dev/null; then
     "ORA.cuda.prefill.int8*,ORA.cuda.prefill.q4_0*,ORA.cuda.prefill.bf16*,ORA.cuda.decode.int8*,ORA.cuda.decode.k8v4*" \
     >"$out/memcheck.txt" 2>&1 || status=1
   echo "memcheck: $(grep -E "ERROR SUMMARY" "$out/memcheck.txt" | tail -1)"
+  # the decode's page tiles, both pipelined kernels (tensor-core: q4_0, k8v4; CUDA-core: bf16, int8-f32)
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$gc" \
+    "PAR.cuda.decode.page_tiles.q4_0*,PAR.cuda.decode.page_tiles.k8v4*,PAR.cuda.decode.page_tiles.bf16*,PAR.cuda.decode.page_tiles.mixed.int8-f32*" \
+    >"$out/memcheck_page_tiles.txt" 2>&1 || status=1
+  echo "memcheck (page tiles): $(grep -E "ERROR SUMMARY" "$out/memcheck_page_tiles.txt" | tail -1)"
+  timeout 200 compute-sanitizer --tool racecheck --error-exitcode 3 "$gc" \
+    "PAR.cuda.decode.page_tiles.q4_0*,PAR.cuda.decode.page_tiles.bf16*" >"$out/racecheck_page_tiles.txt" 2>&1 || status=1
+  echo "racecheck (page tiles): $(grep -E "RACECHECK SUMMARY" "$out/racecheck_page_tiles.txt" | tail -1)"
 else
   echo "compute-sanitizer not found: racecheck and memcheck not run" | tee "$out/sanitizers.txt"
   status=1
