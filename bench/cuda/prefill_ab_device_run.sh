@@ -9,7 +9,8 @@
 #
 # ASSETS holds xxhash/{include,lib} (a machine without the package) and base/prefill_mma.cuh.
 # OUT gets r.tgz: both builds' logs, prefill_{head,base}_{1,2}.json, torch_prefill_peer.json,
-# prefill_bars_head.json and the printed output.
+# prefill_bars_head.json and the printed output. TTFT=1 adds bench_e2e_decode's TTFT of one
+# 32K-token prompt (Llama-3-8B shape, chunks of 8192) from both trees: ttft_{head,base}.json.
 set -u
 A=$(cd "${1:?usage: bench/cuda/prefill_ab_device_run.sh ASSETS OUT}" && pwd)
 OUT=${2:?usage: bench/cuda/prefill_ab_device_run.sh ASSETS OUT}
@@ -35,5 +36,16 @@ for round in 1 2; do
   if [ $round = 1 ]; then echo "== peer $(el)"; timeout 100 python3 bench/cuda/peer_sdpa_prefill.py --out $R/torch_prefill_peer.json | tee $R/peer.txt; fi
 done
 python3 bench/cuda/assess_prefill.py $R/prefill_head_1.json $R/torch_prefill_peer.json $R/prefill_bars_head.json | tee $R/assess_head.txt
+if [ "${TTFT:-0}" = 1 ]; then  # TTFT of one 32K-token prompt (Llama-3-8B shape, chunks of 8192), both trees
+  echo "== bench_e2e_decode, both trees $(el)"
+  ninja -C build-prefill-ab -j16 bench_e2e_decode >> "$R/build.log" 2>&1 || tail -20 "$R/build.log"
+  (cd $BASE && ninja -C build-base -j16 bench_e2e_decode >> "$R/base_build.log" 2>&1) || tail -20 "$R/base_build.log"
+  EP=$(find build-prefill-ab -name bench_e2e_decode -type f | head -1); EB=$(find $BASE/build-base -name bench_e2e_decode -type f | head -1)
+  TF=(--arch llama --rope plain --context 32768 --no-decode --formats "${TTFT_FORMATS:-bf16,int8,fp8,k8v4,q4_0}" --ttft 32768 --prefill-chunk 8192 --ttft-runs 2 --ttft-warmup 1)
+  for t in head base; do
+    exe=$EP; [ $t = base ] && exe=$EB
+    echo "== TTFT $t $(el)"; timeout 150 "$exe" "${TF[@]}" --out "$R/ttft_$t.json" > "$R/ttft_$t.txt" 2>&1; grep -i "ttft" "$R/ttft_$t.txt" | tail -8
+  done
+fi
 echo "== done $(el)"
 cd "$OUT" && tar czf r.tgz r && rm -rf r
