@@ -2,18 +2,32 @@
 //   BM_Decode/<preset>/threads:<n>   decode tok/s over 511 steps after BOS (the model's 512 context),
 //                                    greedy tokens fed back, stop tokens ignored (run.c -n 512 does the same work)
 //   BM_Prefill512/<preset>/...       prefill tok/s of a 512-token prompt (batched)
+//   BM_DecodeAtDepth/<preset>        only with KVGATE_BENCH_MODEL=<path> (any model load_model reads:
+//                                    a Hugging Face directory such as `kvgate synth`'s, a GGUF, a
+//                                    llama2.c .bin): KVGATE_BENCH_STEPS (default 32) greedy decode
+//                                    steps after a KVGATE_BENCH_CONTEXT-token prompt (default 2048),
+//                                    one thread, the presets of KVGATE_BENCH_FORMATS (default
+//                                    f32,int8). The prompt is prefilled once per format (untimed);
+//                                    each repetition (one iteration) truncates back to it and
+//                                    decodes, timed in thread-CPU seconds. Run it with --benchmark_repetitions=N and
+//                                    --benchmark_enable_random_interleaving=true: the formats'
+//                                    repetitions alternate, and the exit summary prints each
+//                                    format's per-repetition rates and its median over f32's.
 // Model: stories260K/stories260K.bin, found by kvgate::find_model (kvgate/model_paths.hpp).
 // The counters tok_s (and, for decode, ratio_vs_f32 printed at exit) are what reports quote.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <exception>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kvgate/build_paths.hpp"
 #include "kvgate/engine.hpp"
@@ -104,6 +118,91 @@ void BM_Prefill512(benchmark::State& st) {
   st.SetLabel(preset_name(pi) + " threads=" + std::to_string(e.stats().threads));
 }
 
+// ---- BM_DecodeAtDepth: a user-given model at a given depth (KVGATE_BENCH_MODEL) ----
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : dflt;
+}
+const kvgate::Model& depth_model() {
+  static std::unique_ptr<kvgate::Model> m = std::make_unique<kvgate::Model>(kvgate::load_model(std::getenv("KVGATE_BENCH_MODEL")));
+  return *m;
+}
+// Per preset: an engine holding the prompt (prefilled once), and its repetitions' thread-CPU rates.
+struct DepthRun {
+  std::unique_ptr<kvgate::Engine> engine;
+  int next = 0;
+  std::vector<double> cpu_rates;
+};
+std::map<int, DepthRun>& depth_runs() {
+  static std::map<int, DepthRun> r;
+  return r;
+}
+
+void BM_DecodeAtDepth(benchmark::State& st) {
+  const int pi = static_cast<int>(st.range(0));
+  const kvgate::Model& m = depth_model();
+  const int ctx = env_int("KVGATE_BENCH_CONTEXT", 2048), steps = env_int("KVGATE_BENCH_STEPS", 32);
+  if (ctx < 1 || steps < 1 || ctx + steps > m.config.max_seq_len) {
+    st.SkipWithError("KVGATE_BENCH_CONTEXT + KVGATE_BENCH_STEPS must be positive and fit the model's max_seq_len");
+    return;
+  }
+  DepthRun& run = depth_runs()[pi];
+  if (!run.engine) {  // the prompt: BOS, then a fixed token walk over the vocabulary
+    run.engine = std::make_unique<kvgate::Engine>(m, kvgate::engine_options_for(preset(pi), 1));
+    std::vector<int> prompt(static_cast<std::size_t>(ctx));
+    prompt[0] = m.config.bos_id;
+    for (int i = 1; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = 3 + (i * 37) % (m.config.vocab_size - 3);
+    run.next = kvgate::argmax(run.engine->prefill(prompt));
+  }
+  kvgate::Engine& e = *run.engine;
+  long long toks = 0;
+  double cpu = 0;
+  for (auto _ : st) {
+    e.truncate(ctx);
+    int next = run.next;
+    const double c0 = thread_cpu_seconds();
+    for (int i = 0; i < steps; ++i) next = kvgate::argmax(e.decode(next));
+    cpu += thread_cpu_seconds() - c0;
+    toks += steps;
+    benchmark::DoNotOptimize(next);
+  }
+  const double cpu_rate = cpu > 0 ? static_cast<double>(toks) / cpu : 0;
+  st.counters["tok_s_cpu"] = cpu_rate;
+  st.counters["kv_bytes"] = static_cast<double>(e.stats().kv_bytes);
+  st.SetLabel(preset_name(pi) + " context=" + std::to_string(ctx) + " steps=" + std::to_string(steps));
+  run.cpu_rates.push_back(cpu_rate);
+}
+
+void depth_args(benchmark::internal::Benchmark* b) {
+  const char* f = std::getenv("KVGATE_BENCH_FORMATS");
+  const std::string list = std::string(",") + (f && *f ? f : "f32,int8") + ",";
+  for (int p = 0; p < static_cast<int>(kvgate::presets().size()); ++p)
+    if (list.find("," + preset_name(p) + ",") != std::string::npos) b->Args({p});
+  b->ArgNames({"preset"});
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void print_depth_summary() {
+  const auto& runs = depth_runs();
+  const auto f32 = std::find_if(runs.begin(), runs.end(), [](const auto& r) { return preset_name(r.first) == "f32"; });
+  const double base = f32 == runs.end() ? 0 : median(f32->second.cpu_rates);
+  std::printf("\nBM_DecodeAtDepth (%s): decode tok/s per thread-CPU-second, each repetition, median, median / f32's\n",
+              std::getenv("KVGATE_BENCH_MODEL"));
+  for (const auto& [pi, run] : runs) {
+    std::printf("  %-10s", preset_name(pi).c_str());
+    for (const double r : run.cpu_rates) std::printf(" %.3f", r);
+    const double med = median(run.cpu_rates);
+    std::printf("   median %.3f", med);
+    if (base > 0) std::printf("   ratio %.3f", med / base);
+    std::printf("\n");
+  }
+}
+
 int all_threads() {
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
@@ -123,6 +222,20 @@ BENCHMARK(BM_Prefill512)->Apply(args)->Unit(benchmark::kMillisecond)->UseRealTim
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* depth_model_path = std::getenv("KVGATE_BENCH_MODEL");
+  if (depth_model_path && *depth_model_path) {  // registered only when asked for: it loads a second model
+    try {
+      depth_model();
+    } catch (const std::exception& ex) {
+      std::fprintf(stderr, "bench_decode_cpu: KVGATE_BENCH_MODEL=%s: %s\n", depth_model_path, ex.what());
+      return 2;
+    }
+    benchmark::RegisterBenchmark("BM_DecodeAtDepth", BM_DecodeAtDepth)
+        ->Apply(depth_args)
+        ->Iterations(1)  // one timed decode run per repetition (no calibration calls in the summary)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime();
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
@@ -143,5 +256,6 @@ int main(int argc, char** argv) {
       std::printf("   cpu %10.1f tok/s  ratio %.3f", v.cpu, v.cpu / f32->second.cpu);
     std::printf("\n");
   }
+  if (!depth_runs().empty()) print_depth_summary();
   return 0;
 }

@@ -73,6 +73,7 @@ if [ $tiny = 1 ]; then
   device=cpu
   synth=(--arch llama --layers 2 --hidden 64 --ffn 172 --heads 4 --kv-heads 2 --vocab 512 --max-seq-len 2304 --dtype bf16)
   corpus_len=2048
+  # shellcheck disable=SC2054  # the commas are inside arguments (lists of lengths)
   grid=(--needle-lengths 256,2048 --needle-depths 0.5 --counting-n 10 --echo-seeds 1..2 --bench-lengths 256,1024 --repeats 1)
   extra=(--threads 2)
 else
@@ -82,6 +83,7 @@ else
   synth=(--arch llama --layers "$layers" --hidden 4096 --ffn 14336 --heads 32 --kv-heads 8 --head-dim 128 --vocab 128256
          --max-seq-len 33024 --rope-theta 500000 --rope llama3 --dtype bf16 --shards 4)
   corpus_len=32768
+  # shellcheck disable=SC2054  # the commas are inside arguments (lists of lengths)
   grid=(--needle-lengths 4096,32768 --needle-depths 0.5 --counting-n 10,30 --echo-seeds 1..4 --bench-lengths 4096,16384 --repeats 1)
   extra=(--cuda-weights bf16 --decode-path-tokens 2048)
 fi

@@ -26,7 +26,7 @@ open('/tmp/restore.dst', 'w').write(m['file'])
 open(m['file'], 'w').write(s.replace(anchor, rep))
 print(m['file'], ' '.join(m['expect_killed_by']))
 PY
-  read -r f gates < "$OUT/$id.patch.txt"
+  read -r _ gates < "$OUT/$id.patch.txt"
   filt=$(echo "$gates" | sed 's/ /*,/g')'*'
   if timeout 200 cmake --build $B -j16 --target gate_cuda > "$OUT/$id.build.log" 2>&1; then
     timeout 120 $B/gates/gate_cuda "$filt" > "$OUT/$id.gate.txt" 2>&1; rc=$?

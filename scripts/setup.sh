@@ -10,7 +10,7 @@ mode="${1:-build}"
 apt_packages=(
   build-essential cmake ninja-build ccache git pkg-config python3 curl ca-certificates
   libeigen3-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev libxxhash-dev
-  catch2 chromium libxml2-utils
+  catch2 chromium libxml2-utils shellcheck
 )
 # Node.js + npm from Debian unless a Node.js with npm is already installed (another source's
 # nodejs package bundles npm and conflicts with Debian's npm package).

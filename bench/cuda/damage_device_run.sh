@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PATH=/usr/local/cuda/bin:$PATH LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export KVGATE_SOURCE_DIR=$PWD
-[ -n "${KVGATE_MODELS:-}" ] && export KVGATE_MODELS=$(cd "$KVGATE_MODELS" && pwd)
+if [ -n "${KVGATE_MODELS:-}" ]; then KVGATE_MODELS=$(cd "$KVGATE_MODELS" && pwd); export KVGATE_MODELS; fi
 J=${JOBS:-$(nproc)}
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 ))s]"; }
 XX=()

@@ -57,7 +57,8 @@ PY
   if [ -n "$objs" ]; then  # header mutant instantiated in these objects only: keep the header's mtime, drop them
     touch -r /tmp/mut_orig_mtime_ref "$file" 2>/dev/null; for o in $objs; do rm -f "build-gpu/$o"; done
   fi
-  local t=$(date +%s)
+  local t
+  t=$(date +%s)
   timeout 300 cmake --build build-gpu -j16 --target gate_cuda > "$R/mut_$id.build.log" 2>&1; local brc=$?
   local res="" killed=0
   for k in ${killers//,/ }; do

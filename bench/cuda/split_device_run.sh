@@ -33,7 +33,7 @@ ninja -C build-r24 -j16 gate_cuda kvgate >"$out/logs/build.log" 2>&1 || { grep -
 echo "built $(el)" | tee -a "$S"
 G=$PWD/$(find build-r24/gates -name gate_cuda -type f | head -1)
 for i in 0 1 2 3 4 5; do ( cd build-r24 && timeout 170 "$G" --shard-count 6 --shard-index $i --durations yes > "$out/logs/shard$i.txt" 2>&1; echo "shard $i rc $?: $(grep -E '^(All tests|test cases)' "$out/logs/shard$i.txt" | tail -1)" >> "$S" ) & done
-( cd build-r24 && timeout 170 "$(dirname $(which nvcc))/compute-sanitizer" --tool memcheck --error-exitcode 9 "$G" "PAR.cuda.pp.engine*,STO.cuda.bytes_read.int8*,STO.cuda.bytes_read.q4_0*,PAR.cuda.pp.persist.int8*" > "$out/logs/memcheck.txt" 2>&1; echo "memcheck rc $?: $(grep -h 'ERROR SUMMARY' "$out/logs/memcheck.txt" | tail -1)" >> "$S" ) &
+( cd build-r24 && timeout 170 "$(dirname "$(which nvcc)")/compute-sanitizer" --tool memcheck --error-exitcode 9 "$G" "PAR.cuda.pp.engine*,STO.cuda.bytes_read.int8*,STO.cuda.bytes_read.q4_0*,PAR.cuda.pp.persist.int8*" > "$out/logs/memcheck.txt" 2>&1; echo "memcheck rc $?: $(grep -h 'ERROR SUMMARY' "$out/logs/memcheck.txt" | tail -1)" >> "$S" ) &
 wait
 echo "gates $(el)" | tee -a "$S"
 grep -h -B2 -A20 "FAILED" "$out"/logs/shard*.txt | head -120 > "$out/failures.txt"
@@ -62,7 +62,8 @@ shutil.copy(m["file"], "/tmp/mut.orig"); open(m["file"], "w").write(s.replace(m[
 PY
 )
   [ -z "$file" ] && { echo "$id: patch failed" >>"$S"; return; }
-  local tb=$(date +%s)
+  local tb
+  tb=$(date +%s)
   if ninja -C build-r24 -j16 gate_cuda >"$out/logs/m_$id.build.log" 2>&1; then
     (cd build-r24 && timeout 120 "$G" "$gate" > "$out/logs/m_$id.txt" 2>&1); local rc=$?
     echo "$id: $([ $rc != 0 ] && echo killed || echo SURVIVED) by '$gate' (rc $rc, $(( $(date +%s) - tb ))s; $(grep -m1 -o 'test cases:.*' "$out/logs/m_$id.txt"))" >>"$S"
