@@ -9,19 +9,20 @@
 //                                    one thread, the presets of KVGATE_BENCH_FORMATS (default
 //                                    f32,int8). The prompt is prefilled once per format (untimed);
 //                                    each repetition (one iteration) truncates back to it and
-//                                    decodes, timed in thread-CPU seconds. Run it with --benchmark_repetitions=N and
-//                                    --benchmark_enable_random_interleaving=true: the formats'
-//                                    repetitions alternate, and the exit summary prints each
-//                                    format's per-repetition rates and its median over f32's.
+//                                    decodes, timed in thread-CPU seconds. Run it with
+//                                    --benchmark_repetitions=N --benchmark_enable_random_interleaving=true:
+//                                    the formats' repetitions alternate, and the exit summary prints
+//                                    each format's per-repetition rates and its median over f32's.
 // Model: stories260K/stories260K.bin, found by kvgate::find_model (kvgate/model_paths.hpp).
 // The counters tok_s (and, for decode, ratio_vs_f32 printed at exit) are what reports quote.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <exception>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -119,9 +120,18 @@ void BM_Prefill512(benchmark::State& st) {
 }
 
 // ---- BM_DecodeAtDepth: a user-given model at a given depth (KVGATE_BENCH_MODEL) ----
+// A positive integer from the environment (unset or empty: dflt); anything else exits 2 naming it.
 int env_int(const char* name, int dflt) {
   const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : dflt;
+  if (!v || !*v) return dflt;
+  const std::string s(v);
+  int x = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (ec != std::errc() || end != s.data() + s.size() || x < 1) {
+    std::fprintf(stderr, "bench_decode_cpu: %s=%s: expected a positive integer\n", name, v);
+    std::exit(2);
+  }
+  return x;
 }
 const kvgate::Model& depth_model() {
   static std::unique_ptr<kvgate::Model> m = std::make_unique<kvgate::Model>(kvgate::load_model(std::getenv("KVGATE_BENCH_MODEL")));
@@ -142,16 +152,16 @@ void BM_DecodeAtDepth(benchmark::State& st) {
   const int pi = static_cast<int>(st.range(0));
   const kvgate::Model& m = depth_model();
   const int ctx = env_int("KVGATE_BENCH_CONTEXT", 2048), steps = env_int("KVGATE_BENCH_STEPS", 32);
-  if (ctx < 1 || steps < 1 || ctx + steps > m.config.max_seq_len) {
-    st.SkipWithError("KVGATE_BENCH_CONTEXT + KVGATE_BENCH_STEPS must be positive and fit the model's max_seq_len");
+  if (ctx + steps > m.config.max_seq_len) {
+    st.SkipWithError("KVGATE_BENCH_CONTEXT + KVGATE_BENCH_STEPS must fit the model's max_seq_len");
     return;
   }
   DepthRun& run = depth_runs()[pi];
   if (!run.engine) {  // the prompt: BOS, then a fixed token walk over the vocabulary
     run.engine = std::make_unique<kvgate::Engine>(m, kvgate::engine_options_for(preset(pi), 1));
     std::vector<int> prompt(static_cast<std::size_t>(ctx));
-    prompt[0] = m.config.bos_id;
-    for (int i = 1; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = 3 + (i * 37) % (m.config.vocab_size - 3);
+    for (int i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = 3 + (i * 37) % (m.config.vocab_size - 3);
+    if (m.config.bos_id >= 0) prompt[0] = m.config.bos_id;
     run.next = kvgate::argmax(run.engine->prefill(prompt));
   }
   kvgate::Engine& e = *run.engine;
@@ -173,11 +183,24 @@ void BM_DecodeAtDepth(benchmark::State& st) {
   run.cpu_rates.push_back(cpu_rate);
 }
 
+// The presets named by KVGATE_BENCH_FORMATS (comma-separated; an unknown name exits 2 naming it).
 void depth_args(benchmark::internal::Benchmark* b) {
   const char* f = std::getenv("KVGATE_BENCH_FORMATS");
-  const std::string list = std::string(",") + (f && *f ? f : "f32,int8") + ",";
-  for (int p = 0; p < static_cast<int>(kvgate::presets().size()); ++p)
-    if (list.find("," + preset_name(p) + ",") != std::string::npos) b->Args({p});
+  const std::string list = f && *f ? f : "f32,int8";
+  const int n = static_cast<int>(kvgate::presets().size());
+  for (std::size_t a = 0; a <= list.size();) {
+    const std::size_t z = std::min(list.find(',', a), list.size());
+    const std::string name = list.substr(a, z - a);
+    int p = 0;
+    while (p < n && preset_name(p) != name) ++p;
+    if (p == n) {
+      std::fprintf(stderr, "bench_decode_cpu: KVGATE_BENCH_FORMATS=%s: '%s' is not a preset (kvgate formats lists them)\n",
+                   list.c_str(), name.c_str());
+      std::exit(2);
+    }
+    b->Args({p});
+    a = z + 1;
+  }
   b->ArgNames({"preset"});
 }
 
