@@ -74,6 +74,14 @@ double thread_cpu_seconds() {
 kvgate::KvFormat preset(int i) { return kvgate::presets()[static_cast<std::size_t>(i)].fmt; }
 std::string preset_name(int i) { return std::string(kvgate::presets()[static_cast<std::size_t>(i)].name); }
 
+// An n-token prompt: BOS (where the model has one), then a fixed walk over the vocabulary.
+std::vector<int> walk_prompt(const kvgate::Model& m, int n) {
+  std::vector<int> p(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = 3 + (i * 37) % (m.config.vocab_size - 3);
+  if (m.config.bos_id >= 0) p[0] = m.config.bos_id;
+  return p;
+}
+
 void BM_Decode(benchmark::State& st) {
   const int pi = static_cast<int>(st.range(0)), threads = static_cast<int>(st.range(1));
   const kvgate::Model& m = model();
@@ -108,9 +116,7 @@ void BM_Prefill512(benchmark::State& st) {
   kvgate::EngineOptions o = kvgate::engine_options_for(preset(pi), threads);
   o.prefill_chunk = 512;
   kvgate::Engine e(m, o);
-  std::vector<int> prompt(512);
-  prompt[0] = m.config.bos_id;
-  for (int i = 1; i < 512; ++i) prompt[static_cast<std::size_t>(i)] = 3 + (i * 37) % (m.config.vocab_size - 3);
+  const std::vector<int> prompt = walk_prompt(m, 512);
   for (auto _ : st) {
     e.reset();
     benchmark::DoNotOptimize(e.prefill(prompt).data());
@@ -157,12 +163,9 @@ void BM_DecodeAtDepth(benchmark::State& st) {
     return;
   }
   DepthRun& run = depth_runs()[pi];
-  if (!run.engine) {  // the prompt: BOS, then a fixed token walk over the vocabulary
+  if (!run.engine) {  // the prompt, prefilled once per format
     run.engine = std::make_unique<kvgate::Engine>(m, kvgate::engine_options_for(preset(pi), 1));
-    std::vector<int> prompt(static_cast<std::size_t>(ctx));
-    for (int i = 0; i < ctx; ++i) prompt[static_cast<std::size_t>(i)] = 3 + (i * 37) % (m.config.vocab_size - 3);
-    if (m.config.bos_id >= 0) prompt[0] = m.config.bos_id;
-    run.next = kvgate::argmax(run.engine->prefill(prompt));
+    run.next = kvgate::argmax(run.engine->prefill(walk_prompt(m, ctx)));
   }
   kvgate::Engine& e = *run.engine;
   long long toks = 0;

@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #endif
 
+#include "cpu_avx2.hpp"
 #include "kvgate/parallel.hpp"
 
 namespace kvgate {
@@ -180,7 +181,7 @@ __attribute__((target("f16c"))) std::uint16_t f32_to_f16_f16c(float x) {
   return static_cast<std::uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 __attribute__((target("f16c"))) float f16_to_f32_f16c(std::uint16_t h) { return _cvtsh_ss(h); }
-const bool kHaveF16c = __builtin_cpu_supports("f16c") && std::getenv("KVGATE_NO_AVX2") == nullptr;
+const bool kHaveF16c = kHaveAvx2 && __builtin_cpu_supports("f16c");  // KVGATE_NO_AVX2 turns it off too
 #endif
 
 }  // namespace

@@ -122,8 +122,8 @@ DecodePlan decode_attention(const DecodeArgs& a, const DecodePlan& plan, DecodeW
 bool decode_combine_pdl();
 // Whether the pipelined decode kernels (fast, tensor-core) may read a step (16 tokens, 2 to 16 on
 // the fast kernel) as one page's tile (one table entry per step, no per-token lookups;
-// kernels/decode.cuh WarpKvPipe) where the block size and the split allow it: yes unless the environment sets KVGATE_CUDA_PAGE_TILES=0 (read once; the
-// A/B of the two ways in one binary).
+// kernels/decode.cuh WarpKvPipe) where the block size and the split allow it: yes unless the
+// environment sets KVGATE_CUDA_PAGE_TILES=0 (read once; the A/B of the two ways in one binary).
 bool decode_page_tiles();
 // Overrides that choice for the decode calls launched after it, process-wide (the gates' twin that
 // runs every case both ways, PAR.cuda.decode.page_tiles).
